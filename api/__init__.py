@@ -1,0 +1,1 @@
+"""fak.api — see ../shared/DESIGN.md."""

@@ -1,0 +1,1 @@
+"""fak.audit — see ../shared/DESIGN.md."""

@@ -1,0 +1,1 @@
+"""fak.cas — see ../shared/DESIGN.md."""

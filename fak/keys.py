@@ -1,0 +1,65 @@
+"""The server master secret and the keys derived from it.
+
+One 32-byte secret per deployment, created on first use in the data directory
+with mode 0600 (or given as hex in ``FAK_MASTER_SECRET``). Every layer derives
+its own keys from it with HKDF-SHA256 under a distinct label, so no two uses
+share key material and a client can never choose a derived value (tenant
+salts, keyed-digest keys).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fak.errors import FakError
+
+SECRET_FILE = "master.key"
+
+
+def load_master_secret(directory: Path) -> bytes:
+    """Read the master secret, creating it atomically (mode 0600) if absent."""
+    env = os.environ.get("FAK_MASTER_SECRET")
+    if env:
+        try:
+            raw = bytes.fromhex(env)
+        except ValueError as exc:
+            raise FakError("FAK_MASTER_SECRET must be hex") from exc
+        if len(raw) < 32:
+            raise FakError("FAK_MASTER_SECRET must hold at least 32 bytes (64 hex digits)")
+        return raw
+    path = Path(directory) / SECRET_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(32).hex().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another process won the race: keep theirs
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    raw = bytes.fromhex(path.read_text().strip())
+    if len(raw) < 32:
+        raise FakError(f"{path}: master secret is shorter than 32 bytes")
+    return raw
+
+
+def derive_key(master: bytes, label: str, context: bytes = b"", length: int = 32) -> bytes:
+    """HKDF-SHA256(master, info = label || 0x00 || context)."""
+    info = label.encode() + b"\x00" + context
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(master)
+
+
+def tenant_salt(master: bytes, tenant: str) -> bytes:
+    """Server-side namespace salt for a tenant (prefix-cache roots, PIC keys)."""
+    return derive_key(master, "fak/kernel/tenant-salt", tenant.encode())

@@ -1,0 +1,1 @@
+"""fak.kernel — see ../shared/DESIGN.md."""

@@ -1,0 +1,1 @@
+"""fak.policy — see ../shared/DESIGN.md."""

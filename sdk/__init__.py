@@ -1,0 +1,1 @@
+"""fak.sdk — see ../shared/DESIGN.md."""

@@ -1,0 +1,58 @@
+"""Shared fixtures: isolated data directories and a real PostgreSQL database."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+PG_HOST, PG_PORT, PG_DB = "127.0.0.1", 5432, "test"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory, monkeypatch):
+    """Every test gets its own data dir; the weight cache is shared across the session."""
+    monkeypatch.setenv("FAK_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    monkeypatch.delenv("FAK_DATABASE_URL", raising=False)
+    monkeypatch.delenv("FAK_MASTER_SECRET", raising=False)
+
+
+def _pg_answers() -> bool:
+    try:
+        with socket.create_connection((PG_HOST, PG_PORT), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A SQLAlchemy URL for a fresh, private schema in the local PostgreSQL ``test``
+    database, dropped afterwards. Skips (saying why) only when no server answers."""
+    if not _pg_answers():
+        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
+    import sqlalchemy as sa
+
+    user = os.environ.get("FAK_PG_USER", "postgres")
+    base = f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}"
+    schema = f"fak_t_{secrets.token_hex(6)}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{base}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    """Run a storage suite against both backends: SQLite file and real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fak.db'}"
+    return request.getfixturevalue("pg_url")
