@@ -1,0 +1,64 @@
+"""SQLAlchemy 2 models of the CAS metadata. Content never lands here: only
+digests, sizes, ids and wrapped (encrypted) data keys. Times are integer
+microseconds since the Unix epoch (UTC), identical on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Index, Integer, LargeBinary, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Kek(Base):
+    """A key-encryption-key version. The KEK itself is never stored: only a check
+    value that tells a wrong master secret from a right one."""
+
+    __tablename__ = "cas_kek"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    check_value: Mapped[str] = mapped_column(String(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    retired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class DataKey(Base):
+    """One blob's AES-256 data key, wrapped by a KEK version. Deleting it is the shred."""
+
+    __tablename__ = "cas_keys"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kek_version: Mapped[int] = mapped_column(Integer, index=True)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class Blob(Base):
+    """A ref of one tenant: live (has a blob file and a key) or forgotten (tombstone)."""
+
+    __tablename__ = "cas_blobs"
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    media_type: Mapped[str] = mapped_column(String(255))
+    taint: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    forgotten_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    blob_id: Mapped[str | None] = mapped_column(String(32), nullable=True, unique=True)
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    chunk_size: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_cas_blobs_tenant_state", "tenant", "state"),)
+
+
+class BlobUse(Base):
+    """A KV unit (kernel-recorded) that references a ref: answers ``where_used``."""
+
+    __tablename__ = "cas_uses"
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    unit_kind: Mapped[str] = mapped_column(String(64), primary_key=True)
+    unit_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    recorded_us: Mapped[int] = mapped_column(BigInteger)
