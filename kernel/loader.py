@@ -1,0 +1,62 @@
+"""One entry point to get a runnable model: ``load_model(path=None)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fak.kernel.config import ModelError
+from fak.kernel.model import Llama, Weights
+from fak.kernel.tokenizer import ChatTokenizer
+from fak.kernel.weights import Progress, default_model_path, load_gguf, load_hf_folder
+
+
+@dataclass
+class LoadedModel:
+    model: Llama
+    tokenizer: ChatTokenizer
+    source: Path
+
+    @property
+    def model_id(self) -> str:
+        return self.model.model_id
+
+
+def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
+    if w.embed.device == device and w.embed.dtype == dtype:
+        return w
+    cache: dict[int, torch.Tensor] = {}
+
+    def conv(t: torch.Tensor) -> torch.Tensor:
+        key = t.data_ptr()
+        if key not in cache:
+            cache[key] = t.to(device=device, dtype=dtype)
+        return cache[key]
+
+    for layer in w.layers:
+        for name, t in vars(layer).items():
+            setattr(layer, name, conv(t))
+    return Weights(embed=conv(w.embed), layers=w.layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder."""
+    src = Path(path).expanduser() if path is not None else default_model_path()
+    if not src.exists():
+        raise ModelError(f"model not found: {src}")
+    if src.is_dir():
+        cfg, weights = load_hf_folder(src)
+        tok_folder = src
+        model_id = f"hf:{src.resolve()}"
+    else:
+        cfg, weights, tok_folder = load_gguf(src, progress)
+        model_id = f"gguf:{tok_folder.name}"
+    weights = _to(weights, torch.device(device), dtype)
+    return LoadedModel(model=Llama(cfg, weights, model_id=model_id), tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

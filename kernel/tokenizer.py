@@ -1,0 +1,157 @@
+"""Tokenizer and chat template, from the same GGUF file as the weights (or an
+HF folder's ``tokenizer.json`` + ``tokenizer_config.json``).
+
+A GGUF ``gpt2``-model vocabulary becomes a byte-level BPE ``tokenizers``
+tokenizer; control tokens become special tokens so ``<|im_start|>`` encodes as
+one id. The pre-tokenizer follows ``tokenizer.ggml.pre`` (``smollm`` splits
+digits individually, as the original SmolLM2 ``tokenizer.json`` does).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from fak.kernel.config import ModelError
+
+CONTROL = 3
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    if pre == "smollm":
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    if pre in ("llama-bpe", "llama3"):
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False)
+
+
+def tokenizer_files_from_gguf(reader: Any, folder: Path) -> None:  # reader: gguf.GGUFReader
+    """Write ``tokenizer.json`` and ``fak-tokenizer.json`` (template, special ids) into ``folder``."""
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    kind = field("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+    tokens: list[str] = field("tokenizer.ggml.tokens")
+    types: list[int] = field("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tk.pre_tokenizer = _pre_tokenizer(field("tokenizer.ggml.pre", "default"))
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
+    )
+    tk.save(str(folder / "tokenizer.json"))
+    meta = {
+        "chat_template": field("tokenizer.chat_template"),
+        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
+        "add_bos_token": bool(field("tokenizer.ggml.add_bos_token", False)),
+    }
+    (folder / "fak-tokenizer.json").write_text(json.dumps(meta, indent=1))
+
+
+class ChatTokenizer:
+    """Encode/decode text and render chat messages with the model's own template."""
+
+    def __init__(self, tk: Tokenizer, meta: dict[str, Any]) -> None:
+        self.tk = tk
+        self.bos_token_id: int | None = meta.get("bos_token_id")
+        self.eos_token_id: int | None = meta.get("eos_token_id")
+        self.add_bos = bool(meta.get("add_bos_token"))
+        template = meta.get("chat_template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template) if template else None
+        self.stop_token_ids: set[int] = {i for i in (self.eos_token_id,) if i is not None}
+        for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>"):
+            tid = tk.token_to_id(name)
+            if tid is not None:
+                self.stop_token_ids.add(tid)
+        self.digest = _tokenizer_digest(tk)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ChatTokenizer:
+        tj = folder / "tokenizer.json"
+        if not tj.is_file():
+            raise ModelError(f"{folder}: no tokenizer.json")
+        meta_file = folder / "fak-tokenizer.json"
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+        else:  # an HF checkpoint folder
+            tc = folder / "tokenizer_config.json"
+            conf = json.loads(tc.read_text()) if tc.is_file() else {}
+            cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+            eos = cfg.get("eos_token_id")
+            meta = {
+                "chat_template": conf.get("chat_template"),
+                "bos_token_id": cfg.get("bos_token_id"),
+                "eos_token_id": eos[0] if isinstance(eos, list) else eos,
+                "add_bos_token": conf.get("add_bos_token", False),
+            }
+        return cls(Tokenizer.from_file(str(tj)), meta)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token strings in it become their ids."""
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=skip_special)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        if self._template is None:
+            raise ModelError("this model has no chat template")
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as exc:
+            raise ModelError(f"chat template failed: {exc}") from exc
+
+    def stream_text(self, ids: Iterator[int]) -> Iterator[str]:
+        """Incremental detokenisation: yields text pieces, holding back incomplete UTF-8."""
+        buf: list[int] = []
+        emitted = ""
+        for tid in ids:
+            buf.append(tid)
+            text = self.decode(buf, skip_special=True)
+            if text.endswith("\ufffd"):
+                continue
+            if len(text) > len(emitted):
+                yield text[len(emitted) :]
+            emitted = text
+        tail = self.decode(buf, skip_special=True)
+        if len(tail) > len(emitted):
+            yield tail[len(emitted) :]
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tokenizer_digest(tk: Tokenizer) -> str:
+    import blake3
+
+    return "blake3:" + blake3.blake3(tk.to_str().encode()).hexdigest()
