@@ -1,0 +1,190 @@
+"""Audit events: one pydantic model per decision, serialised as RFC 8785 canonical JSON.
+
+Why so strict: the log must never hold content (tool results, prompts, user
+text), so that erasing content never requires rewriting the log. Every string
+field is an id, a code or a digest with a tight pattern and no whitespace, and
+unknown fields are refused; there is nowhere to put free text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Literal
+
+import rfc8785
+from fak.audit.errors import AuditError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
+
+# An identifier or code: no spaces, quotes or newlines, short.
+Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@/+=-]{1,128}$")]
+# An OCI-style digest, e.g. blake3:<64 hex>, blake3k:<64 hex>, sha256:<64 hex>.
+Digest = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-f]{32,128}$")]
+Tenant = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@-]{0,64}$")]
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: Tenant = ""  # "" is the system
+    ts: Count = Field(default_factory=now_ms)  # milliseconds since the Unix epoch
+
+    @field_validator("tenant", mode="before")
+    @classmethod
+    def _system_tenant(cls, v: object) -> object:
+        return "" if v is None else v
+
+
+class AdmissionVerdict(_Event):
+    """The policy gate's verdict on a tool result (its bytes are in the CAS, not here)."""
+
+    type: Literal["admission_verdict"] = "admission_verdict"
+    session_id: Id
+    segment_id: Id | None = None
+    tool: Id
+    ref: Digest
+    size: Count
+    verdict: Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
+    rule_id: Id | None = None
+    policy_digest: Digest
+    admitted_ref: Digest | None = None  # REDACT: the transformed bytes' ref
+
+
+class Eviction(_Event):
+    type: Literal["eviction"] = "eviction"
+    session_id: Id
+    segment_id: Id
+    ref: Digest | None = None
+    mode: Literal["TRUNCATE", "RECOMPUTE", "REROPE"]
+    exact: bool
+    tokens: Count
+    reason: Id | None = None
+    fingerprint_after: Digest | None = None
+
+
+class Materialisation(_Event):
+    type: Literal["materialisation"] = "materialisation"
+    session_id: Id
+    ref: Digest
+    unit_id: Id | None = None
+    verdict: Literal["HIT", "FAULT", "RECOMPUTE", "REFUSE", "ABSTAIN"]
+    exact: bool | None = None  # HIT: exact or PIC-approximate
+    reason: Id | None = None
+
+
+class ForgetRequested(_Event):
+    type: Literal["forget_requested"] = "forget_requested"
+    request_id: Id
+    ref: Digest
+    principal: Id | None = None
+
+
+class DroppedUnit(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["segment", "prefix_node", "pic_chunk"]
+    id: Id
+
+
+class ForgetCompleted(_Event):
+    type: Literal["forget_completed"] = "forget_completed"
+    request_id: Id
+    ref: Digest
+    units_dropped: list[DroppedUnit] = Field(default_factory=list, max_length=100_000)
+    fingerprint_after: Digest
+    fingerprint_replay: Digest
+    shredded_key_id: Id
+
+
+class PolicyLoaded(_Event):
+    type: Literal["policy_loaded"] = "policy_loaded"
+    policy_id: Id
+    policy_digest: Digest
+    previous_digest: Digest | None = None
+    principal: Id | None = None
+
+
+class KeyRotated(_Event):
+    type: Literal["key_rotated"] = "key_rotated"
+    key_kind: Id
+    old_key_id: Id | None = None
+    new_key_id: Id
+
+
+class AuthFailure(_Event):
+    type: Literal["auth_failure"] = "auth_failure"
+    reason: Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired"]
+    key_fingerprint: Digest | None = None  # a keyed digest of the presented key, never the key
+    route: Id | None = None
+
+
+Event = Annotated[
+    AdmissionVerdict
+    | Eviction
+    | Materialisation
+    | ForgetRequested
+    | ForgetCompleted
+    | PolicyLoaded
+    | KeyRotated
+    | AuthFailure,
+    Field(discriminator="type"),
+]
+EVENT_TYPES = (
+    AdmissionVerdict,
+    Eviction,
+    Materialisation,
+    ForgetRequested,
+    ForgetCompleted,
+    PolicyLoaded,
+    KeyRotated,
+    AuthFailure,
+)
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "event"
+    return f"{where}: {err['msg']}"
+
+
+def to_event(value: object) -> Event:
+    """Validate a model or a dict into an event; a clear AuditError otherwise."""
+    if isinstance(value, EVENT_TYPES):
+        return value  # type: ignore[return-value]
+    try:
+        return _ADAPTER.validate_python(value)
+    except ValidationError as exc:
+        raise AuditError(f"not a valid audit event: {_first_error(exc)}") from None
+
+
+def canonical(event: Event) -> bytes:
+    """RFC 8785 canonical JSON of the event: the bytes that are hashed into the log."""
+    return rfc8785.dumps(event.model_dump(mode="json", exclude_none=True))
+
+
+def parse_event(raw: bytes) -> Event:
+    """Parse logged bytes back into an event; refuses anything that is not canonical."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AuditError(f"logged event is not JSON: {exc}") from None
+    event = to_event(obj)
+    if canonical(event) != raw:
+        raise AuditError("logged event is not in canonical form")
+    return event

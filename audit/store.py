@@ -1,0 +1,179 @@
+"""Log tables (SQLAlchemy 2) and their migration; the only module that speaks SQL.
+
+Why: the log's rows are immutable. Alembic creates them (with this layer's own
+version table) and installs triggers that make the database itself refuse
+UPDATE and DELETE, so a bug or an operator cannot rewrite history in place.
+Appends take a database-level writer lock (``BEGIN IMMEDIATE`` on SQLite,
+``pg_advisory_xact_lock`` on PostgreSQL) so indexes stay gap-free even with
+several processes writing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from fak.audit.errors import AuditError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+VERSION_TABLE = "fak_audit_alembic_version"
+PG_LOCK_KEY = 0x6661_6B61_7564  # "fakaud": the advisory lock serialising writers
+WRITE = "fak_audit_write"  # execution option marking a writer transaction
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class EntryRow(Base):
+    __tablename__ = "audit_entries"
+    idx: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    tenant: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    type: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    ts: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    body: Mapped[bytes] = mapped_column(sa.LargeBinary, nullable=False)
+    __table_args__ = (sa.Index("audit_entries_tenant_idx", "tenant", "idx"),)
+
+
+class NodeRow(Base):
+    __tablename__ = "audit_nodes"
+    node: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "audit_checkpoints"
+    size: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    root: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)
+    note: Mapped[str] = mapped_column(sa.Text, nullable=False)
+
+
+LOG_TABLES = ("audit_entries", "audit_nodes", "audit_checkpoints")
+entries_t = EntryRow.__table__
+nodes_t = NodeRow.__table__
+checkpoints_t = CheckpointRow.__table__
+
+
+def make_engine(url: str) -> Engine:
+    """Engine with the durability settings of docs/audit.md and a writer lock on begin."""
+    is_sqlite = url.startswith("sqlite")
+    try:
+        engine = sa.create_engine(url, connect_args={"timeout": 60} if is_sqlite else {})
+    except (sa.exc.ArgumentError, ImportError) as exc:
+        raise AuditError(f"bad audit database URL {url!r}: {exc}") from None
+    if is_sqlite:
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+        @sa.event.listens_for(engine, "connect")
+        def _connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # writers take SQLite's write lock up front; readers stay deferred (WAL snapshot)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN")
+
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Apply this layer's Alembic migrations (own version table, audit_* tables)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    with writing(engine) as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+@contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A writer transaction holding the database-level writer lock until commit."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(**{WRITE: True})
+        with conn.begin():
+            lock_writer(conn)
+            yield conn
+
+
+def lock_writer(conn: Connection) -> None:
+    """Serialise writers across processes for the rest of this transaction (SQLite: the
+    BEGIN IMMEDIATE issued on begin already holds it)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
+
+
+def size(conn: Connection) -> int:
+    top = conn.execute(sa.select(sa.func.max(entries_t.c.idx))).scalar()
+    return 0 if top is None else int(top) + 1
+
+
+def get_nodes(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    for i in range(0, len(ids), 500):
+        rows = conn.execute(sa.select(nodes_t.c.node, nodes_t.c.hash).where(nodes_t.c.node.in_(ids[i : i + 500])))
+        out.update((int(n), bytes(h)) for n, h in rows)
+    return out
+
+
+def insert(conn: Connection, entries: list[dict], nodes: list[dict]) -> None:
+    conn.execute(entries_t.insert(), entries)
+    conn.execute(nodes_t.insert(), nodes)
+
+
+def insert_checkpoint(conn: Connection, size: int, root: bytes, note: str) -> None:
+    conn.execute(checkpoints_t.insert(), {"size": size, "root": root, "note": note})
+
+
+def latest_checkpoint(conn: Connection) -> tuple[int, bytes, str] | None:
+    row = conn.execute(
+        sa.select(checkpoints_t.c.size, checkpoints_t.c.root, checkpoints_t.c.note)
+        .order_by(checkpoints_t.c.size.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (int(row[0]), bytes(row[1]), row[2])
+
+
+def checkpoint_at_least(conn: Connection, size: int) -> tuple[int, bytes, str] | None:
+    row = conn.execute(
+        sa.select(checkpoints_t.c.size, checkpoints_t.c.root, checkpoints_t.c.note)
+        .where(checkpoints_t.c.size >= size)
+        .order_by(checkpoints_t.c.size)
+        .limit(1)
+    ).first()
+    return None if row is None else (int(row[0]), bytes(row[1]), row[2])
+
+
+def all_checkpoints(conn: Connection) -> Iterable[tuple[int, bytes, str]]:
+    rows = conn.execute(sa.select(checkpoints_t.c.size, checkpoints_t.c.root, checkpoints_t.c.note).order_by("size"))
+    return [(int(s), bytes(r), n) for s, r, n in rows]
+
+
+def entry_rows(
+    conn: Connection, start: int, stop: int | None, tenant: str | None, batch: int = 2000
+) -> Iterable[tuple[int, bytes]]:
+    """Yield (index, body) in index order, reading in batches (keyset pagination)."""
+    pos = start
+    while True:
+        q = sa.select(entries_t.c.idx, entries_t.c.body).where(entries_t.c.idx >= pos)
+        if stop is not None:
+            q = q.where(entries_t.c.idx < stop)
+        if tenant is not None:
+            q = q.where(entries_t.c.tenant == tenant)
+        rows = conn.execute(q.order_by(entries_t.c.idx).limit(batch)).all()
+        for idx, body in rows:
+            yield int(idx), bytes(body)
+        if len(rows) < batch:
+            return
+        pos = int(rows[-1][0]) + 1
