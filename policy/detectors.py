@@ -1,0 +1,183 @@
+"""Detectors: each reads a prepared ``Scan`` and returns findings with byte spans
+in the original input, a family and a score in [0, 1]. They never raise on any
+input and do bounded work (anchored regexes, capped decoding, a capped sample
+for compression)."""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+
+from fak.policy.normalize import View
+from fak.policy.patterns import DISCUSSION, GAP, INJECTION, SECRETS
+from fak.policy.scan import Scan
+
+
+@dataclass(frozen=True)
+class Finding:
+    detector: str
+    family: str
+    name: str
+    score: float
+    start: int
+    end: int
+    exact: bool
+    layer: str
+
+
+def _compile(entries, flags=0):
+    return [(n, f, w, re.compile(rx.replace("~", GAP), flags), anchors) for n, f, w, rx, anchors in entries]
+
+
+_INJECTION = _compile(INJECTION)
+_SECRETS = [(n, f, w, re.compile(rx), anchors) for n, f, w, rx, anchors in SECRETS]
+DISCOUNT = 0.4  # a quoted phrase in a text that discusses attacks counts for less
+
+
+def _quoted(text: str, start: int) -> bool:
+    before = text[max(0, start - 4) : start]
+    if any(q in before for q in "\"'`"):
+        return True
+    if text.count("```", 0, start) % 2 == 1:
+        return True
+    return text.rfind("<code", 0, start) > text.rfind("</code", 0, start)
+
+
+def _discussed(text: str, start: int, end: int) -> bool:
+    return DISCUSSION.search(text, max(0, start - 300), min(len(text), end + 300)) is not None
+
+
+def injection(scan: Scan) -> list[Finding]:
+    out: list[Finding] = []
+    seen: set[tuple[str, int, int]] = set()
+    for view in scan.folded_views:
+        text = view.text
+        for name, family, weight, rx, anchors in _INJECTION:
+            if not any(a in text for a in anchors):
+                continue
+            for m in rx.finditer(text):
+                score = weight
+                if _quoted(text, m.start()) and _discussed(text, m.start(), m.end()):
+                    score *= DISCOUNT
+                start, end, exact = scan.to_bytes(view, m.start(), m.end())
+                key = (name, start, end)
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append(Finding("injection", family, name, score, start, end, exact, view.layer))
+    return out
+
+
+_PLACEHOLDER = re.compile(r"x{4,}|\*{4,}|your|example|changeme|redacted|dummy|placeholder|sample|test|<|\.\.\.|0{8,}", re.I)
+_NON_SECRET_KEY = re.compile(r"(?:page|next|prev|continuation|cursor|sync|csrf_?|max_?|num_?|total_?)[_-]?$", re.I)
+
+
+def _entropy(value: str) -> float:
+    counts = Counter(value)
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _plausible_secret(value: str, text: str, key_start: int) -> bool:
+    if _PLACEHOLDER.search(value) or _NON_SECRET_KEY.search(text[max(0, key_start - 16) : key_start]):
+        return False
+    classes = sum(bool(re.search(p, value)) for p in (r"[a-z]", r"[A-Z]", r"[0-9]", r"[^A-Za-z0-9]"))
+    return classes >= 2 and any(c.isdigit() for c in value) and _entropy(value) >= 3.0
+
+
+def secrets(scan: Scan) -> list[Finding]:
+    out: list[Finding] = []
+    seen: set[tuple[int, int]] = set()
+    lowered = {id(v): v.text.lower() for v in scan.raw_views} if len(scan.raw_views) > 1 else None
+    for view in scan.raw_views:
+        low = scan.folded.text if lowered is None else lowered[id(view)]
+        text = view.text
+        for name, family, weight, rx, anchors in _SECRETS:
+            if not any(a in low for a in anchors):
+                continue
+            for m in rx.finditer(text):
+                group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
+                if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):
+                    continue
+                start, end, exact = scan.to_bytes(view, m.start(group), m.end(group))
+                if (start, end) in seen:
+                    continue
+                seen.add((start, end))
+                out.append(Finding("secrets", family, name, weight, start, end, exact, view.layer))
+    return out
+
+
+_INVISIBLE_IN_WORD = re.compile(r"(?<=[^\W\d_])[\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u034f]+(?=[^\W\d_])")
+_BIDI_OVERRIDE = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+_TAGS = re.compile(r"[\U000e0000-\U000e007f]+")
+
+
+def obfuscation(scan: Scan) -> list[Finding]:
+    text = scan.root.text
+    if text.isascii():
+        return []
+    out: list[Finding] = []
+    hidden = list(_INVISIBLE_IN_WORD.finditer(text))
+    for m in hidden:
+        start, end, exact = scan.to_bytes(scan.root, m.start(), m.end())
+        out.append(Finding("obfuscation", "invisible", "obfuscation.zero_width", min(1.0, 0.25 * len(hidden)), start, end, exact, "text"))
+    for m in _BIDI_OVERRIDE.finditer(text):
+        start, end, exact = scan.to_bytes(scan.root, m.start(), m.end())
+        out.append(Finding("obfuscation", "bidi", "obfuscation.bidi_override", 0.8, start, end, exact, "text"))
+    for m in _TAGS.finditer(text):
+        start, end, exact = scan.to_bytes(scan.root, m.start(), m.end())
+        out.append(Finding("obfuscation", "invisible", "obfuscation.tag_chars", 1.0, start, end, exact, "text"))
+    return out
+
+
+_SURROGATES = re.compile("[\udc80-\udcff]+")
+
+
+def encoding(scan: Scan) -> list[Finding]:
+    if not scan.invalid_utf8:
+        return []
+    out = []
+    for m in _SURROGATES.finditer(scan.root.text):
+        start, end, exact = scan.to_bytes(scan.root, m.start(), m.end())
+        out.append(Finding("encoding", "invalid_utf8", "encoding.invalid_utf8", 1.0, start, end, exact, "text"))
+    return out
+
+
+REPETITION_SAMPLE = 65536
+
+
+def repetition_score(data: bytes) -> float:
+    """0 for ordinary text, 1 for heavy repetition: from the compression ratio of a
+    bounded sample (ordinary prose and JSON compress 2-6x at level 1)."""
+    sample = data[:REPETITION_SAMPLE]
+    if not sample:
+        return 0.0
+    ratio = len(sample) / len(zlib.compress(sample, 1))
+    return max(0.0, min(1.0, (ratio - 6.0) / 12.0))
+
+
+def repetition(scan: Scan, min_bytes: int) -> list[Finding]:
+    if len(scan.data) < min_bytes:
+        return []
+    score = repetition_score(scan.data)
+    if score <= 0:
+        return []
+    return [Finding("repetition", "repetition", "repetition.compression", score, 0, len(scan.data), False, "text")]
+
+
+def custom(scan: Scan, rule_id: str, rx: re.Pattern[str], folded: bool) -> list[Finding]:
+    out: list[Finding] = []
+    seen: set[tuple[int, int]] = set()
+    views: list[View] = scan.folded_views if folded else scan.raw_views
+    for view in views:
+        for m in rx.finditer(view.text):
+            if m.end() == m.start():
+                continue
+            start, end, exact = scan.to_bytes(view, m.start(), m.end())
+            if (start, end) not in seen:
+                seen.add((start, end))
+                out.append(Finding("regex", "custom", rule_id, 1.0, start, end, exact, view.layer))
+    return out

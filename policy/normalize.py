@@ -1,0 +1,303 @@
+"""Normalisation before detection: turn evasive text into the plain form the
+detectors look for, while remembering where each piece came from so a match
+can be mapped back to the original bytes.
+
+Steps (each bounded, none can raise on any input):
+* bytes → text with ``surrogateescape``: invalid UTF-8 becomes one lone
+  surrogate per bad byte (counted, and itself a signal), never an exception;
+* per code point: NFKD compatibility mapping (full-width, math letters,
+  ligatures), combining marks stripped, zero-width / bidi / variation-selector
+  / tag characters removed (tag characters spell ASCII, so they are decoded),
+  homoglyphs folded to Latin, lower case; iterated to a fixed point so
+  ``fold(fold(x)) == fold(x)``;
+* de-spaced letter runs (``i g n o r e``) collapsed;
+* percent and HTML escapes decoded in place; base64 and hex runs decoded into
+  their own views, recursively up to a depth and byte budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import re
+import unicodedata
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u00ad\u034f\u115f\u1160\u3164\uffa0\u17b4\u17b5"
+BIDI = "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c"
+_REMOVE = set(ZERO_WIDTH + BIDI)
+
+# Latin look-alikes that compatibility decomposition leaves alone (Cyrillic, Greek,
+# Armenian, Cherokee, IPA and a few symbols), plus typographic quotes and dashes.
+_CONFUSABLE_SRC = {
+    "a": "аɑαａ⍺", "b": "Ьвƅβ", "c": "сϲⅽ", "d": "ԁⅾ", "e": "еєҽεϵ℮", "f": "ϝ", "g": "ɡց", "h": "һհ",
+    "i": "іӏιɩ", "j": "јϳ", "k": "κк", "l": "ⅼǀ", "m": "ⅿм", "n": "ոп", "o": "оοσօ০", "p": "рρ",
+    "q": "ԛ", "r": "гᴦ", "s": "ѕꜱ", "t": "τт", "u": "υսʋ", "v": "νѵ", "w": "ѡԝ", "x": "хχ",
+    "y": "уγү", "z": "ᴢ", "'": "‘’‚‛′`´", '"': "“”„‟″«»", "-": "‐‑‒–—―−", " ": "\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000",
+    "A": "АΑ", "B": "ВΒ", "C": "СϹ", "E": "ЕΕ", "H": "НΗ", "I": "ІΙ", "J": "Ј", "K": "КΚ", "M": "МΜ",
+    "N": "Ν", "O": "ОΟ", "P": "РΡ", "S": "Ѕ", "T": "ТΤ", "X": "ХΧ", "Y": "ΥҮ", "Z": "Ζ",
+}
+CONFUSABLES = {src: dst for dst, srcs in _CONFUSABLE_SRC.items() for src in srcs}
+
+
+def _fold_once(char: str) -> str:
+    code = ord(char)
+    if char in _REMOVE or 0xFE00 <= code <= 0xFE0F or 0xE0100 <= code <= 0xE01EF:
+        return ""
+    if 0xE0000 <= code <= 0xE007F:  # tag characters spell hidden ASCII
+        return chr(code - 0xE0000).lower() if 0x20 <= code - 0xE0000 <= 0x7E else ""
+    if 0xDC80 <= code <= 0xDCFF:  # an invalid byte kept by surrogateescape
+        return "\ufffd"
+    out = []
+    for piece in unicodedata.normalize("NFKD", char):
+        if unicodedata.combining(piece):
+            continue
+        out.append(CONFUSABLES.get(piece, piece))
+    text = "".join(out).lower()
+    return "".join(p for p in unicodedata.normalize("NFKD", text) if not unicodedata.combining(p))
+
+
+def fold_char(char: str) -> str:
+    """Fold one code point to its plain form, iterated until stable."""
+    out = _fold_once(char)
+    for _ in range(4):
+        nxt = "".join(_fold_once(c) for c in out)
+        if nxt == out:
+            break
+        out = nxt
+    return out
+
+
+class _FoldTable(dict):
+    """``str.translate`` table that folds each code point on first sight (a memo of a pure function)."""
+
+    def __missing__(self, code: int) -> str:
+        value = fold_char(chr(code))
+        self[code] = value
+        return value
+
+
+_TABLE = _FoldTable()
+
+
+def fold(text: str) -> str:
+    """Per-code-point folding (see module doc)."""
+    return text.lower() if text.isascii() else text.translate(_TABLE)
+
+
+_RUN = re.compile(r"(?<![a-z0-9])(?:[a-z0-9][^a-z0-9\n]{1,3}){3,}[a-z0-9](?![a-z0-9])")
+_SEP = re.compile(r"[^a-z0-9]+")
+
+
+def despace(text: str) -> str:
+    """Collapse runs of single letters split by separators: ``i g n o r e`` → ``ignore``."""
+    while True:
+        out = _RUN.sub(lambda m: _SEP.sub("", m.group()), text)
+        if out == text:
+            return out
+        text = out
+
+
+def normalize(text: str) -> str:
+    """The full normal form of a text (fold, then de-space); idempotent."""
+    out = despace(fold(text))
+    while True:
+        again = despace(fold(out))
+        if again == out:
+            return out
+        out = again
+
+
+# ---------------------------------------------------------------- views with position maps
+
+
+@dataclass
+class View:
+    """A text derived from its parent, with a map from its positions to the parent's.
+
+    ``pieces`` are (start in this view, parent start, parent end, exact): an exact piece
+    maps position by position; an inexact one maps as a whole to its parent span.
+    ``pieces is None`` means identity. The root view (parent None) is the decoded input,
+    whose positions map to byte offsets.
+    """
+
+    text: str
+    layer: str
+    parent: View | None = None
+    pieces: list[tuple[int, int, int, bool]] | None = None
+    depth: int = 0
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+    def to_parent(self, start: int, end: int) -> tuple[int, int, bool]:
+        if self.pieces is None:
+            return start, end, True
+        if not self._starts:
+            self._starts = [p[0] for p in self.pieces]
+        a = self._locate(start, True)
+        b = self._locate(max(end - 1, start), False)
+        return a[0], b[1], a[2] and b[2]
+
+    def _locate(self, pos: int, left: bool) -> tuple[int, int, bool]:
+        i = max(bisect_right(self._starts, pos) - 1, 0)
+        vstart, pstart, pend, exact = self.pieces[i]
+        if exact:
+            p = min(pstart + (pos - vstart), pend)
+            return p, p + 1, True
+        return pstart, pend, False
+
+
+class FoldView(View):
+    """Folded text of the root; the per-character map is built only when a match needs it."""
+
+    _cum: list[int] | None = None
+
+    def to_parent(self, start: int, end: int) -> tuple[int, int, bool]:
+        if self.parent is not None and len(self.text) == len(self.parent.text) and self.parent.text.isascii():
+            return start, end, True
+        if self._cum is None:
+            cum = [0]
+            total = 0
+            for ch in self.parent.text:
+                total += len(_TABLE[ord(ch)])
+                cum.append(total)
+            self._cum = cum
+        cum = self._cum
+        a = bisect_right(cum, start) - 1
+        b = bisect_right(cum, max(end - 1, start) ) - 1
+        return a, min(b + 1, len(self.parent.text)), True
+
+
+def piecewise(parent: View, pattern: re.Pattern[str], repl, layer: str) -> View | None:
+    """A view with every match of ``pattern`` replaced by ``repl(match)`` (None keeps it)."""
+    pieces: list[tuple[int, int, int, bool]] = []
+    out: list[str] = []
+    pos = 0
+    vpos = 0
+    changed = False
+    text = parent.text
+    for m in pattern.finditer(text):
+        new = repl(m)
+        if new is None or new == m.group():
+            continue
+        if m.start() > pos:
+            pieces.append((vpos, pos, m.start(), True))
+            out.append(text[pos : m.start()])
+            vpos += m.start() - pos
+        pieces.append((vpos, m.start(), m.end(), False))
+        out.append(new)
+        vpos += len(new)
+        pos = m.end()
+        changed = True
+    if not changed:
+        return None
+    if pos < len(text):
+        pieces.append((vpos, pos, len(text), True))
+        out.append(text[pos:])
+    return View("".join(out), layer, parent, pieces, parent.depth)
+
+
+def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: list[int] | None) -> tuple[int, int, bool]:
+    """Map a span in ``view`` back to byte offsets of the original input."""
+    exact = True
+    while view.parent is not None:
+        start, end, ok = view.to_parent(start, end)
+        exact = exact and ok
+        view = view.parent
+    if cum is None:  # the root text is ASCII (one byte per character)
+        return start, end, exact
+    return cum[start], cum[min(end, len(cum) - 1)], exact
+
+
+def char_byte_offsets(text: str) -> list[int]:
+    """Cumulative UTF-8 byte offsets of each character of a surrogateescape-decoded text."""
+    cum = [0]
+    total = 0
+    for ch in text:
+        o = ord(ch)
+        total += 1 if o < 0x80 or 0xDC80 <= o <= 0xDCFF else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+        cum.append(total)
+    return cum
+
+
+# ---------------------------------------------------------------- decoders
+
+_PCT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+_ENT = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[a-zA-Z][a-zA-Z0-9]{1,31});")
+_B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{24,}={0,2}(?![A-Za-z0-9+/=_-])")
+_HEX = re.compile(r"(?<![0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12,}(?![0-9a-fA-F])")
+
+
+def _pct(m: re.Match[str]) -> str | None:
+    return unquote(m.group(), errors="replace")
+
+
+def _ent(m: re.Match[str]) -> str | None:
+    out = html.unescape(m.group())
+    return None if out == m.group() else out
+
+
+def unescape_view(parent: View) -> View | None:
+    """Percent-escapes and HTML character references decoded in place (when there are any)."""
+    text = parent.text
+    view = parent
+    if "%" in text:
+        view = piecewise(view, _PCT, _pct, "percent") or view
+    if "&" in view.text:
+        view = piecewise(view, _ENT, _ent, "html") or view
+    return None if view is parent else view
+
+
+def _printable_ratio(text: str) -> float:
+    if not text:
+        return 0.0
+    good = sum(1 for c in text if c.isprintable() or c in "\n\r\t")
+    return good / len(text)
+
+
+def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]:
+    """Base64 and hex runs of ``root`` that decode to mostly printable text:
+    (start, end, layer, decoded text), within a byte budget."""
+    out: list[tuple[int, int, str, str]] = []
+    text = root.text
+    for m in _B64.finditer(text):
+        if budget <= 0:
+            break
+        run = m.group()
+        if run.isalpha() and (run.islower() or run.isupper()):  # a long word, not base64
+            continue
+        raw = _b64(run)
+        if raw is None:
+            continue
+        decoded = raw.decode("utf-8", "replace")
+        if _printable_ratio(decoded) >= 0.9:
+            out.append((m.start(), m.end(), "base64", decoded))
+            budget -= len(raw)
+    for m in _HEX.finditer(text):
+        if budget <= 0:
+            break
+        digits = re.sub(r"[ :]", "", m.group())
+        if len(digits) % 2:
+            digits = digits[:-1]
+        try:
+            raw = binascii.unhexlify(digits)
+        except (binascii.Error, ValueError):
+            continue
+        decoded = raw.decode("utf-8", "replace")
+        if _printable_ratio(decoded) >= 0.9:
+            out.append((m.start(), m.end(), "hex", decoded))
+            budget -= len(raw)
+    return out
+
+
+def _b64(run: str) -> bytes | None:
+    body = run.rstrip("=")
+    pad = "=" * (-len(body) % 4)
+    try:
+        if "-" in body or "_" in body:
+            return base64.urlsafe_b64decode(body + pad)
+        return base64.b64decode(body + pad, validate=True)
+    except (binascii.Error, ValueError):
+        return None

@@ -1,0 +1,167 @@
+"""The detector vocabularies: injection phrases (matched on folded, lower-case
+text) and secret formats (matched on the original case).
+
+Each entry: (name, family, weight, regex, anchors). A regex runs only when one
+of its anchors (lower-case literals) occurs in the folded text, which keeps the
+common benign case to a few substring searches. In injection regexes ``~`` is a
+word gap: up to four non-alphanumerics, possibly none, so ``ignore_all``,
+``ignore  all`` and the de-spaced ``ignoreall`` all match.
+"""
+
+from __future__ import annotations
+
+import re
+
+GAP = r"[^a-z0-9\n]{0,4}"
+
+Entry = tuple[str, str, float, str, tuple[str, ...]]
+
+_QUAL = r"(?:all|any|every|previous|prior|above|earlier|preceding|former|initial|original|existing|system|developer|your|those|these|the~(?:previous|above|prior|earlier)|of~(?:the|your)~(?:previous|above|prior))"
+_ORDERS = r"(?:instructions?|directions?|prompts?|rules|guidelines|guidance|commands?|orders|constraints|directives?|programming|policies|restrictions|messages|context)"
+_AI = r"(?:ai|a\.i\.|assistant|ai~assistant|model|ai~model|language~model|llm|agent|ai~agent|chatbot|bot|copilot|gpt|chatgpt|claude|gemini)s?"
+_SENSITIVE = (
+    r"(?:conversation|chat~history|message~history|history|previous~messages|passwords?|api~keys?|credentials?|secrets?|"
+    r"access~tokens?|auth~tokens?|tokens|private~keys?|system~prompt|ssh~keys?|env(?:ironment)?~variables|\.env|cookies?|"
+    r"session~(?:tokens?|cookies?|ids?)|personal~(?:data|information)|contacts|inbox|credit~card|user~data|"
+    r"email~addresses|(?:the~)?user.s~(?:data|emails?|files|messages|information))"
+)
+_SINK = r"(?:https?~?:~?//|www\.|[a-z0-9._%+-]{1,64}@[a-z0-9-]{1,63}\.[a-z.]{2,}|webhook|pastebin|ngrok)"
+_VERB_OUT = r"(?:send|sends|sending|forward|email|e-mail|mail|post|upload|transmit|leak|exfiltrate|copy|share|submit|report|deliver|relay|append|attach|include|encode|put)"
+
+INJECTION: list[Entry] = [
+    # --- override: instruction overrides and hijacks
+    ("override.ignore", "override", 0.95,
+     rf"(?:ignore|disregard|forget|override|bypass|neglect|abandon|discard|drop|skip|dismiss)~(?:all~|any~|of~)?{_QUAL}~(?:(?:the|your|my|of|previous|prior|above|earlier|system|safety)~){{0,3}}{_ORDERS}",
+     ("ignor", "disregard", "forget", "overrid", "bypass", "neglect", "abandon", "discard", "drop", "skip", "dismiss")),
+    ("override.forget_everything", "override", 0.9,
+     r"(?:forget|ignore|disregard)~(?:everything|all|anything)~(?:you~(?:were|have~been|'ve~been)~told|above|before|prior|so~far|previously|said~(?:above|before)|up~to~(?:now|this~point))",
+     ("forget", "ignor", "disregard")),
+    ("override.new_instructions", "override", 0.9,
+     rf"(?:new|updated|real|actual|true|revised|secret|hidden|additional|urgent|important|priority)~(?:system~)?(?:instructions?|directives?|task|orders|objective|mission)~(?:for|to)~(?:the~|any~|all~|you~)?{_AI}",
+     ("instruction", "directive", "task", "order", "objective", "mission")),
+    ("override.addressed_to_ai", "override", 0.85,
+     rf"(?:attention|note|message|important|notice|instructions?|reminder|warning)~(?:to|for)~(?:the~|any~|all~|an~)?{_AI}",
+     ("attention", "note", "message", "important", "notice", "instruction", "reminder", "warning")),
+    ("override.ai_reading", "override", 0.9,
+     rf"(?:if~)?(?:you~are~)?(?:an?~)?{_AI}~(?:that~is~|who~is~|are~)?(?:reading|processing|summari[sz]ing|parsing|analy[sz]ing|browsing|seeing|ingesting|scanning)~(?:this|these|the~following)",
+     ("reading", "processing", "summari", "parsing", "analy", "browsing", "seeing", "ingesting", "scanning")),
+    ("override.hide_from_user", "override", 0.85,
+     r"(?:(?:do~not|don.?t|never|without)~(?:tell|telling|inform|informing|alert|alerting|notify|notifying|mention|mentioning|reveal|revealing|asking|let~on~to|warn|warning)(?:~(?:this|it|anything))?(?:~(?:to|with))?~(?:the~|your~)?(?:user|human|operator|owner|requester))",
+     ("user", "human", "operator", "owner", "requester")),
+    ("override.now_you_are", "override", 0.9,
+     r"you~are~now~(?:in~)?(?:dan|jailbroken|unrestricted|unfiltered|uncensored|developer~mode|god~mode|evil|free~from|no~longer~(?:bound|restricted|an?~(?:ai|assistant))|an?~(?:unrestricted|unfiltered|uncensored|different|new)~(?:ai|assistant|model|agent))",
+     ("now",)),
+    ("override.jailbreak_mode", "override", 0.8,
+     r"(?:enable|enter|activate|switch~to|engage)~(?:dan|developer|god|jailbreak|unrestricted|debug~admin)~mode",
+     ("mode",)),
+    ("override.from_now_on", "override", 0.5,
+     r"(?:from~now~on|henceforth|going~forward|for~the~rest~of~(?:this|the)~(?:conversation|session)),?~(?:you|the~assistant|your~responses?)~(?:will|must|shall|should|are|only|always|never|respond|answer|reply)",
+     ("now", "henceforth", "forward", "rest")),
+    ("override.instead", "override", 0.5,
+     r"(?:instead|rather),?~(?:you~(?:must|should|will|need~to|are~to)|your~(?:new~)?(?:task|job|goal|purpose)~is)",
+     ("instead", "rather")),
+    ("override.stop_task", "override", 0.8,
+     r"(?:stop|cease|halt|abort|end)~(?:what~you~are~doing|your~(?:current~)?task|summari[sz]ing|the~(?:current|original)~task|following~the~user)",
+     ("stop", "cease", "halt", "abort", "end")),
+    ("override.disable_safety", "override", 0.9,
+     r"(?:override|bypass|disable|ignore|turn~off|deactivate|circumvent)~(?:your~|the~|all~|any~)?(?:safety|content|security|ethical|moderation)~(?:filters?|guidelines|policies|measures|protocols|restrictions|checks|guardrails|rules|settings)",
+     ("safety", "content", "security", "ethical", "moderation")),
+    ("override.reveal_prompt", "override", 0.85,
+     r"(?:reveal|print|output|show|repeat|display|leak|dump|disclose|tell~me|give~me|write~out)~(?:me~)?(?:your|the)~(?:full~|entire~|complete~|original~|hidden~|initial~|exact~|secret~)?(?:system~prompt|system~message|initial~prompt|hidden~instructions|instructions~above|prompt~above|developer~(?:prompt|message))",
+     ("prompt", "system", "above", "hidden", "developer")),
+    ("override.your_task", "override", 0.7,
+     r"your~(?:new|real|actual|true|only|primary|updated)~(?:task|goal|objective|instructions?|purpose|mission|job)~(?:is|are|now|:)",
+     ("your",)),
+    # --- role_header: forged chat-template tokens, role tags and context boundaries
+    ("role.chat_token", "role_header", 1.0,
+     r"<\|(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id|begin_of_text|end_of_turn|start_of_turn|endofprompt)\|>|\[/?inst\]|<</?sys>>|<(?:start|end)_of_turn>",
+     ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "_of_turn>")),
+    ("role.xml_tag", "role_header", 0.8,
+     r"</?(?:system|system_prompt|system-prompt|sys|instructions|admin|developer|assistant|user_query|tool_response|tool_output|tool_result|function_results?|important_instructions|im_start)>",
+     ("<system", "</system", "<sys>", "</sys>", "<instructions", "</instructions", "<admin", "<developer", "<assistant",
+      "</assistant", "user_query>", "<tool_", "</tool_", "function_result", "important_instructions", "im_start>")),
+    ("role.bracket_header", "role_header", 0.85,
+     r"[\[(]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])]",
+     ("system", "admin", "developer", "root", "assistant", "sys", "operator")),
+    ("role.line_header", "role_header", 0.45,
+     r"(?m)^[ \t>#*_\-]*(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]*[ \t]*:",
+     ("system", "assistant", "developer", "admin")),
+    ("role.alpaca_header", "role_header", 0.6,
+     r"(?m)^#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?:?~?$",
+     ("#",)),
+    ("role.boundary", "role_header", 0.9,
+     r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)",
+     ("end", "close")),
+    # --- tool_forgery: forged tool calls and tool-use instructions
+    ("tool.json_call", "tool_forgery", 0.75,
+     r"\"(?:tool_calls?|function_call|tool_use)\"\s*:",
+     ("tool_call", "function_call", "tool_use")),
+    ("tool.xml_call", "tool_forgery", 0.85,
+     r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
+     ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=")),
+    ("tool.react", "tool_forgery", 0.8,
+     r"(?m)^~?action~?:~?[a-z_][\w.-]{1,40}~?\n(?:[^\n]{0,200}\n){0,2}?~?action~input~?:",
+     ("action",)),
+    ("tool.name_args", "tool_forgery", 0.7,
+     r"\{\s*\"(?:name|tool|function)\"\s*:\s*\"[a-z_][\w.-]{1,40}\"\s*,\s*\"(?:arguments|parameters|args|input)\"\s*:",
+     ("\"arguments\"", "\"parameters\"", "\"args\"", "\"input\"")),
+    ("tool.use_to_act", "tool_forgery", 0.6,
+     r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|api|action)~(?:to|and)~(?:send|email|delete|remove|transfer|forward|upload|post|share|grant|wire|pay|purchase|buy|create|modify|write|execute|run|exfiltrate)",
+     ("tool", "function", "plugin", "api", "action")),
+    ("tool.immediately", "tool_forgery", 0.6,
+     r"(?:immediately|now|right~away|silently|quietly|automatically)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
+     ("immediately", "now", "away", "silently", "quietly", "automatically")),
+    # --- exfiltration: instructions to move data to an outside sink
+    ("exfil.sensitive_to_sink", "exfiltration", 0.9,
+     rf"{_VERB_OUT}~[^\n]{{0,80}}?{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",
+     ("http", "www.", "@", "webhook", "pastebin", "ngrok")),
+    ("exfil.sink_then_sensitive", "exfiltration", 0.85,
+     rf"{_VERB_OUT}~(?:it|them|this|that|everything)?~?(?:to|at)~{_SINK}[^\n]{{0,80}}?{_SENSITIVE}",
+     ("http", "www.", "@", "webhook", "pastebin", "ngrok")),
+    ("exfil.markdown_image", "exfiltration", 0.9,
+     r"!\[[^\]\n]{0,100}\]\(~?https?://[^)\s]{1,300}?(?:[?&/=](?:\{|\[|<|\$|%7b|%5b|%3c)|(?:data|secret|token|key|conversation|history|password|info|q|d|c|p)=(?:\{|\[|<|\$|%7b|%5b|%3c|insert|your|the~))",
+     ("](",)),
+    ("exfil.fetch_with_data", "exfiltration", 0.85,
+     r"(?:visit|open|fetch|load|navigate~to|browse~to|request|curl|wget|go~to|render|call|ping|get)~[^\n]{0,40}?https?://[^\s]{1,200}?[?&][a-z_]{1,20}=~?(?:\{|\[|<|\$|%7b|%5b|%3c)",
+     ("http",)),
+    ("exfil.embed_in_url", "exfiltration", 0.8,
+     rf"(?:include|append|add|put|encode|embed|insert|attach)~(?:the~|your~|all~|this~|any~)?[^\n]{{0,40}}?{_SENSITIVE}[^\n]{{0,40}}?(?:in|into|to|as)~(?:the~|a~|this~)?(?:url|link|query~string|query~param(?:eter)?s?|image~(?:url|link|src)|request|path)",
+     ("url", "link", "query", "image", "request", "path")),
+    ("exfil.sensitive_verb", "exfiltration", 0.55,
+     rf"{_VERB_OUT}~(?:me~|us~)?(?:the~|your~|all~|any~|every~)?(?:user.s~)?{_SENSITIVE}",
+     ("send", "forward", "mail", "post", "upload", "transmit", "leak", "exfiltrate", "copy", "share", "submit",
+      "report", "deliver", "relay", "append", "attach", "include", "encode", "put")),
+]
+
+# Words that say a text discusses attacks rather than carries one (used with quoting).
+DISCUSSION = re.compile(
+    r"prompt~injection|injection~attacks?|jailbreak|for~example|e\.g\.|such~as|attackers?|adversar|malicious|"
+    r"phrases?~like|examples?~of|red~team|researchers?|owasp|detect|regex|pattern|re\.compile|payloads?|"
+    r"classifier|benchmark|dataset|mitigat|defen[cs]e|test~cases?|strings?~like".replace("~", GAP)
+)
+
+SECRETS: list[tuple[str, str, float, str, tuple[str, ...]]] = [
+    ("secret.aws_access_key", "cloud_key", 1.0, r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b",
+     ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa")),
+    ("secret.aws_secret_key", "cloud_key", 1.0,
+     r"(?i:aws)[A-Za-z_\- ]{0,20}(?i:secret)[A-Za-z_\- ]{0,20}[\"']?\s*[:=]\s*[\"']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+     ("secret",)),
+    ("secret.gcp_api_key", "cloud_key", 1.0, r"\bAIza[0-9A-Za-z_\-]{35}", ("aiza",)),
+    ("secret.github_token", "vcs_token", 1.0, r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
+     ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+    ("secret.gitlab_token", "vcs_token", 1.0, r"\bglpat-[A-Za-z0-9_\-]{20,}", ("glpat-",)),
+    ("secret.slack_token", "chat_token", 1.0, r"\bxox[abposre]-[A-Za-z0-9\-]{10,}", ("xox",)),
+    ("secret.slack_webhook", "chat_token", 1.0, r"https://hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,}",
+     ("hooks.slack.com",)),
+    ("secret.stripe_key", "api_key", 1.0, r"\b[rs]k_live_[0-9a-zA-Z]{20,}", ("k_live_",)),
+    ("secret.openai_key", "api_key", 1.0, r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-)?[A-Za-z0-9_\-]{32,}", ("sk-",)),
+    ("secret.jwt", "jwt", 0.95, r"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}", ("eyj",)),
+    ("secret.private_key", "private_key", 1.0,
+     r"-----BEGIN (?:[A-Z0-9]+ ){0,3}PRIVATE KEY(?: BLOCK)?-----[\s\S]{0,16384}?(?:-----END (?:[A-Z0-9]+ ){0,3}PRIVATE KEY(?: BLOCK)?-----|\Z)",
+     ("private key",)),
+    ("secret.assignment", "generic_secret", 0.9,
+     r"(?i:(?<![a-z])(?:api[_\-]?key|apikey|secret(?:[_\-]?key)?|client[_\-]?secret|access[_\-]?key|auth[_\-]?token|access[_\-]?token|"
+     r"password|passwd|pwd|private[_\-]?key|token))[\"']?\s*(?:[:=]|=>)\s*[\"']?(?P<v>[A-Za-z0-9/+_\-.~!@#$%^&*]{12,200})",
+     ("key", "secret", "token", "passw", "pwd")),
+    ("secret.bearer", "generic_secret", 0.9, r"(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/\-]{20,}=*)", ("bearer",)),
+]

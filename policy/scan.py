@@ -1,0 +1,97 @@
+"""One input, prepared once for every detector: the decoded root text, its
+folded form and the derived views (de-spaced, unescaped, decoded payloads),
+with the lazily built maps that take a span back to original bytes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from fak.policy.normalize import (
+    _RUN,
+    FoldView,
+    View,
+    byte_span,
+    char_byte_offsets,
+    decoded_payloads,
+    despace,
+    fold,
+    piecewise,
+    unescape_view,
+)
+
+_SURROGATE = re.compile("[\udc80-\udcff]+")
+
+
+def _despace_view(parent: View) -> View | None:
+    if not _RUN.search(parent.text):
+        return None
+    return piecewise(parent, _RUN, lambda m: despace(m.group()), "despaced")
+
+
+@dataclass
+class Scan:
+    """Views of one input. ``raw_views`` keep case (for secrets); ``folded_views`` are
+    lower-case normal forms (for injection phrases)."""
+
+    data: bytes
+    root: View
+    folded: View
+    raw_views: list[View] = field(default_factory=list)
+    folded_views: list[View] = field(default_factory=list)
+    invalid_utf8: int = 0
+    _cum: list[int] | None = None
+    _cum_ready: bool = False
+
+    def to_bytes(self, view: View, start: int, end: int) -> tuple[int, int, bool]:
+        if not self._cum_ready:
+            self._cum = None if self.data.isascii() else char_byte_offsets(self.root.text)
+            self._cum_ready = True
+        return byte_span(view, start, end, len(self.data), self._cum)
+
+
+def _add_folded(scan: Scan, view: View) -> None:
+    fv = FoldView(fold(view.text), "folded" if view.parent is None else view.layer, view, None, view.depth)
+    scan.folded_views.append(fv)
+    dv = _despace_view(fv)
+    if dv is not None:
+        scan.folded_views.append(dv)
+
+
+def _expand(scan: Scan, view: View, max_depth: int, budget: list[int]) -> None:
+    scan.raw_views.append(view)
+    _add_folded(scan, view)
+    un = unescape_view(view)
+    if un is not None:
+        scan.raw_views.append(un)
+        _add_folded(scan, un)
+    if view.depth >= max_depth or budget[0] <= 0:
+        return
+    for source in (view, un) if un is not None else (view,):
+        for start, end, layer, text in decoded_payloads(source, budget[0]):
+            budget[0] -= len(text)
+            child = View(text, layer, source, [(0, start, end, False)], view.depth + 1)
+            _expand(scan, child, max_depth, budget)
+
+
+def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536) -> Scan:
+    """Build every view of ``data`` the detectors need, within the given bounds."""
+    if data.isascii():
+        text = data.decode("ascii")
+        invalid = 0
+    else:
+        text = data.decode("utf-8", "surrogateescape")
+        invalid = sum(len(m.group()) for m in _SURROGATE.finditer(text)) if not _valid_utf8(data) else 0
+    root = View(text, "text")
+    scan = Scan(data, root, root, invalid_utf8=invalid)
+    _expand(scan, root, max_depth, [max_decoded])
+    scan.folded = scan.folded_views[0]
+    return scan
+
+
+def _valid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
