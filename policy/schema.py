@@ -8,13 +8,13 @@ except the envelope's ``apiVersion``.
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class VerdictKind(str, Enum):
+class VerdictKind(StrEnum):
     """Admission verdicts, least to most restrictive (see DESIGN.md, Verdicts)."""
 
     ALLOW = "ALLOW"

@@ -1,0 +1,106 @@
+"""``fak policy check FILE…`` and ``fak gate --policy FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    policy = subparsers.add_parser("policy", help="policy files")
+    psub = policy.add_subparsers(dest="policy_command", metavar="COMMAND")
+    check = psub.add_parser("check", help="validate policy files (exit 1 with file:line:col errors)")
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy file or directory")
+    check.set_defaults(handler=_check)
+    policy.set_defaults(handler=lambda args: (policy.print_help(), 2)[1])
+
+    gate = subparsers.add_parser("gate", help="run the admission gate on a tool result (stdin) or a JSONL corpus")
+    gate.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
+    gate.add_argument("--tool", default="tool", help="tool name for stdin input (default: tool)")
+    gate.add_argument("--media-type", default=None, help="media type of the stdin input")
+    gate.add_argument("--jsonl", metavar="IN", help='read lines {"tool": ..., "text": ...}; "-" for stdin')
+    gate.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
+    gate.set_defaults(handler=_gate)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from fak.policy import PolicyError, load_policy
+
+    failed = 0
+    for name in args.files:
+        try:
+            policy = load_policy(name)
+        except PolicyError as exc:
+            failed += 1
+            print(str(exc), file=sys.stderr)
+            continue
+        print(f"{name}: ok {policy.name} {policy.digest}")
+    return 1 if failed else 0
+
+
+def _verdict_json(verdict, extra: dict | None = None) -> str:
+    body = json.loads(verdict.model_dump_json(exclude={"redacted_bytes"}))
+    if verdict.redacted_bytes is not None:
+        body["redacted_text"] = verdict.redacted_bytes.decode("utf-8", "replace")
+    if extra:
+        body = {**extra, "verdict": body}
+    return json.dumps(body, ensure_ascii=False)
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from fak.policy import GateContext, gate, load_policy
+
+    policy = load_policy(args.policy)
+    if args.jsonl is None:
+        data = sys.stdin.buffer.read()
+        context = GateContext(media_type=args.media_type) if args.media_type else None
+        print(_verdict_json(gate(policy, args.tool, data, context)))
+        return 0
+    return _gate_jsonl(policy, args)
+
+
+def _gate_jsonl(policy, args: argparse.Namespace) -> int:
+    from fak.policy import gate
+    from tqdm import tqdm
+
+    from fak.errors import FakError
+
+    source = sys.stdin if args.jsonl == "-" else _open(args.jsonl, "r")
+    sink = sys.stdout if args.out == "-" else _open(args.out, "w")
+    counts: dict[str, int] = {}
+    bad = 0
+    try:
+        for number, line in enumerate(tqdm(source, desc="gate", unit="line", file=sys.stderr, disable=None), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise ValueError('want an object with a string "text"')
+                tool = str(record.get("tool", args.tool))
+            except ValueError as exc:
+                bad += 1
+                print(f"{args.jsonl}:{number}: skipped: {exc}", file=sys.stderr)
+                continue
+            verdict = gate(policy, tool, record["text"].encode("utf-8", "surrogatepass"))
+            counts[verdict.kind.value] = counts.get(verdict.kind.value, 0) + 1
+            extra = {k: v for k, v in record.items() if k != "text"}
+            sink.write(_verdict_json(verdict, extra) + "\n")
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    print(f"gate: {summary or 'no input'}{f' skipped={bad}' if bad else ''}", file=sys.stderr)
+    if bad and not counts:
+        raise FakError(f"{args.jsonl}: no valid line")
+    return 0
+
+
+def _open(path: str, mode: str):
+    from fak.errors import FakError
+
+    try:
+        return open(path, mode, encoding="utf-8")  # noqa: SIM115 - closed by the caller
+    except OSError as exc:
+        raise FakError(f"{path}: {exc.strerror or exc}") from None
