@@ -159,7 +159,7 @@ def _checkpoint(
     except (UnicodeDecodeError, VerificationError) as exc:
         raise _Bad(f"checkpoint does not verify: {exc}") from None
     if cp.size != tree.size:
-        raise _Bad(f"checkpoint of size {cp.size} placed after {tree.size} entries")
+        raise _Bad(f"checkpoint of size {cp.size} placed after {tree.size} entries", min(cp.size, tree.size))
     if cp.root != tree.root():
         first = prev.size if prev else 0
         raise _Bad(f"entries {first}..{cp.size - 1} do not hash to the signed root of size {cp.size}", first)
