@@ -63,7 +63,7 @@ class _FileWriter:
                 os.fsync(fh.fileno())
         finally:
             fh.close()
-        self._final.parent.mkdir(parents=True, exist_ok=True)
+        self._backend.ensure_dir(self._final.parent)
         os.replace(self._tmp, self._final)
         if self._backend.fsync:
             _fsync_dir(self._final.parent)
@@ -92,6 +92,12 @@ class FileBackend:
         self.tmp_dir = self.root / "tmp"
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self._dirs: set[Path] = set()
+
+    def ensure_dir(self, path: Path) -> None:
+        if path not in self._dirs:
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(path)
 
     def path(self, blob_id: str) -> Path:
         _check_id(blob_id)

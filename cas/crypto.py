@@ -95,7 +95,7 @@ class Sealer:
         self._blob_id = blob_id
 
     def seal(self, index: int, data: bytes | memoryview, final: bool) -> bytes:
-        return self._aead.encrypt(_nonce(index), bytes(data), _chunk_aad(self._blob_id, index, final))
+        return self._aead.encrypt(_nonce(index), data, _chunk_aad(self._blob_id, index, final))
 
     def open(self, index: int, sealed: bytes, final: bool) -> bytes:
         try:

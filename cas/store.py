@@ -106,7 +106,7 @@ class CasStore:
         directory, its database URL and its master secret."""
         root = Path(data_dir) if data_dir is not None else config.data_dir()
         root.mkdir(parents=True, exist_ok=True)
-        engine = db.make_engine(url or config.database_url(root))
+        engine = db.make_engine(url or config.database_url(root), durable=fsync)
         db.upgrade(engine)
         master = master_secret if master_secret is not None else load_master_secret(root)
         store = cls(
@@ -229,7 +229,7 @@ class CasStore:
             if row is not None and row.state == "live":
                 return self._merge_existing(s, row, taint)
         written = self._write(data, digest, self._digest_key(tenant, keyed))
-        return self._commit(written, media_type, tenant, taint)
+        return self._commit(written, media_type, tenant, taint, tombstone=row is not None)
 
     def put_stream(
         self,
@@ -291,7 +291,7 @@ class CasStore:
             raise
         return _Written(blob_id, dek, digest, size)
 
-    def _commit(self, w: _Written, media_type: str, tenant: str, taint: str) -> Ref:
+    def _commit(self, w: _Written, media_type: str, tenant: str, taint: str, *, tombstone: bool = True) -> Ref:
         """Record a written blob. If the tenant already holds the digest (a concurrent
         put won), drop ours and return theirs; a forgotten ref is revived with the new blob."""
         now = _now_us()
@@ -321,7 +321,7 @@ class CasStore:
                     key_id=key_id,
                     chunk_size=self.chunk_size,
                 )
-                revived = s.execute(
+                revived = tombstone and s.execute(  # a forgotten ref comes back with a fresh key
                     sa.update(Blob)
                     .where(Blob.tenant == tenant, Blob.digest == w.digest, Blob.state == "forgotten")
                     .values(**values)
@@ -329,9 +329,7 @@ class CasStore:
                 if not revived:
                     s.add(Blob(tenant=tenant, digest=w.digest, **values))
                 s.commit()
-                row = self._row(s, w.digest, tenant)
-                assert row is not None
-                return self._ref(row)
+                return self._ref(Blob(tenant=tenant, digest=w.digest, **values))
         except sa.exc.IntegrityError:
             self.backend.delete(w.blob_id)
             with self._session() as s:
