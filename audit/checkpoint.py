@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from pydantic import BaseModel, ConfigDict
+
 from fak.audit import note
 from fak.audit.errors import VerificationError
 from fak.audit.merkle import HASH_SIZE
-from pydantic import BaseModel, ConfigDict
 
 _SIZE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
 

@@ -13,7 +13,6 @@ import time
 from typing import Annotated, Literal
 
 import rfc8785
-from fak.audit.errors import AuditError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,6 +22,8 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from fak.audit.errors import AuditError
 
 MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
 

@@ -20,6 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import Connection
+
 from fak.audit import merkle, store
 from fak.audit.checkpoint import SignedCheckpoint, sign_checkpoint
 from fak.audit.errors import AuditError
@@ -27,7 +29,6 @@ from fak.audit.events import Event, canonical, parse_event, to_event
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signing import load_signer
-from sqlalchemy.engine import Connection
 
 
 @dataclass(frozen=True)
@@ -216,11 +217,8 @@ class AuditLog:
                 first = frontier.size
                 entries, nodes = [], []
                 for k, req in enumerate(appends):
-                    for nid, h in frontier.append(merkle.hash_leaf(req.body)):
-                        nodes.append({"node": nid, "hash": h})
-                    entries.append(
-                        {"idx": first + k, "tenant": req.tenant, "type": req.type, "ts": req.ts, "body": req.body}
-                    )
+                    nodes.extend(frontier.append(merkle.hash_leaf(req.body)))
+                    entries.append((first + k, req.tenant, req.type, req.ts, req.body))
                 self._frontier = None  # stale until the commit has returned
                 store.insert(conn, entries, nodes)
             self._frontier = frontier

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from pydantic import BaseModel, ConfigDict
+
 from fak.audit import merkle, note
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import VerificationError
-from pydantic import BaseModel, ConfigDict
 
 TLOG_PROOF_HEADER = "c2sp.org/tlog-proof@v1"
 _INDEX = re.compile(r"^index (0|[1-9][0-9]{0,18})$")

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict
+
 from fak.audit import merkle, note
 from fak.audit.checkpoint import open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import Digest, DroppedUnit, ForgetCompleted, Id, Tenant, parse_event
 from fak.audit.proofs import InclusionProof
-from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from fak.audit.log import AuditLog

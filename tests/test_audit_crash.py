@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from fak.audit import AuditLog, PolicyLoaded, verify_export
 
 P = "sha256:" + "cd" * 32

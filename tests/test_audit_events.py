@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fak.audit import events as ev
 from fak.audit.errors import AuditError
 

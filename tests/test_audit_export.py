@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from fak.audit import AuditError, AuditLog, PolicyLoaded, merkle, note, verify_export
 from fak.audit.checkpoint import sign_checkpoint
 from fak.audit.signing import KEY_FILE
-
 from fak.cli import main
 
 P = "sha256:" + "cd" * 32

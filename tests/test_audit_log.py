@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import sqlalchemy as sa
+
 from fak.audit import (
     AuditError,
     AuditLog,

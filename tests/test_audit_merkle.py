@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from fak.audit import merkle
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "audit_rfc6962_vectors.json").read_text())

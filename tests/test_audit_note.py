@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from fak.audit import note
 from fak.audit.checkpoint import open_checkpoint, parse_body, sign_checkpoint
 from fak.audit.errors import VerificationError

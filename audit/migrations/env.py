@@ -2,6 +2,7 @@
 fak.audit.store.migrate, with this layer's own version table."""
 
 from alembic import context
+
 from fak.audit.store import VERSION_TABLE, Base
 
 connection = context.config.attributes["connection"]
