@@ -61,10 +61,10 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _gate_jsonl(policy, args: argparse.Namespace) -> int:
-    from fak.policy import gate
     from tqdm import tqdm
 
     from fak.errors import FakError
+    from fak.policy import gate
 
     source = sys.stdin if args.jsonl == "-" else _open(args.jsonl, "r")
     sink = sys.stdout if args.out == "-" else _open(args.out, "w")

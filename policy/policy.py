@@ -13,10 +13,11 @@ from pathlib import Path
 
 import blake3
 import rfc8785
+from pydantic import ValidationError
+
 from fak.policy.errors import Located, PolicyError
 from fak.policy.schema import PolicyDocument, Spec
 from fak.policy.yamlsrc import SourceMap, read_yaml
-from pydantic import ValidationError
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ offsets, rule ids and the policy digest), so it can go into audit events as is;
 
 from __future__ import annotations
 
-from fak.policy.schema import VerdictKind
 from pydantic import BaseModel, ConfigDict
+
+from fak.policy.schema import VerdictKind
 
 
 class Match(BaseModel):

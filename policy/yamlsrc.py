@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
 from fak.policy.errors import Located, PolicyError
 
 Path = tuple[str | int, ...]

@@ -158,13 +158,7 @@ OBFUSCATIONS = {
 }
 
 # ------------------------------------------------------------------ realistic carriers
-WORDS = ("the city council approved a new budget for road repairs after months of debate while residents asked "
-         "for more bike lanes and better lighting near schools the recipe needs two cups of flour a pinch of salt "
-         "and butter at room temperature bake for twenty minutes until golden the quarterly report shows revenue "
-         "grew eight percent driven by strong demand in europe hikers should carry water and check the forecast "
-         "before starting the trail which climbs steeply past the old mill the library extends its opening hours "
-         "during exams students can reserve rooms online the firmware update fixes a crash when pairing headphones "
-         "and improves battery life").split()
+WORDS = ["the", "city", "council", "approved", "a", "new", "budget", "for", "road", "repairs", "after", "months", "of", "debate", "while", "residents", "asked", "for", "more", "bike", "lanes", "and", "better", "lighting", "near", "schools", "the", "recipe", "needs", "two", "cups", "of", "flour", "a", "pinch", "of", "salt", "and", "butter", "at", "room", "temperature", "bake", "for", "twenty", "minutes", "until", "golden", "the", "quarterly", "report", "shows", "revenue", "grew", "eight", "percent", "driven", "by", "strong", "demand", "in", "europe", "hikers", "should", "carry", "water", "and", "check", "the", "forecast", "before", "starting", "the", "trail", "which", "climbs", "steeply", "past", "the", "old", "mill", "the", "library", "extends", "its", "opening", "hours", "during", "exams", "students", "can", "reserve", "rooms", "online", "the", "firmware", "update", "fixes", "a", "crash", "when", "pairing", "headphones", "and", "improves", "battery", "life"]
 NAMES = ["Alice Martin", "Bob Chen", "Carla Diaz", "Deepak Rao", "Eva Novak", "Farid Haddad", "Grace Kim", "Hugo Silva"]
 SITES = ["news.example.com", "blog.example.org", "docs.example.net", "shop.example.com", "wiki.example.org"]
 
@@ -297,7 +291,7 @@ def benign_shell(rng):
         f"$ uname -a\nLinux build-{rng.randint(1, 9)} 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC x86_64 GNU/Linux\n",
         f"$ git log --oneline -3\n{rng.getrandbits(28):07x} Fix crash when pairing headphones\n{rng.getrandbits(28):07x} Ignore build artefacts in .gitignore\n{rng.getrandbits(28):07x} Update docs\n",
         f"$ df -h\nFilesystem      Size  Used Avail Use% Mounted on\n/dev/sda1        50G   {rng.randint(5, 45)}G   20G  60% /\ntmpfs           7.8G     0  7.8G   0% /dev/shm\n",
-        f"$ pip install requests\nCollecting requests\n  Downloading requests-2.31.0-py3-none-any.whl (62 kB)\nSuccessfully installed requests-2.31.0\n",
+        "$ pip install requests\nCollecting requests\n  Downloading requests-2.31.0-py3-none-any.whl (62 kB)\nSuccessfully installed requests-2.31.0\n",
         f"$ systemctl status nginx\n● nginx.service - A high performance web server\n   Active: active (running) since Tue 2024-05-14 08:{rng.randint(10, 59)}:01 UTC\n System: ok\n",
     ])
 
