@@ -36,8 +36,8 @@ def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
         return cache[key]
 
     for layer in w.layers:
-        for name, t in vars(layer).items():
-            setattr(layer, name, conv(t))
+        for name in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down"):
+            setattr(layer, name, conv(getattr(layer, name)))
     return Weights(embed=conv(w.embed), layers=w.layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
 
 

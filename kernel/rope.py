@@ -34,17 +34,21 @@ def inv_freq(cfg: ModelConfig, device: torch.device | str = "cpu") -> torch.Tens
 
 
 def cos_sin(freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(T, head_dim)`` cos and sin for absolute ``positions`` (int64, shape ``(T,)``)."""
+    """``(T, head_dim)`` tables for absolute ``positions`` (int64, ``(T,)``): ``cos`` and
+    ``sin_signed = cat(-sin, sin)`` over the two halves (see ``apply``)."""
     freqs = positions[:, None].float() * freq.float()
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    half = cos.shape[-1] // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (``(..., T, head_dim)``) by the tables of ``cos_sin``.
 
-
-def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(heads, T, head_dim)`` (or broadcastable) by ``(T, head_dim)`` tables."""
-    return (x * cos) + (rotate_half(x) * sin)
+    The reference computes ``x*cos + rotate_half(x)*sin`` with
+    ``rotate_half(x) = cat(-x2, x1)``; here ``roll(x) * sin_signed`` =
+    ``cat(x2*(-s), x1*s)``, the same products bit for bit (IEEE negation is exact
+    and commutes with rounding), in two kernels instead of four.
+    """
+    return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * sin_signed)

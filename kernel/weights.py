@@ -70,7 +70,7 @@ def weights_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> We
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         layers.append(
-            LayerWeights(
+            LayerWeights.fuse(
                 attn_norm=get(p + "input_layernorm.weight"),
                 wq=get(p + "self_attn.q_proj.weight"),
                 wk=get(p + "self_attn.k_proj.weight"),
@@ -120,7 +120,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> Weight
 
     D, hd = cfg.hidden_size, cfg.head_dim
     layers = [
-        LayerWeights(
+        LayerWeights.fuse(
             attn_norm=norm(),
             wq=mat(cfg.num_heads * hd, D),
             wk=mat(cfg.num_kv_heads * hd, D),

@@ -1,0 +1,69 @@
+"""Shared helpers for benchmarks: machine facts and the JSON report shape of DESIGN.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def target(name: str, value: float, goal: float, op: str) -> dict[str, Any]:
+    met = value >= goal if op == ">=" else value <= goal
+    return {"name": name, "value": value, "target": goal, "op": op, "met": bool(met)}
+
+
+def report(bench: str, results: dict[str, Any], targets: list[dict[str, Any]], json_path: str | None) -> None:
+    """Print a human table of the targets and write the JSON object if asked."""
+    out = {"bench": bench, "machine": machine(), "results": results, "targets": targets}
+    print(f"\n{bench}: targets")
+    for t in targets:
+        flag = "met" if t["met"] else "MISSED"
+        print(f"  {t['name']:<48} {t['value']:>12.4g} {t['op']} {t['target']:<10g} {flag}")
+    if json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    return p
+
+
+def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Fastest wall time of ``repeat`` runs (and the last result)."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

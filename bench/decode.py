@@ -1,0 +1,119 @@
+"""Prefill and decode throughput of fak's float32 path vs transformers ``generate()``,
+same weights, same prompt, same run. Greedy; the generated tokens are compared.
+
+    python bench/decode.py [--json PATH] [--prefill-tokens 1024] [--prompt-tokens 256] [--new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+from common import best_of, log, parser, report, target
+
+from fak.kernel.generate import SamplingParams, generate
+from fak.kernel.loader import load_model
+from fak.kernel.weights import default_model_path
+
+WORDS = ["agent", "tool", "result", "cache", "policy", "kernel", "token", "model", "span", "audit", "reference", "session", "tenant", "the", "a", "of", "and", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "were", "has", "have", "search", "web", "page", "email", "file", "shell", "output", "request", "response", "server", "client", "data", "value", "error"]
+
+
+def prompt_ids(tokenizer, n: int, seed: int = 7) -> list[int]:  # noqa: ANN001
+    rng = random.Random(seed)
+    body = " ".join(rng.choice(WORDS) for _ in range(n * 2))
+    text = tokenizer.render([{"role": "user", "content": "Summarise this tool output:\n" + body}], True)
+    ids = tokenizer.encode(text)
+    return ids[: n - 5] + tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--prefill-tokens", type=int, default=1024)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+
+    log("loading fak model ...")
+    lm = load_model()
+    model, tok = lm.model, lm.tokenizer
+    log("loading transformers peer from the same GGUF ...")
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+    long_ids = prompt_ids(tok, args.prefill_tokens)
+    short_ids = prompt_ids(tok, args.prompt_tokens)
+    greedy = SamplingParams(max_tokens=args.new_tokens)
+
+    def fak_prefill() -> int:
+        cache = model.new_cache(len(long_ids) + 8)
+        return int(model.forward(long_ids, cache).argmax())
+
+    def fak_generate(n: int) -> list[int]:
+        cache = model.new_cache(len(short_ids) + n + 8)
+        return list(generate(model, cache, short_ids, SamplingParams(max_tokens=n)))
+
+    def hf_generate(ids: list[int], n: int) -> list[int]:
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            out = hf.generate(
+                x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id
+            )
+        return out[0, len(ids) :].tolist()
+
+    log("warming up ...")
+    fak_prefill(), fak_generate(4), hf_generate(short_ids, 4)
+
+    log("prefill ...")
+    t_fak_prefill, _ = best_of(fak_prefill, args.repeat)
+    t_hf_prefill, _ = best_of(lambda: hf_generate(long_ids, 1), args.repeat)
+
+    log("decode ...")
+    t_fak_first, _ = best_of(lambda: fak_generate(1), args.repeat)
+    t_fak_all, fak_tokens = best_of(lambda: fak_generate(args.new_tokens), args.repeat)
+    t_hf_first, _ = best_of(lambda: hf_generate(short_ids, 1), args.repeat)
+    t_hf_all, hf_tokens = best_of(lambda: hf_generate(short_ids, args.new_tokens), args.repeat)
+    steps = args.new_tokens - 1
+    fak_decode = steps / (t_fak_all - t_fak_first)
+    hf_decode = steps / (t_hf_all - t_hf_first)
+    fak_prefill_tps = len(long_ids) / t_fak_prefill
+    hf_prefill_tps = len(long_ids) / t_hf_prefill
+    same = fak_tokens == hf_tokens
+    first_diff = next((i for i, (a, b) in enumerate(zip(fak_tokens, hf_tokens, strict=False)) if a != b), None)
+
+    results = {
+        "model": str(path.name),
+        "dtype": "float32",
+        "prefill_tokens": len(long_ids),
+        "prompt_tokens": len(short_ids),
+        "new_tokens": args.new_tokens,
+        "fak_prefill_tok_s": fak_prefill_tps,
+        "hf_prefill_tok_s": hf_prefill_tps,
+        "prefill_ratio": fak_prefill_tps / hf_prefill_tps,
+        "fak_decode_tok_s": fak_decode,
+        "hf_decode_tok_s": hf_decode,
+        "decode_ratio": fak_decode / hf_decode,
+        "hf_attn_implementation": hf.config._attn_implementation,
+        "identical_output_tokens": same,
+        "first_token_difference": first_diff,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(f"{'':<10}{'prefill tok/s':>15}{'decode tok/s':>15}")
+    print(f"{'fak':<10}{fak_prefill_tps:>15.1f}{fak_decode:>15.2f}")
+    print(f"{'hf':<10}{hf_prefill_tps:>15.1f}{hf_decode:>15.2f}")
+    print(f"{'ratio':<10}{results['prefill_ratio']:>15.3f}{results['decode_ratio']:>15.3f}")
+    print(f"identical greedy tokens: {same} (first difference: {first_diff})")
+    targets = [
+        target("decode_ratio_vs_transformers", results["decode_ratio"], 1.25, ">="),
+        target("prefill_ratio_vs_transformers", results["prefill_ratio"], 1.0, ">="),
+        target("identical_output_tokens", float(same), 1.0, ">="),
+    ]
+    report("decode", results, targets, args.json)
+
+
+if __name__ == "__main__":
+    main()

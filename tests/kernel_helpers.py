@@ -1,0 +1,56 @@
+"""Shared helpers for kernel tests: tiny random Llama configs and the HF oracle."""
+
+from __future__ import annotations
+
+import torch
+
+from fak.kernel.config import ModelConfig, RopeScaling
+from fak.kernel.model import Llama
+from fak.kernel.weights import random_weights, state_dict_from_weights
+
+TINY = dict(
+    vocab_size=257,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+
+LLAMA3 = RopeScaling(
+    kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    return ModelConfig(**(TINY | overrides))
+
+
+def tiny_model(seed: int = 0, attention: str = "sdpa", **overrides) -> Llama:
+    cfg = tiny_config(**overrides)
+    return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", attention=attention)
+
+
+def hf_oracle(model: Llama):
+    """transformers' LlamaForCausalLM, eager float32, holding the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(**model.cfg.to_hf(), attn_implementation="eager")
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    sd = {k: v.clone() for k, v in state_dict_from_weights(model.cfg, model.w).items()}
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not unexpected, unexpected
+    assert set(missing) <= {"lm_head.weight"}, missing
+    if model.cfg.tie_word_embeddings:
+        hf.tie_weights()
+    return hf
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf(torch.tensor([ids]), use_cache=False).logits[0]
