@@ -47,7 +47,6 @@ def main() -> None:
 
     long_ids = prompt_ids(tok, args.prefill_tokens)
     short_ids = prompt_ids(tok, args.prompt_tokens)
-    greedy = SamplingParams(max_tokens=args.new_tokens)
 
     def fak_prefill() -> int:
         cache = model.new_cache(len(long_ids) + 8)
