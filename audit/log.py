@@ -307,30 +307,36 @@ class AuditLog:
 
     def inclusion_proof(self, index: int, size: int | None = None) -> InclusionProof:
         """Proof for ``index``; by default in the first signed checkpoint that covers it
-        (signing one now if none does yet), with that checkpoint attached."""
+        (signing one now if none does yet), with that checkpoint attached. With ``size``:
+        in the tree of that size, with its checkpoint if one was signed at exactly that size."""
         if index < 0:
             raise AuditError("index must be >= 0")
-        with self._read() as conn:
-            current = store.size(conn)
+        for attempt in (0, 1):
+            with self._read() as conn:
+
+                def get(ids):  # noqa: ANN001, ANN202
+                    return store.get_nodes(conn, ids)
+
+                if size is not None:
+                    if not index < size <= store.size(conn):
+                        raise AuditError(f"cannot prove index {index} in a tree of size {size}")
+                    row = store.checkpoint_at_least(conn, size)
+                    signed = row[2] if row is not None and row[0] == size else None
+                    root = merkle.root_from(size, get)
+                    hashes = merkle.inclusion_proof(index, size, get)
+                    return InclusionProof(log_index=index, tree_size=size, root_hash=root, hashes=hashes,
+                                          checkpoint=signed)
+                row = store.checkpoint_at_least(conn, index + 1)
+                if row is not None:
+                    hashes = merkle.inclusion_proof(index, row[0], get)
+                    return InclusionProof(log_index=index, tree_size=row[0], root_hash=row[1], hashes=hashes,
+                                          checkpoint=row[2])
+                current = store.size(conn)
             if index >= current:
                 raise AuditError(f"no audit entry at index {index} (log size {current})")
-            if size is None:
-                row = store.checkpoint_at_least(conn, index + 1)
-        if size is None and row is None:
-            self.checkpoint()
-        with self._read() as conn:
-            if size is None:
-                row = store.checkpoint_at_least(conn, index + 1)
-                assert row is not None
-                size, root, signed = row
-            else:
-                if not index < size <= store.size(conn):
-                    raise AuditError(f"cannot prove index {index} in a tree of size {size}")
-                root = merkle.root_from(size, lambda ids: store.get_nodes(conn, ids))
-                row = store.checkpoint_at_least(conn, size)
-                signed = row[2] if row is not None and row[0] == size else None
-            hashes = merkle.inclusion_proof(index, size, lambda ids: store.get_nodes(conn, ids))
-        return InclusionProof(log_index=index, tree_size=size, root_hash=root, hashes=hashes, checkpoint=signed)
+            if attempt == 0:
+                self.checkpoint()
+        raise AuditError(f"no checkpoint covers index {index}")
 
     def consistency_proof(self, size1: int, size2: int | None = None) -> ConsistencyProof:
         with self._read() as conn:
