@@ -90,6 +90,7 @@ class AuditLog:
         self._last_cp_time = time.monotonic()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._gate = threading.Lock()
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
         self._writer.start()
 
@@ -120,10 +121,14 @@ class AuditLog:
         ev = to_event(event)
         body = canonical(ev)
         fut: Future = Future()
-        if self._closed:
-            raise AuditError("the audit log is closed")
-        self._queue.put(_Append(body, ev.tenant, ev.type, ev.ts, fut))
+        self._put(_Append(body, ev.tenant, ev.type, ev.ts, fut))
         return fut
+
+    def _put(self, request: _Append | _Control) -> None:
+        with self._gate:  # nothing is queued after the stop request
+            if self._closed:
+                raise AuditError("the audit log is closed")
+            self._queue.put(request)
 
     def append(self, event: object) -> int:
         """Append an event and return its gap-free index once it is committed."""
@@ -132,17 +137,16 @@ class AuditLog:
     def checkpoint(self) -> SignedCheckpoint:
         """Sign (or return, if the size has not moved) a checkpoint of the current tree."""
         fut: Future = Future()
-        if self._closed:
-            raise AuditError("the audit log is closed")
-        self._queue.put(_Control("checkpoint", fut))
+        self._put(_Control("checkpoint", fut))
         return fut.result()
 
     def close(self) -> None:
-        if self._closed:
-            return
         fut: Future = Future()
-        self._queue.put(_Control("stop", fut))
-        self._closed = True
+        with self._gate:
+            if self._closed:
+                return
+            self._queue.put(_Control("stop", fut))
+            self._closed = True
         fut.result()
         self._writer.join()
         self._engine.dispose()
@@ -171,9 +175,7 @@ class AuditLog:
             if appends:
                 self._commit(appends)
             due = self._pending() and (
-                self._frontier is not None
-                and self._frontier.size - (self._last_cp[0] if self._last_cp else 0) >= self._every
-                or time.monotonic() - self._last_cp_time >= self._interval
+                self._unsigned() >= self._every or time.monotonic() - self._last_cp_time >= self._interval
             )
             wants = [c.future for c in controls if c.kind == "checkpoint"]
             if due or wants:
@@ -190,6 +192,11 @@ class AuditLog:
             while True:
                 req = self._queue.get_nowait()
                 req.future.set_exception(AuditError("the audit log is closed"))
+
+    def _unsigned(self) -> int:
+        """Entries appended since the last checkpoint this writer knows of."""
+        size = self._frontier.size if self._frontier is not None else 0
+        return size - (self._last_cp[0] if self._last_cp else 0)
 
     def _pending(self) -> bool:
         last = self._last_cp[0] if self._last_cp else -1
