@@ -11,8 +11,10 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 
+from ahocorasick_rs import AhoCorasick
+
 from fak.policy.normalize import View
-from fak.policy.patterns import DISCUSSION, GAP, INJECTION, SECRETS
+from fak.policy.patterns import DISCUSSION, GAP, INJECTION, INJECTION_BACK, SECRETS, SECRETS_BACK
 from fak.policy.scan import Scan
 
 
@@ -50,24 +52,84 @@ def _discussed(text: str, start: int, end: int) -> bool:
     return DISCUSSION.search(text, max(0, start - 300), min(len(text), end + 300)) is not None
 
 
+class _Anchored:
+    """Regexes that each contain one of their anchor literals. One Aho-Corasick pass
+    finds the anchors; a regex is then tried only near each anchor: a match must start
+    at most ``back`` characters before it and be at most ``span`` characters long."""
+
+    def __init__(self, entries: list, back: dict[str, int], span: dict[str, int], default_span: int) -> None:
+        self.entries = entries
+        anchors = sorted({a for e in entries for a in e[4]})
+        index = {a: i for i, a in enumerate(anchors)}
+        self.by_anchor: list[list[int]] = [[] for _ in anchors]
+        for n, e in enumerate(entries):
+            for a in e[4]:
+                self.by_anchor[index[a]].append(n)
+        self.ac = AhoCorasick(anchors)
+        self.back = [back.get(e[0], MAX_BACK) for e in entries]
+        self.span = [span.get(e[0], default_span) for e in entries]
+
+    def candidates(self, low: str) -> dict[int, list[int]]:
+        """Entry index → sorted start positions of its anchors in ``low``."""
+        try:
+            hits = self.ac.find_matches_as_indexes(low, overlapping=True)
+        except UnicodeEncodeError:  # lone surrogates from invalid UTF-8: same length, no anchors
+            hits = self.ac.find_matches_as_indexes(_SURROGATES.sub(lambda m: "\ufffd" * len(m.group()), low),
+                                                   overlapping=True)
+        out: dict[int, list[int]] = {}
+        by_anchor = self.by_anchor
+        for a, start, _ in hits:
+            for n in by_anchor[a]:
+                out.setdefault(n, []).append(start)
+        return out
+
+    def matches(self, n: int, rx: re.Pattern[str], text: str, positions: list[int]):
+        """Every match of entry ``n`` that contains one of ``positions``, leftmost first, once."""
+        back, span, length = self.back[n], self.span[n], len(text)
+        last_end = -1
+        for p in sorted(set(positions)):
+            if p < last_end:
+                continue
+            hi = min(length, p + span)
+            if back <= SHORT_BACK:  # a few anchored attempts beat a search over the window
+                for start in range(max(0, p - back, last_end), p + 1):
+                    m = rx.match(text, start, hi)
+                    if m is not None and m.end() > m.start():
+                        yield m
+                        last_end = m.end()
+                        break
+                continue
+            m = rx.search(text, max(0, p - back, last_end), hi)
+            while m is not None and m.start() <= p:
+                yield m
+                last_end = m.end()
+                if last_end > p:
+                    break
+                m = rx.search(text, max(last_end, m.start() + 1), hi)
+
+
+SHORT_BACK = 24
+MAX_BACK = 320
+_SURROGATES = re.compile("[\udc80-\udcff]+")
+_INJ = _Anchored(_INJECTION, INJECTION_BACK, {}, 480)
+_SEC = _Anchored(_SECRETS, SECRETS_BACK, {"secret.private_key": 17000}, 600)
+
+
 def injection(scan: Scan) -> list[Finding]:
     out: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
     for view in scan.folded_views:
         text = view.text
-        for name, family, weight, rx, anchors in _INJECTION:
-            if not any(a in text for a in anchors):
-                continue
-            for m in rx.finditer(text):
+        for n, positions in _INJ.candidates(text).items():
+            name, family, weight, rx, _ = _INJECTION[n]
+            for m in _INJ.matches(n, rx, text, positions):
                 score = weight
                 if _quoted(text, m.start()) and _discussed(text, m.start(), m.end()):
                     score *= DISCOUNT
                 start, end, exact = scan.to_bytes(view, m.start(), m.end())
-                key = (name, start, end)
-                if key in seen:
-                    continue
-                seen.add(key)
-                out.append(Finding("injection", family, name, score, start, end, exact, view.layer))
+                if (name, start, end) not in seen:
+                    seen.add((name, start, end))
+                    out.append(Finding("injection", family, name, score, start, end, exact, view.layer))
     return out
 
 
@@ -91,22 +153,20 @@ def _plausible_secret(value: str, text: str, key_start: int) -> bool:
 def secrets(scan: Scan) -> list[Finding]:
     out: list[Finding] = []
     seen: set[tuple[int, int]] = set()
-    lowered = {id(v): v.text.lower() for v in scan.raw_views} if len(scan.raw_views) > 1 else None
     for view in scan.raw_views:
-        low = scan.folded.text if lowered is None else lowered[id(view)]
         text = view.text
-        for name, family, weight, rx, anchors in _SECRETS:
-            if not any(a in low for a in anchors):
-                continue
-            for m in rx.finditer(text):
+        # Anchor positions are only trusted when lower-casing keeps the length (ASCII).
+        ascii_text = text.isascii()
+        for n, positions in _SEC.candidates(text.lower()).items():
+            name, family, weight, rx, _ = _SECRETS[n]
+            for m in _SEC.matches(n, rx, text, positions) if ascii_text else rx.finditer(text):
                 group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
                 if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):
                     continue
                 start, end, exact = scan.to_bytes(view, m.start(group), m.end(group))
-                if (start, end) in seen:
-                    continue
-                seen.add((start, end))
-                out.append(Finding("secrets", family, name, weight, start, end, exact, view.layer))
+                if (start, end) not in seen:
+                    seen.add((start, end))
+                    out.append(Finding("secrets", family, name, weight, start, end, exact, view.layer))
     return out
 
 
@@ -131,9 +191,6 @@ def obfuscation(scan: Scan) -> list[Finding]:
         start, end, exact = scan.to_bytes(scan.root, m.start(), m.end())
         out.append(Finding("obfuscation", "invisible", "obfuscation.tag_chars", 1.0, start, end, exact, "text"))
     return out
-
-
-_SURROGATES = re.compile("[\udc80-\udcff]+")
 
 
 def encoding(scan: Scan) -> list[Finding]:

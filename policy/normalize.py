@@ -240,12 +240,13 @@ def _ent(m: re.Match[str]) -> str | None:
 
 
 def unescape_view(parent: View) -> View | None:
-    """Percent-escapes and HTML character references decoded in place (when there are any)."""
+    """Percent-escapes and numeric HTML character references decoded in place, when
+    there are enough to hide words (a lone ``&amp;`` or ``50%`` is left alone)."""
     text = parent.text
     view = parent
-    if "%" in text:
+    if text.count("%") >= 3:
         view = piecewise(view, _PCT, _pct, "percent") or view
-    if "&" in view.text:
+    if "&#" in view.text:
         view = piecewise(view, _ENT, _ent, "html") or view
     return None if view is parent else view
 
@@ -257,11 +258,37 @@ def _printable_ratio(text: str) -> float:
     return good / len(text)
 
 
+def _table(pick) -> bytes:
+    return bytes(pick(chr(b)) for b in range(256))
+
+
+_B64_CLASS = _table(lambda c: ord("a") if c.isascii() and (c.isalnum() or c in "+/_-") else ord("s"))
+_HEX_CLASS = _table(lambda c: ord("h") if c in "0123456789abcdefABCDEF" else ord("s") if c in " :" else ord("x"))
+_RUN_CLASS = _table(lambda c: ord("a") if c.isascii() and c.isalnum() else ord("n") if c == "\n" else ord("s"))
+
+
+def _classes(text: str, table: bytes) -> bytes:
+    return text.encode("utf-8", "surrogatepass").translate(table)
+
+
+def may_have_letter_run(text: str) -> bool:
+    """Cheap pre-check for ``despace``: single letters separated by 1-3 non-alphanumerics."""
+    t = _classes(text, _RUN_CLASS)
+    return b"asasasa" in t or b"assassassa" in t or b"asssasssasssa" in t or b"asassassa" in t
+
+
+def may_have_payload(text: str) -> bool:
+    """Cheap pre-check for ``decoded_payloads``: a 24-character base64 run or 12 spaced hex pairs."""
+    return b"a" * 24 in _classes(text, _B64_CLASS) or b"hhshhshhshhshhshh" in _classes(text, _HEX_CLASS)
+
+
 def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]:
     """Base64 and hex runs of ``root`` that decode to mostly printable text:
     (start, end, layer, decoded text), within a byte budget."""
     out: list[tuple[int, int, str, str]] = []
     text = root.text
+    if not may_have_payload(text):
+        return out
     for m in _B64.finditer(text):
         if budget <= 0:
             break

@@ -26,7 +26,9 @@ _SENSITIVE = (
     r"email~addresses|(?:the~)?user.s~(?:data|emails?|files|messages|information))"
 )
 _SINK = r"(?:https?~?:~?//|www\.|[a-z0-9._%+-]{1,64}@[a-z0-9-]{1,63}\.[a-z.]{2,}|webhook|pastebin|ngrok)"
-_VERB_OUT = r"(?:send|sends|sending|forward|email|e-mail|mail|post|upload|transmit|leak|exfiltrate|copy|share|submit|report|deliver|relay|append|attach|include|encode|put)"
+_VERB_OUT = r"(?<![a-z])(?:send|sends|sending|forward|email|e-mail|mail|post|upload|transmit|leak|exfiltrate|copy|share|submit|report|deliver|relay|append|attach|include|encode|put)"
+_VERB_ANCHORS = ("send", "forward", "mail", "email", "e-mail", "post", "upload", "transmit", "leak", "exfiltrate", "copy", "share", "submit",
+                 "report", "deliver", "relay", "append", "attach", "include", "encode", "put")
 
 INJECTION: list[Entry] = [
     # --- override: instruction overrides and hijacks
@@ -38,7 +40,7 @@ INJECTION: list[Entry] = [
      ("forget", "ignor", "disregard")),
     ("override.new_instructions", "override", 0.9,
      rf"(?:new|updated|real|actual|true|revised|secret|hidden|additional|urgent|important|priority)~(?:system~)?(?:instructions?|directives?|task|orders|objective|mission)~(?:for|to)~(?:the~|any~|all~|you~)?{_AI}",
-     ("instruction", "directive", "task", "order", "objective", "mission")),
+     ("new", "updated", "real", "actual", "true", "revised", "secret", "hidden", "additional", "urgent", "important", "priority")),
     ("override.addressed_to_ai", "override", 0.85,
      rf"(?:attention|note|message|important|notice|instructions?|reminder|warning)~(?:to|for)~(?:the~|any~|all~|an~)?{_AI}",
      ("attention", "note", "message", "important", "notice", "instruction", "reminder", "warning")),
@@ -47,16 +49,16 @@ INJECTION: list[Entry] = [
      ("reading", "processing", "summari", "parsing", "analy", "browsing", "seeing", "ingesting", "scanning")),
     ("override.hide_from_user", "override", 0.85,
      r"(?:(?:do~not|don.?t|never|without)~(?:tell|telling|inform|informing|alert|alerting|notify|notifying|mention|mentioning|reveal|revealing|asking|let~on~to|warn|warning)(?:~(?:this|it|anything))?(?:~(?:to|with))?~(?:the~|your~)?(?:user|human|operator|owner|requester))",
-     ("user", "human", "operator", "owner", "requester")),
+     ("do", "never", "without")),
     ("override.now_you_are", "override", 0.9,
      r"you~are~now~(?:in~)?(?:dan|jailbroken|unrestricted|unfiltered|uncensored|developer~mode|god~mode|evil|free~from|no~longer~(?:bound|restricted|an?~(?:ai|assistant))|an?~(?:unrestricted|unfiltered|uncensored|different|new)~(?:ai|assistant|model|agent))",
      ("now",)),
     ("override.jailbreak_mode", "override", 0.8,
      r"(?:enable|enter|activate|switch~to|engage)~(?:dan|developer|god|jailbreak|unrestricted|debug~admin)~mode",
-     ("mode",)),
+     ("enable", "enter", "activate", "switch", "engage")),
     ("override.from_now_on", "override", 0.5,
      r"(?:from~now~on|henceforth|going~forward|for~the~rest~of~(?:this|the)~(?:conversation|session)),?~(?:you|the~assistant|your~responses?)~(?:will|must|shall|should|are|only|always|never|respond|answer|reply)",
-     ("now", "henceforth", "forward", "rest")),
+     ("from", "henceforth", "going", "for")),
     ("override.instead", "override", 0.5,
      r"(?:instead|rather),?~(?:you~(?:must|should|will|need~to|are~to)|your~(?:new~)?(?:task|job|goal|purpose)~is)",
      ("instead", "rather")),
@@ -65,10 +67,10 @@ INJECTION: list[Entry] = [
      ("stop", "cease", "halt", "abort", "end")),
     ("override.disable_safety", "override", 0.9,
      r"(?:override|bypass|disable|ignore|turn~off|deactivate|circumvent)~(?:your~|the~|all~|any~)?(?:safety|content|security|ethical|moderation)~(?:filters?|guidelines|policies|measures|protocols|restrictions|checks|guardrails|rules|settings)",
-     ("safety", "content", "security", "ethical", "moderation")),
+     ("override", "bypass", "disable", "ignore", "turn", "deactivate", "circumvent")),
     ("override.reveal_prompt", "override", 0.85,
      r"(?:reveal|print|output|show|repeat|display|leak|dump|disclose|tell~me|give~me|write~out)~(?:me~)?(?:your|the)~(?:full~|entire~|complete~|original~|hidden~|initial~|exact~|secret~)?(?:system~prompt|system~message|initial~prompt|hidden~instructions|instructions~above|prompt~above|developer~(?:prompt|message))",
-     ("prompt", "system", "above", "hidden", "developer")),
+     ("reveal", "print", "output", "show", "repeat", "display", "leak", "dump", "disclose", "tell", "give", "write")),
     ("override.your_task", "override", 0.7,
      r"your~(?:new|real|actual|true|only|primary|updated)~(?:task|goal|objective|instructions?|purpose|mission|job)~(?:is|are|now|:)",
      ("your",)),
@@ -78,8 +80,8 @@ INJECTION: list[Entry] = [
      ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "_of_turn>")),
     ("role.xml_tag", "role_header", 0.8,
      r"</?(?:system|system_prompt|system-prompt|sys|instructions|admin|developer|assistant|user_query|tool_response|tool_output|tool_result|function_results?|important_instructions|im_start)>",
-     ("<system", "</system", "<sys>", "</sys>", "<instructions", "</instructions", "<admin", "<developer", "<assistant",
-      "</assistant", "user_query>", "<tool_", "</tool_", "function_result", "important_instructions", "im_start>")),
+     ("system", "sys>", "instructions>", "admin>", "developer>", "assistant>", "user_query>", "tool_", "function_result",
+      "im_start>")),
     ("role.bracket_header", "role_header", 0.85,
      r"[\[(]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])]",
      ("system", "admin", "developer", "root", "assistant", "sys", "operator")),
@@ -91,11 +93,11 @@ INJECTION: list[Entry] = [
      ("#",)),
     ("role.boundary", "role_header", 0.9,
      r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)",
-     ("end", "close")),
+     ("end", "clos")),
     # --- tool_forgery: forged tool calls and tool-use instructions
     ("tool.json_call", "tool_forgery", 0.75,
      r"\"(?:tool_calls?|function_call|tool_use)\"\s*:",
-     ("tool_call", "function_call", "tool_use")),
+     ("\"tool_call", "\"function_call", "\"tool_use")),
     ("tool.xml_call", "tool_forgery", 0.85,
      r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
      ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=")),
@@ -104,33 +106,32 @@ INJECTION: list[Entry] = [
      ("action",)),
     ("tool.name_args", "tool_forgery", 0.7,
      r"\{\s*\"(?:name|tool|function)\"\s*:\s*\"[a-z_][\w.-]{1,40}\"\s*,\s*\"(?:arguments|parameters|args|input)\"\s*:",
-     ("\"arguments\"", "\"parameters\"", "\"args\"", "\"input\"")),
+     ("{",)),
     ("tool.use_to_act", "tool_forgery", 0.6,
      r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|api|action)~(?:to|and)~(?:send|email|delete|remove|transfer|forward|upload|post|share|grant|wire|pay|purchase|buy|create|modify|write|execute|run|exfiltrate)",
-     ("tool", "function", "plugin", "api", "action")),
+     ("call", "use", "invoke", "run", "execute", "trigger")),
     ("tool.immediately", "tool_forgery", 0.6,
      r"(?:immediately|now|right~away|silently|quietly|automatically)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
      ("immediately", "now", "away", "silently", "quietly", "automatically")),
     # --- exfiltration: instructions to move data to an outside sink
     ("exfil.sensitive_to_sink", "exfiltration", 0.9,
      rf"{_VERB_OUT}~[^\n]{{0,80}}?{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",
-     ("http", "www.", "@", "webhook", "pastebin", "ngrok")),
+     _VERB_ANCHORS),
     ("exfil.sink_then_sensitive", "exfiltration", 0.85,
      rf"{_VERB_OUT}~(?:it|them|this|that|everything)?~?(?:to|at)~{_SINK}[^\n]{{0,80}}?{_SENSITIVE}",
-     ("http", "www.", "@", "webhook", "pastebin", "ngrok")),
+     _VERB_ANCHORS),
     ("exfil.markdown_image", "exfiltration", 0.9,
      r"!\[[^\]\n]{0,100}\]\(~?https?://[^)\s]{1,300}?(?:[?&/=](?:\{|\[|<|\$|%7b|%5b|%3c)|(?:data|secret|token|key|conversation|history|password|info|q|d|c|p)=(?:\{|\[|<|\$|%7b|%5b|%3c|insert|your|the~))",
-     ("](",)),
+     ("![",)),
     ("exfil.fetch_with_data", "exfiltration", 0.85,
      r"(?:visit|open|fetch|load|navigate~to|browse~to|request|curl|wget|go~to|render|call|ping|get)~[^\n]{0,40}?https?://[^\s]{1,200}?[?&][a-z_]{1,20}=~?(?:\{|\[|<|\$|%7b|%5b|%3c)",
-     ("http",)),
+     ("visit", "open", "fetch", "load", "navigate", "browse", "request", "curl", "wget", "go", "render", "call", "ping", "get")),
     ("exfil.embed_in_url", "exfiltration", 0.8,
      rf"(?:include|append|add|put|encode|embed|insert|attach)~(?:the~|your~|all~|this~|any~)?[^\n]{{0,40}}?{_SENSITIVE}[^\n]{{0,40}}?(?:in|into|to|as)~(?:the~|a~|this~)?(?:url|link|query~string|query~param(?:eter)?s?|image~(?:url|link|src)|request|path)",
-     ("url", "link", "query", "image", "request", "path")),
+     ("include", "append", "add", "put", "encode", "embed", "insert", "attach")),
     ("exfil.sensitive_verb", "exfiltration", 0.55,
      rf"{_VERB_OUT}~(?:me~|us~)?(?:the~|your~|all~|any~|every~)?(?:user.s~)?{_SENSITIVE}",
-     ("send", "forward", "mail", "post", "upload", "transmit", "leak", "exfiltrate", "copy", "share", "submit",
-      "report", "deliver", "relay", "append", "attach", "include", "encode", "put")),
+     _VERB_ANCHORS),
 ]
 
 # Words that say a text discusses attacks rather than carries one (used with quoting).
@@ -145,7 +146,7 @@ SECRETS: list[tuple[str, str, float, str, tuple[str, ...]]] = [
      ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa")),
     ("secret.aws_secret_key", "cloud_key", 1.0,
      r"(?i:aws)[A-Za-z_\- ]{0,20}(?i:secret)[A-Za-z_\- ]{0,20}[\"']?\s*[:=]\s*[\"']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
-     ("secret",)),
+     ("aws",)),
     ("secret.gcp_api_key", "cloud_key", 1.0, r"\bAIza[0-9A-Za-z_\-]{35}", ("aiza",)),
     ("secret.github_token", "vcs_token", 1.0, r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
      ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
@@ -165,3 +166,26 @@ SECRETS: list[tuple[str, str, float, str, tuple[str, ...]]] = [
      ("key", "secret", "token", "passw", "pwd")),
     ("secret.bearer", "generic_secret", 0.9, r"(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/\-]{20,}=*)", ("bearer",)),
 ]
+
+# How far before its anchor a match of each entry can start (characters); entries not
+# listed may start up to detectors.MAX_BACK before. Keeping these tight is what makes
+# the scan cheap: most entries begin with their anchor.
+INJECTION_BACK = {
+    "exfil.sink_then_sensitive": 0,
+    "exfil.sensitive_to_sink": 0,
+    "exfil.embed_in_url": 0,
+    "exfil.fetch_with_data": 0,
+    "override.ignore": 0, "override.forget_everything": 0, "override.new_instructions": 0,
+    "override.addressed_to_ai": 0, "override.ai_reading": 80, "override.hide_from_user": 0,
+    "override.now_you_are": 16, "override.jailbreak_mode": 0, "override.from_now_on": 0, "override.instead": 0,
+    "override.stop_task": 0, "override.disable_safety": 0, "override.reveal_prompt": 0, "override.your_task": 0,
+    "role.chat_token": 0, "role.xml_tag": 2, "role.bracket_header": 8, "role.line_header": 24,
+    "role.alpaca_header": 8, "role.boundary": 0, "tool.json_call": 0, "tool.xml_call": 1, "tool.react": 8,
+    "tool.name_args": 0, "tool.use_to_act": 0, "tool.immediately": 0, "exfil.markdown_image": 0,
+    "exfil.sensitive_verb": 0,
+}
+SECRETS_BACK = {
+    "secret.aws_access_key": 0, "secret.aws_secret_key": 0, "secret.gcp_api_key": 0, "secret.github_token": 0,
+    "secret.gitlab_token": 0, "secret.slack_token": 0, "secret.slack_webhook": 8, "secret.stripe_key": 1,
+    "secret.openai_key": 0, "secret.jwt": 0, "secret.private_key": 64, "secret.assignment": 20, "secret.bearer": 0,
+}

@@ -16,6 +16,7 @@ from fak.policy.normalize import (
     decoded_payloads,
     despace,
     fold,
+    may_have_letter_run,
     piecewise,
     unescape_view,
 )
@@ -24,7 +25,7 @@ _SURROGATE = re.compile("[\udc80-\udcff]+")
 
 
 def _despace_view(parent: View) -> View | None:
-    if not _RUN.search(parent.text):
+    if not may_have_letter_run(parent.text) or not _RUN.search(parent.text):
         return None
     return piecewise(parent, _RUN, lambda m: despace(m.group()), "despaced")
 
