@@ -1,0 +1,416 @@
+"""Prefix cache policy: namespaces, locks, retention, byte budget, provenance, stats.
+
+The mechanism is ``prefix_tree.RadixTree`` (one per namespace). This module
+decides who may see which tree and what stays in it:
+
+* **Namespaces.** A root key is ``namespace(tenant_salt, model_id)``; the salt
+  is derived server-side from the authenticated tenant (``fak.keys.tenant_salt``)
+  and never taken from a request, so byte-identical prompts of two tenants land
+  in two trees and a hit cannot leak across them (a hit is a timing side
+  channel). ``shared_namespace(model_id)`` is a separate, explicit root for
+  content a policy marks public; inserting there requires ``public=True``.
+* **Retention.** LRU over unlocked leaves, lowest priority (0–100, default 35)
+  first, then least recently used; optional TTL per insertion; a byte budget.
+  A node covered by several insertions keeps the highest priority and the
+  latest expiry among them, so priorities and expiries never increase going
+  down a path and removing an expired node with its subtree removes only
+  expired nodes.
+* **Provenance.** ``insert(..., provenance=[(start, end, ref), ...])``: a node
+  records every ref whose span starts before the node's end (causal attention:
+  everything earlier on its path influenced it). Inserts cut node boundaries
+  at span starts, so ``drop_ref`` removes exactly the nodes that attended to a
+  ref and keeps the prefix before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from fak.errors import FakError
+from fak.kernel.kv_cache import KVBlock, KVCache
+from fak.kernel.prefix_tree import Node, RadixTree, concat_rows, same_layout
+
+DEFAULT_PRIORITY = 35
+_TENANT, _SHARED = b"t", b"s"
+MIN_SALT_BYTES = 16
+
+
+class PrefixError(FakError):
+    """Bad input to the prefix cache (wrong namespace, rows that do not match the tokens, ...)."""
+
+
+def _ns(kind: bytes, salt: bytes, model_id: str) -> bytes:
+    h = hashlib.sha256(b"fak/kernel/prefix-namespace\x00" + kind)
+    for part in (salt, model_id.encode()):
+        h.update(len(part).to_bytes(8, "big") + part)
+    return kind + h.digest()
+
+
+def namespace(tenant_salt: bytes, model_id: str) -> bytes:
+    """The root key of one tenant for one model (different models never share)."""
+    if not isinstance(tenant_salt, bytes | bytearray) or len(tenant_salt) < MIN_SALT_BYTES:
+        raise PrefixError(
+            f"tenant salt must be at least {MIN_SALT_BYTES} server-derived bytes (fak.keys.tenant_salt)"
+        )
+    if not model_id:
+        raise PrefixError("model id must not be empty")
+    return _ns(_TENANT, bytes(tenant_salt), model_id)
+
+
+def shared_namespace(model_id: str) -> bytes:
+    """The explicit shared root for one model: only for content a policy marks public."""
+    if not model_id:
+        raise PrefixError("model id must not be empty")
+    return _ns(_SHARED, b"", model_id)
+
+
+def is_shared(ns: bytes) -> bool:
+    return ns[:1] == _SHARED
+
+
+@dataclass
+class PrefixStats:
+    """Counters for the metrics endpoint (a snapshot; read ``PrefixCache.stats``)."""
+
+    queries: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    inserted_tokens: int = 0
+    evictions: int = 0  # nodes removed by the byte budget
+    evicted_bytes: int = 0
+    expired: int = 0  # nodes removed because their TTL ran out
+    dropped: int = 0  # nodes removed by drop_ref / drop_namespace
+    bytes: int = 0
+    nodes: int = 0
+    namespaces: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hit_tokens + self.miss_tokens
+        return self.hit_tokens / total if total else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self) | {"hit_rate": self.hit_rate}
+
+
+class PrefixMatch:
+    """The longest cached prefix of a query, locked until ``release()``.
+
+    ``blocks()`` are the rows as they were at match time (splits made later by
+    other inserts do not change them). If a ``drop_ref``/``drop_namespace``
+    removed any matched node before the rows were copied, ``blocks()`` refuses:
+    a forgotten prefix is never served."""
+
+    def __init__(self, cache: PrefixCache, ns: bytes, length: int, nodes: list[Node]) -> None:
+        self._cache = cache
+        self.ns = ns
+        self.length = length
+        self.nodes = nodes
+        self._blocks = [n.block for n in nodes]
+        self.refs: frozenset[str] = frozenset(nodes[-1].prov) if nodes else frozenset()
+        self._released = not nodes
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    def blocks(self) -> list[KVBlock]:
+        """KV blocks in order (rows 0..length-1), to pass to ``KVCache.extend``."""
+        if any(n.removed for n in self.nodes):
+            raise PrefixError("a matched prefix node was dropped before its rows were copied")
+        return [b for b in self._blocks if b is not None]
+
+    def copy_into(self, cache: KVCache) -> int:
+        """Append the matched rows to an empty cache of the same dtype; return the row count."""
+        if cache.length != 0:
+            raise PrefixError(f"a prefix must be copied into an empty cache (it holds {cache.length} rows)")
+        cache.reserve(self.length)
+        for b in self.blocks():
+            if b.k.dtype != cache.dtype or b.k.shape[2:] != cache.k.shape[2:] or b.k.shape[0] != cache.k.shape[0]:
+                raise PrefixError("cached prefix rows do not fit this cache (model geometry or dtype differs)")
+            cache.extend(b)
+        return self.length
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cache._release(self.nodes[-1])
+
+    def __enter__(self) -> PrefixMatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class PrefixCache:
+    """Radix-tree prefix cache shared by every session of a kernel (thread-safe)."""
+
+    def __init__(self, budget_bytes: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if budget_bytes is not None and budget_bytes < 0:
+            raise PrefixError("budget_bytes must be non-negative")
+        self.budget_bytes = budget_bytes
+        self.clock = clock
+        self._trees: dict[bytes, RadixTree] = {}
+        self._lock = threading.RLock()
+        self._counters = PrefixStats()
+        self._next_expiry: float | None = None
+        self._seq = itertools.count()
+
+    # --- lookup -------------------------------------------------------------
+    def match(self, ns: bytes, tokens: Sequence[int] | torch.Tensor) -> PrefixMatch:
+        """Longest cached prefix of ``tokens`` in ``ns``, its path locked until released."""
+        ids = _token_list(tokens)
+        with self._lock:
+            now = self.clock()
+            self._purge_expired(now)
+            tree = self._trees.get(_check_ns(ns))
+            length, nodes = tree.match(ids, self._stale(now)) if tree is not None else (0, [])
+            for n in nodes:
+                n.last_access = now
+            if nodes:
+                tree.lock(nodes[-1])
+            c = self._counters
+            c.queries += 1
+            c.hit_tokens += length
+            c.miss_tokens += len(ids) - length
+            return PrefixMatch(self, ns, length, nodes)
+
+    def _release(self, node: Node) -> None:
+        with self._lock:
+            RadixTree.unlock(node)
+            self._enforce_budget()
+
+    # --- insertion ----------------------------------------------------------
+    def insert(
+        self,
+        ns: bytes,
+        tokens: Sequence[int] | torch.Tensor,
+        cache_or_blocks: KVCache | KVBlock | Sequence[KVBlock],
+        *,
+        provenance: Sequence[tuple[int, int, str]] = (),
+        priority: int = DEFAULT_PRIORITY,
+        ttl: float | None = None,
+        public: bool = False,
+    ) -> int:
+        """Store the KV of ``tokens`` (rows 0..n-1 of the source, positions
+        0..n-1); only tokens not cached yet are copied. Returns that count."""
+        ids = _token_list(tokens)
+        _check_ns(ns)
+        if is_shared(ns) and not public:
+            raise PrefixError("the shared namespace only takes content a policy marks public (public=True)")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 100:
+            raise PrefixError(f"priority must be an integer 0-100, not {priority!r}")
+        if ttl is not None and not ttl > 0:
+            raise PrefixError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        spans = _check_spans(provenance, len(ids))
+        if not ids:
+            return 0
+        rows = _row_source(cache_or_blocks, ids)
+        with self._lock:
+            now = self.clock()
+            self._purge_expired(now)
+            tree = self._trees.get(ns)
+            if tree is None:
+                tree = self._trees[ns] = RadixTree(ns)
+            self._check_layout(tree, rows(0, 1))
+            cuts = sorted({s for s, _, _ in spans if 0 < s < len(ids)} | {len(ids)})
+            created: list[Node] = []
+            for cut in cuts:  # node boundaries at span starts: forget keeps the prefix before a ref
+                path, new = tree.insert(ids[:cut], rows, self._stale(now))
+                created += new
+            expires = now + ttl if ttl is not None else None
+            for n in path:
+                n.last_access = now
+                n.priority = max(n.priority, priority) if n not in created else priority
+                if n in created:
+                    n.expires_at = expires
+                elif n.expires_at is not None:
+                    n.expires_at = None if expires is None else max(n.expires_at, expires)
+                for s, _e, ref in spans:
+                    if s < n.end and n.prov.get(ref, s + 1) > s:
+                        n.prov[ref] = s
+            if expires is not None and (self._next_expiry is None or expires < self._next_expiry):
+                self._next_expiry = expires
+            stored = sum(len(n.tokens) for n in created)
+            self._counters.inserted_tokens += stored
+            self._enforce_budget()
+            return stored
+
+    @staticmethod
+    def _check_layout(tree: RadixTree, probe: KVBlock) -> None:
+        for first in tree.root.children.values():
+            if first.block is not None and not same_layout(first.block, probe):
+                raise PrefixError("rows do not match this namespace's model geometry, dtype or device")
+            return
+
+    # --- removal ------------------------------------------------------------
+    def drop_ref(self, ref: str) -> list[str]:
+        """Remove every node whose provenance holds ``ref`` (with its subtree),
+        locked or not; return the removed node ids (for the forget receipt)."""
+        with self._lock:
+            gone: list[str] = []
+            for tree in self._trees.values():
+                for n in [n for n in tree.walk() if ref in n.prov]:
+                    gone += [m.id for m in tree.remove(n)]  # [] if already gone with an ancestor
+            self._counters.dropped += len(gone)
+            return gone
+
+    def drop_namespace(self, ns: bytes) -> list[str]:
+        """Remove a whole namespace (tenant deleted, model unloaded); return the node ids."""
+        with self._lock:
+            tree = self._trees.pop(_check_ns(ns), None)
+            if tree is None:
+                return []
+            gone = [n.id for top in list(tree.root.children.values()) for n in tree.remove(top)]
+            self._counters.dropped += len(gone)
+            return gone
+
+    def evict(self, nbytes: int) -> int:
+        """Free at least ``nbytes`` if unlocked leaves allow; return the bytes freed."""
+        with self._lock:
+            before = self._bytes()
+            self._evict_to(max(before - nbytes, 0))
+            return before - self._bytes()
+
+    def _enforce_budget(self) -> None:
+        if self.budget_bytes is not None and self._bytes() > self.budget_bytes:
+            self._evict_to(self.budget_bytes)
+
+    def _evict_to(self, goal: int) -> None:
+        """Remove unlocked leaves, lowest priority then least recently used
+        first, until at most ``goal`` bytes remain (or nothing is evictable)."""
+        heap: list[tuple[int, float, int, Node, RadixTree]] = []
+
+        def push(n: Node, tree: RadixTree) -> None:
+            if n.parent is not None and n.is_leaf and not n.locks and not n.removed:
+                heapq.heappush(heap, (n.priority, n.last_access, next(self._seq), n, tree))
+
+        for tree in self._trees.values():
+            for n in tree.walk():
+                push(n, tree)
+        total = self._bytes()
+        while total > goal and heap:
+            *_, n, tree = heapq.heappop(heap)
+            if n.removed or not n.is_leaf or n.locks:
+                continue
+            parent = n.parent
+            total -= n.nbytes
+            self._counters.evicted_bytes += n.nbytes
+            self._counters.evictions += len(tree.remove(n))
+            if parent is not None and parent is not tree.root:
+                push(parent, tree)
+
+    def _stale(self, now: float) -> Callable[[Node], bool]:
+        return lambda n: n.expires_at is not None and now >= n.expires_at
+
+    def _purge_expired(self, now: float) -> None:
+        """Remove expired unlocked subtrees (checked only once the earliest expiry passed)."""
+        if self._next_expiry is None or now < self._next_expiry:
+            return
+        nxt: float | None = None
+        for tree in self._trees.values():
+            for n in list(tree.walk()):
+                if n.removed or n.expires_at is None:
+                    continue
+                if now >= n.expires_at and not n.locks:
+                    self._counters.expired += len(tree.remove(n))
+                elif nxt is None or n.expires_at < nxt:
+                    nxt = n.expires_at
+        self._next_expiry = nxt
+
+    # --- introspection ------------------------------------------------------
+    def _bytes(self) -> int:
+        return sum(t.nbytes for t in self._trees.values())
+
+    @property
+    def stats(self) -> PrefixStats:
+        with self._lock:
+            snap = PrefixStats(**asdict(self._counters))
+            snap.bytes = self._bytes()
+            snap.nodes = sum(t.num_nodes for t in self._trees.values())
+            snap.namespaces = len(self._trees)
+            return snap
+
+    def full_copy_bytes(self) -> int:
+        """Bytes the simple full-prefix-copy-per-node design would hold for the same nodes."""
+        with self._lock:
+            return sum(t.full_copy_bytes() for t in self._trees.values())
+
+    def nodes(self, ns: bytes) -> list[Node]:
+        """The nodes of one namespace (for tests and receipts; do not mutate)."""
+        with self._lock:
+            tree = self._trees.get(_check_ns(ns))
+            return list(tree.walk()) if tree is not None else []
+
+
+# --- input checks -------------------------------------------------------------
+def _check_ns(ns: bytes) -> bytes:
+    if not isinstance(ns, bytes) or len(ns) != 33 or ns[:1] not in (_TENANT, _SHARED):
+        raise PrefixError("not a prefix-cache namespace (use namespace() or shared_namespace())")
+    return ns
+
+
+def _token_list(tokens: Sequence[int] | torch.Tensor) -> list[int]:
+    if isinstance(tokens, torch.Tensor):
+        return [int(t) for t in tokens.reshape(-1).tolist()]
+    try:
+        return [int(t) for t in tokens]
+    except (TypeError, ValueError) as exc:
+        raise PrefixError(f"tokens must be a sequence of integer ids: {exc}") from exc
+
+
+def _check_spans(provenance: Sequence[tuple[int, int, str]], n: int) -> list[tuple[int, int, str]]:
+    spans = []
+    for item in provenance:
+        try:
+            start, end, ref = item
+        except (TypeError, ValueError) as exc:
+            raise PrefixError(f"provenance entries are (start, end, ref), not {item!r}") from exc
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= n):
+            raise PrefixError(f"provenance span [{start}, {end}) is outside the {n} inserted tokens")
+        if not isinstance(ref, str) or not ref:
+            raise PrefixError(f"provenance ref must be a non-empty string, not {ref!r}")
+        spans.append((start, end, ref))
+    return spans
+
+
+def _row_source(src: KVCache | KVBlock | Sequence[KVBlock], ids: list[int]) -> Callable[[int, int], KVBlock]:
+    """Check that the rows really are the KV of ``ids`` at positions 0..n-1 (a
+    mismatch would serve one prompt's KV under another prompt's tokens)."""
+    n = len(ids)
+    if isinstance(src, KVCache):
+        if src.length < n:
+            raise PrefixError(f"the cache holds {src.length} rows, fewer than the {n} tokens to insert")
+        toks, pos = src.tokens[:n], src.positions[:n]
+
+        def rows(start: int, end: int) -> KVBlock:
+            return src.export(start, end)
+    else:
+        blocks = [src] if isinstance(src, KVBlock) else list(src)
+        if not blocks or not all(isinstance(b, KVBlock) for b in blocks):
+            raise PrefixError("insert takes a KVCache, a KVBlock or a sequence of KVBlocks")
+        if any(not same_layout(blocks[0], b) for b in blocks):
+            raise PrefixError("the blocks differ in model geometry, dtype or device")
+        total = sum(len(b) for b in blocks)
+        if total < n:
+            raise PrefixError(f"the blocks hold {total} rows, fewer than the {n} tokens to insert")
+        toks = torch.cat([b.tokens for b in blocks])[:n]
+        pos = torch.cat([b.positions for b in blocks])[:n]
+
+        def rows(start: int, end: int) -> KVBlock:
+            return concat_rows(blocks, start, end)
+
+    if toks.tolist() != ids:
+        raise PrefixError("the KV rows were computed for different tokens than the ones being inserted")
+    if not torch.equal(pos.cpu(), torch.arange(n, dtype=pos.dtype)):
+        raise PrefixError("prefix rows must sit at positions 0..n-1")
+    return rows
