@@ -36,6 +36,7 @@ def _compile(entries, flags=0):
 
 _INJECTION = _compile(INJECTION)
 _SECRETS = [(n, f, w, re.compile(rx), anchors) for n, f, w, rx, anchors in SECRETS]
+QUOTE_LOOKBACK = 4096  # how far back a code fence or <code> is looked for
 DISCOUNT = 0.4  # a quoted phrase in a text that discusses attacks counts for less
 
 
@@ -43,9 +44,10 @@ def _quoted(text: str, start: int) -> bool:
     before = text[max(0, start - 4) : start]
     if any(q in before for q in "\"'`"):
         return True
-    if text.count("```", 0, start) % 2 == 1:
+    lo = max(0, start - QUOTE_LOOKBACK)
+    if text.count("```", lo, start) % 2 == 1:
         return True
-    return text.rfind("<code", 0, start) > text.rfind("</code", 0, start)
+    return text.rfind("<code", lo, start) > text.rfind("</code", lo, start)
 
 
 def _discussed(text: str, start: int, end: int) -> bool:

@@ -26,6 +26,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+import numpy as np
+
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u00ad\u034f\u115f\u1160\u3164\uffa0\u17b4\u17b5"
 BIDI = "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c"
 _REMOVE = set(ZERO_WIDTH + BIDI)
@@ -89,7 +91,7 @@ def fold(text: str) -> str:
 
 
 _RUN = re.compile(r"(?<![a-z0-9])(?:[a-z0-9][^a-z0-9\n]{1,3}){3,}[a-z0-9](?![a-z0-9])")
-_SEP = re.compile(r"[^a-z0-9]+")
+_SEP = re.compile(r"[^a-z0-9@/:]+")  # keeps what addresses and URLs need
 
 
 def despace(text: str) -> str:
@@ -150,24 +152,35 @@ class View:
 
 
 class FoldView(View):
-    """Folded text of the root; the per-character map is built only when a match needs it."""
+    """Folded text of its parent; the per-character map is built only when a match needs it."""
 
-    _cum: list[int] | None = None
+    _cum: np.ndarray | None = None
 
     def to_parent(self, start: int, end: int) -> tuple[int, int, bool]:
-        if self.parent is not None and len(self.text) == len(self.parent.text) and self.parent.text.isascii():
+        parent = self.parent
+        if parent is not None and len(self.text) == len(parent.text) and parent.text.isascii():
             return start, end, True
         if self._cum is None:
-            cum = [0]
-            total = 0
-            for ch in self.parent.text:
-                total += len(_TABLE[ord(ch)])
-                cum.append(total)
-            self._cum = cum
+            self._cum = fold_offsets(parent.text)
         cum = self._cum
-        a = bisect_right(cum, start) - 1
-        b = bisect_right(cum, max(end - 1, start) ) - 1
-        return a, min(b + 1, len(self.parent.text)), True
+        a = int(np.searchsorted(cum, start, side="right")) - 1
+        b = int(np.searchsorted(cum, max(end - 1, start), side="right")) - 1
+        return a, min(b + 1, len(parent.text)), True
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def fold_offsets(text: str) -> np.ndarray:
+    """Start of each character's folded form in ``fold(text)`` (plus the total), vectorised."""
+    cps = _code_points(text)
+    lens = np.ones(len(cps), dtype=np.int64)
+    wide = cps >= 0x80
+    if wide.any():
+        uniq, inverse = np.unique(cps[wide], return_inverse=True)
+        lens[wide] = np.array([len(_TABLE[int(u)]) for u in uniq], dtype=np.int64)[inverse]
+    return np.concatenate(([0], np.cumsum(lens)))
 
 
 def piecewise(parent: View, pattern: re.Pattern[str], repl, layer: str) -> View | None:
@@ -199,7 +212,7 @@ def piecewise(parent: View, pattern: re.Pattern[str], repl, layer: str) -> View 
     return View("".join(out), layer, parent, pieces, parent.depth)
 
 
-def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: list[int] | None) -> tuple[int, int, bool]:
+def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: np.ndarray | None) -> tuple[int, int, bool]:
     """Map a span in ``view`` back to byte offsets of the original input."""
     exact = True
     while view.parent is not None:
@@ -208,18 +221,15 @@ def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: list[i
         view = view.parent
     if cum is None:  # the root text is ASCII (one byte per character)
         return start, end, exact
-    return cum[start], cum[min(end, len(cum) - 1)], exact
+    return int(cum[start]), int(cum[min(end, len(cum) - 1)]), exact
 
 
-def char_byte_offsets(text: str) -> list[int]:
+def char_byte_offsets(text: str) -> np.ndarray:
     """Cumulative UTF-8 byte offsets of each character of a surrogateescape-decoded text."""
-    cum = [0]
-    total = 0
-    for ch in text:
-        o = ord(ch)
-        total += 1 if o < 0x80 or 0xDC80 <= o <= 0xDCFF else 2 if o < 0x800 else 3 if o < 0x10000 else 4
-        cum.append(total)
-    return cum
+    cps = _code_points(text)
+    lens = np.where(cps < 0x80, 1, np.where(cps < 0x800, 2, np.where(cps < 0x10000, 3, 4)))
+    lens[(cps >= 0xDC80) & (cps <= 0xDCFF)] = 1  # one invalid byte kept by surrogateescape
+    return np.concatenate(([0], np.cumsum(lens)))
 
 
 # ---------------------------------------------------------------- decoders
@@ -295,13 +305,13 @@ def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]
         run = m.group()
         if run.isalpha() and (run.islower() or run.isupper()):  # a long word, not base64
             continue
-        raw = _b64(run)
-        if raw is None:
-            continue
-        decoded = raw.decode("utf-8", "replace")
-        if _printable_ratio(decoded) >= 0.9:
-            out.append((m.start(), m.end(), "base64", decoded))
-            budget -= len(raw)
+        for shift in range(4):  # a run glued to a preceding letter (JSON "\\n") is misaligned
+            raw = _b64(run[shift:])
+            decoded = None if raw is None else raw.decode("utf-8", "replace")
+            if decoded is not None and _printable_ratio(decoded) >= 0.9:
+                out.append((m.start() + shift, m.end(), "base64", decoded))
+                budget -= len(raw)
+                break
     for m in _HEX.finditer(text):
         if budget <= 0:
             break

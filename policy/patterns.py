@@ -23,7 +23,7 @@ _SENSITIVE = (
     r"(?:conversation|chat~history|message~history|history|previous~messages|passwords?|api~keys?|credentials?|secrets?|"
     r"access~tokens?|auth~tokens?|tokens|private~keys?|system~prompt|ssh~keys?|env(?:ironment)?~variables|\.env|cookies?|"
     r"session~(?:tokens?|cookies?|ids?)|personal~(?:data|information)|contacts|inbox|credit~card|user~data|"
-    r"email~addresses|(?:the~)?user.s~(?:data|emails?|files|messages|information))"
+    r"email~addresses|(?:last|recent|previous|all|every|latest)~(?:[a-z]+~)?(?:messages|emails|conversations)|(?:the~)?user.s~(?:data|emails?|files|messages|information))"
 )
 _SINK = r"(?:https?~?:~?//|www\.|[a-z0-9._%+-]{1,64}@[a-z0-9-]{1,63}\.[a-z.]{2,}|webhook|pastebin|ngrok)"
 _VERB_OUT = r"(?<![a-z])(?:send|sends|sending|forward|email|e-mail|mail|post|upload|transmit|leak|exfiltrate|copy|share|submit|report|deliver|relay|append|attach|include|encode|put)"
@@ -88,8 +88,11 @@ INJECTION: list[Entry] = [
     ("role.line_header", "role_header", 0.45,
      r"(?m)^[ \t>#*_\-]*(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]*[ \t]*:",
      ("system", "assistant", "developer", "admin")),
-    ("role.alpaca_header", "role_header", 0.6,
-     r"(?m)^#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?:?~?$",
+    ("role.alpaca_header", "role_header", 0.5,
+     r"(?m)^#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?$",
+     ("#",)),
+    ("role.alpaca_colon", "role_header", 0.8,
+     r"#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?:",
      ("#",)),
     ("role.boundary", "role_header", 0.9,
      r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)",
@@ -102,7 +105,7 @@ INJECTION: list[Entry] = [
      r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
      ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=")),
     ("tool.react", "tool_forgery", 0.8,
-     r"(?m)^~?action~?:~?[a-z_][\w.-]{1,40}~?\n(?:[^\n]{0,200}\n){0,2}?~?action~input~?:",
+     r"(?<![a-z])action~?:~?[a-z_][\w.-]{1,40}[\s\S]{0,300}?action~input~?:",
      ("action",)),
     ("tool.name_args", "tool_forgery", 0.7,
      r"\{\s*\"(?:name|tool|function)\"\s*:\s*\"[a-z_][\w.-]{1,40}\"\s*,\s*\"(?:arguments|parameters|args|input)\"\s*:",
@@ -110,9 +113,12 @@ INJECTION: list[Entry] = [
     ("tool.use_to_act", "tool_forgery", 0.6,
      r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|api|action)~(?:to|and)~(?:send|email|delete|remove|transfer|forward|upload|post|share|grant|wire|pay|purchase|buy|create|modify|write|execute|run|exfiltrate)",
      ("call", "use", "invoke", "run", "execute", "trigger")),
-    ("tool.immediately", "tool_forgery", 0.6,
-     r"(?:immediately|now|right~away|silently|quietly|automatically)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
-     ("immediately", "now", "away", "silently", "quietly", "automatically")),
+    ("tool.silently", "tool_forgery", 0.8,
+     r"(?:immediately|silently|quietly|secretly|automatically|covertly)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
+     ("immediately", "silently", "quietly", "secretly", "automatically", "covertly")),
+    ("tool.immediately", "tool_forgery", 0.5,
+     r"(?:now|right~away)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
+     ("now", "right")),
     # --- exfiltration: instructions to move data to an outside sink
     ("exfil.sensitive_to_sink", "exfiltration", 0.9,
      rf"{_VERB_OUT}~[^\n]{{0,80}}?{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",
@@ -180,7 +186,7 @@ INJECTION_BACK = {
     "override.now_you_are": 16, "override.jailbreak_mode": 0, "override.from_now_on": 0, "override.instead": 0,
     "override.stop_task": 0, "override.disable_safety": 0, "override.reveal_prompt": 0, "override.your_task": 0,
     "role.chat_token": 0, "role.xml_tag": 2, "role.bracket_header": 8, "role.line_header": 24,
-    "role.alpaca_header": 8, "role.boundary": 0, "tool.json_call": 0, "tool.xml_call": 1, "tool.react": 8,
+    "role.alpaca_header": 8, "role.boundary": 0, "tool.json_call": 0, "tool.xml_call": 1, "tool.react": 0, "tool.silently": 0, "role.alpaca_colon": 0,
     "tool.name_args": 0, "tool.use_to_act": 0, "tool.immediately": 0, "exfil.markdown_image": 0,
     "exfil.sensitive_verb": 0,
 }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fak.policy.normalize import (
     _RUN,
     FoldView,
@@ -41,7 +43,7 @@ class Scan:
     raw_views: list[View] = field(default_factory=list)
     folded_views: list[View] = field(default_factory=list)
     invalid_utf8: int = 0
-    _cum: list[int] | None = None
+    _cum: np.ndarray | None = None
     _cum_ready: bool = False
 
     def to_bytes(self, view: View, start: int, end: int) -> tuple[int, int, bool]:
