@@ -90,14 +90,18 @@ def fold(text: str) -> str:
     return text.lower() if text.isascii() else text.translate(_TABLE)
 
 
-_RUN = re.compile(r"(?<![a-z0-9])(?:[a-z0-9][^a-z0-9\n]{1,3}){3,}[a-z0-9](?![a-z0-9])")
-_SEP = re.compile(r"[^a-z0-9@/:]+")  # keeps what addresses and URLs need
+_RUN = re.compile(r"(?<!\S)(?:\S[ \t]{1,3}){3,}\S(?!\S)")
+_WORD_GAP = re.compile(r"[ \t]{2,}")
+
+
+def _collapse(run: str) -> str:
+    return " ".join(part.replace(" ", "").replace("\t", "") for part in _WORD_GAP.split(run))
 
 
 def despace(text: str) -> str:
-    """Collapse runs of single letters split by separators: ``i g n o r e`` → ``ignore``."""
+    """Collapse runs of single characters split by spaces: ``i g n o r e  a l l`` → ``ignore all``."""
     while True:
-        out = _RUN.sub(lambda m: _SEP.sub("", m.group()), text)
+        out = _RUN.sub(lambda m: _collapse(m.group()), text)
         if out == text:
             return out
         text = out
@@ -274,7 +278,7 @@ def _table(pick) -> bytes:
 
 _B64_CLASS = _table(lambda c: ord("a") if c.isascii() and (c.isalnum() or c in "+/_-") else ord("s"))
 _HEX_CLASS = _table(lambda c: ord("h") if c in "0123456789abcdefABCDEF" else ord("s") if c in " :" else ord("x"))
-_RUN_CLASS = _table(lambda c: ord("a") if c.isascii() and c.isalnum() else ord("n") if c == "\n" else ord("s"))
+_RUN_CLASS = _table(lambda c: ord("s") if c in " \t" else ord("n") if c.isspace() else ord("a"))
 
 
 def _classes(text: str, table: bytes) -> bytes:
@@ -282,7 +286,7 @@ def _classes(text: str, table: bytes) -> bytes:
 
 
 def may_have_letter_run(text: str) -> bool:
-    """Cheap pre-check for ``despace``: single letters separated by 1-3 non-alphanumerics."""
+    """Cheap pre-check for ``despace``: single characters separated by 1-3 spaces."""
     t = _classes(text, _RUN_CLASS)
     return b"asasasa" in t or b"assassassa" in t or b"asssasssasssa" in t or b"asassassa" in t
 

@@ -13,10 +13,10 @@ from fak.policy.normalize import (
     _RUN,
     FoldView,
     View,
+    _collapse,
     byte_span,
     char_byte_offsets,
     decoded_payloads,
-    despace,
     fold,
     may_have_letter_run,
     piecewise,
@@ -29,7 +29,7 @@ _SURROGATE = re.compile("[\udc80-\udcff]+")
 def _despace_view(parent: View) -> View | None:
     if not may_have_letter_run(parent.text) or not _RUN.search(parent.text):
         return None
-    return piecewise(parent, _RUN, lambda m: despace(m.group()), "despaced")
+    return piecewise(parent, _RUN, lambda m: _collapse(m.group()), "despaced")
 
 
 @dataclass
