@@ -92,10 +92,10 @@ def latency(policy, rows: list[dict], label: str, size: int = 1024, rounds: int 
             "p99_us": samples[int(len(samples) * 0.99)] / 1000, "mean_us": statistics.fmean(samples) / 1000}
 
 
-def throughput(policy, rows: list[dict], label: str, target_bytes: int) -> dict:
+def throughput(policy, rows: list[dict], label: str, target_bytes: int, family: str | None = None) -> dict:
     pieces, total = [], 0
     for r in rows:
-        if r["label"] != label:
+        if r["label"] != label or (family is not None and r["family"] != family):
             continue
         piece = r["text"].encode() + b"\n\n"
         pieces.append(piece)
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     lat_b = latency(policy, rows, "benign")
     lat_i = latency(policy, rows, "injected")
     big = throughput(policy, rows, "benign", 1_000_000)
+    big_logs = throughput(policy, rows, "benign", 1_000_000, family="logs")
 
     print(f"policy {policy.name} {policy.digest}")
     print(f"{'split':8} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'benign':>6} {'FPR':>6} {'secrets':>7}")
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{split}] missed: {' '.join(s['missed'])}\n[{split}] false positives: {' '.join(s['false_positives'])}")
     print(f"1 KiB benign:   p50 {lat_b['p50_us']:.1f} µs  p99 {lat_b['p99_us']:.1f} µs  (n={lat_b['n']})")
     print(f"1 KiB injected: p50 {lat_i['p50_us']:.1f} µs  p99 {lat_i['p99_us']:.1f} µs")
-    print(f"{big['bytes']} B benign: median {big['median_s'] * 1e3:.1f} ms = {big['mb_per_s']:.1f} MB/s ({big['verdict']})")
+    print(f"{big['bytes']} B benign mix: median {big['median_s'] * 1e3:.1f} ms = {big['mb_per_s']:.1f} MB/s ({big['verdict']})")
+    print(f"{big_logs['bytes']} B logs: median {big_logs['median_s'] * 1e3:.1f} ms = {big_logs['mb_per_s']:.1f} MB/s ({big_logs['verdict']})")
 
     held = q["heldout"]
     allq = q["all"]
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         {"name": "fpr_benign_all", "value": allq["fpr"], "target": 0.02, "op": "<="},
         {"name": "fpr_benign_heldout", "value": held["fpr"], "target": 0.02, "op": "<="},
         {"name": "p50_us_1KiB", "value": lat_b["p50_us"], "target": 50.0, "op": "<="},
-        {"name": "mb_per_s_large", "value": big["mb_per_s"], "target": 50.0, "op": ">="},
+        {"name": "mb_per_s_large_mix", "value": big["mb_per_s"], "target": 50.0, "op": ">="},
+        {"name": "mb_per_s_large_logs", "value": big_logs["mb_per_s"], "target": 50.0, "op": ">="},
     ]
     for t in targets:
         t["met"] = t["value"] >= t["target"] if t["op"] == ">=" else t["value"] <= t["target"]
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"python": platform.python_version(), "platform": platform.platform(),
                         "cpu_count": os.cpu_count(), "processor": platform.processor()},
             "results": {"policy": policy.name, "policy_digest": policy.digest, "quality": q,
-                        "latency_1KiB_benign": lat_b, "latency_1KiB_injected": lat_i, "throughput_large": big},
+                        "latency_1KiB_benign": lat_b, "latency_1KiB_injected": lat_i, "throughput_large_mix": big,
+                        "throughput_large_logs": big_logs},
             "targets": targets,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ahocorasick_rs import AhoCorasick
 
 from fak.policy.normalize import View
-from fak.policy.patterns import DISCUSSION, GAP, INJECTION, INJECTION_BACK, SECRETS, SECRETS_BACK
+from fak.policy.patterns import DISCUSSION, GAP, INJECTION, INJECTION_BACK, LINE_START, SECRETS, SECRETS_BACK
 from fak.policy.scan import Scan
 
 
@@ -117,6 +117,10 @@ _INJ = _Anchored(_INJECTION, INJECTION_BACK, {}, 480)
 _SEC = _Anchored(_SECRETS, SECRETS_BACK, {"secret.private_key": 17000}, 600)
 
 
+def _at_line_start(text: str, pos: int) -> bool:
+    return text[text.rfind("\n", 0, pos) + 1 : pos].strip(" \t>#*_-") == ""
+
+
 def injection(scan: Scan) -> list[Finding]:
     out: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
@@ -125,6 +129,8 @@ def injection(scan: Scan) -> list[Finding]:
         for n, positions in _INJ.candidates(text).items():
             name, family, weight, rx, _ = _INJECTION[n]
             for m in _INJ.matches(n, rx, text, positions):
+                if name in LINE_START and not _at_line_start(text, m.start()):
+                    continue
                 score = weight
                 if _quoted(text, m.start()) and _discussed(text, m.start(), m.end()):
                     score *= DISCOUNT
