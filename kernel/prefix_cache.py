@@ -24,6 +24,7 @@ decides who may see which tree and what stays in it:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import itertools
@@ -143,6 +144,10 @@ class PrefixMatch:
         if not self._released:
             self._released = True
             self._cache._release(self.nodes[-1])
+
+    def __del__(self) -> None:  # safety net: a forgotten match must not pin its path forever
+        with contextlib.suppress(Exception):  # e.g. at interpreter shutdown
+            self.release()
 
     def __enter__(self) -> PrefixMatch:
         return self

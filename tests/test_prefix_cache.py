@@ -1,0 +1,345 @@
+"""Prefix cache policy: exact reuse through splits, tenant isolation, retention,
+budget, locks, provenance-driven drops, stats and bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from kernel_helpers import tiny_model
+
+from fak.config import data_dir
+from fak.errors import FakError
+from fak.kernel.kv_cache import KVBlock
+from fak.kernel.prefix_cache import PrefixCache, PrefixError, namespace, shared_namespace
+from fak.keys import load_master_secret, tenant_salt
+
+MODEL_ID = "tiny-0"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ns_for(tenant: str, model_id: str = MODEL_ID) -> bytes:
+    return namespace(tenant_salt(load_master_secret(data_dir()), tenant), model_id)
+
+
+def toks(seed: int, n: int, first: int | None = None) -> list[int]:
+    rng = random.Random(seed)
+    out = [rng.randrange(1, 257) for _ in range(n)]
+    if first is not None:
+        out[0] = first
+    return out
+
+
+def prefill(model, *chunks: list[int]):
+    """A session that prefills each chunk with its own forward call; returns (cache, logits of the last)."""
+    cache = model.new_cache(64)
+    logits = None
+    for c in chunks:
+        logits = model.forward(c, cache, all_logits=True)
+    return cache, logits
+
+
+def block(seq: list[int], value: float = 1.0) -> KVBlock:
+    """Synthetic rows for the pure-policy tests (byte size is what matters there)."""
+    n = len(seq)
+    t = torch.full((2, n, 1, 8), value)
+    return KVBlock(t.clone(), t.clone(), t.clone(), torch.tensor(seq), torch.arange(n))
+
+
+ROW = block([1]).nbytes
+
+
+def hit(pc: PrefixCache, ns: bytes, seq: list[int]) -> int:
+    """Matched length of a lookup that releases its lock at once."""
+    with pc.match(ns, seq) as m:
+        return m.length
+
+
+# --- exactness ---------------------------------------------------------------
+def test_reuse_through_split_matches_recompute():
+    model = tiny_model()
+    a, b = toks(1, 21), toks(2, 13, first=7)
+    c = toks(3, 9, first=8)
+    pc, ns = PrefixCache(), ns_for("alice")
+    s1, _ = prefill(model, a, b)
+    assert pc.insert(ns, a + b, s1) == len(a + b)
+
+    with pc.match(ns, a + c) as m:  # forces the split at the end of A
+        assert m.length == len(a)
+        assert [n.end for n in m.nodes] == [len(a)]
+        s2 = model.new_cache(8)
+        m.copy_into(s2)
+    assert sorted(n.end for n in pc.nodes(ns)) == [len(a), len(a + b)]
+    got = model.forward(c, s2, all_logits=True)
+
+    ref, want = prefill(model, a, c)
+    assert torch.equal(got, want)
+    assert s2.fingerprint() == ref.fingerprint()
+    # only C is new when the second session inserts
+    assert pc.insert(ns, a + c, s2) == len(c)
+    assert pc.stats.bytes == len(a + b + c) * s2.bytes_per_token
+
+
+def test_split_inside_an_edge_serves_the_rows_of_the_original_call():
+    model = tiny_model()
+    x, b = toks(4, 30), toks(5, 6)
+    k = 17
+    c = toks(6, 8, first=(x[k] % 200) + 3)
+    pc, ns = PrefixCache(), ns_for("alice")
+    s1, _ = prefill(model, x, b)
+    pc.insert(ns, x + b, s1)
+
+    with pc.match(ns, x[:k] + c) as m:
+        assert m.length == k
+        s2 = model.new_cache(8)
+        m.copy_into(s2)
+    served = s2.export(0, k)
+    orig = s1.export(0, k)
+    for f in ("k", "kraw", "v", "tokens", "positions"):
+        assert torch.equal(getattr(served, f), getattr(orig, f))
+    got = model.forward(c, s2, all_logits=True)
+    # reference: the same calls — prefill X, cut back to k rows, prefill C
+    ref, _ = prefill(model, x)
+    ref.truncate(k)
+    want = model.forward(c, ref, all_logits=True)
+    assert torch.equal(got, want)
+    assert s2.fingerprint() == ref.fingerprint()
+
+
+# --- namespaces ----------------------------------------------------------------
+def test_tenant_isolation_no_cross_hits():
+    model = tiny_model()
+    prompt = toks(7, 40)
+    cache, _ = prefill(model, prompt)
+    pc = PrefixCache()
+    alice, bob = ns_for("alice"), ns_for("bob")
+    assert alice != bob
+    pc.insert(alice, prompt, cache)
+
+    with pc.match(bob, prompt) as m:
+        assert m.length == 0 and m.blocks() == []
+    assert pc.stats.hit_tokens == 0 and pc.stats.miss_tokens == len(prompt)
+    with pc.match(alice, prompt) as m:
+        assert m.length == len(prompt)
+    assert pc.stats.hit_tokens == len(prompt)
+
+    # bob pays for his own copy; dropping alice's namespace leaves bob's intact
+    assert pc.insert(bob, prompt, cache) == len(prompt)
+    assert pc.drop_namespace(alice)
+    with pc.match(alice, prompt) as m:
+        assert m.length == 0
+    with pc.match(bob, prompt) as m:
+        assert m.length == len(prompt)
+    # the same tenant on another model, and the shared root, are other trees too
+    with pc.match(ns_for("bob", "tiny-1"), prompt) as m:
+        assert m.length == 0
+    with pc.match(shared_namespace(MODEL_ID), prompt) as m:
+        assert m.length == 0
+
+
+def test_shared_namespace_only_for_public_content():
+    pc, shared = PrefixCache(), shared_namespace(MODEL_ID)
+    seq = [1, 2, 3]
+    with pytest.raises(PrefixError, match="public"):
+        pc.insert(shared, seq, block(seq))
+    assert pc.insert(shared, seq, block(seq), public=True) == 3
+    assert shared not in (ns_for("alice"), shared_namespace("tiny-1"))
+    with pytest.raises(PrefixError, match="salt"):
+        namespace(b"", MODEL_ID)  # a client cannot pick an empty salt to reach shared content
+    with pytest.raises(PrefixError, match="namespace"):
+        pc.match(b"alice", seq)
+
+
+# --- retention -------------------------------------------------------------------
+def test_retention_priority_and_ttl():
+    clock = Clock()
+    pc, ns = PrefixCache(budget_bytes=12 * ROW, clock=clock), ns_for("alice")
+    low, high, mid = [1] * 4, [2] * 4, [3] * 4
+    pc.insert(ns, low, block(low), priority=10)
+    pc.insert(ns, high, block(high), priority=90)
+    pc.insert(ns, mid, block(mid))  # default 35
+    clock.now += 1
+    pc.match(ns, low).release()  # most recently used, but the lowest priority
+    new = [4] * 4
+    clock.now += 1
+    pc.insert(ns, new, block(new))
+    assert pc.stats.evictions == 1
+    assert hit(pc, ns, low) == 0
+    for s in (high, mid, new):  # touched in this order: mid is now older than new
+        clock.now += 1
+        assert hit(pc, ns, s) == 4
+
+    # TTL: gone once it runs out (never served, then purged)
+    t = [5] * 2
+    clock.now += 1
+    pc.insert(ns, t, block(t), priority=100, ttl=5.0)
+    # room is made at priority 35: the older of the two default-priority nodes goes
+    assert (hit(pc, ns, mid), hit(pc, ns, new), hit(pc, ns, high)) == (0, 4, 4)
+    assert hit(pc, ns, t) == 2
+    clock.now += 5.0
+    assert hit(pc, ns, t) == 0
+    assert pc.stats.expired == 1 and pc.stats.bytes == 8 * ROW
+
+    # a later insert without TTL keeps a node alive past the first insert's TTL
+    u = [6] * 2
+    pc.insert(ns, u, block(u), ttl=1.0)
+    pc.insert(ns, u + [7], block(u + [7]))
+    clock.now += 10
+    assert hit(pc, ns, u + [7]) == 3
+
+    for bad in (-1, 101, 3.5, True):
+        with pytest.raises(PrefixError, match="priority"):
+            pc.insert(ns, [8], block([8]), priority=bad)
+    with pytest.raises(PrefixError, match="ttl"):
+        pc.insert(ns, [8], block([8]), ttl=0)
+
+
+def test_budget_evicts_lru_leaves():
+    clock = Clock()
+    p = [9] * 6
+    x1, x2, x3 = p + [1, 1], p + [2, 2], p + [3, 3]
+    pc, ns = PrefixCache(budget_bytes=10 * ROW, clock=clock), ns_for("alice")
+    for s in (x1, x2):
+        clock.now += 1
+        pc.insert(ns, s, block(s))
+    assert pc.stats.bytes == 10 * ROW
+    clock.now += 1
+    pc.match(ns, x1).release()  # x2 is now the least recently used leaf
+    clock.now += 1
+    pc.insert(ns, x3, block(x3))
+    st = pc.stats
+    assert st.evictions == 1 and st.bytes == 10 * ROW <= pc.budget_bytes
+    assert hit(pc, ns, x2) == len(p)  # only the leaf went, the shared parent stayed
+    assert hit(pc, ns, x1) == len(x1) and hit(pc, ns, x3) == len(x3)
+    # the parent becomes evictable only once its children are gone
+    assert pc.evict(2 * ROW) == 2 * ROW
+    assert hit(pc, ns, p) == len(p)
+    assert pc.evict(10**9) == 8 * ROW
+    assert pc.stats.bytes == 0 and pc.stats.nodes == 0
+
+
+def test_locked_path_not_evicted():
+    pc, ns = PrefixCache(budget_bytes=100 * ROW), ns_for("alice")
+    p = [4] * 5
+    a, b = p + [1] * 3, p + [2] * 3
+    pc.insert(ns, a, block(a, 1.0))
+    pc.insert(ns, b, block(b, 2.0))
+    m = pc.match(ns, a)
+    pc.insert(ns, p[:2] + [7], block(p[:2] + [7]))  # splits the locked path after the lock was taken
+    pc.budget_bytes = 0
+    pc.insert(ns, [8], block([8]))  # over budget: everything unlocked goes
+    assert pc.stats.bytes == len(a) * ROW  # the locked path survived
+    rows = torch.cat([blk.k for blk in m.blocks()], dim=1)
+    assert torch.equal(rows, block(a, 1.0).k)
+    assert hit(pc, ns, b) == len(p)
+    m.release()
+    m.release()  # idempotent
+    assert pc.stats.bytes == 0 and all(n.locks == 0 for n in pc.nodes(ns))
+
+
+# --- provenance ------------------------------------------------------------------
+def test_evicted_segment_not_served_from_cache():
+    model = tiny_model()
+    p, x, q = toks(10, 16), toks(11, 10), toks(12, 8)
+    y = toks(13, 6, first=(x[0] % 200) + 3)
+    prov = [(0, 16, "blake3:system"), (16, 26, "blake3k:poison"), (26, 34, "blake3k:answer")]
+    pc, ns = PrefixCache(), ns_for("alice")
+    s1, _ = prefill(model, p, x, q)
+    pc.insert(ns, p + x + q, s1, provenance=prov)
+    s_clean, _ = prefill(model, p, y)
+    pc.insert(ns, p + y, s_clean, provenance=[(0, 16, "blake3:system")])
+    held = pc.match(ns, p + x)
+    assert held.length == len(p + x) and held.refs == {"blake3:system", "blake3k:poison"}
+    with pc.match(ns, p + x + q) as m:
+        assert m.length == len(p + x + q)
+
+    # the session evicts the poisoned segment: the kernel forgets it from the tree
+    gone = pc.drop_ref("blake3k:poison")
+    ids_after = {n.id for n in pc.nodes(ns)}
+    assert len(gone) == 2 and not set(gone) & ids_after
+    assert all("blake3k:poison" not in n.prov for n in pc.nodes(ns))
+    with pytest.raises(PrefixError, match="dropped"):
+        held.blocks()  # a match taken before the forget cannot serve it either
+    held.release()
+    with pc.match(ns, p + y) as m:
+        assert m.length == len(p + y)  # the clean sibling and the prefix before the ref survive
+
+    # a new session with the same prefix plus the poison gets only P from the tree ...
+    with pc.match(ns, p + x + q) as m:
+        assert m.length == len(p) and m.refs == {"blake3:system"}
+        s2 = model.new_cache(8)
+        m.copy_into(s2)
+    # ... and has the poisoned KV only because it prefills those tokens itself
+    model.forward(x, s2)
+    model.forward(q, s2)
+    assert s2.fingerprint() == s1.fingerprint()
+
+    # the evicting session re-prefills the survivors (RECOMPUTE) and inserts them
+    s1.truncate(len(p))
+    model.forward(q, s1)
+    pc.insert(ns, p + q, s1, provenance=[(0, 16, "blake3:system"), (16, 24, "blake3k:answer")])
+    with pc.match(ns, p + q) as m:
+        s3 = model.new_cache(8)
+        m.copy_into(s3)
+    ref, _ = prefill(model, p, q)
+    assert s3.fingerprint() == ref.fingerprint()
+    assert pc.stats.dropped == 2
+
+
+def test_provenance_is_causal_and_forget_keeps_earlier_nodes():
+    pc, ns = PrefixCache(), ns_for("alice")
+    seq = list(range(1, 21))
+    pc.insert(ns, seq, block(seq), provenance=[(5, 8, "r1"), (12, 20, "r2")])
+    by_end = {n.end: set(n.prov) for n in pc.nodes(ns)}
+    assert by_end == {5: set(), 12: {"r1"}, 20: {"r1", "r2"}}
+    assert len(pc.drop_ref("r2")) == 1
+    assert hit(pc, ns, seq) == 12
+    assert pc.drop_ref("unknown") == []
+
+
+# --- stats and bad input ------------------------------------------------------------
+def test_stats_count_queries_hits_misses_and_bytes():
+    pc, ns = PrefixCache(), ns_for("alice")
+    seq = [3] * 10
+    pc.insert(ns, seq, block(seq))
+    pc.match(ns, seq[:4] + [1, 1]).release()
+    pc.match(ns, [2, 2]).release()
+    st = pc.stats.as_dict()
+    assert st["queries"] == 2 and st["hit_tokens"] == 4 and st["miss_tokens"] == 4
+    assert st["hit_rate"] == 0.5
+    assert st["bytes"] == 10 * ROW and st["nodes"] == 2 and st["namespaces"] == 1
+    assert st["inserted_tokens"] == 10
+
+
+def test_bad_input_is_refused_and_loses_nothing():
+    pc, ns = PrefixCache(), ns_for("alice")
+    seq = [1, 2, 3, 4]
+    pc.insert(ns, seq, block(seq))
+    before = pc.stats
+    bad = [
+        ([1, 2, 9, 9], block(seq)),  # rows computed for other tokens
+        ([5] * 6, block([5] * 4)),  # too few rows
+        ([5, 5], KVBlock(*(torch.zeros(2, 2, 1, 8),) * 3, torch.tensor([5, 5]), torch.tensor([3, 4]))),
+        (["x"], block(seq)),
+        ([5, 5], "not rows"),
+    ]
+    for tokens, rows in bad:
+        with pytest.raises(PrefixError):
+            pc.insert(ns, tokens, rows)
+    with pytest.raises(PrefixError, match="geometry"):
+        pc.insert(ns, [6], KVBlock(*(torch.zeros(3, 1, 1, 8),) * 3, torch.tensor([6]), torch.tensor([0])))
+    for spans in ([(0, 9, "r")], [(2, 1, "r")], [(0, 1, "")], ["r"]):
+        with pytest.raises(PrefixError, match="provenance"):
+            pc.insert(ns, seq, block(seq), provenance=spans)
+    assert issubclass(PrefixError, FakError)
+    after = pc.stats
+    assert (after.bytes, after.nodes, after.inserted_tokens) == (before.bytes, before.nodes, before.inserted_tokens)
+    assert hit(pc, ns, seq) == 4
