@@ -1,0 +1,67 @@
+"""Properties: the gate never raises on arbitrary bytes; normalisation is idempotent;
+the committed corpus is exactly what its generator writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fak.policy import VerdictKind, gate, load_policy, normalize
+from fak.policy.normalize import fold
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = load_policy(ROOT / "examples/policies/default.yaml")
+STRICT = load_policy(ROOT / "examples/policies/strict.yaml")
+
+# Bytes biased towards the tricky parts: encodings, invisible characters, markup.
+FRAGMENTS = st.sampled_from([
+    b"ignore", b" all ", b"previous", b"instructions", b"<|im_start|>", b"\xe2\x80\x8b", b"\xff", b"\xc3",
+    b"%20", b"&#105;", b"aWdub3Jl", b"==", b"<!--", b"-->", b"\xf3\xa0\x81\xa9", b"ghp_", b"\n", b"i g n o r e",
+])
+INPUTS = st.one_of(st.binary(max_size=4096), st.lists(FRAGMENTS, max_size=60).map(b"".join))
+
+
+@settings(max_examples=200, deadline=None)
+@given(INPUTS)
+def test_gate_never_raises_and_spans_are_in_bounds(data):
+    for policy in (DEFAULT, STRICT):
+        v = gate(policy, "web_fetch", data)
+        assert v.kind in VerdictKind and v.policy_digest == policy.digest
+        for m in v.matches:
+            assert 0 <= m.start <= m.end <= len(data)
+        if v.kind is VerdictKind.REDACT:
+            assert v.redacted_bytes is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_normalisation_is_idempotent(text):
+    once = normalize(text)
+    assert normalize(once) == once
+    assert fold(fold(text)) == fold(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_fold_removes_invisible_and_lowercases(text):
+    out = fold(text)
+    assert not any(c in out for c in "\u200b\u200c\u200d\u2060\ufeff\u202e")
+    assert out == out.lower()
+
+
+def test_committed_corpus_matches_its_generator():
+    spec = importlib.util.spec_from_file_location("make_gate_corpus", ROOT / "tests/data/make_gate_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.build()
+    committed = [json.loads(line) for line in (ROOT / "tests/data/gate_corpus.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [r["id"] for r in committed]
+    assert [r["text"] for r in rows] == [r["text"] for r in committed]
+    labels = {(r["split"], r["label"]) for r in committed}
+    assert {("dev", "injected"), ("heldout", "injected"), ("dev", "benign"), ("heldout", "benign")} <= labels
+    assert sum(r["label"] == "injected" for r in committed) >= 200
+    assert sum(r["label"] == "benign" for r in committed) >= 200
