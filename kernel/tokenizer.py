@@ -89,6 +89,10 @@ class ChatTokenizer:
             if tid is not None:
                 self.stop_token_ids.add(tid)
         self.digest = _tokenizer_digest(tk)
+        # a twin that encodes special-token strings as plain text (for untrusted content)
+        self._plain = Tokenizer.from_str(tk.to_str())
+        self._plain.encode_special_tokens = True
+        self._turn_suffix: list[int] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ChatTokenizer:
@@ -119,6 +123,39 @@ class ChatTokenizer:
         """Token ids of ``text``; special-token strings in it become their ids."""
         return self.tk.encode(text, add_special_tokens=False).ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` with special-token strings taken literally: content
+        cannot forge a ``<|im_start|>system`` header."""
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def encode_message(self, history: list[dict[str, str]], message: dict[str, str]) -> list[int]:
+        """Tokens the chat template adds for ``message`` after ``history``: the
+        template's own markup is encoded with special tokens, the content without."""
+        before = self.render(history) if history else ""
+        marked = self.render(history + [{**message, "content": _SENTINEL}])
+        if not marked.startswith(before) or marked.count(_SENTINEL) != 1:
+            raise ModelError("the chat template does not render messages incrementally; append tokens instead")
+        head, tail = marked[len(before) :].split(_SENTINEL)
+        return self.encode(head) + self.encode_plain(message["content"]) + self.encode(tail)
+
+    def generation_prompt(self, history: list[dict[str, str]]) -> list[int]:
+        """Tokens that open an assistant turn after ``history``."""
+        before = self.render(history) if history else ""
+        full = self.render(history, add_generation_prompt=True)
+        if not full.startswith(before):
+            raise ModelError("the chat template's generation prompt is not an extension of the history")
+        return self.encode(full[len(before) :])
+
+    def close_turn(self, last: int) -> list[int]:
+        """Tokens that end an assistant turn whose last sampled token is ``last``."""
+        if self._turn_suffix is None:
+            marked = self.render([{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}])
+            self._turn_suffix = self.encode(marked.split(_SENTINEL, 1)[1])
+        suffix = self._turn_suffix
+        if suffix and last == suffix[0]:
+            return [last] + suffix[1:]
+        return [last] + suffix
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special)
 
@@ -145,6 +182,9 @@ class ChatTokenizer:
         tail = self.decode(buf, skip_special=True)
         if len(tail) > len(emitted):
             yield tail[len(emitted) :]
+
+
+_SENTINEL = "\x00fak-content\x00"
 
 
 def _raise(message: str) -> None:

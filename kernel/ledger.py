@@ -1,0 +1,127 @@
+"""The span ledger: which rows of the KV cache came from which segment.
+
+Segments are appended in order and their boundaries are prefill-chunk
+boundaries. Appending renumbers nothing; evicting a segment renumbers the
+``start`` of every later live segment. Each segment keeps its tokens and the
+chunk sizes it was prefilled with, so a replay makes exactly the same calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fak.errors import FakError
+
+
+class SegmentKind(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class SegmentState(StrEnum):
+    LIVE = "live"
+    QUARANTINED = "quarantined"
+    EVICTED = "evicted"
+
+
+class LedgerError(FakError):
+    """A ledger operation named a segment or range that cannot take it."""
+
+
+@dataclass
+class Segment:
+    id: str
+    kind: SegmentKind
+    tokens: list[int]
+    chunks: list[int]  # prefill call sizes, in order; sum == len(tokens)
+    start: int = 0  # first cache row (meaningful while live)
+    ref: str | None = None  # CAS digest of the content, if any
+    state: SegmentState = SegmentState.LIVE
+    verdict: str | None = None
+    rule: str | None = None
+    provenance: frozenset[str] = frozenset()  # refs this segment's KV depends on (own + attended)
+    protected: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def live(self) -> bool:
+        return self.state is SegmentState.LIVE
+
+    def summary(self) -> dict[str, object]:
+        """What the API and the audit log may show: ids and digests, never content."""
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "ref": self.ref,
+            "start": self.start,
+            "length": self.length,
+            "state": self.state.value,
+            "verdict": self.verdict,
+            "rule": self.rule,
+            "provenance": sorted(self.provenance),
+            "protected": self.protected,
+        }
+
+
+@dataclass
+class Ledger:
+    segments: list[Segment] = field(default_factory=list)
+    _next_id: int = 1
+
+    def new_id(self) -> str:
+        sid = f"seg_{self._next_id:04d}"
+        self._next_id += 1
+        return sid
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.segments)
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    def live(self) -> list[Segment]:
+        return [s for s in self.segments if s.live]
+
+    @property
+    def live_length(self) -> int:
+        return sum(s.length for s in self.segments if s.live)
+
+    def get(self, segment_id: str) -> Segment:
+        for s in self.segments:
+            if s.id == segment_id:
+                return s
+        raise LedgerError(f"unknown segment {segment_id!r}")
+
+    def append(self, seg: Segment) -> Segment:
+        seg.start = self.live_length if seg.live else 0
+        self.segments.append(seg)
+        return seg
+
+    def at_rows(self, start: int, end: int) -> Segment:
+        """The live segment covering exactly rows ``[start, end)``."""
+        for s in self.live():
+            if s.start == start and s.end == end:
+                return s
+        raise LedgerError(f"rows [{start}, {end}) do not align with one live segment")
+
+    def later_live(self, seg: Segment) -> list[Segment]:
+        return [s for s in self.live() if s.start > seg.start]
+
+    def renumber(self) -> None:
+        """Re-derive every live segment's ``start`` from the order of live segments."""
+        pos = 0
+        for s in self.segments:
+            if s.live:
+                s.start = pos
+                pos += s.length

@@ -1,0 +1,302 @@
+"""A session: one conversation's KV cache plus the ledger of what is in it.
+
+``append`` prefills a segment (chat-rendered text or raw tokens) in recorded
+chunks; ``evict`` removes any live segment:
+
+- write-time (the segment is the tail): truncate. Bit-exact to never-saw.
+- ``RECOMPUTE``: truncate at the segment and replay every later live segment
+  from its tokens with its recorded chunks. Bit-exact to never-saw; costs the
+  suffix only.
+- ``REROPE``: cut the rows and re-rotate the survivors' keys from ``Kraw`` at
+  their new positions. Exact at layer 0 only (deeper layers keep what the
+  survivors attended to), so it is reported as approximate and the survivors
+  keep the evicted ref in their provenance.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from fak.kernel import rope
+from fak.kernel.generate import SamplingParams, generate
+from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
+from fak.kernel.model import Llama
+from fak.kernel.tokenizer import ChatTokenizer
+
+DEFAULT_CHUNK = 512
+
+
+class EvictMode(StrEnum):
+    AUTO = "auto"  # write-time if the segment is the tail, else RECOMPUTE
+    WRITE_TIME = "write_time"
+    RECOMPUTE = "recompute"
+    REROPE = "rerope"
+
+
+class EvictionError(LedgerError):
+    """The segment cannot be evicted that way (protected, not live, not the tail)."""
+
+
+@dataclass(frozen=True)
+class EvictionReport:
+    segment_id: str
+    ref: str | None
+    mode: EvictMode
+    exactness: str  # "bit-exact" or "approximate" (DESIGN.md vocabulary)
+    rows_removed: int
+    rows_replayed: int
+    seconds: float
+    fingerprint: str
+
+
+class Session:
+    def __init__(
+        self,
+        model: Llama,
+        tokenizer: ChatTokenizer | None = None,
+        *,
+        session_id: str | None = None,
+        tenant: str = "default",
+        chunk_size: int = DEFAULT_CHUNK,
+        protected_kinds: Sequence[SegmentKind | str] = (SegmentKind.SYSTEM,),
+        on_event: Callable[[str, dict], None] | None = None,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be ≥ 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.id = session_id or "sess_" + uuid.uuid4().hex[:16]
+        self.tenant = tenant
+        self.chunk_size = chunk_size
+        self.protected_kinds = {SegmentKind(k) for k in protected_kinds}
+        self.cache = model.new_cache()
+        self.ledger = Ledger()
+        self._messages: dict[str, dict[str, str]] = {}  # segment id → chat message (text segments)
+        self._last_logits: torch.Tensor | None = None
+        self._on_event = on_event
+
+    # --- appending -----------------------------------------------------------
+    def append(
+        self,
+        kind: SegmentKind | str,
+        text: str | None = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        ref: str | None = None,
+        verdict: str | None = None,
+        rule: str | None = None,
+        chunks: Sequence[int] | None = None,
+    ) -> Segment:
+        """Append a segment: ``text`` is rendered as a chat message of role ``kind``
+        (content encoded with special-token strings taken literally); ``tokens`` are
+        used as they are. ``chunks`` overrides the prefill chunking."""
+        kind = SegmentKind(kind)
+        if (text is None) == (tokens is None):
+            raise ValueError("give exactly one of text or tokens")
+        message = None
+        if text is not None:
+            message = {"role": kind.value, "content": text}
+            ids = self._render_message(message)
+        else:
+            ids = [int(t) for t in tokens]  # type: ignore[union-attr]
+        if not ids:
+            raise ValueError("a segment needs at least one token")
+        plan = list(chunks) if chunks is not None else _chunk(len(ids), self.chunk_size)
+        if sum(plan) != len(ids) or any(c < 1 for c in plan):
+            raise ValueError(f"chunks {plan} do not cover {len(ids)} tokens")
+        seg = Segment(
+            id=self.ledger.new_id(),
+            kind=kind,
+            tokens=ids,
+            chunks=plan,
+            ref=ref,
+            verdict=verdict,
+            rule=rule,
+            protected=kind in self.protected_kinds,
+        )
+        seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
+        self.ledger.append(seg)
+        self._prefill(seg)
+        if message is not None:
+            self._messages[seg.id] = message
+        self._emit("append", seg)
+        return seg
+
+    def record_quarantined(
+        self, kind: SegmentKind | str, *, ref: str | None, verdict: str, rule: str | None, tokens: int = 0
+    ) -> Segment:
+        """Record a segment the gate kept out: it never enters the cache (== never saw it)."""
+        seg = Segment(
+            id=self.ledger.new_id(),
+            kind=SegmentKind(kind),
+            tokens=[],
+            chunks=[],
+            ref=ref,
+            verdict=verdict,
+            rule=rule,
+            state=SegmentState.QUARANTINED,
+        )
+        self.ledger.append(seg)
+        self._emit("quarantine", seg)
+        return seg
+
+    def _render_message(self, message: dict[str, str]) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("text segments need a tokenizer")
+        history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
+        return self.tokenizer.encode_message(history, message)
+
+    def _prefill(self, seg: Segment) -> None:
+        offset = 0
+        for n in seg.chunks:
+            self._last_logits = self.model.forward(seg.tokens[offset : offset + n], self.cache)
+            offset += n
+
+    def _provenance_before(self, index: int) -> frozenset[str]:
+        refs: set[str] = set()
+        for s in self.ledger.segments[:index]:
+            if s.live:
+                refs |= s.provenance
+        return frozenset(refs)
+
+    # --- generation --------------------------------------------------------------
+    def generate(self, params: SamplingParams | None = None, *, ref: str | None = None) -> Iterator[int]:
+        """Generate an assistant turn; yields token ids as they come. When the
+        iterator is exhausted the turn is a closed assistant segment in the ledger."""
+        if self.tokenizer is None:
+            raise ValueError("generate needs a tokenizer")
+        tok = self.tokenizer
+        params = params or SamplingParams(stop_token_ids=frozenset(tok.stop_token_ids))
+        if not params.stop_token_ids:
+            params = SamplingParams(**{**params.__dict__, "stop_token_ids": frozenset(tok.stop_token_ids)})
+        history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
+        opener = tok.generation_prompt(history)
+        chunks = [len(opener)]
+        logits = self.model.forward(opener, self.cache)
+        produced: list[int] = []
+        for t in generate(self.model, self.cache, None, params, logits=logits):
+            produced.append(t)
+            yield t
+        if not produced:
+            self.cache.truncate(self.cache.length - len(opener))
+            return
+        # every token but the last was appended one at a time by the decode loop
+        chunks += [1] * (len(produced) - 1)
+        closing = tok.close_turn(produced[-1])
+        self._last_logits = self.model.forward(closing, self.cache)
+        chunks.append(len(closing))
+        ids = opener + produced[:-1] + closing
+        seg = Segment(
+            id=self.ledger.new_id(),
+            kind=SegmentKind.ASSISTANT,
+            tokens=ids,
+            chunks=chunks,
+            ref=ref,
+            protected=SegmentKind.ASSISTANT in self.protected_kinds,
+        )
+        seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
+        self.ledger.append(seg)
+        text = tok.decode([t for t in produced if t not in tok.stop_token_ids])
+        self._messages[seg.id] = {"role": "assistant", "content": text}
+        self._emit("append", seg)
+
+    def reply(self, params: SamplingParams | None = None) -> str:
+        """Generate an assistant turn and return its text."""
+        assert self.tokenizer is not None
+        ids = list(self.generate(params))
+        return self.tokenizer.decode([t for t in ids if t not in self.tokenizer.stop_token_ids])
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        """Logits after the latest forward call (None after an eviction that ended at the tail)."""
+        return self._last_logits
+
+    # --- eviction ----------------------------------------------------------------
+    def evict(self, segment_id: str, mode: EvictMode | str = EvictMode.AUTO, *, force: bool = False) -> EvictionReport:
+        seg = self.ledger.get(segment_id)
+        mode = EvictMode(mode)
+        if not seg.live:
+            raise EvictionError(f"segment {seg.id} is already {seg.state.value}")
+        if seg.protected and not force:
+            raise EvictionError(f"segment {seg.id} ({seg.kind.value}) is protected from eviction")
+        t0 = time.perf_counter()
+        later = self.ledger.later_live(seg)
+        if mode is EvictMode.AUTO:
+            mode = EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME
+        if mode is EvictMode.WRITE_TIME and later:
+            raise EvictionError(f"segment {seg.id} is not the tail; use recompute or rerope")
+        replayed = 0
+        if mode in (EvictMode.WRITE_TIME, EvictMode.RECOMPUTE):
+            self.cache.truncate(seg.start)
+            seg.state = SegmentState.EVICTED
+            self.ledger.renumber()
+            for s in later:
+                s.provenance = self._provenance_before(self.ledger.segments.index(s)) | ({s.ref} if s.ref else set())
+                self._prefill(s)
+                replayed += s.length
+            if not later:
+                self._last_logits = None
+            exactness = "bit-exact"
+        else:
+            self._rerope_remove(seg)
+            seg.state = SegmentState.EVICTED
+            self.ledger.renumber()
+            exactness = "approximate"
+        self._messages.pop(seg.id, None)
+        report = EvictionReport(
+            segment_id=seg.id,
+            ref=seg.ref,
+            mode=mode,
+            exactness=exactness,
+            rows_removed=seg.length,
+            rows_replayed=replayed,
+            seconds=time.perf_counter() - t0,
+            fingerprint=self.cache.fingerprint(),
+        )
+        self._emit("evict", seg, report=report)
+        return report
+
+    def evict_rows(self, start: int, end: int, mode: EvictMode | str = EvictMode.AUTO) -> EvictionReport:
+        """Evict by row range; the range must be exactly one live segment."""
+        return self.evict(self.ledger.at_rows(start, end).id, mode)
+
+    def _rerope_remove(self, seg: Segment) -> None:
+        cache = self.cache
+        start = seg.start
+        cache.delete_rows(start, seg.end)
+        n = cache.length
+        if n > start:
+            new_pos = torch.arange(start, n, dtype=torch.int64, device=cache.device)
+            cos, sin = rope.cos_sin(self.model.inv_freq, new_pos, cache.dtype)
+            cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over kv heads
+            for layer in range(cache.cfg.num_layers):
+                cache.k[layer, start:n] = rope.apply(cache.kraw[layer, start:n], cos, sin)
+            cache.positions[start:n] = new_pos
+        # the last logits were computed with the span present; the next append or
+        # generation opener computes fresh ones
+        self._last_logits = None
+
+    # --- identity ----------------------------------------------------------------
+    def fingerprint(self) -> str:
+        return self.cache.fingerprint()
+
+    def refs(self) -> set[str]:
+        """Every ref that influenced the live KV."""
+        out: set[str] = set()
+        for s in self.ledger.live():
+            out |= s.provenance
+        return out
+
+    def _emit(self, what: str, seg: Segment, **extra: object) -> None:
+        if self._on_event:
+            self._on_event(what, {"session": self.id, "tenant": self.tenant, "segment": seg.summary(), **extra})
+
+
+def _chunk(n: int, size: int) -> list[int]:
+    return [min(size, n - i) for i in range(0, n, size)]
