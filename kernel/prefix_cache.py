@@ -12,7 +12,8 @@ decides who may see which tree and what stays in it:
 * **Retention.** LRU over unlocked leaves, lowest priority (0–100, default 35)
   first, then least recently used; optional TTL per insertion; a byte budget.
   A node covered by several insertions keeps the highest priority and the
-  latest expiry among them, so priorities and expiries never increase going
+  latest expiry among them (an expired node still pinned by a lock is revived
+  by a new insert of the same tokens rather than duplicated), so priorities and expiries never increase going
   down a path and removing an expired node with its subtree removes only
   expired nodes.
 * **Provenance.** ``insert(..., provenance=[(start, end, ref), ...])``: a node
@@ -230,7 +231,7 @@ class PrefixCache:
             cuts = sorted({s for s, _, _ in spans if 0 < s < len(ids)} | {len(ids)})
             created: list[Node] = []
             for cut in cuts:  # node boundaries at span starts: forget keeps the prefix before a ref
-                path, new = tree.insert(ids[:cut], rows, self._stale(now))
+                path, new = tree.insert(ids[:cut], rows)
                 created += new
             expires = now + ttl if ttl is not None else None
             for n in path:

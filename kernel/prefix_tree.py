@@ -158,19 +158,12 @@ class RadixTree:
                 raise AssertionError("edge split left a node past the match")
         return depth, path
 
-    def insert(
-        self, tokens: Sequence[int], rows: RowSource, stop: Callable[[Node], bool] | None = None
-    ) -> tuple[list[Node], list[Node]]:
+    def insert(self, tokens: Sequence[int], rows: RowSource) -> tuple[list[Node], list[Node]]:
         """Make ``tokens`` a root path ending exactly at a node boundary.
         Returns (every node on the path, the nodes newly created). Rows are
-        fetched only for tokens not already cached. A node refused by ``stop``
-        (e.g. expired) is removed with its subtree and replaced by fresh rows."""
-        depth, path = self.match(tokens, stop)
+        fetched only for tokens not already cached: a prefix is never paid for twice."""
+        depth, path = self.match(tokens)
         parent = path[-1] if path else self.root
-        if depth < len(tokens) and stop is not None:
-            stale = parent.children.get(tokens[depth])
-            if stale is not None:
-                self.remove(stale)
         created: list[Node] = []
         if depth < len(tokens):
             block = rows(depth, len(tokens))

@@ -4,6 +4,7 @@ budget, locks, provenance-driven drops, stats and bad input."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 import torch
@@ -195,6 +196,17 @@ def test_retention_priority_and_ttl():
     clock.now += 10
     assert hit(pc, ns, u + [7]) == 3
 
+    # an expired node still locked by a reader is not served, not purged, and a
+    # new insert of the same tokens revives it instead of storing them twice
+    w = [8] * 3
+    pc.insert(ns, w, block(w), ttl=1.0)
+    reader = pc.match(ns, w)
+    clock.now += 2
+    assert hit(pc, ns, w) == 0 and reader.blocks()
+    assert pc.insert(ns, w, block(w), ttl=1.0) == 0
+    assert hit(pc, ns, w) == 3
+    reader.release()
+
     for bad in (-1, 101, 3.5, True):
         with pytest.raises(PrefixError, match="priority"):
             pc.insert(ns, [8], block([8]), priority=bad)
@@ -343,3 +355,44 @@ def test_bad_input_is_refused_and_loses_nothing():
     after = pc.stats
     assert (after.bytes, after.nodes, after.inserted_tokens) == (before.bytes, before.nodes, before.inserted_tokens)
     assert hit(pc, ns, seq) == 4
+
+
+def test_concurrent_sessions_keep_the_tree_consistent():
+    pc, ns = PrefixCache(budget_bytes=60 * ROW), ns_for("alice")
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(150):
+                seq = [rng.randrange(3) for _ in range(rng.randrange(1, 10))]
+                op = rng.random()
+                if op < 0.5:
+                    pc.insert(ns, seq, block(seq), priority=rng.randrange(101),
+                              provenance=[(0, len(seq), f"r{seq[0]}")])
+                elif op < 0.95:
+                    with pc.match(ns, seq) as m:
+                        try:
+                            rows = m.blocks()
+                        except PrefixError:
+                            if any(n.removed for n in m.nodes):
+                                continue  # another thread's drop_ref forgot it after the match: refused
+                            raise
+                        got = torch.cat([b.tokens for b in rows]).tolist() if rows else []
+                        assert got == seq[: m.length]
+                        assert [int(p) for b in rows for p in b.positions] == list(range(m.length))
+                else:
+                    pc.drop_ref(f"r{rng.randrange(3)}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    nodes = pc.nodes(ns)
+    assert all(n.locks == 0 for n in nodes)
+    assert pc.stats.bytes == sum(n.nbytes for n in nodes) <= pc.budget_bytes
+    assert pc.stats.nodes == len(nodes)
