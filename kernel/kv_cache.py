@@ -143,7 +143,7 @@ class KVCache:
         self.commit(block.tokens, block.positions)
 
     def clone(self) -> KVCache:
-        other = KVCache(self.cfg, capacity=max(self.length, 1), device=self.device, dtype=self.dtype)
+        other = KVCache(self.cfg, capacity=self.capacity, device=self.device, dtype=self.dtype)
         other.extend(self.export(0, self.length))
         return other
 

@@ -282,6 +282,18 @@ class Session:
         # generation opener computes fresh ones
         self._last_logits = None
 
+    def fork(self, session_id: str | None = None) -> Session:
+        """An independent copy (cache, ledger, messages) that shares the model."""
+        import copy
+
+        other = Session.__new__(Session)
+        other.__dict__ |= self.__dict__
+        other.id = session_id or "sess_" + uuid.uuid4().hex[:16]
+        other.cache = self.cache.clone()
+        other.ledger = copy.deepcopy(self.ledger)
+        other._messages = dict(self._messages)
+        return other
+
     # --- identity ----------------------------------------------------------------
     def fingerprint(self) -> str:
         return self.cache.fingerprint()
