@@ -142,12 +142,12 @@ def trace(model, tok, agents: int, turns: int) -> dict:  # noqa: ANN001
             with pc.match(ns, prompt[:-1]) as m:  # the last token is always prefilled (it gives the logits)
                 cache = model.new_cache(len(prompt) + 64)
                 m.copy_into(cache)
-            model.forward(prompt[m.length :], cache)
             prompt_tokens += len(prompt)
             prefilled += len(prompt) - m.length
             reply = f"Calling tool_{rng.randrange(8)} with " + text(rng, 12)
             reply_ids = tok.encode(reply + "<|im_end|>\n")
-            model.forward(reply_ids, cache)  # stands in for decoding the reply
+            # the rest of the prompt, then the reply (one call stands in for decoding it)
+            model.forward(prompt[m.length :] + reply_ids, cache)
             pc.insert(ns, prompt + reply_ids, cache)
             h.append({"role": "assistant", "content": reply})
             kind = "tool" if turn % 2 == 0 else "user"
