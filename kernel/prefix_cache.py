@@ -401,7 +401,10 @@ def _row_source(src: KVCache | KVBlock | Sequence[KVBlock], ids: list[int]) -> C
         def rows(start: int, end: int) -> KVBlock:
             return src.export(start, end)
     else:
-        blocks = [src] if isinstance(src, KVBlock) else list(src)
+        try:
+            blocks = [src] if isinstance(src, KVBlock) else list(src)
+        except TypeError:
+            blocks = []
         if not blocks or not all(isinstance(b, KVBlock) for b in blocks):
             raise PrefixError("insert takes a KVCache, a KVBlock or a sequence of KVBlocks")
         if any(not same_layout(blocks[0], b) for b in blocks):

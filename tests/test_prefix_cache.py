@@ -342,6 +342,8 @@ def test_bad_input_is_refused_and_loses_nothing():
         ([5, 5], KVBlock(*(torch.zeros(2, 2, 1, 8),) * 3, torch.tensor([5, 5]), torch.tensor([3, 4]))),
         (["x"], block(seq)),
         ([5, 5], "not rows"),
+        ([5, 5], 5),
+        ([5, 5], []),
     ]
     for tokens, rows in bad:
         with pytest.raises(PrefixError):
