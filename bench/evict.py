@@ -19,8 +19,8 @@ from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.loader import load_model
 from fak.kernel.session import EvictMode, Session
 
-TOPICS = "flight hotel weather invoice repository deployment meeting recipe train museum".split()
-WORDS = "the a status update result found page item value report customer order time list note".split()
+TOPICS = ["flight", "hotel", "weather", "invoice", "repository", "deployment", "meeting", "recipe", "train"]
+WORDS = ["the", "a", "status", "update", "result", "found", "page", "item", "value", "report", "customer"]
 
 
 def tool_text(rng: random.Random, n_words: int) -> str:
@@ -101,7 +101,7 @@ def main() -> None:
         surviving_tokens = total - seg.length
         suffix_tokens = sum(s.length for s in segs if s.start > seg.start)
 
-        def never_saw() -> Session:
+        def never_saw(survivors: list = survivors) -> Session:
             n = Session(model, tok, chunk_size=256)
             for kind, s in survivors:
                 n.append(kind, tokens=s.tokens, chunks=s.chunks)

@@ -22,6 +22,7 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
+
 from fak.cas.errors import IntegrityError, KeyMismatch
 
 MAGIC = b"FAKCAS"

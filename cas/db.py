@@ -9,8 +9,9 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from fak.cas.errors import CasError
 from sqlalchemy.engine import Engine
+
+from fak.cas.errors import CasError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 

@@ -8,8 +8,9 @@ import re
 from typing import Annotated
 
 import blake3
-from fak.cas.errors import InvalidDigest
 from pydantic import AfterValidator
+
+from fak.cas.errors import InvalidDigest
 
 PUBLIC = "blake3"
 KEYED = "blake3k"

@@ -9,9 +9,10 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
 from fak.cas.digest import Digest
 from fak.cas.errors import InvalidInput
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 Taint = Literal["untrusted", "trusted", "quarantined"]
 State = Literal["live", "forgotten"]

@@ -16,6 +16,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from fak import config
 from fak.cas import crypto, db
 from fak.cas.backend import BlobBackend, FileBackend, new_blob_id
 from fak.cas.digest import Hasher, compute, is_keyed, parse_digest
@@ -32,11 +37,6 @@ from fak.cas.models import (
     stricter,
 )
 from fak.cas.schema import Blob, BlobUse, DataKey, Kek
-from pydantic import BaseModel
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
-
-from fak import config
 from fak.keys import load_master_secret
 
 DEFAULT_MAX_BLOB = 256 * 1024 * 1024

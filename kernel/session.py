@@ -27,9 +27,22 @@ from fak.kernel import rope
 from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
 from fak.kernel.model import Llama
+from fak.kernel.prefix_cache import PrefixCache
+from fak.kernel.prefix_tree import concat_rows
 from fak.kernel.tokenizer import ChatTokenizer
 
 DEFAULT_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class PrefixBinding:
+    """Where a session looks up and inserts shared KV: a prefix cache and the
+    namespace derived server-side from the authenticated tenant and model."""
+
+    cache: PrefixCache
+    namespace: bytes
+    priority: int = 35
+    ttl: float | None = None
 
 
 class EvictMode(StrEnum):
@@ -66,6 +79,7 @@ class Session:
         chunk_size: int = DEFAULT_CHUNK,
         protected_kinds: Sequence[SegmentKind | str] = (SegmentKind.SYSTEM,),
         on_event: Callable[[str, dict], None] | None = None,
+        prefix: PrefixBinding | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be ≥ 1")
@@ -80,6 +94,9 @@ class Session:
         self._messages: dict[str, dict[str, str]] = {}  # segment id → chat message (text segments)
         self._last_logits: torch.Tensor | None = None
         self._on_event = on_event
+        self.prefix = prefix
+        self.approximate = False  # set by REROPE: the KV then differs from any exact run
+        self.prefix_hit_tokens = 0
 
     # --- appending -----------------------------------------------------------
     def append(
@@ -153,10 +170,51 @@ class Session:
         return self.tokenizer.encode_message(history, message)
 
     def _prefill(self, seg: Segment) -> None:
-        offset = 0
+        """Prefill a segment's chunks, serving leading chunks from the prefix
+        cache when it holds them (only whole chunks, so the rows are the bytes
+        the same calls would compute), then insert the segment back."""
+        offset = self._serve_from_prefix(seg)
+        if offset:
+            self._last_logits = None
+        boundary = 0
         for n in seg.chunks:
-            self._last_logits = self.model.forward(seg.tokens[offset : offset + n], self.cache)
-            offset += n
+            if boundary >= offset:
+                self._last_logits = self.model.forward(seg.tokens[boundary : boundary + n], self.cache)
+            boundary += n
+        self._insert_prefix()
+
+    def _serve_from_prefix(self, seg: Segment) -> int:
+        if self.prefix is None or self.approximate:
+            return 0
+        start = self.cache.length
+        wanted = self.cache.token_list() + seg.tokens
+        with self.prefix.cache.match(self.prefix.namespace, wanted) as m:
+            served = 0
+            boundary = 0
+            for n in seg.chunks:
+                if start + boundary + n > m.length:
+                    break
+                boundary += n
+                served = boundary
+            if served == 0:
+                return 0
+            self.cache.extend(concat_rows(m.blocks(), start, start + served))
+        self.prefix_hit_tokens += served
+        self._emit("prefix_hit", seg, tokens=served)
+        return served
+
+    def _insert_prefix(self) -> None:
+        if self.prefix is None or self.approximate:
+            return
+        spans = [(s.start, s.end, s.ref) for s in self.ledger.live() if s.ref and s.end <= self.cache.length]
+        self.prefix.cache.insert(
+            self.prefix.namespace,
+            self.cache.token_list(),
+            self.cache,
+            provenance=spans,
+            priority=self.prefix.priority,
+            ttl=self.prefix.ttl,
+        )
 
     def _provenance_before(self, index: int) -> frozenset[str]:
         refs: set[str] = set()
@@ -202,6 +260,7 @@ class Session:
         )
         seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
         self.ledger.append(seg)
+        self._insert_prefix()
         text = tok.decode([t for t in produced if t not in tok.stop_token_ids])
         self._messages[seg.id] = {"role": "assistant", "content": text}
         self._emit("append", seg)
@@ -245,10 +304,14 @@ class Session:
             exactness = "bit-exact"
         else:
             self._rerope_remove(seg)
+            self.approximate = True
             seg.state = SegmentState.EVICTED
             self.ledger.renumber()
             exactness = "approximate"
         self._messages.pop(seg.id, None)
+        if self.prefix is not None and seg.ref:
+            # nobody may be served KV that attended to an evicted span
+            self.prefix.cache.drop_ref(seg.ref)
         report = EvictionReport(
             segment_id=seg.id,
             ref=seg.ref,

@@ -10,9 +10,8 @@ import random
 import signal
 import time
 
-from fak.cas import CasStore
-
 from fak import config
+from fak.cas import CasStore
 
 TRIALS = 50
 CHUNK = 4096

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import blake3
 import pytest
-from fak.cas import InvalidDigest, Ref, compute, parse_digest
 from pydantic import ValidationError
 
+from fak.cas import InvalidDigest, Ref, compute, parse_digest
 from fak.keys import derive_key
 
 HEX = "ab" * 32

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
+from fak import config
 from fak.cas import (
     CasError,
     CasStore,
@@ -21,8 +23,6 @@ from fak.cas import (
     TooLarge,
 )
 from fak.cas.schema import DataKey
-
-from fak import config
 
 CHUNK = 1024  # small chunks so a few KiB exercise multi-chunk streams
 

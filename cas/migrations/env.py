@@ -2,6 +2,7 @@
 share one database. Run programmatically by ``fak.cas.db.upgrade``."""
 
 from alembic import context
+
 from fak.cas.schema import Base
 
 VERSION_TABLE = "fak_cas_alembic_version"

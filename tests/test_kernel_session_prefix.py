@@ -1,0 +1,94 @@
+"""Sessions on top of the prefix cache: exact reuse across sessions, tenant
+isolation, and no poisoned KV served after an eviction (tiny model)."""
+
+from __future__ import annotations
+
+import torch
+from kernel_helpers import tiny_model
+
+from fak.kernel.prefix_cache import PrefixCache, namespace
+from fak.kernel.session import EvictMode, PrefixBinding, Session
+from fak.keys import tenant_salt
+
+MASTER = bytes(range(32))
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 257, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def binding(cache: PrefixCache, model, tenant: str) -> PrefixBinding:  # noqa: ANN001
+    return PrefixBinding(cache, namespace(tenant_salt(MASTER, tenant), model.model_id))
+
+
+SYS, USER, TOOL, TOOL2, Q = ids(40, 1), ids(12, 2), ids(30, 3), ids(25, 4), ids(8, 5)
+
+
+def test_second_session_reuses_prefix_bit_exact() -> None:
+    model = tiny_model()
+    pc = PrefixCache()
+    first = Session(model, prefix=binding(pc, model, "acme"), chunk_size=16)
+    for kind, t in (("system", SYS), ("user", USER), ("tool", TOOL)):
+        first.append(kind, tokens=t)
+    second = Session(model, prefix=binding(pc, model, "acme"), chunk_size=16)
+    plain = Session(model, chunk_size=16)
+    for s in (second, plain):
+        s.append("system", tokens=SYS)
+        s.append("user", tokens=USER)
+        s.append("tool", tokens=TOOL2)
+        s.append("user", tokens=Q)
+    assert second.prefix_hit_tokens == len(SYS) + len(USER)
+    assert second.fingerprint() == plain.fingerprint()
+    assert torch.equal(second.last_logits, plain.last_logits)
+
+
+def test_other_tenant_gets_no_hits() -> None:
+    model = tiny_model()
+    pc = PrefixCache()
+    a = Session(model, prefix=binding(pc, model, "acme"))
+    a.append("system", tokens=SYS)
+    a.append("user", tokens=USER)
+    b = Session(model, prefix=binding(pc, model, "globex"))
+    b.append("system", tokens=SYS)
+    b.append("user", tokens=USER)
+    assert b.prefix_hit_tokens == 0
+    c = Session(model, prefix=binding(pc, model, "acme"))
+    c.append("system", tokens=SYS)
+    assert c.prefix_hit_tokens == len(SYS)
+    assert b.fingerprint() == a.fingerprint()
+
+
+def test_evicted_tool_result_not_served_to_later_sessions() -> None:
+    model = tiny_model()
+    pc = PrefixCache()
+    ref = "blake3k:" + "9a" * 32
+    first = Session(model, prefix=binding(pc, model, "acme"))
+    first.append("system", tokens=SYS)
+    poison = first.append("tool", tokens=TOOL, ref=ref)
+    first.append("user", tokens=Q)
+    first.evict(poison.id, EvictMode.RECOMPUTE)
+    later = Session(model, prefix=binding(pc, model, "acme"))
+    later.append("system", tokens=SYS)
+    later.append("tool", tokens=TOOL, ref=ref)  # it sends the tokens itself: prefilled, not served
+    assert later.prefix_hit_tokens == len(SYS)
+    # what the first session kept (SYS then Q, replayed) is served exactly
+    again = Session(model, prefix=binding(pc, model, "acme"))
+    again.append("system", tokens=SYS)
+    again.append("user", tokens=Q)
+    assert again.prefix_hit_tokens == len(SYS) + len(Q)
+    assert again.fingerprint() == first.fingerprint()
+
+
+def test_rerope_session_never_feeds_the_cache() -> None:
+    model = tiny_model()
+    pc = PrefixCache()
+    s = Session(model, prefix=binding(pc, model, "acme"))
+    s.append("system", tokens=SYS)
+    t = s.append("tool", tokens=TOOL, ref="blake3k:" + "7b" * 32)
+    s.append("user", tokens=Q)
+    s.evict(t.id, EvictMode.REROPE)
+    s.append("user", tokens=USER)
+    later = Session(model, prefix=binding(pc, model, "acme"))
+    later.append("system", tokens=SYS)
+    later.append("user", tokens=Q)
+    assert later.prefix_hit_tokens == len(SYS)  # the approximate (re-roped) rows are never shared
