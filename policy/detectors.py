@@ -11,10 +11,17 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 
-from ahocorasick_rs import AhoCorasick
-
+from fak.policy.matcher import Matcher
 from fak.policy.normalize import View
-from fak.policy.patterns import DISCUSSION, GAP, INJECTION, INJECTION_BACK, LINE_START, SECRETS, SECRETS_BACK
+from fak.policy.patterns import (
+    DISCUSSION,
+    FOLDED_TRIGGERS,
+    GAP,
+    INJECTION,
+    LINE_START,
+    RAW_TRIGGERS,
+    SECRETS,
+)
 from fak.policy.scan import Scan
 
 
@@ -38,11 +45,24 @@ _INJECTION = _compile(INJECTION)
 _SECRETS = [(n, f, w, re.compile(rx), anchors) for n, f, w, rx, anchors in SECRETS]
 QUOTE_LOOKBACK = 4096  # how far back a code fence or <code> is looked for
 DISCOUNT = 0.4  # a quoted phrase in a text that discusses attacks counts for less
+INJECTION_SPAN = 480  # longest injection match looked for (characters)
+SECRET_SPAN = {"secret.private_key": 17000}
+SECRET_DEFAULT_SPAN = 600
+
+# One native database per vocabulary; the triage pass reuses them with its extra
+# trigger patterns (ids after the vocabulary's own).
+INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS)
+SEC = Matcher([e[3] for e in _SECRETS], [SECRET_SPAN.get(e[0], SECRET_DEFAULT_SPAN) for e in _SECRETS], RAW_TRIGGERS)
 
 
-def _quoted(text: str, start: int) -> bool:
-    before = text[max(0, start - 4) : start]
-    if any(q in before for q in "\"'`"):
+def _quoted(text: str, start: int, before: str = "") -> bool:
+    """Inside quotes, a code fence or <code>: ``before`` is the folded text preceding
+    this window of the input, so a fence opened before the window still counts."""
+    if start < QUOTE_LOOKBACK and before:
+        text = before[-(QUOTE_LOOKBACK - start) :] + text[:start]
+        start = len(text)
+    before_q = text[max(0, start - 4) : start]
+    if any(q in before_q for q in "\"'`"):
         return True
     lo = max(0, start - QUOTE_LOOKBACK)
     if text.count("```", lo, start) % 2 == 1:
@@ -54,69 +74,6 @@ def _discussed(text: str, start: int, end: int) -> bool:
     return DISCUSSION.search(text, max(0, start - 300), min(len(text), end + 300)) is not None
 
 
-class _Anchored:
-    """Regexes that each contain one of their anchor literals. One Aho-Corasick pass
-    finds the anchors; a regex is then tried only near each anchor: a match must start
-    at most ``back`` characters before it and be at most ``span`` characters long."""
-
-    def __init__(self, entries: list, back: dict[str, int], span: dict[str, int], default_span: int) -> None:
-        self.entries = entries
-        anchors = sorted({a for e in entries for a in e[4]})
-        index = {a: i for i, a in enumerate(anchors)}
-        self.by_anchor: list[list[int]] = [[] for _ in anchors]
-        for n, e in enumerate(entries):
-            for a in e[4]:
-                self.by_anchor[index[a]].append(n)
-        self.ac = AhoCorasick(anchors)
-        self.back = [back.get(e[0], MAX_BACK) for e in entries]
-        self.span = [span.get(e[0], default_span) for e in entries]
-
-    def candidates(self, low: str) -> dict[int, list[int]]:
-        """Entry index → sorted start positions of its anchors in ``low``."""
-        try:
-            hits = self.ac.find_matches_as_indexes(low, overlapping=True)
-        except UnicodeEncodeError:  # lone surrogates from invalid UTF-8: same length, no anchors
-            hits = self.ac.find_matches_as_indexes(_SURROGATES.sub(lambda m: "\ufffd" * len(m.group()), low),
-                                                   overlapping=True)
-        out: dict[int, list[int]] = {}
-        by_anchor = self.by_anchor
-        for a, start, _ in hits:
-            for n in by_anchor[a]:
-                out.setdefault(n, []).append(start)
-        return out
-
-    def matches(self, n: int, rx: re.Pattern[str], text: str, positions: list[int]):
-        """Every match of entry ``n`` that contains one of ``positions``, leftmost first, once."""
-        back, span, length = self.back[n], self.span[n], len(text)
-        last_end = -1
-        for p in sorted(set(positions)):
-            if p < last_end:
-                continue
-            hi = min(length, p + span)
-            if back <= SHORT_BACK:  # a few anchored attempts beat a search over the window
-                for start in range(max(0, p - back, last_end), p + 1):
-                    m = rx.match(text, start, hi)
-                    if m is not None and m.end() > m.start():
-                        yield m
-                        last_end = m.end()
-                        break
-                continue
-            m = rx.search(text, max(0, p - back, last_end), hi)
-            while m is not None and m.start() <= p:
-                yield m
-                last_end = m.end()
-                if last_end > p:
-                    break
-                m = rx.search(text, max(last_end, m.start() + 1), hi)
-
-
-SHORT_BACK = 24
-MAX_BACK = 320
-_SURROGATES = re.compile("[\udc80-\udcff]+")
-_INJ = _Anchored(_INJECTION, INJECTION_BACK, {}, 480)
-_SEC = _Anchored(_SECRETS, SECRETS_BACK, {"secret.private_key": 17000}, 600)
-
-
 def _at_line_start(text: str, pos: int) -> bool:
     return text[text.rfind("\n", 0, pos) + 1 : pos].strip(" \t>#*_-") == ""
 
@@ -126,18 +83,18 @@ def injection(scan: Scan) -> list[Finding]:
     seen: set[tuple[str, int, int]] = set()
     for view in scan.folded_views:
         text = view.text
-        for n, positions in _INJ.candidates(text).items():
-            name, family, weight, rx, _ = _INJECTION[n]
-            for m in _INJ.matches(n, rx, text, positions):
-                if name in LINE_START and not _at_line_start(text, m.start()):
-                    continue
-                score = weight
-                if _quoted(text, m.start()) and _discussed(text, m.start(), m.end()):
-                    score *= DISCOUNT
-                start, end, exact = scan.to_bytes(view, m.start(), m.end())
-                if (name, start, end) not in seen:
-                    seen.add((name, start, end))
-                    out.append(Finding("injection", family, name, score, start, end, exact, view.layer))
+        before = scan.before_folded if view.depth == 0 else ""
+        for n, m in INJ.finditer(text):
+            name, family, weight, _, _ = _INJECTION[n]
+            if name in LINE_START and not _at_line_start(text, m.start()):
+                continue
+            score = weight
+            if _quoted(text, m.start(), before) and _discussed(text, m.start(), m.end()):
+                score *= DISCOUNT
+            start, end, exact = scan.to_bytes(view, m.start(), m.end())
+            if (name, start, end) not in seen:
+                seen.add((name, start, end))
+                out.append(Finding("injection", family, name, score, start, end, exact, view.layer))
     return out
 
 
@@ -163,18 +120,15 @@ def secrets(scan: Scan) -> list[Finding]:
     seen: set[tuple[int, int]] = set()
     for view in scan.raw_views:
         text = view.text
-        # Anchor positions are only trusted when lower-casing keeps the length (ASCII).
-        ascii_text = text.isascii()
-        for n, positions in _SEC.candidates(text.lower()).items():
+        for n, m in SEC.finditer(text):
             name, family, weight, rx, _ = _SECRETS[n]
-            for m in _SEC.matches(n, rx, text, positions) if ascii_text else rx.finditer(text):
-                group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
-                if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):
-                    continue
-                start, end, exact = scan.to_bytes(view, m.start(group), m.end(group))
-                if (start, end) not in seen:
-                    seen.add((start, end))
-                    out.append(Finding("secrets", family, name, weight, start, end, exact, view.layer))
+            group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
+            if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):
+                continue
+            start, end, exact = scan.to_bytes(view, m.start(group), m.end(group))
+            if (start, end) not in seen:
+                seen.add((start, end))
+                out.append(Finding("secrets", family, name, weight, start, end, exact, view.layer))
     return out
 
 
@@ -211,6 +165,7 @@ def encoding(scan: Scan) -> list[Finding]:
     return out
 
 
+_SURROGATES = re.compile("[\udc80-\udcff]+")
 REPETITION_SAMPLE = 65536
 
 
@@ -224,13 +179,18 @@ def repetition_score(data: bytes) -> float:
     return max(0.0, min(1.0, (ratio - 6.0) / 12.0))
 
 
-def repetition(scan: Scan, min_bytes: int) -> list[Finding]:
-    if len(scan.data) < min_bytes:
+def repetition_findings(data: bytes, min_bytes: int) -> list[Finding]:
+    """Heavy repetition over the whole input (not per window: it is a property of the whole)."""
+    if len(data) < min_bytes:
         return []
-    score = repetition_score(scan.data)
+    score = repetition_score(data)
     if score <= 0:
         return []
-    return [Finding("repetition", "repetition", "repetition.compression", score, 0, len(scan.data), False, "text")]
+    return [Finding("repetition", "repetition", "repetition.compression", score, 0, len(data), False, "text")]
+
+
+def repetition(scan: Scan, min_bytes: int) -> list[Finding]:
+    return repetition_findings(scan.data, min_bytes)
 
 
 def custom(scan: Scan, rule_id: str, rx: re.Pattern[str], folded: bool) -> list[Finding]:

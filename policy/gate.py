@@ -11,10 +11,11 @@ have done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
-from fak.policy import detectors
+from fak.policy import detectors, triage
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
 from fak.policy.scan import Scan, prepare
@@ -68,22 +69,37 @@ def _findings(scan: Scan, rule: DetectorRule, policy: Policy, cache: dict[str, l
     kind = rule.detector
     if kind == "regex":
         return detectors.custom(scan, rule.id, policy.custom[rule.id], rule.ignore_case)
-    if kind == "repetition":
-        return detectors.repetition(scan, rule.min_bytes)
     if kind not in cache:
         cache[kind] = getattr(detectors, kind)(scan)
     return cache[kind]
 
 
+SCORE_WINDOW = 4096  # bytes: findings further apart than this are not added up
+
+
 def _score(found: list[Finding]) -> float:
-    """Strongest finding per family, combined across families as independent evidence."""
-    best: dict[str, float] = {}
-    for f in found:
-        best[f.family] = max(best.get(f.family, 0.0), f.score)
-    miss = 1.0
-    for s in best.values():
-        miss *= 1.0 - s
-    return 1.0 - miss
+    """The score of the most suspicious stretch of ``SCORE_WINDOW`` bytes: within it, the
+    strongest finding per family, families combined as independent evidence. A long
+    document that mentions several families far apart does not add them up."""
+    if len(found) == 1:
+        return found[0].score
+    items = sorted(found, key=lambda f: f.start)
+    top = 0.0
+    for i, first in enumerate(items):
+        limit = first.start + SCORE_WINDOW
+        best: dict[str, float] = {}
+        for f in items[i:]:
+            if f.start >= limit:
+                break
+            if f.score > best.get(f.family, 0.0):
+                best[f.family] = f.score
+        miss = 1.0
+        for s in best.values():
+            miss *= 1.0 - s
+        top = max(top, 1.0 - miss)
+        if top >= 1.0 or limit > items[-1].start:
+            break
+    return top
 
 
 def _redact(data: bytes, spans: list[tuple[int, int, str]]) -> bytes:
@@ -101,11 +117,48 @@ def _redact(data: bytes, spans: list[tuple[int, int, str]]) -> bytes:
 
 def _finish(policy: Policy, tool: str, kind: VerdictKind, rule_id: str, matches: list[Match],
             redacted: bytes | None, score: float, size: int) -> Verdict:
+    # Every field is built here from validated parts, so validation is skipped.
     if policy.enforcing or kind is VerdictKind.ALLOW:
-        return Verdict(kind=kind, rule_id=rule_id, policy_digest=policy.digest, tool=tool, matches=matches,
-                       redacted_bytes=redacted if kind is VerdictKind.REDACT else None, score=score, input_bytes=size)
-    return Verdict(kind=VerdictKind.ALLOW, rule_id=rule_id, policy_digest=policy.digest, tool=tool, matches=matches,
-                   enforced=False, would_be=kind, score=score, input_bytes=size)
+        return Verdict.model_construct(kind=kind, rule_id=rule_id, policy_digest=policy.digest, tool=tool,
+                                       matches=matches, redacted_bytes=redacted if kind is VerdictKind.REDACT else None,
+                                       enforced=True, would_be=None, score=score, input_bytes=size)
+    return Verdict.model_construct(kind=VerdictKind.ALLOW, rule_id=rule_id, policy_digest=policy.digest, tool=tool,
+                                   matches=matches, redacted_bytes=None, enforced=False, would_be=kind, score=score,
+                                   input_bytes=size)
+
+
+def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule]) -> dict[str, list[Finding]]:
+    """Findings per detector (per rule id for regex rules) over the hot regions only."""
+    out: dict[str, list[Finding]] = {}
+    scanning = [r for r in rules if r.detector not in ("oversize", "repetition")]
+    if not scanning:
+        return out
+    custom = [policy.custom[r.id] for r in scanning if r.detector == "regex"]
+    triage_custom = None
+    if custom:
+        triage_custom = triage.custom_triage(policy.digest, [rx for rx in custom if rx.flags & re.IGNORECASE],
+                                             [rx for rx in custom if not rx.flags & re.IGNORECASE])
+    norm = policy.spec.normalization
+    budget = [norm.max_decoded_bytes]
+    for lo, hi in triage.hot_regions(data, triage_custom):
+        scan = prepare(data[lo:hi], norm.max_decode_depth, norm.max_decoded_bytes,
+                       before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget)
+        cache: dict[str, list[Finding]] = {}
+        for rule in scanning:
+            found = _findings(scan, rule, policy, cache)
+            if not found:
+                continue
+            key = f"regex:{rule.id}" if rule.detector == "regex" else rule.detector
+            if lo:
+                found = [replace(f, start=f.start + lo, end=f.end + lo) for f in found]
+            out.setdefault(key, []).extend(found)
+    return out
+
+
+def _rule_findings(rule: DetectorRule, data: bytes, found: dict[str, list[Finding]]) -> list[Finding]:
+    if rule.detector == "repetition":
+        return detectors.repetition_findings(data, rule.min_bytes)
+    return found.get(f"regex:{rule.id}" if rule.detector == "regex" else rule.detector, [])
 
 
 def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = None) -> Verdict:
@@ -131,16 +184,16 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
                       start=limit, end=size, score=1.0, exact=True)
         return _finish(policy, tool, kind, rule_id, [match], None, 1.0, size)
 
-    norm = policy.spec.normalization
-    scan = prepare(data, norm.max_decode_depth, norm.max_decoded_bytes)
-    cache: dict[str, list[Finding]] = {}
+    found_all = _scan_all(policy, data, rules)
     kind, rule_id, best_score = settings.verdict, settings.rule_id, 0.0
     matches: list[Match] = []
     redact_spans: list[tuple[int, int, str]] = []
     for rule in rules:
         if rule.detector == "oversize":
             continue
-        found = _findings(scan, rule, policy, cache)
+        found = _rule_findings(rule, data, found_all)
+        if not found:
+            continue
         if rule.families is not None:
             found = [f for f in found if f.family in rule.families]
         if not found:
@@ -149,8 +202,8 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
         if score < rule.threshold or score == 0.0:
             continue
         matches.extend(
-            Match(rule_id=rule.id, detector=f.detector, family=f.family, name=f.name, start=f.start, end=f.end,
-                  score=round(f.score, 4), exact=f.exact, layer=f.layer)
+            Match.model_construct(rule_id=rule.id, detector=f.detector, family=f.family, name=f.name, start=f.start,
+                                  end=f.end, score=round(f.score, 4), exact=f.exact, layer=f.layer)
             for f in found
         )
         if rule.verdict is VerdictKind.REDACT:

@@ -1,9 +1,10 @@
 """The detector vocabularies: injection phrases (matched on folded, lower-case
 text) and secret formats (matched on the original case).
 
-Each entry: (name, family, weight, regex, anchors). A regex runs only when one
-of its anchors (lower-case literals) occurs in the folded text, which keeps the
-common benign case to a few substring searches. In injection regexes ``~`` is a
+Each entry: (name, family, weight, regex, anchors). The anchors are the
+lower-case literals one of which every match contains (kept as documentation and
+checked by a test); the search itself is a native multi-regex pass
+(``matcher.Matcher``). In injection regexes ``~`` is a
 word gap: up to four non-alphanumerics, possibly none, so ``ignore_all``,
 ``ignore  all`` and the de-spaced ``ignoreall`` all match.
 """
@@ -174,27 +175,21 @@ SECRETS: list[tuple[str, str, float, str, tuple[str, ...]]] = [
     ("secret.bearer", "generic_secret", 0.9, r"(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/\-]{20,}=*)", ("bearer",)),
 ]
 
-# How far before its anchor a match of each entry can start (characters); entries not
-# listed may start up to detectors.MAX_BACK before. Keeping these tight is what makes
-# the scan cheap: most entries begin with their anchor.
-INJECTION_BACK = {
-    "exfil.sink_then_sensitive": 0,
-    "exfil.sensitive_to_sink": 0,
-    "exfil.embed_in_url": 0,
-    "exfil.fetch_with_data": 0,
-    "override.ignore": 0, "override.forget_everything": 0, "override.new_instructions": 0,
-    "override.addressed_to_ai": 0, "override.ai_reading": 80, "override.hide_from_user": 0,
-    "override.now_you_are": 0, "override.jailbreak_mode": 0, "override.from_now_on": 0, "override.instead": 0,
-    "override.stop_task": 0, "override.disable_safety": 0, "override.reveal_prompt": 0, "override.your_task": 0,
-    "role.chat_token": 0, "role.xml_tag": 0, "role.bracket_header": 0, "role.line_header": 0,
-    "role.alpaca_header": 0, "role.boundary": 0, "tool.json_call": 0, "tool.xml_call": 0, "tool.react": 0, "tool.silently": 0, "role.alpaca_colon": 0,
-    "tool.name_args": 0, "tool.use_to_act": 0, "tool.immediately": 0, "exfil.markdown_image": 0,
-    "exfil.sensitive_verb": 0,
-}
 # Entries that must begin a line (after optional markup such as "> ", "## ", "**").
 LINE_START = {"role.line_header"}
-SECRETS_BACK = {
-    "secret.aws_access_key": 0, "secret.aws_secret_key": 0, "secret.gcp_api_key": 0, "secret.github_token": 0,
-    "secret.gitlab_token": 0, "secret.slack_token": 0, "secret.slack_webhook": 8, "secret.stripe_key": 1,
-    "secret.openai_key": 0, "secret.jwt": 0, "secret.private_key": 64, "secret.assignment": 20, "secret.bearer": 0,
-}
+
+# Triage triggers (Hyperscan byte patterns). Matched on the folded (lower-case)
+# input: runs a derived view would decode or collapse. Each reports once per run
+# where it can, so long runs cost one callback.
+TRIGGER_DESPACE = rb"(?:^|\s)[a-z][ \t]{1,3}[a-z][ \t]{1,3}[a-z](?:\s|$)"  # three single letters in a row
+TRIGGER_BASE64 = rb"(?:^|[^a-z0-9+/_-])[a-z0-9+/_-]{24}"  # start of a base64-looking run
+TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]){11}[0-9a-f]{2}"  # start of a spaced hex run
+TRIGGER_PERCENT = rb"%[0-9a-f]{2}"
+TRIGGER_ENTITY = rb"&#"
+FOLDED_TRIGGERS = (TRIGGER_DESPACE, TRIGGER_BASE64, TRIGGER_HEX, TRIGGER_PERCENT, TRIGGER_ENTITY)
+RUN_TRIGGERS = (TRIGGER_BASE64, TRIGGER_HEX)  # the region must extend to the end of the run
+# Matched on the raw bytes: the UTF-8 of invisible characters, bidi controls and tag characters.
+RAW_TRIGGERS = (
+    rb"\xe2\x80[\x8b-\x8f\xaa-\xae]|\xe2\x81[\xa0-\xa4\xa6-\xa9]|\xef\xbb\xbf|\xc2\xad|\xe1\xa0\x8e|\xcd\x8f"
+    rb"|\xd8\x9c|\xf3\xa0[\x80-\x81]",
+)

@@ -43,8 +43,17 @@ class Scan:
     raw_views: list[View] = field(default_factory=list)
     folded_views: list[View] = field(default_factory=list)
     invalid_utf8: int = 0
+    before: bytes = b""  # the input bytes just before this window (context for quoting)
     _cum: np.ndarray | None = None
     _cum_ready: bool = False
+    _before_folded: str | None = None
+
+    @property
+    def before_folded(self) -> str:
+        """Folded text of ``before``, built on first use (only a quoted-looking hit needs it)."""
+        if self._before_folded is None:
+            self._before_folded = fold(self.before.decode("utf-8", "replace")) if self.before else ""
+        return self._before_folded
 
     def to_bytes(self, view: View, start: int, end: int) -> tuple[int, int, bool]:
         if not self._cum_ready:
@@ -77,8 +86,11 @@ def _expand(scan: Scan, view: View, max_depth: int, budget: list[int]) -> None:
             _expand(scan, child, max_depth, budget)
 
 
-def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536) -> Scan:
-    """Build every view of ``data`` the detectors need, within the given bounds."""
+def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: bytes = b"",
+            budget: list[int] | None = None) -> Scan:
+    """Build every view of ``data`` the detectors need, within the given bounds.
+    ``before`` is the input preceding ``data`` when ``data`` is a window of a larger
+    input; ``budget`` (a one-element list) is the decoding budget shared by windows."""
     if data.isascii():
         text = data.decode("ascii")
         invalid = 0
@@ -86,8 +98,8 @@ def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536) -> Scan:
         text = data.decode("utf-8", "surrogateescape")
         invalid = sum(len(m.group()) for m in _SURROGATE.finditer(text)) if not _valid_utf8(data) else 0
     root = View(text, "text")
-    scan = Scan(data, root, root, invalid_utf8=invalid)
-    _expand(scan, root, max_depth, [max_decoded])
+    scan = Scan(data, root, root, invalid_utf8=invalid, before=before)
+    _expand(scan, root, max_depth, budget if budget is not None else [max_decoded])
     scan.folded = scan.folded_views[0]
     return scan
 

@@ -1,0 +1,102 @@
+"""Many regexes over one text: a native pass finds where any of them may end,
+then each Python regex is tried only just before those ends.
+
+The Hyperscan pass runs over the UTF-8 bytes of the text with superset
+translations of the regexes (``hsdb.superset``), so every real match ends at a
+reported offset; the exact Python regex then confirms it in a window that
+reaches back its maximum width. On ordinary text almost nothing is reported,
+so the Python work is a few calls per input instead of one per common word.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from fak.policy.hsdb import Multi, superset
+
+try:  # the regex parser moved in Python 3.11
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+LOOKAHEAD_SLACK = 64  # characters after a reported end kept visible to look-aheads
+
+
+def max_width(pattern: str, cap: int) -> int:
+    """The longest match ``pattern`` can have, at most ``cap`` (unbounded repeats hit the cap)."""
+    return min(cap, _sre_parse.parse(pattern).getwidth()[1])
+
+
+def encode(text: str) -> tuple[bytes, np.ndarray | None]:
+    """UTF-8 bytes of ``text`` and, unless it is ASCII, the byte offset where each character starts."""
+    if text.isascii():
+        return text.encode("ascii"), None
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+        invalid_len = 1
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "surrogatepass")
+        invalid_len = 3
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    lens = np.where(cps < 0x80, 1, np.where(cps < 0x800, 2, np.where(cps < 0x10000, 3, 4)))
+    lens[(cps >= 0xD800) & (cps <= 0xDFFF)] = invalid_len
+    return data, np.concatenate(([0], np.cumsum(lens)))
+
+
+class Matcher:
+    """Regexes (compiled Python patterns with a width cap each) searched together."""
+
+    def __init__(self, regexes: Sequence[re.Pattern[str]], caps: Sequence[int], extra: Sequence[bytes] = ()) -> None:
+        self.regexes = list(regexes)
+        self.widths = [max_width(rx.pattern, cap) for rx, cap in zip(regexes, caps, strict=True)]
+        self._extra = list(extra)
+        self._db: Multi | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def db(self) -> Multi:
+        """Built on first use (compiling takes a fraction of a second), then shared."""
+        if self._db is None:
+            with self._lock:
+                if self._db is None:
+                    flags = [re.IGNORECASE if rx.flags & re.IGNORECASE else 0 for rx in self.regexes]
+                    pats = [superset(rx.pattern) for rx in self.regexes]
+                    self._db = Multi(pats + self._extra, caseless=flags + [0] * len(self._extra))
+        return self._db
+
+    @property
+    def count(self) -> int:
+        return len(self.regexes)
+
+    def finditer(self, text: str) -> Iterator[tuple[int, re.Match[str]]]:
+        """(regex index, match) for the matches of every regex, leftmost first per regex."""
+        data, cum = encode(text)
+        ends = self.db.ends(data)
+        length = len(text)
+        for n in sorted(ends):
+            if n >= len(self.regexes):
+                continue
+            points = ends[n] if cum is None else np.searchsorted(cum, ends[n]).tolist()
+            yield from ((n, m) for m in self._confirm(n, sorted(set(points)), text, length))
+
+    def _confirm(self, n: int, points: list[int], text: str, length: int) -> Iterator[re.Match[str]]:
+        rx, width = self.regexes[n], self.widths[n]
+        last_end = 0
+        i = 0
+        while i < len(points):
+            lo = max(last_end, points[i] - width)
+            hi = points[i]
+            while i + 1 < len(points) and points[i + 1] - width <= hi:
+                i += 1
+                hi = points[i]
+            i += 1
+            for m in rx.finditer(text, lo, min(length, hi + LOOKAHEAD_SLACK)):
+                if m.end() > hi:
+                    break
+                if m.end() > m.start():
+                    last_end = m.end()
+                    yield m
