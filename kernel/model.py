@@ -156,8 +156,10 @@ class Llama:
         if T == 1:
             x = self._layers_decode(x, cache, start, cos, sin)
         else:
-            k_pos = torch.cat([cache.positions[:start], positions])
-            mask = _causal_mask(positions, k_pos, self.dtype)
+            mask = None
+            if self.attention == "eager" or start > 0:
+                k_pos = torch.cat([cache.positions[:start], positions])
+                mask = _causal_mask(positions, k_pos, self.dtype)
             x = self._layers_prefill(x, cache, start, cos, sin, mask)
         cache.commit(ids, positions)
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
@@ -169,6 +171,11 @@ class Llama:
         h = rms_norm(x, lw.mlp_norm, self.cfg.rms_norm_eps)
         return x + F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
 
+    def _mlp_fused(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+        h = F.rms_norm(x, (self.cfg.hidden_size,), lw.mlp_norm, self.cfg.rms_norm_eps)
+        gate, up = F.linear(h, lw.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, lw.w_down)
+
     def _layers_prefill(
         self,
         x: torch.Tensor,
@@ -176,14 +183,18 @@ class Llama:
         start: int,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
+        """``mask`` is None only for a first chunk in sdpa mode (plain causal attention)."""
         cfg = self.cfg
+        eager = self.attention == "eager"
         T = x.shape[1]
         end = start + T
         groups = cfg.kv_groups
         for i, lw in enumerate(self.w.layers):
-            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
+            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps) if eager else F.rms_norm(
+                x, (cfg.hidden_size,), lw.attn_norm, cfg.rms_norm_eps
+            )
             q = F.linear(h, lw.wq).view(1, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)
             k = F.linear(h, lw.wk).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
             v = F.linear(h, lw.wv).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
@@ -192,7 +203,8 @@ class Llama:
             cache.k[i, start:end] = k_rot[0].transpose(0, 1)
             cache.kraw[i, start:end] = k[0].transpose(0, 1)
             cache.v[i, start:end] = v[0].transpose(0, 1)
-            if self.attention == "eager":
+            if eager:
+                assert mask is not None
                 keys = _repeat_kv(cache.k[i, :end], groups)
                 values = _repeat_kv(cache.v[i, :end], groups)
                 scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
@@ -205,11 +217,12 @@ class Llama:
                     cache.k[i, :end].transpose(0, 1)[None],
                     cache.v[i, :end].transpose(0, 1)[None],
                     attn_mask=mask,
+                    is_causal=mask is None,
                     scale=self.scaling,
                     enable_gqa=groups > 1,
                 ).transpose(1, 2)
             x = x + F.linear(attn.reshape(1, T, -1).contiguous(), lw.wo)
-            x = self._mlp(x, lw)
+            x = self._mlp(x, lw) if eager else self._mlp_fused(x, lw)
         return x
 
     def _layers_decode(
@@ -235,8 +248,7 @@ class Llama:
                 qk_rot[None, :H, None], keys, values, scale=self.scaling, enable_gqa=KV != H
             )
             x = x + F.linear(attn.view(1, 1, H * hd), lw.wo)
-            gate, up = F.linear(F.rms_norm(x, (D,), lw.mlp_norm, eps), lw.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, lw.w_down)
+            x = self._mlp_fused(x, lw)
         return x
 
 
