@@ -84,6 +84,13 @@ def main() -> None:
     same = fak_tokens == hf_tokens
     first_diff = next((i for i, (a, b) in enumerate(zip(fak_tokens, hf_tokens, strict=False)) if a != b), None)
 
+    gap = None
+    if first_diff is not None:
+        # how close the two candidates were where greedy decoding first parted
+        cache = model.new_cache()
+        logits = model.forward(short_ids + fak_tokens[:first_diff], cache)[-1]
+        gap = float(logits[fak_tokens[first_diff]] - logits[hf_tokens[first_diff]])
+
     results = {
         "model": str(path.name),
         "dtype": "float32",
@@ -99,13 +106,15 @@ def main() -> None:
         "hf_attn_implementation": hf.config._attn_implementation,
         "identical_output_tokens": same,
         "first_token_difference": first_diff,
+        "logit_gap_at_first_difference": gap,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(f"{'':<10}{'prefill tok/s':>15}{'decode tok/s':>15}")
     print(f"{'fak':<10}{fak_prefill_tps:>15.1f}{fak_decode:>15.2f}")
     print(f"{'hf':<10}{hf_prefill_tps:>15.1f}{hf_decode:>15.2f}")
     print(f"{'ratio':<10}{results['prefill_ratio']:>15.3f}{results['decode_ratio']:>15.3f}")
-    print(f"identical greedy tokens: {same} (first difference: {first_diff})")
+    print(f"identical greedy tokens: {same} (first difference: {first_diff}, fak's logit gap between "
+          f"its choice and transformers' there: {gap})")
     targets = [
         target("decode_ratio_vs_transformers", results["decode_ratio"], 1.25, ">="),
         target("prefill_ratio_vs_transformers", results["prefill_ratio"], 1.0, ">="),
