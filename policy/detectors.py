@@ -51,7 +51,9 @@ SECRET_DEFAULT_SPAN = 600
 
 # One native database per vocabulary; the triage pass reuses them with its extra
 # trigger patterns (ids after the vocabulary's own).
-INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS)
+_LINE_START_NATIVE = rb"(?:^|\n)[ \t>#*_-]*"  # what _at_line_start accepts before a match
+INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS,
+              {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START})
 SEC = Matcher([e[3] for e in _SECRETS], [SECRET_SPAN.get(e[0], SECRET_DEFAULT_SPAN) for e in _SECRETS], RAW_TRIGGERS)
 
 

@@ -74,7 +74,7 @@ def _findings(scan: Scan, rule: DetectorRule, policy: Policy, cache: dict[str, l
     return cache[kind]
 
 
-SCORE_WINDOW = 4096  # bytes: findings further apart than this are not added up
+SCORE_WINDOW = 1024  # bytes: findings further apart than this are not added up
 
 
 def _score(found: list[Finding]) -> float:

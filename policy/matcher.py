@@ -50,8 +50,12 @@ def encode(text: str) -> tuple[bytes, np.ndarray | None]:
 class Matcher:
     """Regexes (compiled Python patterns with a width cap each) searched together."""
 
-    def __init__(self, regexes: Sequence[re.Pattern[str]], caps: Sequence[int], extra: Sequence[bytes] = ()) -> None:
+    def __init__(self, regexes: Sequence[re.Pattern[str]], caps: Sequence[int], extra: Sequence[bytes] = (),
+                 prefixes: dict[int, bytes] | None = None) -> None:
+        """``extra``: more native patterns scanned in the same pass (ids after the regexes');
+        ``prefixes``: native context required before regex ``n`` (checked again in Python)."""
         self.regexes = list(regexes)
+        self._prefixes = prefixes or {}
         self.widths = [max_width(rx.pattern, cap) for rx, cap in zip(regexes, caps, strict=True)]
         self._extra = list(extra)
         self._db: Multi | None = None
@@ -64,7 +68,7 @@ class Matcher:
             with self._lock:
                 if self._db is None:
                     flags = [re.IGNORECASE if rx.flags & re.IGNORECASE else 0 for rx in self.regexes]
-                    pats = [superset(rx.pattern) for rx in self.regexes]
+                    pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
                     self._db = Multi(pats + self._extra, caseless=flags + [0] * len(self._extra))
         return self._db
 
