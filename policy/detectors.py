@@ -53,7 +53,7 @@ SECRET_DEFAULT_SPAN = 600
 # trigger patterns (ids after the vocabulary's own).
 _LINE_START_NATIVE = rb"(?:^|\n)[ \t>#*_-]*"  # what _at_line_start accepts before a match
 INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS,
-              {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START})
+              {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START}, caseless=True)
 SEC = Matcher([e[3] for e in _SECRETS], [SECRET_SPAN.get(e[0], SECRET_DEFAULT_SPAN) for e in _SECRETS], RAW_TRIGGERS)
 
 
@@ -139,9 +139,12 @@ _BIDI_OVERRIDE = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
 _TAGS = re.compile(r"[\U000e0000-\U000e007f]+")
 
 
+_ANY_HIDDEN = re.compile(r"[\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u034f\u202a-\u202e\u2066-\u2069\U000e0000-\U000e007f]")
+
+
 def obfuscation(scan: Scan) -> list[Finding]:
     text = scan.root.text
-    if text.isascii():
+    if text.isascii() or _ANY_HIDDEN.search(text) is None:
         return []
     out: list[Finding] = []
     hidden = list(_INVISIBLE_IN_WORD.finditer(text))

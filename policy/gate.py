@@ -140,9 +140,9 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule]) -> dict[st
                                              [rx for rx in custom if not rx.flags & re.IGNORECASE])
     norm = policy.spec.normalization
     budget = [norm.max_decoded_bytes]
-    for lo, hi in triage.hot_regions(data, triage_custom):
+    for lo, hi, views in triage.hot_regions(data, triage_custom):
         scan = prepare(data[lo:hi], norm.max_decode_depth, norm.max_decoded_bytes,
-                       before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget)
+                       before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views)
         cache: dict[str, list[Finding]] = {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)

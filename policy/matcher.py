@@ -31,30 +31,37 @@ def max_width(pattern: str, cap: int) -> int:
     return min(cap, _sre_parse.parse(pattern).getwidth()[1])
 
 
-def encode(text: str) -> tuple[bytes, np.ndarray | None]:
-    """UTF-8 bytes of ``text`` and, unless it is ASCII, the byte offset where each character starts."""
+def encode(text: str) -> bytes:
+    """UTF-8 bytes of ``text`` (lone surrogates from invalid input kept as their byte)."""
     if text.isascii():
-        return text.encode("ascii"), None
+        return text.encode("ascii")
     try:
-        data = text.encode("utf-8", "surrogateescape")
-        invalid_len = 1
+        return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
-        data = text.encode("utf-8", "surrogatepass")
-        invalid_len = 3
+        return text.encode("utf-8", "surrogatepass")
+
+
+def char_offsets(text: str, data: bytes) -> np.ndarray:
+    """Byte offset in ``data`` (``encode(text)``) where each character of ``text`` starts, plus the end."""
     cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     lens = np.where(cps < 0x80, 1, np.where(cps < 0x800, 2, np.where(cps < 0x10000, 3, 4)))
-    lens[(cps >= 0xD800) & (cps <= 0xDFFF)] = invalid_len
-    return data, np.concatenate(([0], np.cumsum(lens)))
+    surrogate = (cps >= 0xD800) & (cps <= 0xDFFF)
+    if surrogate.any():
+        lens[surrogate] = (len(data) - int(lens[~surrogate].sum())) // int(surrogate.sum())
+    return np.concatenate(([0], np.cumsum(lens)))
 
 
 class Matcher:
     """Regexes (compiled Python patterns with a width cap each) searched together."""
 
     def __init__(self, regexes: Sequence[re.Pattern[str]], caps: Sequence[int], extra: Sequence[bytes] = (),
-                 prefixes: dict[int, bytes] | None = None) -> None:
+                 prefixes: dict[int, bytes] | None = None, caseless: bool = False) -> None:
         """``extra``: more native patterns scanned in the same pass (ids after the regexes');
-        ``prefixes``: native context required before regex ``n`` (checked again in Python)."""
+        ``prefixes``: native context required before regex ``n`` (checked again in Python);
+        ``caseless``: the native pass ignores ASCII case (for regexes written for lower-case
+        text, so raw ASCII can be scanned without lower-casing it first)."""
         self.regexes = list(regexes)
+        self.caseless = caseless
         self._prefixes = prefixes or {}
         self.widths = [max_width(rx.pattern, cap) for rx, cap in zip(regexes, caps, strict=True)]
         self._extra = list(extra)
@@ -67,9 +74,9 @@ class Matcher:
         if self._db is None:
             with self._lock:
                 if self._db is None:
-                    flags = [re.IGNORECASE if rx.flags & re.IGNORECASE else 0 for rx in self.regexes]
+                    flags = [self.caseless or bool(rx.flags & re.IGNORECASE) for rx in self.regexes]
                     pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
-                    self._db = Multi(pats + self._extra, caseless=flags + [0] * len(self._extra))
+                    self._db = Multi(pats + self._extra, caseless=flags + [self.caseless] * len(self._extra))
         return self._db
 
     @property
@@ -78,9 +85,12 @@ class Matcher:
 
     def finditer(self, text: str) -> Iterator[tuple[int, re.Match[str]]]:
         """(regex index, match) for the matches of every regex, leftmost first per regex."""
-        data, cum = encode(text)
+        data = encode(text)
         ends = self.db.ends(data)
+        if not ends:
+            return
         length = len(text)
+        cum = None if len(data) == length else char_offsets(text, data)
         for n in sorted(ends):
             if n >= len(self.regexes):
                 continue

@@ -268,7 +268,9 @@ def unescape_view(parent: View) -> View | None:
 def _printable_ratio(text: str) -> float:
     if not text:
         return 0.0
-    good = sum(1 for c in text if c.isprintable() or c in "\n\r\t")
+    if text.isprintable():
+        return 1.0
+    good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t")
     return good / len(text)
 
 

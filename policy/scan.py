@@ -62,24 +62,32 @@ class Scan:
         return byte_span(view, start, end, len(self.data), self._cum)
 
 
-def _add_folded(scan: Scan, view: View) -> None:
+DESPACE, UNESCAPE, PAYLOAD = "despace", "unescape", "payload"
+ALL_VIEWS = frozenset({DESPACE, UNESCAPE, PAYLOAD})
+
+
+def _add_folded(scan: Scan, view: View, despace: bool = True) -> None:
     fv = FoldView(fold(view.text), "folded" if view.parent is None else view.layer, view, None, view.depth)
     scan.folded_views.append(fv)
-    dv = _despace_view(fv)
+    dv = _despace_view(fv) if despace else None
     if dv is not None:
         scan.folded_views.append(dv)
 
 
-def _expand(scan: Scan, view: View, max_depth: int, budget: list[int]) -> None:
+def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: frozenset[str] = ALL_VIEWS) -> None:
+    """Add ``view`` and what derives from it. ``derive`` names the derived views worth
+    building for this view (the triage pass knows where their triggers are); text that
+    triage never saw (unescaped or decoded) always gets every view."""
     scan.raw_views.append(view)
-    _add_folded(scan, view)
-    un = unescape_view(view)
+    _add_folded(scan, view, DESPACE in derive)
+    un = unescape_view(view) if UNESCAPE in derive else None
     if un is not None:
         scan.raw_views.append(un)
         _add_folded(scan, un)
     if view.depth >= max_depth or budget[0] <= 0:
         return
-    for source in (view, un) if un is not None else (view,):
+    sources = ([view] if PAYLOAD in derive else []) + ([un] if un is not None else [])
+    for source in sources:
         for start, end, layer, text in decoded_payloads(source, budget[0]):
             budget[0] -= len(text)
             child = View(text, layer, source, [(0, start, end, False)], view.depth + 1)
@@ -87,10 +95,11 @@ def _expand(scan: Scan, view: View, max_depth: int, budget: list[int]) -> None:
 
 
 def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: bytes = b"",
-            budget: list[int] | None = None) -> Scan:
+            budget: list[int] | None = None, derive: frozenset[str] = ALL_VIEWS) -> Scan:
     """Build every view of ``data`` the detectors need, within the given bounds.
     ``before`` is the input preceding ``data`` when ``data`` is a window of a larger
-    input; ``budget`` (a one-element list) is the decoding budget shared by windows."""
+    input; ``budget`` (a one-element list) is the decoding budget shared by windows;
+    ``derive`` limits the derived views of the root (see ``_expand``)."""
     if data.isascii():
         text = data.decode("ascii")
         invalid = 0
@@ -99,7 +108,7 @@ def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: b
         invalid = sum(len(m.group()) for m in _SURROGATE.finditer(text)) if not _valid_utf8(data) else 0
     root = View(text, "text")
     scan = Scan(data, root, root, invalid_utf8=invalid, before=before)
-    _expand(scan, root, max_depth, budget if budget is not None else [max_decoded])
+    _expand(scan, root, max_depth, budget if budget is not None else [max_decoded], derive)
     scan.folded = scan.folded_views[0]
     return scan
 

@@ -19,20 +19,39 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from fak.policy import detectors
 from fak.policy.hsdb import Multi, superset
 from fak.policy.matcher import max_width
-from fak.policy.normalize import fold
-from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS
+from fak.policy.normalize import View, decoded_payloads, fold
+from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64
+from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, UNESCAPE
 
 LEFT = 1024  # bytes kept before a hit: longest pattern (~500) plus discussion context (300)
 RIGHT = 512  # bytes kept after a hit: look-aheads and discussion context
-CUSTOM_CAP = 4096  # widest custom-regex match the regions are sized for
+RUN_MARGIN = 16  # bytes kept around a base64 or hex run (its decoded text is scanned on its own)
+CUSTOM_CAP = 4096
+TRUST_RUN = 256  # encoded runs longer than this are taken as payloads without a trial decode  # widest custom-regex match the regions are sized for
 
-_NON_ASCII = re.compile(rb"[\x80-\xff]+")
 _RUN_END = {TRIGGER: re.compile(rx) for TRIGGER, rx in zip(
     RUN_TRIGGERS, (rb"[A-Za-z0-9+/_-]*={0,2}", rb"(?:[0-9a-fA-F]{2}[ :]?)*"), strict=True)}
+
+
+NONE: frozenset[str] = frozenset()
+_TRIGGER_VIEWS = dict(zip(FOLDED_TRIGGERS, (frozenset({DESPACE}), frozenset({PAYLOAD}), frozenset({PAYLOAD}),
+                                           frozenset({UNESCAPE}), frozenset({UNESCAPE})), strict=True))
+Span = tuple[int, int, frozenset[str]]
+
+
+class Region(NamedTuple):
+    """A byte range that needs the full scan and the derived views its triggers call for."""
+
+    start: int
+    end: int
+    views: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -55,29 +74,65 @@ class Folded:
         return self.r_ends[i] + (pos - self.f_ends[i])
 
 
+_FOLD_MEMO: dict[bytes, bytes] = {}  # memo of a pure function: folded form of a non-ASCII run
+_FOLD_MEMO_MAX = 4096
+_MAX_RUN_MEMO = 64
+
+
+def _fold_run(run: bytes) -> bytes:
+    found = _FOLD_MEMO.get(run)
+    if found is None:
+        found = fold(run.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogatepass")
+        if len(run) <= _MAX_RUN_MEMO:
+            if len(_FOLD_MEMO) >= _FOLD_MEMO_MAX:
+                _FOLD_MEMO.clear()
+            _FOLD_MEMO[run] = found
+    return found
+
+
+def _non_ascii_runs(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of bytes >= 0x80 (whole UTF-8 characters), vectorised."""
+    idx = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) >= 0x80)
+    if not len(idx):
+        return []
+    cuts = np.flatnonzero(np.diff(idx) > 1)
+    starts = np.concatenate(([idx[0]], idx[cuts + 1]))
+    ends = np.concatenate((idx[cuts], [idx[-1]])) + 1
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
 def fold_bytes(data: bytes) -> Folded:
-    """``fold`` of the whole input, paying the per-code-point fold only on non-ASCII runs."""
+    """The input with every non-ASCII run replaced by its folded form (ASCII is left as is:
+    the native patterns ignore ASCII case)."""
     if data.isascii():
-        return Folded(data.lower(), [], [], [], [], [])
+        return Folded(data, [], [], [], [], [])
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
     parts: list[bytes] = []
     fs, fe, rs, re_, invalid = [], [], [], [], []
     pos = fpos = 0
-    for m in _NON_ASCII.finditer(data):
-        if m.start() > pos:
-            parts.append(data[pos : m.start()].lower())
-            fpos += m.start() - pos
-        text = m.group().decode("utf-8", "surrogateescape")
-        if any("\udc80" <= c <= "\udcff" for c in text):
-            invalid.append(m.start())
-        folded = fold(text).encode("utf-8", "surrogatepass")
+    for start, end in _non_ascii_runs(data):
+        if start > pos:
+            parts.append(data[pos:start])
+            fpos += start - pos
+        run = data[start:end]
+        if not valid:
+            try:
+                run.decode("utf-8")
+            except UnicodeDecodeError:
+                invalid.append(start)
+        folded = _fold_run(run)
         fs.append(fpos)
-        rs.append(m.start())
+        rs.append(start)
         parts.append(folded)
         fpos += len(folded)
         fe.append(fpos)
-        re_.append(m.end())
-        pos = m.end()
-    parts.append(data[pos:].lower())
+        re_.append(end)
+        pos = end
+    parts.append(data[pos:])
     return Folded(b"".join(parts), fs, fe, rs, re_, invalid)
 
 
@@ -113,6 +168,12 @@ def custom_triage(key: str, folded: list[re.Pattern[str]], raw: list[re.Pattern[
     return found
 
 
+def _decodes(data: bytes, start: int, stop: int) -> bool:
+    """A base64 or hex run is worth a region only if it decodes to mostly printable text."""
+    text = data[max(0, start - 1) : stop + 1].decode("ascii", "replace")
+    return bool(decoded_payloads(View(text, "text"), 1 << 30))
+
+
 def _boundary(data: bytes, pos: int) -> int:
     """Move ``pos`` back to the start of a UTF-8 character."""
     while 0 < pos < len(data) and 0x80 <= data[pos] < 0xC0:
@@ -120,43 +181,52 @@ def _boundary(data: bytes, pos: int) -> int:
     return pos
 
 
-def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) -> list[tuple[int, int]]:
-    """Byte ranges of ``data`` that need the full scan, merged and sorted; [] when clean."""
+def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) -> list[Region]:
+    """Byte ranges of ``data`` that need the full scan, merged and sorted, each with the
+    derived views its triggers call for; [] when the input is clean."""
     size = len(data)
     if custom is not None and not custom.ok:
-        return [(0, size)] if size else []
+        return [Region(0, size, ALL_VIEWS)] if size else []
     if custom is not None:
         left = max(left, custom.width + RIGHT)
     folded = fold_bytes(data)
-    spans: list[tuple[int, int]] = [(p, p) for p in folded.invalid]
+    spans: list[Span] = [(p, p, NONE) for p in folded.invalid]
+    runs: list[Span] = []  # encoded runs: decoded on their own, so little context
     n_inj = detectors.INJ.count
     for pid, ends in detectors.INJ.db.ends(folded.data).items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
+        views = _TRIGGER_VIEWS[trigger] if trigger is not None else NONE
         for end in ends:
             raw = folded.to_raw(end)
-            stop = run.match(data, raw).end() if run is not None else raw
-            spans.append((raw, stop))
+            if run is None:
+                spans.append((raw, raw, views))
+                continue
+            start = raw - 24 if trigger is TRIGGER_BASE64 else raw - 35
+            stop = run.match(data, raw).end()
+            if stop - start > TRUST_RUN or _decodes(data, max(0, start), stop):
+                runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, views))
     for ends in detectors.SEC.db.ends(data).values():
-        spans.extend((e, e) for e in ends)
+        spans.extend((e, e, NONE) for e in ends)
     if custom is not None:
         if custom.folded is not None:
             for ends in custom.folded.ends(folded.data).values():
-                spans.extend((folded.to_raw(e), folded.to_raw(e)) for e in ends)
+                spans.extend((folded.to_raw(e), folded.to_raw(e), NONE) for e in ends)
         if custom.raw is not None:
             for ends in custom.raw.ends(data).values():
-                spans.extend((e, e) for e in ends)
-    return _merge(data, spans, left)
+                spans.extend((e, e, NONE) for e in ends)
+    return _merge(data, [(max(0, a - left), b + RIGHT, v) for a, b, v in spans] + runs)
 
 
-def _merge(data: bytes, spans: list[tuple[int, int]], left: int) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
+def _merge(data: bytes, spans: list[Span]) -> list[Region]:
+    out: list[list] = []
     size = len(data)
-    for a, b in sorted(spans):
-        lo, hi = max(0, a - left), min(size, b + RIGHT)
+    for lo, hi, views in sorted(spans, key=lambda s: s[0]):
+        hi = min(size, hi)
         if out and lo <= out[-1][1]:
-            if hi > out[-1][1]:
-                out[-1] = (out[-1][0], hi)
+            last = out[-1]
+            last[1] = max(last[1], hi)
+            last[2] = last[2] | views
         else:
-            out.append((lo, hi))
-    return [(_boundary(data, lo), _boundary(data, hi)) for lo, hi in out]
+            out.append([lo, hi, views])
+    return [Region(_boundary(data, lo), _boundary(data, hi), views) for lo, hi, views in out]
