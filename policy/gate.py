@@ -142,7 +142,8 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule]) -> dict[st
     budget = [norm.max_decoded_bytes]
     for lo, hi, views in triage.hot_regions(data, triage_custom):
         scan = prepare(data[lo:hi], norm.max_decode_depth, norm.max_decoded_bytes,
-                       before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views)
+                       before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views,
+                       child_triage=None if custom else triage.text_views)
         cache: dict[str, list[Finding]] = {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)

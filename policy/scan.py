@@ -5,6 +5,7 @@ with the lazily built maps that take a span back to original bytes."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,8 +63,11 @@ class Scan:
         return byte_span(view, start, end, len(self.data), self._cum)
 
 
-DESPACE, UNESCAPE, PAYLOAD = "despace", "unescape", "payload"
-ALL_VIEWS = frozenset({DESPACE, UNESCAPE, PAYLOAD})
+# Which views of a text to build: ROOT (the text itself, raw and folded), de-spaced,
+# unescaped, decoded payloads. A text that triage found clean but for an encoded run
+# needs only its decoded payloads.
+ROOT, DESPACE, UNESCAPE, PAYLOAD = "root", "despace", "unescape", "payload"
+ALL_VIEWS = frozenset({ROOT, DESPACE, UNESCAPE, PAYLOAD})
 
 
 def _add_folded(scan: Scan, view: View, despace: bool = True) -> None:
@@ -74,12 +78,18 @@ def _add_folded(scan: Scan, view: View, despace: bool = True) -> None:
         scan.folded_views.append(dv)
 
 
-def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: frozenset[str] = ALL_VIEWS) -> None:
+ChildTriage = Callable[[str], "frozenset[str] | None"]
+
+
+def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: frozenset[str] = ALL_VIEWS,
+            child_triage: ChildTriage | None = None) -> None:
     """Add ``view`` and what derives from it. ``derive`` names the derived views worth
-    building for this view (the triage pass knows where their triggers are); text that
-    triage never saw (unescaped or decoded) always gets every view."""
-    scan.raw_views.append(view)
-    _add_folded(scan, view, DESPACE in derive)
+    building for this view (the triage pass knows where their triggers are). Decoded
+    text is new to triage: ``child_triage`` says which views it needs, or None when it
+    is clean (then it is not scanned at all); without it every view is built."""
+    if ROOT in derive:
+        scan.raw_views.append(view)
+        _add_folded(scan, view, DESPACE in derive)
     un = unescape_view(view) if UNESCAPE in derive else None
     if un is not None:
         scan.raw_views.append(un)
@@ -90,16 +100,21 @@ def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: f
     for source in sources:
         for start, end, layer, text in decoded_payloads(source, budget[0]):
             budget[0] -= len(text)
+            child_views = child_triage(text) if child_triage is not None else ALL_VIEWS
+            if child_views is None:
+                continue
             child = View(text, layer, source, [(0, start, end, False)], view.depth + 1)
-            _expand(scan, child, max_depth, budget)
+            _expand(scan, child, max_depth, budget, child_views, child_triage)
 
 
 def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: bytes = b"",
-            budget: list[int] | None = None, derive: frozenset[str] = ALL_VIEWS) -> Scan:
+            budget: list[int] | None = None, derive: frozenset[str] = ALL_VIEWS,
+            child_triage: ChildTriage | None = None) -> Scan:
     """Build every view of ``data`` the detectors need, within the given bounds.
     ``before`` is the input preceding ``data`` when ``data`` is a window of a larger
     input; ``budget`` (a one-element list) is the decoding budget shared by windows;
-    ``derive`` limits the derived views of the root (see ``_expand``)."""
+    ``derive`` limits the derived views of the root, ``child_triage`` those of decoded
+    text (see ``_expand``)."""
     if data.isascii():
         text = data.decode("ascii")
         invalid = 0
@@ -108,8 +123,8 @@ def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: b
         invalid = sum(len(m.group()) for m in _SURROGATE.finditer(text)) if not _valid_utf8(data) else 0
     root = View(text, "text")
     scan = Scan(data, root, root, invalid_utf8=invalid, before=before)
-    _expand(scan, root, max_depth, budget if budget is not None else [max_decoded], derive)
-    scan.folded = scan.folded_views[0]
+    _expand(scan, root, max_depth, budget if budget is not None else [max_decoded], derive, child_triage)
+    scan.folded = scan.folded_views[0] if scan.folded_views else FoldView(fold(text), "folded", root, None, 0)
     return scan
 
 

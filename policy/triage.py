@@ -25,10 +25,10 @@ import numpy as np
 
 from fak.policy import detectors
 from fak.policy.hsdb import Multi, superset
-from fak.policy.matcher import max_width
+from fak.policy.matcher import encode, max_width
 from fak.policy.normalize import View, decoded_payloads, fold
 from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64
-from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, UNESCAPE
+from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, ROOT, UNESCAPE
 
 LEFT = 1024  # bytes kept before a hit: longest pattern (~500) plus discussion context (300)
 RIGHT = 512  # bytes kept after a hit: look-aheads and discussion context
@@ -40,9 +40,9 @@ _RUN_END = {TRIGGER: re.compile(rx) for TRIGGER, rx in zip(
     RUN_TRIGGERS, (rb"[A-Za-z0-9+/_-]*={0,2}", rb"(?:[0-9a-fA-F]{2}[ :]?)*"), strict=True)}
 
 
-NONE: frozenset[str] = frozenset()
-_TRIGGER_VIEWS = dict(zip(FOLDED_TRIGGERS, (frozenset({DESPACE}), frozenset({PAYLOAD}), frozenset({PAYLOAD}),
-                                           frozenset({UNESCAPE}), frozenset({UNESCAPE})), strict=True))
+NONE: frozenset[str] = frozenset({ROOT})  # a hit in the text itself: scan the text, derive nothing
+_TRIGGER_VIEWS = dict(zip(FOLDED_TRIGGERS, (frozenset({ROOT, DESPACE}), frozenset({PAYLOAD}), frozenset({PAYLOAD}),
+                                           frozenset({ROOT, UNESCAPE}), frozenset({ROOT, UNESCAPE})), strict=True))
 Span = tuple[int, int, frozenset[str]]
 
 
@@ -230,3 +230,18 @@ def _merge(data: bytes, spans: list[Span]) -> list[Region]:
         else:
             out.append([lo, hi, views])
     return [Region(_boundary(data, lo), _boundary(data, hi), views) for lo, hi, views in out]
+
+
+def text_views(text: str) -> frozenset[str] | None:
+    """Triage of decoded text (a whole, small input of its own): None when it is clean,
+    else the derived views its triggers call for (possibly none: the text itself only)."""
+    data = encode(text)
+    folded = fold_bytes(data)
+    found = detectors.SEC.db.ends(data)
+    if folded.invalid:
+        found[-1] = [0]
+    views: frozenset[str] = NONE if found else frozenset()
+    n_inj = detectors.INJ.count
+    for pid in detectors.INJ.db.ends(folded.data):
+        views = views | (_TRIGGER_VIEWS[FOLDED_TRIGGERS[pid - n_inj]] if pid >= n_inj else NONE)
+    return views or None
