@@ -68,15 +68,19 @@ class Matcher:
         self._db: Multi | None = None
         self._lock = threading.Lock()
 
+    def native(self) -> tuple[list[bytes], list[bool]]:
+        """The native patterns (regexes then extras) and whether each ignores ASCII case."""
+        flags = [self.caseless or bool(rx.flags & re.IGNORECASE) for rx in self.regexes]
+        pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
+        return pats + self._extra, flags + [self.caseless] * len(self._extra)
+
     @property
     def db(self) -> Multi:
         """Built on first use (compiling takes a fraction of a second), then shared."""
         if self._db is None:
             with self._lock:
                 if self._db is None:
-                    flags = [self.caseless or bool(rx.flags & re.IGNORECASE) for rx in self.regexes]
-                    pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
-                    self._db = Multi(pats + self._extra, caseless=flags + [self.caseless] * len(self._extra))
+                    self._db = Multi(*self.native())
         return self._db
 
     @property

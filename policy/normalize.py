@@ -28,6 +28,9 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from fak.policy.matcher import Matcher, char_offsets, encode
+from fak.policy.patterns import TRIGGER_BASE64, TRIGGER_HEX
+
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u00ad\u034f\u115f\u1160\u3164\uffa0\u17b4\u17b5"
 BIDI = "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c"
 _REMOVE = set(ZERO_WIDTH + BIDI)
@@ -42,7 +45,9 @@ _CONFUSABLE_SRC = {
     "A": "АΑ", "B": "ВΒ", "C": "СϹ", "E": "ЕΕ", "H": "НΗ", "I": "ІΙ", "J": "Ј", "K": "КΚ", "M": "МΜ",
     "N": "Ν", "O": "ОΟ", "P": "РΡ", "S": "Ѕ", "T": "ТΤ", "X": "ХΧ", "Y": "ΥҮ", "Z": "Ζ",
 }
-CONFUSABLES = {src: dst for dst, srcs in _CONFUSABLE_SRC.items() for src in srcs}
+# ASCII is never folded to other ASCII (a backtick stays a backtick, so code fences are
+# seen the same way in ASCII and non-ASCII text; the ASCII fast path of ``fold`` relies on it).
+CONFUSABLES = {src: dst for dst, srcs in _CONFUSABLE_SRC.items() for src in srcs if not src.isascii()}
 
 
 def _fold_once(char: str) -> str:
@@ -85,9 +90,22 @@ class _FoldTable(dict):
 _TABLE = _FoldTable()
 
 
+_NON_ASCII_TEXT = re.compile("[^\x00-\x7f]+")
+
+
 def fold(text: str) -> str:
-    """Per-code-point folding (see module doc)."""
-    return text.lower() if text.isascii() else text.translate(_TABLE)
+    """Per-code-point folding (see module doc). ASCII folds to its lower case, so only the
+    non-ASCII runs go through the (slower) per-code-point table."""
+    if text.isascii():
+        return text.lower()
+    out: list[str] = []
+    pos = 0
+    for m in _NON_ASCII_TEXT.finditer(text):
+        out.append(text[pos : m.start()].lower())
+        out.append(m.group().translate(_TABLE))
+        pos = m.end()
+    out.append(text[pos:].lower())
+    return "".join(out)
 
 
 _RUN = re.compile(r"(?<!\S)(?:\S[ \t]{1,3}){3,}\S(?!\S)")
@@ -298,14 +316,37 @@ def may_have_payload(text: str) -> bool:
     return b"a" * 24 in _classes(text, _B64_CLASS) or b"hhshhshhshhshhshh" in _classes(text, _HEX_CLASS)
 
 
+_RUN_LOCATOR: list[Matcher] = []
+
+
+def _run_starts(text: str) -> tuple[list[int], list[int]]:
+    """Where base64-looking and hex-looking runs may start (character offsets), found
+    natively; each is confirmed by ``_B64``/``_HEX`` at that place."""
+    if not _RUN_LOCATOR:
+        _RUN_LOCATOR.append(Matcher([], [], (TRIGGER_BASE64, TRIGGER_HEX), caseless=True))
+    data = encode(text)
+    ends = _RUN_LOCATOR[0].db.ends(data)
+    if not ends:
+        return [], []
+    cum = None if len(data) == len(text) else char_offsets(text, data)
+
+    def chars(points: list[int]) -> list[int]:
+        return points if cum is None else np.searchsorted(cum, points).tolist()
+
+    b64 = [max(0, p - 24) for p in chars(ends.get(0, []))]
+    hexes = [max(0, p - 37) for p in chars(ends.get(1, []))]
+    return b64, hexes
+
+
 def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]:
     """Base64 and hex runs of ``root`` that decode to mostly printable text:
     (start, end, layer, decoded text), within a byte budget."""
     out: list[tuple[int, int, str, str]] = []
     text = root.text
-    if not may_have_payload(text):
+    b64_starts, hex_starts = _run_starts(text)
+    if not b64_starts and not hex_starts:
         return out
-    for m in _B64.finditer(text):
+    for m in _confirmed(_B64, text, b64_starts):
         if budget <= 0:
             break
         run = m.group()
@@ -318,7 +359,7 @@ def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]
                 out.append((m.start() + shift, m.end(), "base64", decoded))
                 budget -= len(raw)
                 break
-    for m in _HEX.finditer(text):
+    for m in _confirmed(_HEX, text, sorted(set(hex_starts + b64_starts)), 13):
         if budget <= 0:
             break
         digits = re.sub(r"[ :]", "", m.group())
@@ -333,6 +374,18 @@ def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]
             out.append((m.start(), m.end(), "hex", decoded))
             budget -= len(raw)
     return out
+
+
+def _confirmed(rx: re.Pattern[str], text: str, starts: list[int], slack: int = 0):
+    """Matches of ``rx`` beginning at a candidate start (or up to ``slack`` after it), once each."""
+    last = -1
+    for start in starts:
+        for pos in range(max(start, last), start + slack + 1):
+            m = rx.match(text, pos)
+            if m is not None:
+                last = m.end()
+                yield m
+                break
 
 
 def _b64(run: str) -> bytes | None:

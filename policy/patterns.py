@@ -183,7 +183,7 @@ LINE_START = {"role.line_header"}
 # where it can, so long runs cost one callback.
 TRIGGER_DESPACE = rb"(?:^|\s)[a-z][ \t]{1,3}[a-z][ \t]{1,3}[a-z](?:\s|$)"  # three single letters in a row
 TRIGGER_BASE64 = rb"(?:^|[^a-z0-9+/_-])[a-z0-9+/_-]{24}"  # start of a base64-looking run
-TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]){11}[0-9a-f]{2}"  # start of a spaced hex run
+TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]?){12}"  # start of a hex run (pairs, optional separators)
 TRIGGER_PERCENT = rb"%[0-9a-f]{2}"
 TRIGGER_ENTITY = rb"&#"
 FOLDED_TRIGGERS = (TRIGGER_DESPACE, TRIGGER_BASE64, TRIGGER_HEX, TRIGGER_PERCENT, TRIGGER_ENTITY)

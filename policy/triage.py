@@ -17,6 +17,7 @@ base64 or hex run is kept whole so it can be decoded.
 from __future__ import annotations
 
 import re
+import threading
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,8 +34,8 @@ from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, ROOT, UNESCAPE
 LEFT = 1024  # bytes kept before a hit: longest pattern (~500) plus discussion context (300)
 RIGHT = 512  # bytes kept after a hit: look-aheads and discussion context
 RUN_MARGIN = 16  # bytes kept around a base64 or hex run (its decoded text is scanned on its own)
-CUSTOM_CAP = 4096
-TRUST_RUN = 256  # encoded runs longer than this are taken as payloads without a trial decode  # widest custom-regex match the regions are sized for
+CUSTOM_CAP = 4096  # widest custom-regex match the regions are sized for
+TRIAL_DECODE_BYTES = 1 << 22  # decoded bytes triage may look at per input before it stops proving runs clean
 
 _RUN_END = {TRIGGER: re.compile(rx) for TRIGGER, rx in zip(
     RUN_TRIGGERS, (rb"[A-Za-z0-9+/_-]*={0,2}", rb"(?:[0-9a-fA-F]{2}[ :]?)*"), strict=True)}
@@ -74,6 +75,7 @@ class Folded:
         return self.r_ends[i] + (pos - self.f_ends[i])
 
 
+_NON_ASCII = re.compile(rb"[\x80-\xff]+")
 _FOLD_MEMO: dict[bytes, bytes] = {}  # memo of a pure function: folded form of a non-ASCII run
 _FOLD_MEMO_MAX = 4096
 _MAX_RUN_MEMO = 64
@@ -91,7 +93,10 @@ def _fold_run(run: bytes) -> bytes:
 
 
 def _non_ascii_runs(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of each maximal run of bytes >= 0x80 (whole UTF-8 characters), vectorised."""
+    """(start, end) of each maximal run of bytes >= 0x80 (whole UTF-8 characters), vectorised
+    for large inputs."""
+    if len(data) < 8192:
+        return [m.span() for m in _NON_ASCII.finditer(data)]
     idx = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) >= 0x80)
     if not len(idx):
         return []
@@ -168,10 +173,18 @@ def custom_triage(key: str, folded: list[re.Pattern[str]], raw: list[re.Pattern[
     return found
 
 
-def _decodes(data: bytes, start: int, stop: int) -> bool:
-    """A base64 or hex run is worth a region only if it decodes to mostly printable text."""
+def _payload_hot(data: bytes, start: int, stop: int, budget: list[int]) -> bool:
+    """Does the base64 or hex run at ``data[start:stop]`` hide anything? Its decoded text
+    is triaged like an input of its own; a run that decodes to nothing printable, or to
+    clean text, needs no region. Past the trial budget every run is taken as hot."""
+    if budget[0] <= 0:
+        return True
     text = data[max(0, start - 1) : stop + 1].decode("ascii", "replace")
-    return bool(decoded_payloads(View(text, "text"), 1 << 30))
+    for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0]):
+        budget[0] -= len(decoded)
+        if text_views(decoded) is not None:
+            return True
+    return False
 
 
 def _boundary(data: bytes, pos: int) -> int:
@@ -192,8 +205,10 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
     folded = fold_bytes(data)
     spans: list[Span] = [(p, p, NONE) for p in folded.invalid]
     runs: list[Span] = []  # encoded runs: decoded on their own, so little context
+    trial = [TRIAL_DECODE_BYTES]
     n_inj = detectors.INJ.count
-    for pid, ends in detectors.INJ.db.ends(folded.data).items():
+    inj_ends, sec_ends = _scan_both(data, folded)
+    for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
         views = _TRIGGER_VIEWS[trigger] if trigger is not None else NONE
@@ -202,11 +217,11 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
             if run is None:
                 spans.append((raw, raw, views))
                 continue
-            start = raw - 24 if trigger is TRIGGER_BASE64 else raw - 35
+            start = raw - 24 if trigger is TRIGGER_BASE64 else raw - 37
             stop = run.match(data, raw).end()
-            if stop - start > TRUST_RUN or _decodes(data, max(0, start), stop):
+            if _payload_hot(data, max(0, start), stop, trial):
                 runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, views))
-    for ends in detectors.SEC.db.ends(data).values():
+    for ends in sec_ends.values():
         spans.extend((e, e, NONE) for e in ends)
     if custom is not None:
         if custom.folded is not None:
@@ -232,16 +247,48 @@ def _merge(data: bytes, spans: list[Span]) -> list[Region]:
     return [Region(_boundary(data, lo), _boundary(data, hi), views) for lo, hi, views in out]
 
 
+_BOTH: list[Multi] = []  # built once: [database]; _SPLIT[0] is the first secret id in it
+_SPLIT: list[int] = []
+_BOTH_LOCK = threading.Lock()
+
+
+def _both() -> Multi:
+    """Injection vocabulary and triggers (caseless) with the secret formats and raw triggers
+    (case-sensitive) in one database: an ASCII text needs a single scan."""
+    if not _BOTH:
+        with _BOTH_LOCK:
+            if not _BOTH:
+                inj, inj_flags = detectors.INJ.native()
+                sec, sec_flags = detectors.SEC.native()
+                _SPLIT.append(len(inj))
+                _BOTH.append(Multi(inj + sec, caseless=inj_flags + sec_flags))
+    return _BOTH[0]
+
+
+def _scan_both(data: bytes, folded: Folded) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """(injection + trigger ends on the folded input, secret + raw-trigger ends on the raw bytes)."""
+    if folded.data is data:  # ASCII: folded and raw are the same bytes
+        both = _both()
+        split = _SPLIT[0]
+        inj: dict[int, list[int]] = {}
+        sec: dict[int, list[int]] = {}
+        for pid, ends in both.ends(data).items():
+            if pid < split:
+                inj[pid] = ends
+            else:
+                sec[pid - split] = ends
+        return inj, sec
+    return detectors.INJ.db.ends(folded.data), detectors.SEC.db.ends(data)
+
+
 def text_views(text: str) -> frozenset[str] | None:
     """Triage of decoded text (a whole, small input of its own): None when it is clean,
     else the derived views its triggers call for (possibly none: the text itself only)."""
     data = encode(text)
     folded = fold_bytes(data)
-    found = detectors.SEC.db.ends(data)
-    if folded.invalid:
-        found[-1] = [0]
-    views: frozenset[str] = NONE if found else frozenset()
+    inj, sec = _scan_both(data, folded)
+    views: frozenset[str] = NONE if sec or folded.invalid else frozenset()
     n_inj = detectors.INJ.count
-    for pid in detectors.INJ.db.ends(folded.data):
+    for pid in inj:
         views = views | (_TRIGGER_VIEWS[FOLDED_TRIGGERS[pid - n_inj]] if pid >= n_inj else NONE)
     return views or None
