@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import zlib
 from collections import Counter
 from dataclasses import dataclass
 
-from fak.policy.matcher import Matcher
-from fak.policy.normalize import View
+from fak.policy.hsdb import Multi
+from fak.policy.matcher import Matcher, encode
+from fak.policy.normalize import FoldView, View
 from fak.policy.patterns import (
     DISCUSSION,
     FOLDED_TRIGGERS,
@@ -55,6 +57,28 @@ _LINE_START_NATIVE = rb"(?:^|\n)[ \t>#*_-]*"  # what _at_line_start accepts befo
 INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS,
               {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START}, caseless=True)
 SEC = Matcher([e[3] for e in _SECRETS], [SECRET_SPAN.get(e[0], SECRET_DEFAULT_SPAN) for e in _SECRETS], RAW_TRIGGERS)
+_NATIVE: list[tuple[Multi, int]] = []
+_NATIVE_LOCK = threading.Lock()
+
+
+def native() -> tuple[Multi, int]:
+    """Both vocabularies in one native database, compiled once per process: (database, id of
+    the first secret pattern). INJ and SEC scan it, each keeping its own ids; an ASCII text
+    (where folded and raw bytes agree) needs a single scan for both."""
+    if not _NATIVE:
+        with _NATIVE_LOCK:
+            if not _NATIVE:
+                inj, inj_flags = INJ.native()
+                sec, sec_flags = SEC.native()
+                db = Multi(inj + sec, caseless=inj_flags + sec_flags)
+                INJ.share(db, 0)
+                SEC.share(db, len(inj))
+                _NATIVE.append((db, len(inj)))
+    return _NATIVE[0]
+
+
+
+INJ.provider = SEC.provider = native
 
 
 def _quoted(text: str, start: int, before: str = "") -> bool:
@@ -80,13 +104,40 @@ def _at_line_start(text: str, pos: int) -> bool:
     return text[text.rfind("\n", 0, pos) + 1 : pos].strip(" \t>#*_-") == ""
 
 
+def _native_ends(scan: Scan, text: str) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """(injection ends, secret ends) of one native scan of ``text``, memoised per scan so
+    the injection and secrets detectors share it."""
+    found = scan.native.get(text)
+    if found is None:
+        db, split = native()
+        inj: dict[int, list[int]] = {}
+        sec: dict[int, list[int]] = {}
+        for pid, ends in db.ends(encode(text)).items():
+            if pid < split:
+                inj[pid] = ends
+            else:
+                sec[pid - split] = ends
+        found = scan.native[text] = (inj, sec)
+    return found
+
+
+def _scanned_text(view: View) -> str:
+    """The text whose native scan serves ``view``: a folded ASCII view is its parent lower-cased,
+    and the injection patterns ignore ASCII case, so the parent's scan (shared with the
+    secrets detector) gives the same ends."""
+    parent = view.parent
+    if isinstance(view, FoldView) and parent is not None and len(parent.text) == len(view.text) and parent.text.isascii():
+        return parent.text
+    return view.text
+
+
 def injection(scan: Scan) -> list[Finding]:
     out: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
     for view in scan.folded_views:
         text = view.text
         before = scan.before_folded if view.depth == 0 else ""
-        for n, m in INJ.finditer(text):
+        for n, m in INJ.finditer(text, _native_ends(scan, _scanned_text(view))[0]):
             name, family, weight, _, _ = _INJECTION[n]
             if name in LINE_START and not _at_line_start(text, m.start()):
                 continue
@@ -122,7 +173,7 @@ def secrets(scan: Scan) -> list[Finding]:
     seen: set[tuple[int, int]] = set()
     for view in scan.raw_views:
         text = view.text
-        for n, m in SEC.finditer(text):
+        for n, m in SEC.finditer(text, _native_ends(scan, text)[1]):
             name, family, weight, rx, _ = _SECRETS[n]
             group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
             if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):

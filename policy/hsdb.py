@@ -77,6 +77,7 @@ class Multi:
 
     def __init__(self, patterns: Sequence[bytes], caseless: Sequence[int] | None = None) -> None:
         self.db = hyperscan.Database()
+        self.size = len(patterns)
         base = hyperscan.HS_FLAG_ALLOWEMPTY
         flags = [base | (hyperscan.HS_FLAG_CASELESS if c else 0) for c in (caseless or [0] * len(patterns))]
         self.db.compile(expressions=list(patterns), ids=list(range(len(patterns))), elements=len(patterns),

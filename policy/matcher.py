@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -66,6 +66,8 @@ class Matcher:
         self.widths = [max_width(rx.pattern, cap) for rx, cap in zip(regexes, caps, strict=True)]
         self._extra = list(extra)
         self._db: Multi | None = None
+        self._offset = 0
+        self.provider: Callable[[], object] | None = None  # wires a shared database in (see ``share``)
         self._lock = threading.Lock()
 
     def native(self) -> tuple[list[bytes], list[bool]]:
@@ -74,23 +76,49 @@ class Matcher:
         pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
         return pats + self._extra, flags + [self.caseless] * len(self._extra)
 
+    def share(self, db: Multi, offset: int) -> None:
+        """Use ``db``, a database holding this matcher's ``native()`` patterns from id
+        ``offset`` on (several matchers can share one compile and one scan)."""
+        self._db, self._offset = db, offset
+
     @property
     def db(self) -> Multi:
         """Built on first use (compiling takes a fraction of a second), then shared."""
+        if self._db is None and self.provider is not None:
+            self.provider()
         if self._db is None:
             with self._lock:
                 if self._db is None:
-                    self._db = Multi(*self.native())
+                    self._db, self._offset = Multi(*self.native()), 0
         return self._db
 
     @property
     def count(self) -> int:
         return len(self.regexes)
 
-    def finditer(self, text: str) -> Iterator[tuple[int, re.Match[str]]]:
-        """(regex index, match) for the matches of every regex, leftmost first per regex."""
+    def ends(self, data: bytes) -> dict[int, list[int]]:
+        """Native match ends of this matcher's patterns (ids relative to it: regexes, then extras)."""
+        db = self.db
+        offset = self._offset
+        if offset == 0 and self._size == self._total(db):
+            return db.ends(data)
+        top = offset + self._size
+        return {pid - offset: e for pid, e in db.ends(data).items() if offset <= pid < top}
+
+    @property
+    def _size(self) -> int:
+        return len(self.regexes) + len(self._extra)
+
+    @staticmethod
+    def _total(db: Multi) -> int:
+        return db.size
+
+    def finditer(self, text: str, ends: dict[int, list[int]] | None = None) -> Iterator[tuple[int, re.Match[str]]]:
+        """(regex index, match) for the matches of every regex, leftmost first per regex.
+        ``ends``: this matcher's native ends on ``encode(text)`` when already known."""
         data = encode(text)
-        ends = self.db.ends(data)
+        if ends is None:
+            ends = self.ends(data)
         if not ends:
             return
         length = len(text)

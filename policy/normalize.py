@@ -338,12 +338,14 @@ def _run_starts(text: str) -> tuple[list[int], list[int]]:
     return b64, hexes
 
 
-def decoded_payloads(root: View, budget: int) -> list[tuple[int, int, str, str]]:
+def decoded_payloads(root: View, budget: int,
+                     starts: tuple[list[int], list[int]] | None = None) -> list[tuple[int, int, str, str]]:
     """Base64 and hex runs of ``root`` that decode to mostly printable text:
-    (start, end, layer, decoded text), within a byte budget."""
+    (start, end, layer, decoded text), within a byte budget. ``starts`` (base64, hex
+    candidate starts) skips locating the runs when the caller knows them."""
     out: list[tuple[int, int, str, str]] = []
     text = root.text
-    b64_starts, hex_starts = _run_starts(text)
+    b64_starts, hex_starts = starts if starts is not None else _run_starts(text)
     if not b64_starts and not hex_starts:
         return out
     for m in _confirmed(_B64, text, b64_starts):

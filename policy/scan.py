@@ -48,6 +48,7 @@ class Scan:
     _cum: np.ndarray | None = None
     _cum_ready: bool = False
     _before_folded: str | None = None
+    native: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = field(default_factory=dict, repr=False)
 
     @property
     def before_folded(self) -> str:

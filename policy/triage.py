@@ -17,7 +17,6 @@ base64 or hex run is kept whole so it can be decoded.
 from __future__ import annotations
 
 import re
-import threading
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -173,18 +172,27 @@ def custom_triage(key: str, folded: list[re.Pattern[str]], raw: list[re.Pattern[
     return found
 
 
-def _payload_hot(data: bytes, start: int, stop: int, budget: list[int]) -> bool:
-    """Does the base64 or hex run at ``data[start:stop]`` hide anything? Its decoded text
-    is triaged like an input of its own; a run that decodes to nothing printable, or to
-    clean text, needs no region. Past the trial budget every run is taken as hot."""
-    if budget[0] <= 0:
-        return True
-    text = data[max(0, start - 1) : stop + 1].decode("ascii", "replace")
-    for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0]):
-        budget[0] -= len(decoded)
-        if text_views(decoded) is not None:
-            return True
-    return False
+def _hot_runs(data: bytes, runs: list[tuple[int, int]], budget: list[int]) -> list[tuple[int, int]]:
+    """The base64 or hex runs that may hide something. Each run's decoded text is triaged
+    like an input of its own (all of them in one native pass); a run that decodes to
+    nothing printable, or only to clean text, needs no region. Past the trial budget
+    every run is taken as hot."""
+    hot: list[tuple[int, int]] = []
+    texts: list[str] = []
+    owners: list[int] = []
+    for n, (start, stop) in enumerate(runs):
+        if budget[0] <= 0:
+            hot.append((start, stop))
+            continue
+        lo = max(0, start - 1)
+        text = data[lo : stop + 1].decode("ascii", "replace")
+        for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0], ([start - lo], [start - lo])):
+            budget[0] -= len(decoded)
+            texts.append(decoded)
+            owners.append(n)
+    flagged = {owners[i] for i, views in enumerate(texts_views(texts)) if views is not None}
+    hot.extend(runs[n] for n in sorted(flagged))
+    return hot
 
 
 def _boundary(data: bytes, pos: int) -> int:
@@ -208,19 +216,20 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
     trial = [TRIAL_DECODE_BYTES]
     n_inj = detectors.INJ.count
     inj_ends, sec_ends = _scan_both(data, folded)
+    candidates: dict[int, int] = {}  # run end -> run start, for base64/hex runs
     for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
         views = _TRIGGER_VIEWS[trigger] if trigger is not None else NONE
-        for end in ends:
-            raw = folded.to_raw(end)
+        for raw in ends:
             if run is None:
                 spans.append((raw, raw, views))
                 continue
-            start = raw - 24 if trigger is TRIGGER_BASE64 else raw - 37
+            start = max(0, raw - 24 if trigger is TRIGGER_BASE64 else raw - 37)
             stop = run.match(data, raw).end()
-            if _payload_hot(data, max(0, start), stop, trial):
-                runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, views))
+            candidates[stop] = min(start, candidates.get(stop, start))
+    for start, stop in _hot_runs(data, [(a, b) for b, a in sorted(candidates.items())], trial):
+        runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
     for ends in sec_ends.values():
         spans.extend((e, e, NONE) for e in ends)
     if custom is not None:
@@ -247,48 +256,79 @@ def _merge(data: bytes, spans: list[Span]) -> list[Region]:
     return [Region(_boundary(data, lo), _boundary(data, hi), views) for lo, hi, views in out]
 
 
-_BOTH: list[Multi] = []  # built once: [database]; _SPLIT[0] is the first secret id in it
-_SPLIT: list[int] = []
-_BOTH_LOCK = threading.Lock()
-
-
-def _both() -> Multi:
-    """Injection vocabulary and triggers (caseless) with the secret formats and raw triggers
-    (case-sensitive) in one database: an ASCII text needs a single scan."""
-    if not _BOTH:
-        with _BOTH_LOCK:
-            if not _BOTH:
-                inj, inj_flags = detectors.INJ.native()
-                sec, sec_flags = detectors.SEC.native()
-                _SPLIT.append(len(inj))
-                _BOTH.append(Multi(inj + sec, caseless=inj_flags + sec_flags))
-    return _BOTH[0]
+FOLD_WINDOW = 512  # folded bytes scanned on each side of a non-ASCII run (longest pattern looked for)
 
 
 def _scan_both(data: bytes, folded: Folded) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """(injection + trigger ends on the folded input, secret + raw-trigger ends on the raw bytes)."""
-    if folded.data is data:  # ASCII: folded and raw are the same bytes
-        both = _both()
-        split = _SPLIT[0]
-        inj: dict[int, list[int]] = {}
-        sec: dict[int, list[int]] = {}
-        for pid, ends in both.ends(data).items():
-            if pid < split:
-                inj[pid] = ends
-            else:
-                sec[pid - split] = ends
+    """(injection + trigger ends, secret + raw-trigger ends), both as raw byte offsets.
+
+    One native scan of the raw bytes serves both vocabularies (the injection patterns ignore
+    ASCII case, so on ASCII stretches raw and folded bytes match alike); the folded bytes are
+    scanned again only in windows around the non-ASCII runs, where folding changes them."""
+    both, split = detectors.native()
+    inj: dict[int, list[int]] = {}
+    sec: dict[int, list[int]] = {}
+    for pid, ends in both.ends(data).items():
+        if pid < split:
+            inj[pid] = ends
+        else:
+            sec[pid - split] = ends
+    if folded.data is data:
         return inj, sec
-    return detectors.INJ.db.ends(folded.data), detectors.SEC.db.ends(data)
+    windows: list[list[int]] = []
+    for fs, fe in zip(folded.f_starts, folded.f_ends, strict=True):
+        lo, hi = max(0, fs - FOLD_WINDOW), fe + FOLD_WINDOW
+        if windows and lo <= windows[-1][1]:
+            windows[-1][1] = hi
+        else:
+            windows.append([lo, hi])
+    for lo, hi in windows:
+        for pid, ends in detectors.INJ.ends(folded.data[lo:hi]).items():
+            inj.setdefault(pid, []).extend(folded.to_raw(lo + e) for e in ends)
+    return inj, sec
+
+
+_SEPARATOR = b"\n" * 8  # between texts scanned together (a hit across it only costs a region)
+
+
+def texts_views(texts: list[str]) -> list[frozenset[str] | None]:
+    """Triage of decoded texts (each a small input of its own), all in one native pass:
+    per text None when it is clean, else the derived views its triggers call for
+    (possibly none but the text itself)."""
+    if not texts:
+        return []
+    parts = [encode(t) for t in texts]
+    data = _SEPARATOR.join(parts)
+    starts: list[int] = []
+    pos = 0
+    for part in parts:
+        starts.append(pos)
+        pos += len(part) + len(_SEPARATOR)
+    folded = fold_bytes(data)
+    inj, sec = _scan_both(data, folded)
+    out: list[frozenset[str] | None] = [None] * len(texts)
+
+    def mark(end: int, views: frozenset[str]) -> None:
+        if end >= len(data):  # a match running to the very end (\z) may belong to any text
+            for i in range(len(out)):
+                out[i] = (out[i] or frozenset()) | views
+            return
+        i = max(0, bisect_right(starts, end) - 1)
+        out[i] = (out[i] or frozenset()) | views
+
+    for ends in sec.values():
+        for end in ends:
+            mark(end, NONE)
+    for raw in folded.invalid:
+        mark(raw, NONE)
+    n_inj = detectors.INJ.count
+    for pid, ends in inj.items():
+        views = _TRIGGER_VIEWS[FOLDED_TRIGGERS[pid - n_inj]] if pid >= n_inj else NONE
+        for end in ends:
+            mark(end, views)
+    return out
 
 
 def text_views(text: str) -> frozenset[str] | None:
-    """Triage of decoded text (a whole, small input of its own): None when it is clean,
-    else the derived views its triggers call for (possibly none: the text itself only)."""
-    data = encode(text)
-    folded = fold_bytes(data)
-    inj, sec = _scan_both(data, folded)
-    views: frozenset[str] = NONE if sec or folded.invalid else frozenset()
-    n_inj = detectors.INJ.count
-    for pid in inj:
-        views = views | (_TRIGGER_VIEWS[FOLDED_TRIGGERS[pid - n_inj]] if pid >= n_inj else NONE)
-    return views or None
+    """``texts_views`` of one text."""
+    return texts_views([text])[0]
