@@ -54,7 +54,11 @@ def main() -> None:
 
     def fak_generate(n: int) -> list[int]:
         cache = model.new_cache(len(short_ids) + n + 8)
-        return list(generate(model, cache, short_ids, SamplingParams(max_tokens=n)))
+        return list(generate(model, cache, short_ids, SamplingParams(max_tokens=n, min_tokens=n, stop_token_ids=eos)))
+
+    # both sides run exactly n greedy steps with end-of-sequence masked until then
+    # (transformers' min_new_tokens, fak's min_tokens), so the tokens must agree
+    eos = frozenset({tok.eos_token_id})
 
     def hf_generate(ids: list[int], n: int) -> list[int]:
         x = torch.tensor([ids])

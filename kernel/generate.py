@@ -15,6 +15,7 @@ from fak.kernel.model import Llama
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 128
+    min_tokens: int = 0  # stop tokens are masked until this many tokens were generated
     temperature: float = 0.0  # 0 → greedy
     top_p: float = 1.0
     seed: int | None = None
@@ -23,6 +24,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
             raise ValueError("max_tokens must be ≥ 0")
+        if not 0 <= self.min_tokens <= max(self.max_tokens, 0):
+            raise ValueError("min_tokens must be between 0 and max_tokens")
         if self.temperature < 0:
             raise ValueError("temperature must be ≥ 0")
         if not 0 < self.top_p <= 1:
@@ -64,8 +67,13 @@ def generate(
         logits = model.forward(prompt, cache)
     if logits is None:
         raise ValueError("generate needs a prompt or the logits of a previous forward")
+    stops = torch.tensor(sorted(params.stop_token_ids), dtype=torch.int64) if params.min_tokens else None
     for i in range(params.max_tokens):
-        token = sample(logits[-1], params, generator)
+        row = logits[-1]
+        if stops is not None and i < params.min_tokens:
+            row = row.clone()
+            row[stops.to(row.device)] = float("-inf")
+        token = sample(row, params, generator)
         yield token
         if token in params.stop_token_ids or i == params.max_tokens - 1:
             return

@@ -105,3 +105,19 @@ def test_top_p_keeps_only_the_nucleus() -> None:
     g = torch.Generator().manual_seed(0)
     picks = {sample(logits, SamplingParams(temperature=1.0, top_p=0.5), g) for _ in range(50)}
     assert picks == {0}
+
+
+def test_min_tokens_masks_stop_tokens() -> None:
+    model = tiny_model()
+    prompt = _ids(12, 7)
+    free = list(generate(model, model.new_cache(), prompt, SamplingParams(max_tokens=10)))
+    stop = free[2]
+    held = list(
+        generate(
+            model,
+            model.new_cache(),
+            prompt,
+            SamplingParams(max_tokens=10, min_tokens=10, stop_token_ids=frozenset({stop})),
+        )
+    )
+    assert len(held) == 10 and stop not in held
