@@ -18,7 +18,7 @@ from fnmatch import fnmatchcase
 from fak.policy import detectors, triage
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
-from fak.policy.scan import Scan, prepare
+from fak.policy.scan import ALL_VIEWS, Scan, prepare
 from fak.policy.schema import DetectorRule, VerdictKind
 from fak.policy.verdict import GateContext, Match, Verdict
 
@@ -127,8 +127,10 @@ def _finish(policy: Policy, tool: str, kind: VerdictKind, rule_id: str, matches:
                                    input_bytes=size)
 
 
-def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule]) -> dict[str, list[Finding]]:
-    """Findings per detector (per rule id for regex rules) over the hot regions only."""
+def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: bool = True) -> dict[str, list[Finding]]:
+    """Findings per detector (per rule id for regex rules) over the hot regions only
+    (``triaged=False``: over the whole input with every view, the reference the triage
+    is tested against)."""
     out: dict[str, list[Finding]] = {}
     scanning = [r for r in rules if r.detector not in ("oversize", "repetition")]
     if not scanning:
@@ -140,10 +142,11 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule]) -> dict[st
                                              [rx for rx in custom if not rx.flags & re.IGNORECASE])
     norm = policy.spec.normalization
     budget = [norm.max_decoded_bytes]
-    for lo, hi, views in triage.hot_regions(data, triage_custom):
+    regions = triage.hot_regions(data, triage_custom) if triaged else [triage.Region(0, len(data), ALL_VIEWS)]
+    for lo, hi, views in regions:
         scan = prepare(data[lo:hi], norm.max_decode_depth, norm.max_decoded_bytes,
                        before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views,
-                       child_triage=None if custom else triage.text_views)
+                       child_triage=None if custom or not triaged else triage.text_views)
         cache: dict[str, list[Finding]] = {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)
