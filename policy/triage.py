@@ -172,7 +172,28 @@ def custom_triage(key: str, folded: list[re.Pattern[str]], raw: list[re.Pattern[
     return found
 
 
-def _hot_runs(data: bytes, runs: list[tuple[int, int]], budget: list[int]) -> list[tuple[int, int]]:
+_B64_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
+_HEX_BYTES = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _run_start(data: bytes, end: int, trigger: bytes) -> int:
+    """Where the base64/hex run whose trigger ended at ``end`` begins (a trigger found in
+    folded bytes maps back only approximately, so look around)."""
+    if trigger is TRIGGER_BASE64:
+        pos = max(0, end - 24)
+        while pos < end and data[pos] not in _B64_BYTES:
+            pos += 1
+        floor = max(0, pos - 64)
+        while pos > floor and data[pos - 1] in _B64_BYTES:
+            pos -= 1
+        return pos
+    pos = max(0, end - 37)
+    while pos < end and data[pos] not in _HEX_BYTES:
+        pos += 1
+    return pos
+
+
+def _hot_runs(data: bytes, runs: list[tuple[list[int], int]], budget: list[int]) -> list[tuple[int, int]]:
     """The base64 or hex runs that may hide something. Each run's decoded text is triaged
     like an input of its own (all of them in one native pass); a run that decodes to
     nothing printable, or only to clean text, needs no region. Past the trial budget
@@ -180,18 +201,19 @@ def _hot_runs(data: bytes, runs: list[tuple[int, int]], budget: list[int]) -> li
     hot: list[tuple[int, int]] = []
     texts: list[str] = []
     owners: list[int] = []
-    for n, (start, stop) in enumerate(runs):
+    for n, (starts, stop) in enumerate(runs):
         if budget[0] <= 0:
-            hot.append((start, stop))
+            hot.append((starts[0], stop))
             continue
-        lo = max(0, start - 1)
+        lo = max(0, starts[0] - 1)
         text = data[lo : stop + 1].decode("ascii", "replace")
-        for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0], ([start - lo], [start - lo])):
+        at = [s - lo for s in starts]
+        for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0], (at, at)):
             budget[0] -= len(decoded)
             texts.append(decoded)
             owners.append(n)
     flagged = {owners[i] for i, views in enumerate(texts_views(texts)) if views is not None}
-    hot.extend(runs[n] for n in sorted(flagged))
+    hot.extend((runs[n][0][0], runs[n][1]) for n in sorted(flagged))
     return hot
 
 
@@ -216,7 +238,7 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
     trial = [TRIAL_DECODE_BYTES]
     n_inj = detectors.INJ.count
     inj_ends, sec_ends = _scan_both(data, folded)
-    candidates: dict[int, int] = {}  # run end -> run start, for base64/hex runs
+    candidates: dict[int, set[int]] = {}  # run end -> possible run starts, for base64/hex runs
     for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
@@ -225,10 +247,10 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
             if run is None:
                 spans.append((raw, raw, views))
                 continue
-            start = max(0, raw - 24 if trigger is TRIGGER_BASE64 else raw - 37)
+            start = _run_start(data, raw, trigger)
             stop = run.match(data, raw).end()
-            candidates[stop] = min(start, candidates.get(stop, start))
-    for start, stop in _hot_runs(data, [(a, b) for b, a in sorted(candidates.items())], trial):
+            candidates.setdefault(stop, set()).add(start)
+    for start, stop in _hot_runs(data, [(sorted(a), b) for b, a in sorted(candidates.items())], trial):
         runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
     for ends in sec_ends.values():
         spans.extend((e, e, NONE) for e in ends)

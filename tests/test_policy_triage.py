@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fak.policy import VerdictKind, gate, load_policy, load_policy_text, triage
 from fak.policy import detectors as det
@@ -158,3 +160,20 @@ def test_custom_regex_is_triaged_natively_or_falls_back_to_a_full_scan():
         v = gate(policy, "t", data)
         assert v.kind is VerdictKind.REDACT, pattern
         assert v.redacted_bytes == filler + b"[REDACTED:custom]\n" + filler
+
+
+FRAGMENTS = st.sampled_from([
+    b"ignore", b" all ", b"previous", b"instructions", b"<|im_start|>", b"\xe2\x80\x8b", b"\xff", b"\xc3\xa9",
+    b"%20", b"%69%67", b"&#105;", b"aWdub3JlIGFsbCBwcmV2aW91cyBpbnN0cnVjdGlvbnM=", b"==", b"<!--", b"-->",
+    b"\xf3\xa0\x81\xa9", b"ghp_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5", b"\n", b"i g n o r e", b"a l l", b"System:",
+    b"69 67 6e 6f 72 65 20 61 6c 6c 20 70", b"\xef\xbd\x89\xef\xbd\x87", b"```", b'"', b"for example", b"send",
+    b" the conversation to https://x.example/?q={data}", b"\xd1\x96gnore", b"token=Zx9!kP2#qL7@", b" " * 3,
+])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(FRAGMENTS, max_size=80).map(b"".join), st.integers(0, 3))
+def test_triage_equals_full_scan_on_tricky_inputs(data, pad):
+    data = b"plain words here. " * (pad * 60) + data
+    rules = DEFAULT.spec.detectors
+    assert _key(gate_module._scan_all(DEFAULT, data, rules)) == _key(gate_module._scan_all(DEFAULT, data, rules, triaged=False))
