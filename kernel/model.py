@@ -229,7 +229,8 @@ class Llama:
         self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """One token: fused projections, one RoPE call for q and k together, and
-        grouped-query SDPA straight over the cache rows (no repeated keys)."""
+        grouped-query attention straight over the cache rows (no repeated keys).
+        (torch's CPU SDPA kernel was measured slower and erratic for one query row.)"""
         cfg = self.cfg
         H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
         eps = cfg.rms_norm_eps
@@ -242,11 +243,12 @@ class Llama:
             cache.k[i, start] = qk_rot[H:]
             cache.kraw[i, start] = qk[H:]
             cache.v[i, start] = qkv[qk_rows:].view(KV, hd)
-            keys = cache.k[i, :end].transpose(0, 1)[None]  # (1, kv_heads, L, hd)
-            values = cache.v[i, :end].transpose(0, 1)[None]
-            attn = F.scaled_dot_product_attention(
-                qk_rot[None, :H, None], keys, values, scale=self.scaling, enable_gqa=KV != H
-            )
+            # grouped attention straight over the token-major cache rows (no copies):
+            # q (kv_heads, groups, hd) @ K^T (kv_heads, hd, L) → softmax → @ V (kv_heads, L, hd)
+            q = qk_rot[:H].view(KV, H // KV, hd)
+            scores = torch.matmul(q, cache.k[i, :end].permute(1, 2, 0)) * self.scaling
+            probs = torch.softmax(scores, dim=-1)
+            attn = torch.matmul(probs, cache.v[i, :end].transpose(0, 1))
             x = x + F.linear(attn.view(1, 1, H * hd), lw.wo)
             x = self._mlp_fused(x, lw)
         return x
