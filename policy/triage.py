@@ -193,11 +193,13 @@ def _run_start(data: bytes, end: int, trigger: bytes) -> int:
     return pos
 
 
-def _hot_runs(data: bytes, runs: list[tuple[list[int], int]], budget: list[int]) -> list[tuple[int, int]]:
+def _hot_runs(data: bytes, runs: list[tuple[list[int], int]], budget: list[int],
+              triage_decoded: bool = True) -> list[tuple[int, int]]:
     """The base64 or hex runs that may hide something. Each run's decoded text is triaged
     like an input of its own (all of them in one native pass); a run that decodes to
     nothing printable, or only to clean text, needs no region. Past the trial budget
-    every run is taken as hot."""
+    every run is taken as hot; without ``triage_decoded`` (a policy with its own regexes,
+    which this triage does not know) every run that decodes is."""
     hot: list[tuple[int, int]] = []
     texts: list[str] = []
     owners: list[int] = []
@@ -212,7 +214,10 @@ def _hot_runs(data: bytes, runs: list[tuple[list[int], int]], budget: list[int])
             budget[0] -= len(decoded)
             texts.append(decoded)
             owners.append(n)
-    flagged = {owners[i] for i, views in enumerate(texts_views(texts)) if views is not None}
+    if triage_decoded:
+        flagged = {owners[i] for i, views in enumerate(texts_views(texts)) if views is not None}
+    else:
+        flagged = set(owners)
     hot.extend((runs[n][0][0], runs[n][1]) for n in sorted(flagged))
     return hot
 
@@ -250,7 +255,8 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
             start = _run_start(data, raw, trigger)
             stop = run.match(data, raw).end()
             candidates.setdefault(stop, set()).add(start)
-    for start, stop in _hot_runs(data, [(sorted(a), b) for b, a in sorted(candidates.items())], trial):
+    runs_found = [(sorted(a), b) for b, a in sorted(candidates.items())]
+    for start, stop in _hot_runs(data, runs_found, trial, custom is None):
         runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
     for ends in sec_ends.values():
         spans.extend((e, e, NONE) for e in ends)

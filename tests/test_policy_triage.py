@@ -171,9 +171,19 @@ FRAGMENTS = st.sampled_from([
 ])
 
 
+CUSTOM = load_policy_text(
+    (ROOT / "examples/policies/default.yaml").read_text().replace(
+        "  normalization:",
+        "    - {id: folded, detector: regex, pattern: 'ignore\\s+all', ignore_case: true, verdict: REDACT}\n"
+        "    - {id: raw, detector: regex, pattern: 'ghp_[A-Za-z0-9]{10}', verdict: REDACT}\n  normalization:",
+    )
+)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(FRAGMENTS, max_size=80).map(b"".join), st.integers(0, 3))
 def test_triage_equals_full_scan_on_tricky_inputs(data, pad):
     data = b"plain words here. " * (pad * 60) + data
-    rules = DEFAULT.spec.detectors
-    assert _key(gate_module._scan_all(DEFAULT, data, rules)) == _key(gate_module._scan_all(DEFAULT, data, rules, triaged=False))
+    for policy in (DEFAULT, CUSTOM):
+        rules = policy.spec.detectors
+        assert _key(gate_module._scan_all(policy, data, rules)) == _key(gate_module._scan_all(policy, data, rules, triaged=False))
