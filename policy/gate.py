@@ -12,7 +12,7 @@ have done.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from fak.policy import detectors, triage
@@ -154,7 +154,8 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
                 continue
             key = f"regex:{rule.id}" if rule.detector == "regex" else rule.detector
             if lo:
-                found = [replace(f, start=f.start + lo, end=f.end + lo) for f in found]
+                found = [Finding(f.detector, f.family, f.name, f.score, f.start + lo, f.end + lo, f.exact, f.layer)
+                         for f in found]
             out.setdefault(key, []).extend(found)
     return out
 

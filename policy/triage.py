@@ -30,8 +30,9 @@ from fak.policy.normalize import View, decoded_payloads, fold
 from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64
 from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, ROOT, UNESCAPE
 
-LEFT = 1024  # bytes kept before a hit: longest pattern (~500) plus discussion context (300)
-RIGHT = 512  # bytes kept after a hit: look-aheads and discussion context
+LEFT = 800  # bytes kept before a hit: longest match looked for (480) plus discussion context (300)
+RIGHT = 400  # bytes kept after a hit: discussion context (300) and look-aheads
+CONTEXT = 320  # bytes kept before the longest match of a pattern: discussion context, secret key names
 RUN_MARGIN = 16  # bytes kept around a base64 or hex run (its decoded text is scanned on its own)
 CUSTOM_CAP = 4096  # widest custom-regex match the regions are sized for
 TRIAL_DECODE_BYTES = 1 << 22  # decoded bytes triage may look at per input before it stops proving runs clean
@@ -238,36 +239,38 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
     if custom is not None:
         left = max(left, custom.width + RIGHT)
     folded = fold_bytes(data)
-    spans: list[Span] = [(p, p, NONE) for p in folded.invalid]
-    runs: list[Span] = []  # encoded runs: decoded on their own, so little context
+    spans: list[Span] = [(max(0, p - left), p + RIGHT, NONE) for p in folded.invalid]
     trial = [TRIAL_DECODE_BYTES]
     n_inj = detectors.INJ.count
+    inj_widths, sec_widths = detectors.INJ.widths, detectors.SEC.widths
     inj_ends, sec_ends = _scan_both(data, folded)
     candidates: dict[int, set[int]] = {}  # run end -> possible run starts, for base64/hex runs
     for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
         views = _TRIGGER_VIEWS[trigger] if trigger is not None else NONE
+        back = max(left, inj_widths[pid] + CONTEXT) if pid < n_inj else left
         for raw in ends:
             if run is None:
-                spans.append((raw, raw, views))
+                spans.append((max(0, raw - back), raw + RIGHT, views))
                 continue
             start = _run_start(data, raw, trigger)
             stop = run.match(data, raw).end()
             candidates.setdefault(stop, set()).add(start)
     runs_found = [(sorted(a), b) for b, a in sorted(candidates.items())]
     for start, stop in _hot_runs(data, runs_found, trial, custom is None):
-        runs.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
-    for ends in sec_ends.values():
-        spans.extend((e, e, NONE) for e in ends)
+        spans.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
+    for pid, ends in sec_ends.items():
+        back = max(left, sec_widths[pid] + CONTEXT) if pid < len(sec_widths) else left
+        spans.extend((max(0, e - back), e + RIGHT, NONE) for e in ends)
     if custom is not None:
         if custom.folded is not None:
             for ends in custom.folded.ends(folded.data).values():
-                spans.extend((folded.to_raw(e), folded.to_raw(e), NONE) for e in ends)
+                spans.extend((max(0, folded.to_raw(e) - left), folded.to_raw(e) + RIGHT, NONE) for e in ends)
         if custom.raw is not None:
             for ends in custom.raw.ends(data).values():
-                spans.extend((e, e, NONE) for e in ends)
-    return _merge(data, [(max(0, a - left), b + RIGHT, v) for a, b, v in spans] + runs)
+                spans.extend((max(0, e - left), e + RIGHT, NONE) for e in ends)
+    return _merge(data, spans)
 
 
 def _merge(data: bytes, spans: list[Span]) -> list[Region]:

@@ -187,3 +187,14 @@ def test_triage_equals_full_scan_on_tricky_inputs(data, pad):
     for policy in (DEFAULT, CUSTOM):
         rules = policy.spec.detectors
         assert _key(gate_module._scan_all(policy, data, rules)) == _key(gate_module._scan_all(policy, data, rules, triaged=False))
+
+
+def test_long_private_key_deep_in_a_document_is_redacted_whole():
+    body = "\n".join(base64.b64encode(bytes((i + j) % 256 for j in range(48))).decode() for i in range(40))
+    pem = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----".encode()
+    filler = _long_benign()[:6000]
+    data = filler + pem + b"\n" + filler
+    assert len(pem) > 2048
+    v = gate(DEFAULT, "read_file", data)
+    assert v.kind is VerdictKind.REDACT
+    assert v.redacted_bytes == filler + b"[REDACTED:private_key]\n" + filler
