@@ -175,6 +175,7 @@ def custom_triage(key: str, folded: list[re.Pattern[str]], raw: list[re.Pattern[
 
 _B64_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
 _HEX_BYTES = frozenset(b"0123456789abcdefABCDEF")
+_HEX_RUN_CHARS = b"0123456789abcdefABCDEF :"
 
 
 def _run_start(data: bytes, end: int, trigger: bytes) -> int:
@@ -211,7 +212,8 @@ def _hot_runs(data: bytes, runs: list[tuple[list[int], int]], budget: list[int],
         lo = max(0, starts[0] - 1)
         text = data[lo : stop + 1].decode("ascii", "replace")
         at = [s - lo for s in starts]
-        for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0], (at, at)):
+        hexish = not data[starts[0] : stop].translate(None, _HEX_RUN_CHARS)  # only hex digits and separators
+        for _, _, _, decoded in decoded_payloads(View(text, "text"), budget[0], (at, at if hexish else [])):
             budget[0] -= len(decoded)
             texts.append(decoded)
             owners.append(n)
