@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -31,14 +32,20 @@ def max_width(pattern: str, cap: int) -> int:
     return min(cap, _sre_parse.parse(pattern).getwidth()[1])
 
 
-def encode(text: str) -> bytes:
-    """UTF-8 bytes of ``text`` (lone surrogates from invalid input kept as their byte)."""
+def encode_with(text: str) -> tuple[bytes, str]:
+    """UTF-8 bytes of ``text`` (lone surrogates from invalid input kept as their byte, other
+    lone surrogates as three bytes) and the error handler that decodes them back."""
     if text.isascii():
-        return text.encode("ascii")
+        return text.encode("ascii"), "strict"
     try:
-        return text.encode("utf-8", "surrogateescape")
+        return text.encode("utf-8", "surrogateescape"), "surrogateescape"
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass")
+        return text.encode("utf-8", "surrogatepass"), "surrogatepass"
+
+
+def encode(text: str) -> bytes:
+    """``encode_with`` without the handler."""
+    return encode_with(text)[0]
 
 
 def char_offsets(text: str, data: bytes) -> np.ndarray:
@@ -49,6 +56,25 @@ def char_offsets(text: str, data: bytes) -> np.ndarray:
     if surrogate.any():
         lens[surrogate] = (len(data) - int(lens[~surrogate].sum())) // int(surrogate.sum())
     return np.concatenate(([0], np.cumsum(lens)))
+
+
+class _CharIndex:
+    """Byte offsets of UTF-8 ``data`` → character offsets, by decoding only the stretches
+    between the offsets asked for (cheap when hits are few, whatever the input size)."""
+
+    def __init__(self, data: bytes, errors: str) -> None:
+        self.data, self.errors = data, errors
+        self.memo: dict[int, int] = {0: 0}
+
+    def __call__(self, offsets: list[int]) -> list[int]:
+        memo, data = self.memo, self.data
+        known = sorted(memo)
+        prev = 0
+        for off in sorted(set(offsets) - memo.keys()):  # ascending: each decodes from the nearest known offset
+            base = max(known[bisect_right(known, off) - 1], prev)
+            memo[off] = memo[base] + len(data[base:off].decode("utf-8", self.errors))
+            prev = off
+        return [memo[o] for o in offsets]
 
 
 class Matcher:
@@ -116,17 +142,17 @@ class Matcher:
     def finditer(self, text: str, ends: dict[int, list[int]] | None = None) -> Iterator[tuple[int, re.Match[str]]]:
         """(regex index, match) for the matches of every regex, leftmost first per regex.
         ``ends``: this matcher's native ends on ``encode(text)`` when already known."""
-        data = encode(text)
+        data, errors = encode_with(text)
         if ends is None:
             ends = self.ends(data)
         if not ends:
             return
         length = len(text)
-        cum = None if len(data) == length else char_offsets(text, data)
+        to_chars = None if len(data) == length else _CharIndex(data, errors)
         for n in sorted(ends):
             if n >= len(self.regexes):
                 continue
-            points = ends[n] if cum is None else np.searchsorted(cum, ends[n]).tolist()
+            points = ends[n] if to_chars is None else to_chars(ends[n])
             yield from ((n, m) for m in self._confirm(n, sorted(set(points)), text, length))
 
     def _confirm(self, n: int, points: list[int], text: str, length: int) -> Iterator[re.Match[str]]:

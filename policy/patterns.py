@@ -88,7 +88,7 @@ INJECTION: list[Entry] = [
      r"[\[(]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])]",
      ("[", "(")),
     ("role.line_header", "role_header", 0.45,
-     r"(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]*[ \t]*:",
+     r"(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]{0,8}[ \t]{0,8}:",
      ("system", "assistant", "developer", "admin")),
     ("role.alpaca_header", "role_header", 0.5,
      r"(?m)^#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?$",

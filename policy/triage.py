@@ -120,9 +120,6 @@ def fold_bytes(data: bytes) -> Folded:
     fs, fe, rs, re_, invalid = [], [], [], [], []
     pos = fpos = 0
     for start, end in _non_ascii_runs(data):
-        if start > pos:
-            parts.append(data[pos:start])
-            fpos += start - pos
         run = data[start:end]
         if not valid:
             try:
@@ -130,6 +127,11 @@ def fold_bytes(data: bytes) -> Folded:
             except UnicodeDecodeError:
                 invalid.append(start)
         folded = _fold_run(run)
+        if folded == run:  # e.g. CJK, emoji, symbols: folding leaves them as they are
+            continue
+        if start > pos:
+            parts.append(data[pos:start])
+            fpos += start - pos
         fs.append(fpos)
         rs.append(start)
         parts.append(folded)
@@ -137,6 +139,8 @@ def fold_bytes(data: bytes) -> Folded:
         fe.append(fpos)
         re_.append(end)
         pos = end
+    if not parts:  # nothing changed: the folded input is the input (one native scan serves both)
+        return Folded(data, [], [], [], [], invalid)
     parts.append(data[pos:])
     return Folded(b"".join(parts), fs, fe, rs, re_, invalid)
 

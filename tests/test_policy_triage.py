@@ -198,3 +198,11 @@ def test_long_private_key_deep_in_a_document_is_redacted_whole():
     v = gate(DEFAULT, "read_file", data)
     assert v.kind is VerdictKind.REDACT
     assert v.redacted_bytes == filler + b"[REDACTED:private_key]\n" + filler
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["`", "```", "<code>", "</code>", "x", "y ", "\n", '"', "é"]), max_size=300).map("".join),
+       st.integers(0, 1200))
+def test_quoting_from_precomputed_marks_equals_scanning_back(text, start):
+    start = min(start, len(text))
+    assert det._quoted(text, start) == det._quoted(text, start, "", det._Marks(text))
