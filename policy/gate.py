@@ -12,6 +12,7 @@ have done.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -80,24 +81,33 @@ SCORE_WINDOW = 1024  # bytes: findings further apart than this are not added up
 def _score(found: list[Finding]) -> float:
     """The score of the most suspicious stretch of ``SCORE_WINDOW`` bytes: within it, the
     strongest finding per family, families combined as independent evidence. A long
-    document that mentions several families far apart does not add them up."""
+    document that mentions several families far apart does not add them up.
+
+    Linear in the number of findings: the window's left edge steps through the findings
+    in order while, per family, a queue of decreasing scores keeps the window's maximum."""
     if len(found) == 1:
         return found[0].score
     items = sorted(found, key=lambda f: f.start)
+    queues: dict[str, deque[tuple[int, float]]] = {}
     top = 0.0
-    for i, first in enumerate(items):
+    j = 0
+    for first in items:
         limit = first.start + SCORE_WINDOW
-        best: dict[str, float] = {}
-        for f in items[i:]:
-            if f.start >= limit:
-                break
-            if f.score > best.get(f.family, 0.0):
-                best[f.family] = f.score
+        while j < len(items) and items[j].start < limit:
+            f = items[j]
+            q = queues.setdefault(f.family, deque())
+            while q and q[-1][1] <= f.score:
+                q.pop()
+            q.append((f.start, f.score))
+            j += 1
         miss = 1.0
-        for s in best.values():
-            miss *= 1.0 - s
+        for q in queues.values():
+            while q and q[0][0] < first.start:
+                q.popleft()
+            if q:
+                miss *= 1.0 - q[0][1]
         top = max(top, 1.0 - miss)
-        if top >= 1.0 or limit > items[-1].start:
+        if top >= 1.0 or j == len(items):
             break
     return top
 

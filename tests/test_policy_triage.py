@@ -206,3 +206,27 @@ def test_long_private_key_deep_in_a_document_is_redacted_whole():
 def test_quoting_from_precomputed_marks_equals_scanning_back(text, start):
     start = min(start, len(text))
     assert det._quoted(text, start) == det._quoted(text, start, "", det._Marks(text))
+
+
+def _score_by_definition(found: list, window: int) -> float:
+    items = sorted(found, key=lambda f: f.start)
+    top = 0.0
+    for i, first in enumerate(items):
+        best: dict[str, float] = {}
+        for f in items[i:]:
+            if f.start >= first.start + window:
+                break
+            best[f.family] = max(best.get(f.family, 0.0), f.score)
+        miss = 1.0
+        for s in best.values():
+            miss *= 1.0 - s
+        top = max(top, 1.0 - miss)
+    return top
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([0.2, 0.4, 0.45, 0.5, 0.9]), st.integers(0, 5000)),
+                min_size=1, max_size=40))
+def test_windowed_score_is_linear_and_matches_its_definition(rows):
+    found = [det.Finding("injection", fam, "x", score, start, start + 1, True, "text") for fam, score, start in rows]
+    assert gate_module._score(found) == pytest.approx(_score_by_definition(found, gate_module.SCORE_WINDOW), abs=1e-12)
