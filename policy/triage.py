@@ -27,7 +27,7 @@ from fak.policy import detectors
 from fak.policy.hsdb import Multi, superset
 from fak.policy.matcher import encode, max_width
 from fak.policy.normalize import View, decoded_payloads, fold
-from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64
+from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64, TRIGGER_DESPACE
 from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, ROOT, UNESCAPE
 
 LEFT = 800  # bytes kept before a hit: longest match looked for (480) plus discussion context (300)
@@ -45,6 +45,7 @@ NONE: frozenset[str] = frozenset({ROOT})  # a hit in the text itself: scan the t
 _TRIGGER_VIEWS = dict(zip(FOLDED_TRIGGERS, (frozenset({ROOT, DESPACE}), frozenset({PAYLOAD}), frozenset({PAYLOAD}),
                                            frozenset({ROOT, UNESCAPE}), frozenset({ROOT, UNESCAPE})), strict=True))
 Span = tuple[int, int, frozenset[str]]
+_FOLDED_ONLY = {TRIGGER_DESPACE}  # the one derived view built from folded text
 
 
 class Region(NamedTuple):
@@ -256,19 +257,20 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
         run = _RUN_END.get(trigger) if trigger is not None else None
         views = _TRIGGER_VIEWS[trigger] if trigger is not None else NONE
         back = max(left, inj_widths[pid] + CONTEXT) if pid < n_inj else left
-        for raw in ends:
-            if run is None:
-                spans.append((max(0, raw - back), raw + RIGHT, views))
-                continue
-            start = _run_start(data, raw, trigger)
-            stop = run.match(data, raw).end()
-            candidates.setdefault(stop, set()).add(start)
+        if run is None:
+            spans.extend(_collapse(ends, back, views))
+            continue
+        stop = -1  # a trigger inside a run already measured only adds a start (re-measuring would be quadratic)
+        for raw in sorted(ends):
+            if raw >= stop:
+                stop = run.match(data, raw).end()
+            candidates.setdefault(stop, set()).add(_run_start(data, raw, trigger))
     runs_found = [(sorted(a), b) for b, a in sorted(candidates.items())]
     for start, stop in _hot_runs(data, runs_found, trial, custom is None):
         spans.append((max(0, start - RUN_MARGIN), stop + RUN_MARGIN, frozenset({PAYLOAD})))
     for pid, ends in sec_ends.items():
         back = max(left, sec_widths[pid] + CONTEXT) if pid < len(sec_widths) else left
-        spans.extend((max(0, e - back), e + RIGHT, NONE) for e in ends)
+        spans.extend(_collapse(ends, back, NONE))
     if custom is not None:
         if custom.folded is not None:
             for ends in custom.folded.ends(folded.data).values():
@@ -277,6 +279,23 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
             for ends in custom.raw.ends(data).values():
                 spans.extend((max(0, e - left), e + RIGHT, NONE) for e in ends)
     return _merge(data, spans)
+
+
+def _collapse(ends: list[int], back: int, views: frozenset[str]) -> list[Span]:
+    """Spans around the hits of one pattern, neighbours already joined (dense hits make
+    one span, not one each)."""
+    out: list[Span] = []
+    lo = hi = -(1 << 62)
+    for end in sorted(ends):
+        if end - back <= hi:
+            hi = end + RIGHT
+            continue
+        if hi >= 0:
+            out.append((max(0, lo), hi, views))
+        lo, hi = end - back, end + RIGHT
+    if hi >= 0:
+        out.append((max(0, lo), hi, views))
+    return out
 
 
 def _merge(data: bytes, spans: list[Span]) -> list[Region]:
@@ -319,8 +338,11 @@ def _scan_both(data: bytes, folded: Folded) -> tuple[dict[int, list[int]], dict[
             windows[-1][1] = hi
         else:
             windows.append([lo, hi])
+    n_inj = detectors.INJ.count
     for lo, hi in windows:
         for pid, ends in detectors.INJ.ends(folded.data[lo:hi]).items():
+            if pid >= n_inj and FOLDED_TRIGGERS[pid - n_inj] not in _FOLDED_ONLY:
+                continue  # escapes and encoded runs are decoded from the raw text only
             inj.setdefault(pid, []).extend(folded.to_raw(lo + e) for e in ends)
     return inj, sec
 
