@@ -230,3 +230,23 @@ def _score_by_definition(found: list, window: int) -> float:
 def test_windowed_score_is_linear_and_matches_its_definition(rows):
     found = [det.Finding("injection", fam, "x", score, start, start + 1, True, "text") for fam, score, start in rows]
     assert gate_module._score(found) == pytest.approx(_score_by_definition(found, gate_module.SCORE_WINDOW), abs=1e-12)
+
+
+def test_a_long_hex_run_is_measured_once_not_per_trigger(monkeypatch):
+    """Every separator in a spaced hex run re-triggers; measuring the run from each trigger
+    would make triage quadratic in the run's length."""
+    calls = []
+
+    class Counting:
+        def __init__(self, rx):
+            self.rx = rx
+
+        def match(self, data, pos):
+            calls.append(pos)
+            return self.rx.match(data, pos)
+
+    for key, rx in list(triage._RUN_END.items()):
+        monkeypatch.setitem(triage._RUN_END, key, Counting(rx))
+    data = b"dump: " + b"69 67 6e 6f 72 65 20 61 6c 6c 20 70 " * 2000 + b"end"
+    triage.hot_regions(data)
+    assert 0 < len(calls) <= 4
