@@ -1,17 +1,20 @@
 """Triage: one native pass over the whole input that proves most of it clean.
 
-The input is folded (ASCII lower-cased in C; only non-ASCII runs go through the
-per-code-point fold) and scanned once for every injection pattern plus the
-triggers of the derived views (base64/hex runs, percent escapes, numeric HTML
-references, de-spaced letters); the raw bytes are scanned once for every secret
-format and for invisible, bidi and tag characters. Each hit marks a bounded
-region around it; only those regions get the full treatment (``scan.prepare``
-and the detectors). An input with no hit has no region and is admitted without
-any Python-level scanning.
+The raw bytes are scanned once (Hyperscan) for every injection pattern (which
+ignore ASCII case, so no lower-casing is needed), every secret format, and the
+triggers of the derived views: base64/hex runs, percent escapes, numeric HTML
+references, de-spaced letters, invisible/bidi/tag characters. Where folding
+changes non-ASCII text (homoglyphs, full-width, zero-width, tag characters),
+the folded bytes around it are scanned again. A base64/hex run is decoded on
+the spot and its text triaged the same way (all runs in one native pass): a
+run that decodes to nothing printable, or to clean text, needs no region.
 
-Regions are byte ranges on UTF-8 character boundaries, wide enough to hold the
-longest pattern and the context the detectors read (``LEFT``/``RIGHT``); a
-base64 or hex run is kept whole so it can be decoded.
+Every other hit marks a region around it: room for the longest match of its
+pattern plus the context the detectors read (``LEFT``/``RIGHT``/``CONTEXT``).
+Regions are merged, put on UTF-8 character boundaries, and carry the derived
+views their triggers call for; only they get the full treatment
+(``scan.prepare`` and the detectors). An input with no hit has no region and
+is admitted without any Python-level scanning. All of it is linear in the input.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ RUN_MARGIN = 16  # bytes kept around a base64 or hex run (its decoded text is sc
 CUSTOM_CAP = 4096  # widest custom-regex match the regions are sized for
 TRIAL_DECODE_BYTES = 1 << 22  # decoded bytes triage may look at per input before it stops proving runs clean
 
-_RUN_END = {TRIGGER: re.compile(rx) for TRIGGER, rx in zip(
+_RUN_END = {trigger: re.compile(rx) for trigger, rx in zip(
     RUN_TRIGGERS, (rb"[A-Za-z0-9+/_-]*={0,2}", rb"(?:[0-9a-fA-F]{2}[ :]?)*"), strict=True)}
 
 
