@@ -236,8 +236,9 @@ class Llama:
         eps = cfg.rms_norm_eps
         end = start + 1
         qk_rows = (H + KV) * hd
+        x = x.view(D)  # one token: matrix-vector products throughout
         for i, lw in enumerate(self.w.layers):
-            qkv = F.linear(F.rms_norm(x, (D,), lw.attn_norm, eps), lw.wqkv)[0, 0]
+            qkv = torch.mv(lw.wqkv, F.rms_norm(x, (D,), lw.attn_norm, eps))
             qk = qkv[:qk_rows].view(H + KV, hd)
             qk_rot = rope.apply(qk, cos, sin)
             cache.k[i, start] = qk_rot[H:]
@@ -249,9 +250,10 @@ class Llama:
             scores = torch.matmul(q, cache.k[i, :end].permute(1, 2, 0)) * self.scaling
             probs = torch.softmax(scores, dim=-1)
             attn = torch.matmul(probs, cache.v[i, :end].transpose(0, 1))
-            x = x + F.linear(attn.view(1, 1, H * hd), lw.wo)
-            x = self._mlp_fused(x, lw)
-        return x
+            x = x + torch.mv(lw.wo, attn.view(H * hd))
+            gate, up = torch.mv(lw.w_gate_up, F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2)
+            x = x + torch.mv(lw.w_down, F.silu(gate) * up)
+        return x.view(1, 1, D)
 
 
 def _repeat_kv(rows: torch.Tensor, groups: int) -> torch.Tensor:
