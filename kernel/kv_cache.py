@@ -39,6 +39,16 @@ class KVBlock:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.kraw, self.v, self.tokens, self.positions))
 
+    def rows(self, start: int, end: int) -> KVBlock:
+        """Rows ``[start, end)`` as fresh tensors (never a view that pins this block's storage)."""
+        return KVBlock(
+            k=self.k[:, start:end].clone(),
+            kraw=self.kraw[:, start:end].clone(),
+            v=self.v[:, start:end].clone(),
+            tokens=self.tokens[start:end].clone(),
+            positions=self.positions[start:end].clone(),
+        )
+
 
 class KVCache:
     def __init__(
@@ -124,13 +134,9 @@ class KVCache:
         """A detached copy of rows ``[start, end)``."""
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"rows [{start}, {end}) are outside the cache of {self.length} rows")
-        return KVBlock(
-            k=self.k[:, start:end].clone(),
-            kraw=self.kraw[:, start:end].clone(),
-            v=self.v[:, start:end].clone(),
-            tokens=self.tokens[start:end].clone(),
-            positions=self.positions[start:end].clone(),
-        )
+        n = self.length
+        live = KVBlock(self.k[:, :n], self.kraw[:, :n], self.v[:, :n], self.tokens[:n], self.positions[:n])
+        return live.rows(start, end)
 
     def extend(self, block: KVBlock) -> None:
         """Append a block's rows as they are (same positions, same bytes)."""

@@ -38,13 +38,7 @@ def node_id(ns: bytes, path_tokens: Sequence[int]) -> str:
 
 def slice_block(block: KVBlock, start: int, end: int) -> KVBlock:
     """Rows ``[start, end)`` of a block as fresh tensors (never a view)."""
-    return KVBlock(
-        k=block.k[:, start:end].clone(),
-        kraw=block.kraw[:, start:end].clone(),
-        v=block.v[:, start:end].clone(),
-        tokens=block.tokens[start:end].clone(),
-        positions=block.positions[start:end].clone(),
-    )
+    return block.rows(start, end)
 
 
 @dataclass(eq=False)
