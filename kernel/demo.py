@@ -10,6 +10,7 @@ saw it, an answer, and the signed audit log verified offline.
 
 from __future__ import annotations
 
+import importlib.resources
 import sys
 import tempfile
 import time
@@ -31,10 +32,9 @@ LATE = b"Lounge notice: the Senator lounge near B20 closes early today at 13:30.
 
 
 def _policy_path() -> Path:
-    here = Path(__file__).resolve().parents[1] / "examples" / "policies" / "default.yaml"
-    if here.is_file():
-        return here
-    raise FileNotFoundError("examples/policies/default.yaml not found; run fak demo from a source checkout")
+    """The default policy shipped in the package (``policy/default.yaml`` links to
+    ``examples/policies/default.yaml``, so there is one copy in the source tree)."""
+    return Path(str(importlib.resources.files("fak.policy").joinpath("default.yaml")))
 
 
 def say(msg: str) -> None:

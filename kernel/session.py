@@ -230,9 +230,8 @@ class Session:
         if self.tokenizer is None:
             raise ValueError("generate needs a tokenizer")
         tok = self.tokenizer
+        # default: the model's own end-of-turn tokens; a caller's params are used as given
         params = params or SamplingParams(stop_token_ids=frozenset(tok.stop_token_ids))
-        if not params.stop_token_ids:
-            params = SamplingParams(**{**params.__dict__, "stop_token_ids": frozenset(tok.stop_token_ids)})
         history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
         opener = tok.generation_prompt(history)
         chunks = [len(opener)]
