@@ -146,6 +146,8 @@ class Llama:
         T = int(ids.shape[0])
         if T == 0:
             raise ValueError("forward needs at least one token")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size})")
         start = cache.length
         if positions is None:
             first = cache.next_position()

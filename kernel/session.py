@@ -139,7 +139,14 @@ class Session:
         )
         seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
         self.ledger.append(seg)
-        self._prefill(seg)
+        try:
+            self._prefill(seg)
+        except BaseException:
+            # leave the session as it was: no half-prefilled segment in cache or ledger
+            self.cache.truncate(seg.start)
+            self.ledger.segments.remove(seg)
+            self._last_logits = None
+            raise
         if message is not None:
             self._messages[seg.id] = message
         self._emit("append", seg)

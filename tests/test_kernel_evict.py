@@ -225,3 +225,15 @@ def test_middle_evict_recompute_equals_never_saw_smollm2(smollm2) -> None:
     greedy = SamplingParams(max_tokens=24, stop_token_ids=frozenset())
     assert list(seen.generate(greedy)) == list(never.generate(greedy))
     assert seen.fingerprint() == never.fingerprint()
+
+
+def test_failed_append_leaves_session_unchanged() -> None:
+    model = tiny_model()
+    s = Session(model)
+    s.append("system", tokens=ids(10, 30))
+    fp = s.fingerprint()
+    with pytest.raises(ValueError, match="token ids"):
+        s.append("tool", tokens=[1, 2, 10_000], chunks=[2, 1])  # the second chunk fails after the first ran
+    assert s.fingerprint() == fp and len(s.ledger) == 1 and s.cache.length == 10
+    s.append("user", tokens=ids(4, 31))
+    assert s.ledger.segments[-1].start == 10
