@@ -142,12 +142,12 @@ def main() -> None:
         targets.append(target(f"recompute_ratio_{name} (≤ suffix {frac:.2f} + 0.1)", t_rec / t_full, frac + 0.1, "<="))
         targets.append(target(f"rerope_ratio_{name}", t_rer / t_full, 0.05, "<="))
         rows.append((name, entry))
-    table = _table(rows)
+    table = _markdown(rows, total)
     print(table)
     if args.markdown:
         from pathlib import Path
 
-        Path(args.markdown).write_text(_markdown(rows, total))
+        Path(args.markdown).write_text(table)
     report("evict", results, targets, args.json)
 
 
@@ -163,20 +163,6 @@ def _time_evict(base: Session, seg_id: str, mode: EvictMode, repeat: int) -> tup
 
 def _fmt(x: float | None) -> str:
     return "—" if x is None else (f"{x:.3g}" if isinstance(x, float) and not math.isnan(x) else str(x))
-
-
-def _table(rows: list) -> str:
-    head = f"{'evict':<8}{'suffix':>8}{'RECOMP/full':>12}{'REROPE/full':>12}{'KL rerope':>11}{'KL kshift':>11}{'argmax r/k':>12}{'1st div r/k':>12}"
-    lines = [head]
-    for name, e in rows:
-        r, k = e["rerope_drift"], e["kshift_drift"]
-        lines.append(
-            f"{name:<8}{e['suffix_fraction']:>8.2f}{e['recompute_ratio']:>12.3f}{e['rerope_ratio']:>12.3f}"
-            f"{r['kl_mean']:>11.2e}{k['kl_mean']:>11.2e}"
-            f"{r['argmax_match']:>6.2f}/{k['argmax_match']:<5.2f}"
-            f"{_fmt(r['first_greedy_divergence']):>6}/{_fmt(k['first_greedy_divergence']):<5}"
-        )
-    return "\n".join(lines)
 
 
 def _markdown(rows: list, total: int) -> str:

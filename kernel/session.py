@@ -153,7 +153,7 @@ class Session:
         return seg
 
     def record_quarantined(
-        self, kind: SegmentKind | str, *, ref: str | None, verdict: str, rule: str | None, tokens: int = 0
+        self, kind: SegmentKind | str, *, ref: str | None, verdict: str, rule: str | None
     ) -> Segment:
         """Record a segment the gate kept out: it never enters the cache (== never saw it)."""
         seg = Segment(
@@ -270,12 +270,6 @@ class Session:
         text = tok.decode([t for t in produced if t not in tok.stop_token_ids])
         self._messages[seg.id] = {"role": "assistant", "content": text}
         self._emit("append", seg)
-
-    def reply(self, params: SamplingParams | None = None) -> str:
-        """Generate an assistant turn and return its text."""
-        assert self.tokenizer is not None
-        ids = list(self.generate(params))
-        return self.tokenizer.decode([t for t in ids if t not in self.tokenizer.stop_token_ids])
 
     @property
     def last_logits(self) -> torch.Tensor | None:

@@ -39,9 +39,10 @@ def test_hf_folder_loads_the_same_model(tmp_path) -> None:
     assert torch.equal(a, b)
 
 
-def test_non_llama_architecture_is_refused(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", "mistral"])
+def test_non_llama_architecture_is_refused(tmp_path, arch: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": arch, "architectures": ["X"]}))
+    with pytest.raises(ModelError, match=f"unsupported architecture '{arch}'"):
         load_model(tmp_path)
 
 
