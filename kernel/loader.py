@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,10 +35,9 @@ def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
             cache[key] = t.to(device=device, dtype=dtype)
         return cache[key]
 
-    for layer in w.layers:
-        for name in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down"):
-            setattr(layer, name, conv(getattr(layer, name)))
-    return Weights(embed=conv(w.embed), layers=w.layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
+    names = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+    layers = [replace(layer, **{n: conv(getattr(layer, n)) for n in names}) for layer in w.layers]
+    return Weights(embed=conv(w.embed), layers=layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
 
 
 def load_model(

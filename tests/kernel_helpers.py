@@ -31,9 +31,9 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**(TINY | overrides))
 
 
-def tiny_model(seed: int = 0, attention: str = "sdpa", **overrides) -> Llama:
+def tiny_model(seed: int = 0, attention: str = "sdpa", decode: str = "auto", **overrides) -> Llama:
     cfg = tiny_config(**overrides)
-    return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", attention=attention)
+    return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", attention=attention, decode=decode)
 
 
 def hf_oracle(model: Llama):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_helpers import tiny_model
 
-from fak.kernel.generate import SamplingParams, generate, sample
+from fak.kernel.generate import SamplingParams, _nucleus, generate, sample
 from fak.kernel.kv_cache import KVCache
 
 
@@ -101,10 +104,34 @@ def test_sampling_is_seeded_and_respects_stops() -> None:
 
 
 def test_top_p_keeps_only_the_nucleus() -> None:
-    logits = torch.tensor([10.0, 9.0, -5.0, -6.0])
-    g = torch.Generator().manual_seed(0)
-    picks = {sample(logits, SamplingParams(temperature=1.0, top_p=0.5), g) for _ in range(50)}
+    logits = np.array([10.0, 9.0, -5.0, -6.0], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    picks = {sample(logits, SamplingParams(temperature=1.0, top_p=0.5), rng) for _ in range(50)}
     assert picks == {0}
+    picks = {sample(logits, SamplingParams(temperature=1.0, top_p=0.9), rng) for _ in range(200)}
+    assert picks == {0, 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-3, 3), min_size=1, max_size=300),
+    st.floats(0.01, 0.999),
+)
+def test_nucleus_equals_the_prefix_of_a_full_stable_sort(levels: list[int], top_p: float) -> None:
+    """Partitioned nucleus == the definition on a full sort, ties included (few distinct values)."""
+    probs = np.exp(np.array(levels, dtype=np.float64))
+    probs /= probs.sum()
+    order = np.lexsort((np.arange(len(probs)), -probs))
+    keep = np.cumsum(probs[order]) - probs[order] < top_p
+    assert _nucleus(probs, top_p).tolist() == order[keep].tolist()
+
+
+def test_sampling_follows_the_distribution() -> None:
+    """Temperature sampling draws each token about as often as its softmax probability."""
+    logits = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float32))
+    rng = np.random.default_rng(1)
+    draws = np.bincount([sample(logits, SamplingParams(temperature=1.0), rng) for _ in range(4000)], minlength=3)
+    assert np.allclose(draws / 4000, [0.5, 0.3, 0.2], atol=0.03)
 
 
 def test_min_tokens_masks_stop_tokens() -> None:

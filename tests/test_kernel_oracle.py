@@ -41,9 +41,9 @@ def test_oracle_tiny_full_sequence_exact(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_oracle_tiny_chunked_and_decode_close(name: str, attention: str) -> None:
-    model = tiny_model(attention=attention, **CONFIGS[name])
+@pytest.mark.parametrize(("attention", "decode"), [("eager", "blas"), ("sdpa", "blas"), ("sdpa", "torch")])
+def test_oracle_tiny_chunked_and_decode_close(name: str, attention: str, decode: str) -> None:
+    model = tiny_model(attention=attention, decode=decode, **CONFIGS[name])
     ids = _ids(80)
     ref = hf_logits(hf_oracle(model), ids)
     cache = model.new_cache(capacity=8)  # forces several growths on the way
@@ -53,8 +53,9 @@ def test_oracle_tiny_chunked_and_decode_close(name: str, attention: str) -> None
     assert cache.length == len(ids) and cache.growths > 0
 
 
-def test_oracle_tiny_greedy_matches_hf_generate() -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("decode", ["blas", "torch"])
+def test_oracle_tiny_greedy_matches_hf_generate(decode: str) -> None:
+    model = tiny_model(decode=decode)
     hf = hf_oracle(model)
     prompt = _ids(20)
     ours = list(generate(model, model.new_cache(), prompt, SamplingParams(max_tokens=24)))
@@ -69,3 +70,38 @@ def test_mha_fullsequence_sdpa_is_close_not_claimed_exact() -> None:
     ids = _ids(64)
     ours = model.forward(ids, model.new_cache(), all_logits=True)
     assert_oracle_close(ours, hf_logits(hf_oracle(model), ids))
+
+
+def test_blas_decode_is_bit_exact_between_runs_and_close_to_torch_decode() -> None:
+    """The numpy/OpenBLAS decode step repeats to the byte; it is close to (not the
+    same bytes as) the torch decode step, which is why a model keeps one backend."""
+    blas, torch_path = tiny_model(decode="blas"), tiny_model(decode="torch")
+    assert (blas.decode, torch_path.decode) == ("blas", "torch")
+    ids = _ids(40)
+
+    def run(model) -> tuple[torch.Tensor, str]:  # noqa: ANN001
+        cache = model.new_cache(capacity=8)
+        model.forward(ids[:20], cache)
+        logits = torch.cat([model.forward([t], cache) for t in ids[20:]])
+        return logits, cache.fingerprint()
+
+    (l1, f1), (l2, f2), (l3, f3) = run(blas), run(blas), run(torch_path)
+    assert torch.equal(l1, l2) and f1 == f2
+    assert_oracle_close(l1, l3)
+    assert f1 != f3
+
+
+def test_decode_backend_choice() -> None:
+    """auto = blas on CPU float32, torch elsewhere; blas refuses what numpy cannot run."""
+    from fak.kernel.loader import _to
+    from fak.kernel.model import Llama
+
+    model = tiny_model()
+    assert model.decode == "blas"
+    bf16 = _to(model.w, torch.device("cpu"), torch.bfloat16)
+    assert model.w.layers[0].wqkv.dtype == torch.float32  # converting made new weights
+    assert Llama(model.cfg, bf16).decode == "torch"
+    with pytest.raises(ValueError, match="CPU float32"):
+        Llama(model.cfg, bf16, decode="blas")
+    with pytest.raises(ValueError, match="decode must be one of"):
+        tiny_model(decode="fast")
