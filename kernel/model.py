@@ -185,7 +185,10 @@ class Llama:
             if self.attention == "eager" or start > 0:
                 k_pos = torch.cat([cache.positions[:start], positions])
                 mask = _causal_mask(positions, k_pos, self.dtype)
-            x = self._layers_prefill(x, cache, start, cos, sin, mask)
+            if self.attention == "eager":
+                x = self._layers_prefill_eager(x, cache, start, cos, sin, mask)
+            else:
+                x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
         cache.commit(ids, positions)
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         if not all_logits:
@@ -201,7 +204,31 @@ class Llama:
         gate, up = F.linear(h, lw.w_gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, lw.w_down)
 
-    def _layers_prefill(
+    def _layers_prefill_eager(
+        self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The HF reference's operation order, step by step (oracle-exact)."""
+        cfg = self.cfg
+        T = x.shape[1]
+        end = start + T
+        for i, lw in enumerate(self.w.layers):
+            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
+            q = F.linear(h, lw.wq).view(1, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+            k = F.linear(h, lw.wk).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            v = F.linear(h, lw.wv).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            q = rope.apply(q, cos, sin)
+            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v)
+            keys = _repeat_kv(cache.k[i, :end], cfg.kv_groups)
+            values = _repeat_kv(cache.v[i, :end], cfg.kv_groups)
+            scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
+            scores = scores + mask
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            attn = torch.matmul(probs, values).transpose(1, 2).contiguous()
+            x = x + F.linear(attn.reshape(1, T, -1).contiguous(), lw.wo)
+            x = self._mlp(x, lw)
+        return x
+
+    def _layers_prefill_sdpa(
         self,
         x: torch.Tensor,
         cache: KVCache,
@@ -209,46 +236,53 @@ class Llama:
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
+        last_row_only: bool,
     ) -> torch.Tensor:
-        """``mask`` is None only for a first chunk in sdpa mode (plain causal attention)."""
+        """Fused q/k/v and gate/up projections and torch's fused attention. ``mask`` is
+        None only for a first chunk (plain causal attention). With ``last_row_only`` the
+        last layer runs attention, output projection and MLP for the last token alone:
+        the cache needs only that layer's keys and values from the other rows."""
         cfg = self.cfg
-        eager = self.attention == "eager"
+        H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
         T = x.shape[1]
         end = start + T
-        groups = cfg.kv_groups
+        last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
-            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps) if eager else F.rms_norm(
-                x, (cfg.hidden_size,), lw.attn_norm, cfg.rms_norm_eps
-            )
-            q = F.linear(h, lw.wq).view(1, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-            k = F.linear(h, lw.wk).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-            v = F.linear(h, lw.wv).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-            q = rope.apply(q, cos, sin)
-            k_rot = rope.apply(k, cos, sin)
-            cache.k[i, start:end] = k_rot[0].transpose(0, 1)
-            cache.kraw[i, start:end] = k[0].transpose(0, 1)
-            cache.v[i, start:end] = v[0].transpose(0, 1)
-            if eager:
-                assert mask is not None
-                keys = _repeat_kv(cache.k[i, :end], groups)
-                values = _repeat_kv(cache.v[i, :end], groups)
-                scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
-                scores = scores + mask
-                probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-                attn = torch.matmul(probs, values).transpose(1, 2).contiguous()
+            h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
+            q, k, v = F.linear(h, lw.wqkv).split([H * hd, KV * hd, KV * hd], dim=-1)
+            k = k.view(1, T, KV, hd).transpose(1, 2)
+            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
+            q = q.view(1, T, H, hd).transpose(1, 2)
+            if last_row_only and i == last_layer and T > 1:
+                # the last token attends to every key up to its own position: no mask needed
+                # unless positions were given out of order, and then only its own row of it
+                x, q, cos, sin = x[:, -1:], q[:, :, -1:], cos[-1:], sin[-1:]
+                mask = mask[..., -1:, :] if mask is not None else None
+                rows, causal = 1, False
             else:
-                attn = F.scaled_dot_product_attention(
-                    q,
-                    cache.k[i, :end].transpose(0, 1)[None],
-                    cache.v[i, :end].transpose(0, 1)[None],
-                    attn_mask=mask,
-                    is_causal=mask is None,
-                    scale=self.scaling,
-                    enable_gqa=groups > 1,
-                ).transpose(1, 2)
-            x = x + F.linear(attn.reshape(1, T, -1).contiguous(), lw.wo)
-            x = self._mlp(x, lw) if eager else self._mlp_fused(x, lw)
+                rows, causal = T, mask is None
+            attn = F.scaled_dot_product_attention(
+                rope.apply(q, cos, sin),
+                cache.k[i, :end].transpose(0, 1)[None],
+                cache.v[i, :end].transpose(0, 1)[None],
+                attn_mask=mask,
+                is_causal=causal,
+                scale=self.scaling,
+                enable_gqa=cfg.kv_groups > 1,
+            ).transpose(1, 2)
+            x = x + F.linear(attn.reshape(1, rows, -1), lw.wo)
+            x = self._mlp_fused(x, lw)
         return x
+
+    @staticmethod
+    def _store_kv(
+        cache: KVCache, layer: int, start: int, k_rot: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write ``(1, kv_heads, T, head_dim)`` keys and values as token-major cache rows."""
+        end = start + k.shape[2]
+        cache.k[layer, start:end] = k_rot[0].transpose(0, 1)
+        cache.kraw[layer, start:end] = k[0].transpose(0, 1)
+        cache.v[layer, start:end] = v[0].transpose(0, 1)
 
     def _layers_decode(
         self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor

@@ -148,3 +148,17 @@ def test_min_tokens_masks_stop_tokens() -> None:
         )
     )
     assert len(held) == 10 and stop not in held
+
+
+def test_last_row_prefill_writes_the_same_cache() -> None:
+    """Without ``all_logits`` the last layer runs only the last row past its keys and
+    values: the cache is the same bytes, the last logits are close to the full run's."""
+    model = tiny_model()
+    a, b = _ids(30, 8), _ids(20, 9)
+    full, last = model.new_cache(), model.new_cache()
+    for chunk in (a, b):  # a first chunk (causal) and a later one (masked)
+        lf = model.forward(chunk, full, all_logits=True)
+        ll = model.forward(chunk, last)
+        assert ll.shape == (1, model.cfg.vocab_size)
+        assert (ll[0] - lf[-1]).abs().max().item() <= 1e-5 and int(ll.argmax()) == int(lf[-1].argmax())
+    assert full.fingerprint() == last.fingerprint()
