@@ -87,6 +87,7 @@ def _info(args: argparse.Namespace) -> int:
         "rope": f"theta={cfg.rope_theta:g} scaling={cfg.rope_scaling.kind}",
         "dtype / device": f"{lm.model.dtype} / {lm.model.device}",
         "attention": lm.model.attention,
+        "decode": {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
         "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
         "weight cache": str(cache_dir() / "weights"),
         "tokenizer": lm.tokenizer.digest,
