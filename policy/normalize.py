@@ -108,7 +108,9 @@ def fold(text: str) -> str:
     return "".join(out)
 
 
-_RUN = re.compile(r"(?<!\S)(?:\S[ \t]{1,3}){3,}\S(?!\S)")
+# A run of single characters split by spaces. It may touch markup or punctuation
+# (``<p>i g n o r e …</p>``, ``"s e n d …"``) but not a word: ``a b c`` inside ``xa b c`` is not one.
+_RUN = re.compile(r"(?<!\w)(?:\S[ \t]{1,3}){3,}\S(?!\w)")
 _WORD_GAP = re.compile(r"[ \t]{2,}")
 
 

@@ -97,11 +97,13 @@ INJECTION: list[Entry] = [
      r"#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?:",
      ("#",)),
     ("role.boundary", "role_header", 0.9,
-     r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)",
+     r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))"
+     # then a new context right after it, or a role header after separator lines (real or JSON-escaped newlines)
+     r"(?:~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)|(?:[^a-z0-9]|\\[nrt]){0,40}?(?:system|assistant|developer|admin)~?:)",
      ("end", "clos")),
     # --- tool_forgery: forged tool calls and tool-use instructions
     ("tool.json_call", "tool_forgery", 0.75,
-     r"\"(?:tool_calls?|function_call|tool_use)\"\s*:",
+     r"\\?\"(?:tool_calls?|function_call|tool_use)\\?\"\s*:",  # also inside a JSON string (escaped quotes)
      ("\"tool_call", "\"function_call", "\"tool_use")),
     ("tool.xml_call", "tool_forgery", 0.85,
      r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
@@ -110,7 +112,7 @@ INJECTION: list[Entry] = [
      r"(?<![a-z])action~?:~?[a-z_][\w.-]{1,40}[\s\S]{0,300}?action~input~?:",
      ("action",)),
     ("tool.name_args", "tool_forgery", 0.7,
-     r"\{\s*\"(?:name|tool|function)\"\s*:\s*\"[a-z_][\w.-]{1,40}\"\s*,\s*\"(?:arguments|parameters|args|input)\"\s*:",
+     r"\{\s*\\?\"(?:name|tool|function)\\?\"\s*:\s*\\?\"[a-z_][\w.-]{1,40}\\?\"\s*,\s*\\?\"(?:arguments|parameters|args|input)\\?\"\s*:",
      ("{",)),
     ("tool.use_to_act", "tool_forgery", 0.6,
      r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|api|action)~(?:to|and)~(?:send|email|delete|remove|transfer|forward|upload|post|share|grant|wire|pay|purchase|buy|create|modify|write|execute|run|exfiltrate)",
@@ -181,7 +183,7 @@ LINE_START = {"role.line_header"}
 # Triage triggers (Hyperscan byte patterns). Matched on the folded (lower-case)
 # input: runs a derived view would decode or collapse. Each reports once per run
 # where it can, so long runs cost one callback.
-TRIGGER_DESPACE = rb"(?:^|\s)[a-z][ \t]{1,3}[a-z][ \t]{1,3}[a-z](?:\s|$)"  # three single letters in a row
+TRIGGER_DESPACE = rb"(?:^|[^a-z0-9_])[a-z][ \t]{1,3}[a-z][ \t]{1,3}[a-z](?:\s|$)"  # three single letters in a row, not inside a word
 TRIGGER_BASE64 = rb"(?:^|[^a-z0-9+/_-])[a-z0-9+/_-]{24}"  # start of a base64-looking run
 TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]?){12}"  # start of a hex run (pairs, optional separators)
 TRIGGER_PERCENT = rb"%[0-9a-f]{2}"
