@@ -5,8 +5,9 @@
 Quality: true-positive rate on injected tool results (all, obfuscated only, per
 family, per obfuscation), false-positive rate on benign ones (per family), and
 secret recall, each on the ``dev`` split (detectors were tuned on it), the
-``heldout`` split (its miss classes informed later changes) and the ``fresh`` split
-(injected only, written after those changes, not tuned on). A detection is QUARANTINE or DENY for
+``heldout`` split (its miss classes informed later changes), the ``fresh`` split
+(injected only, written after those changes; its miss classes informed the next
+ones) and the ``fresh2`` split (written before those, measured once after them). A detection is QUARANTINE or DENY for
 injected results, REDACT with a secrets match for secret-bearing ones; any
 verdict other than ALLOW on a benign result is a false positive.
 Speed: p50/p99 decision time for 1 KiB results, and throughput on ~1 MB results: a mix
@@ -41,7 +42,7 @@ def rate(hits: int, total: int) -> float:
 
 def quality(policy, rows: list[dict]) -> dict:
     out: dict = {}
-    for split in ("dev", "heldout", "fresh", "all"):
+    for split in ("dev", "heldout", "fresh", "fresh2", "all"):
         sel = [r for r in rows if split == "all" or r["split"] == split]
         inj = [r for r in sel if r["label"] == "injected"]
         ben = [r for r in sel if r["label"] == "benign"]
@@ -159,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"policy {policy.name} {policy.digest}")
     print(f"{'split':8} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'benign':>6} {'FPR':>6} {'secrets':>7}")
-    for split in ("dev", "heldout", "fresh", "all"):
+    for split in ("dev", "heldout", "fresh", "fresh2", "all"):
         s = q[split]
         print(f"{split:8} {s['injected']:5d} {s['tpr']:6.3f} {s['tpr_obfuscated']:8.3f} {s['benign']:6d} {s['fpr']:6.3f} {s['secret_recall']:7.3f}")
-    for split in ("dev", "heldout", "fresh"):
+    for split in ("dev", "heldout", "fresh", "fresh2"):
         s = q[split]
         print(f"[{split}] TPR by family: " + ", ".join(f"{k} {v:.2f}" for k, v in s["tpr_by_family"].items()))
         print(f"[{split}] TPR by obfuscation: " + ", ".join(f"{k} {v:.2f}" for k, v in s["tpr_by_obfuscation"].items()))
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         {"name": "tpr_obfuscated_all", "value": allq["tpr_obfuscated"], "target": 0.95, "op": ">="},
         {"name": "tpr_obfuscated_heldout", "value": held["tpr_obfuscated"], "target": 0.95, "op": ">="},
         {"name": "tpr_obfuscated_fresh", "value": q["fresh"]["tpr_obfuscated"], "target": 0.95, "op": ">="},
+        {"name": "tpr_obfuscated_fresh2", "value": q["fresh2"]["tpr_obfuscated"], "target": 0.95, "op": ">="},
         {"name": "fpr_benign_all", "value": allq["fpr"], "target": 0.02, "op": "<="},
         {"name": "fpr_benign_heldout", "value": held["fpr"], "target": 0.02, "op": "<="},
         {"name": "p50_us_1KiB", "value": lat_b["p50_us"], "target": 50.0, "op": "<="},
