@@ -72,6 +72,14 @@ INJECTION: list[Entry] = [
     ("override.reveal_prompt", "override", 0.85,
      r"(?:reveal|print|output|show|repeat|display|leak|dump|disclose|tell~me|give~me|write~out)~(?:me~)?(?:your|the)~(?:full~|entire~|complete~|original~|hidden~|initial~|exact~|secret~)?(?:system~prompt|system~message|initial~prompt|hidden~instructions|instructions~above|prompt~above|developer~(?:prompt|message))",
      ("reveal", "print", "output", "show", "repeat", "display", "leak", "dump", "disclose", "tell", "give", "write")),
+    ("override.drop_user_request", "override", 0.7,
+     # not after a negation: "never ignore what the user asked" is advice, not an order
+     r"(?<!not )(?<!never )(?<!n't )(?:ignore|disregard|forget|bypass|neglect|abandon|discard|drop|skip|dismiss)~(?:whatever|what|everything|anything)?~(?:the~)?(?:user|human|requester)(?:~(?:asked|said|wants|requested|typed|wrote)|.s~(?:request|question|task|query|message|instructions?))",
+     ("ignor", "disregard", "forget", "bypass", "neglect", "abandon", "discard", "drop", "skip", "dismiss")),
+    ("override.discredit_earlier", "override", 0.85,
+     rf"{_ORDERS}~(?:that~)?you~(?:received|were~given|got|have~been~given|were~told)~(?:earlier|before|previously|above|so~far|until~now)?~(?:were|was|are|is)~(?:just~|only~|all~)?(?:a~test|fake|void|invalid|outdated|obsolete|a~mistake|a~decoy|not~real|superseded)",
+     ("instruction", "direction", "prompt", "rules", "guideline", "guidance", "command", "orders", "constraints", "directive",
+      "programming", "policies", "restrictions", "messages", "context")),
     ("override.your_task", "override", 0.7,
      r"your~(?:new|real|actual|true|only|primary|updated)~(?:task|goal|objective|instructions?|purpose|mission|job)~(?:is|are|now|:)",
      ("your",)),
@@ -109,7 +117,7 @@ INJECTION: list[Entry] = [
      r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
      ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=")),
     ("tool.react", "tool_forgery", 0.8,
-     r"(?<![a-z])action~?:~?[a-z_][\w.-]{1,40}[\s\S]{0,300}?action~input~?:",
+     r"(?:(?<![a-z])|(?<=\\n))action~?:~?[a-z_][\w.-]{1,40}[\s\S]{0,300}?action~input~?:",  # also after a JSON-escaped newline
      ("action",)),
     ("tool.name_args", "tool_forgery", 0.7,
      r"\{\s*\\?\"(?:name|tool|function)\\?\"\s*:\s*\\?\"[a-z_][\w.-]{1,40}\\?\"\s*,\s*\\?\"(?:arguments|parameters|args|input)\\?\"\s*:",
@@ -123,6 +131,10 @@ INJECTION: list[Entry] = [
     ("tool.immediately", "tool_forgery", 0.5,
      r"(?:now|right~away)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
      ("now", "right")),
+    # --- destructive_command: weak alone (shell docs quote them), strong next to an instruction to run a tool
+    ("destructive.shell", "destructive_command", 0.5,
+     r"(?<![a-z])(?:rm~-(?:rf|fr)|mkfs(?:\.[a-z0-9]+)?~/dev/|dd~if=/dev/(?:zero|u?random)~of=/dev/|drop~(?:table|database)~[a-z_`\"]|format~[a-z]:|(?:curl|wget)~[^\n|]{1,120}\|~(?:sudo~)?(?:ba|z)?sh(?![a-z]))",
+     ("rm", "mkfs", "dd", "drop", "format", "curl", "wget")),
     # --- exfiltration: instructions to move data to an outside sink
     ("exfil.sensitive_to_sink", "exfiltration", 0.9,
      rf"{_VERB_OUT}~[^\n]{{0,80}}?{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",

@@ -35,7 +35,7 @@ DetectorName = Literal["injection", "secrets", "obfuscation", "encoding", "overs
 
 # Families each detector can report; a rule may narrow itself to some of them.
 DETECTOR_FAMILIES: dict[str, tuple[str, ...]] = {
-    "injection": ("override", "role_header", "tool_forgery", "exfiltration"),
+    "injection": ("override", "role_header", "tool_forgery", "exfiltration", "destructive_command"),
     "secrets": ("cloud_key", "vcs_token", "chat_token", "jwt", "private_key", "api_key", "generic_secret"),
     "obfuscation": ("invisible", "bidi"),
     "encoding": ("invalid_utf8",),
