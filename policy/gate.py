@@ -151,11 +151,14 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
                                              [rx for rx in custom if not rx.flags & re.IGNORECASE])
     norm = policy.spec.normalization
     budget = [norm.max_decoded_bytes]
-    regions = triage.hot_regions(data, triage_custom) if triaged else [triage.Region(0, len(data), ALL_VIEWS)]
+    regions, raw_ends = triage.triage(data, triage_custom) if triaged else ([triage.Region(0, len(data), ALL_VIEWS)], None)
     for lo, hi, views in regions:
-        scan = prepare(data[lo:hi], norm.max_decode_depth, norm.max_decoded_bytes,
+        window = data[lo:hi]
+        scan = prepare(window, norm.max_decode_depth, norm.max_decoded_bytes,
                        before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views,
                        child_triage=None if custom or not triaged else triage.text_views)
+        if raw_ends is not None and window.isascii():
+            scan.native[scan.root.text] = triage.region_ends(raw_ends, lo, hi)  # no second scan of the window
         cache: dict[str, list[Finding]] = {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)

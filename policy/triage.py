@@ -243,9 +243,17 @@ def _boundary(data: bytes, pos: int) -> int:
 def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) -> list[Region]:
     """Byte ranges of ``data`` that need the full scan, merged and sorted, each with the
     derived views its triggers call for; [] when the input is clean."""
+    return triage(data, custom, left)[0]
+
+
+def triage(data: bytes, custom: CustomTriage | None = None,
+           left: int = LEFT) -> tuple[list[Region], tuple[dict[int, list[int]], dict[int, list[int]]] | None]:
+    """``hot_regions`` and the native scan of the raw bytes it made: (injection, secret)
+    ends per pattern, so that an ASCII region need not be scanned again (None when the
+    input was not scanned)."""
     size = len(data)
     if custom is not None and not custom.ok:
-        return [Region(0, size, ALL_VIEWS)] if size else []
+        return ([Region(0, size, ALL_VIEWS)] if size else []), None
     if custom is not None:
         left = max(left, custom.width + RIGHT)
     folded = fold_bytes(data)
@@ -253,7 +261,8 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
     trial = [TRIAL_DECODE_BYTES]
     n_inj = detectors.INJ.count
     inj_widths, sec_widths = detectors.INJ.widths, detectors.SEC.widths
-    inj_ends, sec_ends = _scan_both(data, folded)
+    raw_scan = _scan_raw(data)
+    inj_ends, sec_ends = _scan_both(data, folded, raw_scan)
     candidates: dict[int, set[int]] = {}  # run end -> possible run starts, for base64/hex runs
     for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
@@ -281,7 +290,22 @@ def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEF
         if custom.raw is not None:
             for ends in custom.raw.ends(data).values():
                 spans.extend((max(0, e - left), e + RIGHT, NONE) for e in ends)
-    return _merge(data, spans)
+    return _merge(data, spans), raw_scan
+
+
+def region_ends(raw: tuple[dict[int, list[int]], dict[int, list[int]]], start: int,
+                end: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The raw scan's ends that fall in ``(start, end]``, relative to ``start``: what a native
+    scan of ``data[start:end]`` alone reports, but for matches that need the bytes around
+    the window (a line start, a word boundary at its edge), which the window alone would
+    see wrongly. Only for ASCII windows, whose folded text scans like their bytes."""
+    out: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+    for src, dst in zip(raw, out, strict=True):
+        for pid, ends in src.items():
+            inside = ends[bisect_right(ends, start) : bisect_right(ends, end)]
+            if inside:
+                dst[pid] = [e - start for e in inside]
+    return out
 
 
 def _collapse(ends: list[int], back: int, views: frozenset[str]) -> list[Span]:
@@ -318,12 +342,9 @@ def _merge(data: bytes, spans: list[Span]) -> list[Region]:
 FOLD_WINDOW = 512  # folded bytes scanned on each side of a non-ASCII run (longest pattern looked for)
 
 
-def _scan_both(data: bytes, folded: Folded) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """(injection + trigger ends, secret + raw-trigger ends), both as raw byte offsets.
-
-    One native scan of the raw bytes serves both vocabularies (the injection patterns ignore
-    ASCII case, so on ASCII stretches raw and folded bytes match alike); the folded bytes are
-    scanned again only in windows around the non-ASCII runs, where folding changes them."""
+def _scan_raw(data: bytes) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """One native scan of the raw bytes for both vocabularies: (injection + trigger ends,
+    secret ends), each list sorted."""
     both, split = detectors.native()
     inj: dict[int, list[int]] = {}
     sec: dict[int, list[int]] = {}
@@ -332,8 +353,22 @@ def _scan_both(data: bytes, folded: Folded) -> tuple[dict[int, list[int]], dict[
             inj[pid] = ends
         else:
             sec[pid - split] = ends
+    return inj, sec
+
+
+def _scan_both(data: bytes, folded: Folded,
+               raw: tuple[dict[int, list[int]], dict[int, list[int]]] | None = None
+               ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """(injection + trigger ends, secret + raw-trigger ends), both as raw byte offsets.
+
+    One native scan of the raw bytes (``raw``, when already made) serves both vocabularies
+    (the injection patterns ignore ASCII case, so on ASCII stretches raw and folded bytes
+    match alike); the folded bytes are scanned again only in windows around the non-ASCII
+    runs, where folding changes them."""
+    inj, sec = raw if raw is not None else _scan_raw(data)
     if folded.data is data:
         return inj, sec
+    inj = {pid: list(ends) for pid, ends in inj.items()}  # the raw scan's lists stay as they are
     windows: list[list[int]] = []
     for fs, fe in zip(folded.f_starts, folded.f_ends, strict=True):
         lo, hi = max(0, fs - FOLD_WINDOW), fe + FOLD_WINDOW

@@ -250,3 +250,20 @@ def test_a_long_hex_run_is_measured_once_not_per_trigger(monkeypatch):
     data = b"dump: " + b"69 67 6e 6f 72 65 20 61 6c 6c 20 70 " * 2000 + b"end"
     triage.hot_regions(data)
     assert 0 < len(calls) <= 4
+
+
+def test_ascii_windows_reuse_the_triage_scan(monkeypatch):
+    """An ASCII input is scanned natively once: its hot windows take their ends from the
+    triage's scan of the whole input instead of a second scan, and find what the full
+    scan finds."""
+    data = _long_benign()[:60_000] + b"\n\n" + ATTACK.encode() + b"\n\n" + _long_benign()[:60_000]
+    assert data.isascii()
+    windows = {r.end - r.start for r in triage.hot_regions(data)}
+    assert windows and max(windows) < len(data)
+    scanned: list[int] = []
+    real_ends = Multi.ends
+    monkeypatch.setattr(Multi, "ends", lambda self, d: scanned.append(len(d)) or real_ends(self, d))
+    assert gate(DEFAULT, "web_fetch", data).kind is VerdictKind.QUARANTINE
+    assert scanned.count(len(data)) == 1 and not windows & set(scanned), (windows, scanned)
+    rules = gate_module._plan(DEFAULT, "web_fetch")[1]
+    assert _key(gate_module._scan_all(DEFAULT, data, rules)) == _key(gate_module._scan_all(DEFAULT, data, rules, triaged=False))
