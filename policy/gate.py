@@ -157,8 +157,8 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
         scan = prepare(window, norm.max_decode_depth, norm.max_decoded_bytes,
                        before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views,
                        child_triage=None if custom or not triaged else triage.text_views)
-        if raw_ends is not None and window.isascii():
-            scan.native[scan.root.text] = triage.region_ends(raw_ends, lo, hi)  # no second scan of the window
+        if raw_ends is not None:  # the window's bytes were scanned already: no second scan
+            scan.native[scan.root.text] = triage.region_ends(raw_ends, lo, hi)
         cache: dict[str, list[Finding]] = {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)

@@ -298,7 +298,8 @@ def region_ends(raw: tuple[dict[int, list[int]], dict[int, list[int]]], start: i
     """The raw scan's ends that fall in ``(start, end]``, relative to ``start``: what a native
     scan of ``data[start:end]`` alone reports, but for matches that need the bytes around
     the window (a line start, a word boundary at its edge), which the window alone would
-    see wrongly. Only for ASCII windows, whose folded text scans like their bytes."""
+    see wrongly. They serve the window's raw text (the secrets detector) and, when the
+    window is ASCII, its folded text too (injection patterns ignore ASCII case)."""
     out: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
     for src, dst in zip(raw, out, strict=True):
         for pid, ends in src.items():
