@@ -196,19 +196,6 @@ LOOKALIKES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(EVASIONS))
-def test_evasion_is_caught(name):
-    data = ("Page header.\n" + EVASIONS[name] + "\nPage footer.").encode()
-    verdict = gate(DEFAULT, "web_fetch", data)
-    assert verdict.kind in BLOCK, (name, verdict)
-
-
-@pytest.mark.parametrize("name", sorted(LOOKALIKES))
-def test_evasion_lookalike_is_admitted(name):
-    verdict = gate(DEFAULT, "web_fetch", LOOKALIKES[name].encode())
-    assert verdict.kind is VerdictKind.ALLOW, (name, verdict)
-
-
 # Classes the fresh split's misses pointed at, in other words than its items: an order to
 # drop the user's request, discrediting the instructions already given, a destructive
 # command next to an instruction to run a tool, and a ReAct block inside a JSON string.
@@ -226,12 +213,16 @@ LOOKALIKES_2 = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(EVASIONS_2))
-def test_evasion_2_is_caught(name):
-    data = ("Intro.\n" + EVASIONS_2[name] + "\nOutro.").encode()
+ALL_EVASIONS = EVASIONS | EVASIONS_2
+ALL_LOOKALIKES = LOOKALIKES | LOOKALIKES_2
+
+
+@pytest.mark.parametrize("name", sorted(ALL_EVASIONS))
+def test_evasion_is_caught(name):
+    data = ("Page header.\n" + ALL_EVASIONS[name] + "\nPage footer.").encode()
     assert gate(DEFAULT, "web_fetch", data).kind in BLOCK, name
 
 
-@pytest.mark.parametrize("name", sorted(LOOKALIKES_2))
-def test_evasion_2_lookalike_is_admitted(name):
-    assert gate(DEFAULT, "web_fetch", LOOKALIKES_2[name].encode()).kind is VerdictKind.ALLOW, name
+@pytest.mark.parametrize("name", sorted(ALL_LOOKALIKES))
+def test_evasion_lookalike_is_admitted(name):
+    assert gate(DEFAULT, "web_fetch", ALL_LOOKALIKES[name].encode()).kind is VerdictKind.ALLOW, name
