@@ -10,7 +10,7 @@ So the whole step runs in numpy: weights are zero-copy views of the torch
 tensors, KV rows are written straight into the cache's storage, and no torch op
 runs inside the layer loop. That last part matters: interleaving torch ops
 (whose OpenMP pool spins between calls) with OpenBLAS calls (whose threads spin
-too) oversubscribes two cores and was measured ten times slower.
+too) oversubscribes two cores and was measured (by hand) ten times slower.
 
 Same math and operation order as ``Llama._layers_decode`` (the torch path, used
 on other devices and dtypes): oracle-close, and bit-exact between two runs that
