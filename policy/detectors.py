@@ -13,15 +13,17 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from dataclasses import dataclass
 
-from fak.policy.hsdb import Multi
-from fak.policy.matcher import Matcher, encode
+from fak.policy.hsdb import Multi, superset
+from fak.policy.matcher import Matcher, encode, max_width
 from fak.policy.normalize import FoldView, View
 from fak.policy.patterns import (
     DISCUSSION,
     FOLDED_TRIGGERS,
     GAP,
+    HEADS,
     INJECTION,
     LINE_START,
+    NATIVE_SUFFIX,
     RAW_TRIGGERS,
     SECRETS,
 )
@@ -55,8 +57,17 @@ SECRET_DEFAULT_SPAN = 600
 # One native database per vocabulary; the triage pass reuses them with its extra
 # trigger patterns (ids after the vocabulary's own).
 _LINE_START_NATIVE = rb"(?:^|\n)[ \t>#*_-]*"  # what _at_line_start accepts before a match
+_NOT_AFTER_LETTER = rb"(?:^|[^a-z])"
+
+
+def _heads(literals: tuple[str, ...], bounded: bool) -> list[tuple[bytes, int]]:
+    return [((_NOT_AFTER_LETTER if bounded else b"") + re.escape(lit).encode(), len(lit)) for lit in literals]
+
+
 INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS,
-              {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START}, caseless=True)
+              {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START}, caseless=True,
+              heads={n: _heads(*HEADS[e[0]]) for n, e in enumerate(_INJECTION) if e[0] in HEADS},
+              suffixes={n: NATIVE_SUFFIX[e[0]].replace("~", GAP) for n, e in enumerate(_INJECTION) if e[0] in NATIVE_SUFFIX})
 SEC = Matcher([e[3] for e in _SECRETS], [SECRET_SPAN.get(e[0], SECRET_DEFAULT_SPAN) for e in _SECRETS], RAW_TRIGGERS)
 _NATIVE: list[tuple[Multi, int]] = []
 _NATIVE_LOCK = threading.Lock()
@@ -130,6 +141,57 @@ def _discussed(text: str, start: int, end: int) -> bool:
     return DISCUSSION.search(text, max(0, start - 300), min(len(text), end + 300)) is not None
 
 
+_TALK: list[Multi] = []
+_TALK_WIDTH = max_width(DISCUSSION.pattern, 1 << 16)  # longest discussion match (characters)
+
+
+def _talk_db() -> Multi:
+    if not _TALK:
+        with _NATIVE_LOCK:
+            if not _TALK:
+                _TALK.append(Multi([superset(DISCUSSION.pattern)]))
+    return _TALK[0]
+
+
+class _Checks:
+    """The quoting and discussion checks of the matches in one view, with what they read
+    found once per view: code fences and <code> tags over the text preceded by ``before``
+    (the input before this window), and, for ASCII text, where a discussion word may end
+    (one native scan), so each check is a few bisections and at most a short search.
+    Same answers as ``_quoted(text, start, before)`` and ``_discussed``."""
+
+    def __init__(self, text: str, before: str) -> None:
+        self.text = text
+        self.off = min(len(before), QUOTE_LOOKBACK)
+        self.joined = before[len(before) - self.off :] + text if self.off else text
+        self._marks: _Marks | None = None
+        self._talk: list[int] | None = None
+
+    def quoted(self, start: int) -> bool:
+        at = self.off + start
+        near = self.joined[max(0, at - 4) : at]
+        if "\"" in near or "'" in near or "`" in near:
+            return True
+        if self._marks is None:
+            self._marks = _Marks(self.joined)
+        return self._marks.quoted(max(0, at - QUOTE_LOOKBACK), at)
+
+    def discussed(self, start: int, end: int) -> bool:
+        text = self.text
+        lo, hi = max(0, start - 300), min(len(text), end + 300)
+        if text.isascii():
+            if self._talk is None:
+                self._talk = sorted({e for ends in _talk_db().ends(text.encode("ascii")).values() for e in ends})
+            # every discussion match ends where the native pass says one may: none in (lo, hi]
+            # means none at all; one starting before the first such end minus the longest
+            # match would end before it, so the search can begin there
+            i = bisect_right(self._talk, lo)
+            if i == len(self._talk) or self._talk[i] > hi:
+                return False
+            lo = max(lo, self._talk[i] - _TALK_WIDTH)
+        return DISCUSSION.search(text, lo, hi) is not None
+
+
 def _at_line_start(text: str, pos: int) -> bool:
     return text[text.rfind("\n", 0, pos) + 1 : pos].strip(" \t>#*_-") == ""
 
@@ -166,16 +228,15 @@ def injection(scan: Scan) -> list[Finding]:
     seen: set[tuple[str, int, int]] = set()
     for view in scan.folded_views:
         text = view.text
-        before = scan.before_folded if view.depth == 0 else ""
-        marks: _Marks | None = None
+        checks: _Checks | None = None
         for n, m in INJ.finditer(text, _native_ends(scan, _scanned_text(view))[0]):
             name, family, weight, _, _ = _INJECTION[n]
             if name in LINE_START and not _at_line_start(text, m.start()):
                 continue
             score = weight
-            if marks is None:
-                marks = _Marks(text)
-            if _quoted(text, m.start(), before, marks) and _discussed(text, m.start(), m.end()):
+            if checks is None:
+                checks = _Checks(text, scan.before_folded if view.depth == 0 else "")
+            if checks.quoted(m.start()) and checks.discussed(m.start(), m.end()):
                 score *= DISCOUNT
             start, end, exact = scan.to_bytes(view, m.start(), m.end())
             if (name, start, end) not in seen:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -81,11 +81,20 @@ class Matcher:
     """Regexes (compiled Python patterns with a width cap each) searched together."""
 
     def __init__(self, regexes: Sequence[re.Pattern[str]], caps: Sequence[int], extra: Sequence[bytes] = (),
-                 prefixes: dict[int, bytes] | None = None, caseless: bool = False) -> None:
+                 prefixes: dict[int, bytes] | None = None, caseless: bool = False,
+                 heads: dict[int, Sequence[tuple[bytes, int]]] | None = None,
+                 suffixes: dict[int, str] | None = None) -> None:
         """``extra``: more native patterns scanned in the same pass (ids after the regexes');
         ``prefixes``: native context required before regex ``n`` (checked again in Python);
         ``caseless``: the native pass ignores ASCII case (for regexes written for lower-case
-        text, so raw ASCII can be scanned without lower-casing it first)."""
+        text, so raw ASCII can be scanned without lower-casing it first);
+        ``heads``: for regex ``n``, native patterns (ASCII case ignored) each ending a given
+        number of bytes after a place where ``n`` may begin a match, such that every match
+        of ``n`` begins at one of them: ``n`` is then tried only there, not searched for
+        across the window its native end calls for (a search is slow for a regex that
+        begins with a long alternation);
+        ``suffixes``: for regex ``n``, a regex every match of ``n`` ends with (ending at the
+        same place), scanned for natively instead of ``n`` itself when that is cheaper."""
         self.regexes = list(regexes)
         self.caseless = caseless
         self._prefixes = prefixes or {}
@@ -95,11 +104,14 @@ class Matcher:
         self._offset = 0
         self.provider: Callable[[], object] | None = None  # wires a shared database in (see ``share``)
         self._lock = threading.Lock()
+        self._heads = dict(heads or {})
+        self._suffixes = dict(suffixes or {})
+        self._head_dbs: dict[int, Multi] = {}
 
     def native(self) -> tuple[list[bytes], list[bool]]:
         """The native patterns (regexes then extras) and whether each ignores ASCII case."""
         flags = [self.caseless or bool(rx.flags & re.IGNORECASE) for rx in self.regexes]
-        pats = [self._prefixes.get(n, b"") + superset(rx.pattern) for n, rx in enumerate(self.regexes)]
+        pats = [self._prefixes.get(n, b"") + superset(self._suffixes.get(n, rx.pattern)) for n, rx in enumerate(self.regexes)]
         return pats + self._extra, flags + [self.caseless] * len(self._extra)
 
     def share(self, db: Multi, offset: int) -> None:
@@ -155,6 +167,32 @@ class Matcher:
             points = ends[n] if to_chars is None else to_chars(ends[n])
             yield from ((n, m) for m in self._confirm(n, sorted(set(points)), text, length))
 
+    def _head_db(self, n: int) -> Multi | None:
+        """The native database of regex ``n``'s heads, compiled on first use (None: it has none)."""
+        if n not in self._heads:
+            return None
+        db = self._head_dbs.get(n)
+        if db is None:
+            with self._lock:
+                db = self._head_dbs.get(n)
+                if db is None:
+                    db = self._head_dbs[n] = Multi([p for p, _ in self._heads[n]], caseless=[True] * len(self._heads[n]))
+        return db
+
+    def _starts(self, n: int, text: str, lo: int, endpos: int) -> list[int] | None:
+        """Where regex ``n`` may begin a match in ``text[lo:endpos]`` (sorted), from one native
+        scan of that window for its heads; None when it has no heads or the text is not ASCII."""
+        db = self._head_db(n)
+        if db is None or not text.isascii():
+            return None
+        heads = self._heads[n]
+        out: list[int] = []
+        for pid, ends in db.ends(text[lo:endpos].encode("ascii")).items():
+            back = heads[pid][1] - lo
+            out.extend(e - back for e in ends)
+        out.sort()
+        return out
+
     def _confirm(self, n: int, points: list[int], text: str, length: int) -> Iterator[re.Match[str]]:
         rx, width = self.regexes[n], self.widths[n]
         last_end = 0
@@ -166,9 +204,30 @@ class Matcher:
                 i += 1
                 hi = points[i]
             i += 1
-            for m in rx.finditer(text, lo, min(length, hi + LOOKAHEAD_SLACK)):
+            endpos = min(length, hi + LOOKAHEAD_SLACK)
+            starts = self._starts(n, text, lo, endpos) if n in self._heads else None
+            found = rx.finditer(text, lo, endpos) if starts is None else _at_starts(rx, text, lo, endpos, starts)
+            for m in found:
                 if m.end() > hi:
                     break
                 if m.end() > m.start():
                     last_end = m.end()
                     yield m
+
+
+def _at_starts(rx: re.Pattern[str], text: str, lo: int, endpos: int, starts: list[int]) -> Iterator[re.Match[str]]:
+    """What ``rx.finditer(text, lo, endpos)`` yields, trying ``rx`` only at ``starts`` (sorted,
+    every place where it can begin a match among them): a search tries each place in turn
+    and fails at the others. An empty match would make finditer step by one: then the
+    rest is left to finditer itself."""
+    i = bisect_left(starts, lo)
+    while i < len(starts) and starts[i] < endpos:
+        m = rx.match(text, starts[i], endpos)
+        if m is None:
+            i += 1
+            continue
+        if m.end() == m.start():
+            yield from rx.finditer(text, m.start(), endpos)
+            return
+        yield m
+        i = bisect_left(starts, m.end(), i + 1)

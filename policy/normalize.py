@@ -290,6 +290,8 @@ def _printable_ratio(text: str) -> float:
         return 0.0
     if text.isprintable():
         return 1.0
+    if text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():  # but for line breaks and tabs
+        return 1.0
     good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t")
     return good / len(text)
 
@@ -363,7 +365,10 @@ def decoded_payloads(root: View, budget: int,
                 out.append((m.start() + shift, m.end(), "base64", decoded))
                 budget -= len(raw)
                 break
-    for m in _confirmed(_HEX, text, sorted(set(hex_starts + b64_starts)), 13):
+    hex_starts = sorted(set(hex_starts + b64_starts))
+    if hex_starts and b"h" * 24 not in _classes(text, _HEX_CLASS).replace(b"s", b""):
+        hex_starts = []  # not twelve hex pairs anywhere, even with the separators taken out
+    for m in _confirmed(_HEX, text, hex_starts, 13):
         if budget <= 0:
             break
         digits = re.sub(r"[ :]", "", m.group())
@@ -381,15 +386,25 @@ def decoded_payloads(root: View, budget: int,
 
 
 def _confirmed(rx: re.Pattern[str], text: str, starts: list[int], slack: int = 0):
-    """Matches of ``rx`` beginning at a candidate start (or up to ``slack`` after it), once each."""
+    """Matches of ``rx`` beginning at a candidate start (or up to ``slack`` after it), once each.
+    With a slack, one search finds the leftmost match from a place (what a match tried at
+    each place in turn would find), and serves the later candidates until they pass it."""
     last = -1
+    ahead: re.Match[str] | None = None  # leftmost match beginning at or after ``searched``
+    searched = -1
     for start in starts:
-        for pos in range(max(start, last), start + slack + 1):
-            m = rx.match(text, pos)
-            if m is not None:
-                last = m.end()
-                yield m
-                break
+        lo, hi = max(start, last), start + slack
+        if lo > hi:
+            continue
+        if not slack:
+            m = rx.match(text, lo)
+        else:
+            if searched < 0 or lo < searched or (ahead is not None and ahead.start() < lo):
+                ahead, searched = rx.search(text, lo), lo
+            m = ahead if ahead is not None and ahead.start() <= hi else None
+        if m is not None:
+            last = m.end()
+            yield m
 
 
 def _b64(run: str) -> bytes | None:

@@ -156,6 +156,29 @@ INJECTION: list[Entry] = [
      _VERB_ANCHORS),
 ]
 
+# Native patterns narrower in cost, not in reach: every match of the entry ends with a
+# match of this regex at the same place (a suffix of the entry's regex), and scanning for
+# it is cheaper than for the whole (a common verb no longer opens a long partial match).
+NATIVE_SUFFIX: dict[str, str] = {
+    "exfil.sensitive_to_sink": rf"{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",
+}
+
+# Where matches begin: every match of these entries begins with one of the literals
+# (not after a letter when the flag is set, as the regex's own look-behind demands), so
+# a native hit is confirmed by trying the regex only there (``matcher.Matcher``).
+HEADS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "exfil.sensitive_to_sink": (_VERB_ANCHORS, True),
+    "exfil.sink_then_sensitive": (_VERB_ANCHORS, True),
+    "exfil.sensitive_verb": (_VERB_ANCHORS, True),
+    "exfil.embed_in_url": (("include", "append", "add", "put", "encode", "embed", "insert", "attach"), False),
+    "exfil.fetch_with_data": (("visit", "open", "fetch", "load", "navigate", "browse", "request", "curl", "wget", "go",
+                               "render", "call", "ping", "get"), False),
+    "destructive.shell": (("rm", "mkfs", "dd", "drop", "format", "curl", "wget"), True),
+    "override.now_you_are": (("you",), True),
+    "role.boundary": (("end", "clos"), False),
+    "tool.react": (("action",), False),
+}
+
 # Words that say a text discusses attacks rather than carries one (used with quoting).
 DISCUSSION = re.compile(
     r"prompt~injection|injection~attacks?|jailbreak|for~example|e\.g\.|such~as|attackers?|adversar|malicious|"

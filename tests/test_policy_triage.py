@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -262,8 +263,78 @@ def test_ascii_windows_reuse_the_triage_scan(monkeypatch):
     assert windows and max(windows) < len(data)
     scanned: list[int] = []
     real_ends = Multi.ends
-    monkeypatch.setattr(Multi, "ends", lambda self, d: scanned.append(len(d)) or real_ends(self, d))
+    main = det.native()[0]  # the vocabularies' database (small helper databases may scan a window)
+    monkeypatch.setattr(Multi, "ends", lambda self, d: (self is main and scanned.append(len(d))) or real_ends(self, d))
     assert gate(DEFAULT, "web_fetch", data).kind is VerdictKind.QUARANTINE
     assert scanned.count(len(data)) == 1 and not windows & set(scanned), (windows, scanned)
     rules = gate_module._plan(DEFAULT, "web_fetch")[1]
     assert _key(gate_module._scan_all(DEFAULT, data, rules)) == _key(gate_module._scan_all(DEFAULT, data, rules, triaged=False))
+
+
+def test_every_match_begins_at_a_declared_head():
+    """The heads of ``patterns.HEADS`` are where the confirmation tries a regex: every match
+    on every corpus text begins with one of them (not after a letter when so declared)."""
+    from fak.policy.patterns import HEADS
+
+    wrong = []
+    for row in ROWS:
+        text = fold(row["text"])
+        for name, _family, _w, rx, _a in det._INJECTION:
+            if name not in HEADS:
+                continue
+            literals, bounded = HEADS[name]
+            for m in rx.finditer(text):
+                s = m.start()
+                if not m.group().startswith(literals) or (bounded and s and "a" <= text[s - 1] <= "z"):
+                    wrong.append((row["id"], name, m.group()[:20]))
+    assert not wrong
+
+
+class _PlainChecks:
+    """The quoting and discussion checks as plain functions over the text (the reference)."""
+
+    def __init__(self, text: str, before: str) -> None:
+        self.text, self.before = text, before
+
+    def quoted(self, start: int) -> bool:
+        return det._quoted(self.text, start, self.before)
+
+    def discussed(self, start: int, end: int) -> bool:
+        return det._discussed(self.text, start, end)
+
+
+def test_confirmation_shortcuts_change_no_finding(monkeypatch):
+    """Trying regexes only at their heads, and the per-view quoting and discussion checks,
+    find exactly what a search over each window and the plain checks find: on every corpus
+    text and on a long document whose windows are read with the text before them."""
+    inputs = [r["text"].encode() for r in ROWS] + [_long_benign() + ATTACK.encode() + _long_benign()[:5000]]
+    rules = DEFAULT.spec.detectors
+    fast = [_key(gate_module._scan_all(DEFAULT, data, rules)) for data in inputs]
+    monkeypatch.setattr(det.INJ, "_heads", {})
+    monkeypatch.setattr(det, "_Checks", _PlainChecks)
+    plain = [_key(gate_module._scan_all(DEFAULT, data, rules)) for data in inputs]
+    assert [i for i, (a, b) in enumerate(zip(fast, plain, strict=True)) if a != b] == []
+    assert any(fast)
+
+
+def _confirmed_by_definition(rx, text, starts, slack):
+    last = -1
+    for start in starts:
+        for pos in range(max(start, last), start + slack + 1):
+            m = rx.match(text, pos)
+            if m is not None:
+                last = m.end()
+                yield m.span()
+                break
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0a: Zx", max_size=120), st.lists(st.integers(0, 120), max_size=12), st.integers(0, 13))
+def test_run_confirmation_with_slack_matches_its_definition(text, starts, slack):
+    """One search serving several candidates finds what trying each place in turn finds."""
+    from fak.policy.normalize import _HEX, _confirmed
+
+    starts = sorted(starts)
+    runs = re.compile(r"(?<![0a])(?:[0a]{2}[ :]?){3,}(?![0a])")  # _HEX with short runs: matches are common
+    for rx in (_HEX, runs):
+        assert [m.span() for m in _confirmed(rx, text, starts, slack)] == list(_confirmed_by_definition(rx, text, starts, slack))
