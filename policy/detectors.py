@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from fak.policy.hsdb import Multi, superset
-from fak.policy.matcher import Matcher, encode, max_width
-from fak.policy.normalize import FoldView, View
+from fak.policy.matcher import Matcher, char_offsets, encode, max_width
+from fak.policy.normalize import FoldView, View, utf8_shifts
 from fak.policy.patterns import (
     DISCUSSION,
     FOLDED_TRIGGERS,
@@ -153,11 +153,21 @@ def _talk_db() -> Multi:
     return _TALK[0]
 
 
+def _talk_ends(text: str) -> list[int]:
+    """Character offsets where a discussion match may end (sorted; [] when there are none)."""
+    data = encode(text)
+    ends = sorted({e for found in _talk_db().ends(data).values() for e in found})
+    if len(data) != len(text) and ends:
+        shifts = utf8_shifts(text)
+        ends = [shifts.back(e) for e in ends] if shifts is not None else char_offsets(text, data).searchsorted(ends).tolist()
+    return ends
+
+
 class _Checks:
     """The quoting and discussion checks of the matches in one view, with what they read
     found once per view: code fences and <code> tags over the text preceded by ``before``
-    (the input before this window), and, for ASCII text, where a discussion word may end
-    (one native scan), so each check is a few bisections and at most a short search.
+    (the input before this window), and where a discussion word may end (one native scan),
+    so each check is a few bisections and at most a short search.
     Same answers as ``_quoted(text, start, before)`` and ``_discussed``."""
 
     def __init__(self, text: str, before: str) -> None:
@@ -165,7 +175,7 @@ class _Checks:
         self.off = min(len(before), QUOTE_LOOKBACK)
         self.joined = before[len(before) - self.off :] + text if self.off else text
         self._marks: _Marks | None = None
-        self._talk: list[int] | None = None
+        self._talk: list[int] | None = None  # where a discussion match may end
 
     def quoted(self, start: int) -> bool:
         at = self.off + start
@@ -179,16 +189,15 @@ class _Checks:
     def discussed(self, start: int, end: int) -> bool:
         text = self.text
         lo, hi = max(0, start - 300), min(len(text), end + 300)
-        if text.isascii():
-            if self._talk is None:
-                self._talk = sorted({e for ends in _talk_db().ends(text.encode("ascii")).values() for e in ends})
-            # every discussion match ends where the native pass says one may: none in (lo, hi]
-            # means none at all; one starting before the first such end minus the longest
-            # match would end before it, so the search can begin there
-            i = bisect_right(self._talk, lo)
-            if i == len(self._talk) or self._talk[i] > hi:
-                return False
-            lo = max(lo, self._talk[i] - _TALK_WIDTH)
+        if self._talk is None:
+            self._talk = _talk_ends(text)
+        # every discussion match ends where the native pass says one may: none in (lo, hi]
+        # means none at all; one starting before the first such end minus the longest
+        # match would end before it, so the search can begin there
+        i = bisect_right(self._talk, lo)
+        if i == len(self._talk) or self._talk[i] > hi:
+            return False
+        lo = max(lo, self._talk[i] - _TALK_WIDTH)
         return DISCUSSION.search(text, lo, hi) is not None
 
 

@@ -22,7 +22,7 @@ import binascii
 import html
 import re
 import unicodedata
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -175,20 +175,85 @@ class View:
         return pstart, pend, False
 
 
+class Shifts:
+    """The map between a text and a form of it in which the characters at ``idx`` (sorted)
+    became ``lens[k]`` characters (or bytes) long and every other one stayed one long; a
+    few bisections per query, built from the changed characters only (for text that is
+    mostly ASCII, much cheaper than a cumulative array over every character)."""
+
+    def __init__(self, idx: list[int], lens: list[int], n: int) -> None:
+        self.idx = idx
+        self.shift = [0]  # segment j: characters after idx[j-1] up to idx[j] are shifted by shift[j]
+        self.seg_start = [0]  # where segment j starts in the form
+        for k, (i, length) in enumerate(zip(idx, lens, strict=True)):
+            self.shift.append(self.shift[k] + length - 1)
+            self.seg_start.append(i + 1 + self.shift[k + 1])
+        self.last = idx + [n]  # last character of each segment
+
+    def forward(self, i: int) -> int:
+        """Where character ``i`` begins in the form (``i == n``: the form's length)."""
+        return i + self.shift[bisect_left(self.idx, i)]
+
+    def back(self, pos: int) -> int:
+        """The last character that begins at or before ``pos`` in the form."""
+        j = bisect_right(self.seg_start, pos) - 1
+        return min(pos - self.shift[j], self.last[j])
+
+
+SPARSE_MAX = 4096  # changed characters up to which a ``Shifts`` map is used (else a cumulative array)
+
+
+def fold_shifts(text: str) -> Shifts | None:
+    """``Shifts`` from ``text`` to ``fold(text)`` (None: too many changed characters)."""
+    wide = _non_ascii(text)
+    if wide is None:
+        return None
+    idx: list[int] = []
+    lens: list[int] = []
+    for k, code in wide:
+        length = len(_TABLE[code])
+        if length != 1:
+            idx.append(k)
+            lens.append(length)
+    return Shifts(idx, lens, len(text))
+
+
+def utf8_shifts(text: str) -> Shifts | None:
+    """``Shifts`` from a surrogateescape-decoded text to its bytes (None: too many non-ASCII characters)."""
+    wide = _non_ascii(text)
+    if wide is None:
+        return None
+    lens = [1 if 0xDC80 <= code <= 0xDCFF else 2 if code < 0x800 else 3 if code < 0x10000 else 4 for _, code in wide]
+    return Shifts([k for k, _ in wide], lens, len(text))
+
+
+def _non_ascii(text: str) -> list[tuple[int, int]] | None:
+    """(index, code point) of each non-ASCII character, or None when there are more than ``SPARSE_MAX``."""
+    cps = _code_points(text)
+    where = np.flatnonzero(cps >= 0x80)
+    if len(where) > SPARSE_MAX:
+        return None
+    return list(zip(where.tolist(), cps[where].tolist(), strict=True))
+
+
 class FoldView(View):
     """Folded text of its parent; the per-character map is built only when a match needs it."""
 
-    _cum: np.ndarray | None = None
+    _cum: np.ndarray | Shifts | None = None
 
     def to_parent(self, start: int, end: int) -> tuple[int, int, bool]:
         parent = self.parent
         if parent is not None and len(self.text) == len(parent.text) and parent.text.isascii():
             return start, end, True
         if self._cum is None:
-            self._cum = fold_offsets(parent.text)
+            self._cum = fold_shifts(parent.text) or fold_offsets(parent.text)
         cum = self._cum
-        a = int(np.searchsorted(cum, start, side="right")) - 1
-        b = int(np.searchsorted(cum, max(end - 1, start), side="right")) - 1
+        last = max(end - 1, start)
+        if isinstance(cum, Shifts):
+            a, b = cum.back(start), cum.back(last)
+        else:
+            a = int(cum.searchsorted(start, side="right")) - 1
+            b = int(cum.searchsorted(last, side="right")) - 1
         return a, min(b + 1, len(parent.text)), True
 
 
@@ -236,8 +301,10 @@ def piecewise(parent: View, pattern: re.Pattern[str], repl, layer: str) -> View 
     return View("".join(out), layer, parent, pieces, parent.depth)
 
 
-def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: np.ndarray | None) -> tuple[int, int, bool]:
-    """Map a span in ``view`` back to byte offsets of the original input."""
+def byte_span(view: View, start: int, end: int, root_bytes_len: int,
+              cum: np.ndarray | Shifts | None) -> tuple[int, int, bool]:
+    """Map a span in ``view`` back to byte offsets of the original input (``cum``: the root
+    text's characters to bytes, ``char_byte_offsets`` or ``utf8_shifts``; None for ASCII)."""
     exact = True
     while view.parent is not None:
         start, end, ok = view.to_parent(start, end)
@@ -245,6 +312,8 @@ def byte_span(view: View, start: int, end: int, root_bytes_len: int, cum: np.nda
         view = view.parent
     if cum is None:  # the root text is ASCII (one byte per character)
         return start, end, exact
+    if isinstance(cum, Shifts):
+        return cum.forward(start), cum.forward(min(end, cum.last[-1])), exact
     return int(cum[start]), int(cum[min(end, len(cum) - 1)]), exact
 
 

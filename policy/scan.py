@@ -13,6 +13,7 @@ import numpy as np
 from fak.policy.normalize import (
     _RUN,
     FoldView,
+    Shifts,
     View,
     _collapse,
     byte_span,
@@ -22,6 +23,7 @@ from fak.policy.normalize import (
     may_have_letter_run,
     piecewise,
     unescape_view,
+    utf8_shifts,
 )
 
 _SURROGATE = re.compile("[\udc80-\udcff]+")
@@ -45,7 +47,7 @@ class Scan:
     folded_views: list[View] = field(default_factory=list)
     invalid_utf8: int = 0
     before: bytes = b""  # the input bytes just before this window (context for quoting)
-    _cum: np.ndarray | None = None
+    _cum: np.ndarray | Shifts | None = None
     _cum_ready: bool = False
     _before_folded: str | None = None
     native: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = field(default_factory=dict, repr=False)
@@ -59,7 +61,8 @@ class Scan:
 
     def to_bytes(self, view: View, start: int, end: int) -> tuple[int, int, bool]:
         if not self._cum_ready:
-            self._cum = None if self.data.isascii() else char_byte_offsets(self.root.text)
+            text = self.root.text
+            self._cum = None if self.data.isascii() else (utf8_shifts(text) or char_byte_offsets(text))
             self._cum_ready = True
         return byte_span(view, start, end, len(self.data), self._cum)
 

@@ -65,3 +65,23 @@ def test_committed_corpus_matches_its_generator():
     assert {("dev", "injected"), ("heldout", "injected"), ("dev", "benign"), ("heldout", "benign")} <= labels
     assert sum(r["label"] == "injected" for r in committed) >= 200
     assert sum(r["label"] == "benign" for r in committed) >= 200
+
+
+TEXTS = st.lists(st.sampled_from(["a", "B", " ", "\u200b", "ﬁ", "é", "Ａ", "\u0301", "\U000e0041", "\udcff", "—", "ß",
+                                  "İ", "😀", "ǅ", "\ufe0f", "x"]), max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXTS)
+def test_sparse_position_maps_agree_with_the_cumulative_arrays(text):
+    """``Shifts`` (built from the changed characters only) maps positions exactly as the
+    cumulative arrays over every character do: folded text back to its parent, characters
+    to UTF-8 bytes."""
+    from fak.policy.normalize import char_byte_offsets, fold_offsets, fold_shifts, utf8_shifts
+
+    cum, sparse = fold_offsets(text), fold_shifts(text)
+    for pos in range(len(fold(text)) + 1):
+        assert sparse.back(pos) == int(cum.searchsorted(pos, side="right")) - 1
+    cum, sparse = char_byte_offsets(text), utf8_shifts(text)
+    for i in range(len(text) + 1):
+        assert sparse.forward(i) == int(cum[i])
