@@ -92,6 +92,25 @@ def native() -> tuple[Multi, int]:
 
 INJ.provider = SEC.provider = native
 
+WEIGHTS = [(e[1], e[2]) for e in _INJECTION]  # (family, weight) per injection pattern
+_ANCHOR_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\[zZAbB]")
+
+
+def _anchored(pattern: bytes) -> bool:
+    """Whether a native pattern can depend on where the scanned text starts or ends."""
+    if _ANCHOR_ESCAPE.search(pattern):
+        return True
+    bare = re.sub(rb"\[[^\]]*\]", b"", re.sub(rb"\\.", b"", pattern))  # escapes, then classes, taken out
+    return b"^" in bare or b"$" in bare
+
+
+# Per family, the strongest injection pattern whose native form is anchored (see ``gate._quiet``).
+EDGE_WEIGHTS: dict[str, float] = {}
+for _n, _pat in enumerate(INJ.native()[0][: INJ.count]):
+    if _anchored(_pat):
+        _family, _weight = WEIGHTS[_n]
+        EDGE_WEIGHTS[_family] = max(EDGE_WEIGHTS.get(_family, 0.0), _weight)
+
 
 class _Marks:
     """Positions of code fences and <code>/</code> tags in one text, found once, so the
@@ -298,7 +317,12 @@ _ANY_HIDDEN = re.compile(r"[\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u034f\u20
 
 def obfuscation(scan: Scan) -> list[Finding]:
     text = scan.root.text
-    if text.isascii() or _ANY_HIDDEN.search(text) is None:
+    if text.isascii():
+        return []
+    known = scan.native.get(text)  # the raw text's native ends, when scanned already
+    if known is not None and SEC.count not in known[1]:
+        return []  # the raw trigger (every character ``_ANY_HIDDEN`` looks for) never fired
+    if _ANY_HIDDEN.search(text) is None:
         return []
     out: list[Finding] = []
     hidden = list(_INVISIBLE_IN_WORD.finditer(text))

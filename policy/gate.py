@@ -12,6 +12,7 @@ have done.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -140,10 +141,24 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
     """Findings per detector (per rule id for regex rules) over the hot regions only
     (``triaged=False``: over the whole input with every view, the reference the triage
     is tested against)."""
+    return _scan(policy, data, rules, triaged)[0]
+
+
+def _injection_floor(rules: list[DetectorRule]) -> float | None:
+    """The lowest threshold of the injection rules (None: no such rule)."""
+    return min((r.threshold for r in rules if r.detector == "injection"), default=None)
+
+
+def _scan(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: bool = True, floor: float | None = None,
+          tri: triage.Triage | None = None) -> tuple[dict[str, list[Finding]], bool, triage.Triage | None]:
+    """``_scan_all``, and with ``floor`` (the lowest injection threshold) it leaves out the
+    injection findings of regions where they cannot reach it (``_quiet``): (findings,
+    whether any region was left out, the triage made, which ``tri`` passes back in so a
+    second scan does not repeat it)."""
     out: dict[str, list[Finding]] = {}
     scanning = [r for r in rules if r.detector not in ("oversize", "repetition")]
     if not scanning:
-        return out
+        return out, False, None
     custom = [policy.custom[r.id] for r in scanning if r.detector == "regex"]
     triage_custom = None
     if custom:
@@ -151,15 +166,20 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
                                              [rx for rx in custom if not rx.flags & re.IGNORECASE])
     norm = policy.spec.normalization
     budget = [norm.max_decoded_bytes]
-    regions, raw_ends = triage.triage(data, triage_custom) if triaged else ([triage.Region(0, len(data), ALL_VIEWS)], None)
-    for lo, hi, views in regions:
+    if triaged:
+        tri = tri or triage.triage(data, triage_custom)
+        regions, raw_ends, inj_ends = tri
+    else:
+        regions, raw_ends, inj_ends = [triage.Region(0, len(data), ALL_VIEWS)], None, None
+    quiet = set() if floor is None or inj_ends is None else _quiet(data, regions, inj_ends, floor)
+    for k, (lo, hi, views) in enumerate(regions):
         window = data[lo:hi]
         scan = prepare(window, norm.max_decode_depth, norm.max_decoded_bytes,
                        before=data[max(0, lo - detectors.QUOTE_LOOKBACK) : lo], budget=budget, derive=views,
                        child_triage=None if custom or not triaged else triage.text_views)
         if raw_ends is not None:  # the window's bytes were scanned already: no second scan
             scan.native[scan.root.text] = triage.region_ends(raw_ends, lo, hi)
-        cache: dict[str, list[Finding]] = {}
+        cache: dict[str, list[Finding]] = {"injection": []} if k in quiet else {}
         for rule in scanning:
             found = _findings(scan, rule, policy, cache)
             if not found:
@@ -169,6 +189,42 @@ def _scan_all(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: b
                 found = [Finding(f.detector, f.family, f.name, f.score, f.start + lo, f.end + lo, f.exact, f.layer)
                          for f in found]
             out.setdefault(key, []).extend(found)
+    return out, bool(quiet), tri
+
+
+PRUNE_MIN = 8192  # bytes: below this, leaving regions out saves less than finding out which costs
+REACH = SCORE_WINDOW + detectors.INJECTION_SPAN  # bytes around a region whose hits may share a window with its findings
+
+
+def _quiet(data: bytes, regions: list[triage.Region], ends: dict[int, list[int]], floor: float) -> set[int]:
+    """Regions whose injection findings cannot reach ``floor`` in any score window, so that
+    leaving them out changes no verdict: every native hit of an injection pattern within
+    ``REACH`` of the region (a finding's start lies within its pattern's longest match
+    before the hit's end) is taken at its full weight, the strongest per family combined
+    as ``_score`` does. Only regions scanned as plain text (no de-spaced, decoded or
+    unescaped view, whose hits the native pass over the input does not see) qualify; a
+    non-ASCII region is scanned folded on its own, where a pattern anchored at the start or
+    end of text may also match at its edges, so those patterns count there as if they hit."""
+    out: set[int] = set()
+    plain = [k for k, region in enumerate(regions) if region.views == triage.NONE]
+    if not plain:
+        return out
+    count = detectors.INJ.count
+    hits = sorted((e, pid) for pid, found in ends.items() if pid < count for e in found)
+    at = [e for e, _ in hits]
+    ascii_input = data.isascii()
+    for k in plain:
+        lo, hi, _ = regions[k]
+        best = {} if ascii_input or data[lo:hi].isascii() else dict(detectors.EDGE_WEIGHTS)
+        for _, pid in hits[bisect_left(at, lo - REACH) : bisect_right(at, hi + REACH)]:
+            family, weight = detectors.WEIGHTS[pid]
+            if weight > best.get(family, 0.0):
+                best[family] = weight
+        miss = 1.0
+        for weight in best.values():
+            miss *= 1.0 - weight
+        if 1.0 - miss < floor:
+            out.add(k)
     return out
 
 
@@ -218,7 +274,22 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
                       start=limit, end=size, score=1.0, exact=True)
         return _finish(policy, tool, kind, rule_id, [match], None, 1.0, size)
 
-    found_all = _scan_all(policy, data, rules)
+    # Injection findings that cannot reach a threshold are left out at first; if an injection
+    # rule fires all the same, every region is scanned again so that its matches are complete.
+    floor = _injection_floor(rules) if size >= PRUNE_MIN else None
+    found_all, partial, tri = _scan(policy, data, rules, floor=floor)
+    decided = _decide(settings, rules, data, found_all)
+    if partial and any(m.detector == "injection" for m in decided[3]):
+        decided = _decide(settings, rules, data, _scan(policy, data, rules, tri=tri)[0])
+    kind, rule_id, best_score, matches, redact_spans = decided
+    redacted = _redact(data, redact_spans) if kind is VerdictKind.REDACT else None
+    return _finish(policy, tool, kind, rule_id, matches, redacted, round(best_score, 4), size)
+
+
+def _decide(settings: ToolSettings, rules: list[DetectorRule], data: bytes, found_all: dict[str, list[Finding]]
+            ) -> tuple[VerdictKind, str, float, list[Match], list[tuple[int, int, str]]]:
+    """The most restrictive rule that fires: (verdict, rule id, score, matches of every rule
+    that fires, spans to redact)."""
     kind, rule_id, best_score = settings.verdict, settings.rule_id, 0.0
     matches: list[Match] = []
     redact_spans: list[tuple[int, int, str]] = []
@@ -244,5 +315,4 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
             redact_spans.extend((f.start, f.end, f.family) for f in found)
         if (rule.verdict.severity, score) > (kind.severity, best_score):
             kind, rule_id, best_score = rule.verdict, rule.id, score
-    redacted = _redact(data, redact_spans) if kind is VerdictKind.REDACT else None
-    return _finish(policy, tool, kind, rule_id, matches, redacted, round(best_score, 4), size)
+    return kind, rule_id, best_score, matches, redact_spans

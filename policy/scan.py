@@ -38,19 +38,29 @@ def _despace_view(parent: View) -> View | None:
 @dataclass
 class Scan:
     """Views of one input. ``raw_views`` keep case (for secrets); ``folded_views`` are
-    lower-case normal forms (for injection phrases)."""
+    lower-case normal forms (for injection phrases), built on first use (a window whose
+    injection findings cannot change the verdict is never folded)."""
 
     data: bytes
     root: View
-    folded: View
     raw_views: list[View] = field(default_factory=list)
-    folded_views: list[View] = field(default_factory=list)
     invalid_utf8: int = 0
     before: bytes = b""  # the input bytes just before this window (context for quoting)
     _cum: np.ndarray | Shifts | None = None
     _cum_ready: bool = False
     _before_folded: str | None = None
     native: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = field(default_factory=dict, repr=False)
+    _to_fold: list[tuple[View, bool]] = field(default_factory=list, repr=False)  # (view, de-space it too), in order
+    _folded_views: list[View] | None = field(default=None, repr=False)
+
+    @property
+    def folded_views(self) -> list[View]:
+        if self._folded_views is None:
+            out: list[View] = []
+            for view, despace in self._to_fold:
+                _add_folded(out, view, despace)
+            self._folded_views = out
+        return self._folded_views
 
     @property
     def before_folded(self) -> str:
@@ -74,12 +84,12 @@ ROOT, DESPACE, UNESCAPE, PAYLOAD = "root", "despace", "unescape", "payload"
 ALL_VIEWS = frozenset({ROOT, DESPACE, UNESCAPE, PAYLOAD})
 
 
-def _add_folded(scan: Scan, view: View, despace: bool = True) -> None:
+def _add_folded(out: list[View], view: View, despace: bool = True) -> None:
     fv = FoldView(fold(view.text), "folded" if view.parent is None else view.layer, view, None, view.depth)
-    scan.folded_views.append(fv)
+    out.append(fv)
     dv = _despace_view(fv) if despace else None
     if dv is not None:
-        scan.folded_views.append(dv)
+        out.append(dv)
 
 
 ChildTriage = Callable[[str], "frozenset[str] | None"]
@@ -93,11 +103,11 @@ def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: f
     is clean (then it is not scanned at all); without it every view is built."""
     if ROOT in derive:
         scan.raw_views.append(view)
-        _add_folded(scan, view, DESPACE in derive)
+        scan._to_fold.append((view, DESPACE in derive))
     un = unescape_view(view) if UNESCAPE in derive else None
     if un is not None:
         scan.raw_views.append(un)
-        _add_folded(scan, un)
+        scan._to_fold.append((un, True))
     if view.depth >= max_depth or budget[0] <= 0:
         return
     sources = ([view] if PAYLOAD in derive else []) + ([un] if un is not None else [])
@@ -126,9 +136,8 @@ def prepare(data: bytes, max_depth: int = 2, max_decoded: int = 65536, before: b
         text = data.decode("utf-8", "surrogateescape")
         invalid = sum(len(m.group()) for m in _SURROGATE.finditer(text)) if not _valid_utf8(data) else 0
     root = View(text, "text")
-    scan = Scan(data, root, root, invalid_utf8=invalid, before=before)
+    scan = Scan(data, root, invalid_utf8=invalid, before=before)
     _expand(scan, root, max_depth, budget if budget is not None else [max_decoded], derive, child_triage)
-    scan.folded = scan.folded_views[0] if scan.folded_views else FoldView(fold(text), "folded", root, None, 0)
     return scan
 
 

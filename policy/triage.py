@@ -243,17 +243,25 @@ def _boundary(data: bytes, pos: int) -> int:
 def hot_regions(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) -> list[Region]:
     """Byte ranges of ``data`` that need the full scan, merged and sorted, each with the
     derived views its triggers call for; [] when the input is clean."""
-    return triage(data, custom, left)[0]
+    return triage(data, custom, left).regions
 
 
-def triage(data: bytes, custom: CustomTriage | None = None,
-           left: int = LEFT) -> tuple[list[Region], tuple[dict[int, list[int]], dict[int, list[int]]] | None]:
-    """``hot_regions`` and the native scan of the raw bytes it made: (injection, secret)
-    ends per pattern, so that an ASCII region need not be scanned again (None when the
-    input was not scanned)."""
+class Triage(NamedTuple):
+    """What ``triage`` found: the hot regions; the native scan of the raw bytes, (injection,
+    secret) ends per pattern, so that an ASCII region need not be scanned again; and the
+    injection patterns' ends in the folded input (raw offsets; the raw scan's where the
+    input is ASCII). Both None when the input was not scanned."""
+
+    regions: list[Region]
+    raw: tuple[dict[int, list[int]], dict[int, list[int]]] | None
+    injection: dict[int, list[int]] | None
+
+
+def triage(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) -> Triage:
+    """``hot_regions`` and the native scans it made (see ``Triage``)."""
     size = len(data)
     if custom is not None and not custom.ok:
-        return ([Region(0, size, ALL_VIEWS)] if size else []), None
+        return Triage([Region(0, size, ALL_VIEWS)] if size else [], None, None)
     if custom is not None:
         left = max(left, custom.width + RIGHT)
     folded = fold_bytes(data)
@@ -290,7 +298,7 @@ def triage(data: bytes, custom: CustomTriage | None = None,
         if custom.raw is not None:
             for ends in custom.raw.ends(data).values():
                 spans.extend((max(0, e - left), e + RIGHT, NONE) for e in ends)
-    return _merge(data, spans), raw_scan
+    return Triage(_merge(data, spans), raw_scan, inj_ends)
 
 
 def region_ends(raw: tuple[dict[int, list[int]], dict[int, list[int]]], start: int,
