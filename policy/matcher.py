@@ -181,13 +181,14 @@ class Matcher:
 
     def _starts(self, n: int, text: str, lo: int, endpos: int) -> list[int] | None:
         """Where regex ``n`` may begin a match in ``text[lo:endpos]`` (sorted), from one native
-        scan of that window for its heads; None when it has no heads or the text is not ASCII."""
+        scan of that window for its heads; None when it has no heads or the window is not ASCII."""
         db = self._head_db(n)
-        if db is None or not text.isascii():
+        window = text[lo:endpos]
+        if db is None or not window.isascii():
             return None
         heads = self._heads[n]
         out: list[int] = []
-        for pid, ends in db.ends(text[lo:endpos].encode("ascii")).items():
+        for pid, ends in db.ends(window.encode("ascii")).items():
             back = heads[pid][1] - lo
             out.extend(e - back for e in ends)
         out.sort()
