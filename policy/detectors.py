@@ -241,12 +241,15 @@ def _native_ends(scan: Scan, text: str) -> tuple[dict[int, list[int]], dict[int,
     return found
 
 
-def _scanned_text(view: View) -> str:
-    """The text whose native scan serves ``view``: a folded ASCII view is its parent lower-cased,
-    and the injection patterns ignore ASCII case, so the parent's scan (shared with the
-    secrets detector) gives the same ends."""
+def _scanned_text(scan: Scan, view: View) -> str:
+    """The text whose native scan serves ``view``: the folded root view is the root text
+    lower-cased (always so for ASCII; for other text when folding changed nothing else),
+    and the injection patterns ignore ASCII case, so the root's scan (shared with the
+    secrets detector, and in a window of a larger input taken from the triage) gives the
+    same ends."""
     parent = view.parent
-    if isinstance(view, FoldView) and parent is not None and len(parent.text) == len(view.text) and parent.text.isascii():
+    same = isinstance(view, FoldView) and parent is not None and len(parent.text) == len(view.text)
+    if same and (parent.text.isascii() or (parent is scan.root and encode(view.text) == scan.data.lower())):
         return parent.text
     return view.text
 
@@ -257,7 +260,7 @@ def injection(scan: Scan) -> list[Finding]:
     for view in scan.folded_views:
         text = view.text
         checks: _Checks | None = None
-        for n, m in INJ.finditer(text, _native_ends(scan, _scanned_text(view))[0]):
+        for n, m in INJ.finditer(text, _native_ends(scan, _scanned_text(scan, view))[0]):
             name, family, weight, _, _ = _INJECTION[n]
             if name in LINE_START and not _at_line_start(text, m.start()):
                 continue

@@ -100,12 +100,24 @@ def fold(text: str) -> str:
         return text.lower()
     out: list[str] = []
     pos = 0
-    for m in _NON_ASCII_TEXT.finditer(text):
-        out.append(text[pos : m.start()].lower())
-        out.append(m.group().translate(_TABLE))
-        pos = m.end()
+    for start, end in _non_ascii_runs(text):
+        out.append(text[pos:start].lower())
+        out.append(text[start:end].translate(_TABLE))
+        pos = end
     out.append(text[pos:].lower())
     return "".join(out)
+
+
+def _non_ascii_runs(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each run of non-ASCII characters; vectorised for long text (a regex
+    walks a non-ASCII string slowly)."""
+    if len(text) < 2048:
+        return [m.span() for m in _NON_ASCII_TEXT.finditer(text)]
+    where = np.flatnonzero(_code_points(text) >= 0x80)
+    cuts = np.flatnonzero(np.diff(where) > 1)
+    starts = np.concatenate((where[:1], where[cuts + 1]))
+    ends = np.concatenate((where[cuts], where[-1:])) + 1
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 # A run of single characters split by spaces. It may touch markup or punctuation

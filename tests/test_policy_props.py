@@ -85,3 +85,14 @@ def test_sparse_position_maps_agree_with_the_cumulative_arrays(text):
     cum, sparse = char_byte_offsets(text), utf8_shifts(text)
     for i in range(len(text) + 1):
         assert sparse.forward(i) == int(cum[i])
+
+
+@settings(max_examples=100, deadline=None)
+@given(TEXTS, st.integers(1, 200))
+def test_fold_of_long_text_is_per_character(text, times):
+    """Long text finds its non-ASCII runs another way (vectorised): the fold is still the
+    per-character one."""
+    from fak.policy.normalize import _TABLE
+
+    long = (text + "plain ASCII words ") * times
+    assert fold(long) == "".join(ch.lower() if ord(ch) < 128 else _TABLE[ord(ch)] for ch in long)
