@@ -105,6 +105,8 @@ class Matcher:
         self.provider: Callable[[], object] | None = None  # wires a shared database in (see ``share``)
         self._lock = threading.Lock()
         self._heads = dict(heads or {})
+        self._quick = {n: re.compile(_LEADING_LOOKBEHIND.sub("", rx.pattern), rx.flags)
+                       for n, rx in enumerate(self.regexes) if _LEADING_LOOKBEHIND.match(rx.pattern)}
         self._suffixes = dict(suffixes or {})
         self._head_dbs: dict[int, Multi] = {}
 
@@ -207,13 +209,43 @@ class Matcher:
             i += 1
             endpos = min(length, hi + LOOKAHEAD_SLACK)
             starts = self._starts(n, text, lo, endpos) if n in self._heads else None
-            found = rx.finditer(text, lo, endpos) if starts is None else _at_starts(rx, text, lo, endpos, starts)
+            if starts is not None:
+                found = _at_starts(rx, text, lo, endpos, starts)
+            elif n in self._quick:
+                found = _via_quick(rx, self._quick[n], text, lo, endpos)
+            else:
+                found = rx.finditer(text, lo, endpos)
             for m in found:
                 if m.end() > hi:
                     break
                 if m.end() > m.start():
                     last_end = m.end()
                     yield m
+
+
+# Look-behinds that begin a regex: a search for such a regex tries every place in turn (no
+# literal to skip ahead by); without them it skips ahead, and the full regex confirms.
+_LEADING_LOOKBEHIND = re.compile(r"^(?:\(\?<[!=](?:\\.|\[(?:\\.|[^\]])*\]|[^()\\])*\))+")
+
+
+def _via_quick(rx: re.Pattern[str], quick: re.Pattern[str], text: str, lo: int, endpos: int) -> Iterator[re.Match[str]]:
+    """What ``rx.finditer(text, lo, endpos)`` yields, where ``quick`` is ``rx`` without its
+    leading look-behinds (it matches wherever ``rx`` does): ``quick`` finds each candidate
+    place, ``rx`` is tried there."""
+    pos = lo
+    while pos <= endpos:
+        q = quick.search(text, pos, endpos)
+        if q is None:
+            return
+        m = rx.match(text, q.start(), endpos)
+        if m is None:
+            pos = q.start() + 1
+            continue
+        if m.end() == m.start():
+            yield from rx.finditer(text, m.start(), endpos)
+            return
+        yield m
+        pos = m.end()
 
 
 def _at_starts(rx: re.Pattern[str], text: str, lo: int, endpos: int, starts: list[int]) -> Iterator[re.Match[str]]:

@@ -174,7 +174,6 @@ HEADS: dict[str, tuple[tuple[str, ...], bool]] = {
     "exfil.fetch_with_data": (("visit", "open", "fetch", "load", "navigate", "browse", "request", "curl", "wget", "go",
                                "render", "call", "ping", "get"), False),
     "destructive.shell": (("rm", "mkfs", "dd", "drop", "format", "curl", "wget"), True),
-    "override.now_you_are": (("you",), True),
     "role.boundary": (("end", "clos"), False),
     "tool.react": (("action",), False),
 }

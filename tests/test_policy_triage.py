@@ -304,13 +304,15 @@ class _PlainChecks:
 
 
 def test_confirmation_shortcuts_change_no_finding(monkeypatch):
-    """Trying regexes only at their heads, and the per-view quoting and discussion checks,
-    find exactly what a search over each window and the plain checks find: on every corpus
-    text and on a long document whose windows are read with the text before them."""
+    """Trying regexes only at their heads or where they match without their leading
+    look-behinds, and the per-view quoting and discussion checks, find exactly what a
+    search over each window and the plain checks find: on every corpus text and on a long
+    document whose windows are read with the text before them."""
     inputs = [r["text"].encode() for r in ROWS] + [_long_benign() + ATTACK.encode() + _long_benign()[:5000]]
     rules = DEFAULT.spec.detectors
     fast = [_key(gate_module._scan_all(DEFAULT, data, rules)) for data in inputs]
     monkeypatch.setattr(det.INJ, "_heads", {})
+    monkeypatch.setattr(det.INJ, "_quick", {})
     monkeypatch.setattr(det, "_Checks", _PlainChecks)
     plain = [_key(gate_module._scan_all(DEFAULT, data, rules)) for data in inputs]
     assert [i for i, (a, b) in enumerate(zip(fast, plain, strict=True)) if a != b] == []
