@@ -17,7 +17,6 @@ Steps (each bounded, none can raise on any input):
 
 from __future__ import annotations
 
-import base64
 import binascii
 import html
 import re
@@ -452,7 +451,7 @@ def decoded_payloads(root: View, budget: int,
     for m in _confirmed(_HEX, text, hex_starts, 13):
         if budget <= 0:
             break
-        digits = re.sub(r"[ :]", "", m.group())
+        digits = m.group().replace(" ", "").replace(":", "")
         if len(digits) % 2:
             digits = digits[:-1]
         try:
@@ -488,12 +487,18 @@ def _confirmed(rx: re.Pattern[str], text: str, starts: list[int], slack: int = 0
             yield m
 
 
+_URLSAFE = str.maketrans("-_", "+/")
+
+
 def _b64(run: str) -> bytes | None:
+    """``base64.b64decode(validate=True)``, or ``urlsafe_b64decode`` for the URL-safe
+    alphabet, of ``run`` padded; None when it does not decode (binascii directly: the
+    wrappers cost more than the decoding of a short run)."""
     body = run.rstrip("=")
     pad = "=" * (-len(body) % 4)
     try:
         if "-" in body or "_" in body:
-            return base64.urlsafe_b64decode(body + pad)
-        return base64.b64decode(body + pad, validate=True)
+            return binascii.a2b_base64((body + pad).translate(_URLSAFE))
+        return binascii.a2b_base64(body + pad, strict_mode=True)
     except (binascii.Error, ValueError):
         return None

@@ -96,3 +96,25 @@ def test_fold_of_long_text_is_per_character(text, times):
 
     long = (text + "plain ASCII words ") * times
     assert fold(long) == "".join(ch.lower() if ord(ch) < 128 else _TABLE[ord(ch)] for ch in long)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="AZaz09+/-_=", max_size=40))
+def test_base64_decoding_is_the_standard_library_s(run):
+    """The direct binascii decoding gives what ``base64`` gives (validated standard alphabet,
+    or the URL-safe one), including where it refuses."""
+    import base64
+    import binascii
+
+    from fak.policy.normalize import _b64
+
+    body = run.rstrip("=")
+    padded = body + "=" * (-len(body) % 4)
+    try:
+        if "-" in body or "_" in body:
+            expected = base64.urlsafe_b64decode(padded)
+        else:
+            expected = base64.b64decode(padded, validate=True)
+    except (binascii.Error, ValueError):
+        expected = None
+    assert _b64(run) == expected
