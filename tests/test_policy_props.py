@@ -71,7 +71,7 @@ TEXTS = st.lists(st.sampled_from(["a", "B", " ", "\u200b", "ﬁ", "é", "Ａ", "
                                   "İ", "😀", "ǅ", "\ufe0f", "x"]), max_size=40).map("".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(TEXTS)
 def test_sparse_position_maps_agree_with_the_cumulative_arrays(text):
     """``Shifts`` (built from the changed characters only) maps positions exactly as the
@@ -87,7 +87,7 @@ def test_sparse_position_maps_agree_with_the_cumulative_arrays(text):
         assert sparse.forward(i) == int(cum[i])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(TEXTS, st.integers(1, 200))
 def test_fold_of_long_text_is_per_character(text, times):
     """Long text finds its non-ASCII runs another way (vectorised): the fold is still the
@@ -98,7 +98,7 @@ def test_fold_of_long_text_is_per_character(text, times):
     assert fold(long) == "".join(ch.lower() if ord(ch) < 128 else _TABLE[ord(ch)] for ch in long)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.text(alphabet="AZaz09+/-_=", max_size=40))
 def test_base64_decoding_is_the_standard_library_s(run):
     """The direct binascii decoding gives what ``base64`` gives (validated standard alphabet,
