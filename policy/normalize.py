@@ -121,12 +121,17 @@ def _non_ascii_runs(text: str) -> list[tuple[int, int]]:
 
 # A run of single characters split by spaces. It may touch markup or punctuation
 # (``<p>i g n o r e …</p>``, ``"s e n d …"``) but not a word: ``a b c`` inside ``xa b c`` is not one.
-_RUN = re.compile(r"(?<!\w)(?:\S[ \t]{1,3}){3,}\S(?!\w)")
-_WORD_GAP = re.compile(r"[ \t]{2,}")
+# Gaps up to six: letters may be spread wider than by one space, words wider still.
+_RUN = re.compile(r"(?<!\w)(?:\S[ \t]{1,6}){3,}\S(?!\w)")
+_GAP = re.compile(r"[ \t]+")
 
 
 def _collapse(run: str) -> str:
-    return " ".join(part.replace(" ", "").replace("\t", "") for part in _WORD_GAP.split(run))
+    """A run with its letters joined: a gap wider than the run's narrowest separates words
+    (``i g n o r e  a l l`` and ``i  g  n  o  r  e     a  l  l`` are both ``ignore all``)."""
+    narrow = min(len(gap) for gap in _GAP.findall(run))
+    words = re.split(rf"[ \t]{{{narrow + 1},}}", run)
+    return " ".join(word.replace(" ", "").replace("\t", "") for word in words)
 
 
 def despace(text: str) -> str:
@@ -390,9 +395,10 @@ def _classes(text: str, table: bytes) -> bytes:
 
 
 def may_have_letter_run(text: str) -> bool:
-    """Cheap pre-check for ``despace``: single characters separated by 1-3 spaces."""
-    t = _classes(text, _RUN_CLASS)
-    return b"asasasa" in t or b"assassassa" in t or b"asssasssasssa" in t or b"asassassa" in t
+    """Cheap pre-check for ``despace`` (true wherever ``_RUN`` matches): four single characters
+    separated by spaces, once runs of up to eight spaces are taken as one."""
+    t = _classes(text, _RUN_CLASS).replace(b"ss", b"s").replace(b"ss", b"s").replace(b"ss", b"s")
+    return b"asasasa" in t
 
 
 def may_have_payload(text: str) -> bool:

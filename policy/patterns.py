@@ -31,14 +31,24 @@ _VERB_OUT = r"(?<![a-z])(?:send|sends|sending|forward|email|e-mail|mail|post|upl
 _VERB_ANCHORS = ("send", "forward", "mail", "email", "e-mail", "post", "upload", "transmit", "leak", "exfiltrate", "copy", "share", "submit",
                  "report", "deliver", "relay", "append", "attach", "include", "encode", "put")
 
+# Verbs of ignoring, single words and phrases ("pay no attention to", "set aside").
+_IGNORE = (r"ignore|disregard|forget|override|bypass|neglect|abandon|discard|drop|skip|dismiss|"
+           r"(?:set|put|cast|push)~aside|pay~no~(?:attention|heed|mind)~to|take~no~notice~of|think~no~more~(?:of|about)")
+_IGNORE_ANCHORS = ("ignor", "disregard", "forget", "overrid", "bypass", "neglect", "abandon", "discard", "drop", "skip",
+                   "dismiss", "aside", "attention", "heed", "mind", "notice", "think")
+
 INJECTION: list[Entry] = [
     # --- override: instruction overrides and hijacks
     ("override.ignore", "override", 0.95,
-     rf"(?:ignore|disregard|forget|override|bypass|neglect|abandon|discard|drop|skip|dismiss)~(?:all~|any~|of~)?{_QUAL}~(?:(?:the|your|my|of|previous|prior|above|earlier|system|safety)~){{0,3}}{_ORDERS}",
-     ("ignor", "disregard", "forget", "overrid", "bypass", "neglect", "abandon", "discard", "drop", "skip", "dismiss")),
+     rf"(?:{_IGNORE})~(?:all~|any~|of~)?{_QUAL}~(?:(?:the|your|my|of|previous|prior|above|earlier|system|safety)~){{0,3}}{_ORDERS}",
+     _IGNORE_ANCHORS),
     ("override.forget_everything", "override", 0.9,
-     r"(?:forget|ignore|disregard)~(?:everything|all|anything)~(?:you~(?:were|have~been|'ve~been)~told|above|before|prior|so~far|previously|said~(?:above|before)|up~to~(?:now|this~point))",
-     ("forget", "ignor", "disregard")),
+     r"(?:forget|ignore|disregard|(?:set|put|cast|push)~aside)~(?:everything|all|anything|whatever)~(?:(?:that~)?you~(?:were|have~been|'ve~been)~(?:told|asked|instructed|given)|above|before|prior|so~far|previously|said~(?:above|before)|up~to~(?:now|this~point))",
+     ("forget", "ignor", "disregard", "aside")),
+    # orders already given declared void, addressed to the reader ("your previous instructions no longer apply")
+    ("override.void_orders", "override", 0.85,
+     r"your~(?:(?:previous|prior|earlier|original|initial|old|existing|current|system)~)?(?:instructions?|directions?|directives?|orders|commands?|guidance|guidelines|rules|prompt|programming|task)~(?:(?:are|is|have~been|has~been)~)?(?:now~)?(?:no~longer~(?:appl(?:y|ies)|valid|in~effect|relevant|matter)|cancell?ed|revoked|void|invalid|rescinded|withdrawn|null~and~void)",
+     ("your",)),
     ("override.new_instructions", "override", 0.9,
      rf"(?:new|updated|real|actual|true|revised|secret|hidden|additional|urgent|important|priority)~(?:system~)?(?:instructions?|directives?|task|orders|objective|mission)~(?:for|to)~(?:the~|any~|all~|you~)?{_AI}",
      ("new", "updated", "real", "actual", "true", "revised", "secret", "hidden", "additional", "urgent", "important", "priority")),
@@ -58,7 +68,7 @@ INJECTION: list[Entry] = [
      r"(?:enable|enter|activate|switch~to|engage)~(?:dan|developer|god|jailbreak|unrestricted|debug~admin)~mode",
      ("enable", "enter", "activate", "switch", "engage")),
     ("override.from_now_on", "override", 0.5,
-     r"(?:from~now~on|henceforth|going~forward|for~the~rest~of~(?:this|the)~(?:conversation|session)),?~(?:you|the~assistant|your~responses?)~(?:will|must|shall|should|are|only|always|never|respond|answer|reply)",
+     r"(?:from~now~on|from~(?:this~point|here)~(?:on(?:wards?)?|forward)|henceforth|going~forward|for~the~rest~of~(?:this|the)~(?:conversation|session)),?~(?:you|the~assistant|your~responses?)~(?:will|must|shall|should|are|only|always|never|respond|answer|reply)",
      ("from", "henceforth", "going", "for")),
     ("override.instead", "override", 0.5,
      r"(?:instead|rather),?~(?:you~(?:must|should|will|need~to|are~to)|your~(?:new~)?(?:task|job|goal|purpose)~is)",
@@ -93,8 +103,14 @@ INJECTION: list[Entry] = [
                                                    "user_query>", "tool_", "function_result", "important_instructions>",
                                                    "im_start>"))),
     ("role.bracket_header", "role_header", 0.85,
-     r"[\[(]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])]",
-     ("[", "(")),
+     r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])}]",
+     ("[", "(", "{")),
+    ("role.note_from", "role_header", 0.85,
+     r"[\[({<]~(?:note|message|notice|instructions?|memo|update|order)~from~(?:the~|your~)?(?:system|admin|administrator|developer|operator|root)",
+     ("[", "(", "{", "<")),
+    ("role.banner", "role_header", 0.85,
+     r"(?:#{2,}|={2,}|-{2,}|\*{2,})~(?:system|admin|administrator|developer|root|operator)~(?:override|prompt|instructions?|command|directive)~(?:#{2,}|={2,}|-{2,}|\*{2,})",
+     ("##", "==", "--", "**")),
     ("role.line_header", "role_header", 0.45,
      r"(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]{0,8}[ \t]{0,8}:",
      ("system", "assistant", "developer", "admin")),
@@ -105,7 +121,7 @@ INJECTION: list[Entry] = [
      r"#{2,4}~(?:system|instruction|new~instructions?|response|assistant|human|user)~?:",
      ("#",)),
     ("role.boundary", "role_header", 0.9,
-     r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|context|file|email|data|page|web~page|user~input|untrusted~(?:content|data)|function~(?:output|result))"
+     r"(?:end|close|closing)~of~(?:the~)?(?:document|tool~(?:output|result|response)|search~results?|results?|output|context|file|email|data|page|web~page|(?:page|web~page|document)~content|user~input|untrusted~(?:content|data)|function~(?:output|result))"
      # then a new context right after it, or a role header after separator lines (real or JSON-escaped newlines)
      r"(?:~?[\]\-=#>*|)]*~?(?:new|begin|start|system|assistant|now|instructions?|user)|(?:[^a-z0-9]|\\[nrt]){0,40}?(?:system|assistant|developer|admin)~?:)",
      ("end", "clos")),
@@ -217,7 +233,7 @@ LINE_START = {"role.line_header"}
 # Triage triggers (Hyperscan byte patterns). Matched on the folded (lower-case)
 # input: runs a derived view would decode or collapse. Each reports once per run
 # where it can, so long runs cost one callback.
-TRIGGER_DESPACE = rb"(?:^|[^a-z0-9_])[a-z][ \t]{1,3}[a-z][ \t]{1,3}[a-z](?:\s|$)"  # three single letters in a row, not inside a word
+TRIGGER_DESPACE = rb"(?:^|[^a-z0-9_])[a-z][ \t]{1,6}[a-z][ \t]{1,6}[a-z](?:\s|$)"  # three single letters in a row, not inside a word
 TRIGGER_BASE64 = rb"(?:^|[^a-z0-9+/_-])[a-z0-9+/_-]{24}"  # start of a base64-looking run
 TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]?){12}"  # start of a hex run (pairs, optional separators)
 TRIGGER_PERCENT = rb"%[0-9a-f]{2}"
