@@ -371,13 +371,16 @@ def unescape_view(parent: View) -> View | None:
 
 
 def _printable_ratio(text: str) -> float:
+    """Share of printable characters (line breaks and tabs count; U+FFFD, which marks bytes
+    that were not UTF-8, does not: a binary blob is not text, whatever ``isprintable`` says)."""
     if not text:
         return 0.0
-    if text.isprintable():
+    bad = text.count("\ufffd")
+    if not bad and text.isprintable():
         return 1.0
-    if text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():  # but for line breaks and tabs
+    if not bad and text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():  # but for line breaks and tabs
         return 1.0
-    good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t")
+    good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t") - bad
     return good / len(text)
 
 

@@ -98,6 +98,23 @@ def test_base64_run_of_clean_text_needs_no_region_but_a_hidden_attack_does():
     assert v.kind is VerdictKind.QUARANTINE and any(m.layer == "base64" for m in v.matches)
 
 
+def test_base64_of_binary_is_not_decoded_as_text_but_mostly_text_still_is():
+    """Bytes that are not UTF-8 decode to U+FFFD, which ``isprintable`` accepts: a blob
+    (an image, a hash) must not pass for text and cost a triage of its noise, while text
+    with a few broken bytes is still decoded (and an attack in it found)."""
+    from fak.policy.normalize import View, decoded_payloads
+
+    blob = bytes(range(128, 256)) * 2  # every byte invalid as UTF-8 on its own
+    assert decoded_payloads(View(base64.b64encode(blob).decode(), "text"), 1 << 20) == []
+    sha = "69c45c18561eaa983f93ee598f85eed59028d163"  # hex only: decodes to noise either way
+    assert decoded_payloads(View(f'"sha": "{sha}"', "text"), 1 << 20) == []
+    mostly = ATTACK.encode() + b"\xff"  # one broken byte in ~60: still text
+    (found,) = decoded_payloads(View(base64.b64encode(mostly).decode(), "text"), 1 << 20)
+    assert found[2] == "base64" and ATTACK in found[3]
+    v = gate(DEFAULT, "web_fetch", b'{"content": "' + base64.b64encode(mostly) + b'"}')
+    assert v.kind is VerdictKind.QUARANTINE
+
+
 def test_long_benign_document_with_security_writeups_is_admitted():
     data = _long_benign()
     assert len(data) > 64 * 1024 and any(r["family"] == "docs_about_injection" for r in DEV_BENIGN)
