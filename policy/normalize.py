@@ -370,18 +370,19 @@ def unescape_view(parent: View) -> View | None:
     return None if view is parent else view
 
 
-def _printable_ratio(text: str) -> float:
-    """Share of printable characters (line breaks and tabs count; U+FFFD, which marks bytes
-    that were not UTF-8, does not: a binary blob is not text, whatever ``isprintable`` says)."""
+def _mostly_printable(text: str, share: float = 0.9) -> bool:
+    """Whether at least ``share`` of ``text`` is printable (line breaks and tabs count; U+FFFD,
+    which marks bytes that were not UTF-8, does not: a binary blob is not text, whatever
+    ``isprintable`` says)."""
     if not text:
-        return 0.0
+        return False
     bad = text.count("\ufffd")
-    if not bad and text.isprintable():
-        return 1.0
-    if not bad and text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():  # but for line breaks and tabs
-        return 1.0
+    if len(text) - bad < share * len(text):
+        return False
+    if not bad and (text.isprintable() or text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable()):
+        return True
     good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t") - bad
-    return good / len(text)
+    return good >= share * len(text)
 
 
 def _table(pick) -> bytes:
@@ -448,9 +449,9 @@ def decoded_payloads(root: View, budget: int,
         if run.isalpha() and (run.islower() or run.isupper()):  # a long word, not base64
             continue
         for shift in range(4):  # a run glued to a preceding letter (JSON "\\n") is misaligned
-            raw = _b64(run[shift:])
+            raw = _b64(run[shift:] if shift else run)
             decoded = None if raw is None else raw.decode("utf-8", "replace")
-            if decoded is not None and _printable_ratio(decoded) >= 0.9:
+            if decoded is not None and _mostly_printable(decoded):
                 out.append((m.start() + shift, m.end(), "base64", decoded))
                 budget -= len(raw)
                 break
@@ -468,7 +469,7 @@ def decoded_payloads(root: View, budget: int,
         except (binascii.Error, ValueError):
             continue
         decoded = raw.decode("utf-8", "replace")
-        if _printable_ratio(decoded) >= 0.9:
+        if _mostly_printable(decoded):
             out.append((m.start(), m.end(), "hex", decoded))
             budget -= len(raw)
     return out
