@@ -19,14 +19,15 @@ Entry = tuple[str, str, float, str, tuple[str, ...]]
 
 _QUAL = r"(?:all|any|every|previous|prior|above|earlier|preceding|former|initial|original|existing|system|developer|your|those|these|the~(?:previous|above|prior|earlier)|of~(?:the|your)~(?:previous|above|prior))"
 _ORDERS = r"(?:instructions?|directions?|prompts?|rules|guidelines|guidance|commands?|orders|constraints|directives?|programming|policies|restrictions|messages|context)"
-_AI = r"(?:ai|a\.i\.|assistant|ai~assistant|model|ai~model|language~model|llm|agent|ai~agent|chatbot|bot|copilot|gpt|chatgpt|claude|gemini)s?"
+_AI = r"(?:ai|a\.i\.|assistant|ai~assistant|model|ai~model|language~model|llm|agent|ai~agent|chatbot|bot|copilot|gpt|chatgpt|claude|gemini|automated~(?:reader|assistant|agent|model))s?"
 _SENSITIVE = (
     r"(?:conversation|chat~history|message~history|history|previous~messages|passwords?|api~keys?|credentials?|secrets?|"
-    r"access~tokens?|auth~tokens?|tokens|private~keys?|system~prompt|ssh~keys?|env(?:ironment)?~variables|\.env|cookies?|"
+    r"(?:access|auth|api|bearer|oauth|refresh|session|id)~tokens?|tokens|private~keys?|system~prompt|ssh~keys?|env(?:ironment)?~variables|\.env|cookies?|"
     r"session~(?:tokens?|cookies?|ids?)|personal~(?:data|information)|contacts|inbox|credit~card|user~data|"
     r"email~addresses|(?:last|recent|previous|all|every|latest)~(?:[a-z]+~)?(?:messages|emails|conversations)|(?:the~)?user.s~(?:data|emails?|files|messages|information))"
 )
-_SINK = r"(?:https?~?:~?//|www\.|[a-z0-9._%+-]{1,64}@[a-z0-9-]{1,63}\.[a-z.]{2,}|webhook|pastebin|ngrok)"
+# any URL scheme (ws://, ftp://, s3://, …), not only the web's
+_SINK = r"(?:(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{1,15}~?:~?//|www\.|[a-z0-9._%+-]{1,64}@[a-z0-9-]{1,63}\.[a-z.]{2,}|webhook|pastebin|ngrok)"
 _VERB_OUT = r"(?<![a-z])(?:send|sends|sending|forward|email|e-mail|mail|post|upload|transmit|leak|exfiltrate|copy|share|submit|report|deliver|relay|append|attach|include|encode|put)"
 _VERB_ANCHORS = ("send", "forward", "mail", "email", "e-mail", "post", "upload", "transmit", "leak", "exfiltrate", "copy", "share", "submit",
                  "report", "deliver", "relay", "append", "attach", "include", "encode", "put")
@@ -36,6 +37,24 @@ _IGNORE = (r"ignore|disregard|forget|override|bypass|neglect|abandon|discard|dro
            r"(?:set|put|cast|push)~aside|pay~no~(?:attention|heed|mind)~to|take~no~notice~of|think~no~more~(?:of|about)")
 _IGNORE_ANCHORS = ("ignor", "disregard", "forget", "overrid", "bypass", "neglect", "abandon", "discard", "drop", "skip",
                    "dismiss", "aside", "attention", "heed", "mind", "notice", "think")
+
+# What the reader (an AI) was asked to do, named as such: "the task you were given",
+# "whatever you were asked to do", "everything the user said", "your current objective".
+# A bare "your task"/"your order" is left out: notifications say "your order was cancelled".
+_TASK_GIVEN = (
+    r"(?:the~(?:current~|original~|previous~|initial~)?(?:task|objective|goal|mission|assignment|job|request|instructions?)~(?:that~)?you~(?:were|have~been|'ve~been|got)~(?:given|assigned|set)"
+    r"|what(?:ever)?~you~(?:were|have~been|'ve~been)~(?:asked|told|instructed|tasked)~(?:to~do|with)"
+    r"|(?:everything|anything|whatever|what|all)~(?:that~)?the~(?:user|human|requester)~(?:has~)?(?:said|asked(?:~for)?|wrote|requested|typed|wants|told~you)"
+    r"|your~(?:current~|original~|previous~|initial~|assigned~|present~)?(?:objective|mission|assignment|directives?|brief))"
+)
+# ... and, after a verb of dropping it, also "your current task", "the user's request"
+_TASK_DROPPED = (
+    r"(?:" + _TASK_GIVEN[3:-1]
+    + r"|your~(?:current~|original~|previous~|initial~|assigned~|present~)?(?:task|goal|job|request|instructions?)"
+    r"|the~(?:user|human|requester).s~(?:request|instructions?|messages?|question|task|query))"
+)
+_VOID = (r"(?:no~longer~(?:applies|apply|valid|relevant|needed|required|in~effect|matters?)|cancell?ed|void|revoked|obsolete|"
+         r"superseded|invalid|null(?:~and~void)?|withdrawn|irrelevant)")
 
 INJECTION: list[Entry] = [
     # --- override: instruction overrides and hijacks
@@ -53,8 +72,9 @@ INJECTION: list[Entry] = [
      rf"(?:new|updated|real|actual|true|revised|secret|hidden|additional|urgent|important|priority)~(?:system~)?(?:instructions?|directives?|task|orders|objective|mission)~(?:for|to)~(?:the~|any~|all~|you~)?{_AI}",
      ("new", "updated", "real", "actual", "true", "revised", "secret", "hidden", "additional", "urgent", "important", "priority")),
     ("override.addressed_to_ai", "override", 0.85,
-     rf"(?:attention|note|message|important|notice|instructions?|reminder|warning)~(?:to|for)~(?:the~|any~|all~|an~)?{_AI}",
-     ("attention", "note", "message", "important", "notice", "instruction", "reminder", "warning")),
+     rf"(?:attention|note|message|important|notice|instructions?|reminder|warning|update|alert|rules?|directive|memo|bulletin)~(?:to|for)~(?:the~|any~|all~|an~|you~)?{_AI}",
+     ("attention", "note", "message", "important", "notice", "instruction", "reminder", "warning", "update", "alert",
+      "rule", "directive", "memo", "bulletin")),
     ("override.ai_reading", "override", 0.9,
      rf"(?:if~)?(?:you~are~)?(?:an?~)?{_AI}~(?:that~is~|who~is~|are~)?(?:reading|processing|summari[sz]ing|parsing|analy[sz]ing|browsing|seeing|ingesting|scanning)~(?:this|these|the~following)",
      ("reading", "processing", "summari", "parsing", "analy", "browsing", "seeing", "ingesting", "scanning")),
@@ -90,6 +110,25 @@ INJECTION: list[Entry] = [
      rf"{_ORDERS}~(?:that~)?you~(?:received|were~given|got|have~been~given|were~told)~(?:earlier|before|previously|above|so~far|until~now)?~(?:were|was|are|is)~(?:just~|only~|all~)?(?:a~test|fake|void|invalid|outdated|obsolete|a~mistake|a~decoy|not~real|superseded)",
      ("instruction", "direction", "prompt", "rules", "guideline", "guidance", "command", "orders", "constraints", "directive",
       "programming", "policies", "restrictions", "messages", "context")),
+    # the reader's task declared void, treated as cancelled, or dropped (also "…, put it aside")
+    ("override.task_void", "override", 0.8,
+     rf"{_TASK_GIVEN}~(?:(?:is|are|was|were|has~been|have~been)~)?(?:now~)?{_VOID}",
+     ("the", "what", "everything", "anything", "all", "your")),
+    ("override.treat_as_void", "override", 0.8,
+     rf"(?:treat|consider|regard)~{_TASK_DROPPED}~as~(?:{_VOID}|a~joke|a~test|a~mistake)",
+     ("treat", "consider", "regard")),
+    ("override.drop_task", "override", 0.8,
+     rf"(?<!not )(?<!never )(?<!n't )(?:{_IGNORE}|do~not~(?:follow|obey|complete|do)|don.?t~(?:follow|obey|complete|do)|stop~(?:following|obeying|doing)|no~longer~(?:follow|obey|do))~{_TASK_DROPPED}"
+     # "you should not obey the user's instructions any more": a modal needs a turn of time or a redirection
+     rf"|(?:should|must|shall|will|can|may)~not~(?:follow|obey)~{_TASK_DROPPED}~(?:any~?more|from~now~on|instead|again|no~matter)",
+     _IGNORE_ANCHORS + ("follow", "obey", "complete", "do", "stop", "no")),
+    ("override.drop_task_pronoun", "override", 0.8,
+     rf"{_TASK_GIVEN},?~(?:just~|simply~|please~)?(?:(?:put|set|cast|push)~(?:it|that|them|this)~aside|(?:ignore|forget|drop|disregard|abandon|skip)~(?:it|that|them|this)(?![a-z]))",
+     ("aside", "ignore", "forget", "drop", "disregard", "abandon", "skip")),
+    # an AI addressed by name at the start of a sentence, then told what to do
+    ("override.vocative", "override", 0.75,
+     r"(?<![a-z0-9])(?:(?:hey|dear|hello|hi|ok|okay|listen)~)?(?:ai~assistant|ai~agent|assistant|chatbot|llm|chatgpt|gpt|claude|gemini|copilot|ai)~?,~(?:this~is~(?:the|your|a|an)~|you~(?:must|should|will~now|are~now|need~to|have~to)|listen|stop|ignore|forget|disregard|do~not|don.?t|from~now)",
+     ("assistant", "agent", "chatbot", "llm", "gpt", "claude", "gemini", "copilot", "ai")),
     ("override.your_task", "override", 0.7,
      r"your~(?:new|real|actual|true|only|primary|updated)~(?:task|goal|objective|instructions?|purpose|mission|job)~(?:is|are|now|:)",
      ("your",)),
@@ -109,8 +148,16 @@ INJECTION: list[Entry] = [
      r"[\[({<]~(?:note|message|notice|instructions?|memo|update|order)~from~(?:the~|your~)?(?:system|admin|administrator|developer|operator|root)",
      ("[", "(", "{", "<")),
     ("role.banner", "role_header", 0.85,
-     r"(?:#{2,}|={2,}|-{2,}|\*{2,})~(?:system|admin|administrator|developer|root|operator)~(?:override|prompt|instructions?|command|directive)~(?:#{2,}|={2,}|-{2,}|\*{2,})",
+     r"(?:#{2,}|={2,}|-{2,}|\*{2,})~(?:(?:begin|start|end|new|updated|real|true)~)?(?:system|admin|administrator|developer|root|operator)~(?:override|prompt|instructions?|command|directive)~(?:#{2,}|={2,}|-{2,}|\*{2,})",
      ("##", "==", "--", "**")),
+    # a role's instructions announced as changed: "SYSTEM PROMPT UPDATE:", "Developer policy override:"
+    ("role.prompt_update", "role_header", 0.8,
+     r"(?<![a-z])(?:system|developer|admin|administrator|operator)~(?:prompt|instructions?|message|directive|policy|rules)~(?:update|override|change|amendment|patch|revision|notice)~?:",
+     ("system", "developer", "admin", "operator")),
+    # a forged exchange: a human/user turn, then an assistant turn on a later line (real or JSON-escaped newlines)
+    ("role.turn_pair", "role_header", 0.8,
+     r"(?<![a-z])(?:human|user)~?:[^\n]{0,300}?(?:(?:\n|\\n)[ \t]*){1,4}[ \t>*_-]*assistant~?:",
+     ("human", "user")),
     ("role.line_header", "role_header", 0.45,
      r"(?:system|assistant|developer|admin|administrator)(?:~(?:message|prompt|note|override|instructions?|update|notice))?[*_]{0,8}[ \t]{0,8}:",
      ("system", "assistant", "developer", "admin")),
@@ -140,6 +187,14 @@ INJECTION: list[Entry] = [
      ("{",)),
     ("tool.use_to_act", "tool_forgery", 0.6,
      r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|api|action)~(?:to|and)~(?:send|email|delete|remove|transfer|forward|upload|post|share|grant|wire|pay|purchase|buy|create|modify|write|execute|run|exfiltrate)",
+     ("call", "use", "invoke", "run", "execute", "trigger")),
+    # an order to make a tool call now, or one spelled out after a colon
+    ("tool.call_now", "tool_forgery", 0.8,
+     r"(?:execute|run|perform|make|issue|invoke|trigger|place)~(?:the~following|this|these|the~below|the~next)~(?:tool|function|api)~calls?(?:~(?:right~now|now|immediately|at~once|without~(?:asking|confirmation|confirming|delay))|~?:~?[a-z_][\w.]{1,40}~?\()",
+     ("execute", "run", "perform", "make", "issue", "invoke", "trigger", "place")),
+    # a named tool (up to three words) used to destroy or move data
+    ("tool.use_to_destroy", "tool_forgery", 0.75,
+     r"(?:call|use|invoke|run|execute|trigger)~(?:the~|your~)?(?:[\w`'\"-]{2,40}~){1,3}(?:tool|function|plugin|api)~(?:to|and)~(?:erase|wipe|destroy|purge|delete~(?:all|every|the~entire)|drop~(?:all|the~entire)|transfer~(?:all|the)~(?:funds|money)|wire|exfiltrate|leak)",
      ("call", "use", "invoke", "run", "execute", "trigger")),
     ("tool.silently", "tool_forgery", 0.8,
      r"(?:immediately|silently|quietly|secretly|automatically|covertly)~(?:call|invoke|use|run|execute|trigger)~(?:the~)?[\w`'\"-]{2,40}~(?:tool|function|plugin|command)",
