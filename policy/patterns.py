@@ -142,7 +142,20 @@ INJECTION: list[Entry] = [
                                                    "user_query>", "tool_", "function_result", "important_instructions>",
                                                    "im_start>"))),
     ("role.bracket_header", "role_header", 0.85,
-     r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|override|prompt|instructions?|notice|update|command|alert)?~[\])}]",
+     r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:override|prompt|instructions?|command)?~[\])}]",
+     ("[", "(", "{")),
+    # an informational bracket ("[SYSTEM NOTICE] Scheduled maintenance …") is weak alone:
+    # status pages and logs use it; it is strong when the same line gives the reader orders,
+    # changes its rules, switches safety checks off or asks for hidden data
+    ("role.bracket_notice", "role_header", 0.55,
+     r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|notice|update|alert)~[\])}]",
+     ("[", "(", "{")),
+    ("role.bracket_notice_orders", "role_header", 0.85,
+     r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:message|note|notice|update|alert)~[\])}]"
+     r"[^\n]{0,200}?(?<![a-z])(?:you~(?:must|should|shall|will~now|are~now|are~required~to|need~to|have~to)|requires?~you|"
+     r"your~(?:instructions|rules|restrictions|guidelines|programming)~(?:are|have~been|were)~(?:now~)?(?:changed|replaced|updated|lifted|overridden)|"
+     r"(?:reveal|disclose|print|output|dump|share|send|leak)~(?:all~|the~|your~|any~)?(?:hidden|internal|secret|confidential|system|private)|"
+     r"(?:(?:safety|security|content)~(?:checks?|filters?|rules|guardrails|measures)|restrictions)~(?:are~|have~been~|were~)?(?:now~)?(?:lifted|removed|disabled|off|suspended|bypassed))",
      ("[", "(", "{")),
     ("role.note_from", "role_header", 0.85,
      r"[\[({<]~(?:note|message|notice|instructions?|memo|update|order)~from~(?:the~|your~)?(?:system|admin|administrator|developer|operator|root)",
