@@ -12,7 +12,8 @@ injected results, REDACT with a secrets match for secret-bearing ones; any
 verdict other than ALLOW on a benign result is a false positive.
 Speed: p50/p99 decision time for 1 KiB results, and throughput on ~1 MB results: a mix
 of every benign item (hard negatives by design: write-ups quoting attacks, detector code,
-base64 file contents, …), logs only, and each benign family alone; with the share of the
+base64 file contents, …), the same mix without the two families written to look like
+attacks (``HARD_NEGATIVE``), logs only, and each benign family alone; with the share of the
 input the native triage sent to the full scan. A 1 MB mix with one attack in the middle
 checks that long inputs are still caught. The load average is recorded with the figures.
 """
@@ -34,6 +35,9 @@ from fak.policy.triage import hot_regions
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = {VerdictKind.QUARANTINE, VerdictKind.DENY}
+# Benign families written to look like attacks (security write-ups quoting payloads, detector
+# source code full of attack phrases): dense in findings that must each be confirmed.
+HARD_NEGATIVE = {"docs_about_injection", "code_with_regex"}
 
 
 def rate(hits: int, total: int) -> float:
@@ -149,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     lat_i = latency(policy, rows, "injected")
     load_before = os.getloadavg()
     big = throughput(policy, rows, "benign", 1_000_000)
+    typical_rows = [r for r in rows if r["family"] not in HARD_NEGATIVE]
+    big_typical = throughput(policy, typical_rows, "benign", 1_000_000)
     big_logs = throughput(policy, rows, "benign", 1_000_000, family="logs")
     families = sorted({r["family"] for r in rows if r["label"] == "benign"})
     by_family = {f: throughput(policy, rows, "benign", 1_000_000, family=f) for f in families}
@@ -173,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1 KiB benign:   p50 {lat_b['p50_us']:.1f} µs  p99 {lat_b['p99_us']:.1f} µs  (n={lat_b['n']})")
     print(f"1 KiB injected: p50 {lat_i['p50_us']:.1f} µs  p99 {lat_i['p99_us']:.1f} µs")
     print(f"{big['bytes']} B benign mix: median {big['median_s'] * 1e3:.1f} ms = {big['mb_per_s']:.1f} MB/s ({big['verdict']})")
+    print(f"{big_typical['bytes']} B benign mix without the hard negatives ({', '.join(sorted(HARD_NEGATIVE))}): "
+          f"median {big_typical['median_s'] * 1e3:.1f} ms = {big_typical['mb_per_s']:.1f} MB/s ({big_typical['verdict']})")
     print(f"{big_logs['bytes']} B logs: median {big_logs['median_s'] * 1e3:.1f} ms = {big_logs['mb_per_s']:.1f} MB/s ({big_logs['verdict']})")
     print("1 MB per benign family (MB/s median, share scanned in full): " + ", ".join(
         f"{f} {t['mb_per_s']:.0f} ({t['hot_fraction']:.0%})" for f, t in by_family.items()))
@@ -190,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         {"name": "fpr_benign_heldout", "value": held["fpr"], "target": 0.02, "op": "<="},
         {"name": "p50_us_1KiB", "value": lat_b["p50_us"], "target": 50.0, "op": "<="},
         {"name": "mb_per_s_large_mix", "value": big["mb_per_s"], "target": 50.0, "op": ">="},
+        {"name": "mb_per_s_large_mix_without_hard_negatives", "value": big_typical["mb_per_s"], "target": 50.0, "op": ">="},
         {"name": "mb_per_s_large_logs", "value": big_logs["mb_per_s"], "target": 50.0, "op": ">="},
         {"name": "long_mix_attack_blocked", "value": float(long_attack.kind in BLOCK), "target": 1.0, "op": ">="},
     ]
@@ -204,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         "loadavg_before": load_before, "loadavg_after": load_after},
             "results": {"policy": policy.name, "policy_digest": policy.digest, "quality": q,
                         "latency_1KiB_benign": lat_b, "latency_1KiB_injected": lat_i, "throughput_large_mix": big,
+                        "throughput_large_mix_without_hard_negatives": big_typical,
                         "throughput_large_logs": big_logs, "throughput_large_by_family": by_family,
                         "long_mix_with_attack_verdict": long_attack.kind.value},
             "targets": targets,
