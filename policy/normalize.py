@@ -448,6 +448,8 @@ def decoded_payloads(root: View, budget: int,
         run = m.group()
         if run.isalpha() and (run.islower() or run.isupper()):  # a long word, not base64
             continue
+        if not run.lstrip(_HEX_DIGITS):  # a hash or hex dump: decoded as hex below (see ``_HEX_DIGITS``)
+            continue
         for shift in range(4):  # a run glued to a preceding letter (JSON "\\n") is misaligned
             raw = _b64(run[shift:] if shift else run)
             decoded = None if raw is None else raw.decode("utf-8", "replace")
@@ -473,6 +475,12 @@ def decoded_payloads(root: View, budget: int,
             out.append((m.start(), m.end(), "hex", decoded))
             budget -= len(raw)
     return out
+
+
+# Base64 made only of hex digits cannot spell an instruction: the letters b, c, d, e, j, r and
+# H-L, R-U, X, Y decode from it at no position (tested exhaustively), so such a run (a digest,
+# a key id, a UUID without dashes) is decoded as hex only, not tried as base64 at four shifts.
+_HEX_DIGITS = "0123456789abcdefABCDEF"
 
 
 def _confirmed(rx: re.Pattern[str], text: str, starts: list[int], slack: int = 0):

@@ -3,6 +3,7 @@ the committed corpus is exactly what its generator writes."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 from pathlib import Path
@@ -118,3 +119,26 @@ def test_base64_decoding_is_the_standard_library_s(run):
     except (binascii.Error, ValueError):
         expected = None
     assert _b64(run) == expected
+
+
+def test_base64_of_hex_digits_cannot_spell_an_instruction():
+    """Why ``decoded_payloads`` decodes a run of hex digits as hex only: every byte that
+    base64 made of hex digits can decode to, at each position of a 3-byte group, leaves out
+    the letters e and r (and b c d j, H-L R-U X Y) everywhere, so no English instruction fits."""
+    import itertools
+
+    from fak.policy.normalize import _HEX_DIGITS
+
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    values = [alphabet.index(c) for c in _HEX_DIGITS]
+    reachable: set[int] = set()
+    for c0, c1, c2, c3 in itertools.product(values, repeat=4):
+        reachable |= {(c0 << 2) | (c1 >> 4), ((c1 & 15) << 4) | (c2 >> 2), ((c2 & 3) << 6) | c3}
+    letters = {chr(b) for b in reachable if chr(b).isascii() and chr(b).isalpha()}
+    assert not letters & set("bcdejrHIJKLRSTUXY")
+    assert "e" not in letters and "r" not in letters
+    from fak.policy.normalize import View, decoded_payloads
+
+    gibberish = "aF00" * 8  # hex digits that base64-decode to printable "h]4h]4…", and nothing more
+    assert base64.b64decode(gibberish) == b"h]4" * 8
+    assert decoded_payloads(View(f'"id": "{gibberish}"', "text"), 1 << 20) == []  # tried as hex only
