@@ -71,6 +71,10 @@ def _findings(scan: Scan, rule: DetectorRule, policy: Policy, cache: dict[str, l
     kind = rule.detector
     if kind == "regex":
         return detectors.custom(scan, rule.id, policy.custom[rule.id], rule.ignore_case)
+    if kind == "semantic":  # ``scan`` is of the whole input (see ``_scan``); imported only when a policy uses it
+        from fak.policy import semantic
+
+        return semantic.detect(scan, rule.threshold)
     if kind not in cache:
         cache[kind] = getattr(detectors, kind)(scan)
     return cache[kind]
@@ -156,7 +160,16 @@ def _scan(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: bool 
     whether any region was left out, the triage made, which ``tri`` passes back in so a
     second scan does not repeat it)."""
     out: dict[str, list[Finding]] = {}
-    scanning = [r for r in rules if r.detector not in ("oversize", "repetition")]
+    norm = policy.spec.normalization
+    meaning = [r for r in rules if r.detector == "semantic"]
+    if meaning:  # a paraphrase has no trigger: the whole input, every view, not the triage's regions
+        from fak.policy.semantic import whole_scan
+
+        lowest = min(meaning, key=lambda r: r.threshold)
+        found = _findings(whole_scan(data, norm.max_decode_depth, norm.max_decoded_bytes), lowest, policy, {})
+        if found:
+            out["semantic"] = found
+    scanning = [r for r in rules if r.detector not in ("oversize", "repetition", "semantic")]
     if not scanning:
         return out, False, None
     custom = [policy.custom[r.id] for r in scanning if r.detector == "regex"]
@@ -164,7 +177,6 @@ def _scan(policy: Policy, data: bytes, rules: list[DetectorRule], triaged: bool 
     if custom:
         triage_custom = triage.custom_triage(policy.digest, [rx for rx in custom if rx.flags & re.IGNORECASE],
                                              [rx for rx in custom if not rx.flags & re.IGNORECASE])
-    norm = policy.spec.normalization
     budget = [norm.max_decoded_bytes]
     if triaged:
         tri = tri or triage.triage(data, triage_custom)

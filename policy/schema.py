@@ -31,7 +31,7 @@ _SEVERITY = {VerdictKind.ALLOW: 0, VerdictKind.REDACT: 1, VerdictKind.QUARANTINE
 
 Trust = Literal["untrusted", "internal", "trusted"]
 SegmentKind = Literal["system", "user", "assistant", "tool"]
-DetectorName = Literal["injection", "secrets", "obfuscation", "encoding", "oversize", "repetition", "regex"]
+DetectorName = Literal["injection", "secrets", "obfuscation", "encoding", "oversize", "repetition", "regex", "semantic"]
 
 # Families each detector can report; a rule may narrow itself to some of them.
 DETECTOR_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -42,6 +42,7 @@ DETECTOR_FAMILIES: dict[str, tuple[str, ...]] = {
     "oversize": ("oversize",),
     "repetition": ("repetition",),
     "regex": ("custom",),
+    "semantic": ("semantic",),  # opt-in sentence-embedding classifier over the whole input (semantic.py)
 }
 
 _NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
