@@ -65,5 +65,24 @@ def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return best, result
 
 
+ROOT = Path(__file__).resolve().parent.parent
+# The labelled gate corpus and the real-text benign corpus (tests/data/make_*.py); one row schema.
+CORPORA = (ROOT / "tests/data/gate_corpus.jsonl", ROOT / "tests/data/real_text.jsonl")
+
+
+def load_corpus(paths: list[str] | None = None, splits: str | None = None) -> list[dict]:
+    """Rows of every corpus file, in file order; ``splits`` (comma-separated) keeps only those
+    splits, so a blind split is not shown before the run meant to measure it."""
+    rows = [json.loads(line) for path in (paths or CORPORA)
+            for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if splits:
+        keep = set(splits.split(","))
+        unknown = keep - {r["split"] for r in rows}
+        if unknown:
+            raise SystemExit(f"no such split: {', '.join(sorted(unknown))}")
+        rows = [r for r in rows if r["split"] in keep]
+    return rows
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

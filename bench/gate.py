@@ -1,12 +1,14 @@
 """Admission-gate benchmark: detection quality on the labelled corpus and speed.
 
-    python bench/gate.py [--policy FILE] [--corpus FILE] [--json PATH]
+    python bench/gate.py [--policy FILE] [--corpus FILE ...] [--splits a,b] [--json PATH]
 
 Quality: true-positive rate on injected tool results (all, obfuscated only, per
 family, per obfuscation), false-positive rate on benign ones (per family), and
-secret recall, per split of the corpus in the order they were written (what each
-split was used for, and which are still blind, is in the corpus generator's
-docstring and docs/CLAIMS.md). A detection is QUARANTINE or DENY for
+secret recall, per split of the corpora in the order they were written (what each
+split was used for, and which are still blind, is in the corpus generators'
+docstrings and docs/CLAIMS.md): ``tests/data/gate_corpus.jsonl`` and the real-text
+benign corpus ``tests/data/real_text.jsonl`` by default; ``--splits`` measures only
+those named (a blind split is left out until the run that measures it). A detection is QUARANTINE or DENY for
 injected results, REDACT with a secrets match for secret-bearing ones; any
 verdict other than ALLOW on a benign result is a false positive.
 Speed (``dev`` and ``heldout`` items only, so later splits leave it comparable):
@@ -34,6 +36,9 @@ from fak.policy import VerdictKind, gate, load_policy
 from fak.policy.triage import hot_regions
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from common import load_corpus  # noqa: E402
+
 BLOCK = {VerdictKind.QUARANTINE, VerdictKind.DENY}
 # Benign families written to look like attacks (security write-ups quoting payloads, detector
 # source code full of attack phrases): dense in findings that must each be confirmed.
@@ -147,17 +152,19 @@ def throughput(policy, rows: list[dict], label: str, target_bytes: int, family: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default=str(ROOT / "examples/policies/default.yaml"))
-    ap.add_argument("--corpus", default=str(ROOT / "tests/data/gate_corpus.jsonl"))
+    ap.add_argument("--corpus", nargs="+", help="corpus files (default: the gate corpus and the real-text corpus)")
+    ap.add_argument("--splits", help="comma-separated splits to measure quality on (default: all)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--show-missed", action="store_true", help="print ids of misses and false positives")
     args = ap.parse_args(argv)
 
     policy = load_policy(args.policy)
-    rows = [json.loads(line) for line in Path(args.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
+    every = load_corpus(args.corpus)
+    rows = load_corpus(args.corpus, args.splits)
     q = quality(policy, rows)
     # speed is measured on the first two splits only, so that a split added later leaves
     # the inputs (and the figures' meaning) as they were
-    timed = [r for r in rows if r["split"] in SPEED_SPLITS]
+    timed = [r for r in every if r["split"] in SPEED_SPLITS]
     lat_b = latency(policy, timed, "benign")
     lat_i = latency(policy, timed, "injected")
     load_before = os.getloadavg()
@@ -174,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     print(f"policy {policy.name} {policy.digest}")
-    print(f"{'split':8} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'benign':>6} {'FPR':>6} {'secrets':>7}")
+    print(f"{'split':11} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'benign':>6} {'FPR':>6} {'secrets':>7}")
     splits = splits_of(rows)
     for split in [*splits, "all"]:
         s = q[split]
-        print(f"{split:8} {s['injected']:5d} {s['tpr']:6.3f} {s['tpr_obfuscated']:8.3f} {s['benign']:6d} {s['fpr']:6.3f} {s['secret_recall']:7.3f}")
+        print(f"{split:11} {s['injected']:5d} {s['tpr']:6.3f} {s['tpr_obfuscated']:8.3f} {s['benign']:6d} {s['fpr']:6.3f} {s['secret_recall']:7.3f}")
     for split in splits:
         s = q[split]
         print(f"[{split}] TPR by family: " + ", ".join(f"{k} {v:.2f}" for k, v in s["tpr_by_family"].items()))
@@ -197,17 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mix hot share {big['hot_fraction']:.0%}; 1 MB mix + one attack in the middle: {long_attack.kind.value}")
     print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}")
 
-    held = q["heldout"]
     allq = q["all"]
     targets = [
         {"name": "tpr_obfuscated_all", "value": allq["tpr_obfuscated"], "target": 0.95, "op": ">="},
-        {"name": "tpr_obfuscated_heldout", "value": held["tpr_obfuscated"], "target": 0.95, "op": ">="},
         *({"name": f"tpr_obfuscated_{split}", "value": q[split]["tpr_obfuscated"], "target": 0.95, "op": ">="}
-          for split in splits if split not in ("dev", "heldout") and q[split]["injected"]),
+          for split in splits if split != "dev" and q[split]["injected"]),
         *({"name": f"fpr_benign_{split}", "value": q[split]["fpr"], "target": 0.02, "op": "<="}
-          for split in splits if split not in ("dev", "heldout") and q[split]["benign"]),
+          for split in splits if split != "dev" and q[split]["benign"]),
         {"name": "fpr_benign_all", "value": allq["fpr"], "target": 0.02, "op": "<="},
-        {"name": "fpr_benign_heldout", "value": held["fpr"], "target": 0.02, "op": "<="},
         {"name": "p50_us_1KiB", "value": lat_b["p50_us"], "target": 50.0, "op": "<="},
         {"name": "mb_per_s_large_mix", "value": big["mb_per_s"], "target": 50.0, "op": ">="},
         {"name": "mb_per_s_large_mix_without_hard_negatives", "value": big_typical["mb_per_s"], "target": 50.0, "op": ">="},

@@ -25,7 +25,6 @@ figure is of partial coverage).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from fak.policy import VerdictKind, gate, load_policy, load_policy_text, semanti
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from common import report, target  # noqa: E402
+from common import load_corpus, report, target  # noqa: E402
 from gate import _cut, big_input, splits_of  # noqa: E402
 
 BLOCK = {VerdictKind.QUARANTINE, VerdictKind.DENY}
@@ -115,16 +114,12 @@ def latency(policy, rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", default=str(ROOT / "tests/data/gate_corpus.jsonl"))
+    ap.add_argument("--corpus", nargs="+", help="corpus files (default: the gate corpus and the real-text corpus)")
     ap.add_argument("--splits", help="comma-separated splits to measure (default: all)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
-    rows = [json.loads(line) for line in Path(args.corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
-    all_rows = rows
-    if args.splits:
-        keep = set(args.splits.split(","))
-        rows = [r for r in rows if r["split"] in keep]
-    rows = [r for r in rows if r["label"] in ("injected", "benign")]
+    all_rows = load_corpus(args.corpus)
+    rows = [r for r in load_corpus(args.corpus, args.splits) if r["label"] in ("injected", "benign")]
     strict = load_policy(ROOT / "examples/policies/strict.yaml")
     policies = {"phrases": load_policy(ROOT / "examples/policies/default.yaml"), "semantic": semantic_only(strict),
                 "strict": strict}
