@@ -293,6 +293,14 @@ def _plausible_secret(value: str, text: str, key_start: int) -> bool:
     return classes >= 2 and any(c.isdigit() for c in value) and _entropy(value) >= 3.0
 
 
+# A documented token shape with a word where the random part goes (xoxb-your-bot-token,
+# ghp_XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX) is a placeholder: real token bodies are random
+# characters, and the words stand between separators or are long runs of one letter.
+_TOKEN_PLACEHOLDER = re.compile(
+    r"(?:^|[-_.])(?:your|my|example|placeholder|redacted|dummy|fake|changeme|token|secret|here)(?=[-_.]|$)|x{8,}",
+    re.I)
+
+
 def secrets(scan: Scan) -> list[Finding]:
     out: list[Finding] = []
     seen: set[tuple[int, int]] = set()
@@ -302,6 +310,8 @@ def secrets(scan: Scan) -> list[Finding]:
             name, family, weight, rx, _ = _SECRETS[n]
             group = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
             if group == "v" and not _plausible_secret(m.group("v"), text, m.start()):
+                continue
+            if group == 0 and _TOKEN_PLACEHOLDER.search(m.group()):
                 continue
             start, end, exact = scan.to_bytes(view, m.start(group), m.end(group))
             if (start, end) not in seen:

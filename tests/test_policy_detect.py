@@ -111,6 +111,17 @@ def test_private_key_block_redacted_and_placeholder_not():
     assert gate(DEFAULT, "read_file", b"API_KEY=your_api_key_here_123").kind is VerdictKind.ALLOW
 
 
+@pytest.mark.parametrize("placeholder", [
+    "SLACK_BOT_TOKEN=xoxb-your-bot-token",
+    "export GITHUB_TOKEN=ghp_XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX",
+    "OPENAI_API_KEY=sk-proj-your-key-here-0000000000000000000000",
+    "SLACK_APP_TOKEN=xapp-placeholder; token xoxp-example-token-1234",
+])
+def test_documented_token_shapes_are_not_secrets(placeholder):
+    """Install docs show where a token goes; a word where the random part goes is not a secret."""
+    assert gate(DEFAULT, "read_file", f"Fill in your own values:\n{placeholder}\n".encode()).kind is VerdictKind.ALLOW
+
+
 def test_invalid_utf8_is_a_signal_not_a_crash():
     data = b"ok \xff\xfe\xfd end \xc3"
     v = gate(DEFAULT, "web_fetch", data)
