@@ -121,6 +121,20 @@ def test_cli_gate_stdin_and_jsonl(tmp_path):
     assert b"in.jsonl:2: skipped" in res.stderr
 
 
+def test_cli_gate_stops_quietly_when_the_reader_goes_away(tmp_path):
+    """``fak gate --jsonl big.jsonl | head -1``: no traceback, exit status 141 as for SIGPIPE."""
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"tool": "web_fetch", "text": "fine " * 2000, "id": i}) + "\n"
+                              for i in range(400)))
+    proc = subprocess.Popen([sys.executable, "-m", "fak.cli", "gate", "--policy", str(ROOT / "examples/policies/default.yaml"),
+                             "--jsonl", str(corpus)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert json.loads(proc.stdout.readline())["id"] == 0
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
+
+
 def test_gate_uses_policy_digest():
     policy = load_policy(EXAMPLES[0])
     assert gate(policy, "t", b"hello").policy_digest == policy.digest
