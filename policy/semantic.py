@@ -5,7 +5,7 @@ This detector reads the whole normalised input instead: every view the gate buil
 (folded text, de-spaced runs, unescaped and decoded payloads) is cut into windows at
 line and sentence ends, each window is embedded by all-MiniLM-L6-v2 (``minilm.py``)
 and a logistic-regression head (``data/semantic_head.npz``, trained on the corpus's
-``dev`` split by ``bench/train_semantic.py``) gives the probability that the window is
+spent splits and real documentation by ``bench/train_semantic.py``) gives the probability that the window is
 an instruction aimed at the model. A window at or above the rule's threshold becomes a
 finding whose span is that window's bytes in the original input and whose score is the
 probability.
