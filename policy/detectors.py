@@ -18,6 +18,7 @@ from fak.policy.matcher import Matcher, char_offsets, encode, max_width
 from fak.policy.normalize import FoldView, View, utf8_shifts
 from fak.policy.patterns import (
     DISCUSSION,
+    DISCUSSION_PARTS,
     FOLDED_TRIGGERS,
     GAP,
     HEADS,
@@ -26,6 +27,8 @@ from fak.policy.patterns import (
     NATIVE_SUFFIX,
     RAW_TRIGGERS,
     SECRETS,
+    VOID_AFTER,
+    VOID_START,
 )
 from fak.policy.scan import Scan
 
@@ -49,7 +52,7 @@ def _compile(entries, flags=0):
 _INJECTION = _compile(INJECTION)
 _SECRETS = [(n, f, w, re.compile(rx), anchors) for n, f, w, rx, anchors in SECRETS]
 QUOTE_LOOKBACK = 4096  # how far back a code fence or <code> is looked for
-DISCOUNT = 0.4  # a quoted phrase in a text that discusses attacks counts for less
+DISCOUNT = 0.25  # a quoted phrase in a text that discusses attacks counts for less
 INJECTION_SPAN = 480  # longest injection match looked for (characters)
 SECRET_SPAN = {"secret.private_key": 17000}
 SECRET_DEFAULT_SPAN = 600
@@ -64,6 +67,8 @@ def _heads(literals: tuple[str, ...], bounded: bool) -> list[tuple[bytes, int]]:
     return [((_NOT_AFTER_LETTER if bounded else b"") + re.escape(lit).encode(), len(lit)) for lit in literals]
 
 
+_VOID_AFTER = {name: re.compile(rx.replace("~", GAP)) for name, rx in VOID_AFTER.items()}
+_VOID_START = {name: re.compile(rx.replace("~", GAP)) for name, rx in VOID_START.items()}
 INJ = Matcher([e[3] for e in _INJECTION], [INJECTION_SPAN] * len(_INJECTION), FOLDED_TRIGGERS,
               {n: _LINE_START_NATIVE for n, e in enumerate(_INJECTION) if e[0] in LINE_START}, caseless=True,
               heads={n: _heads(*HEADS[e[0]]) for n, e in enumerate(_INJECTION) if e[0] in HEADS},
@@ -120,12 +125,15 @@ class _Marks:
         self.fences = [m.start() for m in _FENCE.finditer(text)]
         self.opens = [m.start() for m in _CODE_OPEN.finditer(text)]
         self.closes = [m.start() for m in _CODE_CLOSE.finditer(text)]
+        self.pre_opens = [m.start() for m in _PRE_OPEN.finditer(text)]
+        self.pre_closes = [m.start() for m in _PRE_CLOSE.finditer(text)]
 
     def quoted(self, lo: int, start: int) -> bool:
         fences = bisect_right(self.fences, start - 3) - bisect_left(self.fences, lo)
         if fences % 2 == 1:
             return True
-        return self._last(self.opens, lo, start - 5) > self._last(self.closes, lo, start - 6)
+        opened = max(self._last(self.opens, lo, start - 5), self._last(self.pre_opens, lo, start - 4))
+        return opened > max(self._last(self.closes, lo, start - 6), self._last(self.pre_closes, lo, start - 5))
 
     @staticmethod
     def _last(positions: list[int], lo: int, hi: int) -> int:
@@ -136,11 +144,34 @@ class _Marks:
 _FENCE = re.compile("```")
 _CODE_OPEN = re.compile("<code")
 _CODE_CLOSE = re.compile("</code")
+_PRE_OPEN = re.compile("<pre")
+_PRE_CLOSE = re.compile("</pre")
+QUOTE_SPAN = 400  # how far back an open quotation is looked for (within the paragraph)
+
+
+def _in_quotation(text: str, start: int) -> bool:
+    """Quoted without a quote mark right before: inside a double-quoted passage opened
+    earlier in its paragraph (an odd number of unescaped quote marks since the paragraph
+    began), after an opening curly quote not yet closed, or on a line of an indented code
+    block (each looked for at most ``QUOTE_SPAN`` characters back)."""
+    lo = max(0, start - QUOTE_SPAN)
+    line = text.rfind("\n", lo, start)
+    if (line >= 0 or lo == 0) and text.startswith(("    ", "\t"), line + 1):
+        return True
+    para = text.rfind("\n\n", lo, start)
+    if para >= 0:
+        lo = para + 2
+    seg = text[lo:start]
+    if (seg.count("\"") - seg.count("\\\"")) % 2 == 1:
+        return True
+    return seg.rfind("\u201c") > seg.rfind("\u201d")
 
 
 def _quoted(text: str, start: int, before: str = "", marks: _Marks | None = None) -> bool:
     """Inside quotes, a code fence or <code>: ``before`` is the folded text preceding
     this window of the input, so a fence opened before the window still counts."""
+    if text[start : start + 1] in ("\"", "'", "`"):  # the match begins with a quote mark (a JSON key or string)
+        return True
     if start < QUOTE_LOOKBACK and before:
         text = before[-(QUOTE_LOOKBACK - start) :] + text[:start]
         start = len(text)
@@ -148,12 +179,24 @@ def _quoted(text: str, start: int, before: str = "", marks: _Marks | None = None
     before_q = text[max(0, start - 4) : start]
     if any(q in before_q for q in "\"'`"):
         return True
+    if _in_quotation(text, start):
+        return True
     lo = max(0, start - QUOTE_LOOKBACK)
     if marks is not None:
         return marks.quoted(lo, start)
     if text.count("```", lo, start) % 2 == 1:
         return True
-    return text.rfind("<code", lo, start) > text.rfind("</code", lo, start)
+    return max(text.rfind("<code", lo, start), text.rfind("<pre", lo, start)) > max(
+        text.rfind("</code", lo, start), text.rfind("</pre", lo, start))
+
+
+# A phrase after "can", "could", "may", "might" or "would" is described, not ordered
+# ("a model can leak the conversation to https://…" in a write-up).
+_HEDGE = re.compile(r"(?<![a-z])(?:can|could|may|might|would)(?:~not)?~$".replace("~", GAP))
+
+
+def _hedged(text: str, start: int) -> bool:
+    return _HEDGE.search(text, max(0, start - 14), start) is not None
 
 
 def _discussed(text: str, start: int, end: int) -> bool:
@@ -198,8 +241,10 @@ class _Checks:
 
     def quoted(self, start: int) -> bool:
         at = self.off + start
-        near = self.joined[max(0, at - 4) : at]
+        near = self.joined[max(0, at - 4) : at + 1]
         if "\"" in near or "'" in near or "`" in near:
+            return True
+        if _in_quotation(self.joined, at):
             return True
         if self._marks is None:
             self._marks = _Marks(self.joined)
@@ -217,7 +262,7 @@ class _Checks:
         if i == len(self._talk) or self._talk[i] > hi:
             return False
         lo = max(lo, self._talk[i] - _TALK_WIDTH)
-        return DISCUSSION.search(text, lo, hi) is not None
+        return any(part.search(text, lo, hi) is not None for part in DISCUSSION_PARTS)
 
 
 def _at_line_start(text: str, pos: int) -> bool:
@@ -264,10 +309,13 @@ def injection(scan: Scan) -> list[Finding]:
             name, family, weight, _, _ = _INJECTION[n]
             if name in LINE_START and not _at_line_start(text, m.start()):
                 continue
+            if (name in _VOID_AFTER and _VOID_AFTER[name].match(text, m.end())) or (
+                    name in _VOID_START and _VOID_START[name].match(text, m.start())):
+                continue
             score = weight
             if checks is None:
                 checks = _Checks(text, scan.before_folded if view.depth == 0 else "")
-            if checks.quoted(m.start()) and checks.discussed(m.start(), m.end()):
+            if (checks.quoted(m.start()) or _hedged(text, m.start())) and checks.discussed(m.start(), m.end()):
                 score *= DISCOUNT
             start, end, exact = scan.to_bytes(view, m.start(), m.end())
             if (name, start, end) not in seen:

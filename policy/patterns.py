@@ -56,6 +56,29 @@ _TASK_DROPPED = (
 _VOID = (r"(?:no~longer~(?:applies|apply|valid|relevant|needed|required|in~effect|matters?)|cancell?ed|void|revoked|obsolete|"
          r"superseded|invalid|null(?:~and~void)?|withdrawn|irrelevant)")
 
+# An AI named by its kind, not a person who assists: "AI assistants", "LLM reviewers", "AI coding
+# agents", "language models" (a bare "assistant", "agent" or "virtual assistant" may be a person).
+_AI_KIND = (r"(?:(?:ai|a\.i\.|llm|gpt|automated|autonomous|ai.powered|ai.based|llm.powered|llm.based)(?:[^a-z0-9\n]{1,4}[a-z]+)?~"
+            r"(?:assistants?|agents?|models?|tools?|systems?|readers?|reviewers?|bots?|helpers?|crawlers?|summari[sz]ers?|copilots?)"
+            r"|ais|ai|llms?|language~models?|chatbots?|chatgpt|claude|gemini|copilot)")
+_SEP = r"[^a-z0-9\n]{1,4}"  # a word gap that is not empty (cheaper to scan for before a short word like "ai")
+# What an AI reader does with the text in front of it ("triaging this issue", "working in this repository").
+_AI_DOING = (r"(?:triaging|reviewing|handling|completing|working|sorting|managing|answering|evaluating|grading|assessing|comparing|"
+             r"running|executing|operating|indexing|crawling|visiting|reading|processing|summari[sz]ing|parsing|analy[sz]ing|browsing|"
+             r"scanning|ingesting|installing|assisting|helping|acting|contributing|editing)")
+_AI_DOING_THIS = _AI_DOING + r"~(?:(?:on|in|with|through|for|at)~)?(?:this|these|the~following|my|our)(?![a-z])"
+# Files that hold credentials (read and sent somewhere, they are the payload of an exfiltration).
+_CRED_FILE = (r"(?:\x7e?/?\.(?:netrc|git-credentials|npmrc|pypirc|pgpass|env(?![a-z])|bash_history|zsh_history|docker/config\.json|"
+              r"kube/config|aws/credentials|config/gh/hosts\.yml|ssh/id_[a-z0-9]+|ssh/[a-z0-9_]*key|gnupg)|/etc/shadow|hosts\.yml|id_rsa|id_ed25519)")
+# ... and where it goes: a pipe into a network tool, a URL, a DNS lookup
+_CRED_SINK = (r"[^\n]{0,120}?(?:\|~?(?:nc|ncat|netcat|curl|wget|socat|telnet|openssl)(?![a-z])|(?:https?|ftp)://"
+              r"|(?<![a-z])(?:nslookup|dig|ping)(?![a-z]))")
+# secrets named as those the reader can reach ("every API key you have access to")
+_IN_REACH = (r"(?:secrets?|credentials?|api~keys?|passwords?|tokens?|private~keys?)[^\n]{0,80}?"
+             r"(?:you~(?:can~(?:reach|access|find|see|read|get)|have~access~to|know~of)|in~your~(?:context|memory|environment|prompt))")
+_CRED_ANCHORS = (".netrc", ".git-credentials", ".npmrc", ".pypirc", ".pgpass", ".env", "history", ".docker", ".kube", ".aws",
+                 ".config", ".ssh", ".gnupg", "/etc/shadow", "hosts.yml", "id_rsa", "id_ed25519")
+
 INJECTION: list[Entry] = [
     # --- override: instruction overrides and hijacks
     ("override.ignore", "override", 0.95,
@@ -134,13 +157,17 @@ INJECTION: list[Entry] = [
      ("your",)),
     # --- role_header: forged chat-template tokens, role tags and context boundaries
     ("role.chat_token", "role_header", 1.0,
-     r"<\|(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id|begin_of_text|end_of_turn|start_of_turn|endofprompt)\|>|\[/?inst\]|<</?sys>>|<(?:start|end)_of_turn>",
-     ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "_of_turn>")),
+     # any special token of a chat template (ChatML, Llama, Cohere, harmony, Phi, Granite …)
+     r"(?:<\|[a-z][a-z0-9_]{1,40}\|>|\[/?(?:inst|system_prompt|available_tools|tool_results)\]|<</?sys>>|<(?:start|end)_of_turn>)",
+     ("<|", "[inst]", "[/inst]", "[system_prompt]", "[/system_prompt]", "[available_tools]", "[/available_tools]",
+      "[tool_results]", "[/tool_results]", "<<sys>>", "<</sys>>", "_of_turn>")),
     ("role.xml_tag", "role_header", 0.8,
-     r"</?(?:system|system_prompt|system-prompt|sys|instructions|admin|developer|assistant|user_query|tool_response|tool_output|tool_result|function_results?|important_instructions|im_start)>",
-     tuple(f"<{c}{t}" for c in ("", "/") for t in ("system", "sys>", "instructions>", "admin>", "developer>", "assistant>",
-                                                   "user_query>", "tool_", "function_result", "important_instructions>",
-                                                   "im_start>"))),
+     r"</?(?:system|system_prompt|system-prompt|sys|instructions|admin|developer|assistant|user_query|tool_response|tool_output|tool_result|function_results?|important_instructions|im_start"
+     r"|(?:system|developer|admin|operator)[_-](?:reminder|message|note|notice|instructions?|directive|update)|(?:developer|admin|operator|hidden|secret)[_-]instructions?)"
+     r"(?:\s[^<>\n]{0,80})?>",
+     tuple(f"<{c}{t}" for c in ("", "/") for t in ("system", "sys", "instructions", "admin", "developer", "assistant",
+                                                   "user_query", "tool_", "function_result", "important_instructions",
+                                                   "im_start", "operator", "hidden", "secret"))),
     ("role.bracket_header", "role_header", 0.85,
      r"[\[({]~(?:system|admin|administrator|developer|root|assistant|sys|operator)~(?:override|prompt|instructions?|command)?~[\])}]",
      ("[", "(", "{")),
@@ -190,8 +217,14 @@ INJECTION: list[Entry] = [
      r"\\?\"(?:tool_calls?|function_call|tool_use)\\?\"\s*:",  # also inside a JSON string (escaped quotes)
      ("\"tool_call", "\"function_call", "\"tool_use")),
     ("tool.xml_call", "tool_forgery", 0.85,
-     r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])",
-     ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=")),
+     r"<(?:tool_call|function_call|function_calls|invoke~name|tool_use|tool_code|function=[a-z_])"
+     # tools written as tags (Cline/Roo style), smolagents' end of a code action
+     r"|<(?:execute_command|run_command|write_to_file|replace_in_file|apply_diff|insert_content|search_and_replace|use_mcp_tool|"
+     r"access_mcp_resource|browser_action|attempt_completion|ask_followup_question|requires_approval|new_task|end_code)>",
+     ("<tool_call", "<function_call", "<invoke", "<tool_use", "<tool_code", "<function=", "<execute_command>", "<run_command>",
+      "<write_to_file>", "<replace_in_file>", "<apply_diff>", "<insert_content>", "<search_and_replace>", "<use_mcp_tool>",
+      "<access_mcp_resource>", "<browser_action>", "<attempt_completion>", "<ask_followup_question>", "<requires_approval>",
+      "<new_task>", "<end_code>")),
     ("tool.react", "tool_forgery", 0.8,
      r"(?:(?<![a-z])|(?<=\\n))action~?:~?[a-z_][\w.-]{1,40}[\s\S]{0,300}?action~input~?:",  # also after a JSON-escaped newline
      ("action",)),
@@ -238,13 +271,116 @@ INJECTION: list[Entry] = [
     ("exfil.sensitive_verb", "exfiltration", 0.55,
      rf"{_VERB_OUT}~(?:me~|us~)?(?:the~|your~|all~|any~|every~)?(?:user.s~)?{_SENSITIVE}",
      _VERB_ANCHORS),
+    # --- round 4: classes the fresh4 split's misses pointed at
+    # an AI reader addressed by its kind in a header or salutation: "Note for AI shopping assistants:",
+    # "For LLM reviewers:", "Hello AI,"
+    ("override.address_ai_kind", "override", 0.85,
+     r"(?<![a-z])(?:(?:note|notes|message|instructions?|reminder|notice|warning|heads.up|memo|survey|request|guidance|rules?|directive|advisory|checklist)~(?:for|to)"
+     rf"|attention|dear|hey|hello|hi){_SEP}(?:(?:the|any|all|every|each|fellow){_SEP})?{_AI_KIND}(?:~{_AI_DOING_THIS}[^\n:]{{0,60}}?)?~?[:,]"
+     rf"|(?<![^\n.!?(])[ \t*#>_-]{{0,8}}(?:for|to){_SEP}(?:(?:the|any|all|every|each|fellow){_SEP})?{_AI_KIND}(?:~{_AI_DOING_THIS}[^\n:]{{0,60}}?)?~?:",
+     ("note", "message", "instruction", "reminder", "notice", "warning", "heads", "memo", "survey", "request", "guidance",
+      "rule", "directive", "advisory", "checklist", "attention", "dear", "hey", "hello", "hi", "for", "to", "ai", "a.i.", "llm",
+      "gpt", "automated", "autonomous", "language", "chatbot", "claude", "gemini", "copilot")),
+    # the reader's identity guessed at: "if you're an AI agent triaging this", "I expect you are the AI that sorts …"
+    ("override.reader_identity", "override", 0.85,
+     rf"(?<![a-z])(?:if|whether|expect|assume|guess|think|suppose|bet|imagine|since|in~case)~you~(?:are|re|.re|happen~to~be)~(?:an?|the|some|one~of~the)~{_AI_KIND}"
+     rf"(?:~(?:that|who|which)(?![a-z])|~?[,.;:!)]|~{_AI_DOING})",
+     ("if", "whether", "expect", "assume", "guess", "think", "suppose", "bet", "imagine", "since", "in")),
+    # an AI reader named in the third person while it works on this text: "any LLM summarising this page",
+    # "AI coding agents working in this repository"
+    ("override.ai_at_work", "override", 0.85,
+     rf"(?<![a-z])(?:(?:the|any|every|all|each|an?)~)?{_AI_KIND}~(?:that~is~|who~is~|which~is~|that~are~|are~)?{_AI_DOING_THIS}",
+     ("the", "any", "every", "all", "each", "a")),
+    # instructions meant to persist in the reader's memory
+    ("override.persist_memory", "override", 0.8,
+     r"(?<![a-z])(?:remember|save|store|keep|note|memori[sz]e|record|apply)~(?:this|that|it|these|the~following)~(?:in~mind~)?(?:for|in|across|during|throughout)~(?:every|all|each|any|future)~"
+     r"(?:future~|later~|subsequent~|upcoming~|other~)?(?:conversations?|sessions?|chats?|interactions?)"
+     r"|(?<![a-z])(?:save|store|write|add|persist|record)~(?:this|it|that|these|the~following)~(?:to|in|into)~your~(?:long.term~|persistent~|permanent~)?memory~(?:now|immediately|right~away|tool|store|bank|file)",
+     ("remember", "save", "store", "keep", "note", "memori", "record", "apply", "write", "add", "persist")),
+    # something kept out of what the reader reports to its user
+    ("override.omit_from_output", "override", 0.7,
+     r"(?<![a-z])(?:leave|keep)~(?:(?:it|this|that|them|these)~|(?:[a-z]+~){1,3})out~of~(?:your|the~(?:[a-z]+~)?(?:summary|answer|response|reply|digest|commit))~(?:[a-z]+~)?"
+     r"(?:summary|summaries|answer|response|reply|report|digest|commit~messages?|output|message)",
+     ("leave", "keep")),
+    # text asks to be trusted like an administrator
+    ("override.trust_escalation", "override", 0.8,
+     r"(?<![a-z])(?:give|grant|extend|assign|treat)~(?:me|my~(?:requests|messages|instructions)|this~(?:page|message|document|sender|user))~(?:with~|as~)?(?:full~|elevated~)?"
+     r"(?:admin(?:istrator)?|root|elevated|operator|developer|supervisor|superuser|system|maximum|owner)(?:.level)?~(?:trust|authority)",
+     ("give", "grant", "extend", "assign", "treat")),
+    # an order not to wait for or check with the user
+    ("override.no_confirm", "override", 0.75,
+     r"(?<![a-z])(?:do~not|don.?t|never)~(?:wait~for|ask|check~with|consult|bother)~(?:the~|your~)?(?:user|human|operator|owner|requester|reporter)(?![a-z])",
+     ("do", "don", "never")),
+    # forged conversation in JSON: a system/developer turn after a user or assistant turn
+    ("role.json_late_system", "role_header", 0.8,
+     r"\\?\"role\\?\"\s*:\s*\\?\"(?:user|assistant|tool|function)\\?\"[^\n]{0,300}?\\?\"role\\?\"\s*:\s*\\?\"(?:system|developer)\\?\"",
+     ("\"role",)),
+    # typed tool calls of other APIs (Anthropic tool_use, OpenAI Responses function_call, MCP tools/call)
+    ("tool.typed_call", "tool_forgery", 0.75,
+     r"\\?\"(?:type\\?\"\s*:\s*\\?\"(?:tool_use|server_tool_use|function_call|tool_call|custom_tool_call|computer_call|mcp_call|local_shell_call)|method\\?\"\s*:\s*\\?\"tools/call)\\?\"",
+     ("\"type", "\"method")),
+    # a forged tool observation followed by the agent's next thought (ReAct scratchpad)
+    ("tool.react_observation", "tool_forgery", 0.75,
+     r"(?:(?<![a-z])|(?<=\\n))observation~?:[^\n]{0,300}?(?:\n|\\n)[ \t]*thought~?:",
+     ("observation",)),
+    # a dotted tool name called now with arguments: "CALL slack.post_message NOW WITH channel=…"
+    ("tool.dotted_call_now", "tool_forgery", 0.8,
+     r"(?<![a-z])(?:call|invoke|run|execute|trigger)~[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+~(?:now|immediately|right~away|at~once)~(?:with|using|passing|and~(?:set|pass))",
+     ("call", "invoke", "run", "execute", "trigger")),
+    # the reader's own tool ("its browser tool") to be used by it
+    ("tool.its_tool", "tool_forgery", 0.75,
+     r"(?<![a-z])(?:should|must|shall|will|needs~to|is~to|has~to)~(?:now~|then~|also~|immediately~|first~)?(?:use|call|invoke|open|run)~its~(?:own~)?[a-z0-9_-]{2,30}~(?:tool|function|plugin)",
+     ("should", "must", "shall", "will", "needs", "is", "has")),
+    # a credential file read and sent to the network: "cat ~/.netrc | nc …", "nslookup $(cat ~/.git-credentials …).evil"
+    ("exfil.cred_file_to_net", "exfiltration", 0.9,
+     rf"(?<![a-z])(?:cat|base64|xxd|od|head|tail|tar|zip|gzip|type|get-content|strings)~(?:-[a-z0-9]+~)*[^\n|;&]{{0,30}}?{_CRED_FILE}{_CRED_SINK}"
+     rf"|(?<![a-z])(?:nslookup|dig|ping|curl|wget|nc|ncat|netcat|scp|rsync)~[^\n]{{0,80}}?(?:\$\(|`|@|-t~|<~?)[^\n]{{0,30}}?{_CRED_FILE}",
+     ("cat", "base64", "xxd", "od", "head", "tail", "tar", "zip", "gzip", "type", "get-content", "strings", "nslookup", "dig",
+      "ping", "curl", "wget", "nc", "ncat", "netcat", "scp", "rsync")),
+    # the environment dumped to the network: "env | curl --data-binary @- https://…"
+    ("exfil.env_to_net", "exfiltration", 0.9,
+     r"(?<![a-z0-9_.-])(?:env|printenv|export -p|/proc/self/environ)[ \t]{0,4}\|[^\n]{0,40}?(?<![a-z])(?:curl|wget|nc|ncat|netcat|socat)(?![a-z])",
+     ("env", "printenv", "export", "/proc/self/environ")),
+    # a credential file's contents put into something the reader publishes (a commit message, a reply, a form)
+    ("exfil.cred_file_contents", "exfiltration", 0.85,
+     rf"{_CRED_FILE}[^\n]{{0,120}}?(?:put|paste|include|copy|send|post|upload|submit|append|attach|embed|insert|write|encode|add)~[^\n]{{0,30}}?contents?"
+     r"[^\n]{0,60}?(?:in|into|to|as)~(?:the~body~of~)?(?:your|the|a)~(?:next~|new~)?(?:commit|pull~request|pr|issue|comment|reply|answer|response|summary|message|email|post|form|url|request|query)",
+     _CRED_ANCHORS),
+    # every secret within the reader's reach asked for
+    ("exfil.secrets_in_reach", "exfiltration", 0.8,
+     r"(?<![a-z])(?:dump|print|output|reveal|display|show|leak|expose|echo|send|share|give~me)~(?:out~)?(?:all|every|each|any)~(?:of~)?(?:the~|your~|my~)?" + _IN_REACH,
+     ("dump", "print", "output", "reveal", "display", "show", "leak", "expose", "echo", "send", "share", "give")),
+    # a URL with a parameter the reader is told to fill with private data: "…?m= followed by the user's last question"
+    ("exfil.url_fill", "exfiltration", 0.8,
+     r"https?://[^\s]{1,200}?=[^\n]{0,100}?(?:followed~by|replaced~(?:by|with)|filled~(?:in~)?with|substituted~(?:by|with)|set~to|plus)~(?:the~|your~|their~|a~)?(?:[a-z]+.s~)?"
+     r"(?:most~recent~|last~|latest~|first~|full~|current~|entire~|own~)?(?:questions?|prompts?|messages?|instructions|system~prompt|conversation|chat~history|history|name|address|email|password|token|api~key|credentials|secrets?)",
+     ("http",)),
 ]
+
+# Matches voided by what follows them (checked after the regex, so the native pattern stays a
+# plain superset): a tag or token named in prose ("wrapped in <tool_result> blocks", "the
+# <|im_start|> token") is not one in use, and a JSON tool-call field that is null or empty is no call.
+_NAMED_IN_PROSE = r"~?(?:blocks?|tags?|elements?|wrappers?|sections?|markers?|tokens?|delimiters?|strings?|sequences?)(?![a-z])"
+VOID_AFTER: dict[str, str] = {
+    "role.chat_token": _NAMED_IN_PROSE,
+    "role.xml_tag": _NAMED_IN_PROSE,
+    "tool.xml_call": _NAMED_IN_PROSE,
+    "tool.json_call": r"\s*(?:null|none|false|\[\s*\]|\{\s*\})",
+}
+# ... and by how they begin: "override" is also a configuration verb ("override system prompt"
+# in a list of search queries, "override developer settings"); the order needs a determiner.
+VOID_START: dict[str, str] = {
+    "override.ignore": r"override~(?:system|developer)(?![a-z])",
+}
 
 # Native patterns narrower in cost, not in reach: every match of the entry ends with a
 # match of this regex at the same place (a suffix of the entry's regex), and scanning for
 # it is cheaper than for the whole (a common verb no longer opens a long partial match).
 NATIVE_SUFFIX: dict[str, str] = {
     "exfil.sensitive_to_sink": rf"{_SENSITIVE}[^\n]{{0,100}}?{_SINK}",
+    "exfil.cred_file_to_net": rf"{_CRED_FILE}(?:{_CRED_SINK})?",
+    "exfil.secrets_in_reach": _IN_REACH,
+    "override.ai_at_work": _AI_DOING_THIS,
 }
 
 # Where matches begin: every match of these entries begins with one of the literals
@@ -263,11 +399,20 @@ HEADS: dict[str, tuple[tuple[str, ...], bool]] = {
 }
 
 # Words that say a text discusses attacks rather than carries one (used with quoting).
-DISCUSSION = re.compile(
+_TALK_WORDS = (
     r"prompt~injection|injection~attacks?|jailbreak|for~example|e\.g\.|such~as|attackers?|adversar|malicious|"
     r"phrases?~like|examples?~of|red~team|researchers?|owasp|detect|regex|pattern|re\.compile|payloads?|"
-    r"classifier|benchmark|dataset|mitigat|defen[cs]e|test~cases?|strings?~like".replace("~", GAP)
+    r"classifier|benchmark|dataset|mitigat|defen[cs]e|test~cases?|strings?~like|"
+    # documentation of chat formats and tool calling, test code
+    r"chat~templates?|chat~format|special~tokens?|tokeni[sz]er|your~code|assert|pytest|sanitiz"
 )
+# keys of API responses and evaluation logs (what they hold is a record, not an order to the reader)
+_LOG_KEYS = (r"\"(?:eval|grader|expected(?:_output)?|finish_reason|stop_reason|usage|prompt_tokens|completion_tokens|"
+             r"input_tokens|output_tokens|system_fingerprint|choices)\"~?:")
+DISCUSSION = re.compile((_TALK_WORDS + "|" + _LOG_KEYS).replace("~", GAP))
+# the same, as two regexes searched one after the other (a search for the whole tries the
+# quote-led keys at every quote mark, which prose is full of)
+DISCUSSION_PARTS = (re.compile(_TALK_WORDS.replace("~", GAP)), re.compile(_LOG_KEYS.replace("~", GAP)))
 
 SECRETS: list[tuple[str, str, float, str, tuple[str, ...]]] = [
     ("secret.aws_access_key", "cloud_key", 1.0, r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b",

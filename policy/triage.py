@@ -272,6 +272,9 @@ def triage(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) ->
     raw_scan = _scan_raw(data)
     inj_ends, sec_ends = _scan_both(data, folded, raw_scan)
     candidates: dict[int, set[int]] = {}  # run end -> possible run starts, for base64/hex runs
+    # a hit in a folded non-ASCII run maps to the run's raw end; the match may begin anywhere
+    # in the run (a long full-width passage is one run), so its span reaches back from the run's start
+    run_starts = dict(zip(folded.r_ends, folded.r_starts, strict=True))
     for pid, ends in inj_ends.items():
         trigger = FOLDED_TRIGGERS[pid - n_inj] if pid >= n_inj else None
         run = _RUN_END.get(trigger) if trigger is not None else None
@@ -279,6 +282,9 @@ def triage(data: bytes, custom: CustomTriage | None = None, left: int = LEFT) ->
         back = max(left, inj_widths[pid] + CONTEXT) if pid < n_inj else left
         if run is None:
             spans.extend(_collapse(ends, back, views))
+            if run_starts:
+                spans.extend((max(0, run_starts[e] - back), e + RIGHT, views) for e in ends
+                             if e in run_starts)
             continue
         stop = -1  # a trigger inside a run already measured only adds a start (re-measuring would be quadratic)
         for raw in sorted(ends):
