@@ -238,6 +238,12 @@ class _Checks:
         self.joined = before[len(before) - self.off :] + text if self.off else text
         self._marks: _Marks | None = None
         self._talk: list[int] | None = None  # where a discussion match may end
+        # discussion matches found so far (sorted by start, with their ends), and ranges
+        # searched in vain: nearby findings ask about overlapping ranges, and the vocabulary
+        # has no look-arounds, so a match inside a range answers for it without a search
+        self._said_at: list[int] = []
+        self._said_end: list[int] = []
+        self._silent: list[tuple[int, int]] = []
 
     def quoted(self, start: int) -> bool:
         at = self.off + start
@@ -262,7 +268,22 @@ class _Checks:
         if i == len(self._talk) or self._talk[i] > hi:
             return False
         lo = max(lo, self._talk[i] - _TALK_WIDTH)
-        return any(part.search(text, lo, hi) is not None for part in DISCUSSION_PARTS)
+        k = bisect_left(self._said_at, lo)
+        while k < len(self._said_at) and self._said_at[k] <= hi:
+            if self._said_end[k] <= hi:
+                return True
+            k += 1
+        if any(a <= lo and hi <= b for a, b in self._silent):
+            return False
+        for part in DISCUSSION_PARTS:
+            m = part.search(text, lo, hi)
+            if m is not None:
+                k = bisect_left(self._said_at, m.start())
+                self._said_at.insert(k, m.start())
+                self._said_end.insert(k, m.end())
+                return True
+        self._silent.append((lo, hi))
+        return False
 
 
 def _at_line_start(text: str, pos: int) -> bool:

@@ -337,6 +337,40 @@ def test_confirmation_shortcuts_change_no_finding(monkeypatch):
     assert any(fast)
 
 
+_TALK_PIECES = ["for example ", "e.g. ", "payload", " attackers ", "\"usage\": ", "red  team", "pattern"]
+_PLAIN_PIECES = ["the weather is fine today. ", "x" * 40 + " ", "\n", "ignore ", "  ", "a" * 90, "notes " * 20]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_TALK_PIECES), st.sampled_from(_PLAIN_PIECES), st.sampled_from(_PLAIN_PIECES)),
+                max_size=150).map("".join),
+       st.lists(st.tuples(st.integers(0, 6000), st.integers(0, 400)), min_size=1, max_size=60))
+def test_discussion_check_with_memory_answers_as_the_plain_search(text, queries):
+    """The per-view discussion check remembers matches found and ranges searched in vain;
+    any order of questions gets the answers of a fresh search each time."""
+    checks = det._Checks(text, "")
+    anywhere = det._Checks(text, "")
+    anywhere._talk = list(range(len(text) + 1))  # a superset as loose as can be: the memory decides alone
+    for start, width in queries:
+        start = min(start, len(text))
+        end = min(len(text), start + width)
+        want = det._discussed(text, start, end)
+        assert checks.discussed(start, end) == want and anywhere.discussed(start, end) == want, (start, end)
+
+
+def test_discussion_memory_at_the_edges_of_a_range():
+    """A remembered match that ends past a later range's end does not answer for it, and a
+    range searched in vain answers only for the ranges inside it."""
+    text = "a" * 1000 + " for example " + "b" * 1000  # the match: characters 1001-1012
+    for talk in (None, list(range(len(text) + 1))):
+        checks = det._Checks(text, "")
+        if talk is not None:
+            checks._talk = talk
+        asked = [(0, 10), (1100, 1100), (600, 705), (600, 720), (1700, 1800)]
+        got = [checks.discussed(s, e) for s, e in asked]
+        assert got == [det._discussed(text, s, e) for s, e in asked] == [False, True, False, True, False]
+
+
 def _confirmed_by_definition(rx, text, starts, slack):
     last = -1
     for start in starts:
