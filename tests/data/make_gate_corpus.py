@@ -3834,11 +3834,16 @@ def build(seed: int = 20240514) -> list[dict]:
     return rows
 
 
-def main() -> int:
-    rows = build()
-    with OUT.open("w", encoding="utf-8") as fh:
+def write_rows(rows: list[dict], out: Path) -> None:
+    """One JSON object a line, the id first (the corpus files' format; rows lose their "id" key)."""
+    with out.open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps({"id": row.pop("id"), **row}, ensure_ascii=False) + "\n")
+
+
+def main() -> int:
+    rows = build()
+    write_rows(rows, OUT)
     counts: dict[tuple[str, str], int] = {}
     for row in rows:
         counts[(row["split"], row["label"])] = counts.get((row["split"], row["label"]), 0) + 1

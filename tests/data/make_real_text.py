@@ -17,8 +17,10 @@ by a hash of the source name, so no document straddles two parts:
 - ``real-select`` (a quarter): may be used to choose thresholds and settings;
 - ``real-test`` (a quarter): measured once per detector change, never tuned on.
 
-Deterministic for a given Python and set of installed packages; the committed file is
-what the benchmarks read, so a different machine does not change the figures.
+Deterministic for a given Python and set of installed packages: the committed file was
+made in the ``.venv`` that ``make install`` builds (Python 3.11) and nothing else installed
+(a package added by hand adds its README). The committed file is what the benchmarks read,
+so another machine does not change the figures.
 Each line: {"id", "split", "label": "benign", "family": "python_docs"|"readme",
 "obfuscation": "none", "tool", "source", "license", "text"}.
 """
@@ -27,10 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-import json
 import re
 import sys
 from pathlib import Path
+
+from make_gate_corpus import write_rows  # noqa: E402  (the script's own folder is on sys.path)
 
 OUT = Path(__file__).with_name("real_text.jsonl")
 MIN_BYTES, MAX_BYTES = 400, 4000
@@ -109,9 +112,7 @@ def build() -> list[dict]:
 
 def main() -> int:
     rows = build()
-    with OUT.open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps({"id": row.pop("id"), **row}, ensure_ascii=False) + "\n")
+    write_rows(rows, OUT)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["split"]] = counts.get(row["split"], 0) + 1
