@@ -3,7 +3,8 @@
     python bench/gate.py [--policy FILE] [--corpus FILE ...] [--splits a,b] [--json PATH]
 
 Quality: true-positive rate on injected tool results (all, obfuscated only, per
-family, per obfuscation), false-positive rate on benign ones (per family), and
+family, per obfuscation), obfuscation invariance (of the payloads caught in plain
+text, the share of their obfuscated forms caught too), false-positive rate on benign ones (per family), and
 secret recall, per split of the corpora in the order they were written (what each
 split was used for, and which are still blind, is in the corpus generators'
 docstrings and docs/CLAIMS.md): ``tests/data/gate_corpus.jsonl`` and the real-text
@@ -77,7 +78,16 @@ def quality(policy, rows: list[dict]) -> dict:
         for r in ben:
             fp_family[r["family"]].append(fp[id(r)])
         obf = [caught[id(r)] for r in inj if r["obfuscation"] != "plain"]
+        # obfuscation invariance: of the payloads caught in plain text, the share of their
+        # obfuscated forms caught too (what the usual tricks buy an attacker, wording aside)
+        by_payload: dict[tuple, dict[str, bool]] = defaultdict(dict)
+        for r in inj:
+            by_payload[(r["split"], r["family"], r.get("payload"))][r["obfuscation"]] = caught[id(r)]
+        kept = [ok for forms in by_payload.values() if forms.get("plain")
+                for name, ok in forms.items() if name != "plain"]
         out[split] = {
+            "invariance": rate(sum(kept), len(kept)), "caught_in_plain": sum(
+                1 for forms in by_payload.values() if forms.get("plain")),
             "injected": len(inj), "benign": len(ben), "secret": len(sec),
             "tpr": rate(sum(caught.values()), len(inj)),
             "tpr_obfuscated": rate(sum(obf), len(obf)),
@@ -180,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
 
     print(f"policy {policy.name} {policy.digest}")
-    print(f"{'split':11} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'benign':>6} {'FPR':>6} {'secrets':>7}")
+    print(f"{'split':11} {'inj':>5} {'TPR':>6} {'TPR-obf':>8} {'invar':>6} {'benign':>6} {'FPR':>6} {'secrets':>7}")
     splits = splits_of(rows)
     for split in [*splits, "all"]:
         s = q[split]
-        print(f"{split:11} {s['injected']:5d} {s['tpr']:6.3f} {s['tpr_obfuscated']:8.3f} {s['benign']:6d} {s['fpr']:6.3f} {s['secret_recall']:7.3f}")
+        print(f"{split:11} {s['injected']:5d} {s['tpr']:6.3f} {s['tpr_obfuscated']:8.3f} {s['invariance']:6.3f} "
+              f"{s['benign']:6d} {s['fpr']:6.3f} {s['secret_recall']:7.3f}")
     for split in splits:
         s = q[split]
         print(f"[{split}] TPR by family: " + ", ".join(f"{k} {v:.2f}" for k, v in s["tpr_by_family"].items()))
@@ -211,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         *({"name": f"fpr_benign_{split}", "value": q[split]["fpr"], "target": 0.02, "op": "<="}
           for split in splits if split != "dev" and q[split]["benign"]),
         {"name": "fpr_benign_all", "value": allq["fpr"], "target": 0.02, "op": "<="},
+        # not the issue's target (recall on the obfuscated set, above): its obfuscation half alone
+        {"name": "obfuscation_invariance_all", "value": allq["invariance"], "target": 0.95, "op": ">="},
         {"name": "p50_us_1KiB", "value": lat_b["p50_us"], "target": 50.0, "op": "<="},
         {"name": "mb_per_s_large_mix", "value": big["mb_per_s"], "target": 50.0, "op": ">="},
         {"name": "mb_per_s_large_mix_without_hard_negatives", "value": big_typical["mb_per_s"], "target": 50.0, "op": ">="},
