@@ -25,10 +25,12 @@ from fak.policy.patterns import (
     INJECTION,
     LINE_START,
     NATIVE_SUFFIX,
+    NOT_AFTER_LETTER,
     RAW_TRIGGERS,
     SECRETS,
     VOID_AFTER,
     VOID_START,
+    WORD_START,
 )
 from fak.policy.scan import Scan
 
@@ -46,7 +48,8 @@ class Finding:
 
 
 def _compile(entries, flags=0):
-    return [(n, f, w, re.compile(rx.replace("~", GAP), flags), anchors) for n, f, w, rx, anchors in entries]
+    return [(n, f, w, re.compile(rx.replace("~", GAP).replace(NOT_AFTER_LETTER, WORD_START), flags), anchors)
+            for n, f, w, rx, anchors in entries]
 
 
 _INJECTION = _compile(INJECTION)
@@ -60,7 +63,7 @@ SECRET_DEFAULT_SPAN = 600
 # One native database per vocabulary; the triage pass reuses them with its extra
 # trigger patterns (ids after the vocabulary's own).
 _LINE_START_NATIVE = rb"(?:^|\n)[ \t>#*_-]*"  # what _at_line_start accepts before a match
-_NOT_AFTER_LETTER = rb"(?:^|[^a-z])"
+_NOT_AFTER_LETTER = rb"(?:^|[^a-z]|\\[nrt])"  # native form of WORD_START
 
 
 def _heads(literals: tuple[str, ...], bounded: bool) -> list[tuple[bytes, int]]:

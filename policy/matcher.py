@@ -225,7 +225,9 @@ class Matcher:
 
 # Look-behinds that begin a regex: a search for such a regex tries every place in turn (no
 # literal to skip ahead by); without them it skips ahead, and the full regex confirms.
-_LEADING_LOOKBEHIND = re.compile(r"^(?:\(\?<[!=](?:\\.|\[(?:\\.|[^\]])*\]|[^()\\])*\))+")
+# One look-around may nest in another (``(?<!(?<!\\)[a-z])``, patterns.WORD_START).
+_ATOM = r"\\.|\[(?:\\.|[^\]])*\]|[^()\\]"
+_LEADING_LOOKBEHIND = re.compile(rf"^(?:\(\?<[!=](?:{_ATOM}|\(\?<?[!=](?:{_ATOM})*\))*\))+")
 
 
 def _via_quick(rx: re.Pattern[str], quick: re.Pattern[str], text: str, lo: int, endpos: int) -> Iterator[re.Match[str]]:

@@ -122,7 +122,11 @@ def _non_ascii_runs(text: str) -> list[tuple[int, int]]:
 # A run of single characters split by spaces. It may touch markup or punctuation
 # (``<p>i g n o r e …</p>``, ``"s e n d …"``) but not a word: ``a b c`` inside ``xa b c`` is not one.
 # Gaps up to six: letters may be spread wider than by one space, words wider still.
-_RUN = re.compile(r"(?<!\w)(?:\S[ \t]{1,6}){3,}\S(?!\w)")
+# In a JSON string a de-spaced text keeps its escapes (``t a k e s . \\n \\n a s k``,
+# ``{ \\" a m o u n t \\" :``): an escape (``\\n``, ``\\"``, …) is one character of the run,
+# and a run may start right after one (``\\ni g n o r e``: the ``n`` is not a word).
+_ESC = r"\\[nrt\"/]"
+_RUN = re.compile(rf"(?:(?<!\w)|(?<=\\[nrt]))(?:(?:{_ESC}|\S)[ \t]{{1,6}}){{3,}}(?:{_ESC}|\S)(?!\w)")
 _GAP = re.compile(r"[ \t]+")
 
 
@@ -401,7 +405,9 @@ def _classes(text: str, table: bytes) -> bytes:
 def may_have_letter_run(text: str) -> bool:
     """Cheap pre-check for ``despace`` (true wherever ``_RUN`` matches): four single characters
     separated by spaces, once runs of up to eight spaces are taken as one."""
-    t = _classes(text, _RUN_CLASS).replace(b"ss", b"s").replace(b"ss", b"s").replace(b"ss", b"s")
+    # a backslash is dropped: an escape (``\\n``) counts as one character, as in ``_RUN``
+    t = text.encode("utf-8", "surrogatepass").translate(_RUN_CLASS, b"\\")
+    t = t.replace(b"ss", b"s").replace(b"ss", b"s").replace(b"ss", b"s")
     return b"asasasa" in t
 
 

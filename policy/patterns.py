@@ -14,6 +14,11 @@ from __future__ import annotations
 import re
 
 GAP = r"[^a-z0-9\n]{0,4}"
+# Where a word starts, ``(?<![a-z])`` in the regexes below, the letter of a JSON escape
+# (``\\n``, ``\\t``, ``\\r``) does not count: in ``"body": "…\\n\\nsend the …"`` the ``n``
+# before ``send`` is a line break. The detectors compile every ``(?<![a-z])`` as this.
+NOT_AFTER_LETTER = "(?<![a-z])"
+WORD_START = r"(?<![a-z](?<!\\[nrt]))"
 
 Entry = tuple[str, str, float, str, tuple[str, ...]]
 
@@ -260,7 +265,7 @@ INJECTION: list[Entry] = [
      rf"{_VERB_OUT}~(?:it|them|this|that|everything)?~?(?:to|at)~{_SINK}[^\n]{{0,80}}?{_SENSITIVE}",
      _VERB_ANCHORS),
     ("exfil.markdown_image", "exfiltration", 0.9,
-     r"!\[[^\]\n]{0,100}\]\(~?https?://[^)\s]{1,300}?(?:[?&/=](?:\{|\[|<|\$|%7b|%5b|%3c)|(?:data|secret|token|key|conversation|history|password|info|q|d|c|p)=(?:\{|\[|<|\$|%7b|%5b|%3c|insert|your|the~))",
+     r"!\[[^\]\n]{0,100}\][(\[]~?https?://[^)\]\s]{1,300}?(?:[?&/=](?:\{|\[|<|\$|%7b|%5b|%3c)|(?:data|secret|token|key|conversation|history|password|info|q|d|c|p)=(?:\{|\[|<|\$|%7b|%5b|%3c|insert|your|the~))",
      ("![",)),
     ("exfil.fetch_with_data", "exfiltration", 0.85,
      r"(?:visit|open|fetch|load|navigate~to|browse~to|request|curl|wget|go~to|render|call|ping|get)~[^\n]{0,40}?https?://[^\s]{1,200}?[?&][a-z_]{1,20}=~?(?:\{|\[|<|\$|%7b|%5b|%3c)",
@@ -277,7 +282,7 @@ INJECTION: list[Entry] = [
     ("override.address_ai_kind", "override", 0.85,
      r"(?<![a-z])(?:(?:note|notes|message|instructions?|reminder|notice|warning|heads.up|memo|survey|request|guidance|rules?|directive|advisory|checklist)~(?:for|to)"
      rf"|attention|dear|hey|hello|hi){_SEP}(?:(?:the|any|all|every|each|fellow){_SEP})?{_AI_KIND}(?:~{_AI_DOING_THIS}[^\n:]{{0,60}}?)?~?[:,]"
-     rf"|(?<![^\n.!?(])[ \t*#>_-]{{0,8}}(?:for|to){_SEP}(?:(?:the|any|all|every|each|fellow){_SEP})?{_AI_KIND}(?:~{_AI_DOING_THIS}[^\n:]{{0,60}}?)?~?:",
+     rf"|(?:(?<![^\n.!?(>])|(?<=\\n))[ \t*#>_-]{{0,8}}(?:for|to){_SEP}(?:(?:the|any|all|every|each|fellow){_SEP})?{_AI_KIND}(?:~{_AI_DOING_THIS}[^\n:]{{0,60}}?)?~?:",
      ("note", "message", "instruction", "reminder", "notice", "warning", "heads", "memo", "survey", "request", "guidance",
       "rule", "directive", "advisory", "checklist", "attention", "dear", "hey", "hello", "hi", "for", "to", "ai", "a.i.", "llm",
       "gpt", "automated", "autonomous", "language", "chatbot", "claude", "gemini", "copilot")),
@@ -334,7 +339,7 @@ INJECTION: list[Entry] = [
     # a credential file read and sent to the network: "cat ~/.netrc | nc …", "nslookup $(cat ~/.git-credentials …).evil"
     ("exfil.cred_file_to_net", "exfiltration", 0.9,
      rf"(?<![a-z])(?:cat|base64|xxd|od|head|tail|tar|zip|gzip|type|get-content|strings)~(?:-[a-z0-9]+~)*[^\n|;&]{{0,30}}?{_CRED_FILE}{_CRED_SINK}"
-     rf"|(?<![a-z])(?:nslookup|dig|ping|curl|wget|nc|ncat|netcat|scp|rsync)~[^\n]{{0,80}}?(?:\$\(|`|@|-t~|<~?)[^\n]{{0,30}}?{_CRED_FILE}",
+     rf"|(?<![a-z])(?:nslookup|dig|ping|curl|wget|nc|ncat|netcat|scp|rsync)~[^\n]{{0,80}}?(?:\$[(\[]|`|@|-t~|<~?)[^\n]{{0,30}}?{_CRED_FILE}",
      ("cat", "base64", "xxd", "od", "head", "tail", "tar", "zip", "gzip", "type", "get-content", "strings", "nslookup", "dig",
       "ping", "curl", "wget", "nc", "ncat", "netcat", "scp", "rsync")),
     # the environment dumped to the network: "env | curl --data-binary @- https://…"

@@ -290,7 +290,8 @@ def test_ascii_windows_reuse_the_triage_scan(monkeypatch):
 
 def test_every_match_begins_at_a_declared_head():
     """The heads of ``patterns.HEADS`` are where the confirmation tries a regex: every match
-    on every corpus text begins with one of them (not after a letter when so declared)."""
+    on every corpus text begins with one of them (not after a letter when so declared, but
+    for the letter of a JSON escape: ``\\nsend``, patterns.WORD_START)."""
     from fak.policy.patterns import HEADS
 
     wrong = []
@@ -302,7 +303,8 @@ def test_every_match_begins_at_a_declared_head():
             literals, bounded = HEADS[name]
             for m in rx.finditer(text):
                 s = m.start()
-                if not m.group().startswith(literals) or (bounded and s and "a" <= text[s - 1] <= "z"):
+                escape = s >= 2 and text[s - 2 : s] in ("\\n", "\\r", "\\t")
+                if not m.group().startswith(literals) or (bounded and s and "a" <= text[s - 1] <= "z" and not escape):
                     wrong.append((row["id"], name, m.group()[:20]))
     assert not wrong
 
