@@ -374,6 +374,28 @@ def unescape_view(parent: View) -> View | None:
     return None if view is parent else view
 
 
+# Markdown that is not rendered: a comment ``[//]: # (…)`` and a link title ``[…](url "…")``.
+# Either holds one line, so text hidden there has its line breaks flattened to spaces, and
+# a forged exchange (``User: … Assistant: …``) or a ReAct block loses the line structure
+# its patterns look for. The view puts a line break back before each capitalised ``Word:``
+# label and at the start of the hidden text. Bounded so that the whole of it lies in a triage region.
+_MD_HIDDEN = re.compile(r"(\[//\]:[ \t]*#[ \t]*\()([^()\n]{1,300})(\))"
+                        r"|(\]\([^()\s]{1,300}[ \t]+\\?\")([^\"\n]{1,300}?)(\\?\"\))")
+_LABEL_GAP = re.compile(r"[ \t]+(?=[A-Z][\w-]{0,24}[ \t]?:(?:[ \t]|$))")  # a capitalised label: "… Assistant: …"
+
+
+def _md_lines(m: re.Match[str]) -> str | None:
+    head, body, tail = (m.group(1, 2, 3) if m.group(1) is not None else m.group(4, 5, 6))
+    return head + "\n" + _LABEL_GAP.sub("\n", body.strip()) + "\n" + tail
+
+
+def markdown_view(parent: View) -> View | None:
+    """Text hidden in markdown comments and link titles with its flattened line breaks put back."""
+    if "[//]" not in parent.text and '"' not in parent.text:
+        return None
+    return piecewise(parent, _MD_HIDDEN, _md_lines, "markdown")
+
+
 def _mostly_printable(text: str, share: float = 0.9) -> bool:
     """Whether at least ``share`` of ``text`` is printable (line breaks and tabs count; U+FFFD,
     which marks bytes that were not UTF-8, does not: a binary blob is not text, whatever

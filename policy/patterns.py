@@ -456,7 +456,9 @@ TRIGGER_BASE64 = rb"(?:^|[^a-z0-9+/_-])[a-z0-9+/_-]{24}"  # start of a base64-lo
 TRIGGER_HEX = rb"(?:^|[^0-9a-f])(?:[0-9a-f]{2}[ :]?){12}"  # start of a hex run (pairs, optional separators)
 TRIGGER_PERCENT = rb"%[0-9a-f]{2}"
 TRIGGER_ENTITY = rb"&#"
-FOLDED_TRIGGERS = (TRIGGER_DESPACE, TRIGGER_BASE64, TRIGGER_HEX, TRIGGER_PERCENT, TRIGGER_ENTITY)
+# a markdown comment ``[//]: # (…)`` or link title ``[…](url "…")``: one line, however many it hid
+TRIGGER_MARKDOWN = rb"\[//\]:[ \t]*#[ \t]*\(|\]\([^()\s]{1,300}[ \t]+\\?\""
+FOLDED_TRIGGERS = (TRIGGER_DESPACE, TRIGGER_BASE64, TRIGGER_HEX, TRIGGER_PERCENT, TRIGGER_ENTITY, TRIGGER_MARKDOWN)
 RUN_TRIGGERS = (TRIGGER_BASE64, TRIGGER_HEX)  # the region must extend to the end of the run
 # Matched on the raw bytes: the UTF-8 of invisible characters, bidi controls and tag characters.
 RAW_TRIGGERS = (

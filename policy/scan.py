@@ -20,6 +20,7 @@ from fak.policy.normalize import (
     char_byte_offsets,
     decoded_payloads,
     fold,
+    markdown_view,
     may_have_letter_run,
     piecewise,
     unescape_view,
@@ -78,10 +79,10 @@ class Scan:
 
 
 # Which views of a text to build: ROOT (the text itself, raw and folded), de-spaced,
-# unescaped, decoded payloads. A text that triage found clean but for an encoded run
+# unescaped, decoded payloads, markdown comments and titles with their line breaks back. A text that triage found clean but for an encoded run
 # needs only its decoded payloads.
-ROOT, DESPACE, UNESCAPE, PAYLOAD = "root", "despace", "unescape", "payload"
-ALL_VIEWS = frozenset({ROOT, DESPACE, UNESCAPE, PAYLOAD})
+ROOT, DESPACE, UNESCAPE, PAYLOAD, MARKDOWN = "root", "despace", "unescape", "payload", "markdown"
+ALL_VIEWS = frozenset({ROOT, DESPACE, UNESCAPE, PAYLOAD, MARKDOWN})
 
 
 def _add_folded(out: list[View], view: View, despace: bool = True) -> None:
@@ -104,6 +105,10 @@ def _expand(scan: Scan, view: View, max_depth: int, budget: list[int], derive: f
     if ROOT in derive:
         scan.raw_views.append(view)
         scan._to_fold.append((view, DESPACE in derive))
+    md = markdown_view(view) if MARKDOWN in derive else None
+    if md is not None:
+        scan.raw_views.append(md)
+        scan._to_fold.append((md, True))
     un = unescape_view(view) if UNESCAPE in derive else None
     if un is not None:
         scan.raw_views.append(un)

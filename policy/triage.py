@@ -31,7 +31,7 @@ from fak.policy.hsdb import Multi, superset
 from fak.policy.matcher import encode, max_width
 from fak.policy.normalize import View, decoded_payloads, fold
 from fak.policy.patterns import FOLDED_TRIGGERS, RUN_TRIGGERS, TRIGGER_BASE64, TRIGGER_DESPACE
-from fak.policy.scan import ALL_VIEWS, DESPACE, PAYLOAD, ROOT, UNESCAPE
+from fak.policy.scan import ALL_VIEWS, DESPACE, MARKDOWN, PAYLOAD, ROOT, UNESCAPE
 
 LEFT = 800  # bytes kept before a hit: longest match looked for (480) plus discussion context (300)
 RIGHT = 400  # bytes kept after a hit: discussion context (300) and look-aheads
@@ -46,7 +46,8 @@ _RUN_END = {trigger: re.compile(rx) for trigger, rx in zip(
 
 NONE: frozenset[str] = frozenset({ROOT})  # a hit in the text itself: scan the text, derive nothing
 _TRIGGER_VIEWS = dict(zip(FOLDED_TRIGGERS, (frozenset({ROOT, DESPACE}), frozenset({PAYLOAD}), frozenset({PAYLOAD}),
-                                           frozenset({ROOT, UNESCAPE}), frozenset({ROOT, UNESCAPE})), strict=True))
+                                           frozenset({ROOT, UNESCAPE}), frozenset({ROOT, UNESCAPE}),
+                                           frozenset({ROOT, MARKDOWN})), strict=True))
 Span = tuple[int, int, frozenset[str]]
 _FOLDED_ONLY = {TRIGGER_DESPACE}  # the one derived view built from folded text
 
