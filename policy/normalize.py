@@ -384,7 +384,7 @@ _MD_HIDDEN = re.compile(r"(\[//\]:[ \t]*#[ \t]*\()([^()\n]{1,300})(\))"
 _LABEL_GAP = re.compile(r"[ \t]+(?=[A-Z][\w-]{0,24}[ \t]?:(?:[ \t]|$))")  # a capitalised label: "… Assistant: …"
 
 
-def _md_lines(m: re.Match[str]) -> str | None:
+def _md_lines(m: re.Match[str]) -> str:
     head, body, tail = (m.group(1, 2, 3) if m.group(1) is not None else m.group(4, 5, 6))
     return head + "\n" + _LABEL_GAP.sub("\n", body.strip()) + "\n" + tail
 

@@ -79,8 +79,8 @@ class Scan:
 
 
 # Which views of a text to build: ROOT (the text itself, raw and folded), de-spaced,
-# unescaped, decoded payloads, markdown comments and titles with their line breaks back. A text that triage found clean but for an encoded run
-# needs only its decoded payloads.
+# unescaped, decoded payloads, markdown comments and titles with their line breaks back.
+# A text that triage found clean but for an encoded run needs only its decoded payloads.
 ROOT, DESPACE, UNESCAPE, PAYLOAD, MARKDOWN = "root", "despace", "unescape", "payload", "markdown"
 ALL_VIEWS = frozenset({ROOT, DESPACE, UNESCAPE, PAYLOAD, MARKDOWN})
 
