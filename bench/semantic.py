@@ -2,7 +2,8 @@
 
     python bench/semantic.py [--corpus FILE] [--splits dev,heldout] [--json PATH]
 
-Quality on ``tests/data/gate_corpus.jsonl``, per split (in the order they were written):
+Quality on the gate corpus and the real-text corpus (``bench/common.py: load_corpus``; the
+blind splits only when named in ``--splits``), per split (in the order they were written):
 recall on injected rows (QUARANTINE or DENY) and false-positive rate on benign rows (any
 verdict but ALLOW), for
 
@@ -14,8 +15,9 @@ verdict but ALLOW), for
 - ``strict``: examples/policies/strict.yaml as shipped (lower injection threshold, shell
   quarantined outright, …).
 
-The head was trained on ``dev`` and its windowing, L2 strength and threshold chosen on
-``heldout`` (bench/train_semantic.py); fresh, fresh2 and fresh3 were not looked at.
+The head was fit on ``train_semantic.TRAIN_SPLITS`` and its windowing, L2 strength and
+threshold chosen on ``train_semantic.SELECT_SPLITS`` (bench/train_semantic.py); the other
+splits (fresh5, real-test, fresh6) are read by neither.
 Cost: p50/p99 of the semantic-only gate on 1 KiB inputs (dev and heldout rows cut or
 repeated to 1 KiB, memo cleared before each call), and ms per KiB on 4, 16 and 64 KiB
 inputs (past ``semantic.MAX_BYTES`` of window text the windows are sampled, so the 64 KiB

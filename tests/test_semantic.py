@@ -1,6 +1,6 @@
 """The opt-in semantic detector: the MiniLM encoder against transformers, the shipped head,
-paraphrased injections (written for this test, not taken from the corpus) caught and
-look-alikes admitted, gate integration (spans, never raising), offline loading."""
+how findings are made (paraphrases written for this test, at an explicit floor), look-alikes
+admitted at the shipped threshold, gate integration (spans, never raising), offline loading."""
 
 from __future__ import annotations
 
