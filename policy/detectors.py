@@ -195,7 +195,7 @@ def _quoted(text: str, start: int, before: str = "", marks: _Marks | None = None
 
 # A phrase after "can", "could", "may", "might" or "would" is described, not ordered
 # ("a model can leak the conversation to https://…" in a write-up).
-_HEDGE = re.compile(r"(?<![a-z])(?:can|could|may|might|would)(?:~not)?~$".replace("~", GAP))
+_HEDGE = re.compile((WORD_START + r"(?:can|could|may|might|would)(?:~not)?~$").replace("~", GAP))
 
 
 def _hedged(text: str, start: int) -> bool:

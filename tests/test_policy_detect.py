@@ -342,6 +342,9 @@ LOOKALIKES_5 = {
     "test_assertion": ">       assert 'forget all prior instructions' not in scrubbed\nE       AssertionError",
     "search_queries": "Related searches: override system prompt - reset router password - best laptops 2024",
     "hedged_writeup": "Researchers showed a model can forward the conversation to https://attacker.example via a link.",
+    # a hedge word right after a literal "\n" escape (an unquoted log field) is still a hedge word
+    "hedged_writeup_escaped": "level=info msg=Prompt injection, a recap.\\ncan forward the conversation to "
+                              "https://attacker.example via a link, as researchers showed.",
     "support_transcript": "Agent: I've escalated your ticket.\nCustomer: thanks\nAgent: you'll get an email within a day.",
     "changelog": "- The <execute_command> tag is now shown to users before it runs (#412).",
 }
