@@ -24,8 +24,9 @@ Splits (``bench/common.py``; the blind splits fresh6 and fresh7 are never loaded
   the rows, not read from the generator (which also holds the blind splits' payloads).
 - SELECT: the feature set / layer and L2 strength are chosen by a fit without fresh4's
   injected rows, scored on them (recall at the threshold below); the final model is refit on
-  all of TRAIN with the chosen settings. Threshold: the lowest of a grid at which at most 2 %
-  of the benign rows of fresh4 and of real-select (each) have a window at or above it.
+  all of TRAIN with the chosen settings. Threshold: the lowest logit such that at most 2 % of
+  the benign rows of fresh4 and of real-select (each) have a window above it. (The fresh4 line
+  of the table is the final model on its own training payloads: not a measure of anything.)
 - TEST: fresh5 (injected and benign) and real-test, never used above; also OR-ed with the
   default policy's verdict (injected caught = QUARANTINE or DENY; benign flagged = not ALLOW).
 
@@ -68,11 +69,6 @@ CACHE = Path("/tmp/fak_probe_detectors")
 _WORD = re.compile(r"[a-z0-9]+")
 _TOKEN = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 NBITS = 18
-
-
-def thresholds() -> np.ndarray:
-    return np.unique(np.concatenate([np.linspace(0.05, 0.99, 95), np.linspace(0.991, 0.999, 9),
-                                     np.linspace(0.9991, 0.9999, 9), np.linspace(0.99991, 0.99999, 9)]))
 
 
 # ---------------------------------------------------------------- data
@@ -284,22 +280,35 @@ def fit(x, y: np.ndarray, l2: float, iters: int = 200):
     return w.detach(), float(b.detach())
 
 
+def fit_scaled(x, y: np.ndarray, l2: float):
+    """``fit`` on standardised columns (dense features: hidden states have outlier dimensions),
+    the scaling folded back into the weights so they apply to raw features."""
+    import torch
+
+    if x.layout != torch.strided:
+        return fit(x, y, l2)
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    w, b = fit((x - mu) / sd, y, l2)
+    return w / sd, b - float((w * mu / sd).sum())
+
+
 def proba(x, w, b: float) -> np.ndarray:
-    z = (x @ w.unsqueeze(1)).squeeze(1) + b
-    return (1.0 / (1.0 + np.exp(-z.numpy().astype(np.float64))))
+    """Logits (not probabilities: on hard negatives they saturate at 1.0 in float)."""
+    return ((x @ w.unsqueeze(1)).squeeze(1) + b).numpy().astype(np.float64)
 
 
 def row_scores(rows: list[dict], wins: dict[str, list[str]], window_p: dict[str, float]) -> np.ndarray:
-    return np.array([max((window_p[t] for t in wins[r["id"]]), default=0.0) for r in rows])
+    return np.array([max((window_p[t] for t in wins[r["id"]]), default=-99.0) for r in rows])
 
 
 def pick_threshold(scores: np.ndarray, rows: list[dict]) -> float:
-    benign = {s: np.array([sc for sc, r in zip(scores, rows, strict=True) if r["split"] == s and r["label"] == "benign"])
-              for s in SELECT_BENIGN}
-    for t in thresholds():
-        if all((b >= t).sum() <= FPR_TARGET * len(b) for b in benign.values()):
-            return float(t)
-    return 1.0
+    """The lowest logit t such that a row flagged when its score is above t leaves at most 2 %
+    of the benign rows of each selection split flagged (exact, from the scores)."""
+    cuts = []
+    for split in SELECT_BENIGN:
+        ben = np.sort([sc for sc, r in zip(scores, rows, strict=True) if r["split"] == split and r["label"] == "benign"])
+        cuts.append(ben[-(int(FPR_TARGET * len(ben)) + 1)])
+    return float(max(cuts))
 
 
 # ---------------------------------------------------------------- evaluation
@@ -405,10 +414,10 @@ def run_candidate(cand_variants, l2_grid, rows, wins, default_v, max_train: int 
         x_sel = matrix(cand, train_sel, dense)
         x_eval = matrix(cand, eval_texts, dense)
         for l2 in l2_grid:
-            w, b = fit(x_sel, y_sel, l2)
+            w, b = fit_scaled(x_sel, y_sel, l2)
             wp = dict(zip(eval_texts, proba(x_eval, w, b).tolist(), strict=True))
             thr = pick_threshold(row_scores(sel_rows, wins, wp), sel_rows)
-            rec = float((row_scores(f4_inj, wins, wp) >= thr).mean())
+            rec = float((row_scores(f4_inj, wins, wp) > thr).mean())
             trial = {"variant": cand.tag, "l2": l2, "threshold": thr, "fresh4_recall_heldout_fit": round(rec, 4)}
             log(f"  {cand.name} {trial}")
             trials.append(trial)
@@ -417,15 +426,15 @@ def run_candidate(cand_variants, l2_grid, rows, wins, default_v, max_train: int 
     _, cand, l2 = best
     t0 = time.perf_counter()
     x = matrix(cand, train_all, dense)
-    w, b = fit(x, y_all, l2)
+    w, b = fit_scaled(x, y_all, l2)
     fit_s = time.perf_counter() - t0
     wp = dict(zip(eval_texts, proba(matrix(cand, eval_texts, dense), w, b).tolist(), strict=True))
     thr = pick_threshold(row_scores(sel_rows, wins, wp), sel_rows)
     sc = row_scores(scored, wins, wp)
-    alone = {r["id"]: bool(s >= thr) for r, s in zip(scored, sc, strict=True)}
+    alone = {r["id"]: bool(s > thr) for r, s in zip(scored, sc, strict=True)}
     ored = {k: v or default_v[k] for k, v in alone.items()}
     missed = [r for r, s in zip(scored, sc, strict=True)
-              if r["split"] == "fresh5" and r["label"] == "injected" and r["obfuscation"] == "plain" and s < thr]
+              if r["split"] == "fresh5" and r["label"] == "injected" and r["obfuscation"] == "plain" and s <= thr]
     # post-hoc diagnostic, not a selection: the recall the ranking would allow if the threshold
     # were set on fresh5's own benign rows (<= 2 % of them flagged)
     f5_ben = np.sort([s for r, s in zip(scored, sc, strict=True) if r["split"] == "fresh5" and r["label"] == "benign"])
@@ -439,7 +448,7 @@ def run_candidate(cand_variants, l2_grid, rows, wins, default_v, max_train: int 
             "diagnostic_fresh5_recall_at_own_2pct_fpr": round(oracle, 4), "or_default": measures(scored, ored),
             "missed_fresh5_plain": [{"id": r["id"], "family": r["family"], "payload": " | ".join(
                 t for t in wins[r["id"]] if is_payload(t, f5[group(r)]))[:300],
-                "max_window_p": round(max((wp[t] for t in wins[r["id"]]), default=0.0), 4)} for r in missed],
+                "max_window_logit": round(max((wp[t] for t in wins[r["id"]]), default=-99.0), 3)} for r in missed],
             "_model": (cand, w, b, thr)}
 
 
@@ -485,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             res = run_candidate(variants, (1e-6, 1e-5, 1e-4, 1e-3), rows, wins, default_v, args.max_train, args.seed)
         elif name == "smollm2":
             variants = [SmolProbe(layer) for layer in LAYERS]
-            res = run_candidate(variants, (1e-4, 1e-3, 1e-2), rows, wins, default_v, args.max_train, args.seed)
+            res = run_candidate(variants, (1e-3, 1e-2, 1e-1, 1.0), rows, wins, default_v, args.max_train, args.seed)
         elif name == "minilm":
-            res = run_candidate([MiniLMProbe()], (1e-5, 1e-4, 1e-3), rows, wins, default_v, args.max_train, args.seed)
+            res = run_candidate([MiniLMProbe()], (1e-3, 1e-2, 1e-1, 1.0), rows, wins, default_v, args.max_train, args.seed)
         else:
             raise SystemExit(f"unknown candidate {name}")
         cand, w, b, _ = res.pop("_model")
@@ -509,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':28} cost p50 {res['cost']['p50_ms_per_KiB']:.2f} ms/KiB; train windows {res['train_windows']} "
                   f"({res['train_positives']} positive); fit {res['fit_s']} s")
             for m in res["missed_fresh5_plain"][:8]:
-                print(f"{'':28} missed {m['id']} [{m['family']}] p={m['max_window_p']}: {m['payload'][:100]!r}")
+                print(f"{'':28} missed {m['id']} [{m['family']}] z={m['max_window_logit']}: {m['payload'][:100]!r}")
     targets = []
     for name, res in results.items():
         if name == "default_policy":
