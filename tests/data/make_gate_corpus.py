@@ -19,8 +19,8 @@ Deterministic (fixed seed). Splits with disjoint payload phrasings:
 - ``fresh5`` (injected and benign): written by an engineer who had not seen the detectors, before detection round 4;
   measured once after it. Ten payloads per family (560 injected rows) and 160 benign hard negatives, one per template
   in ``FRESH5_BENIGN`` (16 families of ten).
-- ``fresh6`` (injected and benign): written by an engineer who had not seen the detectors; not measured yet (blind for
-  the next detector change). Ten payloads per family (560 injected rows) and 180 benign hard negatives, one per
+- ``fresh6`` (injected and benign): written by an engineer who had not seen the detectors; measured once (session 4,
+  after the hedge fix, with round 4's detectors). Ten payloads per family (560 injected rows) and 180 benign hard negatives, one per
   template in ``FRESH6_BENIGN`` (18 families of ten).
 - ``fresh7`` (injected and benign): written by an engineer who had not seen the detectors; not measured yet (blind for
   the next detector change). Ten payloads per family (560 injected rows), ten of them in seven languages no earlier
