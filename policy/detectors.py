@@ -152,12 +152,55 @@ _PRE_CLOSE = re.compile("</pre")
 QUOTE_SPAN = 400  # how far back an open quotation is looked for (within the paragraph)
 
 
-def _in_quotation(text: str, start: int) -> bool:
+def _json_string_start(text: str, at: int) -> int:
+    """Where the content of the JSON string holding ``at`` begins (just after its opening
+    quote), or -1. A JSON string holds no raw line break and every quote mark inside it is
+    escaped, so its opening quote is the nearest unescaped one before ``at`` on the same
+    line (looked for at most ``QUOTE_LOOKBACK`` characters back); it opens a string when a
+    key and a colon, an opening bracket, or a value and a comma come right before it
+    (white space and line breaks between them aside)."""
+    lo = max(0, at - QUOTE_LOOKBACK)
+    lo = text.rfind("\n", lo, at) + 1 or lo
+    q = at
+    while True:
+        q = text.rfind("\"", lo, q)
+        if q < 0:
+            return -1
+        b = q
+        while b > lo and text[b - 1] == "\\":
+            b -= 1
+        if (q - b) % 2 == 0:  # not escaped
+            break
+    head = text[max(0, q - 64) : q].rstrip(" \t\r\n")  # across a line break: pretty-printed arrays
+    if head.endswith("["):
+        return q + 1
+    value = head[:-1].rstrip(" \t\r\n")
+    if (head.endswith(":") and value.endswith("\"")) or (head.endswith(",") and value.endswith(_JSON_VALUE_ENDS)):
+        return q + 1
+    return -1
+
+
+_JSON_VALUE_ENDS = ("\"", "]", "}", "null", "true", "false", *"0123456789")  # how a value before a comma ends
+
+
+def _in_quotation(text: str, start: int, json_start: int = -1) -> bool:
     """Quoted without a quote mark right before: inside a double-quoted passage opened
     earlier in its paragraph (an odd number of unescaped quote marks since the paragraph
     began), after an opening curly quote not yet closed, or on a line of an indented code
-    block (each looked for at most ``QUOTE_SPAN`` characters back)."""
+    block (each looked for at most ``QUOTE_SPAN`` characters back).
+
+    Inside a JSON string (``json_start``, see ``_json_string_start``) the string's own quote
+    marks and the indentation of its line are JSON's, not a quotation: there a passage is
+    quoted by escaped quote marks (an odd number since the string or its last ``\\n\\n``
+    began) or curly quotes, as a payload in prose is quoted by plain ones."""
     lo = max(0, start - QUOTE_SPAN)
+    if json_start >= 0:
+        lo = max(lo, json_start)
+        para = text.rfind("\\n\\n", lo, start)
+        seg = text[para + 4 if para >= 0 else lo : start]
+        if seg.count("\\\"") % 2 == 1:
+            return True
+        return seg.rfind("\u201c") > seg.rfind("\u201d")
     line = text.rfind("\n", lo, start)
     if (line >= 0 or lo == 0) and text.startswith(("    ", "\t"), line + 1):
         return True
@@ -179,12 +222,13 @@ def _quoted(text: str, start: int, before: str = "", marks: _Marks | None = None
         text = before[-(QUOTE_LOOKBACK - start) :] + text[:start]
         start = len(text)
         marks = None
-    before_q = text[max(0, start - 4) : start]
+    json_start = _json_string_start(text, start)
+    before_q = text[max(0, start - 4, json_start) : start]
     if any(q in before_q for q in "\"'`"):
         return True
-    if _in_quotation(text, start):
+    if _in_quotation(text, start, json_start):
         return True
-    lo = max(0, start - QUOTE_LOOKBACK)
+    lo = max(0, start - QUOTE_LOOKBACK, json_start)
     if marks is not None:
         return marks.quoted(lo, start)
     if text.count("```", lo, start) % 2 == 1:
@@ -200,6 +244,29 @@ _HEDGE = re.compile((WORD_START + r"(?:can|could|may|might|would)(?:~not)?~$").r
 
 def _hedged(text: str, start: int) -> bool:
     return _HEDGE.search(text, max(0, start - 14), start) is not None
+
+
+def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int) -> bool:
+    """A discussion match within reach of ``text[start:end]`` that lies in no JSON string
+    (``joined`` is ``text`` preceded by ``off`` characters of the input before it): a
+    record's keys (``"grader":``, ``"usage":``) or words of the code or prose around a
+    string. Whoever wrote a string value controls the words inside it, not those."""
+    lo, hi = max(0, start - 300), min(len(text), end + 300)
+    for part in DISCUSSION_PARTS:
+        for m in part.finditer(text, lo, hi):
+            if _json_string_start(joined, off + m.start()) < 0:
+                return True
+    return False
+
+
+def _recorded(text: str, start: int, end: int, before: str = "") -> bool:
+    """Inside a JSON string (see ``_json_string_start``) with discussion outside every
+    string within reach: evaluation and API logs, test code listing attack strings."""
+    off = min(len(before), QUOTE_LOOKBACK)
+    joined = before[len(before) - off :] + text if off else text
+    if _json_string_start(joined, off + start) < 0:
+        return False
+    return _talk_outside_strings(joined, off, text, start, end)
 
 
 def _discussed(text: str, start: int, end: int) -> bool:
@@ -233,7 +300,7 @@ class _Checks:
     found once per view: code fences and <code> tags over the text preceded by ``before``
     (the input before this window), and where a discussion word may end (one native scan),
     so each check is a few bisections and at most a short search.
-    Same answers as ``_quoted(text, start, before)`` and ``_discussed``."""
+    Same answers as ``_quoted(text, start, before)``, ``_discussed`` and ``_recorded``."""
 
     def __init__(self, text: str, before: str) -> None:
         self.text = text
@@ -247,17 +314,31 @@ class _Checks:
         self._said_at: list[int] = []
         self._said_end: list[int] = []
         self._silent: list[tuple[int, int]] = []
+        self._json_at, self._json = -1, -1  # the last place asked about, and its JSON string start
 
     def quoted(self, start: int) -> bool:
         at = self.off + start
-        near = self.joined[max(0, at - 4) : at + 1]
+        if self.joined[at : at + 1] in ("\"", "'", "`"):
+            return True
+        json_start = self._json_start(at)
+        near = self.joined[max(0, at - 4, json_start) : at]
         if "\"" in near or "'" in near or "`" in near:
             return True
-        if _in_quotation(self.joined, at):
+        if _in_quotation(self.joined, at, json_start):
             return True
         if self._marks is None:
             self._marks = _Marks(self.joined)
-        return self._marks.quoted(max(0, at - QUOTE_LOOKBACK), at)
+        return self._marks.quoted(max(0, at - QUOTE_LOOKBACK, json_start), at)
+
+    def _json_start(self, at: int) -> int:
+        if at != self._json_at:
+            self._json_at, self._json = at, _json_string_start(self.joined, at)
+        return self._json
+
+    def recorded(self, start: int, end: int) -> bool:
+        if self._json_start(self.off + start) < 0:
+            return False
+        return _talk_outside_strings(self.joined, self.off, self.text, start, end)
 
     def discussed(self, start: int, end: int) -> bool:
         text = self.text
@@ -339,7 +420,10 @@ def injection(scan: Scan) -> list[Finding]:
             score = weight
             if checks is None:
                 checks = _Checks(text, scan.before_folded if view.depth == 0 else "")
-            if (checks.quoted(m.start()) or _hedged(text, m.start())) and checks.discussed(m.start(), m.end()):
+            # quoted (or hedged) near discussion words, or a JSON string near discussion words
+            # outside every string (so the discussion check goes first: it is the cheaper)
+            if checks.discussed(m.start(), m.end()) and (
+                    checks.quoted(m.start()) or _hedged(text, m.start()) or checks.recorded(m.start(), m.end())):
                 score *= DISCOUNT
             start, end, exact = scan.to_bytes(view, m.start(), m.end())
             if (name, start, end) not in seen:

@@ -142,3 +142,40 @@ def test_base64_of_hex_digits_cannot_spell_an_instruction():
     gibberish = "aF00" * 8  # hex digits that base64-decode to printable "h]4h]4…", and nothing more
     assert base64.b64decode(gibberish) == b"h]4" * 8
     assert decoded_payloads(View(f'"id": "{gibberish}"', "text"), 1 << 20) == []  # tried as hex only
+
+
+def _string_spans(doc: str) -> list[tuple[int, int, bool]]:
+    """(content start, content end, is a key) of every string in a JSON text."""
+    out: list[tuple[int, int, bool]] = []
+    i = 0
+    while i < len(doc):
+        if doc[i] != '"':
+            i += 1
+            continue
+        j = i + 1
+        while doc[j] != '"':
+            j += 2 if doc[j] == "\\" else 1
+        out.append((i + 1, j, doc[j + 1 :].lstrip().startswith(":")))
+        i = j + 1
+    return out
+
+
+_JSON_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+_JSON_DOC = st.recursive(_JSON_TEXT | st.integers() | st.none(),
+                         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_JSON_TEXT, inner, max_size=4),
+                         max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON_DOC, st.sampled_from([None, 2]), st.booleans())
+def test_json_string_start_finds_the_string_a_place_is_in(doc, indent, ascii_only):
+    """Every place inside a string value (of an object or an array) of a JSON text, compact
+    or pretty-printed, escaped or not, is found to lie in that string."""
+    from fak.policy.detectors import _json_string_start
+
+    text = json.dumps({"k": doc}, indent=indent, ensure_ascii=ascii_only)
+    for start, end, is_key in _string_spans(text):
+        if is_key:
+            continue
+        for at in range(start, end + 1):
+            assert _json_string_start(text, at) == start, (text, at)

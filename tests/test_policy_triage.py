@@ -321,6 +321,9 @@ class _PlainChecks:
     def discussed(self, start: int, end: int) -> bool:
         return det._discussed(self.text, start, end)
 
+    def recorded(self, start: int, end: int) -> bool:
+        return det._recorded(self.text, start, end, self.before)
+
 
 def test_confirmation_shortcuts_change_no_finding(monkeypatch):
     """Trying regexes only at their heads or where they match without their leading
