@@ -250,13 +250,34 @@ def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int
     """A discussion match within reach of ``text[start:end]`` that lies in no JSON string
     (``joined`` is ``text`` preceded by ``off`` characters of the input before it): a
     record's keys (``"grader":``, ``"usage":``) or words of the code or prose around a
-    string. Whoever wrote a string value controls the words inside it, not those."""
+    string, or a key. Whoever wrote a string value controls the words inside it, not those."""
     lo, hi = max(0, start - 300), min(len(text), end + 300)
     for part in DISCUSSION_PARTS:
         for m in part.finditer(text, lo, hi):
-            if _json_string_start(joined, off + m.start()) < 0:
+            if not _in_json_value(joined, off + m.start()):
                 return True
     return False
+
+
+def _in_json_value(text: str, at: int) -> bool:
+    """Whether ``at`` lies in a JSON string that is not a key (a key's closing quote is
+    followed by a colon): keys are structure, like the brackets around them. A string whose
+    end is not in reach on its line counts as a value."""
+    if _json_string_start(text, at) < 0:
+        return False
+    line_end = text.find("\n", at)
+    stop = min(len(text) if line_end < 0 else line_end, at + QUOTE_LOOKBACK)
+    close = at
+    while True:
+        close = text.find("\"", close, stop)
+        if close < 0:
+            return True
+        b = close
+        while b > 0 and text[b - 1] == "\\":
+            b -= 1
+        if (close - b) % 2 == 0:  # the string's closing quote
+            return not text[close + 1 : close + 40].lstrip(" \t").startswith(":")
+        close += 1
 
 
 def _recorded(text: str, start: int, end: int, before: str = "") -> bool:

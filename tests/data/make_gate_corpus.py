@@ -22,8 +22,8 @@ Deterministic (fixed seed). Splits with disjoint payload phrasings:
 - ``fresh6`` (injected and benign): written by an engineer who had not seen the detectors; measured once (session 4,
   after the hedge fix, with round 4's detectors). Ten payloads per family (560 injected rows) and 180 benign hard negatives, one per
   template in ``FRESH6_BENIGN`` (18 families of ten).
-- ``fresh7`` (injected and benign): written by an engineer who had not seen the detectors; not measured yet (blind for
-  the next detector change). Ten payloads per family (560 injected rows), ten of them in seven languages no earlier
+- ``fresh7`` (injected and benign): written by an engineer who had not seen the detectors; measured once (session 4,
+  after the JSON-quoting change). Ten payloads per family (560 injected rows), ten of them in seven languages no earlier
   split's payloads used (Japanese, Korean, Chinese, Polish, Portuguese, Dutch, Vietnamese), and 200 benign hard
   negatives, one per template in ``FRESH7_BENIGN`` (20 families of ten).
 - ``fresh8`` (injected and benign): written by an engineer who had not seen the detectors; not measured yet (blind for
