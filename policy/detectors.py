@@ -11,6 +11,7 @@ import threading
 import zlib
 from bisect import bisect_left, bisect_right
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fak.policy.hsdb import Multi, superset
@@ -166,10 +167,7 @@ def _json_string_start(text: str, at: int) -> int:
         q = text.rfind("\"", lo, q)
         if q < 0:
             return -1
-        b = q
-        while b > lo and text[b - 1] == "\\":
-            b -= 1
-        if (q - b) % 2 == 0:  # not escaped
+        if _backslashes_before(text, q, lo) % 2 == 0:  # not escaped
             break
     head = text[max(0, q - 64) : q].rstrip(" \t\r\n")  # across a line break: pretty-printed arrays
     if head.endswith("["):
@@ -178,6 +176,14 @@ def _json_string_start(text: str, at: int) -> int:
     if (head.endswith(":") and value.endswith("\"")) or (head.endswith(",") and value.endswith(_JSON_VALUE_ENDS)):
         return q + 1
     return -1
+
+
+def _backslashes_before(text: str, pos: int, lo: int = 0) -> int:
+    """How many backslashes come right before ``pos`` (not looking before ``lo``)."""
+    if pos <= lo or text[pos - 1] != "\\":
+        return 0
+    run = text[lo:pos]
+    return len(run) - len(run.rstrip("\\"))
 
 
 _JSON_VALUE_ENDS = ("\"", "]", "}", "null", "true", "false", *"0123456789")  # how a value before a comma ends
@@ -246,7 +252,8 @@ def _hedged(text: str, start: int) -> bool:
     return _HEDGE.search(text, max(0, start - 14), start) is not None
 
 
-def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int) -> bool:
+def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int,
+                          in_value: Callable[[int], bool] | None = None) -> bool:
     """A discussion match within reach of ``text[start:end]`` that lies in no JSON string
     (``joined`` is ``text`` preceded by ``off`` characters of the input before it): a
     record's keys (``"grader":``, ``"usage":``) or words of the code or prose around a
@@ -254,7 +261,8 @@ def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int
     lo, hi = max(0, start - 300), min(len(text), end + 300)
     for part in DISCUSSION_PARTS:
         for m in part.finditer(text, lo, hi):
-            if not _in_json_value(joined, off + m.start()):
+            at = off + m.start()
+            if not (in_value(at) if in_value is not None else _in_json_value(joined, at)):
                 return True
     return False
 
@@ -272,10 +280,7 @@ def _in_json_value(text: str, at: int) -> bool:
         close = text.find("\"", close, stop)
         if close < 0:
             return True
-        b = close
-        while b > 0 and text[b - 1] == "\\":
-            b -= 1
-        if (close - b) % 2 == 0:  # the string's closing quote
+        if _backslashes_before(text, close, at) % 2 == 0:  # the string's closing quote
             return not text[close + 1 : close + 40].lstrip(" \t").startswith(":")
         close += 1
 
@@ -336,6 +341,7 @@ class _Checks:
         self._said_end: list[int] = []
         self._silent: list[tuple[int, int]] = []
         self._json_at, self._json = -1, -1  # the last place asked about, and its JSON string start
+        self._values: dict[int, bool] = {}  # place -> whether it lies in a JSON string value
 
     def quoted(self, start: int) -> bool:
         at = self.off + start
@@ -359,7 +365,15 @@ class _Checks:
     def recorded(self, start: int, end: int) -> bool:
         if self._json_start(self.off + start) < 0:
             return False
-        return _talk_outside_strings(self.joined, self.off, self.text, start, end)
+        return _talk_outside_strings(self.joined, self.off, self.text, start, end, self._in_value)
+
+    def _in_value(self, at: int) -> bool:
+        """``_in_json_value`` of the joined text, remembered: nearby findings ask about the
+        same discussion matches."""
+        found = self._values.get(at)
+        if found is None:
+            found = self._values[at] = _in_json_value(self.joined, at)
+        return found
 
     def discussed(self, start: int, end: int) -> bool:
         text = self.text
