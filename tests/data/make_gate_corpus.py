@@ -10675,40 +10675,23 @@ def _injected_only(split: str, rng: random.Random) -> list[dict]:
     return rows
 
 
-def _fresh3_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh3", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": BENIGN_TOOL.get(family) or FRESH3_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH3_BENIGN.items() for make in makers]
+# Benign hard negatives of the fresh splits that have them: (templates per family, tool per family).
+FRESH_BENIGN = {
+    "fresh3": (FRESH3_BENIGN, {family: BENIGN_TOOL.get(family) or FRESH3_BENIGN_TOOL[family] for family in FRESH3_BENIGN}),
+    "fresh4": (FRESH4_BENIGN, FRESH4_BENIGN_TOOL),
+    "fresh5": (FRESH5_BENIGN, FRESH5_BENIGN_TOOL),
+    "fresh6": (FRESH6_BENIGN, FRESH6_BENIGN_TOOL),
+    "fresh7": (FRESH7_BENIGN, FRESH7_BENIGN_TOOL),
+    "fresh8": (FRESH8_BENIGN, FRESH8_BENIGN_TOOL),
+}
 
 
-def _fresh4_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh4", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": FRESH4_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH4_BENIGN.items() for make in makers]
-
-
-def _fresh5_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh5", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": FRESH5_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH5_BENIGN.items() for make in makers]
-
-
-def _fresh6_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh6", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": FRESH6_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH6_BENIGN.items() for make in makers]
-
-
-def _fresh7_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh7", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": FRESH7_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH7_BENIGN.items() for make in makers]
-
-
-def _fresh8_benign(rng: random.Random) -> list[dict]:
-    return [{"split": "fresh8", "label": "benign", "family": family, "obfuscation": "none",
-             "tool": FRESH8_BENIGN_TOOL[family], "text": make(rng)}
-            for family, makers in FRESH8_BENIGN.items() for make in makers]
+def _fresh_benign(split: str, rng: random.Random) -> list[dict]:
+    """One benign row per template of ``split``, families in order."""
+    templates, tools = FRESH_BENIGN.get(split, ({}, {}))
+    return [{"split": split, "label": "benign", "family": family, "obfuscation": "none",
+             "tool": tools[family], "text": make(rng)}
+            for family, makers in templates.items() for make in makers]
 
 
 def build(seed: int = 20240514) -> list[dict]:
@@ -10737,18 +10720,7 @@ def build(seed: int = 20240514) -> list[dict]:
                                    "fresh8"), start=1):
         split_rng = random.Random(seed + n)  # own streams: earlier splits stay as they were
         rows.extend(_injected_only(split, split_rng))
-        if split == "fresh3":
-            rows.extend(_fresh3_benign(split_rng))
-        elif split == "fresh4":
-            rows.extend(_fresh4_benign(split_rng))
-        elif split == "fresh5":
-            rows.extend(_fresh5_benign(split_rng))
-        elif split == "fresh6":
-            rows.extend(_fresh6_benign(split_rng))
-        elif split == "fresh7":
-            rows.extend(_fresh7_benign(split_rng))
-        elif split == "fresh8":
-            rows.extend(_fresh8_benign(split_rng))
+        rows.extend(_fresh_benign(split, split_rng))
     for n, row in enumerate(rows):
         row["id"] = f"{row['split']}-{row['label']}-{n:04d}"
     return rows
