@@ -255,9 +255,9 @@ def _hedged(text: str, start: int) -> bool:
 def _talk_outside_strings(joined: str, off: int, text: str, start: int, end: int,
                           in_value: Callable[[int], bool] | None = None) -> bool:
     """A discussion match within reach of ``text[start:end]`` that lies in no JSON string
-    (``joined`` is ``text`` preceded by ``off`` characters of the input before it): a
-    record's keys (``"grader":``, ``"usage":``) or words of the code or prose around a
-    string, or a key. Whoever wrote a string value controls the words inside it, not those."""
+    value (``joined`` is ``text`` preceded by ``off`` characters of the input before it): a
+    record's keys (``"grader":``, ``"chat_template":``) or words of the code or prose around
+    the strings. Whoever wrote a string value controls the words inside it, not those."""
     lo, hi = max(0, start - 300), min(len(text), end + 300)
     for part in DISCUSSION_PARTS:
         for m in part.finditer(text, lo, hi):
@@ -287,7 +287,8 @@ def _in_json_value(text: str, at: int) -> bool:
 
 def _recorded(text: str, start: int, end: int, before: str = "") -> bool:
     """Inside a JSON string (see ``_json_string_start``) with discussion outside every
-    string within reach: evaluation and API logs, test code listing attack strings."""
+    string value within reach: evaluation and API logs, tokenizer configurations, test code
+    listing attack strings."""
     off = min(len(before), QUOTE_LOOKBACK)
     joined = before[len(before) - off :] + text if off else text
     if _json_string_start(joined, off + start) < 0:
