@@ -54,19 +54,18 @@ from fak.policy.scan import prepare
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from common import BLIND_SPLITS, load_corpus, log, parser, report, target  # noqa: E402
+from train_semantic import MAX_DECODED, MAX_DEPTH, trigrams  # noqa: E402  (strict.yaml's normalisation, word trigrams)
 
 NEVER = frozenset({"fresh6", "fresh7"}) | BLIND_SPLITS
 TRAIN = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "real-train")
 SELECT_BENIGN = ("fresh4", "real-select")
 TEST = ("fresh5", "real-test")
 USED = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "real-train", "real-select", "real-test")
-MAX_DEPTH, MAX_DECODED = 3, 131072  # examples/policies/strict.yaml's normalisation, as bench/train_semantic.py
 MIN_LETTERS = 8
 CARRIER_GROUPS = 20
 FPR_TARGET = 0.02
 BLOCK = {VerdictKind.QUARANTINE, VerdictKind.DENY}
 CACHE = Path("/tmp/fak_probe_detectors")
-_WORD = re.compile(r"[a-z0-9]+")
 _TOKEN = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 NBITS = 18
 
@@ -97,11 +96,6 @@ def corpus_windows(rows: list[dict]) -> dict[str, list[str]]:
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(out))
     return out
-
-
-def trigrams(text: str) -> set[tuple[str, ...]]:
-    w = _WORD.findall(text)
-    return {tuple(w[i : i + 3]) for i in range(len(w) - 2)}
 
 
 def group(r: dict) -> tuple:
