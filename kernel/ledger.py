@@ -26,6 +26,7 @@ class SegmentState(StrEnum):
     LIVE = "live"
     QUARANTINED = "quarantined"
     EVICTED = "evicted"
+    FORGOTTEN = "forgotten"  # evicted by a forget: its ref is erased
 
 
 class LedgerError(FakError):
@@ -43,8 +44,22 @@ class Segment:
     state: SegmentState = SegmentState.LIVE
     verdict: str | None = None
     rule: str | None = None
-    provenance: frozenset[str] = frozenset()  # refs this segment's KV depends on (own + attended)
+    # attention provenance: refs this segment's KV attended to (own included); a RECOMPUTE
+    # eviction of a ref removes it from the survivors, whose KV is recomputed without it
+    provenance: frozenset[str] = frozenset()
+    # content provenance: refs whose bytes this segment's tokens may carry (its own ref; for a
+    # generated segment, every ref live while it was produced); kept through any eviction
+    content: frozenset[str] = frozenset()
     protected: bool = False
+    policy_digest: str | None = None  # the policy that admitted it (tool segments)
+
+    @property
+    def attention(self) -> frozenset[str]:
+        return self.provenance
+
+    def derived_from(self, ref: str) -> bool:
+        """True when forgetting ``ref`` must drop this segment (its tokens may hold the ref's bytes)."""
+        return self.ref == ref or ref in self.content
 
     @property
     def length(self) -> int:
@@ -70,6 +85,7 @@ class Segment:
             "verdict": self.verdict,
             "rule": self.rule,
             "provenance": sorted(self.provenance),
+            "content_provenance": sorted(self.content),
             "protected": self.protected,
         }
 
@@ -114,6 +130,12 @@ class Ledger:
             if s.start == start and s.end == end:
                 return s
         raise LedgerError(f"rows [{start}, {end}) do not align with one live segment")
+
+    def index(self, seg: Segment) -> int:
+        for i, s in enumerate(self.segments):
+            if s is seg:
+                return i
+        raise LedgerError(f"segment {seg.id} is not in this ledger")
 
     def later_live(self, seg: Segment) -> list[Segment]:
         return [s for s in self.live() if s.start > seg.start]

@@ -1,0 +1,443 @@
+"""A kernel session: one conversation's KV (``fak.kernel.session.Session``), its
+lock, its durable ledger, and the audited operations on it.
+
+Every operation is all or nothing. It validates its audit event before it
+changes anything, changes the in-memory session, appends the event, and only
+then writes the ledger to the database. If the append or the write fails, the
+in-memory session is discarded and rebuilt from the durable ledger on next use
+(bit-exact: replay makes the same prefill calls), so no failure leaves a
+half-applied change behind. A generated turn is kept only when its iterator is
+exhausted; a consumer that stops early leaves cache and ledger as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from fak.errors import Conflict, InvalidInput
+from fak.kernel.generate import SamplingParams
+from fak.kernel.ledger import Segment, SegmentKind, SegmentState
+from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
+from fak.state.schema import SegmentRow, SessionRow
+from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
+from fak.types import check_id
+
+if TYPE_CHECKING:
+    from fak.facade import Kernel
+    from fak.materialise import MaterialiseResult, WorkingSet
+    from fak.policy import Verdict
+
+TEXT_KINDS = {SegmentKind.SYSTEM, SegmentKind.USER}
+MAX_TEXT_BYTES = 1 << 20
+
+
+class SessionBusy(Conflict):
+    """Another operation holds the session (e.g. a generation still being consumed)."""
+
+    code = "session_busy"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What became of one tool result."""
+
+    verdict: Verdict  # the gate's verdict (rule, policy digest, matches)
+    ref: str  # CAS ref of the bytes as given
+    admitted_ref: str | None  # the ref whose bytes entered attention (REDACT: the redacted bytes)
+    segment: Segment
+    audit_index: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.segment.live
+
+
+def _ident(value: str) -> str:
+    """Audit ids allow a restricted alphabet; map anything else to '_'."""
+    return "".join(c if c.isalnum() or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
+
+
+class KernelSession:
+    """Get one from ``Kernel.session(tenant, id)``; thread-safe (one lock per session)."""
+
+    def __init__(self, kernel: Kernel, tenant: str, session_id: str, created_us: int, *, fresh: bool) -> None:
+        self.kernel = kernel
+        self.tenant = tenant
+        self.id = session_id
+        self.created_us = created_us
+        self._lock = threading.Lock()
+        self._mech: Session | None = None
+        self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
+        self.last_used = time.monotonic()
+        if fresh:
+            self._mech = self._new_mech()
+            self._persist()
+
+    # --- locking and loading --------------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[Session]:
+        self._acquire()
+        try:
+            yield self._loaded()
+        finally:
+            self._release()
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(timeout=self.kernel.settings.lock_timeout_s):
+            raise SessionBusy(f"session {self.id} is busy (a generation or another operation holds it)")
+        self.last_used = time.monotonic()
+
+    def _release(self) -> None:
+        self.last_used = time.monotonic()
+        self._lock.release()
+        self.kernel._enforce_kv_budget(keep=self)
+
+    def _loaded(self) -> Session:
+        if self._mech is None:
+            self._mech = self._rebuild()
+        return self._mech
+
+    def _discard(self) -> None:
+        """Drop the in-memory session after a failed operation; the durable ledger rebuilds it."""
+        self._mech = None
+        self._cause = "rollback"
+
+    def offload(self) -> bool:
+        """Drop this session's KV (ledger kept) if nobody is using it; True if dropped."""
+        if self._mech is None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._mech = None
+            self._cause = "offload"
+            return True
+        finally:
+            self._lock.release()
+
+    @property
+    def loaded(self) -> bool:
+        return self._mech is not None
+
+    @property
+    def kv_bytes(self) -> int:
+        mech = self._mech
+        return mech.cache.nbytes_allocated if mech is not None else 0
+
+    def _binding(self) -> PrefixBinding | None:
+        k = self.kernel
+        policy = k.policy
+        if k.prefix is None or not policy.spec.reuse.prefix:
+            return None
+        return PrefixBinding(k.prefix, k.namespace(self.tenant), priority=policy.spec.retention.cache_priority)
+
+    def _new_mech(self) -> Session:
+        k = self.kernel
+        return Session(
+            k.model,
+            k.tokenizer,
+            session_id=self.id,
+            tenant=self.tenant,
+            chunk_size=k.settings.chunk_size,
+            protected_kinds=k.policy.spec.protected_kinds,
+            prefix=self._binding(),
+        )
+
+    # --- durable ledger -------------------------------------------------------
+    def _rows(self, s: Session) -> tuple[SessionRow, list[SegmentRow]]:
+        k = self.kernel
+        head = SessionRow(
+            tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
+            tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger._next_id,
+            fingerprint=s.fingerprint(), tokens=s.cache.length,
+        )  # fmt: skip
+        segs = []
+        for i, seg in enumerate(s.ledger.segments):
+            message = s._messages.get(seg.id)
+            keep = seg.live and seg.kind is not SegmentKind.TOOL  # tool tokens come back from the CAS
+            segs.append(SegmentRow(
+                tenant=self.tenant, session_id=self.id, id=seg.id, seq=i, kind=seg.kind.value,
+                state=seg.state.value, ref=seg.ref, verdict=seg.verdict, rule=seg.rule,
+                policy_digest=seg.policy_digest, protected=seg.protected, chunks=json.dumps(seg.chunks),
+                ntokens=seg.length, tokens=pack_tokens(seg.tokens) if keep else None,
+                message_role=message["role"] if keep and message else None,
+                message_text=message["content"] if keep and message else None,
+                attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
+            ))  # fmt: skip
+        return head, segs
+
+    def _persist(self, forget: tuple[str, dict[str, Any]] | None = None) -> None:
+        head, segs = self._rows(self._loaded())
+        self.kernel.state.save_session(head, segs, forget)
+
+    def _rebuild(self) -> Session:
+        """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) and
+        check that the KV reaches the recorded fingerprint."""
+        k = self.kernel
+        t0 = time.perf_counter()
+        found = k.state.session(self.tenant, self.id)
+        if found is None:
+            raise StateError(f"session {self.id} has no durable ledger")
+        head, rows = found
+        s = self._new_mech()
+        s.chunk_size = head.chunk_size
+        s.ledger._next_id = head.next_segment
+        for row in rows:
+            kind, state = SegmentKind(row.kind), SegmentState(row.state)
+            chunks = json.loads(row.chunks)
+            content = json.loads(row.content)
+            if state is not SegmentState.LIVE:
+                seg = Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
+                              verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
+                              content=frozenset(content), protected=row.protected)  # fmt: skip
+                s.ledger.append(seg)
+                continue
+            if kind is SegmentKind.TOOL:
+                if not row.ref:
+                    raise StateError(f"session {self.id}: tool segment {row.id} has no ref")
+                message = {"role": "tool", "content": k.tool_text(self.tenant, row.ref)}
+                history = [s._messages[x.id] for x in s.ledger.live() if x.id in s._messages]
+                tokens = k.tokenizer.encode_message(history, message)
+            else:
+                tokens = unpack_tokens(row.tokens or b"")
+                message = {"role": row.message_role, "content": row.message_text} if row.message_role else None
+            if len(tokens) != row.ntokens:
+                raise StateError(f"session {self.id}: segment {row.id} rebuilt to {len(tokens)} tokens, "
+                                 f"the ledger says {row.ntokens}")
+            seg = s.append(kind, tokens=tokens, chunks=chunks, message=message, ref=row.ref, verdict=row.verdict,
+                           rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
+            seg.protected = row.protected
+        if s.fingerprint() != head.fingerprint:
+            raise StateError(f"session {self.id} rebuilt to fingerprint {s.fingerprint()}, "
+                             f"the ledger recorded {head.fingerprint}: refusing to serve it")
+        k._audit_rebuild(self, s, self._cause, time.perf_counter() - t0)
+        self._cause = "restart"
+        return s
+
+    # --- reading --------------------------------------------------------------
+    def ledger(self) -> list[dict[str, object]]:
+        """The ledger as the API and audit may show it: ids, digests, verdicts, provenance."""
+        with self._locked() as s:
+            return [seg.summary() for seg in s.ledger.segments]
+
+    def fingerprint(self) -> str:
+        with self._locked() as s:
+            return s.fingerprint()
+
+    def replay_fingerprint(self) -> str:
+        """Fingerprint of an independent replay of the live ledger in a fresh session."""
+        with self._locked() as s:
+            return s.replay_fingerprint()
+
+    @property
+    def tokens(self) -> int:
+        with self._locked() as s:
+            return s.cache.length
+
+    def refs(self) -> set[str]:
+        """Every ref in the attention provenance of the live KV."""
+        with self._locked() as s:
+            return s.refs()
+
+    # --- appending text -------------------------------------------------------
+    def append(self, kind: SegmentKind | str, text: str) -> Segment:
+        """Append a system or user message (tool results go through ``admit``)."""
+        try:
+            kind = SegmentKind(kind)
+        except ValueError:
+            raise InvalidInput(f"kind must be system or user, not {kind!r}") from None
+        if kind not in TEXT_KINDS:
+            raise InvalidInput(f"append takes system or user text; a {kind.value} segment comes from "
+                               f"{'admit' if kind is SegmentKind.TOOL else 'generate'}")
+        if not isinstance(text, str):
+            raise InvalidInput("text must be a string")
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise InvalidInput(f"text is larger than {MAX_TEXT_BYTES} bytes")
+        with self._locked() as s:
+            try:
+                seg = s.append(kind, text)
+                self._persist()
+            except BaseException:
+                self._discard()
+                raise
+            return seg
+
+    # --- tool results ---------------------------------------------------------
+    def admit(
+        self, tool: str, data: bytes, *, media_type: str = "text/plain", tags: Sequence[str] = ()
+    ) -> Admission:
+        """A tool result's path into attention: CAS put → gate → verdict → audit event.
+
+        ``ALLOW``: appended as a tool segment carrying the ref. ``REDACT``: the redacted
+        bytes are stored as their own ref and appended. ``QUARANTINE``/``DENY``: recorded in
+        the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
+        are admitted and the event records what the policy would have done."""
+        from fak.audit import AdmissionVerdict
+        from fak.policy import GateContext, VerdictKind, gate
+
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidInput("a tool result is bytes")
+        data = bytes(data)
+        if not isinstance(tool, str) or not tool:
+            raise InvalidInput("tool must be a non-empty string")
+        tags = [check_id(t) for t in tags]
+        k = self.kernel
+        with self._locked() as s:
+            policy = k.policy
+            ref = k.store.put(data, media_type, self.tenant).digest
+            verdict = gate(policy, tool, data,
+                           GateContext(media_type=media_type, tenant=self.tenant, session=self.id, ref=ref))
+            kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
+            admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
+            body, admitted_ref = data, (ref if admitted else None)
+            if kind is VerdictKind.REDACT and verdict.redacted_bytes is not None:
+                body = verdict.redacted_bytes
+                admitted_ref = k.store.put(body, media_type, self.tenant).digest
+            segment_id = s.ledger.new_id()
+            event = AdmissionVerdict(  # validated before anything changes
+                tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=_ident(tool), ref=ref,
+                size=len(data), verdict=verdict.kind.value, rule_id=_ident(verdict.rule_id),
+                policy_digest=verdict.policy_digest,
+                admitted_ref=admitted_ref if admitted_ref != ref else None,
+            )  # fmt: skip
+            try:
+                if admitted:
+                    segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
+                                       verdict=verdict.kind.value, rule=verdict.rule_id,
+                                       policy_digest=policy.digest, segment_id=segment_id)
+                else:
+                    segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
+                                                   rule=verdict.rule_id, policy_digest=policy.digest,
+                                                   segment_id=segment_id)
+                index = k.audit.append(event)
+            except BaseException:
+                self._discard()
+                raise
+            try:
+                if admitted and admitted_ref is not None:
+                    k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest)
+                    k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
+                if admitted_ref != ref:
+                    k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest)
+                if not admitted:
+                    k.store.set_taint(ref, self.tenant, "quarantined")
+                self._persist()
+            except BaseException:
+                self._discard()
+                raise
+            return Admission(verdict, ref, admitted_ref, segment, index)
+
+    # --- eviction -------------------------------------------------------------
+    def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
+        """Evict a live segment; ``mode`` defaults to the policy's (RECOMPUTE or REROPE;
+        write-time when the segment is the tail)."""
+        from fak.audit import Eviction
+
+        with self._locked() as s:
+            seg = s.ledger.get(segment_id)
+            mode = EvictMode(mode) if mode is not None else self.kernel.evict_mode()
+            probe = dict(tenant=self.tenant, session_id=self.id, segment_id=seg.id, ref=seg.ref,
+                         mode="RECOMPUTE", exact=True, tokens=seg.length, reason=_ident(reason))
+            Eviction(**probe)  # a bad reason or id fails here, before the cache changes
+            try:
+                report = s.evict(segment_id, mode)
+                self.kernel.audit.append(Eviction(**probe | dict(
+                    mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
+                    exact=report.exactness == "bit-exact", fingerprint_after=report.fingerprint)))
+                self._persist()
+            except BaseException:
+                self._discard()
+                raise
+            return report
+
+    # --- generation -----------------------------------------------------------
+    def generate(self, params: SamplingParams | None = None, **sampling: Any) -> Iterator[int]:
+        """Generate an assistant turn, yielding token ids. Stop tokens come from the model
+        unless ``params`` names its own; ``sampling`` overrides fields (max_tokens,
+        temperature, top_p, seed, min_tokens). The turn is kept once the iterator is
+        exhausted; the session stays locked until then (close the iterator to give up)."""
+        params = self._params(params, sampling)
+        return self._generate(params)
+
+    def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
+        params = params or SamplingParams()
+        try:
+            params = replace(params, **sampling)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"bad sampling parameters: {exc}") from None
+        if not params.stop_token_ids:
+            params = replace(params, stop_token_ids=frozenset(self.kernel.tokenizer.stop_token_ids))
+        return params
+
+    def _generate(self, params: SamplingParams) -> Iterator[int]:
+        self._acquire()
+        inner: Iterator[int] | None = None
+        try:
+            s = self._loaded()
+            inner = s.generate(params)
+            yield from inner
+            try:
+                self._persist()
+            except BaseException:
+                self._discard()
+                raise
+        finally:
+            if inner is not None:
+                inner.close()  # rolls the partial turn back if the consumer stopped early
+            self._release()
+
+    def chat(self, text: str, **sampling: Any) -> str:
+        """Append a user message and return the assistant's answer as text."""
+        self.append(SegmentKind.USER, text)
+        ids = list(self.generate(**sampling))
+        tok = self.kernel.tokenizer
+        return tok.decode([t for t in ids if t not in tok.stop_token_ids], skip_special=True)
+
+    # --- working sets ---------------------------------------------------------
+    def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:
+        """Make the session's tool context the working set; see ``fak.materialise``."""
+        from fak.materialise import WorkingSet, materialise
+
+        ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
+        with self._locked() as s:
+            try:
+                result = materialise(self, s, ws)
+                self._persist()
+            except BaseException:
+                self._discard()
+                raise
+            return result
+
+    # --- forget and quarantine (driven by the Kernel) ---------------------------
+    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], str, str]:
+        """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);
+        then, if any survivor still attended to it (a REROPE trace), rebuild exactly.
+        Returns the dropped segments, the fingerprint after and that of an independent replay.
+        The caller holds the lock."""
+        s = self._loaded()
+        victims = [x for x in s.ledger.live() if (x.derived_from(ref) if forget else x.ref == ref)]
+        if victims:
+            s.evict_many([x.id for x in victims], force=True)
+            if forget:
+                for x in victims:
+                    x.state = SegmentState.FORGOTTEN
+        if any(ref in x.provenance for x in s.ledger.live()) or s.approximate:
+            self._mech = s = self._replayed(s)
+        return victims, s.fingerprint(), s.replay_fingerprint()
+
+    def _replayed(self, s: Session) -> Session:
+        """A fresh exact session with the same ledger (live segments replayed)."""
+        fresh = self._new_mech()
+        fresh.ledger._next_id = s.ledger._next_id
+        for seg in s.ledger.segments:
+            if not seg.live:
+                fresh.ledger.append(seg)
+                continue
+            fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s._messages.get(seg.id),
+                         ref=seg.ref, verdict=seg.verdict, rule=seg.rule, content=seg.content,
+                         policy_digest=seg.policy_digest, segment_id=seg.id).protected = seg.protected
+        return fresh

