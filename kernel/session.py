@@ -82,7 +82,7 @@ class Session:
         prefix: PrefixBinding | None = None,
     ) -> None:
         if chunk_size < 1:
-            raise ValueError("chunk_size must be ≥ 1")
+            raise LedgerError("chunk_size must be ≥ 1")
         self.model = model
         self.tokenizer = tokenizer
         self.id = session_id or "sess_" + uuid.uuid4().hex[:16]
@@ -109,26 +109,31 @@ class Session:
         verdict: str | None = None,
         rule: str | None = None,
         chunks: Sequence[int] | None = None,
+        message: dict[str, str] | None = None,
+        content: Sequence[str] = (),
+        policy_digest: str | None = None,
+        segment_id: str | None = None,
     ) -> Segment:
         """Append a segment: ``text`` is rendered as a chat message of role ``kind``
         (content encoded with special-token strings taken literally); ``tokens`` are
-        used as they are. ``chunks`` overrides the prefill chunking."""
+        used as they are (with ``message``, the chat message they render, so later
+        turns see it in their history). ``chunks`` overrides the prefill chunking;
+        ``content`` adds content provenance beyond the segment's own ref."""
         kind = SegmentKind(kind)
         if (text is None) == (tokens is None):
-            raise ValueError("give exactly one of text or tokens")
-        message = None
+            raise LedgerError("give exactly one of text or tokens")
         if text is not None:
             message = {"role": kind.value, "content": text}
             ids = self._render_message(message)
         else:
             ids = [int(t) for t in tokens]  # type: ignore[union-attr]
         if not ids:
-            raise ValueError("a segment needs at least one token")
+            raise LedgerError("a segment needs at least one token")
         plan = list(chunks) if chunks is not None else _chunk(len(ids), self.chunk_size)
         if sum(plan) != len(ids) or any(c < 1 for c in plan):
-            raise ValueError(f"chunks {plan} do not cover {len(ids)} tokens")
+            raise LedgerError(f"chunks {plan} do not cover {len(ids)} tokens")
         seg = Segment(
-            id=self.ledger.new_id(),
+            id=segment_id or self.ledger.new_id(),
             kind=kind,
             tokens=ids,
             chunks=plan,
@@ -136,6 +141,8 @@ class Session:
             verdict=verdict,
             rule=rule,
             protected=kind in self.protected_kinds,
+            content=frozenset(content) | ({ref} if ref else set()),
+            policy_digest=policy_digest,
         )
         seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
         self.ledger.append(seg)
@@ -153,11 +160,19 @@ class Session:
         return seg
 
     def record_quarantined(
-        self, kind: SegmentKind | str, *, ref: str | None, verdict: str, rule: str | None
+        self,
+        kind: SegmentKind | str,
+        *,
+        ref: str | None,
+        verdict: str,
+        rule: str | None,
+        policy_digest: str | None = None,
+        segment_id: str | None = None,
     ) -> Segment:
         """Record a segment the gate kept out: it never enters the cache (== never saw it)."""
         seg = Segment(
-            id=self.ledger.new_id(),
+            id=segment_id or self.ledger.new_id(),
+            policy_digest=policy_digest,
             kind=SegmentKind(kind),
             tokens=[],
             chunks=[],
@@ -172,7 +187,7 @@ class Session:
 
     def _render_message(self, message: dict[str, str]) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("text segments need a tokenizer")
+            raise LedgerError("text segments need a tokenizer")
         history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
         return self.tokenizer.encode_message(history, message)
 
@@ -213,7 +228,12 @@ class Session:
     def _insert_prefix(self) -> None:
         if self.prefix is None or self.approximate:
             return
-        spans = [(s.start, s.end, s.ref) for s in self.ledger.live() if s.ref and s.end <= self.cache.length]
+        spans = [
+            (s.start, s.end, r)
+            for s in self.ledger.live()
+            if s.end <= self.cache.length and s.length
+            for r in sorted(s.content | ({s.ref} if s.ref else set()))
+        ]
         self.prefix.cache.insert(
             self.prefix.namespace,
             self.cache.token_list(),
@@ -233,43 +253,58 @@ class Session:
     # --- generation --------------------------------------------------------------
     def generate(self, params: SamplingParams | None = None, *, ref: str | None = None) -> Iterator[int]:
         """Generate an assistant turn; yields token ids as they come. When the
-        iterator is exhausted the turn is a closed assistant segment in the ledger."""
+        iterator is exhausted the turn is a closed assistant segment in the ledger
+        whose content provenance is every ref live while it was produced.
+
+        All or nothing: a consumer that stops early (closes the iterator, drops
+        it, or a client that disconnects) or an error mid-way leaves cache and
+        ledger exactly as they were before the call."""
         if self.tokenizer is None:
-            raise ValueError("generate needs a tokenizer")
+            raise LedgerError("generate needs a tokenizer")
         tok = self.tokenizer
         # default: the model's own end-of-turn tokens; a caller's params are used as given
         params = params or SamplingParams(stop_token_ids=frozenset(tok.stop_token_ids))
         history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
         opener = tok.generation_prompt(history)
-        chunks = [len(opener)]
-        logits = self.model.forward(opener, self.cache)
-        produced: list[int] = []
-        for t in generate(self.model, self.cache, None, params, logits=logits):
-            produced.append(t)
-            yield t
-        if not produced:
-            self.cache.truncate(self.cache.length - len(opener))
-            return
-        # every token but the last was appended one at a time by the decode loop
-        chunks += [1] * (len(produced) - 1)
-        closing = tok.close_turn(produced[-1])
-        self._last_logits = self.model.forward(closing, self.cache)
-        chunks.append(len(closing))
-        ids = opener + produced[:-1] + closing
-        seg = Segment(
-            id=self.ledger.new_id(),
-            kind=SegmentKind.ASSISTANT,
-            tokens=ids,
-            chunks=chunks,
-            ref=ref,
-            protected=SegmentKind.ASSISTANT in self.protected_kinds,
-        )
-        seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
-        self.ledger.append(seg)
-        self._insert_prefix()
-        text = tok.decode([t for t in produced if t not in tok.stop_token_ids])
-        self._messages[seg.id] = {"role": "assistant", "content": text}
-        self._emit("append", seg)
+        start, logits_before = self.cache.length, self._last_logits
+        done = False
+        try:
+            chunks = [len(opener)]
+            logits = self.model.forward(opener, self.cache)
+            produced: list[int] = []
+            for t in generate(self.model, self.cache, None, params, logits=logits):
+                produced.append(t)
+                yield t
+            if not produced:
+                return
+            # every token but the last was appended one at a time by the decode loop
+            chunks += [1] * (len(produced) - 1)
+            closing = tok.close_turn(produced[-1])
+            last = self.model.forward(closing, self.cache)
+            chunks.append(len(closing))
+            ids = opener + produced[:-1] + closing
+            live = self.ledger.live()
+            seg = Segment(
+                id=self.ledger.new_id(),
+                kind=SegmentKind.ASSISTANT,
+                tokens=ids,
+                chunks=chunks,
+                ref=ref,
+                protected=SegmentKind.ASSISTANT in self.protected_kinds,
+                content=frozenset().union(*(s.provenance | s.content for s in live)) | ({ref} if ref else set()),
+            )
+            seg.provenance = self._provenance_before(len(self.ledger.segments)) | ({ref} if ref else set())
+            self.ledger.append(seg)
+            text = tok.decode([t for t in produced if t not in tok.stop_token_ids])
+            self._messages[seg.id] = {"role": "assistant", "content": text}
+            self._last_logits = last
+            done = True
+            self._insert_prefix()
+            self._emit("append", seg)
+        finally:
+            if not done:
+                self.cache.truncate(start)
+                self._last_logits = logits_before
 
     @property
     def last_logits(self) -> torch.Tensor | None:
@@ -296,7 +331,7 @@ class Session:
             seg.state = SegmentState.EVICTED
             self.ledger.renumber()
             for s in later:
-                s.provenance = self._provenance_before(self.ledger.segments.index(s)) | ({s.ref} if s.ref else set())
+                s.provenance = self._provenance_before(self.ledger.index(s)) | ({s.ref} if s.ref else set())
                 self._prefill(s)
                 replayed += s.length
             if not later:
@@ -311,7 +346,7 @@ class Session:
         self._messages.pop(seg.id, None)
         if self.prefix is not None and seg.ref:
             # nobody may be served KV that attended to an evicted span
-            self.prefix.cache.drop_ref(seg.ref)
+            self.prefix.cache.drop_ref(self.prefix.namespace, seg.ref)
         report = EvictionReport(
             segment_id=seg.id,
             ref=seg.ref,
@@ -324,6 +359,60 @@ class Session:
         )
         self._emit("evict", seg, report=report)
         return report
+
+    def evict_many(self, segment_ids: Sequence[str], *, force: bool = False) -> EvictionReport | None:
+        """Evict several live segments with one truncation at the earliest and one
+        replay of the survivors after it (RECOMPUTE; write-time if nothing live
+        follows). Bit-exact to a session that never saw any of them."""
+        segs = [self.ledger.get(i) for i in dict.fromkeys(segment_ids)]
+        for seg in segs:
+            if not seg.live:
+                raise EvictionError(f"segment {seg.id} is already {seg.state.value}")
+            if seg.protected and not force:
+                raise EvictionError(f"segment {seg.id} ({seg.kind.value}) is protected from eviction")
+        if not segs:
+            return None
+        t0 = time.perf_counter()
+        first = min(segs, key=lambda x: x.start)
+        gone = {id(x) for x in segs}
+        later = [x for x in self.ledger.later_live(first) if id(x) not in gone]
+        removed = sum(x.length for x in segs)
+        self.cache.truncate(first.start)
+        for seg in segs:
+            seg.state = SegmentState.EVICTED
+            self._messages.pop(seg.id, None)
+        self.ledger.renumber()
+        replayed = 0
+        for x in later:
+            x.provenance = self._provenance_before(self.ledger.index(x)) | ({x.ref} if x.ref else set())
+            self._prefill(x)
+            replayed += x.length
+        if not later:
+            self._last_logits = None
+        if self.prefix is not None:
+            for ref in {x.ref for x in segs if x.ref}:
+                self.prefix.cache.drop_ref(self.prefix.namespace, ref)
+        report = EvictionReport(
+            segment_id=",".join(x.id for x in segs),
+            ref=first.ref if len(segs) == 1 else None,
+            mode=EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME,
+            exactness="bit-exact",
+            rows_removed=removed,
+            rows_replayed=replayed,
+            seconds=time.perf_counter() - t0,
+            fingerprint=self.cache.fingerprint(),
+        )
+        for seg in segs:
+            self._emit("evict", seg, report=report)
+        return report
+
+    def replay_fingerprint(self) -> str:
+        """Fingerprint of an independent replay of the live ledger: a fresh cache, no
+        prefix cache, the same tokens and prefill chunks (what 'never saw' means)."""
+        fresh = Session(self.model, self.tokenizer, chunk_size=self.chunk_size, tenant=self.tenant)
+        for seg in self.ledger.live():
+            fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks)
+        return fresh.fingerprint()
 
     def evict_rows(self, start: int, end: int, mode: EvictMode | str = EvictMode.AUTO) -> EvictionReport:
         """Evict by row range; the range must be exactly one live segment."""
