@@ -1,4 +1,4 @@
-"""Prefix cache policy: namespaces, locks, retention, byte budget, provenance, stats.
+"""Prefix cache policy: namespaces, locks, retention, byte budgets, provenance, stats.
 
 The mechanism is ``prefix_tree.RadixTree`` (one per namespace). This module
 decides who may see which tree and what stays in it:
@@ -10,17 +10,33 @@ decides who may see which tree and what stays in it:
   channel). ``shared_namespace(model_id)`` is a separate, explicit root for
   content a policy marks public; inserting there requires ``public=True``.
 * **Retention.** LRU over unlocked leaves, lowest priority (0–100, default 35)
-  first, then least recently used; optional TTL per insertion; a byte budget.
+  first, then least recently used; optional TTL per insertion.
   A node covered by several insertions keeps the highest priority and the
   latest expiry among them (an expired node still pinned by a lock is revived
   by a new insert of the same tokens rather than duplicated), so priorities and expiries never increase going
   down a path and removing an expired node with its subtree removes only
   expired nodes.
+* **Budgets.** ``namespace_budget_bytes`` caps every namespace (an operator may
+  override it per namespace with ``set_namespace_budget``); ``budget_bytes``
+  caps the whole cache. Whatever happens in namespace X (an insert, a lock
+  released) evicts only X's unlocked leaves, in the retention order above:
+  first down to X's own cap, then as far as needed to bring the total under the
+  global cap. What that cannot make room for is not kept: the new nodes of the
+  insert are removed too (they compete in the same order, so a low-priority
+  insert may be the first to go) and counted as ``rejected_bytes`` /
+  ``rejected_inserts``, never as another tenant's eviction. So one tenant's
+  inserts never flush another's entries (a noisy neighbour, and a timing side
+  channel). With only a global cap, a full cache still tells a tenant that its
+  inserts are rejected (a volume signal); namespace budgets that sum to at most
+  the global cap close that too. ``evict(nbytes)`` is the operator's explicit,
+  global call. ``stats_for(ns)`` reports one namespace only.
 * **Provenance.** ``insert(..., provenance=[(start, end, ref), ...])``: a node
   records every ref whose span starts before the node's end (causal attention:
   everything earlier on its path influenced it). Inserts cut node boundaries
-  at span starts, so ``drop_ref`` removes exactly the nodes that attended to a
-  ref and keeps the prefix before it.
+  at span starts, so ``drop_ref(ns, ref)`` removes exactly the nodes of that
+  namespace that attended to a ref and keeps the prefix before it. It never
+  looks at another namespace: a ref string (a public ``blake3:`` digest, say)
+  may occur in several tenants' trees, and one tenant's forget is not another's.
 """
 
 from __future__ import annotations
@@ -80,19 +96,22 @@ def is_shared(ns: bytes) -> bool:
 
 @dataclass
 class PrefixStats:
-    """Counters for the metrics endpoint (a snapshot; read ``PrefixCache.stats``)."""
+    """Counters for the metrics endpoint (a snapshot; read ``PrefixCache.stats``
+    for the whole cache, ``PrefixCache.stats_for(ns)`` for one namespace)."""
 
     queries: int = 0
     hit_tokens: int = 0
     miss_tokens: int = 0
     inserted_tokens: int = 0
-    evictions: int = 0  # nodes removed by the byte budget
+    evictions: int = 0  # nodes removed by a byte budget or evict() (cached before the insert that pushed them out)
     evicted_bytes: int = 0
+    rejected_inserts: int = 0  # inserts that could not keep all their new tokens (a budget had no room)
+    rejected_bytes: int = 0  # bytes of new nodes removed by the budget of the insert that created them
     expired: int = 0  # nodes removed because their TTL ran out
     dropped: int = 0  # nodes removed by drop_ref / drop_namespace
     bytes: int = 0
     nodes: int = 0
-    namespaces: int = 0
+    namespaces: int = 0  # in stats_for(ns): 1 if ns holds a tree, else 0
 
     @property
     def hit_rate(self) -> float:
@@ -144,7 +163,7 @@ class PrefixMatch:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._cache._release(self.nodes[-1])
+            self._cache._release(self.ns, self.nodes[-1])
 
     def __del__(self) -> None:  # safety net: a forgotten match must not pin its path forever
         with contextlib.suppress(Exception):  # e.g. at interpreter shutdown
@@ -158,16 +177,27 @@ class PrefixMatch:
 
 
 class PrefixCache:
-    """Radix-tree prefix cache shared by every session of a kernel (thread-safe)."""
+    """Radix-tree prefix cache shared by every session of a kernel (thread-safe).
 
-    def __init__(self, budget_bytes: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        if budget_bytes is not None and budget_bytes < 0:
-            raise PrefixError("budget_bytes must be non-negative")
-        self.budget_bytes = budget_bytes
+    ``budget_bytes`` caps the whole cache, ``namespace_budget_bytes`` each
+    namespace (``None``: no cap); enforcing either on an operation in one
+    namespace evicts only that namespace's entries (see the module docstring)."""
+
+    def __init__(
+        self,
+        budget_bytes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        namespace_budget_bytes: int | None = None,
+    ) -> None:
+        self.budget_bytes = _check_budget(budget_bytes, "budget_bytes")
+        self.namespace_budget_bytes = _check_budget(namespace_budget_bytes, "namespace_budget_bytes")
         self.clock = clock
         self._trees: dict[bytes, RadixTree] = {}
+        self._ns_budgets: dict[bytes, int] = {}  # per-namespace overrides of namespace_budget_bytes
         self._lock = threading.RLock()
         self._counters = PrefixStats()
+        self._ns_counters: dict[bytes, PrefixStats] = {}
         self._next_expiry: float | None = None
         self._seq = itertools.count()
 
@@ -184,16 +214,16 @@ class PrefixCache:
                 n.last_access = now
             if nodes:
                 tree.lock(nodes[-1])
-            c = self._counters
-            c.queries += 1
-            c.hit_tokens += length
-            c.miss_tokens += len(ids) - length
+            for c in self._both(ns):
+                c.queries += 1
+                c.hit_tokens += length
+                c.miss_tokens += len(ids) - length
             return PrefixMatch(self, ns, length, nodes)
 
-    def _release(self, node: Node) -> None:
+    def _release(self, ns: bytes, node: Node) -> None:
         with self._lock:
             RadixTree.unlock(node)
-            self._enforce_budget()
+            self._enforce_budget(ns)  # what the lock kept may go now, but only this namespace's
 
     # --- insertion ----------------------------------------------------------
     def insert(
@@ -208,7 +238,10 @@ class PrefixCache:
         public: bool = False,
     ) -> int:
         """Store the KV of ``tokens`` (rows 0..n-1 of the source, positions
-        0..n-1); only tokens not cached yet are copied. Returns that count."""
+        0..n-1); only tokens not cached yet are copied. Returns how many of
+        those the cache kept: fewer (down to 0) when the namespace's budget or
+        the global one had no room for them even after evicting this
+        namespace's own unlocked leaves (counted in ``rejected_*``)."""
         ids = _token_list(tokens)
         _check_ns(ns)
         if is_shared(ns) and not public:
@@ -246,10 +279,15 @@ class PrefixCache:
                         n.prov[ref] = s
             if expires is not None and (self._next_expiry is None or expires < self._next_expiry):
                 self._next_expiry = expires
-            stored = sum(len(n.tokens) for n in created)
-            self._counters.inserted_tokens += stored
-            self._enforce_budget()
-            return stored
+            self._enforce_budget(ns, created)
+            lost = [n for n in created if n.removed]
+            kept = sum(len(n.tokens) for n in created if not n.removed)
+            for c in self._both(ns):
+                c.inserted_tokens += kept
+                if lost:
+                    c.rejected_inserts += 1
+                    c.rejected_bytes += sum(n.nbytes for n in lost)
+            return kept
 
     @staticmethod
     def _check_layout(tree: RadixTree, probe: KVBlock) -> None:
@@ -259,15 +297,19 @@ class PrefixCache:
             return
 
     # --- removal ------------------------------------------------------------
-    def drop_ref(self, ref: str) -> list[str]:
-        """Remove every node whose provenance holds ``ref`` (with its subtree),
-        locked or not; return the removed node ids (for the forget receipt)."""
+    def drop_ref(self, ns: bytes, ref: str) -> list[str]:
+        """Remove every node of namespace ``ns`` whose provenance holds ``ref``
+        (with its subtree), locked or not; return the removed node ids (for the
+        forget receipt). Other namespaces are not searched: the same ref in
+        another tenant's tree is that tenant's to forget."""
         with self._lock:
+            tree = self._trees.get(_check_ns(ns))
             gone: list[str] = []
-            for tree in self._trees.values():
+            if tree is not None:
                 for n in [n for n in tree.walk() if ref in n.prov]:
                     gone += [m.id for m in tree.remove(n)]  # [] if already gone with an ancestor
-            self._counters.dropped += len(gone)
+            for c in self._both(ns):
+                c.dropped += len(gone)
             return gone
 
     def drop_namespace(self, ns: bytes) -> list[str]:
@@ -278,40 +320,75 @@ class PrefixCache:
                 return []
             gone = [n.id for top in list(tree.root.children.values()) for n in tree.remove(top)]
             self._counters.dropped += len(gone)
+            self._ns_counters.pop(ns, None)  # the namespace is gone, and its usage figures with it
             return gone
 
     def evict(self, nbytes: int) -> int:
-        """Free at least ``nbytes`` if unlocked leaves allow; return the bytes freed."""
+        """Free at least ``nbytes`` if unlocked leaves allow; return the bytes freed.
+        The operator's call: it takes from every namespace, in retention order."""
         with self._lock:
             before = self._bytes()
-            self._evict_to(max(before - nbytes, 0))
+            self._evict_to(list(self._trees.values()), max(before - nbytes, 0))
             return before - self._bytes()
 
-    def _enforce_budget(self) -> None:
-        if self.budget_bytes is not None and self._bytes() > self.budget_bytes:
-            self._evict_to(self.budget_bytes)
+    def set_namespace_budget(self, ns: bytes, nbytes: int | None) -> None:
+        """Cap namespace ``ns`` at ``nbytes`` instead of ``namespace_budget_bytes``
+        (``None`` removes the override). Takes effect at once: the namespace's
+        own unlocked leaves are evicted down to the new cap."""
+        nbytes = _check_budget(nbytes, "a namespace budget")
+        with self._lock:
+            if nbytes is None:
+                self._ns_budgets.pop(_check_ns(ns), None)
+            else:
+                self._ns_budgets[_check_ns(ns)] = nbytes
+            self._enforce_budget(ns)
 
-    def _evict_to(self, goal: int) -> None:
-        """Remove unlocked leaves, lowest priority then least recently used
-        first, until at most ``goal`` bytes remain (or nothing is evictable)."""
+    def namespace_budget(self, ns: bytes) -> int | None:
+        """The cap in force for ``ns`` (its override, else ``namespace_budget_bytes``)."""
+        with self._lock:
+            return self._ns_budgets.get(_check_ns(ns), self.namespace_budget_bytes)
+
+    def _enforce_budget(self, ns: bytes, fresh: Sequence[Node] = ()) -> None:
+        """Bring namespace ``ns`` under its own cap and the total under the
+        global cap, evicting only ``ns``'s unlocked leaves. ``fresh`` are the
+        nodes the current insert created: removed like the others if the
+        budgets leave no room, but counted as rejected (by the caller), not evicted."""
+        tree = self._trees.get(ns)
+        if tree is None:
+            return
+        goal = self._ns_budgets.get(ns, self.namespace_budget_bytes)
+        if self.budget_bytes is not None:
+            room = max(self.budget_bytes - (self._bytes() - tree.nbytes), 0)
+            goal = room if goal is None else min(goal, room)
+        if goal is not None and tree.nbytes > goal:
+            self._evict_to([tree], goal, fresh)
+
+    def _evict_to(self, trees: list[RadixTree], goal: int, fresh: Sequence[Node] = ()) -> None:
+        """Remove unlocked leaves of ``trees``, lowest priority then least
+        recently used first, until those trees hold at most ``goal`` bytes (or
+        nothing of theirs is evictable)."""
         heap: list[tuple[int, float, int, Node, RadixTree]] = []
+        new = set(fresh)  # Node compares by identity
 
         def push(n: Node, tree: RadixTree) -> None:
             if n.parent is not None and n.is_leaf and not n.locks and not n.removed:
                 heapq.heappush(heap, (n.priority, n.last_access, next(self._seq), n, tree))
 
-        for tree in self._trees.values():
+        for tree in trees:
             for n in tree.walk():
                 push(n, tree)
-        total = self._bytes()
+        total = sum(t.nbytes for t in trees)
         while total > goal and heap:
             *_, n, tree = heapq.heappop(heap)
             if n.removed or not n.is_leaf or n.locks:
                 continue
             parent = n.parent
             total -= n.nbytes
-            self._counters.evicted_bytes += n.nbytes
-            self._counters.evictions += len(tree.remove(n))
+            removed = len(tree.remove(n))
+            if n not in new:
+                for c in self._both(tree.ns):
+                    c.evicted_bytes += n.nbytes
+                    c.evictions += removed
             if parent is not None and parent is not tree.root:
                 push(parent, tree)
 
@@ -328,7 +405,9 @@ class PrefixCache:
                 if n.removed or n.expires_at is None:
                     continue
                 if now >= n.expires_at and not n.locks:
-                    self._counters.expired += len(tree.remove(n))
+                    gone = len(tree.remove(n))
+                    for c in self._both(tree.ns):
+                        c.expired += gone
                 elif nxt is None or n.expires_at < nxt:
                     nxt = n.expires_at
         self._next_expiry = nxt
@@ -337,6 +416,13 @@ class PrefixCache:
     def _bytes(self) -> int:
         return sum(t.nbytes for t in self._trees.values())
 
+    def _both(self, ns: bytes) -> tuple[PrefixStats, PrefixStats]:
+        """The global counters and those of ``ns`` (created on first use)."""
+        c = self._ns_counters.get(ns)
+        if c is None:
+            c = self._ns_counters[ns] = PrefixStats()
+        return self._counters, c
+
     @property
     def stats(self) -> PrefixStats:
         with self._lock:
@@ -344,6 +430,17 @@ class PrefixCache:
             snap.bytes = self._bytes()
             snap.nodes = sum(t.num_nodes for t in self._trees.values())
             snap.namespaces = len(self._trees)
+            return snap
+
+    def stats_for(self, ns: bytes) -> PrefixStats:
+        """The counters, bytes and nodes of one namespace only (what a metrics
+        endpoint may show that namespace's tenant: nothing of the others)."""
+        with self._lock:
+            c = self._ns_counters.get(_check_ns(ns))
+            snap = PrefixStats(**asdict(c)) if c is not None else PrefixStats()
+            tree = self._trees.get(ns)
+            if tree is not None:
+                snap.bytes, snap.nodes, snap.namespaces = tree.nbytes, tree.num_nodes, 1
             return snap
 
     def full_copy_bytes(self) -> int:
@@ -359,6 +456,12 @@ class PrefixCache:
 
 
 # --- input checks -------------------------------------------------------------
+def _check_budget(nbytes: int | None, what: str) -> int | None:
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+        raise PrefixError(f"{what} must be a non-negative number of bytes or None, not {nbytes!r}")
+    return nbytes
+
+
 def _check_ns(ns: bytes) -> bytes:
     if not isinstance(ns, bytes) or len(ns) != 33 or ns[:1] not in (_TENANT, _SHARED):
         raise PrefixError("not a prefix-cache namespace (use namespace() or shared_namespace())")

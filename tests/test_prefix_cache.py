@@ -13,7 +13,7 @@ from kernel_helpers import tiny_model
 from fak.config import data_dir
 from fak.errors import FakError
 from fak.kernel.kv_cache import KVBlock
-from fak.kernel.prefix_cache import PrefixCache, PrefixError, namespace, shared_namespace
+from fak.kernel.prefix_cache import PrefixCache, PrefixError, PrefixStats, namespace, shared_namespace
 from fak.keys import load_master_secret, tenant_salt
 
 MODEL_ID = "tiny-0"
@@ -274,7 +274,7 @@ def test_evicted_segment_not_served_from_cache():
         assert m.length == len(p + x + q)
 
     # the session evicts the poisoned segment: the kernel forgets it from the tree
-    gone = pc.drop_ref("blake3k:poison")
+    gone = pc.drop_ref(ns, "blake3k:poison")
     ids_after = {n.id for n in pc.nodes(ns)}
     assert len(gone) == 2 and not set(gone) & ids_after
     assert all("blake3k:poison" not in n.prov for n in pc.nodes(ns))
@@ -312,9 +312,9 @@ def test_provenance_is_causal_and_forget_keeps_earlier_nodes():
     pc.insert(ns, seq, block(seq), provenance=[(5, 8, "r1"), (12, 20, "r2")])
     by_end = {n.end: set(n.prov) for n in pc.nodes(ns)}
     assert by_end == {5: set(), 12: {"r1"}, 20: {"r1", "r2"}}
-    assert len(pc.drop_ref("r2")) == 1
+    assert len(pc.drop_ref(ns, "r2")) == 1
     assert hit(pc, ns, seq) == 12
-    assert pc.drop_ref("unknown") == []
+    assert pc.drop_ref(ns, "unknown") == []
 
 
 # --- stats and bad input ------------------------------------------------------------
@@ -384,7 +384,7 @@ def test_concurrent_sessions_keep_the_tree_consistent():
                         assert got == seq[: m.length]
                         assert [int(p) for b in rows for p in b.positions] == list(range(m.length))
                 else:
-                    pc.drop_ref(f"r{rng.randrange(3)}")
+                    pc.drop_ref(ns, f"r{rng.randrange(3)}")
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -398,3 +398,228 @@ def test_concurrent_sessions_keep_the_tree_consistent():
     assert all(n.locks == 0 for n in nodes)
     assert pc.stats.bytes == sum(n.nbytes for n in nodes) <= pc.budget_bytes
     assert pc.stats.nodes == len(nodes)
+
+
+# --- tenants: forget and budgets stay inside a namespace ------------------------------
+def ids_of(pc: PrefixCache, ns: bytes) -> set[str]:
+    return {n.id for n in pc.nodes(ns)}
+
+
+def test_drop_ref_only_searches_its_own_namespace():
+    pc = PrefixCache()
+    alice, bob = ns_for("alice"), ns_for("bob")
+    seq = list(range(1, 21))
+    ref = "blake3:" + "ab" * 32  # a public digest: the same ref string in both tenants' trees
+    branch = seq[:14] + [50, 51]
+    for ns in (alice, bob):
+        pc.insert(ns, seq, block(seq), provenance=[(8, 14, ref)])
+        pc.insert(ns, branch, block(branch), provenance=[(8, 14, ref)])
+    bob_before = ids_of(pc, bob)
+    alice_with_ref = {n.id for n in pc.nodes(alice) if ref in n.prov}
+    assert len(alice_with_ref) == 3 and not alice_with_ref & bob_before  # [8,14) and its two children
+
+    gone = pc.drop_ref(alice, ref)
+    assert set(gone) == alice_with_ref and len(gone) == 3
+    assert ids_of(pc, bob) == bob_before
+    assert hit(pc, bob, seq) == len(seq) and hit(pc, bob, branch) == len(branch)  # bob still hits in full
+    assert hit(pc, alice, seq) == 8  # the prefix before the ref stays
+    assert (pc.stats_for(alice).dropped, pc.stats_for(bob).dropped, pc.stats.dropped) == (3, 0, 3)
+    assert pc.drop_ref(alice, ref) == []
+    assert pc.drop_ref(ns_for("carol"), ref) == []  # a namespace without a tree
+    with pytest.raises(PrefixError, match="namespace"):
+        pc.drop_ref(b"alice", ref)
+    with pytest.raises(TypeError):
+        pc.drop_ref(ref)  # type: ignore[call-arg]  # the old, all-tenant form is gone
+
+
+def test_namespace_budget_never_evicts_other_tenants():
+    clock = Clock()
+    pc = PrefixCache(namespace_budget_bytes=10 * ROW, clock=clock)
+    alice, bob = ns_for("alice"), ns_for("bob")
+    b1, b2 = [1] * 4 + [2] * 4, [1] * 4 + [3] * 2
+    for s in (b1, b2):
+        pc.insert(bob, s, block(s), priority=0)  # the cheapest entries in the cache
+    bob_before = ids_of(pc, bob)
+    clock.now += 1
+    seqs = [[10 + i] * 4 for i in range(6)]
+    for s in seqs:  # alice fills her budget, then keeps inserting
+        clock.now += 1
+        assert pc.insert(alice, s, block(s), priority=100) == 4
+    assert ids_of(pc, bob) == bob_before
+    assert hit(pc, bob, b1) == len(b1) and hit(pc, bob, b2) == len(b2)
+    a, b = pc.stats_for(alice), pc.stats_for(bob)
+    assert a.bytes == 8 * ROW <= 10 * ROW and a.evictions == 4 and a.evicted_bytes == 16 * ROW
+    assert (b.bytes, b.evictions, b.rejected_inserts) == (10 * ROW, 0, 0)
+    assert [hit(pc, alice, s) for s in seqs] == [0, 0, 0, 0, 4, 4]  # LRU inside alice's own tree
+    # bob's own inserts beyond his budget evict his own lowest-priority leaves, never alice's
+    alice_before = ids_of(pc, alice)
+    clock.now += 1
+    b3 = [4] * 3
+    assert pc.insert(bob, b3, block(b3)) == 3
+    assert ids_of(pc, alice) == alice_before and pc.stats_for(alice).evictions == 4
+    b = pc.stats_for(bob)
+    assert b.bytes <= 10 * ROW and b.evictions >= 1 and hit(pc, bob, b3) == 3
+
+
+def test_global_cap_evicts_or_rejects_only_the_inserting_namespace():
+    clock = Clock()
+    pc = PrefixCache(budget_bytes=16 * ROW, clock=clock)
+    alice, bob = ns_for("alice"), ns_for("bob")
+    bs = [5] * 8
+    pc.insert(bob, bs, block(bs), priority=0)  # oldest, lowest priority: the old code evicted it first
+    bob_before = ids_of(pc, bob)
+    a1, a2, a3 = [1] * 4, [2] * 4, [3] * 4
+    for s in (a1, a2, a3):
+        clock.now += 1
+        assert pc.insert(alice, s, block(s)) == 4
+    # room for alice is 16 - 8 (bob): her least recently used entry made way for a3
+    assert hit(pc, alice, a1) == 0 and hit(pc, alice, a2) == 4 and hit(pc, alice, a3) == 4
+    assert ids_of(pc, bob) == bob_before and hit(pc, bob, bs) == 8
+    st = pc.stats
+    assert st.bytes == 16 * ROW and st.evictions == 1 and st.rejected_inserts == 0
+
+    # alice holds a3; a 6-row insert cannot fit next to it in her 8 rows of room:
+    # her unlocked a2 goes first, then the new rows themselves (rejected, not kept)
+    held = pc.match(alice, a3)
+    clock.now += 1
+    big = [6] * 6
+    assert pc.insert(alice, big, block(big)) == 0
+    assert ids_of(pc, bob) == bob_before and hit(pc, bob, bs) == 8
+    assert hit(pc, alice, big) == 0 and hit(pc, alice, a2) == 0 and held.blocks()
+    a = pc.stats_for(alice)
+    assert (a.rejected_inserts, a.rejected_bytes, a.evictions, a.bytes) == (1, 6 * ROW, 2, 4 * ROW)
+    assert a.inserted_tokens == 12  # what was kept: a1, a2, a3; not the rejected rows
+    st = pc.stats
+    assert (st.rejected_inserts, st.rejected_bytes) == (1, 6 * ROW) and st.bytes == 12 * ROW
+    assert pc.stats_for(bob).rejected_inserts == 0 and pc.stats_for(bob).evictions == 0
+
+    # a partial fit keeps the head of the insert (node boundaries at span starts):
+    # 4 rows of room next to the held a3, so [0, 3) stays and [3, 7) is rejected
+    seq = [7] * 7
+    assert pc.insert(alice, seq, block(seq), provenance=[(3, 7, "r")]) == 3
+    assert hit(pc, alice, seq) == 3 and ids_of(pc, bob) == bob_before
+    a = pc.stats_for(alice)
+    assert (a.rejected_inserts, a.rejected_bytes, a.bytes) == (2, 10 * ROW, 7 * ROW)
+    held.release()
+
+    # the operator's evict() stays global
+    assert pc.evict(16 * ROW) == 15 * ROW
+    assert pc.stats.bytes == 0 and hit(pc, bob, bs) == 0
+
+
+def test_lock_release_evicts_only_its_own_namespace():
+    pc = PrefixCache(budget_bytes=12 * ROW)
+    alice, bob = ns_for("alice"), ns_for("bob")
+    a, b = [1] * 4, [2] * 4
+    pc.insert(alice, a, block(a), priority=100)
+    held = pc.match(alice, a)
+    pc.insert(bob, b, block(b), priority=0)
+    pc.budget_bytes = 4 * ROW  # the operator lowers the cap while alice holds her path
+    held.release()  # enforcement on alice's release: her rows make way, not bob's
+    assert hit(pc, alice, a) == 0 and hit(pc, bob, b) == 4
+    assert pc.stats_for(bob).evictions == 0 and pc.stats_for(alice).evictions == 1
+
+
+def test_namespace_budget_override():
+    pc = PrefixCache(namespace_budget_bytes=4 * ROW)
+    alice, bob = ns_for("alice"), ns_for("bob")
+    assert pc.namespace_budget(alice) == 4 * ROW
+    pc.set_namespace_budget(alice, 12 * ROW)
+    assert pc.namespace_budget(alice) == 12 * ROW and pc.namespace_budget(bob) == 4 * ROW
+    seqs = [[i] * 4 for i in range(1, 4)]
+    for s in seqs:
+        pc.insert(alice, s, block(s))
+        pc.insert(bob, s, block(s))
+    assert pc.stats_for(alice).bytes == 12 * ROW and pc.stats_for(alice).evictions == 0
+    assert pc.stats_for(bob).bytes == 4 * ROW and pc.stats_for(bob).evictions == 2
+    bob_before = ids_of(pc, bob)
+    # lowering an override takes effect at once, inside that namespace only
+    pc.set_namespace_budget(alice, 8 * ROW)
+    assert pc.stats_for(alice).bytes == 8 * ROW and ids_of(pc, bob) == bob_before
+    pc.set_namespace_budget(alice, None)  # back to the default cap
+    assert pc.namespace_budget(alice) == 4 * ROW and pc.stats_for(alice).bytes == 4 * ROW
+    assert ids_of(pc, bob) == bob_before
+    # an override larger than the global cap is still bounded by it
+    pc2 = PrefixCache(budget_bytes=6 * ROW, namespace_budget_bytes=2 * ROW)
+    pc2.set_namespace_budget(alice, 100 * ROW)
+    s = [9] * 8
+    assert pc2.insert(alice, s, block(s)) == 0 and pc2.stats_for(alice).rejected_bytes == 8 * ROW
+    for bad in (-1, True, 1.5, "8"):
+        with pytest.raises(PrefixError, match="budget"):
+            pc.set_namespace_budget(alice, bad)  # type: ignore[arg-type]
+        with pytest.raises(PrefixError, match="budget"):
+            PrefixCache(namespace_budget_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(PrefixError, match="budget"):
+            PrefixCache(budget_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(PrefixError, match="namespace"):
+        pc.set_namespace_budget(b"alice", 1)
+
+
+def test_stats_for_reports_one_namespace_only():
+    pc = PrefixCache()
+    alice, bob, carol = ns_for("alice"), ns_for("bob"), ns_for("carol")
+    seq = [3] * 10
+    pc.insert(alice, seq, block(seq))
+    pc.insert(bob, seq[:4], block(seq[:4]))
+    pc.match(alice, seq[:6] + [1, 1]).release()
+    pc.match(bob, seq).release()
+    a, b = pc.stats_for(alice), pc.stats_for(bob)
+    assert (a.queries, a.hit_tokens, a.miss_tokens, a.inserted_tokens) == (1, 6, 2, 10)
+    assert (a.bytes, a.nodes, a.namespaces) == (10 * ROW, 2, 1)
+    assert (b.queries, b.hit_tokens, b.miss_tokens, b.inserted_tokens) == (1, 4, 6, 4)
+    assert (b.bytes, b.nodes, b.namespaces) == (4 * ROW, 1, 1)
+    assert pc.stats_for(carol).as_dict() == PrefixStats().as_dict()  # unknown: zeros
+    st = pc.stats
+    assert (st.queries, st.hit_tokens, st.bytes, st.namespaces) == (2, 10, 14 * ROW, 2)
+    # a snapshot: mutating it changes nothing
+    a.hit_tokens = 999
+    assert pc.stats_for(alice).hit_tokens == 6
+    pc.drop_namespace(alice)
+    assert pc.stats_for(alice).as_dict() == PrefixStats().as_dict()
+    assert pc.stats_for(bob).bytes == 4 * ROW
+    with pytest.raises(PrefixError, match="namespace"):
+        pc.stats_for(b"bob")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_ops_never_touch_other_namespaces(seed: int):
+    """Any insert, match or release in one namespace leaves every other
+    namespace's node ids as they were; after an insert with no lock held in its
+    namespace, that namespace fits its cap and the room the global cap leaves it;
+    per-namespace counters add up to the global ones."""
+    rng = random.Random(seed)
+    nss = [ns_for(t) for t in ("alice", "bob", "carol")]
+    pc = PrefixCache(budget_bytes=rng.choice([None, 30 * ROW, 60 * ROW]),
+                     namespace_budget_bytes=rng.choice([None, 12 * ROW, 25 * ROW]))
+    pc.set_namespace_budget(nss[0], rng.choice([None, 5 * ROW, 40 * ROW]))
+    held: list = []
+    for _ in range(300):
+        ns = rng.choice(nss)
+        others = {o: ids_of(pc, o) for o in nss if o != ns}
+        op = rng.random()
+        if op < 0.5:
+            seq = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]
+            cut = rng.randrange(len(seq))
+            prov = [(cut, len(seq), f"r{seq[cut]}")]
+            pc.insert(ns, seq, block(seq), priority=rng.randrange(101), provenance=prov)
+            if not any(m.ns == ns for m in held):
+                tree_bytes = pc.stats_for(ns).bytes
+                cap = pc.namespace_budget(ns)
+                assert cap is None or tree_bytes <= cap
+                if pc.budget_bytes is not None:
+                    assert tree_bytes <= max(pc.budget_bytes - (pc.stats.bytes - tree_bytes), 0)
+        elif op < 0.75:
+            held.append(pc.match(ns, [rng.randrange(3) for _ in range(rng.randrange(1, 12))]))
+        elif op < 0.95 and held:
+            held.pop(rng.randrange(len(held))).release()
+        else:
+            pc.drop_ref(ns, f"r{rng.randrange(3)}")
+        assert {o: ids_of(pc, o) for o in others} == others
+    for m in held:
+        m.release()
+    total = pc.stats
+    fields = ("queries", "hit_tokens", "miss_tokens", "inserted_tokens", "evictions", "evicted_bytes",
+              "rejected_inserts", "rejected_bytes", "dropped", "bytes", "nodes", "namespaces")
+    for f in fields:
+        assert sum(getattr(pc.stats_for(ns), f) for ns in nss) == getattr(total, f), f
+    assert all(n.locks == 0 for ns in nss for n in pc.nodes(ns))
