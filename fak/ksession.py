@@ -413,21 +413,23 @@ class KernelSession:
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------
-    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], str, str]:
+    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], list[str], str, str]:
         """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);
         then, if any survivor still attended to it (a REROPE trace), rebuild exactly.
-        Returns the dropped segments, the fingerprint after and that of an independent replay.
-        The caller holds the lock."""
+        Returns the dropped segments, the prefix-cache nodes dropped with them, the
+        fingerprint after and that of an independent replay. The caller holds the lock."""
         s = self._loaded()
         victims = [x for x in s.ledger.live() if (x.derived_from(ref) if forget else x.ref == ref)]
+        nodes: list[str] = []
         if victims:
-            s.evict_many([x.id for x in victims], force=True)
+            report = s.evict_many([x.id for x in victims], force=True)
+            nodes = list(report.prefix_nodes_dropped) if report else []
             if forget:
                 for x in victims:
                     x.state = SegmentState.FORGOTTEN
         if any(ref in x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = self._replayed(s)
-        return victims, s.fingerprint(), s.replay_fingerprint()
+        return victims, nodes, s.fingerprint(), s.replay_fingerprint()
 
     def _replayed(self, s: Session) -> Session:
         """A fresh exact session with the same ledger (live segments replayed)."""

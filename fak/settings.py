@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.errors import FakError
@@ -68,6 +69,11 @@ class Settings(BaseSettings):
         token = _CONFIG_FILE.set(Path(path) if path else None)
         try:
             return cls(**overrides)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            source = f" (config file {path})" if path else ""
+            raise SettingsError(f"setting {where}: {err['msg']}{source}") from None
         finally:
             _CONFIG_FILE.reset(token)
 
@@ -77,8 +83,6 @@ class Settings(BaseSettings):
 
 
 # --- the optional config file -------------------------------------------------
-from contextvars import ContextVar  # noqa: E402
-
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("fak_config_file", default=None)
 
 
@@ -88,10 +92,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            data = yaml.safe_load(text) or {}
+        data = tomllib.loads(text) if path.suffix == ".toml" else (yaml.safe_load(text) or {})
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise SettingsError(f"{path}: {exc}") from exc
     if not isinstance(data, dict):

@@ -192,7 +192,9 @@ class KVCache:
         return "blake3:" + h.hexdigest()
 
 
-def _bytes(t: torch.Tensor) -> memoryview:
+def _bytes(t: torch.Tensor) -> memoryview | bytes:
+    if t.numel() == 0:  # an empty cache (numpy cannot cast a zero-size view)
+        return b""
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)

@@ -66,6 +66,7 @@ class EvictionReport:
     rows_replayed: int
     seconds: float
     fingerprint: str
+    prefix_nodes_dropped: tuple[str, ...] = ()  # prefix-cache nodes that had attended to the span
 
 
 class Session:
@@ -344,9 +345,10 @@ class Session:
             self.ledger.renumber()
             exactness = "approximate"
         self._messages.pop(seg.id, None)
+        dropped: list[str] = []
         if self.prefix is not None and seg.ref:
             # nobody may be served KV that attended to an evicted span
-            self.prefix.cache.drop_ref(self.prefix.namespace, seg.ref)
+            dropped = self.prefix.cache.drop_ref(self.prefix.namespace, seg.ref)
         report = EvictionReport(
             segment_id=seg.id,
             ref=seg.ref,
@@ -356,6 +358,7 @@ class Session:
             rows_replayed=replayed,
             seconds=time.perf_counter() - t0,
             fingerprint=self.cache.fingerprint(),
+            prefix_nodes_dropped=tuple(dropped),
         )
         self._emit("evict", seg, report=report)
         return report
@@ -389,9 +392,10 @@ class Session:
             replayed += x.length
         if not later:
             self._last_logits = None
+        dropped: list[str] = []
         if self.prefix is not None:
-            for ref in {x.ref for x in segs if x.ref}:
-                self.prefix.cache.drop_ref(self.prefix.namespace, ref)
+            for ref in sorted({x.ref for x in segs if x.ref}):
+                dropped += self.prefix.cache.drop_ref(self.prefix.namespace, ref)
         report = EvictionReport(
             segment_id=",".join(x.id for x in segs),
             ref=first.ref if len(segs) == 1 else None,
@@ -401,6 +405,7 @@ class Session:
             rows_replayed=replayed,
             seconds=time.perf_counter() - t0,
             fingerprint=self.cache.fingerprint(),
+            prefix_nodes_dropped=tuple(dropped),
         )
         for seg in segs:
             self._emit("evict", seg, report=report)

@@ -1,0 +1,320 @@
+"""``Kernel``: the one object a newcomer, the API, the SDK, the CLI and the demo use.
+
+It owns the model and tokenizer, the policy (hot reload), the CAS, the audit
+log, the prefix cache (namespaces derived here from the tenant and the master
+secret, never passed in), the kernel state database and a registry of
+sessions. ``kernel/`` keeps the mechanics (model, KV, ledger, eviction);
+this module decides who may do what to which session, and records it.
+
+    from fak import Kernel
+    with Kernel.open() as k:
+        s = k.session("acme")
+        s.append("system", "You are a travel assistant.")
+        s.admit("flight_status", b"LH123 is on time, gate B22.")
+        print(s.chat("Is my flight on time?"))
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from fak.errors import InvalidInput, NotFound
+from fak.kernel.ledger import SegmentKind
+from fak.kernel.prefix_cache import PrefixCache
+from fak.kernel.prefix_cache import namespace as prefix_namespace
+from fak.kernel.session import EvictMode
+from fak.keys import load_master_secret, tenant_salt
+from fak.ksession import KernelSession, _ident
+from fak.settings import Settings
+from fak.state.store import StateStore, now_us
+from fak.types import check_tenant
+
+if TYPE_CHECKING:
+    from fak.audit import AuditLog
+    from fak.audit.receipt import ForgetReceipt
+    from fak.cas import CasStore
+    from fak.forget import QuarantineReport
+    from fak.kernel.loader import LoadedModel
+    from fak.kernel.session import Session
+    from fak.policy import Policy, PolicyHolder
+
+SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def default_policy_path() -> Path:
+    """The policy shipped in the package (``policy/default.yaml``)."""
+    return Path(str(importlib.resources.files("fak.policy").joinpath("default.yaml")))
+
+
+def _stderr(message: str) -> None:
+    print(f"[fak] {message}", file=sys.stderr, flush=True)
+
+
+class Kernel:
+    """Open with ``Kernel.open(settings)``; close with ``close()`` or a ``with`` block."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        lm: LoadedModel,
+        policy: PolicyHolder,
+        store: CasStore,
+        audit: AuditLog,
+        state: StateStore,
+        master: bytes,
+    ) -> None:
+        self.settings = settings
+        self._lm = lm
+        self._policy = policy
+        self.store = store
+        self.audit = audit
+        self.state = state
+        self._master = master
+        self.prefix: PrefixCache | None = (
+            PrefixCache(budget_bytes=settings.prefix_budget_bytes,
+                        namespace_budget_bytes=settings.tenant_prefix_budget_bytes)
+            if settings.prefix_cache else None
+        )  # fmt: skip
+        self._sessions: dict[tuple[str, str], KernelSession] = {}
+        self._registry = threading.RLock()
+        self._forget_lock = threading.Lock()
+        self._namespaces: dict[str, bytes] = {}
+        self._closed = False
+
+    # --- opening and closing --------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        settings: Settings | None = None,
+        *,
+        model: LoadedModel | None = None,
+        progress: Callable[[str], None] | None = _stderr,
+    ) -> Kernel:
+        """Open every part on one database (created and migrated as needed), load the
+        model (``model`` reuses one already loaded), and finish any forget a crash
+        interrupted."""
+        from fak.audit import AuditLog
+        from fak.cas import CasStore
+        from fak.cas.db import make_engine
+        from fak.kernel.loader import load_model
+        from fak.policy import PolicyHolder
+
+        settings = settings or Settings.load()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        url = settings.resolved_database_url
+        master = load_master_secret(settings.data_dir)
+        policy = PolicyHolder(settings.policy_path or default_policy_path())
+        lm = model or load_model(settings.model_path, progress=progress)
+        store = CasStore.open(settings.data_dir, url, master_secret=master)
+        audit = None
+        try:
+            audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
+                                  checkpoint_every=settings.audit_checkpoint_every,
+                                  checkpoint_ms=settings.audit_checkpoint_ms)
+            state = StateStore(make_engine(url))
+            kernel = cls(settings, lm, policy, store, audit, state, master)
+            kernel._log_policy(None, None)
+            kernel._resume_forgets(progress)
+        except BaseException:
+            if audit is not None:
+                audit.close()
+            store.close()
+            raise
+        return kernel
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._registry:
+            self._sessions.clear()
+        self.audit.close()
+        self.store.close()
+        self.state.engine.dispose()
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- what the kernel runs ---------------------------------------------------
+    @property
+    def model(self):  # noqa: ANN201 - fak.kernel.model.Llama
+        return self._lm.model
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - fak.kernel.tokenizer.ChatTokenizer
+        return self._lm.tokenizer
+
+    @property
+    def model_id(self) -> str:
+        return self._lm.model.model_id
+
+    @property
+    def tokenizer_id(self) -> str:
+        return self._lm.tokenizer.digest
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy.policy
+
+    def reload_policy(self, principal: str | None = None) -> Policy:
+        """Load the policy file again; a bad file raises its located error and keeps the old one."""
+        before = self.policy
+        error = self._policy.reload()
+        if error is not None:
+            raise error
+        self._log_policy(before.digest, principal)
+        return self.policy
+
+    def _log_policy(self, previous: str | None, principal: str | None) -> None:
+        from fak.audit import PolicyLoaded
+
+        p = self.policy
+        if previous == p.digest:
+            return
+        self.audit.append(PolicyLoaded(policy_id=_ident(p.name), policy_digest=p.digest, previous_digest=previous,
+                                       principal=_ident(principal) if principal else None))
+
+    def evict_mode(self) -> EvictMode:
+        """The active policy's eviction mode for a span in the middle of the cache."""
+        return EvictMode.REROPE if self.policy.spec.eviction.mode == "rerope" else EvictMode.AUTO
+
+    def namespace(self, tenant: str) -> bytes:
+        """The tenant's prefix-cache root: derived from the master secret, never from a request."""
+        ns = self._namespaces.get(tenant)
+        if ns is None:
+            ns = self._namespaces[tenant] = prefix_namespace(tenant_salt(self._master, tenant), self.model_id)
+        return ns
+
+    # --- sessions ---------------------------------------------------------------
+    def session(self, tenant: str, id: str | None = None) -> KernelSession:  # noqa: A002 - the API's word
+        """A new session of ``tenant`` (``id=None``, or an id not used yet is refused: see
+        ``create``), or the existing one named ``id``. Another tenant's id answers as an
+        unknown one does."""
+        tenant = check_tenant(tenant)
+        if id is None:
+            return self.create_session(tenant)
+        key = (tenant, _check_session_id(id))
+        with self._registry:
+            ks = self._sessions.get(key)
+            if ks is None:
+                found = self.state.session(tenant, id)
+                if found is None:
+                    raise NotFound(f"no session {id!r}")
+                ks = self._sessions[key] = KernelSession(self, tenant, id, found[0].created_us, fresh=False)
+            return ks
+
+    def create_session(self, tenant: str, id: str | None = None) -> KernelSession:  # noqa: A002
+        """A new, empty session (``id`` chosen by the caller or generated)."""
+        from fak.errors import Conflict
+
+        tenant = check_tenant(tenant)
+        sid = _check_session_id(id) if id is not None else "sess_" + uuid.uuid4().hex[:20]
+        with self._registry:
+            if (tenant, sid) in self._sessions or self.state.session(tenant, sid) is not None:
+                raise Conflict(f"session {sid!r} exists")
+            if len(self.state.session_ids(tenant)) >= self.settings.max_sessions_per_tenant:
+                raise Conflict(f"tenant has {self.settings.max_sessions_per_tenant} sessions, the most allowed")
+            ks = self._sessions[(tenant, sid)] = KernelSession(self, tenant, sid, now_us(), fresh=True)
+            return ks
+
+    def sessions(self, tenant: str) -> list[str]:
+        """Ids of the tenant's sessions, loaded or not, oldest first."""
+        return self.state.session_ids(check_tenant(tenant))
+
+    def _loaded_sessions(self) -> list[KernelSession]:
+        with self._registry:
+            return list(self._sessions.values())
+
+    def _enforce_kv_budget(self, keep: KernelSession | None = None) -> None:
+        """Offload idle sessions' KV, least recently used first, until the loaded KV fits."""
+        budget = self.settings.session_kv_budget_bytes
+        if budget is None:
+            return
+        loaded = [ks for ks in self._loaded_sessions() if ks.loaded]
+        total = sum(ks.kv_bytes for ks in loaded)
+        for ks in sorted(loaded, key=lambda x: x.last_used):
+            if total <= budget:
+                break
+            if ks is keep:
+                continue
+            size = ks.kv_bytes
+            if ks.offload():
+                total -= size
+
+    def _audit_rebuild(self, ks: KernelSession, s: Session, cause: str, seconds: float) -> None:
+        from fak.audit import SessionRebuilt
+
+        self.audit.append(SessionRebuilt(tenant=ks.tenant, session_id=ks.id, segments=len(s.ledger.live()),
+                                         tokens=s.cache.length, fingerprint=s.fingerprint(), cause=cause))
+
+    # --- refs ------------------------------------------------------------------
+    def tool_text(self, tenant: str, ref: str) -> str:
+        """A tool result's text as it enters attention (bytes from the CAS, re-verified)."""
+        return self.store.get(ref, tenant).decode("utf-8", errors="replace")
+
+    def kv_exists_elsewhere(self, tenant: str, ref: str, session_id: str) -> bool:
+        """Whether KV of ``ref`` is held by another of the tenant's loaded sessions or its prefix cache."""
+        for ks in self._loaded_sessions():
+            mech = ks._mech
+            if ks.tenant == tenant and ks.id != session_id and mech is not None and any(
+                x.ref == ref and x.kind is SegmentKind.TOOL for x in mech.ledger.live()
+            ):
+                return True
+        if self.prefix is not None:
+            return any(ref in n.prov for n in self.prefix.nodes(self.namespace(tenant)))
+        return False
+
+    def cas_key_of(self, tenant: str, ref: str) -> tuple[str | None, int | None]:
+        """The data key id and KEK version that encrypt a ref (recorded before a shred)."""
+        from fak.cas.schema import Blob, DataKey
+
+        with self.store.engine.connect() as conn:
+            key_id = conn.scalar(sa.select(Blob.key_id).where(Blob.tenant == tenant, Blob.digest == ref))
+            if key_id is None:
+                return None, None
+            return key_id, conn.scalar(sa.select(DataKey.kek_version).where(DataKey.key_id == key_id))
+
+    # --- forget and late quarantine --------------------------------------------
+    def forget(
+        self, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
+    ) -> ForgetReceipt:
+        """Erase ``ref`` from every session, cache and store of the tenant; a signed receipt."""
+        from fak.forget import forget
+
+        return forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+
+    def quarantine(
+        self, tenant: str, ref: str, *, reason: str, principal: str | None = None
+    ) -> QuarantineReport:
+        """A late detection: evict ``ref`` from every live session of the tenant, refuse it after."""
+        from fak.forget import quarantine
+
+        return quarantine(self, tenant, ref, reason=reason, principal=principal)
+
+    def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
+        from fak.forget import resume
+
+        for row in self.state.pending_forgets():
+            if progress:
+                progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
+            resume(self, row)
+
+
+def _check_session_id(value: object) -> str:
+    import re
+
+    if not isinstance(value, str) or not re.fullmatch(SESSION_ID, value):
+        raise InvalidInput("a session id is 1-64 characters from letters, digits and . _ -, "
+                           "starting with a letter or digit")
+    return value

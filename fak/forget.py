@@ -1,0 +1,191 @@
+"""Forget and late quarantine across every session of a tenant (DESIGN.md, Forget).
+
+Forget, in this order, each step durable before the next:
+
+1. a ``fak_forgets`` row (the data key id is read now, before it is destroyed);
+2. ``ForgetRequested`` in the audit log;
+3. per session holding the ref (its own ref, content or attention provenance):
+   evict every segment derived from it (tool segments of the ref and generated
+   segments produced while it was live), RECOMPUTE the survivors, compare the
+   fingerprint with an independent replay of the surviving ledger (unequal: the
+   forget stops loudly and stays pending), and write the ledger together with
+   the forget's progress in one transaction;
+4. drop the tenant's prefix-cache nodes that attended to the ref;
+5. shred the CAS data key and ciphertext;
+6. ``ForgetCompleted`` (units, per-session fingerprints, key id, both indexes),
+   then the receipt: both events with inclusion proofs against one signed checkpoint.
+
+A crash anywhere leaves the row ``requested``; ``Kernel.open`` resumes it, and the
+steps above are idempotent. Forgetting a forgotten ref returns the first receipt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fak.errors import Conflict, FakError, NotFound
+from fak.kernel.ledger import SegmentKind, SegmentState
+from fak.kernel.session import EvictMode
+from fak.ksession import _ident
+from fak.state.schema import ForgetRow
+from fak.types import check_digest, check_tenant
+
+if TYPE_CHECKING:
+    from fak.audit.receipt import ForgetReceipt
+    from fak.facade import Kernel
+
+
+class ForgetFailed(FakError):
+    """A session did not reach the state of an independent replay of its survivors."""
+
+    code = "forget_failed"
+    status = 500
+
+
+FAULT_ENV = "FAK_FAULT"
+
+
+def fault_point(name: str) -> None:
+    """Crash-test hook: SIGKILL this process at the named point when ``$FAK_FAULT`` names it."""
+    if os.environ.get(FAULT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:
+    out = {"kind": kind, "id": unit_id}
+    if session_id is not None:
+        out["session_id"] = session_id
+    return out
+
+
+def forget(
+    k: Kernel, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
+) -> ForgetReceipt:
+    from fak.audit import ForgetRequested
+    from fak.audit.receipt import ForgetReceipt
+
+    tenant, ref = check_tenant(tenant), check_digest(ref)
+    principal = _ident(requested_by) if requested_by else None
+    why = _ident(reason) if reason else None
+    with k._forget_lock:
+        row = k.state.forget_row(tenant, ref)
+        if row is not None and row.state == "completed":
+            return ForgetReceipt.from_log(k.audit, row.completed_index)
+        if row is None:
+            head = k.store.head(ref, tenant)
+            if head is None:
+                raise NotFound(f"no ref {ref}")
+            if head.state == "forgotten":
+                raise Conflict(f"ref {ref} was erased outside the kernel (fak cas forget): no receipt can "
+                               "account for the sessions that held it")
+            request_id = "fgt_" + uuid.uuid4().hex[:24]
+            ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why)
+            key_id, kek_version = k.cas_key_of(tenant, ref)
+            row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, state="requested", principal=principal,
+                            reason=why, requested_index=None, completed_index=None, key_id=key_id,
+                            kek_version=kek_version, units="[]", sessions="[]")  # fmt: skip
+            k.state.start_forget(row)
+        return _run(k, row)
+
+
+def resume(k: Kernel, row: ForgetRow) -> ForgetReceipt:
+    with k._forget_lock:
+        return _run(k, row)
+
+
+def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
+    from fak.audit import ForgetCompleted, ForgetRequested
+    from fak.audit.receipt import ForgetReceipt
+
+    tenant, ref = row.tenant, row.ref
+    if row.requested_index is None:
+        row.requested_index = k.audit.append(ForgetRequested(
+            tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason))
+        k.state.update_forget(tenant, ref, requested_index=row.requested_index)
+    fault_point("forget.after_requested")
+    units: list[dict[str, str]] = json.loads(row.units)
+    sessions: list[dict[str, str]] = json.loads(row.sessions)
+    for sid in k.state.sessions_holding(tenant, ref):
+        ks = k.session(tenant, sid)
+        with ks._locked():
+            try:
+                victims, nodes, after, replay = ks._drop_derived(ref, forget=True)
+            except BaseException:
+                ks._discard()
+                raise
+            if after != replay:
+                ks._discard()
+                raise ForgetFailed(f"session {sid}: fingerprint after the drop {after} differs from an "
+                                   f"independent replay {replay}; the forget stays pending")
+            units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
+                      for x in victims]
+            units += [_unit("prefix_node", n) for n in nodes]
+            sessions = [x for x in sessions if x["session_id"] != sid]
+            sessions.append({"session_id": sid, "fingerprint_after": after, "fingerprint_replay": replay})
+            ks._persist(forget=(ref, {"units": json.dumps(units), "sessions": json.dumps(sessions)}))
+        fault_point("forget.after_session")
+    if k.prefix is not None:
+        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
+        k.state.update_forget(tenant, ref, units=json.dumps(units))
+    shred = k.store.forget(ref, tenant)
+    key_id = shred.key_id or row.key_id
+    kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version
+    fault_point("forget.before_completed")
+    index = k.audit.append(ForgetCompleted(
+        tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
+        units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
+    ))  # fmt: skip
+    k.state.update_forget(tenant, ref, state="completed", completed_index=index)
+    return ForgetReceipt.from_log(k.audit, index)
+
+
+@dataclass(frozen=True)
+class QuarantineReport:
+    ref: str
+    units: list[dict[str, str]]  # segments evicted, prefix nodes dropped
+    mode: str  # the policy's eviction mode
+    audit_index: int
+
+
+def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> QuarantineReport:
+    from fak.audit import RefQuarantined
+
+    tenant, ref = check_tenant(tenant), check_digest(ref)
+    head = k.store.head(ref, tenant)
+    if head is None:
+        raise NotFound(f"no ref {ref}")
+    who = _ident(principal) if principal else None
+    RefQuarantined(tenant=tenant, ref=ref, reason=_ident(reason), principal=who)  # validate first
+    mode = k.evict_mode()
+    units: list[dict[str, str]] = []
+    for sid in k.state.sessions_holding(tenant, ref):
+        ks = k.session(tenant, sid)
+        with ks._locked() as s:
+            victims = [x for x in s.ledger.live() if x.ref == ref]
+            if not victims:
+                continue
+            try:
+                if mode is EvictMode.REROPE:
+                    for x in victims:
+                        s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
+                else:
+                    s.evict_many([x.id for x in victims], force=True)
+                for x in victims:
+                    x.state = SegmentState.QUARANTINED
+                ks._persist()
+            except BaseException:
+                ks._discard()
+                raise
+            units += [_unit("segment", x.id, sid) for x in victims]
+    if k.prefix is not None:
+        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
+    if head.state != "forgotten":
+        k.store.set_taint(ref, tenant, "quarantined")
+    k.state.set_quarantined(tenant, ref, _ident(reason))
+    index = k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=_ident(reason), principal=who, units=units))
+    return QuarantineReport(ref=ref, units=units, mode=mode.value, audit_index=index)

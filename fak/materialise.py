@@ -1,0 +1,247 @@
+"""Materialisation: make a session's tool context a named working set, with a
+verdict and a reason for every piece (DESIGN.md, Verdicts).
+
+A working set names refs, or tags (``tag:NAME``, ``tool:NAME``) that select the
+tenant's refs in admission order, minus ``exclude``, under a token budget. After
+``materialise`` the session's live tool segments are exactly the placed pieces;
+system, user and assistant segments stay where they are. Pieces already live
+keep their place; the rest are appended in working-set order.
+
+Per piece:
+
+- ``HIT``: KV served without computing it: the piece was live and nothing before
+  it changed (``live``), or the tenant's prefix cache held it (``prefix_cache``). Exact.
+- ``FAULT`` (``paged_in``): no KV anywhere; the bytes are read from the CAS and prefilled.
+- ``RECOMPUTE``: KV exists but is invalid here: an earlier span was evicted
+  (``upstream_evicted``), it sits elsewhere (``position_changed``: another session
+  or prefix-cache entry of the tenant, or an earlier place in this session), or it
+  was admitted under another policy version and was re-gated (``policy_drift``).
+- ``REFUSE``: ``quarantined``, ``forgotten``, ``expired`` (older than the policy's
+  ``retention.tool_result_ttl_s``), ``policy_refused`` (the active policy's gate
+  does not allow it now), ``over_budget``.
+- ``ABSTAIN``: ``unknown_ref`` (no such ref for this tenant: another tenant's ref
+  answers the same, so the table is no existence oracle), ``unknown_tag``,
+  ``model_mismatch`` / ``tokenizer_mismatch`` (the working set was planned for
+  another model or tokenizer).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fak.errors import InvalidInput
+from fak.kernel.ledger import Segment, SegmentKind
+from fak.types import check_digest, check_id
+
+if TYPE_CHECKING:
+    from fak.kernel.session import Session
+    from fak.ksession import KernelSession
+
+MAX_PIECES = 4096
+
+
+class PieceVerdict(StrEnum):
+    HIT = "HIT"
+    FAULT = "FAULT"
+    RECOMPUTE = "RECOMPUTE"
+    REFUSE = "REFUSE"
+    ABSTAIN = "ABSTAIN"
+
+
+class WorkingSet(BaseModel):
+    """What a session's tool context should hold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refs: list[str] = Field(default_factory=list, max_length=MAX_PIECES,
+                            description="ref digests, or tag:NAME / tool:NAME selectors, in order")
+    exclude: list[str] = Field(default_factory=list, max_length=MAX_PIECES, description="refs or selectors left out")
+    budget_tokens: int | None = Field(None, ge=0, description="tokens the placed pieces may take together")
+    model_id: str | None = Field(None, description="the model the set was planned for (ABSTAIN if another)")
+    tokenizer_id: str | None = Field(None, description="the tokenizer the set was planned for")
+
+    @field_validator("refs", "exclude")
+    @classmethod
+    def _selectors(cls, items: list[str]) -> list[str]:
+        for item in items:
+            if item.startswith(("tag:", "tool:")):
+                check_id(item)
+            else:
+                check_digest(item)
+        return items
+
+
+@dataclass(frozen=True)
+class Piece:
+    selector: str  # as named in the working set
+    ref: str | None
+    verdict: PieceVerdict
+    reason: str
+    exact: bool | None = None  # for pieces placed in context
+    tokens: int = 0
+    segment_id: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"selector": self.selector, "ref": self.ref, "verdict": self.verdict.value, "reason": self.reason,
+                "exact": self.exact, "tokens": self.tokens, "segment_id": self.segment_id}
+
+
+@dataclass(frozen=True)
+class MaterialiseResult:
+    pieces: list[Piece]
+    evicted: list[str]  # segment ids of tool segments that left the context
+    ledger: list[dict[str, object]]
+    context_tokens: int
+    fingerprint: str
+    audit_index: int
+    seconds: float
+
+    def verdicts(self) -> dict[str, str]:
+        return {p.selector if p.ref is None else p.ref: p.verdict.value for p in self.pieces}
+
+
+def _expand(ks: KernelSession, items: list[str]) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    for item in items:
+        if item.startswith(("tag:", "tool:")):
+            tag = item[4:] if item.startswith("tag:") else item
+            digests = ks.kernel.state.refs_tagged(ks.tenant, tag)
+            out += [(item, d) for d in digests] or [(item, None)]
+        else:
+            out.append((item, item))
+    return out
+
+
+def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseResult:
+    """The session lock is held by the caller; a failure leaves the caller to discard ``s``."""
+    from fak.audit import Eviction, Materialisation
+    from fak.policy import GateContext, VerdictKind, gate
+
+    t0 = time.perf_counter()
+    k = ks.kernel
+    policy = k.policy
+    tenant = ks.tenant
+    excluded = {d for _, d in _expand(ks, ws.exclude) if d}
+    pieces: dict[int, Piece] = {}
+    keep: dict[int, Segment] = {}  # index → live segment kept in place
+    place: dict[int, tuple[str, str, bool]] = {}  # index → (ref, text, drifted) to append
+    seen: set[str] = set()
+    order: list[tuple[str, str | None]] = []
+    for sel, d in _expand(ks, ws.refs):
+        if d is not None and (d in excluded or d in seen):
+            continue
+        if d is not None:
+            seen.add(d)
+        order.append((sel, d))
+    if len(order) > MAX_PIECES:
+        raise InvalidInput(f"a working set resolves to at most {MAX_PIECES} pieces, not {len(order)}")
+    mismatch = None
+    if ws.model_id is not None and ws.model_id != k.model_id:
+        mismatch = "model_mismatch"
+    elif ws.tokenizer_id is not None and ws.tokenizer_id != k.tokenizer_id:
+        mismatch = "tokenizer_mismatch"
+    live_tools = {x.ref: x for x in s.ledger.live() if x.kind is SegmentKind.TOOL and x.ref}
+    ttl = policy.spec.retention.tool_result_ttl_s
+    now_us = time.time_ns() // 1000
+    for i, (sel, d) in enumerate(order):
+        def verdict(v: PieceVerdict, reason: str, i: int = i, sel: str = sel, d: str | None = d) -> None:
+            pieces[i] = Piece(sel, d, v, reason)
+
+        if mismatch:
+            verdict(PieceVerdict.ABSTAIN, mismatch)
+            continue
+        if d is None:
+            verdict(PieceVerdict.ABSTAIN, "unknown_tag")
+            continue
+        head = k.store.head(d, tenant)
+        if head is None:
+            verdict(PieceVerdict.ABSTAIN, "unknown_ref")
+            continue
+        meta = k.state.ref(tenant, d)
+        if head.state == "forgotten":
+            verdict(PieceVerdict.REFUSE, "forgotten")
+        elif head.taint == "quarantined" or (meta is not None and meta.quarantined):
+            verdict(PieceVerdict.REFUSE, "quarantined")
+        elif ttl is not None and meta is not None and now_us - meta.admitted_us > ttl * 1_000_000:
+            verdict(PieceVerdict.REFUSE, "expired")
+        else:
+            seg = live_tools.get(d)
+            admitted_under = seg.policy_digest if seg is not None else (meta.policy_digest if meta else None)
+            drifted = admitted_under != policy.digest
+            if seg is not None and not drifted:
+                keep[i] = seg
+                continue
+            data = k.store.get(d, tenant)
+            if drifted:
+                v = gate(policy, meta.tool if meta else "unknown", data,
+                         GateContext(media_type=head.media_type, tenant=tenant, session=ks.id, ref=d))
+                if v.enforced and v.kind is not VerdictKind.ALLOW:
+                    verdict(PieceVerdict.REFUSE, "policy_refused")
+                    continue
+            place[i] = (d, data.decode("utf-8", errors="replace"), drifted)
+    # budget: kept pieces first claim their tokens in order, then placed ones as they are rendered
+    budget = ws.budget_tokens
+    used = 0
+    for i in sorted(keep):
+        seg = keep[i]
+        if budget is not None and used + seg.length > budget:
+            del keep[i]
+            pieces[i] = Piece(order[i][0], seg.ref, PieceVerdict.REFUSE, "over_budget")
+        else:
+            used += seg.length
+    kept_ids = {id(x) for x in keep.values()}
+    leaving = [x for x in live_tools.values() if id(x) not in kept_ids]
+    first_gone = min((x.start for x in leaving), default=None)
+    earlier_places = {x.ref for x in s.ledger.segments if not x.live and x.kind is SegmentKind.TOOL}
+    if leaving:
+        s.evict_many([x.id for x in leaving], force=True)
+    for i, seg in keep.items():
+        moved = first_gone is not None and seg.start >= first_gone
+        pieces[i] = Piece(order[i][0], seg.ref, PieceVerdict.RECOMPUTE if moved else PieceVerdict.HIT,
+                          "upstream_evicted" if moved else "live", True, seg.length, seg.id)
+    tok = k.tokenizer
+    for i in sorted(place):
+        d, text, drifted = place[i]
+        message = {"role": "tool", "content": text}
+        history = [s._messages[x.id] for x in s.ledger.live() if x.id in s._messages]
+        ids = tok.encode_message(history, message)
+        if budget is not None and used + len(ids) > budget:
+            pieces[i] = Piece(order[i][0], d, PieceVerdict.REFUSE, "over_budget")
+            continue
+        before = s.prefix_hit_tokens
+        seg = s.append(SegmentKind.TOOL, tokens=ids, message=message, ref=d, verdict="ALLOW",
+                       rule="materialise", policy_digest=policy.digest)
+        used += seg.length
+        k.store.record_use(d, tenant, "segment", f"{ks.id}/{seg.id}")
+        if s.prefix_hit_tokens - before == seg.length:
+            v, reason = PieceVerdict.HIT, "prefix_cache"
+        elif drifted:
+            v, reason = PieceVerdict.RECOMPUTE, "policy_drift"
+        elif d in earlier_places or k.kv_exists_elsewhere(tenant, d, ks.id):
+            v, reason = PieceVerdict.RECOMPUTE, "position_changed"
+        else:
+            v, reason = PieceVerdict.FAULT, "paged_in"
+        pieces[i] = Piece(order[i][0], d, v, reason, True, seg.length, seg.id)
+    table = [pieces[i] for i in range(len(order))]
+    fingerprint = s.fingerprint()
+    for x in leaving:
+        k.audit.append(Eviction(tenant=tenant, session_id=ks.id, segment_id=x.id, ref=x.ref,
+                                mode="RECOMPUTE", exact=True, tokens=x.length, reason="materialise",
+                                fingerprint_after=fingerprint))
+    index = k.audit.append(Materialisation(
+        tenant=tenant, session_id=ks.id, policy_digest=policy.digest, budget_tokens=budget,
+        context_tokens=s.cache.length, fingerprint_after=fingerprint,
+        pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
+                 "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens}
+                for p in table],
+    ))  # fmt: skip
+    return MaterialiseResult(
+        pieces=table, evicted=[x.id for x in leaving], ledger=[x.summary() for x in s.ledger.segments],
+        context_tokens=s.cache.length, fingerprint=fingerprint, audit_index=index,
+        seconds=time.perf_counter() - t0,
+    )  # fmt: skip
