@@ -103,7 +103,7 @@ class Kernel:
         interrupted."""
         from fak.audit import AuditLog
         from fak.cas import CasStore
-        from fak.cas.db import make_engine
+        from fak.db import make_engine
         from fak.kernel.loader import load_model
         from fak.policy import PolicyHolder
 

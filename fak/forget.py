@@ -176,7 +176,7 @@ def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str 
                 else:
                     s.evict_many([x.id for x in victims], force=True)
                 for x in victims:
-                    x.state = SegmentState.QUARANTINED
+                    x.mark(SegmentState.QUARANTINED)
                 ks._persist()
             except BaseException:
                 ks._discard()

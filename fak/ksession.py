@@ -163,7 +163,8 @@ class KernelSession:
                 tenant=self.tenant, session_id=self.id, id=seg.id, seq=i, kind=seg.kind.value,
                 state=seg.state.value, ref=seg.ref, verdict=seg.verdict, rule=seg.rule,
                 policy_digest=seg.policy_digest, protected=seg.protected, chunks=json.dumps(seg.chunks),
-                ntokens=seg.length, tokens=pack_tokens(seg.tokens) if keep else None,
+                ntokens=seg.length if seg.live else seg.removed_tokens,
+                tokens=pack_tokens(seg.tokens) if keep else None,
                 message_role=message["role"] if keep and message else None,
                 message_text=message["content"] if keep and message else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
@@ -193,7 +194,8 @@ class KernelSession:
             if state is not SegmentState.LIVE:
                 seg = Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
                               verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
-                              content=frozenset(content), protected=row.protected)  # fmt: skip
+                              content=frozenset(content), protected=row.protected,
+                              provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens)
                 s.ledger.append(seg)
                 continue
             if kind is SegmentKind.TOOL:
@@ -214,7 +216,8 @@ class KernelSession:
         if s.fingerprint() != head.fingerprint:
             raise StateError(f"session {self.id} rebuilt to fingerprint {s.fingerprint()}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
-        k._audit_rebuild(self, s, self._cause, time.perf_counter() - t0)
+        if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
+            k._audit_rebuild(self, s, self._cause, time.perf_counter() - t0)
         self._cause = "restart"
         return s
 
@@ -402,7 +405,14 @@ class KernelSession:
         """Make the session's tool context the working set; see ``fak.materialise``."""
         from fak.materialise import WorkingSet, materialise
 
-        ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
+        from pydantic import ValidationError
+
+        try:
+            ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "working set"
+            raise InvalidInput(f"working set {where}: {err['msg']}") from None
         with self._locked() as s:
             try:
                 result = materialise(self, s, ws)
@@ -426,7 +436,7 @@ class KernelSession:
             nodes = list(report.prefix_nodes_dropped) if report else []
             if forget:
                 for x in victims:
-                    x.state = SegmentState.FORGOTTEN
+                    x.mark(SegmentState.FORGOTTEN)
         if any(ref in x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = self._replayed(s)
         return victims, nodes, s.fingerprint(), s.replay_fingerprint()

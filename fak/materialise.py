@@ -214,6 +214,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
             pieces[i] = Piece(order[i][0], d, PieceVerdict.REFUSE, "over_budget")
             continue
         before = s.prefix_hit_tokens
+        existed = d in earlier_places or k.kv_exists_elsewhere(tenant, d, ks.id)  # before this append inserts it
         seg = s.append(SegmentKind.TOOL, tokens=ids, message=message, ref=d, verdict="ALLOW",
                        rule="materialise", policy_digest=policy.digest)
         used += seg.length
@@ -222,7 +223,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
             v, reason = PieceVerdict.HIT, "prefix_cache"
         elif drifted:
             v, reason = PieceVerdict.RECOMPUTE, "policy_drift"
-        elif d in earlier_places or k.kv_exists_elsewhere(tenant, d, ks.id):
+        elif existed:
             v, reason = PieceVerdict.RECOMPUTE, "position_changed"
         else:
             v, reason = PieceVerdict.FAULT, "paged_in"

@@ -52,6 +52,13 @@ class Segment:
     content: frozenset[str] = frozenset()
     protected: bool = False
     policy_digest: str | None = None  # the policy that admitted it (tool segments)
+    removed_tokens: int = 0  # how many rows it held when it was evicted
+
+    def mark(self, state: SegmentState) -> None:
+        """Take the segment out of the cache's live set (its rows are being removed)."""
+        if self.live:
+            self.removed_tokens = self.length
+        self.state = state
 
     @property
     def attention(self) -> frozenset[str]:
@@ -79,8 +86,8 @@ class Segment:
             "id": self.id,
             "kind": self.kind.value,
             "ref": self.ref,
-            "start": self.start,
-            "length": self.length,
+            "start": self.start if self.live else None,
+            "length": self.length if self.live else self.removed_tokens,
             "state": self.state.value,
             "verdict": self.verdict,
             "rule": self.rule,

@@ -329,7 +329,7 @@ class Session:
         replayed = 0
         if mode in (EvictMode.WRITE_TIME, EvictMode.RECOMPUTE):
             self.cache.truncate(seg.start)
-            seg.state = SegmentState.EVICTED
+            seg.mark(SegmentState.EVICTED)
             self.ledger.renumber()
             for s in later:
                 s.provenance = self._provenance_before(self.ledger.index(s)) | ({s.ref} if s.ref else set())
@@ -341,7 +341,7 @@ class Session:
         else:
             self._rerope_remove(seg)
             self.approximate = True
-            seg.state = SegmentState.EVICTED
+            seg.mark(SegmentState.EVICTED)
             self.ledger.renumber()
             exactness = "approximate"
         self._messages.pop(seg.id, None)
@@ -382,7 +382,7 @@ class Session:
         removed = sum(x.length for x in segs)
         self.cache.truncate(first.start)
         for seg in segs:
-            seg.state = SegmentState.EVICTED
+            seg.mark(SegmentState.EVICTED)
             self._messages.pop(seg.id, None)
         self.ledger.renumber()
         replayed = 0
@@ -423,6 +423,7 @@ class Session:
         """Evict by row range; the range must be exactly one live segment."""
         return self.evict(self.ledger.at_rows(start, end).id, mode)
 
+    @torch.inference_mode()
     def _rerope_remove(self, seg: Segment) -> None:
         cache = self.cache
         start = seg.start

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from fak.db import WRITE
 from fak.errors import FakError
 from fak.state.schema import ForgetRow, RefRow, SegmentRow, SessionRow
 
@@ -59,11 +60,13 @@ class StateStore:
         self.engine = engine
         upgrade(engine)
         self._session = sessionmaker(engine, expire_on_commit=False)
-        self._seq = 0
+        # writers take SQLite's write lock up front (fak.db): a read-then-write never fails
+        # half way because the audit writer committed in between
+        self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
 
     @contextmanager
     def tx(self) -> Iterator[OrmSession]:
-        with self._session() as s, s.begin():
+        with self._writer() as s, s.begin():
             yield s
 
     # --- sessions -------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""Forget across every session, cache and store of a tenant, with a receipt that
+verifies offline; resumption after a crash between its two events; late quarantine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from kernel_facade_helpers import CLEAN, LOUNGE, WEATHER, events, kernel, settings, tiny_dir, tiny_lm  # noqa: F401
+
+from fak import Kernel
+from fak.audit.receipt import verify_receipt
+from fak.cas.errors import CasError
+from fak.errors import FakError, NotFound
+from fak.kernel.ledger import SegmentKind
+
+FAK = str(Path(sys.executable).with_name("fak"))
+SECRET = b"Booking reference QX7Y2Z for passenger Ada Lovelace, card ending 4242, seat 14C."
+
+
+def _holding(k: Kernel, tenant: str) -> dict[str, object]:
+    """Three sessions that hold one ref: in the middle, repeated by an assistant turn, at the tail."""
+    middle = k.session(tenant)
+    middle.append("system", "You are a travel assistant.")
+    middle.append("user", "What is my booking?")
+    ref = middle.admit("booking", SECRET).ref
+    middle.append("user", "And the weather?")
+    middle.admit("weather", WEATHER)
+    repeated = k.session(tenant)
+    repeated.append("system", "You are a travel assistant.")
+    repeated.append("user", "What is my booking?")
+    repeated.admit("booking", SECRET)
+    list(repeated.generate(max_tokens=5, min_tokens=5))  # may repeat the ref's bytes
+    repeated.append("user", "Thanks.")
+    tail = k.session(tenant)
+    tail.append("system", "You are a travel assistant.")
+    tail.admit("lounge", LOUNGE)
+    tail.admit("booking", SECRET)
+    return {"ref": ref, "sessions": [middle, repeated, tail]}
+
+
+def _replay(k: Kernel, tenant: str, s) -> str:  # noqa: ANN001
+    """An independent never-saw session: the survivors' tokens only, no prefix cache."""
+    from fak.kernel.session import Session
+
+    fresh = Session(k.model, k.tokenizer, tenant=tenant, chunk_size=k.settings.chunk_size)
+    for seg in s._loaded().ledger.live():
+        fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks)
+    return fresh.fingerprint()
+
+
+def test_forget_is_transitive(kernel, tmp_path) -> None:
+    k = kernel
+    held = _holding(k, "acme")
+    ref, sessions = held["ref"], held["sessions"]
+    other = k.session("globex")
+    other.append("system", "You are a travel assistant.")
+    other.append("user", "What is my booking?")
+    other_ref = other.admit("booking", SECRET).ref
+    assert other_ref != ref  # keyed digests: the same bytes are another ref for another tenant
+    other_fp = other.fingerprint()
+    other_nodes = sorted(n.id for n in k.prefix.nodes(k.namespace("globex")))
+    assert any(ref in n.prov for n in k.prefix.nodes(k.namespace("acme")))
+    assistant = [x for x in sessions[1].ledger() if x["kind"] == "assistant"][0]
+    assert ref in assistant["content_provenance"]
+
+    receipt = k.forget("acme", ref, requested_by="dpo@acme", reason="gdpr_art17")
+
+    dropped = {(u.kind, u.session_id, u.id) for u in receipt.units_dropped}
+    assert ("generated_segment", sessions[1].id, assistant["id"]) in dropped
+    assert {sid for _, sid, _ in dropped if sid} == {s.id for s in sessions}
+    assert any(kind == "prefix_node" for kind, _, _ in dropped)
+    by_session = {x.session_id: x for x in receipt.sessions}
+    for s in sessions:
+        live = [x for x in s.ledger() if x["state"] == "live"]
+        assert all(x["ref"] != ref and ref not in x["content_provenance"] and ref not in x["provenance"]
+                   for x in live)
+        assert ref not in s.refs()
+        fp = s.fingerprint()
+        assert fp == by_session[s.id].fingerprint_after == by_session[s.id].fingerprint_replay == _replay(k, "acme", s)
+    assert not any(ref in n.prov for n in k.prefix.nodes(k.namespace("acme")))
+    # the store no longer returns the bytes; the durable ledger holds no tokens of dropped segments
+    with pytest.raises(CasError):
+        k.store.get(ref, "acme")
+    assert k.store.head(ref, "acme").state == "forgotten"
+    with k.state.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT state, tokens, message_text FROM fak_segments "
+                                    "WHERE tenant = 'acme' AND (ref = :r OR content LIKE :p)"),
+                            {"r": ref, "p": f"%{ref}%"}).all()
+    assert rows and all(r.state == "forgotten" and r.tokens is None and r.message_text is None for r in rows)
+    # the other tenant is untouched: session, cache entries, bytes
+    assert other.fingerprint() == other_fp
+    assert sorted(n.id for n in k.prefix.nodes(k.namespace("globex"))) == other_nodes
+    assert k.store.get(other_ref, "globex") == SECRET
+    # materialising the forgotten ref is refused; forgetting again returns the first receipt
+    result = sessions[2].materialise({"refs": [ref]})
+    assert [(p.verdict.value, p.reason) for p in result.pieces] == [("REFUSE", "forgotten")]
+    assert k.forget("acme", ref) == receipt
+    with pytest.raises(NotFound):
+        k.forget("globex", ref)  # another tenant's ref answers as an unknown one
+    # the receipt verifies offline with the pinned key, as does the whole log
+    assert verify_receipt(receipt, k.audit.public_key())
+    path = tmp_path / "receipt.json"
+    path.write_text(receipt.model_dump_json())
+    ok = subprocess.run([FAK, "audit", "verify-receipt", str(path), "--pubkey", k.audit.public_key()],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr + ok.stdout
+    forged = json.loads(path.read_text())
+    forged["sessions"][0]["fingerprint_after"] = "blake3:" + "0" * 64
+    path.write_text(json.dumps(forged))
+    bad = subprocess.run([FAK, "audit", "verify-receipt", str(path), "--pubkey", k.audit.public_key()],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1
+    types = [e.type for e in events(k)]
+    assert types.count("forget_requested") == 1 and types.count("forget_completed") == 1
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from fak import Kernel, Settings
+    data, model, tenant = sys.argv[1], sys.argv[2], sys.argv[3]
+    k = Kernel.open(Settings(data_dir=data, model_path=model, chunk_size=16), progress=None)
+    ref = json.load(open(data + "/ref.json"))["ref"]
+    k.forget(tenant, ref, requested_by="ops", reason="crash_test")
+    print("forget returned")
+""")
+
+
+@pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_completed"])
+def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:  # noqa: F811
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        held = _holding(k, "acme")
+        ref = held["ref"]
+        ids = [s.id for s in held["sessions"]]
+        (settings.data_dir / "ref.json").write_text(json.dumps({"ref": ref}))
+    env = os.environ | {"FAK_FAULT": point}
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(settings.data_dir), str(tiny_dir), "acme"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == -9, run.stderr  # SIGKILL at the named point
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:  # resumes the forget
+        row = k.state.forget_row("acme", ref)
+        assert row.state == "completed"
+        receipt = k.forget("acme", ref)
+        assert receipt.request_id == row.request_id
+        assert verify_receipt(receipt, k.audit.public_key())
+        assert {x.session_id for x in receipt.sessions} == set(ids)
+        assert sum(u.kind in ("segment", "generated_segment") for u in receipt.units_dropped) == 4
+        types = [e.type for e in events(k)]
+        assert types.count("forget_requested") == 1 and types.count("forget_completed") == 1
+        for sid in ids:
+            s = k.session("acme", sid)
+            assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint()
+        assert k.store.head(ref, "acme").state == "forgotten"
+
+
+def test_late_quarantine_evicts_everywhere(kernel) -> None:
+    k = kernel
+    held = _holding(k, "acme")
+    ref, sessions = held["ref"], held["sessions"]
+    other = k.session("globex")
+    other.append("system", "You are a travel assistant.")
+    other_ref = other.admit("booking", SECRET).ref
+    report = k.quarantine("acme", ref, reason="slow_detector", principal="classifier")
+    assert {u["session_id"] for u in report.units if u["kind"] == "segment"} == {s.id for s in sessions}
+    for s in sessions:
+        states = {x["state"] for x in s.ledger() if x["ref"] == ref and x["kind"] == "tool"}
+        assert states == {"quarantined"}
+        assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint()
+    # generated turns keep their content provenance: quarantine is not forget
+    assistant = [x for x in sessions[1].ledger() if x["kind"] == SegmentKind.ASSISTANT.value][0]
+    assert assistant["state"] == "live"
+    assert not any(ref in n.prov for n in k.prefix.nodes(k.namespace("acme")))
+    assert k.store.get(ref, "acme") == SECRET  # nothing shredded
+    result = sessions[0].materialise({"refs": [ref]})
+    assert [(p.verdict.value, p.reason) for p in result.pieces] == [("REFUSE", "quarantined")]
+    (ev,) = events(k, "ref_quarantined")
+    assert ev.ref == ref and ev.reason == "slow_detector" and ev.tenant == "acme"
+    assert ref in other.refs() or other_ref in other.refs()
+    with pytest.raises(FakError):
+        k.quarantine("acme", "blake3k:" + "0" * 64, reason="x")
