@@ -1,42 +1,59 @@
 """CAS errors. All are FakErrors so the CLI and the API show the message, not a
-traceback. A tenant asking for another tenant's digest gets ``NotFound``, the
-same error as for a digest nobody stored: no existence oracle across tenants."""
+traceback, and each has a stable ``code`` (see ``fak.errors``). A tenant asking
+for another tenant's digest gets ``NotFound``, the same error as for a digest
+nobody stored: no existence oracle across tenants."""
 
 from __future__ import annotations
 
+from fak import errors
 from fak.errors import FakError
 
 
 class CasError(FakError):
     """Base class of every CAS error."""
 
+    code = "cas_error"
+    status = 500
 
-class InvalidDigest(CasError, ValueError):
+
+class InvalidInput(errors.InvalidInput, CasError):
+    """A bad tenant, media type, taint or unit name (code ``invalid_input``)."""
+
+
+class InvalidDigest(InvalidInput):
     """A digest string that does not follow the grammar fak accepts."""
 
+    code = "invalid_digest"
+    status = 400
 
-class InvalidInput(CasError, ValueError):
-    """A bad tenant, media type, taint or unit name."""
 
-
-class NotFound(CasError, KeyError):
-    """No such ref for this tenant (also: the ref belongs to another tenant)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else "not found"
+class NotFound(errors.NotFound, CasError):
+    """No such ref for this tenant (also: the ref belongs to another tenant); code ``not_found``."""
 
 
 class Forgotten(CasError):
     """The ref was forgotten: its key and ciphertext were destroyed."""
 
+    code = "forgotten"
+    status = 410
+
 
 class IntegrityError(CasError):
     """Stored bytes do not match their digest, size or authentication tag."""
+
+    code = "integrity_error"
+    status = 500
 
 
 class TooLarge(CasError):
     """The blob exceeds the store's configured maximum size."""
 
+    code = "too_large"
+    status = 413
+
 
 class KeyMismatch(CasError):
     """The master secret / KEK does not match the one this store was created with."""
+
+    code = "key_mismatch"
+    status = 500

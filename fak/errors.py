@@ -1,7 +1,110 @@
-"""Error base class: anything raised as a FakError is a user-facing problem
-(bad input, missing file, refused operation) and the CLI prints its message
-without a traceback."""
+"""Error base class and the errors every layer shares.
+
+Anything raised as a FakError is a user-facing problem (bad input, missing file,
+refused operation): the CLI prints its message without a traceback, and the API
+turns it into ``application/problem+json`` whose ``type`` is the class's stable
+``code`` and whose status is its ``status`` hint.
+
+Every subclass either names its own ``code`` (snake_case, unique across fak) or
+inherits its parent's; ``error_codes()`` lists them all. A layer's "not found"
+subclasses ``NotFound`` rather than inventing a new code, so a client needs to
+know a handful of codes, not one per layer.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CODE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+_REGISTRY: dict[str, type[FakError]] = {}  # code -> the class that defined it
 
 
 class FakError(Exception):
-    """A clear, user-facing error. Subclass per layer."""
+    """A clear, user-facing error. Subclass per layer (set ``code`` and ``status``)."""
+
+    code: str = "internal"
+    status: int = 500
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+
+
+def _register(cls: type[FakError]) -> None:
+    code, status = cls.code, cls.status
+    if not isinstance(code, str) or not _CODE.fullmatch(code):
+        raise TypeError(f"{cls.__qualname__}.code must be snake_case, got {code!r}")
+    if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
+        raise TypeError(f"{cls.__qualname__}.status must be an HTTP status (int), got {status!r}")
+    if "code" not in cls.__dict__:  # inherited: registered by the ancestor that defined it
+        if status != _REGISTRY[code].status:
+            raise TypeError(f"{_name(cls)} changes the status of code {code!r}: give it a code of its own")
+        return
+    owner = _REGISTRY.get(code)
+    if owner is None or _name(owner) == _name(cls):  # new, or the same class redefined (reload)
+        _REGISTRY[code] = cls
+    elif not issubclass(cls, owner):
+        raise TypeError(f"error code {code!r} of {_name(cls)} is already used by {_name(owner)}")
+    elif owner.status != status:
+        raise TypeError(f"{_name(cls)} repeats the code {code!r} of {_name(owner)} with another status")
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_REGISTRY[FakError.code] = FakError
+
+
+def error_codes() -> dict[str, int]:
+    """Every registered error code and its status hint, e.g. ``{"not_found": 404, ...}``.
+    Only classes whose modules have been imported are listed."""
+    return {code: cls.status for code, cls in sorted(_REGISTRY.items())}
+
+
+def error_class(code: str) -> type[FakError] | None:
+    """The class that defined ``code`` (None if no imported class did)."""
+    return _REGISTRY.get(code)
+
+
+class InvalidInput(FakError, ValueError):
+    """A malformed argument: a bad tenant, id, digest, URL, media type ..."""
+
+    code = "invalid_input"
+    status = 400
+
+
+class NotFound(FakError):
+    """No such thing for this caller (also: it belongs to another tenant, so that the
+    answer is no existence oracle)."""
+
+    code = "not_found"
+    status = 404
+
+
+class Conflict(FakError):
+    """The operation contradicts the current state (a concurrent change, a duplicate)."""
+
+    code = "conflict"
+    status = 409
+
+
+class Forbidden(FakError):
+    """The caller may not do this (policy, role or tenant)."""
+
+    code = "forbidden"
+    status = 403
+
+
+class Unavailable(FakError):
+    """A dependency (database, model, audit log) cannot serve now; retrying may help."""
+
+    code = "unavailable"
+    status = 503
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr`` of a value for an error message, cut to ``limit`` characters so that a
+    huge or hostile input does not flood a log line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

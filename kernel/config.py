@@ -12,6 +12,9 @@ from fak.errors import FakError
 class ModelError(FakError):
     """The model file is missing, unreadable or not of a supported architecture."""
 
+    code = "model_error"
+    status = 500
+
 
 @dataclass(frozen=True)
 class RopeScaling:

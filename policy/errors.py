@@ -24,6 +24,9 @@ class Located:
 class PolicyError(FakError):
     """A policy that cannot be loaded; ``problems`` holds every located error."""
 
+    code = "policy_invalid"
+    status = 400
+
     def __init__(self, problems: list[Located]) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
