@@ -24,14 +24,14 @@ from pydantic import (
 )
 
 from fak.audit.errors import AuditError
+from fak.types import TENANT_PATTERN, Digest, Id
 
 MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
 
-# An identifier or code: no spaces, quotes or newlines, short.
-Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@/+=-]{1,128}$")]
-# An OCI-style digest, e.g. blake3:<64 hex>, blake3k:<64 hex>, sha256:<64 hex>.
-Digest = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-f]{32,128}$")]
-Tenant = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:@-]{0,64}$")]
+# Id (an identifier or code: no spaces, quotes or newlines, short) and Digest (OCI-style,
+# e.g. blake3:<64 hex>, blake3k:<64 hex>, sha256:<64 hex>) are fak.types', shared by
+# every layer. The log records system events under the empty tenant: "" or a Tenant.
+SystemOrTenant = Annotated[str, StringConstraints(strict=True, pattern=rf"^(?:{TENANT_PATTERN[1:-1]})?$")]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 
@@ -42,7 +42,7 @@ def now_ms() -> int:
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant: Tenant = ""  # "" is the system
+    tenant: SystemOrTenant = ""  # "" is the system
     ts: Count = Field(default_factory=now_ms)  # milliseconds since the Unix epoch
 
     @field_validator("tenant", mode="before")

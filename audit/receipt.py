@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from fak.audit import merkle, note
 from fak.audit.checkpoint import open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
-from fak.audit.events import Digest, DroppedUnit, ForgetCompleted, Id, Tenant, parse_event
+from fak.audit.events import Digest, DroppedUnit, ForgetCompleted, Id, SystemOrTenant, parse_event
 from fak.audit.proofs import InclusionProof
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class ForgetReceipt(BaseModel):
 
     ref: Digest
     request_id: Id
-    tenant: Tenant = ""
+    tenant: SystemOrTenant = ""
     units_dropped: list[DroppedUnit]
     fingerprint_after: Digest
     fingerprint_replay: Digest

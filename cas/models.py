@@ -11,8 +11,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from fak import errors, types
 from fak.cas.digest import Digest
 from fak.cas.errors import InvalidInput
+from fak.errors import shown
+from fak.types import Tenant
 
 Taint = Literal["untrusted", "trusted", "quarantined"]
 State = Literal["live", "forgotten"]
@@ -21,34 +24,33 @@ TAINTS: tuple[str, ...] = ("trusted", "untrusted", "quarantined")  # least to mo
 # RFC 6838 type/subtype (restricted-name), optional ";param=value" list.
 _NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
 _MEDIA = re.compile(rf"{_NAME}/{_NAME}(?:\s*;\s*[A-Za-z0-9!#$&^_.+-]+=(?:[A-Za-z0-9!#$&^_.+-]+|\"[^\"\\]*\"))*")
-_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 _UNIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@#-]{0,255}")
 
 
 def check_media_type(value: str) -> str:
     if not isinstance(value, str) or not _MEDIA.fullmatch(value):
-        raise InvalidInput(f"invalid media type {value!r}: expected 'type/subtype', e.g. 'text/plain'")
+        raise InvalidInput(f"invalid media type {shown(value)}: expected 'type/subtype', e.g. 'text/plain'")
     return value
 
 
 def check_tenant(value: str) -> str:
-    if not isinstance(value, str) or not _TENANT.fullmatch(value):
-        raise InvalidInput(
-            f"invalid tenant {value!r}: 1-128 characters from letters, digits and . _ @ -, starting alphanumeric"
-        )
-    return value
+    """The one tenant grammar (``fak.types``), raising the CAS's ``InvalidInput``."""
+    try:
+        return types.check_tenant(value)
+    except errors.InvalidInput as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def check_taint(value: str) -> str:
     if value not in TAINTS:
-        raise InvalidInput(f"invalid taint {value!r}: one of {', '.join(TAINTS)}")
+        raise InvalidInput(f"invalid taint {shown(value)}: one of {', '.join(TAINTS)}")
     return value
 
 
 def check_unit(kind: str, unit_id: str) -> None:
     for what, value in (("unit kind", kind), ("unit id", unit_id)):
         if not isinstance(value, str) or not _UNIT.fullmatch(value):
-            raise InvalidInput(f"invalid {what} {value!r}: 1-256 characters from letters, digits and . _ : / @ # -")
+            raise InvalidInput(f"invalid {what} {shown(value)}: 1-256 characters from letters, digits and . _ : / @ # -")
 
 
 def stricter(a: str, b: str) -> str:
@@ -74,7 +76,7 @@ class Ref(BaseModel):
     digest: Digest
     size: int = Field(ge=0)
     media_type: Annotated[str, _v(check_media_type)]
-    tenant: Annotated[str, _v(check_tenant)]
+    tenant: Tenant
     taint: Taint = "untrusted"
     created_at: datetime
     state: State = "live"
@@ -97,7 +99,7 @@ class ShredRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     digest: Digest
-    tenant: str
+    tenant: Tenant
     size: int
     forgotten_at: datetime
     key_id: str | None = Field(description="id of the destroyed wrapped data key (None: blob was stored unencrypted)")
