@@ -18,11 +18,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from fak import db
 from fak.audit.errors import AuditError
+from fak.errors import InvalidInput
 
 VERSION_TABLE = "fak_audit_alembic_version"
 PG_LOCK_KEY = 0x6661_6B61_7564  # "fakaud": the advisory lock serialising writers
-WRITE = "fak_audit_write"  # execution option marking a writer transaction
+WRITE = db.WRITE  # execution option marking a writer transaction (SQLite: BEGIN IMMEDIATE)
 
 
 class Base(DeclarativeBase):
@@ -58,32 +60,13 @@ nodes_t = NodeRow.__table__
 checkpoints_t = CheckpointRow.__table__
 
 
-def make_engine(url: str) -> Engine:
-    """Engine with the durability settings of docs/audit.md and a writer lock on begin."""
-    is_sqlite = url.startswith("sqlite")
+def make_engine(url: str, *, durable: bool = True) -> Engine:
+    """``fak.db.make_engine`` (WAL, ``synchronous=FULL`` when durable, writers ``BEGIN
+    IMMEDIATE``), a bad URL raised as an AuditError."""
     try:
-        engine = sa.create_engine(url, connect_args={"timeout": 60} if is_sqlite else {})
-    except (sa.exc.ArgumentError, ImportError) as exc:
-        raise AuditError(f"bad audit database URL {url!r}: {exc}") from None
-    if is_sqlite:
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-
-        @sa.event.listens_for(engine, "connect")
-        def _connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute("PRAGMA busy_timeout=60000")
-            cur.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _begin(conn: Connection) -> None:
-            # writers take SQLite's write lock up front; readers stay deferred (WAL snapshot)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN")
-
-    return engine
+        return db.make_engine(url, durable=durable)
+    except InvalidInput as exc:
+        raise AuditError(str(exc)) from None
 
 
 def migrate(engine: Engine) -> None:
@@ -101,11 +84,9 @@ def migrate(engine: Engine) -> None:
 @contextmanager
 def writing(engine: Engine) -> Iterator[Connection]:
     """A writer transaction holding the database-level writer lock until commit."""
-    with engine.connect() as conn:
-        conn = conn.execution_options(**{WRITE: True})
-        with conn.begin():
-            lock_writer(conn)
-            yield conn
+    with db.writing(engine) as conn:
+        lock_writer(conn)
+        yield conn
 
 
 def lock_writer(conn: Connection) -> None:

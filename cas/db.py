@@ -1,6 +1,7 @@
-"""Engine set-up and programmatic Alembic upgrade. SQLite runs in WAL mode with
-``secure_delete`` on, so rows removed by forget (wrapped keys) are overwritten
-with zeros in the database file rather than left in free pages."""
+"""The CAS's database: the engine comes from the one factory (``fak.db``: SQLite in
+WAL mode with ``secure_delete`` on, so rows removed by forget, i.e. wrapped keys,
+are overwritten with zeros in the database file rather than left in free pages),
+and a programmatic Alembic upgrade."""
 
 from __future__ import annotations
 
@@ -11,40 +12,27 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Engine
 
-from fak.cas.errors import CasError
+from fak import db, errors
+from fak.cas.errors import CasError, InvalidInput
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def make_engine(url: str, *, durable: bool = True) -> Engine:
-    """``durable=False`` lets SQLite skip the commit fsync (WAL stays consistent; a power
-    loss may roll back the last commits, a process crash loses nothing)."""
+    """``fak.db.make_engine``, a bad URL raised as the CAS's ``InvalidInput``."""
     try:
-        parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise CasError(f"invalid database URL {url!r}: {exc}") from exc
-    if parsed.get_backend_name() == "sqlite":
-        engine = sa.create_engine(parsed, connect_args={"timeout": 30})
-
-        @sa.event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            cur.execute("PRAGMA secure_delete=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return engine
-    return sa.create_engine(parsed, pool_pre_ping=True)
+        return db.make_engine(url, durable=durable)
+    except errors.InvalidInput as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def upgrade(engine: Engine) -> None:
-    """Bring the CAS tables to the newest revision (no-op when already there)."""
+    """Bring the CAS tables to the newest revision (no-op when already there), in one
+    writer transaction so that two processes opening a new store do not race."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     try:
-        with engine.begin() as conn:
+        with db.writing(engine) as conn:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
     except sa.exc.OperationalError as exc:

@@ -37,6 +37,7 @@ from fak.cas.models import (
     stricter,
 )
 from fak.cas.schema import Blob, BlobUse, DataKey, Kek
+from fak.db import AUTOCOMMIT, WRITE
 from fak.keys import load_master_secret
 
 DEFAULT_MAX_BLOB = 256 * 1024 * 1024
@@ -83,7 +84,11 @@ class CasStore:
         self.encrypt = encrypt
         self.max_blob_size = max_blob_size
         self.chunk_size = chunk_size
+        # readers: a deferred transaction (a WAL snapshot on SQLite); writers: the write
+        # lock from the first statement (BEGIN IMMEDIATE), so a read-then-write never fails
+        # half way because another writer committed in between (fak.db)
         self._session = sessionmaker(engine, expire_on_commit=False)
+        self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
         self._dialect = engine.dialect.name
 
     # ------------------------------------------------------------------ opening
@@ -130,7 +135,7 @@ class CasStore:
         self.close()
 
     def _ensure_kek(self) -> None:
-        with self._session() as s:
+        with self._writer() as s:
             active = s.scalars(sa.select(Kek).where(Kek.retired_us.is_(None)).order_by(Kek.version.desc())).first()
             if active is None:
                 s.add(Kek(version=1, check_value=self.keys.check_value(1), created_us=_now_us()))
@@ -226,8 +231,12 @@ class CasStore:
             return self._empty_ref(digest, tenant, media_type)
         with self._session() as s:
             row = self._row(s, digest, tenant)
-            if row is not None and row.state == "live":
-                return self._merge_existing(s, row, taint)
+        if row is not None and row.state == "live":
+            if stricter(row.taint, taint) == row.taint:
+                return self._ref(row)
+            merged = self._merge_existing(digest, tenant, taint)
+            if merged is not None:
+                return merged
         written = self._write(data, digest, self._digest_key(tenant, keyed))
         return self._commit(written, media_type, tenant, taint, tombstone=row is not None)
 
@@ -250,15 +259,19 @@ class CasStore:
             return self._empty_ref(written.digest, tenant, media_type)
         return self._commit(written, media_type, tenant, taint)
 
-    def _merge_existing(self, s: Session, row: Blob, taint: str) -> Ref:
-        new = stricter(row.taint, taint)
-        if new != row.taint:
-            s.execute(
-                sa.update(Blob).where(Blob.tenant == row.tenant, Blob.digest == row.digest).values(taint=new)
-            )
-            s.commit()
-            row.taint = new
-        return self._ref(row)
+    def _merge_existing(self, digest: str, tenant: str, taint: str) -> Ref | None:
+        """Tighten a live ref's taint to at least ``taint`` (never loosen it) and return
+        the ref; None if the tenant holds no live ref for the digest (forgotten meanwhile)."""
+        with self._writer() as s:
+            row = self._row(s, digest, tenant, lock=True)
+            if row is None or row.state != "live":
+                return None
+            new = stricter(row.taint, taint)
+            if new != row.taint:
+                s.execute(sa.update(Blob).where(Blob.tenant == tenant, Blob.digest == digest).values(taint=new))
+                s.commit()
+                row.taint = new
+            return self._ref(row)
 
     def _write(self, source: crypto.Source, digest: str | None, key: bytes | None) -> _Written:
         """Seal ``source`` into a new blob file. When ``digest`` is None it is computed
@@ -296,7 +309,7 @@ class CasStore:
         put won), drop ours and return theirs; a forgotten ref is revived with the new blob."""
         now = _now_us()
         try:
-            with self._session() as s:
+            with self._writer() as s:
                 key_id = None
                 if w.dek is not None:
                     kek_version = self._active_kek(s)
@@ -332,11 +345,10 @@ class CasStore:
                 return self._ref(Blob(tenant=tenant, digest=w.digest, **values))
         except sa.exc.IntegrityError:
             self.backend.delete(w.blob_id)
-            with self._session() as s:
-                row = self._row(s, w.digest, tenant)
-                if row is None or row.state != "live":  # pragma: no cover - needs a put/forget race
-                    raise CasError(f"concurrent update of {w.digest}; retry the put") from None
-                return self._merge_existing(s, row, taint)
+            merged = self._merge_existing(w.digest, tenant, taint)
+            if merged is None:  # pragma: no cover - needs a put/forget race
+                raise CasError(f"concurrent update of {w.digest}; retry the put") from None
+            return merged
         except BaseException:
             self.backend.delete(w.blob_id)
             raise
@@ -446,7 +458,7 @@ class CasStore:
         digest, _ = self._resolve(digest, tenant)
         if self._is_empty(digest, tenant):
             return self._empty_ref(digest, tenant)
-        with self._session() as s:
+        with self._writer() as s:
             row = self._live_row(s, digest, tenant, lock=True)
             s.execute(sa.update(Blob).where(Blob.tenant == tenant, Blob.digest == digest).values(**values))
             s.commit()
@@ -472,7 +484,7 @@ class CasStore:
         digest, _ = self._resolve(digest, tenant)
         check_unit(unit_kind, unit_id)
         now = _now_us()
-        with self._session() as s:
+        with self._writer() as s:
             if not self._is_empty(digest, tenant):
                 self._live_row(s, digest, tenant, lock=True)
             existing = s.get(BlobUse, (tenant, digest, unit_kind, unit_id))
@@ -489,7 +501,7 @@ class CasStore:
         """Forget that a KV unit references this ref; True if it did."""
         digest, _ = self._resolve(digest, tenant)
         check_unit(unit_kind, unit_id)
-        with self._session() as s:
+        with self._writer() as s:
             n = s.execute(
                 sa.delete(BlobUse).where(
                     BlobUse.tenant == tenant,
@@ -532,7 +544,7 @@ class CasStore:
                 digest=digest, tenant=tenant, size=0, forgotten_at=_dt(now), key_id=None, kek_version=None,
                 blob_id=None, ciphertext_deleted=False, crypto_shredded=False,
             )  # fmt: skip
-        with self._session() as s:
+        with self._writer() as s:
             row = self._row(s, digest, tenant, lock=True)
             if row is None:
                 raise NotFound(f"no ref {digest} for tenant {tenant!r}")
@@ -574,8 +586,9 @@ class CasStore:
     def _scrub(self) -> None:
         """Push deleted-key pages out of the SQLite WAL (best effort: a busy reader
         can delay it; the next forget or checkpoint completes it)."""
-        if self._dialect == "sqlite":
-            with self.engine.connect() as conn, contextlib.suppress(sa.exc.OperationalError):
+        if self._dialect == "sqlite":  # outside any transaction, or it cannot reset the WAL
+            scrub = self.engine.execution_options(**{AUTOCOMMIT: True})
+            with scrub.connect() as conn, contextlib.suppress(sa.exc.OperationalError):
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # ------------------------------------------------------------------ keys
@@ -583,7 +596,7 @@ class CasStore:
     def rotate_kek(self) -> tuple[int, int]:
         """Make a new KEK version active and re-wrap every live data key under it, in
         one transaction. Returns (new version, keys re-wrapped)."""
-        with self._session() as s:
+        with self._writer() as s:
             old = self._active_kek(s)
             new = old + 1
             now = _now_us()

@@ -1,0 +1,109 @@
+"""One database engine factory for every layer that keeps rows (CAS, audit log, ...).
+
+SQLite (the default, one ``fak.db`` shared by the layers):
+
+- WAL journal, so readers never block the writer and the writer never blocks readers;
+- ``synchronous=FULL`` when ``durable`` (every commit fsyncs the WAL: an acknowledged
+  write survives a power loss), ``NORMAL`` otherwise (a process crash still loses
+  nothing; a power loss may roll back the last commits);
+- ``secure_delete``: deleted rows (a forgotten ref's wrapped key) are overwritten with
+  zeros in the file instead of lingering in free pages;
+- ``foreign_keys`` enforced, a 60 s busy timeout;
+- fak issues ``BEGIN`` itself (the driver's implicit transactions are off). A
+  transaction opened with the execution option ``WRITE`` starts with ``BEGIN
+  IMMEDIATE``: it takes SQLite's single write lock up front (waiting up to the busy
+  timeout), so a read-then-write transaction can never fail half way because another
+  writer committed since its read. Every other transaction is a deferred ``BEGIN``
+  (a WAL read snapshot). The execution option ``AUTOCOMMIT`` opts out (for pragmas
+  such as ``wal_checkpoint`` that must run outside a transaction); SQLAlchemy's own
+  ``isolation_level="AUTOCOMMIT"`` must not be used (returning such a connection to
+  the pool turns the driver's implicit transactions back on). Use ``writing(engine)``
+  or ``engine.execution_options(**{WRITE: True})`` for writers.
+
+PostgreSQL (or any other URL): the driver's own transactions, ``pool_pre_ping`` so a
+restarted server costs one reconnect instead of an error; ``WRITE`` is ignored (a layer
+that must serialise writers takes its own lock, e.g. the audit log's advisory lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from fak.errors import InvalidInput
+
+WRITE = "fak_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
+AUTOCOMMIT = "fak_autocommit"  # execution option: no transaction at all (SQLite)
+BUSY_TIMEOUT_S = 60
+
+
+def make_engine(url: str, *, durable: bool = True) -> Engine:
+    """An engine for ``url`` with fak's settings (see the module docstring). A bad URL
+    or a missing driver raises ``InvalidInput``."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise InvalidInput(f"invalid database URL {_safe(url)}: {exc}") from None
+    try:
+        if parsed.get_backend_name() != "sqlite":
+            return sa.create_engine(parsed, pool_pre_ping=True)
+        _make_parent(parsed.database)
+        engine = sa.create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_S})
+    except (sa.exc.ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
+        raise InvalidInput(f"cannot use database URL {_safe(url)}: {exc}") from None
+    _sqlite_hooks(engine, durable)
+    return engine
+
+
+def _safe(url: str) -> str:
+    """The URL for a message, password hidden and length cut."""
+    try:
+        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        shown = url
+    return repr(shown if len(shown) <= 120 else shown[:117] + "...")
+
+
+def _make_parent(database: str | None) -> None:
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sqlite_hooks(engine: Engine, durable: bool) -> None:
+    sync = "FULL" if durable else "NORMAL"
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+        dbapi_conn.isolation_level = None  # no implicit transactions: BEGIN comes from _begin
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA synchronous={sync}")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA secure_delete=ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        options = conn.get_execution_options()
+        if options.get(AUTOCOMMIT):
+            return  # each statement commits on its own
+        # writers take the write lock up front; readers stay deferred (a WAL snapshot)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(WRITE) else "BEGIN")
+
+
+@contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A writer transaction (SQLite: holding the write lock from its first statement),
+    committed when the block ends without an exception."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(**{WRITE: True})
+        with conn.begin():
+            yield conn
+
+
+__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "writing"]

@@ -1,0 +1,153 @@
+"""The one engine factory (fak.db) that the CAS and the audit log share."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from fak import config, db, errors
+from fak.audit import AuditLog, PolicyLoaded
+from fak.audit import store as audit_store
+from fak.audit.errors import AuditError
+from fak.cas import CasError, CasStore
+from fak.cas import db as cas_db
+
+P = "sha256:" + "cd" * 32
+
+
+def _pragmas(engine) -> dict:
+    with engine.connect() as conn:
+        return {p: conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                for p in ("journal_mode", "synchronous", "foreign_keys", "secure_delete", "busy_timeout")}  # fmt: skip
+
+
+@pytest.mark.parametrize(("durable", "sync"), [(True, 2), (False, 1)])
+def test_sqlite_settings(tmp_path, durable, sync):
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'new' / 'dir' / 'fak.db'}", durable=durable)
+    try:
+        assert _pragmas(engine) == {"journal_mode": "wal", "synchronous": sync, "foreign_keys": 1,
+                                    "secure_delete": 1, "busy_timeout": db.BUSY_TIMEOUT_S * 1000}  # fmt: skip
+        assert (tmp_path / "new" / "dir").is_dir()
+    finally:
+        engine.dispose()
+
+
+def test_the_layers_use_the_factory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    for make in (cas_db.make_engine, audit_store.make_engine):
+        engine = make(url)
+        try:
+            assert _pragmas(engine)["secure_delete"] == 1 and _pragmas(engine)["foreign_keys"] == 1
+        finally:
+            engine.dispose()
+    assert audit_store.WRITE == db.WRITE
+
+
+@pytest.mark.parametrize("url", ["nosuchdb://x", "::not a url", "postgresql+nodriver://u:hunter2@h/d"])
+def test_bad_urls_are_clear_errors_in_every_layer(url):
+    with pytest.raises(errors.InvalidInput) as exc:
+        db.make_engine(url)
+    assert "hunter2" not in str(exc.value)
+    with pytest.raises(CasError):
+        cas_db.make_engine(url)
+    with pytest.raises(AuditError):
+        audit_store.make_engine(url)
+
+
+def test_writers_wait_for_each_other_readers_do_not(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    a, b = db.make_engine(url), db.make_engine(url)  # two engines: as two processes would
+    try:
+        with db.writing(a) as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        holding, waited = threading.Event(), []
+
+        def hold() -> None:
+            with db.writing(a) as conn:
+                conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+                holding.set()
+                time.sleep(0.4)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        holding.wait(5)
+        start = time.monotonic()
+        with b.connect() as conn:  # a reader: not blocked, sees the last commit
+            assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1
+        assert time.monotonic() - start < 0.3
+        with db.writing(b) as conn:  # a writer: waits for the lock instead of failing
+            waited.append(time.monotonic() - start)
+            conn.exec_driver_sql("INSERT INTO t VALUES (3)")
+        t.join()
+        assert waited[0] >= 0.2
+        with b.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 3
+    finally:
+        a.dispose()
+        b.dispose()
+
+
+def test_autocommit_option_runs_outside_a_transaction(tmp_path):
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'fak.db'}")
+    try:
+        with engine.execution_options(**{db.AUTOCOMMIT: True}).connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert not conn.connection.dbapi_connection.in_transaction
+        with engine.connect() as conn:  # the pooled connection still has no implicit BEGIN
+            assert conn.connection.dbapi_connection.isolation_level is None
+    finally:
+        engine.dispose()
+
+
+def test_postgres_engine(pg_url):
+    engine = db.make_engine(pg_url)
+    try:
+        assert engine.pool._pre_ping
+        with db.writing(engine) as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_cas_and_audit_share_one_database_under_concurrency(db_url, tmp_path):
+    """Many threads putting, re-putting with a stricter taint, recording uses and forgetting
+    in the CAS while the audit log appends into the same database: no 'database is locked',
+    no lost update (a taint never loosens)."""
+    store = CasStore.open(config.data_dir(), db_url, chunk_size=1024)
+    log = AuditLog.open(url=db_url, data_dir=tmp_path)
+    failures: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(15):
+                data = f"shared {i % 5}".encode()
+                ref = store.put(data, "text/plain", "acme", taint="trusted" if k % 2 else "untrusted")
+                store.put(data, "text/plain", "acme", taint="quarantined" if i % 5 == 0 else "trusted")
+                store.record_use(ref.digest, "acme", "segment", f"s{k}/{i}")
+                mine = store.put(f"own {k} {i}".encode(), "text/plain", "acme")
+                store.forget(mine.digest, "acme")
+                log.append(PolicyLoaded(policy_id=f"p{k}-{i}", policy_digest=P, tenant="acme"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        refs = store.list_refs("acme")
+        assert len(refs) == 5
+        assert {r.taint for r in refs if r.digest == store.put(b"shared 0", "text/plain", "acme").digest} == {
+            "quarantined"
+        }
+        assert all(r.taint != "trusted" for r in refs)  # an untrusted re-put is never loosened back
+        assert log.size() == 6 * 15
+    finally:
+        log.close()
+        store.close()
