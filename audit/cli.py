@@ -1,4 +1,4 @@
-"""``fak audit ...``: export, verify, checkpoint, proof, pubkey."""
+"""``fak audit ...``: export, verify, verify-receipt, checkpoint, proof, pubkey."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--since", help="a signed checkpoint (file) the export must extend")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=_verify)
+
+    r = sub.add_parser("verify-receipt", help="verify a forget receipt offline")
+    r.add_argument("receipt", help="forget receipt JSON file ('-' reads stdin)")
+    r.add_argument("--pubkey", required=True, help="pinned verifier key of the log (string or file)")
+    r.set_defaults(handler=_verify_receipt)
 
     e = sub.add_parser("export", help="write all entries and checkpoints to a file")
     e.add_argument("path")
@@ -55,6 +60,34 @@ def _verify(args: argparse.Namespace) -> int:
     else:
         print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1
+
+
+def _verify_receipt(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fak.audit.errors import AuditError
+    from fak.audit.receipt import verify_receipt
+    from fak.audit.verify import _load_text
+
+    try:
+        text = sys.stdin.read() if args.receipt == "-" else Path(args.receipt).read_text()
+    except OSError as exc:
+        raise AuditError(f"cannot read receipt {args.receipt}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise AuditError(f"receipt {args.receipt} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise AuditError(f"receipt {args.receipt} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise AuditError(f"receipt {args.receipt} is not a JSON object")
+    check = verify_receipt(data, _load_text(args.pubkey, "public key"))
+    if check.ok:
+        print(f"receipt OK: forget {data.get('request_id')} of {data.get('ref')} (tenant {data.get('tenant') or '-'}) "
+              f"is logged at {data.get('log_index')} under the pinned key")
+        return 0
+    print(f"receipt FAILED: {check.reason}", file=sys.stderr)
+    return 1
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -27,21 +27,24 @@ from fak.audit.errors import AuditError
 from fak.types import TENANT_PATTERN, Digest, Id
 
 MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
+MAX_ITEMS = 100_000  # longest list one event may carry
 
 # Id (an identifier or code: no spaces, quotes or newlines, short) and Digest (OCI-style,
 # e.g. blake3:<64 hex>, blake3k:<64 hex>, sha256:<64 hex>) are fak.types', shared by
 # every layer. The log records system events under the empty tenant: "" or a Tenant.
 SystemOrTenant = Annotated[str, StringConstraints(strict=True, pattern=rf"^(?:{TENANT_PATTERN[1:-1]})?$")]
-Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+
+class _Event(_Strict):
     tenant: SystemOrTenant = ""  # "" is the system
     ts: Count = Field(default_factory=now_ms)  # milliseconds since the Unix epoch
 
@@ -78,14 +81,27 @@ class Eviction(_Event):
     fingerprint_after: Digest | None = None
 
 
+class MaterialisedPiece(_Strict):
+    """One piece of a working set and how it was served."""
+
+    ref: Digest | None = None  # the CAS ref the piece holds (None: text without a ref)
+    tag: Id | None = None  # the caller's name for the piece
+    verdict: Literal["HIT", "FAULT", "RECOMPUTE", "REFUSE", "ABSTAIN"]
+    reason: Id  # e.g. exact, pic, not_cached, position_changed, quarantined, unknown_ref
+    exact: bool | None = None  # HIT: exact or PIC-approximate
+    tokens: Count  # tokens the piece contributes to the context (0 when refused)
+
+
 class Materialisation(_Event):
+    """A working set materialised into a session's context, piece by piece."""
+
     type: Literal["materialisation"] = "materialisation"
     session_id: Id
-    ref: Digest
-    unit_id: Id | None = None
-    verdict: Literal["HIT", "FAULT", "RECOMPUTE", "REFUSE", "ABSTAIN"]
-    exact: bool | None = None  # HIT: exact or PIC-approximate
-    reason: Id | None = None
+    policy_digest: Digest
+    pieces: list[MaterialisedPiece] = Field(max_length=MAX_ITEMS)
+    budget_tokens: Count | None = None
+    context_tokens: Count
+    fingerprint_after: Digest
 
 
 class ForgetRequested(_Event):
@@ -93,23 +109,56 @@ class ForgetRequested(_Event):
     request_id: Id
     ref: Digest
     principal: Id | None = None
+    reason: Id | None = None
 
 
-class DroppedUnit(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DroppedUnit(_Strict):
+    """A KV unit dropped because it was derived from a ref."""
 
-    kind: Literal["segment", "prefix_node", "pic_chunk"]
+    kind: Literal["segment", "generated_segment", "prefix_node", "pic_chunk"]
     id: Id
+    session_id: Id | None = None  # segments: the session they belonged to
+
+
+class SessionFingerprints(_Strict):
+    """A session's KV fingerprint after a drop, and that of an independent replay of
+    its surviving segments: equal when the drop left exactly what never-saw would."""
+
+    session_id: Id
+    fingerprint_after: Digest
+    fingerprint_replay: Digest
 
 
 class ForgetCompleted(_Event):
     type: Literal["forget_completed"] = "forget_completed"
     request_id: Id
     ref: Digest
-    units_dropped: list[DroppedUnit] = Field(default_factory=list, max_length=100_000)
-    fingerprint_after: Digest
-    fingerprint_replay: Digest
-    shredded_key_id: Id
+    requested_index: Count  # log index of the matching ForgetRequested
+    units_dropped: list[DroppedUnit] = Field(default_factory=list, max_length=MAX_ITEMS)
+    sessions: list[SessionFingerprints] = Field(default_factory=list, max_length=MAX_ITEMS)
+    shredded_key_id: Id | None = None  # None: no data key was destroyed (see the receipt check)
+    kek_version: Count | None = None  # KEK version that had wrapped the destroyed key
+
+
+class RefQuarantined(_Event):
+    """A late detection: the ref was evicted from every live session of its tenant."""
+
+    type: Literal["ref_quarantined"] = "ref_quarantined"
+    ref: Digest
+    reason: Id
+    principal: Id | None = None
+    units: list[DroppedUnit] = Field(default_factory=list, max_length=MAX_ITEMS)
+
+
+class SessionRebuilt(_Event):
+    """A session's KV rebuilt from its ledger (after a restart, or paged back in)."""
+
+    type: Literal["session_rebuilt"] = "session_rebuilt"
+    session_id: Id
+    segments: Count
+    tokens: Count
+    fingerprint: Digest
+    cause: Literal["restart", "offload"]
 
 
 class PolicyLoaded(_Event):
@@ -140,6 +189,8 @@ Event = Annotated[
     | Materialisation
     | ForgetRequested
     | ForgetCompleted
+    | RefQuarantined
+    | SessionRebuilt
     | PolicyLoaded
     | KeyRotated
     | AuthFailure,
@@ -151,6 +202,8 @@ EVENT_TYPES = (
     Materialisation,
     ForgetRequested,
     ForgetCompleted,
+    RefQuarantined,
+    SessionRebuilt,
     PolicyLoaded,
     KeyRotated,
     AuthFailure,

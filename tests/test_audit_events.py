@@ -18,10 +18,21 @@ def _samples() -> list:
         ev.AdmissionVerdict(session_id="s-1", tool="web.fetch", ref=D, size=10, verdict="REDACT",
                             rule_id="pii.email", policy_digest=P, admitted_ref=D, tenant="acme"),
         ev.Eviction(session_id="s-1", segment_id="seg-3", ref=D, mode="RECOMPUTE", exact=True, tokens=12),
-        ev.Materialisation(session_id="s-1", ref=D, verdict="HIT", exact=False),
-        ev.ForgetRequested(request_id="f-1", ref=D, principal="key:abc"),
-        ev.ForgetCompleted(request_id="f-1", ref=D, units_dropped=[ev.DroppedUnit(kind="pic_chunk", id="c9")],
-                           fingerprint_after=D, fingerprint_replay=D, shredded_key_id="kek-1/dk-7"),
+        ev.Materialisation(
+            session_id="s-1", policy_digest=P, context_tokens=300, budget_tokens=512, fingerprint_after=D,
+            pieces=[ev.MaterialisedPiece(ref=D, verdict="HIT", reason="pic", exact=False, tokens=120),
+                    ev.MaterialisedPiece(tag="notes", verdict="REFUSE", reason="quarantined", tokens=0)],
+        ),
+        ev.ForgetRequested(request_id="f-1", ref=D, principal="key:abc", reason="gdpr.art17"),
+        ev.ForgetCompleted(
+            request_id="f-1", ref=D, requested_index=3, shredded_key_id="kek-1/dk-7", kek_version=2,
+            units_dropped=[ev.DroppedUnit(kind="pic_chunk", id="c9"),
+                           ev.DroppedUnit(kind="generated_segment", id="seg-5", session_id="s-1")],
+            sessions=[ev.SessionFingerprints(session_id="s-1", fingerprint_after=D, fingerprint_replay=D)],
+        ),
+        ev.RefQuarantined(ref=D, reason="late.llm_judge", principal="detector:judge",
+                          units=[ev.DroppedUnit(kind="segment", id="seg-2", session_id="s-1")]),
+        ev.SessionRebuilt(session_id="s-1", segments=4, tokens=812, fingerprint=D, cause="restart"),
         ev.PolicyLoaded(policy_id="default", policy_digest=P),
         ev.KeyRotated(key_kind="audit_signing", old_key_id="a1b2c3d4", new_key_id="e5f6a7b8"),
         ev.AuthFailure(reason="unknown_key", key_fingerprint=P, route="/v1/forget"),
@@ -58,6 +69,34 @@ def test_content_like_fields_refused(bad):
     data = base.model_dump() | bad
     with pytest.raises(AuditError):
         ev.to_event(data)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": 0,
+         "fingerprint_after": D, "fingerprint_replay": D},  # the old single pair of fingerprints
+        {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": -1},
+        {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": 0,
+         "units_dropped": [{"kind": "kv_page", "id": "x"}]},
+        {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": True},  # strict: no bool
+        {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": 0,
+         "sessions": [{"session_id": "s", "fingerprint_after": D}]},
+        {"type": "materialisation", "session_id": "s", "policy_digest": P, "context_tokens": 1,
+         "fingerprint_after": D, "pieces": [{"ref": D, "verdict": "MISS", "reason": "x", "tokens": 1}]},
+        {"type": "materialisation", "session_id": "s", "policy_digest": P, "context_tokens": 1,
+         "fingerprint_after": D, "pieces": [{"ref": D, "verdict": "HIT", "reason": "has space", "tokens": 1}]},
+        {"type": "session_rebuilt", "session_id": "s", "segments": 1, "tokens": 1, "fingerprint": D,
+         "cause": "reboot"},
+        {"type": "ref_quarantined", "ref": D, "reason": "r", "text": "the payload"},
+        {"type": "policy_loaded", "policy_id": "p", "policy_digest": P, "tenant": "acme:eu"},  # ':' no longer
+        {"type": "policy_loaded", "policy_id": "p", "policy_digest": P, "tenant": "a" * 65},
+        {"type": "policy_loaded", "policy_id": "p", "policy_digest": P, "tenant": "-acme"},
+    ],
+)
+def test_new_shapes_refuse_what_they_should(event):
+    with pytest.raises(AuditError):
+        ev.to_event(event)
 
 
 def test_none_tenant_is_system_and_non_canonical_bytes_refused():

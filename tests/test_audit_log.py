@@ -16,7 +16,9 @@ from fak.audit import (
     DroppedUnit,
     ForgetCompleted,
     ForgetReceipt,
+    ForgetRequested,
     PolicyLoaded,
+    SessionFingerprints,
     merkle,
     note,
     verify_receipt,
@@ -215,14 +217,20 @@ def test_forget_receipt_round_trip(log):
     d = "blake3k:" + "ef" * 32
     fp = "blake3:" + "01" * 32
     log.append(ev(0))
-    i = log.append(ForgetCompleted(request_id="f-9", ref=d, tenant="acme", fingerprint_after=fp,
-                                   fingerprint_replay=fp, shredded_key_id="dk-3",
-                                   units_dropped=[DroppedUnit(kind="segment", id="s1/seg2"),
-                                                  DroppedUnit(kind="prefix_node", id="n77")]))
+    r0 = log.append(ForgetRequested(request_id="f-9", ref=d, tenant="acme", principal="key:k1"))
     log.append(ev(2))
+    i = log.append(ForgetCompleted(request_id="f-9", ref=d, tenant="acme", requested_index=r0,
+                                   shredded_key_id="dk-3", kek_version=1,
+                                   sessions=[SessionFingerprints(session_id="s1", fingerprint_after=fp,
+                                                                 fingerprint_replay=fp)],
+                                   units_dropped=[DroppedUnit(kind="segment", id="s1/seg2", session_id="s1"),
+                                                  DroppedUnit(kind="prefix_node", id="n77")]))
+    log.append(ev(4))
     r = ForgetReceipt.from_log(log, i)
+    assert (r.requested_index, r.log_index) == (r0, i)
+    assert r.inclusion_proof["treeSize"] == r.requested_inclusion_proof["treeSize"]
     assert verify_receipt(r, log.public_key())
-    assert verify_receipt(r.model_dump(), log.public_key())  # as it travels in JSON
+    assert verify_receipt(r.model_dump(mode="json"), log.public_key())  # as it travels in JSON
     other = note.Signer.generate(log.origin).verifier().vkey()
     assert not verify_receipt(r, other)
     lied = r.model_copy(update={"units_dropped": r.units_dropped[:1]})
@@ -231,3 +239,5 @@ def test_forget_receipt_round_trip(log):
     assert not verify_receipt(moved, log.public_key())
     with pytest.raises(AuditError):
         ForgetReceipt.from_log(log, 0)
+    with pytest.raises(AuditError):
+        ForgetReceipt.from_log(log, r0)  # the request, not the completion
