@@ -64,3 +64,34 @@ def smollm2():
     from fak.kernel.loader import load_model
 
     return load_model()
+
+
+# --- Kernel tests: a tiny model folder loaded once per run, a kernel per test ---------
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    from tiny_kernel import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_dir):
+    from fak.kernel.loader import load_model
+
+    return load_model(tiny_dir)
+
+
+@pytest.fixture
+def settings(tmp_path, tiny_dir):
+    from fak import Settings
+
+    return Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16)
+
+
+@pytest.fixture
+def kernel(settings, tiny_lm):
+    from fak import Kernel
+
+    k = Kernel.open(settings, model=tiny_lm, progress=None)
+    yield k
+    k.close()

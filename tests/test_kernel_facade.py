@@ -8,13 +8,14 @@ import gc
 
 import pytest
 import sqlalchemy as sa
-from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events, kernel, settings, tiny_dir, tiny_lm  # noqa: F401
+from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 
 from fak import Kernel, Settings
 from fak.audit.errors import AuditError
 from fak.errors import InvalidInput, NotFound
 from fak.ksession import SessionBusy
 from fak.settings import SettingsError
+from fak.state.store import StateError
 
 
 def _conversation(k: Kernel, tenant: str = "acme"):
@@ -152,9 +153,8 @@ def test_restart_refuses_a_ledger_that_does_not_rebuild(settings, tiny_lm) -> No
         conn.execute(sa.text("UPDATE fak_segments SET message_text = 'x', tokens = :t WHERE kind = 'user'"),
                      {"t": bytes(4 * 3)})
     engine.dispose()
-    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
-        with pytest.raises(Exception, match="rebuilt to"):
-            k.session("acme", sid).fingerprint()
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k, pytest.raises(StateError, match="rebuilt to"):
+        k.session("acme", sid).fingerprint()
 
 
 def test_idle_sessions_are_offloaded_under_the_kv_budget(settings, tiny_lm) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from kernel_facade_helpers import CLEAN, LOUNGE, WEATHER, events, kernel, settings, tiny_dir, tiny_lm  # noqa: F401
+from kernel_facade_helpers import LOUNGE, WEATHER, events
 
 from fak import Kernel
 from fak.audit.receipt import verify_receipt
@@ -133,7 +133,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_completed"])
-def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:  # noqa: F811
+def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         held = _holding(k, "acme")
         ref = held["ref"]

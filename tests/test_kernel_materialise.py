@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events, kernel, settings, tiny_dir, tiny_lm  # noqa: F401
+from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 
 from fak import Kernel, WorkingSet
 from fak.errors import InvalidInput
