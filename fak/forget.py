@@ -188,4 +188,5 @@ def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str 
         k.store.set_taint(ref, tenant, "quarantined")
     k.state.set_quarantined(tenant, ref, _ident(reason))
     index = k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=_ident(reason), principal=who, units=units))
-    return QuarantineReport(ref=ref, units=units, mode=mode.value, audit_index=index)
+    shown = "recompute" if mode is EvictMode.AUTO else mode.value
+    return QuarantineReport(ref=ref, units=units, mode=shown, audit_index=index)

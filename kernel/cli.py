@@ -99,6 +99,6 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fak.kernel.demo import run_demo
+    from fak.demo import run_demo
 
     return run_demo(args.model)
