@@ -513,6 +513,18 @@ class CasStore:
             s.commit()
         return bool(n)
 
+    def key_info(self, digest: str, tenant: str) -> tuple[str | None, int | None]:
+        """The id of the data key that encrypts a live ref and the KEK version wrapping it
+        ((None, None) for an unknown, forgotten or unencrypted ref): recorded before a
+        forget so a receipt can name what was destroyed even if the forget is resumed."""
+        digest, _ = self._resolve(digest, tenant)
+        with self._session() as s:
+            row = self._row(s, digest, tenant)
+            if row is None or row.key_id is None:
+                return None, None
+            key = s.get(DataKey, row.key_id)
+            return row.key_id, key.kek_version if key is not None else None
+
     def where_used(self, digest: str, tenant: str) -> list[Use]:
         """The KV units that reference this ref (empty once it is forgotten)."""
         digest, _ = self._resolve(digest, tenant)

@@ -24,8 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
 from fak.errors import InvalidInput, NotFound
 from fak.kernel.ledger import SegmentKind
 from fak.kernel.prefix_cache import PrefixCache
@@ -33,6 +31,7 @@ from fak.kernel.prefix_cache import namespace as prefix_namespace
 from fak.kernel.session import EvictMode
 from fak.keys import load_master_secret, tenant_salt
 from fak.ksession import KernelSession, _ident
+from fak.protocols import ContentStore
 from fak.settings import Settings
 from fak.state.store import StateStore, now_us
 from fak.types import check_tenant
@@ -40,7 +39,6 @@ from fak.types import check_tenant
 if TYPE_CHECKING:
     from fak.audit import AuditLog
     from fak.audit.receipt import ForgetReceipt
-    from fak.cas import CasStore
     from fak.forget import QuarantineReport
     from fak.kernel.loader import LoadedModel
     from fak.kernel.session import Session
@@ -66,7 +64,7 @@ class Kernel:
         settings: Settings,
         lm: LoadedModel,
         policy: PolicyHolder,
-        store: CasStore,
+        store: ContentStore,
         audit: AuditLog,
         state: StateStore,
         master: bytes,
@@ -74,8 +72,8 @@ class Kernel:
         self.settings = settings
         self._lm = lm
         self._policy = policy
-        self.store = store
-        self.audit = audit
+        self.store: ContentStore = store
+        self.audit = audit  # an AuditLog: the kernel also reads entries, proofs and exports
         self.state = state
         self._master = master
         self.prefix: PrefixCache | None = (
@@ -274,16 +272,6 @@ class Kernel:
         if self.prefix is not None:
             return any(ref in n.prov for n in self.prefix.nodes(self.namespace(tenant)))
         return False
-
-    def cas_key_of(self, tenant: str, ref: str) -> tuple[str | None, int | None]:
-        """The data key id and KEK version that encrypt a ref (recorded before a shred)."""
-        from fak.cas.schema import Blob, DataKey
-
-        with self.store.engine.connect() as conn:
-            key_id = conn.scalar(sa.select(Blob.key_id).where(Blob.tenant == tenant, Blob.digest == ref))
-            if key_id is None:
-                return None, None
-            return key_id, conn.scalar(sa.select(DataKey.kek_version).where(DataKey.key_id == key_id))
 
     # --- forget and late quarantine --------------------------------------------
     def forget(

@@ -85,7 +85,7 @@ def forget(
                                "account for the sessions that held it")
             request_id = "fgt_" + uuid.uuid4().hex[:24]
             ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why)
-            key_id, kek_version = k.cas_key_of(tenant, ref)
+            key_id, kek_version = k.store.key_info(ref, tenant)
             row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, state="requested", principal=principal,
                             reason=why, requested_index=None, completed_index=None, key_id=key_id,
                             kek_version=kek_version, units="[]", sessions="[]")  # fmt: skip

@@ -403,9 +403,9 @@ class KernelSession:
     # --- working sets ---------------------------------------------------------
     def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:
         """Make the session's tool context the working set; see ``fak.materialise``."""
-        from fak.materialise import WorkingSet, materialise
-
         from pydantic import ValidationError
+
+        from fak.materialise import WorkingSet, materialise
 
         try:
             ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
