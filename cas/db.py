@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Engine
 
 from fak import db, errors
@@ -27,13 +25,8 @@ def make_engine(url: str, *, durable: bool = True) -> Engine:
 
 
 def upgrade(engine: Engine) -> None:
-    """Bring the CAS tables to the newest revision (no-op when already there), in one
-    writer transaction so that two processes opening a new store do not race."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    """Bring the CAS tables to the newest revision (no-op when already there)."""
     try:
-        with db.writing(engine) as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        db.upgrade(engine, MIGRATIONS)
     except sa.exc.OperationalError as exc:
         raise CasError(f"cannot open the CAS database {engine.url!r}: {exc.orig}") from exc

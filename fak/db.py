@@ -106,4 +106,33 @@ def writing(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
-__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "writing"]
+def upgrade(engine: Engine, script_location: Path) -> None:
+    """Bring one layer's tables to its newest Alembic revision (no-op when there), in one
+    writer transaction so two processes opening a new database do not race. Each layer
+    keeps its own script folder and version table, so the layers share one database."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location))
+    with writing(engine) as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def run_env(metadata: sa.MetaData, version_table: str) -> None:
+    """The body of a layer's Alembic ``env.py``: migrate on the connection ``upgrade`` hands over."""
+    from alembic import context
+
+    connection = context.config.attributes["connection"]
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        version_table=version_table,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "run_env", "upgrade", "writing"]

@@ -1,18 +1,7 @@
-"""Alembic environment of the CAS layer: its own version table, so several layers
-share one database. Run programmatically by ``fak.cas.db.upgrade``."""
-
-from alembic import context
+"""Alembic environment of the CAS layer: its own version table, so the layers share
+one database. Run programmatically by ``fak.cas.db.upgrade``."""
 
 from fak.cas.schema import Base
+from fak.db import run_env
 
-VERSION_TABLE = "fak_cas_alembic_version"
-
-connection = context.config.attributes["connection"]
-context.configure(
-    connection=connection,
-    target_metadata=Base.metadata,
-    version_table=VERSION_TABLE,
-    render_as_batch=connection.dialect.name == "sqlite",
-)
-with context.begin_transaction():
-    context.run_migrations()
+run_env(Base.metadata, "fak_cas_alembic_version")

@@ -13,12 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
+from fak import db
 from fak.db import WRITE
 from fak.errors import FakError
 from fak.state.schema import ForgetRow, RefRow, SegmentRow, SessionRow
@@ -35,12 +34,8 @@ def now_us() -> int:
 
 
 def upgrade(engine: Engine) -> None:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
     try:
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        db.upgrade(engine, MIGRATIONS)
     except sa.exc.OperationalError as exc:
         raise StateError(f"cannot open the kernel state database {engine.url!r}: {exc.orig}") from exc
 
