@@ -6,9 +6,9 @@ so the live rows of one layer, ``K[l, :length]``, are contiguous and their
 strides do not depend on the capacity (a grown cache computes the same bytes).
 ``K`` is post-RoPE, ``Kraw`` pre-RoPE (so keys can be re-rotated exactly at a
 new position), plus the token id and absolute position of every row.
-Capacity grows geometrically; dropped rows are zeroed, not left behind. Every
-mutation runs in inference mode, as the forward does, so rows written by a
-forward can be cut or zeroed later from anywhere.
+Capacity grows geometrically; dropped rows are zeroed, not left behind. Storage is
+always allocated outside inference mode (also when a forward grows it), so rows a
+forward wrote can be cut, zeroed or edited later from anywhere.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class KVCache:
         self.growths = 0
         self._alloc(max(capacity, 1))
 
-    @torch.inference_mode()
+    @torch.inference_mode(False)
     def _alloc(self, capacity: int) -> None:
         shape = (self.cfg.num_layers, capacity, self.cfg.num_kv_heads, self.cfg.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -80,7 +80,6 @@ class KVCache:
     def capacity(self) -> int:
         return int(self.tokens.shape[0])
 
-    @torch.inference_mode()
     def reserve(self, total: int) -> None:
         """Make room for ``total`` rows, growing geometrically (amortised O(1) per row)."""
         if total <= self.capacity:
@@ -100,7 +99,6 @@ class KVCache:
     def next_position(self) -> int:
         return int(self.positions[self.length - 1]) + 1 if self.length else 0
 
-    @torch.inference_mode()
     def commit(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Record ids and positions of rows the forward pass has just written after ``length``."""
         n = int(tokens.shape[0])
@@ -108,7 +106,6 @@ class KVCache:
         self.positions[self.length : self.length + n] = positions
         self.length += n
 
-    @torch.inference_mode()
     def truncate(self, length: int) -> None:
         """Drop every row from ``length`` on (zeroed: nothing of a dropped span stays behind)."""
         if not 0 <= length <= self.length:
@@ -116,7 +113,6 @@ class KVCache:
         self._zero(length, self.length)
         self.length = length
 
-    @torch.inference_mode()
     def delete_rows(self, start: int, end: int) -> None:
         """Remove rows ``[start, end)`` and shift later rows down (positions unchanged)."""
         if not 0 <= start <= end <= self.length:
@@ -145,7 +141,6 @@ class KVCache:
         live = KVBlock(self.k[:, :n], self.kraw[:, :n], self.v[:, :n], self.tokens[:n], self.positions[:n])
         return live.rows(start, end)
 
-    @torch.inference_mode()
     def extend(self, block: KVBlock) -> None:
         """Append a block's rows as they are (same positions, same bytes)."""
         n = len(block)

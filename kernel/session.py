@@ -423,7 +423,6 @@ class Session:
         """Evict by row range; the range must be exactly one live segment."""
         return self.evict(self.ledger.at_rows(start, end).id, mode)
 
-    @torch.inference_mode()
     def _rerope_remove(self, seg: Segment) -> None:
         cache = self.cache
         start = seg.start
