@@ -208,6 +208,11 @@ class CasStore:
 
     # ------------------------------------------------------------------ put
 
+    def digest_of(self, data: bytes | bytearray | memoryview, tenant: str, *, keyed: bool = True) -> str:
+        """The ref ``put`` would give these bytes, without storing them."""
+        check_tenant(tenant)
+        return compute(data, self._digest_key(tenant, keyed))
+
     def put(
         self,
         data: bytes | bytearray | memoryview,

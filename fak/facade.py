@@ -230,6 +230,10 @@ class Kernel:
         """Ids of the tenant's sessions, loaded or not, oldest first."""
         return self.state.session_ids(check_tenant(tenant))
 
+    def _loaded_ids(self, tenant: str) -> set[str]:
+        with self._registry:
+            return {sid for (t, sid), ks in self._sessions.items() if t == tenant and ks.loaded}
+
     def _loaded_sessions(self) -> list[KernelSession]:
         with self._registry:
             return list(self._sessions.values())

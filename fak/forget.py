@@ -33,6 +33,7 @@ from fak.kernel.ledger import SegmentKind, SegmentState
 from fak.kernel.session import EvictMode
 from fak.ksession import _ident
 from fak.state.schema import ForgetRow
+from fak.state.store import now_us
 from fak.types import check_digest, check_tenant
 
 if TYPE_CHECKING:
@@ -74,10 +75,12 @@ def forget(
     why = _ident(reason) if reason else None
     with k._forget_lock:
         row = k.state.forget_row(tenant, ref)
+        head = k.store.head(ref, tenant)
         if row is not None and row.state == "completed":
-            return ForgetReceipt.from_log(k.audit, row.completed_index)
+            if head is None or head.state == "forgotten":
+                return ForgetReceipt.from_log(k.audit, row.completed_index)
+            row = None  # the same bytes were admitted again since: this is a new forget
         if row is None:
-            head = k.store.head(ref, tenant)
             if head is None:
                 raise NotFound(f"no ref {ref}")
             if head.state == "forgotten":
@@ -86,7 +89,8 @@ def forget(
             request_id = "fgt_" + uuid.uuid4().hex[:24]
             ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why)
             key_id, kek_version = k.store.key_info(ref, tenant)
-            row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, state="requested", principal=principal,
+            row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, started_us=now_us(), state="requested",
+                            principal=principal,
                             reason=why, requested_index=None, completed_index=None, key_id=key_id,
                             kek_version=kek_version, units="[]", sessions="[]")  # fmt: skip
             k.state.start_forget(row)
@@ -106,13 +110,17 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     if row.requested_index is None:
         row.requested_index = k.audit.append(ForgetRequested(
             tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason))
-        k.state.update_forget(tenant, ref, requested_index=row.requested_index)
+        k.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
     sessions: list[dict[str, str]] = json.loads(row.sessions)
-    for sid in k.state.sessions_holding(tenant, ref):
+    # durable ledgers, and loaded sessions whose admission of the ref may not be written yet
+    # (an admission checks for a pending forget inside its session lock, which this waits for)
+    for sid in sorted(set(k.state.sessions_holding(tenant, ref)) | k._loaded_ids(tenant)):
         ks = k.session(tenant, sid)
-        with ks._locked():
+        with ks._locked() as s:
+            if not any(x.derived_from(ref) or ref in x.provenance for x in s.ledger.live()):
+                continue
             try:
                 victims, nodes, after, replay = ks._drop_derived(ref, forget=True)
             except BaseException:
@@ -127,11 +135,11 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             units += [_unit("prefix_node", n) for n in nodes]
             sessions = [x for x in sessions if x["session_id"] != sid]
             sessions.append({"session_id": sid, "fingerprint_after": after, "fingerprint_replay": replay})
-            ks._persist(forget=(ref, {"units": json.dumps(units), "sessions": json.dumps(sessions)}))
+            ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}))
         fault_point("forget.after_session")
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-        k.state.update_forget(tenant, ref, units=json.dumps(units))
+        k.state.update_forget(row.request_id, units=json.dumps(units))
     shred = k.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id
     kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version
@@ -140,7 +148,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
         tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
         units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
     ))  # fmt: skip
-    k.state.update_forget(tenant, ref, state="completed", completed_index=index)
+    k.state.update_forget(row.request_id, state="completed", completed_index=index)
     return ForgetReceipt.from_log(k.audit, index)
 
 

@@ -43,6 +43,12 @@ class SessionBusy(Conflict):
     code = "session_busy"
 
 
+class RefBeingForgotten(Conflict):
+    """An admission of bytes whose ref has a forget in progress (it would outlive the shred)."""
+
+    code = "ref_being_forgotten"
+
+
 @dataclass(frozen=True)
 class Admission:
     """What became of one tool result."""
@@ -291,6 +297,8 @@ class KernelSession:
         k = self.kernel
         with self._locked() as s:
             policy = k.policy
+            if k.state.forget_pending(self.tenant, k.store.digest_of(data, self.tenant)):
+                raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
             ref = k.store.put(data, media_type, self.tenant).digest
             verdict = gate(policy, tool, data,
                            GateContext(media_type=media_type, tenant=self.tenant, session=self.id, ref=ref))

@@ -184,3 +184,36 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
     assert ref in other.refs() or other_ref in other.refs()
     with pytest.raises(FakError):
         k.quarantine("acme", "blake3k:" + "0" * 64, reason="x")
+
+
+def test_forget_again_after_readmission_and_no_admission_during_a_forget(kernel) -> None:
+    from fak.forget import resume
+    from fak.ksession import RefBeingForgotten
+    from fak.state.schema import ForgetRow
+    from fak.state.store import now_us
+
+    k = kernel
+    s = k.session("acme")
+    s.append("system", "You are a travel assistant.")
+    ref = s.admit("booking", SECRET).ref
+    first = k.forget("acme", ref)
+    again = s.admit("booking", SECRET)  # a later fetch of the same bytes is a new admission
+    assert again.ref == ref and again.admitted
+    second = k.forget("acme", ref)
+    assert second.request_id != first.request_id and second.log_index > first.log_index
+    assert {u.id for u in second.units_dropped if u.kind == "segment"} == {again.segment.id}
+    assert k.forget("acme", ref) == second  # idempotent again
+    # while a forget is pending, the same bytes cannot come back in (they would outlive the shred)
+    third = s.admit("booking", SECRET)
+    pending = ForgetRow(tenant="acme", ref=ref, request_id="fgt_pending_test", started_us=now_us(),
+                        state="requested", principal=None, reason=None, requested_index=None,
+                        completed_index=None, key_id=None, kek_version=None, units="[]", sessions="[]")
+    k.state.start_forget(pending)
+    fp = s.fingerprint()
+    with pytest.raises(RefBeingForgotten):
+        s.admit("booking", SECRET)
+    assert s.fingerprint() == fp
+    receipt = resume(k, k.state.forget_row("acme", ref))
+    assert receipt.request_id == "fgt_pending_test"
+    assert {u.id for u in receipt.units_dropped if u.kind == "segment"} == {third.segment.id}
+    assert verify_receipt(receipt, k.audit.public_key())

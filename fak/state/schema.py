@@ -65,12 +65,14 @@ class RefRow(Base):
 
 
 class ForgetRow(Base):
-    """Progress of one forget: written before any effect, completed after ``ForgetCompleted``."""
+    """Progress of one forget: written before any effect, completed after ``ForgetCompleted``.
+    A ref re-admitted after its forget can be forgotten again: one row per request."""
 
     __tablename__ = "fak_forgets"
-    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
-    ref: Mapped[str] = mapped_column(String(80), primary_key=True)
-    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    ref: Mapped[str] = mapped_column(String(80))
+    started_us: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))  # requested | completed
     principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
     reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -80,3 +82,5 @@ class ForgetRow(Base):
     kek_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     units: Mapped[str] = mapped_column(Text)  # JSON list of dropped units so far
     sessions: Mapped[str] = mapped_column(Text)  # JSON list of per-session fingerprints so far
+
+    __table_args__ = (Index("ix_fak_forgets_ref", "tenant", "ref"),)

@@ -69,16 +69,15 @@ class StateStore:
         self, row: SessionRow, segments: list[SegmentRow], forget: tuple[str, dict[str, object]] | None = None
     ) -> None:
         """Replace a session's metadata and ledger in one transaction; ``forget`` =
-        (ref, values) updates that forget's progress in the same transaction, so a
+        (request id, values) updates that forget's progress in the same transaction, so a
         crash never leaves a dropped segment unrecorded in its receipt."""
         with self.tx() as s:
             s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == row.tenant, SegmentRow.session_id == row.id))
             s.merge(row)
             s.add_all(segments)
             if forget is not None:
-                ref, values = forget
-                s.execute(sa.update(ForgetRow).where(ForgetRow.tenant == row.tenant, ForgetRow.ref == ref)
-                          .values(**values))
+                request_id, values = forget
+                s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == request_id).values(**values))
 
     def session(self, tenant: str, session_id: str) -> tuple[SessionRow, list[SegmentRow]] | None:
         with self._session() as s:
@@ -150,17 +149,25 @@ class StateStore:
 
     # --- forgets --------------------------------------------------------------
     def forget_row(self, tenant: str, ref: str) -> ForgetRow | None:
+        """The latest forget of ``ref`` (a ref re-admitted after a forget may have several)."""
         with self._session() as s:
-            return s.get(ForgetRow, (tenant, ref))
+            q = (sa.select(ForgetRow).where(ForgetRow.tenant == tenant, ForgetRow.ref == ref)
+                 .order_by(ForgetRow.started_us.desc()).limit(1))
+            return s.scalars(q).first()
+
+    def forget_pending(self, tenant: str, ref: str) -> bool:
+        row = self.forget_row(tenant, ref)
+        return row is not None and row.state == "requested"
 
     def start_forget(self, row: ForgetRow) -> None:
         with self.tx() as s:
             s.add(row)
 
-    def update_forget(self, tenant: str, ref: str, **values: object) -> None:
+    def update_forget(self, request_id: str, **values: object) -> None:
         with self.tx() as s:
-            s.execute(sa.update(ForgetRow).where(ForgetRow.tenant == tenant, ForgetRow.ref == ref).values(**values))
+            s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == request_id).values(**values))
 
     def pending_forgets(self) -> list[ForgetRow]:
         with self._session() as s:
-            return list(s.scalars(sa.select(ForgetRow).where(ForgetRow.state == "requested")))
+            q = sa.select(ForgetRow).where(ForgetRow.state == "requested").order_by(ForgetRow.started_us)
+            return list(s.scalars(q))

@@ -64,9 +64,10 @@ def upgrade() -> None:
     )
     op.create_table(
         "fak_forgets",
-        sa.Column("tenant", sa.String(64), primary_key=True),
-        sa.Column("ref", sa.String(80), primary_key=True),
-        sa.Column("request_id", sa.String(64), nullable=False, unique=True),
+        sa.Column("request_id", sa.String(64), primary_key=True),
+        sa.Column("tenant", sa.String(64), nullable=False),
+        sa.Column("ref", sa.String(80), nullable=False),
+        sa.Column("started_us", sa.BigInteger, nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("principal", sa.String(128), nullable=True),
         sa.Column("reason", sa.String(128), nullable=True),
@@ -77,6 +78,7 @@ def upgrade() -> None:
         sa.Column("units", sa.Text, nullable=False),
         sa.Column("sessions", sa.Text, nullable=False),
     )
+    op.create_index("ix_fak_forgets_ref", "fak_forgets", ["tenant", "ref"])
 
 
 def downgrade() -> None:
