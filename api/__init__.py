@@ -1,1 +1,2 @@
-"""fak.api — see ../shared/DESIGN.md."""
+"""fak.api: the REST and OpenAI-compatible front door over the Kernel (``create_app``,
+served by ``fak serve``). Routes are thin adapters; every rule lives in the Kernel."""

@@ -226,6 +226,15 @@ class Kernel:
             ks = self._sessions[(tenant, sid)] = KernelSession(self, tenant, sid, now_us(), fresh=True)
             return ks
 
+    def delete_session(self, tenant: str, id: str) -> None:  # noqa: A002
+        """Drop a session: its KV, its durable ledger. Its refs stay in the CAS (forget erases)."""
+        tenant = check_tenant(tenant)
+        ks = self.session(tenant, id)  # NotFound for unknown or another tenant's
+        with self._registry, ks._locked():
+            self.state.delete_session(tenant, id)
+            self._sessions.pop((tenant, id), None)
+            ks._mech = None
+
     def sessions(self, tenant: str) -> list[str]:
         """Ids of the tenant's sessions, loaded or not, oldest first."""
         return self.state.session_ids(check_tenant(tenant))

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fak.errors import Conflict, InvalidInput
+from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.generate import SamplingParams
 from fak.kernel.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from fak.materialise import MaterialiseResult, WorkingSet
     from fak.policy import Verdict
 
-TEXT_KINDS = {SegmentKind.SYSTEM, SegmentKind.USER}
 MAX_TEXT_BYTES = 1 << 20
 
 
@@ -188,7 +187,7 @@ class KernelSession:
         t0 = time.perf_counter()
         found = k.state.session(self.tenant, self.id)
         if found is None:
-            raise StateError(f"session {self.id} has no durable ledger")
+            raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
         head, rows = found
         s = self._new_mech()
         s.chunk_size = head.chunk_size
@@ -254,21 +253,25 @@ class KernelSession:
 
     # --- appending text -------------------------------------------------------
     def append(self, kind: SegmentKind | str, text: str) -> Segment:
-        """Append a system or user message (tool results go through ``admit``)."""
+        """Append a system, user or assistant message (tool results go through ``admit``).
+        An assistant message given as text (a client resending a history, another model's
+        turn) gets the content provenance of every ref live now, as a generated turn would."""
         try:
             kind = SegmentKind(kind)
         except ValueError:
-            raise InvalidInput(f"kind must be system or user, not {kind!r}") from None
-        if kind not in TEXT_KINDS:
-            raise InvalidInput(f"append takes system or user text; a {kind.value} segment comes from "
-                               f"{'admit' if kind is SegmentKind.TOOL else 'generate'}")
+            raise InvalidInput(f"kind must be system, user or assistant, not {kind!r}") from None
+        if kind is SegmentKind.TOOL:
+            raise InvalidInput("a tool result goes through admit (the policy gate), not append")
         if not isinstance(text, str):
             raise InvalidInput("text must be a string")
         if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
             raise InvalidInput(f"text is larger than {MAX_TEXT_BYTES} bytes")
         with self._locked() as s:
             try:
-                seg = s.append(kind, text)
+                content: frozenset[str] = frozenset()
+                if kind is SegmentKind.ASSISTANT:
+                    content = frozenset().union(*(x.provenance | x.content for x in s.ledger.live()))
+                seg = s.append(kind, text, content=content)
                 self._persist()
             except BaseException:
                 self._discard()

@@ -84,3 +84,16 @@ class ForgetRow(Base):
     sessions: Mapped[str] = mapped_column(Text)  # JSON list of per-session fingerprints so far
 
     __table_args__ = (Index("ix_fak_forgets_ref", "tenant", "ref"),)
+
+
+class ApiKeyRow(Base):
+    """An API key: only its id and a keyed hash are stored; the key itself is shown once."""
+
+    __tablename__ = "fak_api_keys"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    revoked_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -91,6 +91,11 @@ class StateStore:
             ).all()
             return row, list(segs)
 
+    def delete_session(self, tenant: str, session_id: str) -> None:
+        with self.tx() as s:
+            s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == tenant, SegmentRow.session_id == session_id))
+            s.execute(sa.delete(SessionRow).where(SessionRow.tenant == tenant, SessionRow.id == session_id))
+
     def session_ids(self, tenant: str) -> list[str]:
         with self._session() as s:
             q = sa.select(SessionRow.id).where(SessionRow.tenant == tenant).order_by(SessionRow.created_us, SessionRow.id)
@@ -154,6 +159,11 @@ class StateStore:
             q = (sa.select(ForgetRow).where(ForgetRow.tenant == tenant, ForgetRow.ref == ref)
                  .order_by(ForgetRow.started_us.desc()).limit(1))
             return s.scalars(q).first()
+
+    def forget_by_request(self, tenant: str, request_id: str) -> ForgetRow | None:
+        with self._session() as s:
+            row = s.get(ForgetRow, request_id)
+            return row if row is not None and row.tenant == tenant else None
 
     def forget_pending(self, tenant: str, ref: str) -> bool:
         row = self.forget_row(tenant, ref)

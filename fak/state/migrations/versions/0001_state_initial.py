@@ -1,4 +1,4 @@
-"""Kernel state: sessions, segments, refs, forgets.
+"""Kernel state: sessions, segments, refs, forgets, API keys.
 
 Revision ID: state_0001
 Revises:
@@ -79,8 +79,18 @@ def upgrade() -> None:
         sa.Column("sessions", sa.Text, nullable=False),
     )
     op.create_index("ix_fak_forgets_ref", "fak_forgets", ["tenant", "ref"])
+    op.create_table(
+        "fak_api_keys",
+        sa.Column("key_id", sa.String(32), primary_key=True),
+        sa.Column("tenant", sa.String(64), nullable=False),
+        sa.Column("role", sa.String(16), nullable=False),
+        sa.Column("hash", sa.String(64), nullable=False),
+        sa.Column("name", sa.String(128), nullable=True),
+        sa.Column("created_us", sa.BigInteger, nullable=False),
+        sa.Column("revoked_us", sa.BigInteger, nullable=True),
+    )
 
 
 def downgrade() -> None:
-    for table in ("fak_forgets", "fak_refs", "fak_segments", "fak_sessions"):
+    for table in ("fak_api_keys", "fak_forgets", "fak_refs", "fak_segments", "fak_sessions"):
         op.drop_table(table)

@@ -1,0 +1,61 @@
+"""Authentication and role checks as FastAPI dependencies. Every failure is an
+``AuthFailure`` audit event (a keyed fingerprint of the key, never the key)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import Depends, Request
+
+from fak.api.keys import Principal, Role
+from fak.api.problems import Unauthorized
+from fak.errors import Forbidden
+from fak.facade import Kernel
+
+
+def kernel(request: Request) -> Kernel:
+    return request.app.state.kernel
+
+
+def _presented(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+def _log_failure(request: Request, reason: str, fingerprint: str | None, tenant: str = "") -> None:
+    from fak.audit import AuthFailure
+
+    route = request.scope.get("route")
+    name = getattr(route, "name", None) or "unknown"
+    request.app.state.kernel.audit.submit(  # not awaited: a failure never waits on the log
+        AuthFailure(tenant=tenant, reason=reason, key_fingerprint=fingerprint, route=name[:128]))
+
+
+def principal(request: Request) -> Principal:
+    check = request.app.state.keys.check(_presented(request))
+    if check.principal is None:
+        _log_failure(request, check.reason or "unknown_key", check.fingerprint)
+        raise Unauthorized("a valid API key is required (Authorization: Bearer fak_...)")
+    request.state.principal = check.principal
+    return check.principal
+
+
+def require(*roles: Role) -> Callable[..., Principal]:
+    """A dependency that lets only ``roles`` through (403 otherwise, logged)."""
+    allowed = set(roles)
+
+    def dep(request: Request, who: Principal = Depends(principal)) -> Principal:  # noqa: B008
+        if who.role not in allowed:
+            _log_failure(request, "forbidden", None, who.tenant)
+            raise Forbidden(f"role {who.role.value} may not do this (needs {', '.join(sorted(allowed))})")
+        return who
+
+    return dep
+
+
+AGENT = require(Role.AGENT, Role.ADMIN)
+READER = require(Role.AGENT, Role.AUDITOR, Role.ADMIN)
+AUDITOR = require(Role.AUDITOR, Role.ADMIN)
+ADMIN = require(Role.ADMIN)

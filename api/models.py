@@ -1,0 +1,165 @@
+"""Request and response bodies at the edge (pydantic): ids and digests are the shared
+``fak.types`` grammar, sizes are bounded, unknown fields are refused."""
+
+from __future__ import annotations
+
+import base64
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fak.types import Digest, Id
+
+MAX_TEXT = 1 << 20  # characters of one message
+MAX_TOOL_BYTES = 8 << 20  # a tool result as sent (the policy's max_bytes decides what enters)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(Strict):
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="default: generated")
+
+
+class SegmentOut(BaseModel):
+    id: str
+    kind: str
+    ref: str | None
+    start: int | None
+    length: int
+    state: str
+    verdict: str | None
+    rule: str | None
+    provenance: list[str]
+    content_provenance: list[str]
+    protected: bool
+
+
+class SessionOut(BaseModel):
+    id: str
+    tokens: int
+    fingerprint: str
+    segments: list[SegmentOut]
+
+
+class SessionList(BaseModel):
+    sessions: list[str]
+
+
+class MessageIn(Strict):
+    role: Literal["system", "user"]
+    content: str = Field(max_length=MAX_TEXT)
+
+
+class ToolResultIn(Strict):
+    tool: str = Field(min_length=1, max_length=128)
+    content: str | None = Field(None, description="the result as text (UTF-8)")
+    content_b64: str | None = Field(None, description="the result as base64 bytes (any bytes)")
+    media_type: str = "text/plain"
+    tags: list[Id] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _one(self) -> ToolResultIn:
+        if (self.content is None) == (self.content_b64 is None):
+            raise ValueError("give exactly one of content or content_b64")
+        return self
+
+    def data(self) -> bytes:
+        if self.content is not None:
+            raw = self.content.encode("utf-8", "surrogatepass")
+        else:
+            try:
+                raw = base64.b64decode(self.content_b64 or "", validate=True)
+            except ValueError:
+                raise ValueError("content_b64 is not base64") from None
+        if len(raw) > MAX_TOOL_BYTES:
+            raise ValueError(f"a tool result is at most {MAX_TOOL_BYTES} bytes")
+        return raw
+
+
+class MatchOut(BaseModel):
+    detector: str
+    rule_id: str
+    score: float
+
+
+class AdmissionOut(BaseModel):
+    verdict: Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
+    enforced: bool
+    rule_id: str
+    policy_digest: str
+    ref: str
+    admitted_ref: str | None
+    admitted: bool
+    segment: SegmentOut
+    audit_index: int
+
+
+class EvictIn(Strict):
+    segment_id: Id
+    mode: Literal["auto", "write_time", "recompute", "rerope"] | None = None
+    reason: Id = "manual"
+
+
+class EvictionOut(BaseModel):
+    segment_id: str
+    ref: str | None
+    mode: str
+    exactness: str
+    rows_removed: int
+    rows_replayed: int
+    seconds: float
+    fingerprint: str
+
+
+class GenerateIn(Strict):
+    max_tokens: int = Field(128, ge=0, le=4096)
+    min_tokens: int = Field(0, ge=0, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stream: bool = False
+
+
+class GenerateOut(BaseModel):
+    text: str
+    tokens: list[int]
+    segment: SegmentOut | None
+    fingerprint: str
+
+
+class PieceOut(BaseModel):
+    selector: str
+    ref: str | None
+    verdict: Literal["HIT", "FAULT", "RECOMPUTE", "REFUSE", "ABSTAIN"]
+    reason: str
+    exact: bool | None
+    tokens: int
+    segment_id: str | None
+
+
+class MaterialiseOut(BaseModel):
+    pieces: list[PieceOut]
+    evicted: list[str]
+    segments: list[SegmentOut]
+    context_tokens: int
+    fingerprint: str
+    audit_index: int
+
+
+class ForgetIn(Strict):
+    ref: Digest
+    reason: Id | None = None
+
+
+class QuarantineIn(Strict):
+    ref: Digest
+    reason: Id
+
+
+class QuarantineOut(BaseModel):
+    ref: str
+    units: list[dict[str, str]]
+    mode: str
+    audit_index: int

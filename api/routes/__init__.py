@@ -1,0 +1,1 @@
+"""Route modules: thin adapters over the Kernel, one module per resource."""

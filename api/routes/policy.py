@@ -1,0 +1,7 @@
+"""(being written) policy routes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()
