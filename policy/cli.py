@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+NOT_ALLOWED = 3  # `fak gate --exit-code`: some verdict was not ALLOW
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     policy = subparsers.add_parser("policy", help="policy files")
@@ -21,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--media-type", default=None, help="media type of the stdin input")
     gate.add_argument("--jsonl", metavar="IN", help='read lines {"tool": ..., "text": ...}; "-" for stdin')
     gate.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
+    gate.add_argument("--exit-code", action="store_true",
+                      help=f"exit {NOT_ALLOWED} when a verdict is not ALLOW (errors exit 1, usage 2)")
     gate.set_defaults(handler=_gate)
 
 
@@ -55,8 +59,9 @@ def _gate(args: argparse.Namespace) -> int:
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
         context = GateContext(media_type=args.media_type) if args.media_type else None
-        print(_verdict_json(gate(policy, args.tool, data, context)))
-        return 0
+        verdict = gate(policy, args.tool, data, context)
+        print(_verdict_json(verdict))
+        return NOT_ALLOWED if args.exit_code and verdict.kind.value != "ALLOW" else 0
     return _gate_jsonl(policy, args)
 
 
@@ -94,7 +99,7 @@ def _gate_jsonl(policy, args: argparse.Namespace) -> int:
     print(f"gate: {summary or 'no input'}{f' skipped={bad}' if bad else ''}", file=sys.stderr)
     if bad and not counts:
         raise FakError(f"{args.jsonl}: no valid line")
-    return 0
+    return NOT_ALLOWED if args.exit_code and set(counts) - {"ALLOW"} else 0
 
 
 def _open(path: str, mode: str):

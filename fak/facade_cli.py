@@ -1,0 +1,101 @@
+"""``fak chat``, ``fak sessions``, ``fak forget`` and ``fak quarantine``: the Kernel from a
+terminal (in process, on the data directory the settings name)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("chat", help="a chat session through the Kernel (persisted; resume with --session)")
+    c.add_argument("--tenant", default="local")
+    c.add_argument("--session", help="continue this session id")
+    c.add_argument("--system", help="system message for a new session")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--config", help="settings file; FAK_* variables override it")
+    c.set_defaults(handler=_chat)
+
+    s = sub.add_parser("sessions", help="a tenant's sessions")
+    s.add_argument("--tenant", default="local")
+    s.add_argument("--config")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=_sessions)
+
+    f = sub.add_parser("forget", help="erase a ref from every session, cache and store; prints the receipt")
+    f.add_argument("ref")
+    f.add_argument("--tenant", required=True)
+    f.add_argument("--reason")
+    f.add_argument("--by", help="who asked (recorded in the log)")
+    f.add_argument("--config")
+    f.add_argument("--out", help="write the receipt JSON here (default: stdout)")
+    f.set_defaults(handler=_forget)
+
+    q = sub.add_parser("quarantine", help="late detection: evict a ref from every session of the tenant")
+    q.add_argument("ref")
+    q.add_argument("--tenant", required=True)
+    q.add_argument("--reason", required=True)
+    q.add_argument("--config")
+    q.set_defaults(handler=_quarantine)
+
+
+def _open(config: str | None):  # noqa: ANN202
+    from fak import Kernel
+    from fak.settings import Settings
+
+    return Kernel.open(Settings.load(config))
+
+
+def _chat(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        s = k.session(args.tenant, args.session) if args.session else k.session(args.tenant)
+        if args.system and not args.session:
+            s.append("system", args.system)
+        print(f"session {s.id} (tenant {args.tenant}); an empty line or Ctrl-D ends", file=sys.stderr)
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            s.append("user", line)
+            print("assistant> ", end="", flush=True)
+            for piece in k.tokenizer.stream_text(s.generate(max_tokens=args.max_tokens)):
+                print(piece, end="", flush=True)
+            print()
+    return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        ids = k.sessions(args.tenant)
+    print(json.dumps(ids) if args.json else "\n".join(ids))
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from fak.audit.receipt import verify_receipt
+
+    with _open(args.config) as k:
+        receipt = k.forget(args.tenant, args.ref, requested_by=args.by, reason=args.reason)
+        check = verify_receipt(receipt, k.audit.public_key())
+        body = receipt.model_dump_json(indent=2)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                fh.write(body + "\n")
+        else:
+            print(body)
+        print(f"forgot {args.ref}: {len(receipt.units_dropped)} units dropped in {len(receipt.sessions)} "
+              f"sessions; receipt verifies: {check.ok}; check it offline with: fak audit verify-receipt "
+              f"RECEIPT --pubkey '{k.audit.public_key()}'", file=sys.stderr)
+        return 0 if check.ok else 1
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        report = k.quarantine(args.tenant, args.ref, reason=args.reason, principal="cli")
+    print(json.dumps({"ref": report.ref, "units": report.units, "mode": report.mode,
+                      "audit_index": report.audit_index}))
+    return 0
