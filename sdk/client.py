@@ -1,0 +1,692 @@
+"""HTTP clients for the fak API: ``Client`` (blocking) and ``AsyncClient`` (asyncio),
+both over httpx, both returning the typed results of ``fak.sdk.models``.
+
+    from fak.sdk import Client
+
+    with Client("http://127.0.0.1:8077", api_key="fak_...") as fak:
+        s = fak.create_session()
+        s.append("system", "You are a travel assistant.")
+        a = s.admit("flight_status", "LH123 is on time, gate B22.")
+        print(a.verdict, a.ref)
+        for piece in s.stream(max_tokens=64):
+            print(piece, end="")
+
+Retries: only idempotent calls (GET, HEAD, PUT, DELETE) are retried, on a transport
+error (connection refused or reset, timeout) and on 502/503/504, with exponential
+backoff and jitter (``Retry-After`` is honoured, capped at ``backoff_max``). A POST
+(append, admit, generate, forget, ...) is sent once: a request whose answer was lost
+may have taken effect, and the SDK cannot know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from fak import __version__
+from fak.sdk.errors import FakAPIError, FakConnectionError
+from fak.sdk.models import (
+    AdmissionOut,
+    EvictionOut,
+    ForgetReceipt,
+    ForgetStatus,
+    GenerateOut,
+    MaterialiseOut,
+    QuarantineOut,
+    SegmentOut,
+    SessionList,
+    SessionOut,
+    StreamDone,
+)
+
+T = TypeVar("T")
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+RETRY_STATUS = frozenset({502, 503, 504})
+USER_AGENT = f"fak-sdk/{__version__}"
+
+
+# --- requests, shared by the blocking and the asyncio client ---------------------
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API call: what to send and how to read a 2xx answer."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    json: Any = None
+    params: dict[str, Any] | None = None
+    raw: bool = False  # parse gets the httpx.Response, not its JSON
+
+
+def _model(cls: type[T]) -> Callable[[Any], T]:
+    return cls.model_validate  # type: ignore[attr-defined]
+
+
+def _sampling(max_tokens: int, min_tokens: int, temperature: float, top_p: float, seed: int | None,
+              stream: bool) -> dict[str, Any]:
+    return {"max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature, "top_p": top_p,
+            "seed": seed, "stream": stream}
+
+
+def tool_body(tool: str, content: str | bytes, media_type: str, tags: Sequence[str]) -> dict[str, Any]:
+    """A ``ToolResultIn`` body: text as ``content``, bytes as ``content_b64``."""
+    body: dict[str, Any] = {"tool": tool, "media_type": media_type, "tags": list(tags)}
+    if isinstance(content, bytes | bytearray | memoryview):
+        body["content_b64"] = base64.b64encode(bytes(content)).decode("ascii")
+    else:
+        body["content"] = content
+    return body
+
+
+def working_set(refs: Iterable[str], exclude: Iterable[str], budget_tokens: int | None,
+                model_id: str | None, tokenizer_id: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"refs": list(refs), "exclude": list(exclude)}
+    for name, value in (("budget_tokens", budget_tokens), ("model_id", model_id), ("tokenizer_id", tokenizer_id)):
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def _forget_status(body: dict[str, Any]) -> ForgetStatus:
+    body = dict(body)
+    state = body.pop("state", "completed")
+    if state != "completed":
+        return ForgetStatus(request_id=body["request_id"], ref=body["ref"], state=state)
+    receipt = ForgetReceipt.model_validate(body)
+    return ForgetStatus(request_id=receipt.request_id, ref=receipt.ref, state=state, receipt=receipt)
+
+
+class Calls:
+    """The routes, as ``Call`` values (one place for paths and bodies)."""
+
+    @staticmethod
+    def health() -> Call[dict]:
+        return Call("GET", "/healthz", dict)
+
+    @staticmethod
+    def create_session(sid: str | None) -> Call[SessionOut]:
+        return Call("POST", "/v1/sessions", _model(SessionOut), json={"id": sid} if sid else {})
+
+    @staticmethod
+    def sessions() -> Call[list[str]]:
+        return Call("GET", "/v1/sessions", lambda b: SessionList.model_validate(b).sessions)
+
+    @staticmethod
+    def get_session(sid: str) -> Call[SessionOut]:
+        return Call("GET", f"/v1/sessions/{sid}", _model(SessionOut))
+
+    @staticmethod
+    def append(sid: str, role: str, content: str) -> Call[SegmentOut]:
+        return Call("POST", f"/v1/sessions/{sid}/messages", _model(SegmentOut), json={"role": role, "content": content})
+
+    @staticmethod
+    def admit(sid: str, body: dict[str, Any]) -> Call[AdmissionOut]:
+        return Call("POST", f"/v1/sessions/{sid}/tool-results", _model(AdmissionOut), json=body)
+
+    @staticmethod
+    def evict(sid: str, segment_id: str, mode: str | None, reason: str) -> Call[EvictionOut]:
+        body: dict[str, Any] = {"segment_id": segment_id, "reason": reason}
+        if mode is not None:
+            body["mode"] = mode
+        return Call("POST", f"/v1/sessions/{sid}/evict", _model(EvictionOut), json=body)
+
+    @staticmethod
+    def materialise(sid: str, body: dict[str, Any]) -> Call[MaterialiseOut]:
+        return Call("POST", f"/v1/sessions/{sid}/materialise", _model(MaterialiseOut), json=body)
+
+    @staticmethod
+    def generate(sid: str, body: dict[str, Any]) -> Call[GenerateOut]:
+        return Call("POST", f"/v1/sessions/{sid}/generate", _model(GenerateOut), json=body)
+
+    @staticmethod
+    def forget(ref: str, reason: str | None) -> Call[ForgetReceipt]:
+        body = {"ref": ref} | ({"reason": reason} if reason is not None else {})
+        return Call("POST", "/v1/forget", _model(ForgetReceipt), json=body)
+
+    @staticmethod
+    def forget_status(request_id: str) -> Call[ForgetStatus]:
+        return Call("GET", f"/v1/forget/{request_id}", _forget_status)
+
+    @staticmethod
+    def quarantine(ref: str, reason: str) -> Call[QuarantineOut]:
+        return Call("POST", "/v1/quarantine", _model(QuarantineOut), json={"ref": ref, "reason": reason})
+
+
+# --- answers --------------------------------------------------------------------
+def _problem(r: httpx.Response) -> FakAPIError:
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    return FakAPIError.from_problem(r.status_code, body, r.text if body is None else "")
+
+
+def _read(r: httpx.Response, call: Call[T]) -> T:
+    if r.status_code >= 400:
+        raise _problem(r)
+    if call.raw:
+        return call.parse(r)
+    return call.parse(r.json())
+
+
+def _delay(attempt: int, r: httpx.Response | None, backoff: float, backoff_max: float) -> float:
+    if r is not None:
+        after = r.headers.get("retry-after", "")
+        if after.isdigit():
+            return min(float(after), backoff_max)
+    base = min(backoff_max, backoff * (2**attempt))
+    return base * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not crypto
+
+
+def _headers(api_key: str | None, extra: dict[str, str] | None) -> dict[str, str]:
+    h = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if api_key:
+        h["Authorization"] = f"Bearer {api_key}"
+    return h | (extra or {})
+
+
+# --- server-sent events ------------------------------------------------------------
+class _SSE:
+    """Incremental parser of ``text/event-stream`` lines into (event, data) pairs."""
+
+    def __init__(self) -> None:
+        self.event = "message"
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        if line == "":
+            if not self.data:
+                self.event = "message"
+                return None
+            out = (self.event, "\n".join(self.data))
+            self.event, self.data = "message", []
+            return out
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+
+class _StreamState:
+    """What a streamed generation has produced so far."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.pieces: list[str] = []
+        self.done: StreamDone | None = None
+
+    def on(self, event: str, data: str | dict[str, Any]) -> str | None:
+        """Handle one event (data as JSON text, or already a dict); the text piece to yield, if any."""
+        body = json.loads(data) if isinstance(data, str) else data
+        if event == "done":
+            self.done = StreamDone.model_validate(body)
+            return None
+        if event == "error":  # not sent by this server version, understood anyway
+            raise FakAPIError.from_problem(int(body.get("status") or 500), body)
+        self.tokens.append(int(body["token"]))
+        text = body.get("text") or ""
+        if text:
+            self.pieces.append(text)
+        return text or None
+
+    def result(self) -> GenerateOut:
+        if self.done is None:
+            raise FakAPIError.from_problem(502, None, "the stream ended before its done event")
+        return GenerateOut(text=self.text, tokens=self.tokens, segment=self.done.segment,
+                           fingerprint=self.done.fingerprint)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class TextStream(Iterator[str]):
+    """A streamed generation: iterate for text pieces as they are decoded.
+
+    After the last piece ``done`` holds the appended segment and the fingerprint,
+    ``tokens`` every token id, ``text`` the whole text, and ``result()`` the same
+    ``GenerateOut`` a non-streamed ``generate`` returns. ``close()`` (or leaving a
+    ``with`` block) before the end gives the turn up: the server rolls it back and the
+    session is as it was before the call."""
+
+    def __init__(self, pieces: Iterator[tuple[str, Any]], close: Callable[[], None]) -> None:
+        self._events = pieces
+        self._close = close
+        self._state = _StreamState()
+        self._closed = False
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        if self._closed:
+            raise StopIteration
+        try:
+            while True:
+                event, data = next(self._events)
+                piece = self._state.on(event, data)
+                if piece is not None:
+                    return piece
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def result(self) -> GenerateOut:
+        """Read to the end; the turn as ``generate`` would have returned it."""
+        for _ in self:
+            pass
+        return self._state.result()
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._state.tokens)
+
+    @property
+    def text(self) -> str:
+        return self._state.text
+
+    @property
+    def done(self) -> StreamDone | None:
+        return self._state.done
+
+
+class AsyncTextStream(AsyncIterator[str]):
+    """``TextStream`` for ``AsyncClient``: ``async for piece in stream``; ``await aclose()``."""
+
+    def __init__(self, pieces: AsyncIterator[tuple[str, str]], close: Callable[[], Any]) -> None:
+        self._events = pieces
+        self._close = close
+        self._state = _StreamState()
+        self._closed = False
+
+    def __aiter__(self) -> AsyncTextStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            while True:
+                event, data = await self._events.__anext__()
+                piece = self._state.on(event, data)
+                if piece is not None:
+                    return piece
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._close()
+
+    async def __aenter__(self) -> AsyncTextStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def result(self) -> GenerateOut:
+        async for _ in self:
+            pass
+        return self._state.result()
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._state.tokens)
+
+    @property
+    def text(self) -> str:
+        return self._state.text
+
+    @property
+    def done(self) -> StreamDone | None:
+        return self._state.done
+
+
+# --- the blocking client --------------------------------------------------------
+@dataclass
+class _Options:
+    retries: int = 2
+    backoff: float = 0.25
+    backoff_max: float = 8.0
+    sleep: Callable[[float], Any] = field(default=time.sleep)
+
+
+class Session:
+    """A handle on one server session (``Client.create_session`` / ``Client.session``).
+    Each method is one API call; nothing is cached on the handle but its id."""
+
+    def __init__(self, client: Client, id: str) -> None:  # noqa: A002
+        self.client = client
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def info(self) -> SessionOut:
+        """The session: token count, fingerprint, ledger."""
+        return self.client._call(Calls.get_session(self.id))
+
+    def ledger(self) -> list[SegmentOut]:
+        """Every segment with its state, verdict, rule and provenance."""
+        return self.info().segments
+
+    def fingerprint(self) -> str:
+        """BLAKE3 fingerprint of the live KV (equal fingerprints: equal caches)."""
+        return self.info().fingerprint
+
+    def append(self, role: str, content: str) -> SegmentOut:
+        """Append a ``system`` or ``user`` message."""
+        return self.client._call(Calls.append(self.id, role, content))
+
+    def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
+              tags: Sequence[str] = ()) -> AdmissionOut:
+        """Send a tool result through the admission gate: the verdict, the ref, the segment."""
+        return self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags)))
+
+    def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
+        """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
+        return self.client._call(Calls.evict(self.id, segment_id, mode, reason))
+
+    def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (), budget_tokens: int | None = None,
+                    *, model_id: str | None = None, tokenizer_id: str | None = None) -> MaterialiseOut:
+        """Make the session's tool context this working set (refs or ``tag:``/``tool:`` selectors)."""
+        return self.client._call(Calls.materialise(
+            self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
+
+    def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
+        """Generate an assistant turn (appended to the session)."""
+        body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
+        return self.client._call(Calls.generate(self.id, body))
+
+    def stream(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
+               top_p: float = 1.0, seed: int | None = None) -> TextStream:
+        """``generate`` as server-sent events: a ``TextStream`` of text pieces."""
+        body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, True)
+        return self.client._stream(f"/v1/sessions/{self.id}/generate", body)
+
+    def chat(self, text: str, **sampling: Any) -> str:
+        """Append a user message and return the generated answer's text."""
+        self.append("user", text)
+        return self.generate(**sampling).text
+
+
+class Client:
+    """Blocking client. ``base_url`` like ``http://127.0.0.1:8077``; ``api_key`` a
+    ``fak_...`` key (``fak keys create``). ``timeout`` in seconds (or an
+    ``httpx.Timeout``); ``retries`` for idempotent calls only (see the module doc).
+    ``transport`` replaces the network (``httpx.MockTransport``, ``httpx.ASGITransport``
+    is async-only)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float | httpx.Timeout = 60.0,
+                 retries: int = 2, backoff: float = 0.25, backoff_max: float = 8.0,
+                 headers: dict[str, str] | None = None, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._opt = _Options(retries=max(0, retries), backoff=backoff, backoff_max=backoff_max)
+        self._http = httpx.Client(base_url=self.base_url, headers=_headers(api_key, headers), timeout=timeout,
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # plumbing
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        attempts = self._opt.retries + 1 if method in IDEMPOTENT else 1
+        for attempt in range(attempts):
+            last = attempt + 1 == attempts
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if last:
+                    raise FakConnectionError(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+                self._opt.sleep(_delay(attempt, None, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code in RETRY_STATUS and not last:
+                r.close()
+                self._opt.sleep(_delay(attempt, r, self._opt.backoff, self._opt.backoff_max))
+                continue
+            return r
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _call(self, call: Call[T]) -> T:
+        r = self._send(call.method, call.path, json=call.json, params=call.params)
+        return _read(r, call)
+
+    def _stream(self, path: str, body: dict[str, Any]) -> TextStream:
+        request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
+        try:
+            r = self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise FakConnectionError(f"POST {path}: {exc.__class__.__name__}: {exc}") from exc
+        if r.status_code >= 400:
+            r.read()
+            r.close()
+            raise _problem(r)
+
+        def events() -> Iterator[tuple[str, str]]:
+            sse = _SSE()
+            try:
+                for line in r.iter_lines():
+                    out = sse.feed(line)
+                    if out is not None:
+                        yield out
+                out = sse.feed("")
+                if out is not None:
+                    yield out
+            except httpx.TransportError as exc:
+                raise FakConnectionError(f"POST {path}: the stream broke: {exc}") from exc
+
+        return TextStream(events(), r.close)
+
+    # the API
+    def health(self) -> dict:
+        """``GET /healthz`` (no key needed)."""
+        return self._call(Calls.health())
+
+    def create_session(self, id: str | None = None) -> Session:  # noqa: A002
+        """A new session (``id`` chosen, or generated by the server)."""
+        return Session(self, self._call(Calls.create_session(id)).id)
+
+    def session(self, id: str) -> Session:  # noqa: A002
+        """A handle on an existing session (no request is made)."""
+        return Session(self, id)
+
+    def get_session(self, id: str) -> SessionOut:  # noqa: A002
+        return self._call(Calls.get_session(id))
+
+    def sessions(self) -> list[str]:
+        """Ids of the tenant's sessions, oldest first."""
+        return self._call(Calls.sessions())
+
+    def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
+        """Erase ``ref`` everywhere in the tenant (admin key); the signed receipt."""
+        return self._call(Calls.forget(ref, reason))
+
+    def forget_status(self, request_id: str) -> ForgetStatus:
+        """A forget by request id (auditor or admin key)."""
+        return self._call(Calls.forget_status(request_id))
+
+    def quarantine(self, ref: str, reason: str) -> QuarantineOut:
+        """Late detection: evict ``ref`` from every live session of the tenant."""
+        return self._call(Calls.quarantine(ref, reason))
+
+
+# --- the asyncio client -----------------------------------------------------------
+class AsyncSession:
+    """``Session`` for ``AsyncClient``: the same methods, awaited."""
+
+    def __init__(self, client: AsyncClient, id: str) -> None:  # noqa: A002
+        self.client = client
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"AsyncSession({self.id!r})"
+
+    async def info(self) -> SessionOut:
+        return await self.client._call(Calls.get_session(self.id))
+
+    async def ledger(self) -> list[SegmentOut]:
+        return (await self.info()).segments
+
+    async def fingerprint(self) -> str:
+        return (await self.info()).fingerprint
+
+    async def append(self, role: str, content: str) -> SegmentOut:
+        return await self.client._call(Calls.append(self.id, role, content))
+
+    async def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
+                    tags: Sequence[str] = ()) -> AdmissionOut:
+        return await self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags)))
+
+    async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
+        return await self.client._call(Calls.evict(self.id, segment_id, mode, reason))
+
+    async def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (),
+                          budget_tokens: int | None = None, *, model_id: str | None = None,
+                          tokenizer_id: str | None = None) -> MaterialiseOut:
+        return await self.client._call(Calls.materialise(
+            self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
+
+    async def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
+                       top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
+        body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
+        return await self.client._call(Calls.generate(self.id, body))
+
+    async def stream(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
+                     top_p: float = 1.0, seed: int | None = None) -> AsyncTextStream:
+        body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, True)
+        return await self.client._stream(f"/v1/sessions/{self.id}/generate", body)
+
+    async def chat(self, text: str, **sampling: Any) -> str:
+        await self.append("user", text)
+        return (await self.generate(**sampling)).text
+
+
+class AsyncClient:
+    """``Client`` for asyncio: the same constructor and methods, awaited. ``transport``
+    may be ``httpx.ASGITransport(app)`` to talk to an app in the same process."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float | httpx.Timeout = 60.0,
+                 retries: int = 2, backoff: float = 0.25, backoff_max: float = 8.0,
+                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._opt = _Options(retries=max(0, retries), backoff=backoff, backoff_max=backoff_max,
+                             sleep=asyncio.sleep)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(api_key, headers),
+                                       timeout=timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        attempts = self._opt.retries + 1 if method in IDEMPOTENT else 1
+        for attempt in range(attempts):
+            last = attempt + 1 == attempts
+            try:
+                r = await self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if last:
+                    raise FakConnectionError(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+                await self._opt.sleep(_delay(attempt, None, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code in RETRY_STATUS and not last:
+                await r.aclose()
+                await self._opt.sleep(_delay(attempt, r, self._opt.backoff, self._opt.backoff_max))
+                continue
+            return r
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _call(self, call: Call[T]) -> T:
+        r = await self._send(call.method, call.path, json=call.json, params=call.params)
+        return _read(r, call)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncTextStream:
+        request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
+        try:
+            r = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise FakConnectionError(f"POST {path}: {exc.__class__.__name__}: {exc}") from exc
+        if r.status_code >= 400:
+            await r.aread()
+            await r.aclose()
+            raise _problem(r)
+
+        async def events() -> AsyncIterator[tuple[str, str]]:
+            sse = _SSE()
+            try:
+                async for line in r.aiter_lines():
+                    out = sse.feed(line)
+                    if out is not None:
+                        yield out
+                out = sse.feed("")
+                if out is not None:
+                    yield out
+            except httpx.TransportError as exc:
+                raise FakConnectionError(f"POST {path}: the stream broke: {exc}") from exc
+
+        return AsyncTextStream(events(), r.aclose)
+
+    async def health(self) -> dict:
+        return await self._call(Calls.health())
+
+    async def create_session(self, id: str | None = None) -> AsyncSession:  # noqa: A002
+        return AsyncSession(self, (await self._call(Calls.create_session(id))).id)
+
+    def session(self, id: str) -> AsyncSession:  # noqa: A002
+        return AsyncSession(self, id)
+
+    async def get_session(self, id: str) -> SessionOut:  # noqa: A002
+        return await self._call(Calls.get_session(id))
+
+    async def sessions(self) -> list[str]:
+        return await self._call(Calls.sessions())
+
+    async def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
+        return await self._call(Calls.forget(ref, reason))
+
+    async def forget_status(self, request_id: str) -> ForgetStatus:
+        return await self._call(Calls.forget_status(request_id))
+
+    async def quarantine(self, ref: str, reason: str) -> QuarantineOut:
+        return await self._call(Calls.quarantine(ref, reason))

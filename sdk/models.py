@@ -1,0 +1,60 @@
+"""Typed results of the SDK: the API's own response bodies (``fak.api.models``),
+re-exported, plus the few shapes only the SDK has. Both modes (HTTP and in-process)
+return these classes, so results compare equal across modes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from fak.api.models import (
+    AdmissionOut,
+    EvictionOut,
+    GenerateOut,
+    MatchOut,
+    MaterialiseOut,
+    PieceOut,
+    QuarantineOut,
+    SegmentOut,
+    SessionList,
+    SessionOut,
+)
+from fak.audit.receipt import ForgetReceipt, ReceiptCheck
+
+Verdict = Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
+
+__all__ = [
+    "AdmissionOut",
+    "EvictionOut",
+    "ForgetReceipt",
+    "ForgetStatus",
+    "GenerateOut",
+    "MatchOut",
+    "MaterialiseOut",
+    "PieceOut",
+    "QuarantineOut",
+    "ReceiptCheck",
+    "SegmentOut",
+    "SessionList",
+    "SessionOut",
+    "StreamDone",
+    "Verdict",
+]
+
+
+class StreamDone(BaseModel):
+    """The end of a streamed generation: the assistant segment it appended (None if the
+    model stopped at once) and the session's KV fingerprint after it."""
+
+    segment: SegmentOut | None
+    fingerprint: str
+
+
+class ForgetStatus(BaseModel):
+    """``GET /v1/forget/{request_id}``: the receipt once the forget completed."""
+
+    request_id: str
+    ref: str
+    state: str  # requested | completed
+    receipt: ForgetReceipt | None = None
