@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
@@ -46,6 +48,9 @@ from fak.sdk.models import (
     SessionOut,
     StreamDone,
 )
+
+if TYPE_CHECKING:
+    from fak.sdk.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, ReceiptCheckOut
 
 T = TypeVar("T")
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -93,6 +98,31 @@ def working_set(refs: Iterable[str], exclude: Iterable[str], budget_tokens: int 
         if value is not None:
             body[name] = value
     return body
+
+
+def _lazy(name: str) -> Callable[[Any], Any]:
+    def parse(body: Any) -> Any:
+        from fak.sdk import models
+
+        return getattr(models, name).model_validate(body)
+
+    return parse
+
+
+@dataclass(frozen=True)
+class RefInfo:
+    """``HEAD /v1/refs/{ref}``: a ref's size, media type and taint."""
+
+    ref: str
+    size: int
+    media_type: str
+    taint: str
+
+
+def _ref_info(r: httpx.Response) -> RefInfo:
+    return RefInfo(ref=r.headers.get("etag", "").strip('"'), size=int(r.headers.get("content-length") or 0),
+                   media_type=r.headers.get("content-type", "").split(";")[0],
+                   taint=r.headers.get("x-fak-taint", ""))
 
 
 def _forget_status(body: dict[str, Any]) -> ForgetStatus:
@@ -159,6 +189,41 @@ class Calls:
     def quarantine(ref: str, reason: str) -> Call[QuarantineOut]:
         return Call("POST", "/v1/quarantine", _model(QuarantineOut), json={"ref": ref, "reason": reason})
 
+    @staticmethod
+    def ref_content(ref: str) -> Call[bytes]:
+        return Call("GET", f"/v1/refs/{ref}", lambda r: r.content, raw=True)
+
+    @staticmethod
+    def ref_head(ref: str) -> Call[RefInfo]:
+        return Call("HEAD", f"/v1/refs/{ref}", _ref_info, raw=True)
+
+    @staticmethod
+    def audit_entries(start: int, limit: int) -> Call[Any]:
+        return Call("GET", "/v1/audit/entries", _lazy("EntriesOut"), params={"start": start, "limit": limit})
+
+    @staticmethod
+    def audit_checkpoint() -> Call[Any]:
+        return Call("GET", "/v1/audit/checkpoint", _lazy("CheckpointOut"))
+
+    @staticmethod
+    def audit_inclusion(index: int) -> Call[Any]:
+        return Call("GET", f"/v1/audit/proof/inclusion/{index}", _lazy("InclusionOut"))
+
+    @staticmethod
+    def audit_inclusion_tlog(index: int) -> Call[str]:
+        return Call("GET", f"/v1/audit/proof/inclusion/{index}", lambda r: r.text, params={"format": "tlog"},
+                    raw=True)
+
+    @staticmethod
+    def audit_consistency(first: int, second: int | None) -> Call[dict]:
+        params = {"first": first} | ({"second": second} if second is not None else {})
+        return Call("GET", "/v1/audit/proof/consistency", dict, params=params)
+
+    @staticmethod
+    def verify_receipt(receipt: ForgetReceipt | dict[str, Any]) -> Call[Any]:
+        body = receipt.model_dump(mode="json") if isinstance(receipt, ForgetReceipt) else receipt
+        return Call("POST", "/v1/audit/receipts/verify", _lazy("ReceiptCheckOut"), json=body)
+
 
 # --- answers --------------------------------------------------------------------
 def _problem(r: httpx.Response) -> FakAPIError:
@@ -184,6 +249,15 @@ def _delay(attempt: int, r: httpx.Response | None, backoff: float, backoff_max: 
             return min(float(after), backoff_max)
     base = min(backoff_max, backoff * (2**attempt))
     return base * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not crypto
+
+
+@contextlib.contextmanager
+def _sink(dest: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
+    if hasattr(dest, "write"):
+        yield dest  # type: ignore[misc]
+        return
+    with open(dest, "wb") as f:  # noqa: PTH123
+        yield f
 
 
 def _headers(api_key: str | None, extra: dict[str, str] | None) -> dict[str, str]:
@@ -444,16 +518,17 @@ class Client:
     """Blocking client. ``base_url`` like ``http://127.0.0.1:8077``; ``api_key`` a
     ``fak_...`` key (``fak keys create``). ``timeout`` in seconds (or an
     ``httpx.Timeout``); ``retries`` for idempotent calls only (see the module doc).
-    ``transport`` replaces the network (``httpx.MockTransport``, ``httpx.ASGITransport``
-    is async-only)."""
+    ``transport`` replaces the network (``httpx.MockTransport``; ``httpx.ASGITransport``
+    is async-only); ``trust_env=False`` ignores proxy variables of the environment."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float | httpx.Timeout = 60.0,
                  retries: int = 2, backoff: float = 0.25, backoff_max: float = 8.0,
-                 headers: dict[str, str] | None = None, transport: httpx.BaseTransport | None = None) -> None:
+                 headers: dict[str, str] | None = None, transport: httpx.BaseTransport | None = None,
+                 trust_env: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self._opt = _Options(retries=max(0, retries), backoff=backoff, backoff_max=backoff_max)
         self._http = httpx.Client(base_url=self.base_url, headers=_headers(api_key, headers), timeout=timeout,
-                                  transport=transport)
+                                  transport=transport, trust_env=trust_env)
 
     def close(self) -> None:
         self._http.close()
@@ -486,6 +561,29 @@ class Client:
     def _call(self, call: Call[T]) -> T:
         r = self._send(call.method, call.path, json=call.json, params=call.params)
         return _read(r, call)
+
+    def _open_stream(self, method: str, path: str) -> httpx.Response:
+        """A streamed answer, retried (idempotent methods) until its status line arrives."""
+        attempts = self._opt.retries + 1 if method in IDEMPOTENT else 1
+        for attempt in range(attempts):
+            last = attempt + 1 == attempts
+            try:
+                r = self._http.send(self._http.build_request(method, path), stream=True)
+            except httpx.TransportError as exc:
+                if last:
+                    raise FakConnectionError(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+                self._opt.sleep(_delay(attempt, None, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code in RETRY_STATUS and not last:
+                r.close()
+                self._opt.sleep(_delay(attempt, r, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code >= 400:
+                r.read()
+                r.close()
+                raise _problem(r)
+            return r
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _stream(self, path: str, body: dict[str, Any]) -> TextStream:
         request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
@@ -545,6 +643,76 @@ class Client:
         """Late detection: evict ``ref`` from every live session of the tenant."""
         return self._call(Calls.quarantine(ref, reason))
 
+    # refs
+    def ref_content(self, ref: str) -> bytes:
+        """A ref's bytes (the tenant's own; verified by the server before sending)."""
+        return self._call(Calls.ref_content(ref))
+
+    def ref_head(self, ref: str) -> RefInfo:
+        return self._call(Calls.ref_head(ref))
+
+    # audit (auditor or admin key)
+    def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
+        """One page of the tenant's audit entries from index ``start`` (``next_start`` for the next)."""
+        return self._call(Calls.audit_entries(start, limit))
+
+    def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[EntryOut]:
+        """Every audit entry of the tenant from ``start``, page by page."""
+        cursor: int | None = start
+        while cursor is not None:
+            out = self.audit_entries(cursor, page)
+            yield from out.entries
+            cursor = out.next_start
+
+    def audit_checkpoint(self) -> CheckpointOut:
+        """The latest signed checkpoint and the log's verifier key."""
+        return self._call(Calls.audit_checkpoint())
+
+    def audit_inclusion(self, index: int) -> InclusionOut:
+        """Inclusion proof of the tenant's entry ``index`` against a signed checkpoint."""
+        return self._call(Calls.audit_inclusion(index))
+
+    def audit_inclusion_tlog(self, index: int) -> str:
+        """The same proof in the C2SP tlog-proof text form."""
+        return self._call(Calls.audit_inclusion_tlog(index))
+
+    def audit_consistency(self, first: int, second: int | None = None) -> dict:
+        """RFC 9162 consistency proof between tree sizes ``first`` and ``second`` (default: now)."""
+        return self._call(Calls.audit_consistency(first, second))
+
+    def iter_audit_export(self) -> Iterator[dict]:
+        """The tenant's export, line by line: a head (checkpoint, key) then one entry with proof per line."""
+        r = self._open_stream("GET", "/v1/audit/export")
+        try:
+            for line in r.iter_lines():
+                if line:
+                    yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise FakConnectionError(f"GET /v1/audit/export: the stream broke: {exc}") from exc
+        finally:
+            r.close()
+
+    def audit_export(self, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Write the tenant's export (JSON lines) to a path or binary file; the bytes written."""
+        r = self._open_stream("GET", "/v1/audit/export")
+        n = 0
+        try:
+            with _sink(dest) as out:
+                for chunk in r.iter_bytes():
+                    out.write(chunk)
+                    n += len(chunk)
+        except httpx.TransportError as exc:
+            raise FakConnectionError(f"GET /v1/audit/export: the stream broke: {exc}") from exc
+        finally:
+            r.close()
+        return n
+
+    def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
+        """Ask the server to check a receipt with its own log key. For an independent check,
+        pin the key once (``audit_checkpoint().public_key``) and use
+        ``fak.audit.receipt.verify_receipt(receipt, pinned_key)`` offline."""
+        return self._call(Calls.verify_receipt(receipt))
+
 
 # --- the asyncio client -----------------------------------------------------------
 class AsyncSession:
@@ -603,12 +771,13 @@ class AsyncClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float | httpx.Timeout = 60.0,
                  retries: int = 2, backoff: float = 0.25, backoff_max: float = 8.0,
-                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 trust_env: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self._opt = _Options(retries=max(0, retries), backoff=backoff, backoff_max=backoff_max,
                              sleep=asyncio.sleep)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(api_key, headers),
-                                       timeout=timeout, transport=transport)
+                                       timeout=timeout, transport=transport, trust_env=trust_env)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -640,6 +809,28 @@ class AsyncClient:
     async def _call(self, call: Call[T]) -> T:
         r = await self._send(call.method, call.path, json=call.json, params=call.params)
         return _read(r, call)
+
+    async def _open_stream(self, method: str, path: str) -> httpx.Response:
+        attempts = self._opt.retries + 1 if method in IDEMPOTENT else 1
+        for attempt in range(attempts):
+            last = attempt + 1 == attempts
+            try:
+                r = await self._http.send(self._http.build_request(method, path), stream=True)
+            except httpx.TransportError as exc:
+                if last:
+                    raise FakConnectionError(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
+                await self._opt.sleep(_delay(attempt, None, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code in RETRY_STATUS and not last:
+                await r.aclose()
+                await self._opt.sleep(_delay(attempt, r, self._opt.backoff, self._opt.backoff_max))
+                continue
+            if r.status_code >= 400:
+                await r.aread()
+                await r.aclose()
+                raise _problem(r)
+            return r
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncTextStream:
         request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
@@ -690,3 +881,46 @@ class AsyncClient:
 
     async def quarantine(self, ref: str, reason: str) -> QuarantineOut:
         return await self._call(Calls.quarantine(ref, reason))
+
+    async def ref_content(self, ref: str) -> bytes:
+        return await self._call(Calls.ref_content(ref))
+
+    async def ref_head(self, ref: str) -> RefInfo:
+        return await self._call(Calls.ref_head(ref))
+
+    async def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
+        return await self._call(Calls.audit_entries(start, limit))
+
+    async def iter_audit_entries(self, start: int = 0, page: int = 500) -> AsyncIterator[EntryOut]:
+        cursor: int | None = start
+        while cursor is not None:
+            out = await self.audit_entries(cursor, page)
+            for e in out.entries:
+                yield e
+            cursor = out.next_start
+
+    async def audit_checkpoint(self) -> CheckpointOut:
+        return await self._call(Calls.audit_checkpoint())
+
+    async def audit_inclusion(self, index: int) -> InclusionOut:
+        return await self._call(Calls.audit_inclusion(index))
+
+    async def audit_inclusion_tlog(self, index: int) -> str:
+        return await self._call(Calls.audit_inclusion_tlog(index))
+
+    async def audit_consistency(self, first: int, second: int | None = None) -> dict:
+        return await self._call(Calls.audit_consistency(first, second))
+
+    async def iter_audit_export(self) -> AsyncIterator[dict]:
+        r = await self._open_stream("GET", "/v1/audit/export")
+        try:
+            async for line in r.aiter_lines():
+                if line:
+                    yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise FakConnectionError(f"GET /v1/audit/export: the stream broke: {exc}") from exc
+        finally:
+            await r.aclose()
+
+    async def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
+        return await self._call(Calls.verify_receipt(receipt))

@@ -16,15 +16,16 @@ admin); ``tenant`` is fixed when the client is made.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
 from fak.errors import FakError
-from fak.sdk.client import TextStream, tool_body, working_set
-from fak.sdk.errors import FakAPIError, invalid_input
+from fak.sdk.client import RefInfo, TextStream, tool_body, working_set
+from fak.sdk.errors import TYPE_BASE, FakAPIError, invalid_input
 from fak.sdk.models import (
     AdmissionOut,
     EvictionOut,
@@ -41,6 +42,7 @@ from fak.sdk.models import (
 if TYPE_CHECKING:
     from fak.facade import Kernel
     from fak.ksession import KernelSession
+    from fak.sdk.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, ReceiptCheckOut
     from fak.settings import Settings
 
 T = TypeVar("T")
@@ -61,6 +63,21 @@ def _errors() -> Iterator[None]:
 def _validate(model: type[T], body: dict[str, Any]) -> T:
     with _errors():
         return model.model_validate(body)  # type: ignore[attr-defined]
+
+
+def _bounded(value: int, name: str, low: int = 0, high: int = 2**63 - 1) -> int:
+    """A query parameter checked as the route's ``Query(ge=, le=)`` checks it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        detail = f"{name}: must be an integer in [{low}, {high}]"
+        raise FakAPIError(400, TYPE_BASE + "invalid_input", detail)
+    return value
+
+
+def _digest(ref: str) -> str:
+    from fak.cas.digest import parse_digest
+
+    parse_digest(ref)  # invalid_digest (400) before any lookup, as the refs route does
+    return ref
 
 
 def _session_out(ks: KernelSession) -> SessionOut:
@@ -273,6 +290,88 @@ class LocalClient:
         with _errors():
             r = self.kernel.quarantine(self.tenant, body.ref, reason=body.reason, principal=PRINCIPAL)
         return QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index)
+
+    # refs
+    def ref_content(self, ref: str) -> bytes:
+        with _errors():
+            return self.kernel.store.get(_digest(ref), self.tenant)
+
+    def ref_head(self, ref: str) -> RefInfo:
+        from fak.errors import NotFound
+
+        with _errors():
+            head = self.kernel.store.head(_digest(ref), self.tenant)
+            if head is None:
+                raise NotFound(f"no ref {ref}")
+            if head.state != "live":
+                from fak.cas.errors import Forgotten
+
+                raise Forgotten(f"ref {ref} was forgotten: its key and ciphertext were destroyed")
+        return RefInfo(ref=head.digest, size=head.size, media_type=head.media_type, taint=head.taint)
+
+    # audit: the API's own route functions, called with this tenant as an admin principal
+    def _audit(self, name: str, **kw: Any) -> Any:
+        from fak.api.keys import Principal, Role
+        from fak.api.routes import audit
+
+        with _errors():
+            return getattr(audit, name)(**kw, who=Principal(PRINCIPAL, self.tenant, Role.ADMIN), k=self.kernel)
+
+    def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
+        return self._audit("entries", start=_bounded(start, "start"), limit=_bounded(limit, "limit", 1, 1000))
+
+    def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[EntryOut]:
+        cursor: int | None = start
+        while cursor is not None:
+            out = self.audit_entries(cursor, page)
+            yield from out.entries
+            cursor = out.next_start
+
+    def audit_checkpoint(self) -> CheckpointOut:
+        return self._audit("checkpoint")
+
+    def audit_inclusion(self, index: int) -> InclusionOut:
+        return self._audit("inclusion", index=_bounded(index, "index"), format="json")
+
+    def audit_inclusion_tlog(self, index: int) -> str:
+        return self._audit("inclusion", index=_bounded(index, "index"), format="tlog").body.decode()
+
+    def audit_consistency(self, first: int, second: int | None = None) -> dict:
+        return self._audit("consistency", first=_bounded(first, "first"),
+                           second=None if second is None else _bounded(second, "second"))
+
+    def _export_chunks(self) -> Iterator[bytes]:
+        """The bytes ``GET /v1/audit/export`` streams (the route's own line writer)."""
+        from fak.api.routes import audit
+
+        k = self.kernel
+        with _errors():
+            cp = k.audit.checkpoint()
+            head = {"format": audit.EXPORT_FORMAT, "tenant": self.tenant, "origin": cp.origin, "tree_size": cp.size,
+                    "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": k.audit.public_key()}
+            yield from audit._export_lines(k, self.tenant, cp.size, head)
+
+    def iter_audit_export(self) -> Iterator[dict]:
+        import json
+
+        for chunk in self._export_chunks():
+            for line in chunk.splitlines():
+                if line:
+                    yield json.loads(line)
+
+    def audit_export(self, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        from fak.sdk.client import _sink
+
+        n = 0
+        with _sink(dest) as out:
+            for chunk in self._export_chunks():
+                out.write(chunk)
+                n += len(chunk)
+        return n
+
+    def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
+        body = receipt.model_dump(mode="json") if isinstance(receipt, ForgetReceipt) else receipt
+        return self._audit("verify_receipt", receipt=body)
 
 
 def local(settings: Settings | None = None, *, kernel: Kernel | None = None, tenant: str = "local",
