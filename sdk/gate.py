@@ -1,0 +1,105 @@
+"""What every adapter does with a tool's output: admit it through a fak session and
+decide what the framework's model may see instead.
+
+``screen(session, tool, output)`` admits the output (any Python value: text as is,
+bytes as bytes, anything else as JSON) and returns a ``Screened``:
+
+- the verdict let the bytes in unchanged (``ALLOW``, or any verdict of an audit-only
+  policy, which records but does not enforce): ``passed`` is True and ``text`` is the
+  output as admitted; adapters hand the framework the ORIGINAL output object;
+- ``REDACT``: ``text`` is the redacted bytes as fak admitted them (read back from the
+  CAS), which the framework gets in place of the output;
+- ``QUARANTINE`` / ``DENY``: ``text`` is a short refusal notice naming the tool, the
+  verdict, the rule and the ref, and nothing of the output.
+
+Works with every session flavour: ``Session``, ``LocalSession`` (blocking) and
+``AsyncSession`` (``ascreen``; a blocking session there runs in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fak.sdk.models import AdmissionOut
+
+NOTICE = ("[fak] The output of tool '{tool}' was withheld: verdict {verdict} (rule {rule}, ref {ref}). "
+          "It never entered the context; treat the tool call as failed.")
+
+
+@dataclass(frozen=True)
+class Screened:
+    """One tool output after the gate."""
+
+    tool: str
+    admission: AdmissionOut
+    passed: bool  # the output entered unchanged: give the framework the original
+    text: str  # what the model may see: the admitted text, the redacted text or a notice
+
+    @property
+    def verdict(self) -> str:
+        return self.admission.verdict
+
+
+def payload(output: Any) -> tuple[str | bytes, str]:
+    """A tool output as the bytes fak admits, and their media type."""
+    if isinstance(output, str):
+        return output, "text/plain"
+    if isinstance(output, bytes | bytearray | memoryview):
+        return bytes(output), "application/octet-stream"
+    dump = getattr(output, "model_dump_json", None)  # a pydantic model
+    if callable(dump):
+        return dump(), "application/json"
+    try:
+        return json.dumps(output, ensure_ascii=False, default=str), "application/json"
+    except (TypeError, ValueError):
+        return str(output), "text/plain"
+
+
+def _text(content: str | bytes) -> str:
+    return content if isinstance(content, str) else content.decode("utf-8", errors="replace")
+
+
+def notice(tool: str, a: AdmissionOut) -> str:
+    return NOTICE.format(tool=tool, verdict=a.verdict, rule=a.rule_id, ref=a.ref)
+
+
+def _client(session: Any) -> Any:
+    return getattr(session, "client", None)
+
+
+def _decide(tool: str, content: str | bytes, a: AdmissionOut, redacted: bytes | None) -> Screened:
+    if not a.admitted:
+        return Screened(tool, a, False, notice(tool, a))
+    if a.admitted_ref is None or a.admitted_ref == a.ref:
+        return Screened(tool, a, True, _text(content))
+    if redacted is None:  # cannot read the redacted bytes back: withhold rather than pass the original
+        return Screened(tool, a, False, notice(tool, a))
+    return Screened(tool, a, False, redacted.decode("utf-8", errors="replace"))
+
+
+def _needs_read(a: AdmissionOut) -> bool:
+    return a.admitted and a.admitted_ref is not None and a.admitted_ref != a.ref
+
+
+def screen(session: Any, tool: str, output: Any, *, media_type: str | None = None,
+           tags: tuple[str, ...] = ()) -> Screened:
+    """Admit ``output`` of ``tool`` through ``session`` (blocking session)."""
+    content, kind = payload(output)
+    a = session.admit(tool, content, media_type=media_type or kind, tags=tags)
+    redacted = _client(session).ref_content(a.admitted_ref) if _needs_read(a) else None
+    return _decide(tool, content, a, redacted)
+
+
+async def ascreen(session: Any, tool: str, output: Any, *, media_type: str | None = None,
+                  tags: tuple[str, ...] = ()) -> Screened:
+    """``screen`` from asyncio: awaits an ``AsyncSession``, runs a blocking one in a thread."""
+    if not inspect.iscoroutinefunction(session.admit):
+        return await asyncio.to_thread(screen, session, tool, output, media_type=media_type, tags=tags)
+    content, kind = payload(output)
+    a = await session.admit(tool, content, media_type=media_type or kind, tags=tags)
+    redacted = await _client(session).ref_content(a.admitted_ref) if _needs_read(a) else None
+    return _decide(tool, content, a, redacted)

@@ -1,0 +1,86 @@
+"""LangChain (``langchain-core``) adapter: ``fak_tool(tool, session)`` wraps any
+``BaseTool`` so that its result is admitted through a fak session before the model
+sees it.
+
+    from langchain_core.tools import tool
+    from fak.sdk import local
+    from fak.sdk.langchain import fak_tool
+
+    @tool
+    def read_page(url: str) -> str:
+        "Fetch a web page."
+        ...
+
+    session = local().create_session()
+    safe = fak_tool(read_page, session)       # same name, description and arguments
+    msg = safe.invoke({"name": "read_page", "args": {"url": "..."}, "id": "call_1", "type": "tool_call"})
+
+The wrapper runs the wrapped tool (``invoke``/``ainvoke``, callbacks passed on), admits
+its result (``fak.sdk.gate``) and returns:
+
+- ``ALLOW`` (or an audit-only policy): the wrapped tool's result, unchanged;
+- ``REDACT``: the redacted text fak admitted;
+- ``QUARANTINE`` / ``DENY``: a refusal notice (tool, verdict, rule, ref), nothing of the result.
+
+Invoked with a ``ToolCall`` it returns a ``ToolMessage`` as every LangChain tool does,
+so agents built on LangChain (or LangGraph's ``ToolNode``) use it unchanged. Each
+admission is kept in ``screened`` (newest last) for inspection. A wrapped tool with
+``response_format="content_and_artifact"`` loses its artifact (the wrapper returns
+content only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.tools import BaseTool
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from fak.sdk.gate import Screened, ascreen, screen
+
+__all__ = ["FakTool", "fak_tool"]
+
+
+class FakTool(BaseTool):
+    """A ``BaseTool`` whose results go through a fak session's admission gate."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    inner: BaseTool = Field(description="the wrapped tool")
+    session: Any = Field(description="a fak Session, LocalSession or AsyncSession")
+    media_type: str | None = Field(None, description="media type of the results (default: by their type)")
+    fak_tags: tuple[str, ...] = Field((), description="tags recorded with each admitted ref")
+    _screened: list[Screened] = PrivateAttr(default_factory=list)
+
+    @property
+    def screened(self) -> list[Screened]:
+        return self._screened
+
+    @staticmethod
+    def _input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[0] if args and not kwargs else kwargs
+
+    def _outcome(self, result: Any, s: Screened) -> Any:
+        self._screened.append(s)
+        return result if s.passed else s.text
+
+    def _run(self, *args: Any, run_manager: CallbackManagerForToolRun | None = None, **kwargs: Any) -> Any:
+        config = {"callbacks": run_manager.get_child()} if run_manager else None
+        result = self.inner.invoke(self._input(args, kwargs), config=config)
+        return self._outcome(result, screen(self.session, self.inner.name, result, media_type=self.media_type,
+                                            tags=self.fak_tags))
+
+    async def _arun(self, *args: Any, run_manager: AsyncCallbackManagerForToolRun | None = None,
+                    **kwargs: Any) -> Any:
+        config = {"callbacks": run_manager.get_child()} if run_manager else None
+        result = await self.inner.ainvoke(self._input(args, kwargs), config=config)
+        return self._outcome(result, await ascreen(self.session, self.inner.name, result,
+                                                   media_type=self.media_type, tags=self.fak_tags))
+
+
+def fak_tool(tool: BaseTool, session: Any, *, media_type: str | None = None, tags: tuple[str, ...] = ()) -> FakTool:
+    """Wrap ``tool``: same name, description and argument schema; results admitted through ``session``."""
+    return FakTool(name=tool.name, description=tool.description, args_schema=tool.args_schema,
+                   return_direct=tool.return_direct, inner=tool, session=session, media_type=media_type,
+                   fak_tags=tuple(tags))
