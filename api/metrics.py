@@ -1,9 +1,184 @@
-"""(being written) Prometheus metrics: ``install(app)`` adds the middleware and ``/metrics``."""
+"""Prometheus metrics on a private registry per app: ``install(app)`` adds the request
+middleware and ``GET /metrics`` (role auditor).
+
+Tenants never see each other's activity, so every series is recorded with the tenant
+of the API key that made it and ``/metrics`` shows the caller's tenant only (the label
+is dropped from the output). Requests without a valid key belong to no tenant and
+appear in no scrape (they are audited as ``auth_failure`` events). The one global
+figure is the audit log size, which every signed checkpoint publishes anyway.
+
+Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
+ids do not multiply series. Counters the middleware cannot see are fed by hooks the
+routes call: ``record_verdict``, ``record_eviction``, ``record_forget``, ``record_decode``.
+Kernel figures (prefix cache, loaded sessions, KV bytes) are read at scrape time.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import time
+from collections.abc import Iterator
+
+from fastapi import Depends, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fak.api.keys import Principal
+
+UNMATCHED = "<unmatched>"  # requests no route matched (404 and the like)
+LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+VERDICTS = frozenset({"ALLOW", "REDACT", "QUARANTINE", "DENY"})
+EVICT_MODES = frozenset({"write_time", "recompute", "rerope", "truncate"})
+
+
+class Metrics:
+    """The app's collectors; every one carries a ``tenant`` label first."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("fak_http_requests", "HTTP requests by method, route template and status",
+                                ["tenant", "method", "route", "status"], registry=r)
+        self.latency = Histogram("fak_http_request_duration_seconds",
+                                 "HTTP request latency (until the last body byte) by method and route template",
+                                 ["tenant", "method", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.verdicts = Counter("fak_admission_verdicts", "tool-result admission verdicts by kind",
+                                ["tenant", "kind"], registry=r)
+        self.evictions = Counter("fak_evictions", "segment evictions by mode", ["tenant", "mode"], registry=r)
+        self.forgets = Counter("fak_forgets", "completed forgets (signed receipts)", ["tenant"], registry=r)
+        self.decode_tokens = Counter("fak_decode_tokens", "tokens generated", ["tenant"], registry=r)
+        self.decode_seconds = Counter("fak_decode_seconds", "seconds spent generating them", ["tenant"], registry=r)
+
+    def observe(self, tenant: str, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(tenant, method, route, str(status)).inc()
+        self.latency.labels(tenant, method, route).observe(seconds)
+
+
+class _Middleware:
+    """Counts each HTTP request once it has ended (body sent, or the client gone)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = scope.setdefault("state", {})  # the dict Request.state writes the principal into
+        started = time.perf_counter()
+        status = 500  # an exception with no response sent is answered 500 outside
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
+            who = state.get("principal") if isinstance(state, dict) else None
+            tenant = who.tenant if isinstance(who, Principal) else ""
+            self.metrics.observe(tenant, scope.get("method", ""), template, status, time.perf_counter() - started)
+
+
+class _TenantView:
+    """What one tenant's scrape shows: its own series (label dropped) and Kernel figures."""
+
+    def __init__(self, metrics: Metrics, kernel, tenant: str) -> None:  # noqa: ANN001 - fak.Kernel
+        self.metrics, self.kernel, self.tenant = metrics, kernel, tenant
+
+    def collect(self) -> Iterator[Metric]:
+        totals: dict[str, float] = {}
+        for family in self.metrics.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for s in family.samples:
+                if s.labels.get("tenant") != self.tenant or s.name.endswith("_created"):
+                    continue
+                labels = {k: v for k, v in s.labels.items() if k != "tenant"}
+                out.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
+                totals[s.name] = totals.get(s.name, 0.0) + s.value
+            yield out
+        yield from _kernel_families(self.kernel, self.tenant)
+        tokens, seconds = totals.get("fak_decode_tokens_total", 0.0), totals.get("fak_decode_seconds_total", 0.0)
+        yield GaugeMetricFamily("fak_decode_tokens_per_second",
+                                "mean decode speed since start (rate(fak_decode_tokens_total) / "
+                                "rate(fak_decode_seconds_total) gives it over a window)",
+                                value=tokens / seconds if seconds > 0 else 0.0)
+
+
+def _kernel_families(k, tenant: str) -> Iterator[Metric]:  # noqa: ANN001
+    if k.prefix is not None:
+        st = k.prefix.stats_for(k.namespace(tenant))
+        yield CounterMetricFamily("fak_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache",
+                                  value=st.hit_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_miss_tokens", "prompt tokens the prefix cache could not serve",
+                                  value=st.miss_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_evictions", "prefix-cache nodes evicted by a byte budget",
+                                  value=st.evictions)
+        yield CounterMetricFamily("fak_prefix_cache_evicted_bytes", "bytes of KV those evictions freed",
+                                  value=st.evicted_bytes)
+        yield CounterMetricFamily("fak_prefix_cache_expired", "prefix-cache nodes removed by their TTL",
+                                  value=st.expired)
+        yield GaugeMetricFamily("fak_prefix_cache_bytes", "KV bytes the prefix cache holds", value=st.bytes)
+        yield GaugeMetricFamily("fak_prefix_cache_nodes", "nodes of the prefix cache", value=st.nodes)
+    loaded = [ks for ks in k._loaded_sessions() if ks.tenant == tenant and ks.loaded]
+    yield GaugeMetricFamily("fak_sessions_loaded", "sessions whose KV is in memory", value=len(loaded))
+    yield GaugeMetricFamily("fak_kv_bytes", "KV bytes allocated by loaded sessions",
+                            value=sum(ks.kv_bytes for ks in loaded))
+    yield GaugeMetricFamily("fak_audit_log_size", "entries in the audit log shared by every tenant "
+                                                  "(the tree size signed checkpoints publish)", value=k.audit.size())
 
 
 def install(app: FastAPI) -> None:
-    return None
+    from fak.api.deps import AUDITOR
+
+    metrics = app.state.metrics = Metrics()
+    app.add_middleware(_Middleware, metrics=metrics)
+
+    @app.get("/metrics", tags=["health"], response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}})
+    def scrape(request: Request, who: Principal = Depends(AUDITOR)) -> Response:  # noqa: B008
+        """Prometheus text exposition of the caller tenant's series (role auditor)."""
+        view = _TenantView(metrics, request.app.state.kernel, who.tenant)
+        return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
+
+
+# --- hooks for the routes ---------------------------------------------------------------
+def _metrics(app: object) -> Metrics | None:
+    return getattr(getattr(app, "state", None), "metrics", None)
+
+
+def _name(value: object) -> str:
+    return str(getattr(value, "value", value))
+
+
+def record_verdict(app: object, kind: object, *, tenant: str) -> None:
+    """One admission verdict (``ALLOW | REDACT | QUARANTINE | DENY``, enum or string)."""
+    m = _metrics(app)
+    if m is not None:
+        name = _name(kind).upper()
+        m.verdicts.labels(tenant, name if name in VERDICTS else "OTHER").inc()
+
+
+def record_eviction(app: object, mode: object, *, tenant: str) -> None:
+    """One eviction; ``mode`` as the report says it (``EvictMode`` or its value)."""
+    m = _metrics(app)
+    if m is not None:
+        name = _name(mode).lower()
+        m.evictions.labels(tenant, name if name in EVICT_MODES else "other").inc()
+
+
+def record_forget(app: object, *, tenant: str) -> None:
+    """One completed forget."""
+    m = _metrics(app)
+    if m is not None:
+        m.forgets.labels(tenant).inc()
+
+
+def record_decode(app: object, tokens: int, seconds: float, *, tenant: str) -> None:
+    """``tokens`` generated in ``seconds`` of one generate call (JSON or stream)."""
+    m = _metrics(app)
+    if m is not None and tokens >= 0 and seconds >= 0:
+        m.decode_tokens.labels(tenant).inc(tokens)
+        m.decode_seconds.labels(tenant).inc(seconds)
