@@ -194,8 +194,8 @@ class LocalSession:
 
         params = self._params(max_tokens, min_tokens, temperature, top_p, seed)
         ks = self._run(lambda ks: ks)
-        tokens = ks.generate(**params)
         with _errors():
+            tokens = ks.generate(**params)
             first = next(tokens, None)  # errors (busy, bad parameters) before any piece, as the server does
 
         def events() -> Iterator[tuple[str, dict[str, Any]]]:

@@ -338,3 +338,30 @@ def test_retries_idempotent_only():
     with pytest.raises(FakAPIError) as e:  # not problem+json: still a FakAPIError
         c.sessions()
     assert e.value.status == 500 and "oops" in e.value.detail
+
+
+def test_async_retries_idempotent_only():
+    answers = [_problem(503, "unavailable"), httpx.ReadTimeout("slow"), httpx.Response(200, json={"sessions": []}),
+               _problem(503, "unavailable")]
+    seen: list = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def run() -> FakAPIError:
+        async with AsyncClient("http://fak.test", "fak_k", transport=httpx.MockTransport(handler)) as c:
+            async def no_sleep(_s: float) -> None:
+                seen.append("sleep")
+
+            c._opt.sleep = no_sleep
+            assert await c.sessions() == []
+            with pytest.raises(FakAPIError) as e:
+                await c.session("s").generate()
+            return e.value
+
+    err = asyncio.run(run())
+    assert err.status == 503 and seen == ["GET", "sleep", "GET", "sleep", "GET", "POST"]
