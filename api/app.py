@@ -3,12 +3,15 @@ does the work. Every route but ``/healthz`` needs an API key."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak import __version__
 from fak.api import metrics, problems
-from fak.api.keys import KeyStore
+from fak.api.deps import READER
+from fak.api.keys import HASH_LABEL, KeyStore, Principal
 from fak.api.routes import audit, forget, openai, policy, refs, sessions
 from fak.facade import Kernel
 
@@ -16,41 +19,46 @@ MAX_BODY = 16 << 20  # bytes of one request body
 
 
 class BodyLimit:
-    """413 for a request body over ``limit`` bytes, declared or streamed."""
+    """413 (problem+json) for a request body over ``limit`` bytes: before reading it when
+    ``Content-Length`` says so, else as soon as the streamed bytes pass it (an
+    ``HTTPException`` raised from ``receive`` is one FastAPI's body parser lets through)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            return await problems.problem(413, "too_large", f"request body over {self.limit} bytes")(
-                scope, receive, send)
-        seen = 0
+        if scope["type"] == "http":
+            declared = dict(scope.get("headers") or []).get(b"content-length")
+            if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+                response = problems.problem(413, "request_too_large", f"request body over {self.limit} bytes")
+                return await response(scope, receive, send)
+            seen = 0
 
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise problems.TooLarge(f"request body over {self.limit} bytes")
-            return message
+            async def limited() -> Message:
+                nonlocal seen
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen += len(message.get("body", b""))
+                    if seen > self.limit:
+                        raise StarletteHTTPException(413, f"request body over {self.limit} bytes")
+                return message
 
-        return await self.app(scope, limited, send)
+            return await self.app(scope, limited, send)
+        return await self.app(scope, receive, send)
 
 
 def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = MAX_BODY) -> FastAPI:
     app = FastAPI(
+        docs_url=None,  # no unauthenticated route but /healthz: the schema is served behind a key
+        redoc_url=None,
+        openapi_url=None,
         title="fak",
         version=__version__,
         description="Agent-runtime security kernel: sessions whose KV cache fak owns, a policy gate for "
                     "tool results, exact eviction, forget with signed receipts, a verifiable audit log.",
     )
     app.state.kernel = kernel
-    app.state.keys = keys or KeyStore(kernel.state.engine, kernel._master)
+    app.state.keys = keys or KeyStore(kernel.state.engine, kernel.derive_key(HASH_LABEL))
     problems.install(app)
     app.add_middleware(BodyLimit, limit=max_body)
 
@@ -61,5 +69,11 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
 
     for module in (sessions, forget, audit, policy, refs, openai):
         app.include_router(module.router)
+
+    @app.get("/openapi.json", tags=["health"], include_in_schema=False)
+    def openapi_schema(_who: Principal = Depends(READER)) -> JSONResponse:  # noqa: B008
+        """The OpenAPI document (any valid key)."""
+        return JSONResponse(app.openapi())
+
     metrics.install(app)
     return app

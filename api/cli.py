@@ -35,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _key_store(config: str | None):  # noqa: ANN202
-    from fak.api.keys import KeyStore
+    from fak.api.keys import HASH_LABEL, KeyStore
     from fak.db import make_engine
-    from fak.keys import load_master_secret
+    from fak.keys import derive_key, load_master_secret
     from fak.settings import Settings
     from fak.state.store import upgrade
 
@@ -45,7 +45,7 @@ def _key_store(config: str | None):  # noqa: ANN202
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url)
     upgrade(engine)
-    return KeyStore(engine, load_master_secret(settings.data_dir)), engine
+    return KeyStore(engine, derive_key(load_master_secret(settings.data_dir), HASH_LABEL)), engine
 
 
 def _create(args: argparse.Namespace) -> int:

@@ -16,12 +16,12 @@ from sqlalchemy.orm import sessionmaker
 
 from fak.db import WRITE
 from fak.errors import InvalidInput, NotFound
-from fak.keys import derive_key
 from fak.state.schema import ApiKeyRow
 from fak.state.store import now_us
 from fak.types import check_tenant
 
 PREFIX = "fak_"
+HASH_LABEL = "fak/api/key-hash"
 
 
 class Role(StrEnum):
@@ -47,8 +47,9 @@ class Check:
 
 
 class KeyStore:
-    def __init__(self, engine: Engine, master: bytes) -> None:
-        self._hash_key = derive_key(master, "fak/api/key-hash")
+    def __init__(self, engine: Engine, hash_key: bytes) -> None:
+        """``hash_key``: derived from the master secret under ``HASH_LABEL`` (never the secret itself)."""
+        self._hash_key = hash_key
         self._session = sessionmaker(engine, expire_on_commit=False)
         self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
 

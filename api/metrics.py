@@ -122,7 +122,7 @@ def _kernel_families(k, tenant: str) -> Iterator[Metric]:  # noqa: ANN001
                                   value=st.expired)
         yield GaugeMetricFamily("fak_prefix_cache_bytes", "KV bytes the prefix cache holds", value=st.bytes)
         yield GaugeMetricFamily("fak_prefix_cache_nodes", "nodes of the prefix cache", value=st.nodes)
-    loaded = [ks for ks in k._loaded_sessions() if ks.tenant == tenant and ks.loaded]
+    loaded = k.loaded_sessions(tenant)
     yield GaugeMetricFamily("fak_sessions_loaded", "sessions whose KV is in memory", value=len(loaded))
     yield GaugeMetricFamily("fak_kv_bytes", "KV bytes allocated by loaded sessions",
                             value=sum(ks.kv_bytes for ks in loaded))
@@ -135,6 +135,7 @@ def install(app: FastAPI) -> None:
 
     metrics = app.state.metrics = Metrics()
     app.add_middleware(_Middleware, metrics=metrics)
+    app.state.kernel.observe(lambda kind, data: _observe(app, kind, data))
 
     @app.get("/metrics", tags=["health"], response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}})
@@ -144,7 +145,20 @@ def install(app: FastAPI) -> None:
         return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
 
-# --- hooks for the routes ---------------------------------------------------------------
+# --- the Kernel's decisions, observed ------------------------------------------------------
+def _observe(app: object, kind: str, data: dict) -> None:
+    tenant = data.get("tenant", "")
+    if kind == "admission":
+        record_verdict(app, data["verdict"], tenant=tenant)
+    elif kind == "eviction":
+        record_eviction(app, data["mode"], tenant=tenant)
+    elif kind == "forget" and data.get("new"):
+        record_forget(app, tenant=tenant)
+    elif kind == "decode":
+        record_decode(app, data["tokens"], data["seconds"], tenant=tenant)
+
+
+# --- recorders ----------------------------------------------------------------------------
 def _metrics(app: object) -> Metrics | None:
     return getattr(getattr(app, "state", None), "metrics", None)
 

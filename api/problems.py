@@ -18,15 +18,8 @@ MEDIA = "application/problem+json"
 log = logging.getLogger("fak.api")
 
 _HTTP_CODES = {400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
+               405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 415: "unsupported_media_type",
                422: "invalid_input", 429: "too_many_requests", 503: "unavailable"}
-
-
-class TooLarge(FakError):
-    """A request body over the server's limit."""
-
-    code = "request_too_large"
-    status = 413
 
 
 class Unauthorized(FakError):

@@ -51,8 +51,13 @@ def _open(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from fak.audit.tenant_export import is_tenant_export, verify_tenant_export
     from fak.audit.verify import verify_export
 
+    if is_tenant_export(args.export):  # a tenant's export from the API: proofs per entry
+        tenant_report = verify_tenant_export(args.export, args.pubkey or "")
+        print(tenant_report.summary(), file=sys.stdout if tenant_report.ok else sys.stderr)
+        return 0 if tenant_report.ok else 1
     report = verify_export(args.export, pubkey=args.pubkey, since=args.since)
     if args.json:
         out = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in vars(report).items()}

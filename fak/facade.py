@@ -16,13 +16,14 @@ this module decides who may do what to which session, and records it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import sys
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fak.errors import InvalidInput, NotFound
 from fak.kernel.ledger import SegmentKind
@@ -85,6 +86,7 @@ class Kernel:
         self._registry = threading.RLock()
         self._forget_lock = threading.Lock()
         self._namespaces: dict[str, bytes] = {}
+        self._observers: list[Callable[[str, dict[str, Any]], None]] = []
         self._closed = False
 
     # --- opening and closing --------------------------------------------------
@@ -165,6 +167,15 @@ class Kernel:
     def policy(self) -> Policy:
         return self._policy.policy
 
+    @property
+    def policy_path(self) -> Path:
+        """The file or folder the policy is loaded from (``reload_policy`` reads it again)."""
+        return self._policy.path
+
+    def loaded_sessions(self, tenant: str) -> list[KernelSession]:
+        """The tenant's sessions whose KV is in memory now."""
+        return [ks for ks in self._loaded_sessions() if ks.tenant == tenant and ks.loaded]
+
     def reload_policy(self, principal: str | None = None) -> Policy:
         """Load the policy file again; a bad file raises its located error and keeps the old one."""
         before = self.policy
@@ -186,6 +197,23 @@ class Kernel:
     def evict_mode(self) -> EvictMode:
         """The active policy's eviction mode for a span in the middle of the cache."""
         return EvictMode.REROPE if self.policy.spec.eviction.mode == "rerope" else EvictMode.AUTO
+
+    def observe(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call ``callback(kind, data)`` after each decision (metrics): ``admission``
+        {tenant, verdict}, ``eviction`` {tenant, mode}, ``forget`` {tenant, new},
+        ``decode`` {tenant, tokens, seconds}. A failing observer never fails the operation."""
+        self._observers.append(callback)
+
+    def _notify(self, kind: str, **data: Any) -> None:
+        for callback in self._observers:
+            with contextlib.suppress(Exception):  # metrics must never break a decision
+                callback(kind, data)
+
+    def derive_key(self, label: str) -> bytes:
+        """A 32-byte key derived from the master secret for one use (HKDF, ``label`` names the use)."""
+        from fak.keys import derive_key
+
+        return derive_key(self._master, label)
 
     def namespace(self, tenant: str) -> bytes:
         """The tenant's prefix-cache root: derived from the master secret, never from a request."""
@@ -293,7 +321,10 @@ class Kernel:
         """Erase ``ref`` from every session, cache and store of the tenant; a signed receipt."""
         from fak.forget import forget
 
-        return forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+        before = self.state.forget_row(tenant, ref) if isinstance(tenant, str) else None
+        receipt = forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+        self._notify("forget", tenant=tenant, new=before is None or before.request_id != receipt.request_id)
+        return receipt
 
     def quarantine(
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None
@@ -301,7 +332,11 @@ class Kernel:
         """A late detection: evict ``ref`` from every live session of the tenant, refuse it after."""
         from fak.forget import quarantine
 
-        return quarantine(self, tenant, ref, reason=reason, principal=principal)
+        report = quarantine(self, tenant, ref, reason=reason, principal=principal)
+        for unit in report.units:
+            if unit["kind"] == "segment":
+                self._notify("eviction", tenant=tenant, mode=report.mode)
+        return report
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
         from fak.forget import resume

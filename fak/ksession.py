@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from fak.policy import Verdict
 
 MAX_TEXT_BYTES = 1 << 20
+QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
 
 
 class SessionBusy(Conflict):
@@ -242,6 +243,12 @@ class KernelSession:
             return s.replay_fingerprint()
 
     @property
+    def prefix_hit_tokens(self) -> int:
+        """Tokens this session was served from the prefix cache so far (since it was loaded)."""
+        with self._locked() as s:
+            return s.prefix_hit_tokens
+
+    @property
     def tokens(self) -> int:
         with self._locked() as s:
             return s.cache.length
@@ -264,7 +271,11 @@ class KernelSession:
             raise InvalidInput("a tool result goes through admit (the policy gate), not append")
         if not isinstance(text, str):
             raise InvalidInput("text must be a string")
-        if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("text is not valid Unicode (it holds a lone surrogate)") from None
+        if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
             raise InvalidInput(f"text is larger than {MAX_TEXT_BYTES} bytes")
         with self._locked() as s:
             try:
@@ -289,7 +300,7 @@ class KernelSession:
         the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
         are admitted and the event records what the policy would have done."""
         from fak.audit import AdmissionVerdict
-        from fak.policy import GateContext, VerdictKind, gate
+        from fak.policy import GateContext, Verdict, VerdictKind, gate
 
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidInput("a tool result is bytes")
@@ -303,8 +314,14 @@ class KernelSession:
             if k.state.forget_pending(self.tenant, k.store.digest_of(data, self.tenant)):
                 raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
             ref = k.store.put(data, media_type, self.tenant).digest
-            verdict = gate(policy, tool, data,
-                           GateContext(media_type=media_type, tenant=self.tenant, session=self.id, ref=ref))
+            meta = k.state.ref(self.tenant, ref)
+            if meta is not None and meta.quarantined:
+                # a late detection already judged these bytes: a resend must not undo it
+                verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=QUARANTINED_RULE,
+                                  policy_digest=policy.digest, tool=tool, input_bytes=len(data))
+            else:
+                verdict = gate(policy, tool, data,
+                               GateContext(media_type=media_type, tenant=self.tenant, session=self.id, ref=ref))
             kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
             admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
             body, admitted_ref = data, (ref if admitted else None)
@@ -343,6 +360,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
+            k._notify("admission", tenant=self.tenant, verdict=verdict.kind.value)
             return Admission(verdict, ref, admitted_ref, segment, index)
 
     # --- eviction -------------------------------------------------------------
@@ -366,6 +384,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
+            self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
             return report
 
     # --- generation -----------------------------------------------------------
@@ -393,12 +412,16 @@ class KernelSession:
         try:
             s = self._loaded()
             inner = s.generate(params)
-            yield from inner
+            t0, count = time.perf_counter(), 0
+            for token in inner:
+                count += 1
+                yield token
             try:
                 self._persist()
             except BaseException:
                 self._discard()
                 raise
+            self.kernel._notify("decode", tenant=self.tenant, tokens=count, seconds=time.perf_counter() - t0)
         finally:
             if inner is not None:
                 inner.close()  # rolls the partial turn back if the consumer stopped early

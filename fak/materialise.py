@@ -231,6 +231,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
     for x in leaving:
+        k._notify("eviction", tenant=tenant, mode="recompute")
         k.audit.append(Eviction(tenant=tenant, session_id=ks.id, segment_id=x.id, ref=x.ref,
                                 mode="RECOMPUTE", exact=True, tokens=x.length, reason="materialise",
                                 fingerprint_after=fingerprint))

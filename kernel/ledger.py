@@ -32,6 +32,16 @@ class SegmentState(StrEnum):
 class LedgerError(FakError):
     """A ledger operation named a segment or range that cannot take it."""
 
+    code = "invalid_segment"
+    status = 400
+
+
+class UnknownSegment(LedgerError):
+    """No such segment in this session."""
+
+    code = "segment_not_found"
+    status = 404
+
 
 @dataclass
 class Segment:
@@ -124,7 +134,7 @@ class Ledger:
         for s in self.segments:
             if s.id == segment_id:
                 return s
-        raise LedgerError(f"unknown segment {segment_id!r}")
+        raise UnknownSegment(f"unknown segment {segment_id!r}")
 
     def append(self, seg: Segment) -> Segment:
         seg.start = self.live_length if seg.live else 0

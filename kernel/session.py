@@ -55,6 +55,9 @@ class EvictMode(StrEnum):
 class EvictionError(LedgerError):
     """The segment cannot be evicted that way (protected, not live, not the tail)."""
 
+    code = "eviction_refused"
+    status = 409
+
 
 @dataclass(frozen=True)
 class EvictionReport:

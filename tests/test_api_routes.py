@@ -142,7 +142,7 @@ def test_only_healthz_answers_without_a_key(live_server) -> None:  # noqa: F811
                 if method != "HEAD":
                     assert_problem(r, 401, "unauthorized")
             assert template in public or template not in PUBLIC
-    assert public == PUBLIC | (FASTAPI_DOCS & paths), public
+    assert public == PUBLIC, public  # /openapi.json too needs a key; /docs and /redoc are off
     with live.client(admin_key) as c:  # the same requests with a valid key get past authentication
         assert c.get("/v1/sessions").status_code == 200
 
@@ -211,8 +211,6 @@ def test_role_matrix(world) -> None:
                 assert role in body403["detail"]
 
 
-@pytest.mark.xfail(strict=True, reason="kernel: LedgerError/EvictionError have no code of their own, so "
-                   "evicting an unknown or already evicted segment is a 500 'internal' (want 404 / 409)")
 def test_evicting_an_unknown_or_evicted_segment_is_a_client_error(world) -> None:
     w = world
     agent = w("acme", "agent")
@@ -476,6 +474,18 @@ def test_metrics_by_route_template_and_tenant_only(world) -> None:
     w = world
     app = w.live.app
     ok(w("acme", "agent").get(f"/v1/sessions/{w.sid}"))
+    series = ('fak_admission_verdicts_total{kind="QUARANTINE"}', 'fak_evictions_total{mode="recompute"}',
+              "fak_forgets_total", "fak_decode_tokens_total", 'fak_admission_verdicts_total{kind="ALLOW"}')
+
+    def values(text: str) -> dict[str, float]:  # the world's real decisions are counted too: compare deltas
+        out = dict.fromkeys(series, 0.0)
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name in out:
+                out[name] = float(value)
+        return out
+
+    before = values(w("acme", "auditor").get("/metrics").text)
     metrics.record_verdict(app, "QUARANTINE", tenant="acme")
     metrics.record_eviction(app, "recompute", tenant="acme")
     metrics.record_forget(app, tenant="acme")
@@ -487,16 +497,14 @@ def test_metrics_by_route_template_and_tenant_only(world) -> None:
     assert 'fak_http_requests_total{method="GET",route="/v1/sessions/{sid}",status="200"}' in text
     assert 'fak_http_request_duration_seconds_bucket{le="0.5",method="GET",route="/v1/sessions/{sid}"}' in text
     assert w.sid not in text and w.ref not in text and "tenant=" not in text  # templates, no ids, no tenants
-    for line in ('fak_admission_verdicts_total{kind="QUARANTINE"} 1.0', 'fak_evictions_total{mode="recompute"} 1.0',
-                 "fak_forgets_total 1.0", "fak_decode_tokens_total 40.0", "fak_decode_tokens_per_second 20.0",
-                 "fak_sessions_loaded 1.0"):
-        assert line in text, line
+    after = values(text)
+    assert {k: after[k] - before[k] for k in series} == dict(zip(series, (1.0, 1.0, 1.0, 40.0, 0.0), strict=True))
+    assert "fak_decode_tokens_per_second" in text and "fak_sessions_loaded" in text
     for name in ("fak_prefix_cache_hit_tokens_total", "fak_prefix_cache_miss_tokens_total", "fak_prefix_cache_bytes",
                  "fak_prefix_cache_evictions_total", "fak_kv_bytes", "fak_audit_log_size"):
         assert re.search(rf"^{name} \d", text, re.M), name
-    assert 'kind="ALLOW"' not in text  # evil's verdict
     evil = w("evil", "auditor").get("/metrics").text
-    assert "/v1/sessions/{sid}" not in evil and 'kind="ALLOW"} 1.0' in evil and "fak_sessions_loaded 0.0" in evil
+    assert "/v1/sessions/{sid}" not in evil and 'kind="ALLOW"}' in evil and "fak_sessions_loaded 0.0" in evil
     assert "fak_forgets_total" not in evil.replace("# HELP fak_forgets_total", "").replace("# TYPE fak_forgets_total", "")
 
 
@@ -570,12 +578,10 @@ def test_body_limit_413(live_server) -> None:  # noqa: F811
     assert b"application/problem+json" in head
     with serve(live.kernel, max_body=1024) as small, small.client(small.key("acme", "agent")) as c:
         r = c.post("/v1/sessions", content=b" " * 2048, headers={"Content-Type": "application/json"})
-        assert_problem(r, 413, "too_large")
+        assert_problem(r, 413, "request_too_large")
         assert c.post("/v1/sessions", json={}).status_code == 201
 
 
-@pytest.mark.xfail(strict=True, reason="app.py: BodyLimit raises TooLarge inside receive(), which FastAPI's body "
-                   "parser turns into a 400 'error parsing the body'; FastAPI(max_body_size=...) answers 413")
 def test_streamed_body_over_the_limit_is_413(kernel) -> None:
     with serve(kernel, max_body=1024) as small, small.client(small.key("acme", "agent")) as c:
         def chunks():  # chunked transfer: no declared length

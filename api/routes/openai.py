@@ -37,8 +37,8 @@ earlier assistant ``tool_calls`` entry whose ``id`` equals the message's ``tool_
 (else the message's ``name``, else ``"tool"``). A tool message the gate quarantines or
 denies never enters attention: the answer is the never-saw answer. A tool message whose
 bytes are a ref of the tenant already quarantined (late detection) is not admitted again
-either, whatever the gate would say now (its ``fak`` entry says ``QUARANTINE`` with rule
-``ref_quarantined`` and no audit index: the quarantine was audited when it happened).
+either, whatever the gate would say now: the Kernel records it as ``QUARANTINE`` with rule
+``ref_quarantined`` (an audited admission like any other).
 
 **An assistant's own tool calls** (``tool_calls`` on an assistant message, or the legacy
 ``function_call``) are rendered into the assistant text deterministically: the message's
@@ -416,14 +416,6 @@ def _hits(ks: KernelSession) -> tuple[object, int]:
     return mech, (mech.prefix_hit_tokens if mech is not None else 0)
 
 
-def _quarantined_late(k: Kernel, tenant: str, data: bytes) -> str | None:
-    """The ref of ``data`` if ``Kernel.quarantine`` quarantined it (a late detection). Bytes
-    the gate itself quarantined are not caught here: they go through the gate again."""
-    digest = k.store.digest_of(data, tenant)
-    meta = k.state.ref(tenant, digest)
-    return digest if meta is not None and meta.quarantined else None
-
-
 @dataclass
 class _Run:
     k: Kernel
@@ -490,13 +482,6 @@ def _open(k: Kernel, who: Principal, body: ChatCompletionRequest) -> _Run:
                 ks.append(op.kind, op.text)
                 continue
             data = op.text.encode("utf-8", "surrogatepass")
-            late = _quarantined_late(k, who.tenant, data)
-            if late is not None:
-                run.admissions.append(AdmissionInfo(
-                    message_index=op.index, tool=op.tool, tool_call_id=op.call_id, verdict="QUARANTINE",
-                    rule_id="ref_quarantined", ref=late, admitted_ref=None, admitted=False, segment_id=None,
-                    audit_index=None))
-                continue
             a = ks.admit(op.tool, data)
             run.admissions.append(AdmissionInfo(
                 message_index=op.index, tool=op.tool, tool_call_id=op.call_id, verdict=a.verdict.kind.value,

@@ -84,7 +84,7 @@ def replace(body: PolicyReplace, who: Principal = Depends(ADMIN), k: Kernel = De
     A bad policy changes nothing (400 with located errors); the policy is deployment-wide."""
     from fak.policy import load_policy_text
 
-    path = k._policy.path
+    path = k.policy_path
     _check_replaceable(path)
     load_policy_text(body.text, str(path))  # validated before anything is written
     with _replace_lock:
