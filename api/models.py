@@ -163,3 +163,35 @@ class QuarantineOut(BaseModel):
     units: list[dict[str, str]]
     mode: str
     audit_index: int
+
+
+# --- audit -------------------------------------------------------------------------
+class EntryOut(BaseModel):
+    index: int
+    type: str
+    event: str  # the canonical JSON (RFC 8785) that was hashed: leaf hash = SHA-256(0x00 || event)
+    leaf_hash: str  # hex
+
+
+class EntriesOut(BaseModel):
+    entries: list[EntryOut]
+    next_start: int | None  # pass as ``start`` for the next page; None at the end of the log
+
+
+class CheckpointOut(BaseModel):
+    origin: str
+    size: int
+    root_hash: str  # hex
+    checkpoint: str  # the C2SP signed note (tlog-checkpoint body + Ed25519 signature lines)
+    public_key: str  # the verifier key ``<origin>+<key id>+<base64>`` to pin
+
+
+class InclusionOut(BaseModel):
+    index: int
+    leaf_hash: str
+    proof: dict  # Rekor-like: logIndex, treeSize, rootHash, hashes (hex), checkpoint (signed note)
+
+
+class ReceiptCheckOut(BaseModel):
+    ok: bool
+    reason: str

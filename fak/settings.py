@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     )
     max_sessions_per_tenant: int = Field(10_000, ge=1)
     lock_timeout_s: float = Field(30.0, gt=0, description="wait for a busy session before SessionBusy")
+    operator_tenant: str | None = Field(
+        None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
+                          "(unset: nobody may; the policy file is then the operator's alone)")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
 

@@ -37,7 +37,7 @@ def settings(settings, tmp_path):
     writes it; the packaged file is never the target)."""
     path = tmp_path / "policy.yaml"
     path.write_bytes(default_policy_path().read_bytes())
-    return settings.model_copy(update={"policy_path": path})
+    return settings.model_copy(update={"policy_path": path, "operator_tenant": "acme"})
 
 
 def assert_problem(r: httpx.Response, status: int, code: str | None = None) -> dict:
@@ -400,7 +400,7 @@ def test_policy_routes(live_server, tmp_path, capsys) -> None:  # noqa: F811
     from fak.cli import main
 
     live = live_server
-    path = live.kernel._policy.path
+    path = live.kernel.policy_path
     original = path.read_bytes()
     reader, admin = live.client(live.key("acme", "agent")), live.client(live.key("acme", "admin"))
     before = ok(reader.get("/v1/policy"))
@@ -422,6 +422,9 @@ def test_policy_routes(live_server, tmp_path, capsys) -> None:  # noqa: F811
         assert_problem(reader.post("/v1/policy/validate", json=bad), 400)
     # replace: admin only; a bad policy changes nothing
     assert_problem(reader.put("/v1/policy", json={"text": original.decode()}), 403, "forbidden")
+    other_admin = live.client(live.key("evil", "admin"))  # an admin of a tenant that is not the operator's
+    assert "deployment-wide" in assert_problem(other_admin.put("/v1/policy", json={"text": original.decode()}),
+                                               403, "forbidden")["detail"]
     body = assert_problem(admin.put("/v1/policy", json={"text": BAD_POLICY}), 400, "policy_invalid")
     assert all(e.startswith(f"{path}:") for e in body["errors"])
     assert path.read_bytes() == original and ok(reader.get("/v1/policy")) == before

@@ -16,10 +16,10 @@ from typing import Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel
 
 from fak.api.deps import AUDITOR, READER, kernel
 from fak.api.keys import Principal
+from fak.api.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, ReceiptCheckOut
 from fak.errors import InvalidInput, NotFound
 from fak.facade import Kernel
 
@@ -29,37 +29,6 @@ MAX_INDEX = 2**63 - 1  # indexes are BIGINT
 MAX_LIMIT = 1000
 EXPORT_FORMAT = "fak-tenant-audit-export/v1"
 EXPORT_PAGE = 500  # entries read per database round trip while streaming an export
-
-
-class EntryOut(BaseModel):
-    index: int
-    type: str
-    event: str  # the canonical JSON (RFC 8785) that was hashed: leaf hash = SHA-256(0x00 || event)
-    leaf_hash: str  # hex
-
-
-class EntriesOut(BaseModel):
-    entries: list[EntryOut]
-    next_start: int | None  # pass as ``start`` for the next page; None at the end of the log
-
-
-class CheckpointOut(BaseModel):
-    origin: str
-    size: int
-    root_hash: str  # hex
-    checkpoint: str  # the C2SP signed note (tlog-checkpoint body + Ed25519 signature lines)
-    public_key: str  # the verifier key ``<origin>+<key id>+<base64>`` to pin
-
-
-class InclusionOut(BaseModel):
-    index: int
-    leaf_hash: str
-    proof: dict  # Rekor-like: logIndex, treeSize, rootHash, hashes (hex), checkpoint (signed note)
-
-
-class ReceiptCheckOut(BaseModel):
-    ok: bool
-    reason: str
 
 
 def _entry_out(e) -> EntryOut:  # noqa: ANN001 - fak.audit.log.LogEntry

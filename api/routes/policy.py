@@ -82,8 +82,12 @@ def validate(body: PolicyText, who: Principal = Depends(READER)) -> ValidateOut:
 def replace(body: PolicyReplace, who: Principal = Depends(ADMIN), k: Kernel = Depends(kernel)) -> ReplaceOut:  # noqa: B008
     """Validate, write the policy file atomically (temp file, fsync, rename), reload.
     A bad policy changes nothing (400 with located errors); the policy is deployment-wide."""
+    from fak.errors import Forbidden
     from fak.policy import load_policy_text
 
+    if who.tenant != k.settings.operator_tenant:  # the policy governs every tenant
+        raise Forbidden("the policy is deployment-wide: only admin keys of the operator tenant "
+                        "(setting operator_tenant, FAK_OPERATOR_TENANT) may replace it")
     path = k.policy_path
     _check_replaceable(path)
     load_policy_text(body.text, str(path))  # validated before anything is written
