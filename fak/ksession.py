@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fak.errors import Conflict, InvalidInput, NotFound
+from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
 from fak.kernel.generate import SamplingParams
 from fak.kernel.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
@@ -159,7 +159,7 @@ class KernelSession:
         head = SessionRow(
             tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
             tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger._next_id,
-            fingerprint=s.fingerprint(), tokens=s.cache.length,
+            fingerprint=s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
         )  # fmt: skip
         segs = []
         for i, seg in enumerate(s.ledger.segments):
@@ -219,7 +219,12 @@ class KernelSession:
             seg = s.append(kind, tokens=tokens, chunks=chunks, message=message, ref=row.ref, verdict=row.verdict,
                            rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
             seg.protected = row.protected
-        if s.fingerprint() != head.fingerprint:
+        if head.approximate:
+            # REROPE left KV no replay reproduces; the replay is the exact state of the same
+            # ledger (what RECOMPUTE would have given), so it replaces it, and is recorded
+            self._mech = s
+            self._persist()
+        elif s.fingerprint() != head.fingerprint:
             raise StateError(f"session {self.id} rebuilt to fingerprint {s.fingerprint()}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
         if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
@@ -372,6 +377,9 @@ class KernelSession:
         with self._locked() as s:
             seg = s.ledger.get(segment_id)
             mode = EvictMode(mode) if mode is not None else self.kernel.evict_mode()
+            if mode is EvictMode.REROPE and self.kernel.policy.spec.eviction.mode != "rerope":
+                raise Forbidden("REROPE is approximate: the active policy allows exact eviction only "
+                                "(spec.eviction.mode: recompute)")
             probe = dict(tenant=self.tenant, session_id=self.id, segment_id=seg.id, ref=seg.ref,
                          mode="RECOMPUTE", exact=True, tokens=seg.length, reason=_ident(reason))
             Eviction(**probe)  # a bad reason or id fails here, before the cache changes

@@ -67,7 +67,13 @@ def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located])
 def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
     """Parse one YAML document; return its data and the source map of its nodes."""
     smap = SourceMap(source)
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # the reader checks the characters here already
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        raise PolicyError([Located(source, line, col, f"YAML: character U+{exc.character:04X} is not allowed "
+                                                      "(control characters other than tab and line breaks)")]) from None
     try:
         try:
             node = loader.get_single_node()

@@ -185,3 +185,31 @@ def test_settings_from_file_and_environment(tmp_path, monkeypatch) -> None:
     bad.write_text("chunk_sise: 3\n")
     with pytest.raises(SettingsError, match="chunk_sise"):
         Settings.load(bad)
+
+
+def test_rerope_needs_the_policy_and_rebuilds_exact(tmp_path, settings, tiny_lm) -> None:
+    import shutil
+
+    from fak.errors import Forbidden
+    from fak.facade import default_policy_path
+
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        s = _conversation(k)
+        a = s.admit("flight_status", CLEAN)
+        s.append("user", "and the gate?")
+        with pytest.raises(Forbidden, match="exact eviction only"):
+            s.evict(a.segment.id, "rerope")
+    policy = tmp_path / "rerope.yaml"
+    shutil.copy(default_policy_path(), policy)
+    policy.write_text(policy.read_text().replace("mode: recompute", "mode: rerope"))
+    settings.policy_path = policy
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        s = _conversation(k)
+        a = s.admit("flight_status", CLEAN)
+        s.append("user", "and the gate?")
+        report = s.evict(a.segment.id)  # the policy's mode
+        assert report.exactness == "approximate" and s.fingerprint() != s.replay_fingerprint()
+        sid, exact = s.id, s.replay_fingerprint()
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        s = k.session("acme", sid)
+        assert s.fingerprint() == exact == s.replay_fingerprint()  # rebuilt exact, and recorded

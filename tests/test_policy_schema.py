@@ -138,3 +138,11 @@ def test_cli_gate_stops_quietly_when_the_reader_goes_away(tmp_path):
 def test_gate_uses_policy_digest():
     policy = load_policy(EXAMPLES[0])
     assert gate(policy, "t", b"hello").policy_digest == policy.digest
+
+
+def test_control_characters_are_a_located_error() -> None:
+    from fak.policy import PolicyError, load_policy_text
+
+    with pytest.raises(PolicyError) as err:
+        load_policy_text("apiVersion: fak.dev/v1\nkind: Pol\x1bicy\n", "p.yaml")
+    assert str(err.value).startswith("p.yaml:2:10: YAML: character U+001B is not allowed")

@@ -25,7 +25,7 @@ from fak.facade import Kernel
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
-MAX_INDEX = 2**63 - 1  # indexes are BIGINT
+MAX_INDEX = 2**53 - 1  # indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
 MAX_LIMIT = 1000
 EXPORT_FORMAT = "fak-tenant-audit-export/v1"
 EXPORT_PAGE = 500  # entries read per database round trip while streaming an export
@@ -37,7 +37,7 @@ def _entry_out(e) -> EntryOut:  # noqa: ANN001 - fak.audit.log.LogEntry
 
 def _own_entry(k: Kernel, tenant: str, index: int):  # noqa: ANN202 - LogEntry
     """The entry at ``index`` if it is the tenant's; otherwise the same NotFound as past the end."""
-    found = list(k.audit.entries(tenant, index, index + 1))
+    found = list(k.audit.entries(tenant, index, index + 1)) if index < k.audit.size() else []
     if not found:
         raise NotFound(f"no audit entry at index {index}")
     return found[0]

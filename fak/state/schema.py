@@ -22,6 +22,7 @@ class SessionRow(Base):
     next_segment: Mapped[int] = mapped_column(Integer)
     fingerprint: Mapped[str] = mapped_column(String(80))
     tokens: Mapped[int] = mapped_column(Integer)
+    approximate: Mapped[bool] = mapped_column(Boolean, default=False)  # REROPE was used: no exact rebuild
 
 
 class SegmentRow(Base):

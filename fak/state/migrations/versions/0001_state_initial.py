@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("next_segment", sa.Integer, nullable=False),
         sa.Column("fingerprint", sa.String(80), nullable=False),
         sa.Column("tokens", sa.Integer, nullable=False),
+        sa.Column("approximate", sa.Boolean, nullable=False),
     )
     op.create_table(
         "fak_segments",
