@@ -4,17 +4,14 @@ real uvicorn server on 127.0.0.1 (tiny model, greedy decoding)."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from fak.api.app import create_app
+from fak.api.server import serve
 
 SYSTEM = "You are a booking assistant. Answer briefly."
 CALL = {"id": "call_1", "type": "function",
@@ -36,36 +33,14 @@ def history(tool_text: str | None = TOOL_TEXT) -> list[dict]:
     return msgs
 
 
-# --- a real server (tests/api_server.py did not exist when this was written) -----------
+# --- a real server ---------------------------------------------------------------------
 @pytest.fixture
 def server(kernel):
-    app = create_app(kernel)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # uvicorn serves on this very socket: no free-port race
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1, trust_env=False).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    keys = {name: app.state.keys.create(tenant, role)[0]
-            for name, tenant, role in [("acme", "acme", "agent"), ("other", "globex", "agent"),
-                                       ("auditor", "acme", "auditor")]}
-    try:
-        yield SimpleNamespace(url=url, kernel=kernel, keys=keys)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-        assert not thread.is_alive(), "server did not stop"
+    with serve(kernel) as live:
+        keys = {name: live.key(tenant, role)
+                for name, tenant, role in [("acme", "acme", "agent"), ("other", "globex", "agent"),
+                                           ("auditor", "acme", "auditor")]}
+        yield SimpleNamespace(url=live.url, kernel=kernel, keys=keys)
 
 
 def client(server, who: str = "acme", key: str | None = None) -> openai.OpenAI:
