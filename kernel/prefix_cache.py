@@ -54,7 +54,7 @@ import torch
 
 from fak.errors import FakError
 from fak.kernel.kv_cache import KVBlock, KVCache
-from fak.kernel.prefix_tree import Node, RadixTree, concat_rows, same_layout
+from fak.kernel.prefix_tree import Node, RadixTree, concat_rows, same_layout, token_of
 
 DEFAULT_PRIORITY = 35
 _TENANT, _SHARED = b"t", b"s"
@@ -521,7 +521,7 @@ def _row_source(src: KVCache | KVBlock | Sequence[KVBlock], ids: list[int]) -> C
         def rows(start: int, end: int) -> KVBlock:
             return concat_rows(blocks, start, end)
 
-    if toks.tolist() != ids:
+    if toks.tolist() != [token_of(k) for k in ids]:
         raise PrefixError("the KV rows were computed for different tokens than the ones being inserted")
     if not torch.equal(pos.cpu(), torch.arange(n, dtype=pos.dtype)):
         raise PrefixError("prefix rows must sit at positions 0..n-1")

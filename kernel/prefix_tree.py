@@ -16,13 +16,44 @@ took, whatever splits happened in between.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import blake3
 import torch
 
 from fak.kernel.kv_cache import KVBlock
+
+_LEN_SHIFT = 40  # token ids stay below 2**40
+_MAX_CALL = 1 << 21  # call lengths stay below this (bits 40-60)
+CALL_START = 1 << 62  # keys stay signed 64-bit (node ids hash them as int64)
+
+
+def call_keys(tokens: Sequence[int], call_starts: Iterable[int]) -> list[int]:
+    """Keys of ``tokens`` computed by forward calls beginning at ``call_starts`` (the last
+    call runs to the end). The tree is keyed by token ids *and* the calls that computed
+    them: a row's bytes depend on the length of its call and on every row before it (a
+    different split into calls may round differently), so each key carries its call's
+    length and the first key of a call ``CALL_START``. A prefix is then served only to a
+    consumer whose calls over it were the same."""
+    keys = [int(t) for t in tokens]
+    starts = sorted(p for p in set(call_starts) if 0 <= p < len(keys))
+    if keys and (not starts or starts[0] != 0):
+        raise ValueError("call starts must begin at position 0")
+    for i, p in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(keys)
+        length = end - p
+        if length >= _MAX_CALL:
+            raise ValueError(f"a forward call of {length} tokens is too long to key")
+        for j in range(p, end):
+            keys[j] |= length << _LEN_SHIFT
+        keys[p] |= CALL_START
+    return keys
+
+
+def token_of(key: int) -> int:
+    return key & ((1 << _LEN_SHIFT) - 1)
+
 
 RowSource = Callable[[int, int], KVBlock]
 """``rows(start, end)`` → a fresh (cloned) block of the rows for tokens ``[start, end)``."""

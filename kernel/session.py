@@ -28,7 +28,7 @@ from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
 from fak.kernel.model import Llama
 from fak.kernel.prefix_cache import PrefixCache
-from fak.kernel.prefix_tree import concat_rows
+from fak.kernel.prefix_tree import call_keys, concat_rows
 from fak.kernel.tokenizer import ChatTokenizer
 
 DEFAULT_CHUNK = 512
@@ -209,16 +209,34 @@ class Session:
             boundary += n
         self._insert_prefix()
 
+    def _call_starts(self, extra: Segment | None = None) -> list[int]:
+        """Absolute positions where the forward calls that computed the live rows began
+        (and those ``extra``, about to be prefilled at the end, will begin)."""
+        starts: list[int] = []
+        segs = [s for s in self.ledger.live() if s.end <= self.cache.length or s is extra]
+        if extra is not None and extra not in segs:
+            segs.append(extra)
+        for s in segs:
+            pos = s.start if s is not extra else self.cache.length
+            for n in s.chunks:
+                starts.append(pos)
+                pos += n
+        return starts
+
     def _serve_from_prefix(self, seg: Segment) -> int:
+        """Serve whole leading chunks of ``seg`` from the prefix cache, but only rows the
+        same calls computed: the tree is keyed by tokens and call boundaries (a chunk end
+        inside the match is a call end of the producer too)."""
         if self.prefix is None or self.approximate:
             return 0
         start = self.cache.length
-        wanted = self.cache.token_list() + seg.tokens
+        wanted = call_keys(self.cache.token_list() + seg.tokens, self._call_starts(extra=seg))
         with self.prefix.cache.match(self.prefix.namespace, wanted) as m:
             served = 0
             boundary = 0
             for n in seg.chunks:
-                if start + boundary + n > m.length:
+                end = start + boundary + n
+                if end > m.length:
                     break
                 boundary += n
                 served = boundary
@@ -240,7 +258,7 @@ class Session:
         ]
         self.prefix.cache.insert(
             self.prefix.namespace,
-            self.cache.token_list(),
+            call_keys(self.cache.token_list(), self._call_starts()),
             self.cache,
             provenance=spans,
             priority=self.prefix.priority,

@@ -92,3 +92,27 @@ def test_rerope_session_never_feeds_the_cache() -> None:
     later.append("system", tokens=SYS)
     later.append("user", tokens=Q)
     assert later.prefix_hit_tokens == len(SYS)  # the approximate (re-roped) rows are never shared
+
+
+def test_prefix_served_only_to_the_same_calls() -> None:
+    """A row's bytes depend on the forward calls that computed it (and the rows before):
+    rows another session computed in a longer call are not served, rows computed by the
+    same calls are, and either way the session equals a fresh replay (found by schemathesis:
+    a 13-token segment served from a 20-token call did not rebuild to its fingerprint)."""
+    model = tiny_model()
+    pc = PrefixCache()
+    tokens = ids(20, 7)
+    longer = Session(model, prefix=binding(pc, model, "acme"))
+    longer.append("user", tokens=tokens, chunks=[20])
+    shorter = Session(model, prefix=binding(pc, model, "acme"))
+    shorter.append("user", tokens=tokens[:13], chunks=[13])
+    assert shorter.prefix_hit_tokens == 0  # the producer's call went on past row 13
+    assert shorter.fingerprint() == shorter.replay_fingerprint()
+    same_calls = Session(model, prefix=binding(pc, model, "acme"))
+    same_calls.append("user", tokens=tokens[:13], chunks=[13])
+    assert same_calls.prefix_hit_tokens == 13  # `shorter` inserted rows computed by a 13-token call
+    assert same_calls.fingerprint() == shorter.fingerprint() == same_calls.replay_fingerprint()
+    split = Session(model, prefix=binding(pc, model, "acme"))
+    split.append("user", tokens=tokens, chunks=[13, 7])
+    assert split.prefix_hit_tokens == 13  # its first call is the cached one; the second is its own
+    assert split.fingerprint() == split.replay_fingerprint()
