@@ -168,6 +168,13 @@ class Kernel:
         return self._policy.policy
 
     @property
+    def context_limit(self) -> int:
+        """Tokens a session may hold: the model's context, or less if configured."""
+        limit = self._lm.model.cfg.max_position_embeddings
+        configured = self.settings.max_context_tokens
+        return min(limit, configured) if configured else limit
+
+    @property
     def policy_path(self) -> Path:
         """The file or folder the policy is loaded from (``reload_policy`` reads it again)."""
         return self._policy.path

@@ -34,7 +34,14 @@ if TYPE_CHECKING:
     from fak.policy import Verdict
 
 MAX_TEXT_BYTES = 1 << 20
+GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
 QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
+
+
+class ContextFull(Conflict):
+    """The session's context would pass the model's (or the configured) length."""
+
+    code = "context_full"
 
 
 class SessionBusy(Conflict):
@@ -66,7 +73,7 @@ class Admission:
 
 def _ident(value: str) -> str:
     """Audit ids allow a restricted alphabet; map anything else to '_'."""
-    return "".join(c if c.isalnum() or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
 
 
 class KernelSession:
@@ -133,6 +140,14 @@ class KernelSession:
     def kv_bytes(self) -> int:
         mech = self._mech
         return mech.cache.nbytes_allocated if mech is not None else 0
+
+    def _check_room(self, s: Session, what: str) -> None:
+        """Raise ContextFull when the session holds more tokens than the context allows (the
+        caller discards the in-memory change: nothing of it stays)."""
+        limit = self.kernel.context_limit
+        if s.cache.length > limit:
+            raise ContextFull(f"{what} would make the session {s.cache.length} tokens long; "
+                              f"the context holds {limit}")
 
     def _binding(self) -> PrefixBinding | None:
         k = self.kernel
@@ -288,6 +303,7 @@ class KernelSession:
                 if kind is SegmentKind.ASSISTANT:
                     content = frozenset().union(*(x.provenance | x.content for x in s.ledger.live()))
                 seg = s.append(kind, text, content=content)
+                self._check_room(s, f"this {kind.value} message")
                 self._persist()
             except BaseException:
                 self._discard()
@@ -345,6 +361,7 @@ class KernelSession:
                     segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
                                        verdict=verdict.kind.value, rule=verdict.rule_id,
                                        policy_digest=policy.digest, segment_id=segment_id)
+                    self._check_room(s, "this tool result")
                 else:
                     segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
                                                    rule=verdict.rule_id, policy_digest=policy.digest,
@@ -419,6 +436,12 @@ class KernelSession:
         inner: Iterator[int] | None = None
         try:
             s = self._loaded()
+            room = self.kernel.context_limit - s.cache.length - GENERATION_OVERHEAD
+            if room < 1:
+                raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "
+                                  f"{self.kernel.context_limit}-token context for an answer")
+            if params.max_tokens > room:
+                params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
             inner = s.generate(params)
             t0, count = time.perf_counter(), 0
             for token in inner:

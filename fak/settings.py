@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     session_kv_budget_bytes: int | None = Field(
         2048 * MiB, ge=0, description="KV of loaded sessions; idle ones past it are offloaded (ledger kept)"
     )
+    max_context_tokens: int | None = Field(
+        None, ge=64, description="tokens one session may hold (default: the model's context length)")
     max_sessions_per_tenant: int = Field(10_000, ge=1)
     lock_timeout_s: float = Field(30.0, gt=0, description="wait for a busy session before SessionBusy")
     operator_tenant: str | None = Field(

@@ -213,3 +213,22 @@ def test_rerope_needs_the_policy_and_rebuilds_exact(tmp_path, settings, tiny_lm)
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         s = k.session("acme", sid)
         assert s.fingerprint() == exact == s.replay_fingerprint()  # rebuilt exact, and recorded
+
+
+def test_context_limit(settings, tiny_lm) -> None:
+    from fak.ksession import GENERATION_OVERHEAD, ContextFull
+
+    settings.max_context_tokens = 120
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        s = k.session("acme")
+        s.append("system", "Be brief.")  # ~20 tokens with the template
+        fp, ledger = s.fingerprint(), s.ledger()
+        with pytest.raises(ContextFull, match="the context holds 120"):
+            s.append("user", "x" * 200)
+        with pytest.raises(ContextFull):
+            s.admit("web", b"y" * 200)
+        assert s.fingerprint() == fp and s.ledger() == ledger  # nothing of either stayed
+        answer = list(s.generate(max_tokens=500, min_tokens=500))  # capped to the room left
+        assert 0 < len(answer) <= 120 - GENERATION_OVERHEAD and s.tokens <= 120  # opener and closing fit
+        with pytest.raises(ContextFull):
+            list(s.generate(max_tokens=5))
