@@ -327,7 +327,25 @@ class _StreamState:
         return "".join(self.pieces)
 
 
-class TextStream(Iterator[str]):
+class _StreamFields:
+    """What a stream read so far (shared by the blocking and the async stream)."""
+
+    _state: _StreamState
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._state.tokens)
+
+    @property
+    def text(self) -> str:
+        return self._state.text
+
+    @property
+    def done(self) -> StreamDone | None:
+        return self._state.done
+
+
+class TextStream(_StreamFields, Iterator[str]):
     """A streamed generation: iterate for text pieces as they are decoded.
 
     After the last piece ``done`` holds the appended segment and the fingerprint,
@@ -378,20 +396,8 @@ class TextStream(Iterator[str]):
             pass
         return self._state.result()
 
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._state.tokens)
 
-    @property
-    def text(self) -> str:
-        return self._state.text
-
-    @property
-    def done(self) -> StreamDone | None:
-        return self._state.done
-
-
-class AsyncTextStream(AsyncIterator[str]):
+class AsyncTextStream(_StreamFields, AsyncIterator[str]):
     """``TextStream`` for ``AsyncClient``: ``async for piece in stream``; ``await aclose()``."""
 
     def __init__(self, pieces: AsyncIterator[tuple[str, str]], close: Callable[[], Any]) -> None:
@@ -431,18 +437,6 @@ class AsyncTextStream(AsyncIterator[str]):
         async for _ in self:
             pass
         return self._state.result()
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self._state.tokens)
-
-    @property
-    def text(self) -> str:
-        return self._state.text
-
-    @property
-    def done(self) -> StreamDone | None:
-        return self._state.done
 
 
 # --- the blocking client --------------------------------------------------------
