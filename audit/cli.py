@@ -58,7 +58,7 @@ def _verify(args: argparse.Namespace) -> int:
         tenant_report = verify_tenant_export(args.export, args.pubkey or "")
         print(tenant_report.summary(), file=sys.stdout if tenant_report.ok else sys.stderr)
         return 0 if tenant_report.ok else 1
-    report = verify_export(args.export, pubkey=args.pubkey, since=args.since)
+    report = verify_export(args.export, pubkey=args.pubkey, since=args.since, progress=not args.json)
     if args.json:
         out = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in vars(report).items()}
         print(json.dumps(out, indent=2))

@@ -79,10 +79,12 @@ def _header(line: bytes, pubkey: str | None) -> tuple[str, note.Verifier, bool]:
     return origin, pinned, True
 
 
-def verify_export(path: str | Path, pubkey: str | None = None, since: str | None = None) -> VerifyReport:
+def verify_export(
+    path: str | Path, pubkey: str | None = None, since: str | None = None, *, progress: bool = False
+) -> VerifyReport:
     """Verify an export file; a bad file gives a report with ok=False, never an exception.
     ``pubkey``: vkey string or file; ``since``: a signed checkpoint (text or file) the
-    export must extend."""
+    export must extend; ``progress``: a progress bar on stderr (when it is a terminal)."""
     report = VerifyReport()
     try:
         data = Path(path).read_bytes()
@@ -103,7 +105,12 @@ def verify_export(path: str | Path, pubkey: str | None = None, since: str | None
                 since_cp = open_checkpoint(_load_text(since, "checkpoint"), verifier, origin)
             except VerificationError as exc:
                 raise AuditError(f"--since checkpoint does not verify: {exc}") from None
-        for lineno, line in enumerate(lines[1:], start=2):
+        records = lines[1:]
+        if progress:
+            from tqdm import tqdm
+
+            records = tqdm(records, desc="verify", unit="rec", disable=None, leave=False)
+        for lineno, line in enumerate(records, start=2):
             if lineno == len(lines) and line == b"":
                 break  # the newline that ends the last record
             if lineno == len(lines):
