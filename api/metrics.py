@@ -152,7 +152,7 @@ def _observe(app: object, kind: str, data: dict) -> None:
         record_verdict(app, data["verdict"], tenant=tenant)
     elif kind == "eviction":
         record_eviction(app, data["mode"], tenant=tenant)
-    elif kind == "forget" and data.get("new"):
+    elif kind == "forget":
         record_forget(app, tenant=tenant)
     elif kind == "decode":
         record_decode(app, data["tokens"], data["seconds"], tenant=tenant)

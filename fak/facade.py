@@ -207,7 +207,7 @@ class Kernel:
 
     def observe(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
         """Call ``callback(kind, data)`` after each decision (metrics): ``admission``
-        {tenant, verdict}, ``eviction`` {tenant, mode}, ``forget`` {tenant, new},
+        {tenant, verdict}, ``eviction`` {tenant, mode}, ``forget`` {tenant} (completed only),
         ``decode`` {tenant, tokens, seconds}. A failing observer never fails the operation."""
         self._observers.append(callback)
 
@@ -256,7 +256,7 @@ class Kernel:
         with self._registry:
             if (tenant, sid) in self._sessions or self.state.session(tenant, sid) is not None:
                 raise Conflict(f"session {sid!r} exists")
-            if len(self.state.session_ids(tenant)) >= self.settings.max_sessions_per_tenant:
+            if self.state.session_count(tenant) >= self.settings.max_sessions_per_tenant:
                 raise Conflict(f"tenant has {self.settings.max_sessions_per_tenant} sessions, the most allowed")
             ks = self._sessions[(tenant, sid)] = KernelSession(self, tenant, sid, now_us(), fresh=True)
             return ks
@@ -298,11 +298,11 @@ class Kernel:
             if ks.offload():
                 total -= size
 
-    def _audit_rebuild(self, ks: KernelSession, s: Session, cause: str, seconds: float) -> None:
+    def _audit_rebuild(self, ks: KernelSession, s: Session, cause: str, fingerprint: str) -> None:
         from fak.audit import SessionRebuilt
 
         self.audit.append(SessionRebuilt(tenant=ks.tenant, session_id=ks.id, segments=len(s.ledger.live()),
-                                         tokens=s.cache.length, fingerprint=s.fingerprint(), cause=cause))
+                                         tokens=s.cache.length, fingerprint=fingerprint, cause=cause))
 
     # --- refs ------------------------------------------------------------------
     def tool_text(self, tenant: str, ref: str) -> str:
@@ -328,10 +328,7 @@ class Kernel:
         """Erase ``ref`` from every session, cache and store of the tenant; a signed receipt."""
         from fak.forget import forget
 
-        before = self.state.forget_row(tenant, ref) if isinstance(tenant, str) else None
-        receipt = forget(self, tenant, ref, requested_by=requested_by, reason=reason)
-        self._notify("forget", tenant=tenant, new=before is None or before.request_id != receipt.request_id)
-        return receipt
+        return forget(self, tenant, ref, requested_by=requested_by, reason=reason)
 
     def quarantine(
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None

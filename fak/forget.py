@@ -114,9 +114,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
     sessions: list[dict[str, str]] = json.loads(row.sessions)
-    # durable ledgers, and loaded sessions whose admission of the ref may not be written yet
-    # (an admission checks for a pending forget inside its session lock, which this waits for)
-    for sid in sorted(set(k.state.sessions_holding(tenant, ref)) | k._loaded_ids(tenant)):
+    # an admission checks for a pending forget inside its session lock, which this waits for
+    for sid in _holders(k, tenant, ref):
         ks = k.session(tenant, sid)
         with ks._locked() as s:
             if not any(x.derived_from(ref) or ref in x.provenance for x in s.ledger.live()):
@@ -135,7 +134,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             units += [_unit("prefix_node", n) for n in nodes]
             sessions = [x for x in sessions if x["session_id"] != sid]
             sessions.append({"session_id": sid, "fingerprint_after": after, "fingerprint_replay": replay})
-            ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}))
+            ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
+                        fingerprint=after)
         fault_point("forget.after_session")
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
@@ -149,6 +149,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
         units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
     ))  # fmt: skip
     k.state.update_forget(row.request_id, state="completed", completed_index=index)
+    k._notify("forget", tenant=tenant)
     return ForgetReceipt.from_log(k.audit, index)
 
 
@@ -160,18 +161,36 @@ class QuarantineReport:
     audit_index: int
 
 
+def _holders(k: Kernel, tenant: str, ref: str) -> list[str]:
+    """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
+    change may not be written yet (the caller takes each one's lock)."""
+    return sorted(set(k.state.sessions_holding(tenant, ref)) | k._loaded_ids(tenant))
+
+
 def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> QuarantineReport:
+    """Write-ahead: the decision (``RefQuarantined`` naming the segments that hold the ref)
+    is logged first, then the ref is marked (no admission or materialisation brings it back
+    from here on) and evicted from every session. A failure after the event leaves a logged
+    decision whose effect a repeated call completes (it is idempotent)."""
     from fak.audit import RefQuarantined
 
     tenant, ref = check_tenant(tenant), check_digest(ref)
     head = k.store.head(ref, tenant)
     if head is None:
         raise NotFound(f"no ref {ref}")
-    who = _ident(principal) if principal else None
-    RefQuarantined(tenant=tenant, ref=ref, reason=_ident(reason), principal=who)  # validate first
+    who, why = (_ident(principal) if principal else None), _ident(reason)
+    planned: list[dict[str, str]] = []
+    for sid in _holders(k, tenant, ref):
+        ks = k.session(tenant, sid)
+        with ks._locked() as s:
+            planned += [_unit("segment", x.id, sid) for x in s.ledger.live() if x.ref == ref]
+    index = k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who, units=planned))
+    if head.state != "forgotten":
+        k.store.set_taint(ref, tenant, "quarantined")
+    k.state.set_quarantined(tenant, ref, why)
     mode = k.evict_mode()
     units: list[dict[str, str]] = []
-    for sid in k.state.sessions_holding(tenant, ref):
+    for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
         ks = k.session(tenant, sid)
         with ks._locked() as s:
             victims = [x for x in s.ledger.live() if x.ref == ref]
@@ -192,9 +211,5 @@ def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str 
             units += [_unit("segment", x.id, sid) for x in victims]
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-    if head.state != "forgotten":
-        k.store.set_taint(ref, tenant, "quarantined")
-    k.state.set_quarantined(tenant, ref, _ident(reason))
-    index = k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=_ident(reason), principal=who, units=units))
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return QuarantineReport(ref=ref, units=units, mode=shown, audit_index=index)

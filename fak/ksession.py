@@ -169,12 +169,12 @@ class KernelSession:
         )
 
     # --- durable ledger -------------------------------------------------------
-    def _rows(self, s: Session) -> tuple[SessionRow, list[SegmentRow]]:
+    def _rows(self, s: Session, fingerprint: str | None = None) -> tuple[SessionRow, list[SegmentRow]]:
         k = self.kernel
         head = SessionRow(
             tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
             tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger._next_id,
-            fingerprint=s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
+            fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
         )  # fmt: skip
         segs = []
         for i, seg in enumerate(s.ledger.segments):
@@ -192,15 +192,16 @@ class KernelSession:
             ))  # fmt: skip
         return head, segs
 
-    def _persist(self, forget: tuple[str, dict[str, Any]] | None = None) -> None:
-        head, segs = self._rows(self._loaded())
+    def _persist(self, forget: tuple[str, dict[str, Any]] | None = None, fingerprint: str | None = None) -> None:
+        """Write the ledger; ``fingerprint``: the KV's, when the caller has just computed it
+        (hashing the whole KV again is the costliest part of a write)."""
+        head, segs = self._rows(self._loaded(), fingerprint)
         self.kernel.state.save_session(head, segs, forget)
 
     def _rebuild(self) -> Session:
         """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) and
         check that the KV reaches the recorded fingerprint."""
         k = self.kernel
-        t0 = time.perf_counter()
         found = k.state.session(self.tenant, self.id)
         if found is None:
             raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
@@ -234,16 +235,17 @@ class KernelSession:
             seg = s.append(kind, tokens=tokens, chunks=chunks, message=message, ref=row.ref, verdict=row.verdict,
                            rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
             seg.protected = row.protected
+        fingerprint = s.fingerprint()
         if head.approximate:
             # REROPE left KV no replay reproduces; the replay is the exact state of the same
             # ledger (what RECOMPUTE would have given), so it replaces it, and is recorded
             self._mech = s
-            self._persist()
-        elif s.fingerprint() != head.fingerprint:
-            raise StateError(f"session {self.id} rebuilt to fingerprint {s.fingerprint()}, "
+            self._persist(fingerprint=fingerprint)
+        elif fingerprint != head.fingerprint:
+            raise StateError(f"session {self.id} rebuilt to fingerprint {fingerprint}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
         if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
-            k._audit_rebuild(self, s, self._cause, time.perf_counter() - t0)
+            k._audit_rebuild(self, s, self._cause, fingerprint)
         self._cause = "restart"
         return s
 
@@ -405,7 +407,7 @@ class KernelSession:
                 self.kernel.audit.append(Eviction(**probe | dict(
                     mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
                     exact=report.exactness == "bit-exact", fingerprint_after=report.fingerprint)))
-                self._persist()
+                self._persist(fingerprint=report.fingerprint)
             except BaseException:
                 self._discard()
                 raise
@@ -481,7 +483,7 @@ class KernelSession:
         with self._locked() as s:
             try:
                 result = materialise(self, s, ws)
-                self._persist()
+                self._persist(fingerprint=result.fingerprint)
             except BaseException:
                 self._discard()
                 raise

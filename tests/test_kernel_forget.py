@@ -181,6 +181,8 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
     assert [(p.verdict.value, p.reason) for p in result.pieces] == [("REFUSE", "quarantined")]
     (ev,) = events(k, "ref_quarantined")
     assert ev.ref == ref and ev.reason == "slow_detector" and ev.tenant == "acme"
+    assert {(u.session_id, u.id) for u in ev.units} == {
+        (u["session_id"], u["id"]) for u in report.units if u["kind"] == "segment"}  # logged before the effect
     assert ref in other.refs() or other_ref in other.refs()
     with pytest.raises(FakError):
         k.quarantine("acme", "blake3k:" + "0" * 64, reason="x")
@@ -217,3 +219,17 @@ def test_forget_again_after_readmission_and_no_admission_during_a_forget(kernel)
     assert receipt.request_id == "fgt_pending_test"
     assert {u.id for u in receipt.units_dropped if u.kind == "segment"} == {third.segment.id}
     assert verify_receipt(receipt, k.audit.public_key())
+
+
+def test_quarantine_is_logged_before_it_acts(settings, tiny_lm) -> None:
+    from fak.audit.errors import AuditError
+
+    k = Kernel.open(settings, model=tiny_lm, progress=None)
+    held = _holding(k, "acme")
+    before = {s.id: (s.fingerprint(), s.ledger()) for s in held["sessions"]}
+    k.audit.close()  # the decision cannot be logged: nothing may happen
+    with pytest.raises(AuditError):
+        k.quarantine("acme", held["ref"], reason="late")
+    assert {s.id: (s.fingerprint(), s.ledger()) for s in held["sessions"]} == before
+    assert not k.state.ref("acme", held["ref"]).quarantined
+    k.close()

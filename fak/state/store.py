@@ -96,6 +96,10 @@ class StateStore:
             s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == tenant, SegmentRow.session_id == session_id))
             s.execute(sa.delete(SessionRow).where(SessionRow.tenant == tenant, SessionRow.id == session_id))
 
+    def session_count(self, tenant: str) -> int:
+        with self._session() as s:
+            return s.scalar(sa.select(sa.func.count()).select_from(SessionRow).where(SessionRow.tenant == tenant)) or 0
+
     def session_ids(self, tenant: str) -> list[str]:
         with self._session() as s:
             q = sa.select(SessionRow.id).where(SessionRow.tenant == tenant).order_by(SessionRow.created_us, SessionRow.id)
