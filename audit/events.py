@@ -99,6 +99,7 @@ class Materialisation(_Event):
     session_id: Id
     policy_digest: Digest
     pieces: list[MaterialisedPiece] = Field(max_length=MAX_ITEMS)
+    evicted: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # tool segments that left (RECOMPUTE)
     budget_tokens: Count | None = None
     context_tokens: Count
     fingerprint_after: Digest

@@ -119,7 +119,7 @@ def _expand(ks: KernelSession, items: list[str]) -> list[tuple[str, str | None]]
 
 def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseResult:
     """The session lock is held by the caller; a failure leaves the caller to discard ``s``."""
-    from fak.audit import Eviction, Materialisation
+    from fak.audit import Materialisation
     from fak.policy import GateContext, VerdictKind, gate
 
     t0 = time.perf_counter()
@@ -230,18 +230,15 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
         pieces[i] = Piece(order[i][0], d, v, reason, True, seg.length, seg.id)
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
-    for x in leaving:
-        k._notify("eviction", tenant=tenant, mode="recompute")
-        k.audit.append(Eviction(tenant=tenant, session_id=ks.id, segment_id=x.id, ref=x.ref,
-                                mode="RECOMPUTE", exact=True, tokens=x.length, reason="materialise",
-                                fingerprint_after=fingerprint))
     index = k.audit.append(Materialisation(
         tenant=tenant, session_id=ks.id, policy_digest=policy.digest, budget_tokens=budget,
-        context_tokens=s.cache.length, fingerprint_after=fingerprint,
+        context_tokens=s.cache.length, fingerprint_after=fingerprint, evicted=[x.id for x in leaving],
         pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
                  "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens}
                 for p in table],
-    ))  # fmt: skip
+    ))  # fmt: skip  one event for the whole decision: it is logged whole or not at all
+    for _ in leaving:
+        k._notify("eviction", tenant=tenant, mode="recompute")
     return MaterialiseResult(
         pieces=table, evicted=[x.id for x in leaving], ledger=[x.summary() for x in s.ledger.segments],
         context_tokens=s.cache.length, fingerprint=fingerprint, audit_index=index,

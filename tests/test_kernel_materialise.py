@@ -66,6 +66,7 @@ def test_materialise_verdicts(kernel) -> None:
     (ev,) = events(k, "materialisation")
     assert [(p.verdict, p.reason) for p in ev.pieces] == _table(result)
     assert ev.session_id == s.id and ev.fingerprint_after == result.fingerprint
+    assert ev.evicted == result.evicted and not events(k, "eviction")[1:]  # one event: the paged evict only
     # the same working set again: everything placed is a HIT now
     again = s.materialise(WorkingSet(refs=[hit, moved, elsewhere, cold]))
     assert _table(again) == [("HIT", "live")] * 4 and not again.evicted
