@@ -11,15 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fak.errors import FakError
+from fak.errors import HTTP_STATUS_CODES, PROBLEM_TYPE_BASE, FakError
 
-TYPE_BASE = "https://fak.dev/problems/"
+TYPE_BASE = PROBLEM_TYPE_BASE
 MEDIA = "application/problem+json"
 log = logging.getLogger("fak.api")
 
-_HTTP_CODES = {400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 415: "unsupported_media_type",
-               422: "invalid_input", 429: "too_many_requests", 503: "unavailable"}
 
 
 class Unauthorized(FakError):
@@ -56,7 +53,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _HTTP_CODES.get(exc.status_code, "error")
+        code = HTTP_STATUS_CODES.get(exc.status_code, "error")
         return problem(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -108,3 +108,14 @@ def shown(value: object, limit: int = 80) -> str:
     huge or hostile input does not flood a log line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+PROBLEM_TYPE_BASE = "https://fak.dev/problems/"
+"""problem+json ``type`` of an error is this + its code (the API and the SDK agree on it)."""
+
+HTTP_STATUS_CODES = {
+    400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+    409: "conflict", 413: "request_too_large", 415: "unsupported_media_type", 422: "invalid_input",
+    429: "too_many_requests", 502: "bad_gateway", 503: "unavailable", 504: "gateway_timeout",
+}
+"""The code of a bare HTTP status (no FakError behind it): the server's and the SDK's one table."""

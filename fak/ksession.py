@@ -465,7 +465,7 @@ class KernelSession:
         self.append(SegmentKind.USER, text)
         ids = list(self.generate(**sampling))
         tok = self.kernel.tokenizer
-        return tok.decode([t for t in ids if t not in tok.stop_token_ids], skip_special=True)
+        return tok.decode_turn(ids)
 
     # --- working sets ---------------------------------------------------------
     def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:

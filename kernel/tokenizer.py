@@ -159,6 +159,10 @@ class ChatTokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special)
 
+    def decode_turn(self, ids: Iterable[int]) -> str:
+        """The text of generated ids: stop tokens and special tokens left out."""
+        return self.decode([t for t in ids if t not in self.stop_token_ids], skip_special=True)
+
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         if self._template is None:
             raise ModelError("this model has no chat template")

@@ -143,7 +143,7 @@ class Calls:
 
     @staticmethod
     def create_session(sid: str | None) -> Call[SessionOut]:
-        return Call("POST", "/v1/sessions", _model(SessionOut), json={"id": sid} if sid else {})
+        return Call("POST", "/v1/sessions", _model(SessionOut), json={"id": sid} if sid is not None else {})
 
     @staticmethod
     def sessions() -> Call[list[str]]:

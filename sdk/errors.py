@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-TYPE_BASE = "https://fak.dev/problems/"
+from fak.errors import HTTP_STATUS_CODES, PROBLEM_TYPE_BASE
+
+TYPE_BASE = PROBLEM_TYPE_BASE
 
 
 class FakSDKError(Exception):
@@ -48,9 +50,7 @@ class FakAPIError(FakSDKError):
         if isinstance(body, dict) and isinstance(body.get("type"), str):
             return cls(int(body.get("status") or status), body["type"], str(body.get("detail") or ""),
                        title=body.get("title") if isinstance(body.get("title"), str) else None, body=body)
-        code = {400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-                409: "conflict", 413: "too_large", 429: "too_many_requests", 502: "bad_gateway",
-                503: "unavailable", 504: "gateway_timeout"}.get(status, "error")
+        code = HTTP_STATUS_CODES.get(status, "error")
         return cls(status, TYPE_BASE + code, fallback[:500])
 
     @classmethod

@@ -71,11 +71,14 @@ def _client(session: Any) -> Any:
     return getattr(session, "client", None)
 
 
-def _decide(tool: str, content: str | bytes, a: AdmissionOut, redacted: bytes | None) -> Screened:
+def _decide(tool: str, content: str | bytes, a: AdmissionOut, redacted: bytes | None, *, exact: bool) -> Screened:
+    """``exact``: the output is the very text that was admitted (a string). Any other
+    object reaches the model however its framework serialises it, which is not what the
+    gate read: the admitted text is given instead."""
     if not a.admitted:
         return Screened(tool, a, False, notice(tool, a))
     if a.admitted_ref is None or a.admitted_ref == a.ref:
-        return Screened(tool, a, True, _text(content))
+        return Screened(tool, a, exact, _text(content))
     if redacted is None:  # cannot read the redacted bytes back: withhold rather than pass the original
         return Screened(tool, a, False, notice(tool, a))
     return Screened(tool, a, False, redacted.decode("utf-8", errors="replace"))
@@ -91,7 +94,7 @@ def screen(session: Any, tool: str, output: Any, *, media_type: str | None = Non
     content, kind = payload(output)
     a = session.admit(tool, content, media_type=media_type or kind, tags=tags)
     redacted = _client(session).ref_content(a.admitted_ref) if _needs_read(a) else None
-    return _decide(tool, content, a, redacted)
+    return _decide(tool, content, a, redacted, exact=isinstance(output, str))
 
 
 async def ascreen(session: Any, tool: str, output: Any, *, media_type: str | None = None,
@@ -102,4 +105,4 @@ async def ascreen(session: Any, tool: str, output: Any, *, media_type: str | Non
     content, kind = payload(output)
     a = await session.admit(tool, content, media_type=media_type or kind, tags=tags)
     redacted = await _client(session).ref_content(a.admitted_ref) if _needs_read(a) else None
-    return _decide(tool, content, a, redacted)
+    return _decide(tool, content, a, redacted, exact=isinstance(output, str))

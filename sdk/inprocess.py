@@ -179,7 +179,7 @@ class LocalSession:
         def run(ks: KernelSession) -> GenerateOut:
             ids = list(ks.generate(**params))
             tok = ks.kernel.tokenizer
-            text = tok.decode([t for t in ids if t not in tok.stop_token_ids], skip_special=True)
+            text = tok.decode_turn(ids)
             last = ks.ledger()[-1] if ids else None
             return GenerateOut(text=text, tokens=ids, segment=SegmentOut(**last) if last else None,
                                fingerprint=ks.fingerprint())

@@ -31,6 +31,7 @@ content only).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
@@ -42,6 +43,9 @@ from fak.sdk.gate import Screened, ascreen, screen
 __all__ = ["FakTool", "fak_tool"]
 
 
+SCREENED_KEPT = 256
+
+
 class FakTool(BaseTool):
     """A ``BaseTool`` whose results go through a fak session's admission gate."""
 
@@ -51,11 +55,13 @@ class FakTool(BaseTool):
     session: Any = Field(description="a fak Session, LocalSession or AsyncSession")
     media_type: str | None = Field(None, description="media type of the results (default: by their type)")
     fak_tags: tuple[str, ...] = Field((), description="tags recorded with each admitted ref")
-    _screened: list[Screened] = PrivateAttr(default_factory=list)
+    _screened: deque[Screened] = PrivateAttr(default_factory=lambda: deque(maxlen=SCREENED_KEPT))
 
     @property
     def screened(self) -> list[Screened]:
-        return self._screened
+        """The latest results' screenings (the last ``SCREENED_KEPT``; a long-running agent
+        does not grow)."""
+        return list(self._screened)
 
     @staticmethod
     def _input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -273,3 +273,17 @@ def test_agent_over_http(live_server):  # noqa: F811
         result = Agent(s, tools={"read_document": read_document}, max_tokens=8).run("Hello?")
         assert result.steps == [] and result.answer == result.turns[0]
         assert [x.kind for x in s.ledger()] == ["system", "user", "assistant"]
+
+
+def test_a_non_string_output_reaches_the_model_as_the_admitted_text(kernel) -> None:
+    """An object output is admitted as its JSON; on ALLOW the adapters hand on that text,
+    not the object, which a framework would serialise its own way (unread by the gate)."""
+    from fak.sdk.gate import screen
+
+    with local(kernel=kernel, tenant="acme") as fak:
+        s = fak.create_session()
+        s.append("system", "Be brief.")
+        out = screen(s, "flight_status", {"flight": "LH123", "status": "on time"})
+        assert out.verdict == "ALLOW" and not out.passed
+        assert json.loads(out.text) == {"flight": "LH123", "status": "on time"}
+        assert screen(s, "flight_status", "LH123 is on time.").passed  # a string is the admitted text itself

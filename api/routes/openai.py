@@ -501,7 +501,7 @@ def _complete(k: Kernel, who: Principal, body: ChatCompletionRequest) -> ChatCom
     try:
         produced = list(run.ks.generate(**run.params))
         tok = k.tokenizer
-        text = tok.decode([t for t in produced if t not in tok.stop_token_ids], skip_special=True)
+        text = tok.decode_turn(produced)
         usage = run.usage(produced)
         fingerprint = run.ks.fingerprint()
     finally:
@@ -583,7 +583,7 @@ async def _chunks(run: _Run, stepper: Stepper, first: int | None, include_usage:
             yield _delta(run, {"content": piece})
         token = await run_in_threadpool(stepper.step)
     tok = run.k.tokenizer
-    full = tok.decode([t for t in produced if t not in tok.stop_token_ids], skip_special=True)
+    full = tok.decode_turn(produced)
     if len(full) > len(decoder.emitted):  # a held-back tail (an incomplete character at the end)
         yield _delta(run, {"content": full[len(decoder.emitted):]})
     usage = await run_in_threadpool(run.usage, produced)

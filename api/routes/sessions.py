@@ -154,7 +154,7 @@ async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principa
 def _generate_all(ks: KernelSession, body: m.GenerateIn) -> m.GenerateOut:
     ids = list(ks.generate(**_gen_params(body)))
     tok = ks.kernel.tokenizer
-    text = tok.decode([t for t in ids if t not in tok.stop_token_ids], skip_special=True)
+    text = tok.decode_turn(ids)
     last = ks.ledger()[-1] if ids else None
     return m.GenerateOut(text=text, tokens=ids, segment=m.SegmentOut(**last) if last else None,
                          fingerprint=ks.fingerprint())
