@@ -40,7 +40,7 @@ from fak.types import check_tenant
 if TYPE_CHECKING:
     from fak.audit import AuditLog
     from fak.audit.receipt import ForgetReceipt
-    from fak.forget import QuarantineReport
+    from fak.forget import ForgetState, QuarantineReport
     from fak.kernel.loader import LoadedModel
     from fak.kernel.session import Session
     from fak.policy import Policy, PolicyHolder
@@ -329,6 +329,12 @@ class Kernel:
         from fak.forget import forget
 
         return forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+
+    def forget_status(self, tenant: str, request_id: str) -> ForgetState:
+        """A forget of the tenant by request id: its state, and its receipt once completed."""
+        from fak.forget import status
+
+        return status(self, tenant, request_id)
 
     def quarantine(
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None

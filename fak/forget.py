@@ -154,6 +154,26 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
 
 
 @dataclass(frozen=True)
+class ForgetState:
+    request_id: str
+    ref: str
+    state: str  # requested | completed
+    receipt: ForgetReceipt | None  # once completed
+
+
+def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
+    from fak.audit.receipt import ForgetReceipt
+
+    row = k.state.forget_by_request(check_tenant(tenant), request_id)
+    if row is None:  # unknown, or another tenant's: the same answer
+        raise NotFound(f"no forget {request_id!r}")
+    receipt = None
+    if row.state == "completed" and row.completed_index is not None:
+        receipt = ForgetReceipt.from_log(k.audit, row.completed_index)
+    return ForgetState(row.request_id, row.ref, row.state, receipt)
+
+
+@dataclass(frozen=True)
 class QuarantineReport:
     ref: str
     units: list[dict[str, str]]  # segments evicted, prefix nodes dropped

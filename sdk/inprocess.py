@@ -271,17 +271,10 @@ class LocalClient:
             return self.kernel.forget(self.tenant, body.ref, requested_by=PRINCIPAL, reason=body.reason)
 
     def forget_status(self, request_id: str) -> ForgetStatus:
-        from fak.errors import NotFound
 
-        k = self.kernel
         with _errors():
-            row = k.state.forget_by_request(self.tenant, request_id)
-            if row is None:
-                raise NotFound(f"no forget {request_id!r}")
-            if row.state != "completed" or row.completed_index is None:
-                return ForgetStatus(request_id=row.request_id, ref=row.ref, state=row.state)
-            receipt = ForgetReceipt.from_log(k.audit, row.completed_index)
-        return ForgetStatus(request_id=receipt.request_id, ref=receipt.ref, state="completed", receipt=receipt)
+            st = self.kernel.forget_status(self.tenant, request_id)
+        return ForgetStatus(request_id=st.request_id, ref=st.ref, state=st.state, receipt=st.receipt)
 
     def quarantine(self, ref: str, reason: str) -> QuarantineOut:
         from fak.api.models import QuarantineIn
@@ -344,12 +337,8 @@ class LocalClient:
         """The bytes ``GET /v1/audit/export`` streams (the route's own line writer)."""
         from fak.api.routes import audit
 
-        k = self.kernel
         with _errors():
-            cp = k.audit.checkpoint()
-            head = {"format": audit.EXPORT_FORMAT, "tenant": self.tenant, "origin": cp.origin, "tree_size": cp.size,
-                    "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": k.audit.public_key()}
-            yield from audit._export_lines(k, self.tenant, cp.size, head)
+            yield from audit.export_lines(self.kernel, self.tenant)
 
     def iter_audit_export(self) -> Iterator[dict]:
         import json

@@ -99,14 +99,20 @@ def consistency(first: int = Query(..., ge=0, le=MAX_INDEX, description="the old
 def export(who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> StreamingResponse:  # noqa: B008
     """The caller tenant's entries as JSON lines, each with its inclusion proof against
     one signed checkpoint (the first line). Format: docs/api.md, "Audit export"."""
-    cp = k.audit.checkpoint()  # covers everything logged so far; signed before the first byte
-    head = {"format": EXPORT_FORMAT, "tenant": who.tenant, "origin": cp.origin, "tree_size": cp.size,
-            "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": k.audit.public_key()}
-    return StreamingResponse(_export_lines(k, who.tenant, cp.size, head), media_type="application/x-ndjson",
+    return StreamingResponse(export_lines(k, who.tenant), media_type="application/x-ndjson",
                              headers={"Cache-Control": "no-store"})
 
 
-def _export_lines(k: Kernel, tenant: str, size: int, head: dict) -> Iterator[bytes]:
+def export_lines(k: Kernel, tenant: str) -> Iterator[bytes]:
+    """The export's lines. The checkpoint is signed now, before the first byte is read
+    (an error here is an error response, not a cut stream); the entries follow lazily."""
+    cp = k.audit.checkpoint()  # covers everything logged so far
+    head = {"format": EXPORT_FORMAT, "tenant": tenant, "origin": cp.origin, "tree_size": cp.size,
+            "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": k.audit.public_key()}
+    return _lines(k, tenant, cp.size, head)
+
+
+def _lines(k: Kernel, tenant: str, size: int, head: dict) -> Iterator[bytes]:
     yield _line(head)
     pos = 0
     while pos < size:

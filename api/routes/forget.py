@@ -7,7 +7,6 @@ from fastapi import APIRouter, Depends
 from fak.api import models as m
 from fak.api.deps import ADMIN, AGENT, AUDITOR, kernel
 from fak.api.keys import Principal
-from fak.errors import NotFound
 from fak.facade import Kernel
 
 router = APIRouter(prefix="/v1", tags=["forget"])
@@ -23,14 +22,10 @@ def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depend
 
 @router.get("/forget/{request_id}", response_model=dict)
 def get_forget(request_id: str, who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> dict:  # noqa: B008
-    from fak.audit.receipt import ForgetReceipt
-
-    row = k.state.forget_by_request(who.tenant, request_id)
-    if row is None:
-        raise NotFound(f"no forget {request_id!r}")
-    if row.state != "completed" or row.completed_index is None:
-        return {"request_id": row.request_id, "ref": row.ref, "state": row.state}
-    return ForgetReceipt.from_log(k.audit, row.completed_index).model_dump(mode="json") | {"state": "completed"}
+    st = k.forget_status(who.tenant, request_id)
+    if st.receipt is None:
+        return {"request_id": st.request_id, "ref": st.ref, "state": st.state}
+    return st.receipt.model_dump(mode="json") | {"state": st.state}
 
 
 @router.post("/quarantine", response_model=m.QuarantineOut)
