@@ -232,3 +232,21 @@ def test_context_limit(settings, tiny_lm) -> None:
         assert 0 < len(answer) <= 120 - GENERATION_OVERHEAD and s.tokens <= 120  # opener and closing fit
         with pytest.raises(ContextFull):
             list(s.generate(max_tokens=5))
+
+
+def test_observers_see_each_decision_once(kernel) -> None:
+    seen: list[tuple[str, dict]] = []
+    kernel.observe(lambda kind, data: seen.append((kind, data)))
+    kernel.observe(lambda kind, data: 1 / 0)  # a failing observer never fails the operation
+    s = _conversation(kernel)
+    a = s.admit("flight_status", CLEAN)
+    s.admit("web_search", POISON)
+    s.append("user", "and?")
+    s.evict(a.segment.id, "recompute")
+    list(s.generate(max_tokens=3, min_tokens=3))
+    kernel.forget("acme", a.ref)
+    kernel.forget("acme", a.ref)  # a repeat returns the receipt: no second forget
+    assert [(k, d.get("verdict") or d.get("mode") or d.get("tokens")) for k, d in seen] == [
+        ("admission", "ALLOW"), ("admission", "QUARANTINE"), ("eviction", "recompute"), ("decode", 3),
+        ("forget", None)]
+    assert all(d["tenant"] == "acme" for _, d in seen)
