@@ -28,6 +28,7 @@ from fak.api.keys import Principal
 UNMATCHED = "<unmatched>"  # requests no route matched (404 and the like)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 VERDICTS = frozenset({"ALLOW", "REDACT", "QUARANTINE", "DENY"})
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})  # a label's values stay few
 EVICT_MODES = frozenset({"write_time", "recompute", "rerope", "truncate"})
 
 
@@ -79,7 +80,9 @@ class _Middleware:
             template = getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
             who = state.get("principal") if isinstance(state, dict) else None
             tenant = who.tenant if isinstance(who, Principal) else ""
-            self.metrics.observe(tenant, scope.get("method", ""), template, status, time.perf_counter() - started)
+            method = scope.get("method", "")
+            self.metrics.observe(tenant, method if method in HTTP_METHODS else "OTHER", template, status,
+                                 time.perf_counter() - started)
 
 
 class _TenantView:

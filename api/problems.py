@@ -40,8 +40,10 @@ def install(app: FastAPI) -> None:
         if problems:  # a policy's located errors, as the CLI prints them
             extra["errors"] = [str(p) for p in problems]
         status = exc.status if 400 <= exc.status < 600 else 500
-        detail = str(exc).splitlines()[0] if status < 500 else (str(exc).splitlines() or [exc.code])[0]
-        return problem(status, exc.code, detail, **extra)
+        if status >= 500:  # says nothing about internals (a driver's message, a path): logged instead
+            log.error("%s: %s", exc.code, exc)
+            return problem(status, exc.code, "internal error (logged on the server)")
+        return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], **extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

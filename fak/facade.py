@@ -189,7 +189,11 @@ class Kernel:
         error = self._policy.reload()
         if error is not None:
             raise error
-        self._log_policy(before.digest, principal)
+        try:
+            self._log_policy(before.digest, principal)
+        except BaseException:
+            self._policy.restore(before)  # a policy whose loading is not in the log is not enforced
+            raise
         return self.policy
 
     def _log_policy(self, previous: str | None, principal: str | None) -> None:

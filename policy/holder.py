@@ -23,6 +23,11 @@ class PolicyHolder:
     def policy(self) -> Policy:
         return self._policy  # a single reference read: atomic
 
+    def restore(self, policy: Policy) -> None:
+        """Put ``policy`` back in force (a reload whose audit event could not be written)."""
+        with self._lock:
+            self._policy = policy
+
     def reload(self) -> PolicyError | None:
         """Load the file again. Returns None on success, else the error (old policy kept)."""
         with self._lock:

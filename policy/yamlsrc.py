@@ -47,7 +47,14 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
-def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located]) -> None:
+def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located],
+          seen: set[int] | None = None) -> None:
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias: the composer shares the anchored node
+        line, col = _mark(node)
+        problems.append(Located(smap.source, line, col, "YAML anchors and aliases are not allowed in a policy"))
+        return  # never expanded: a few hundred bytes of nested aliases would otherwise take minutes
+    seen.add(id(node))
     smap.values[path] = _mark(node)
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
@@ -58,10 +65,10 @@ def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located])
                 problems.append(Located(smap.source, line, col, f"duplicate key {key!r}"))
             seen.add(key)
             smap.keys[path + (key,)] = _mark(key_node)
-            _walk(value_node, path + (key,), smap, problems)
+            _walk(value_node, path + (key,), smap, problems, seen)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _walk(item, path + (index,), smap, problems)
+            _walk(item, path + (index,), smap, problems, seen)
 
 
 def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
@@ -79,6 +86,10 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
             node = loader.get_single_node()
             if node is None:
                 raise PolicyError([Located(source, 1, 1, "empty policy document")])
+            problems: list[Located] = []
+            _walk(node, (), smap, problems)  # before constructing: it refuses aliases unexpanded
+            if problems:
+                raise PolicyError(problems)
             data = loader.construct_document(node)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
@@ -89,8 +100,4 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
             raise PolicyError([Located(source, 1, 1, f"YAML: {exc}")]) from None
     finally:
         loader.dispose()
-    problems: list[Located] = []
-    _walk(node, (), smap, problems)
-    if problems:
-        raise PolicyError(problems)
     return data, smap

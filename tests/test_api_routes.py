@@ -178,7 +178,7 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
         ("POST", "/v1/policy/validate", READER, {"text": policy_text}),
         ("PUT", "/v1/policy", ADMIN, {"text": policy_text}),
         ("HEAD", f"/v1/refs/{w.ref}", READER, None),
-        ("GET", f"/v1/refs/{w.ref}", READER, None),
+        ("GET", f"/v1/refs/{w.ref}", AGENT, None),  # tool-result bytes: not for auditors
         ("GET", "/metrics", AUDITOR, None),
     ]
 
@@ -451,7 +451,8 @@ def test_policy_routes(live_server, tmp_path, capsys) -> None:  # noqa: F811
 # --- refs --------------------------------------------------------------------------------------
 def test_refs_head_get(world) -> None:
     w = world
-    c = w("acme", "auditor")
+    assert_problem(w("acme", "auditor").get(f"/v1/refs/{w.ref}"), 403, "forbidden")  # audit rows, not content
+    c = w("acme", "agent")
     r = c.get(f"/v1/refs/{w.ref}")
     assert r.status_code == 200 and r.content == CLEAN
     assert r.headers["content-type"] == "text/plain" and r.headers["etag"] == f'"{w.ref}"'

@@ -250,3 +250,22 @@ def test_observers_see_each_decision_once(kernel) -> None:
         ("admission", "ALLOW"), ("admission", "QUARANTINE"), ("eviction", "recompute"), ("decode", 3),
         ("forget", None)]
     assert all(d["tenant"] == "acme" for _, d in seen)
+
+
+def test_a_policy_reload_the_log_cannot_record_is_not_enforced(tmp_path, settings, tiny_lm) -> None:
+    import shutil
+
+    from fak.audit.errors import AuditError
+    from fak.facade import default_policy_path
+
+    policy = tmp_path / "policy.yaml"
+    shutil.copy(default_policy_path(), policy)
+    settings.policy_path = policy
+    k = Kernel.open(settings, model=tiny_lm, progress=None)
+    before = k.policy.digest
+    policy.write_text(policy.read_text().replace("name: default", "name: default-v2"))
+    k.audit.close()
+    with pytest.raises(AuditError):
+        k.reload_policy(principal="ops")
+    assert k.policy.digest == before
+    k.close()

@@ -146,3 +146,14 @@ def test_control_characters_are_a_located_error() -> None:
     with pytest.raises(PolicyError) as err:
         load_policy_text("apiVersion: fak.dev/v1\nkind: Pol\x1bicy\n", "p.yaml")
     assert str(err.value).startswith("p.yaml:2:10: YAML: character U+001B is not allowed")
+
+
+def test_yaml_aliases_are_refused_unexpanded() -> None:
+    from fak.policy import PolicyError, load_policy_text
+
+    bomb = 'a: &a ["x","x","x","x","x","x","x","x","x","x"]\n'
+    for level in "bcdefghij":
+        prev = chr(ord(level) - 1)
+        bomb += f"{level}: &{level} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+    with pytest.raises(PolicyError, match="anchors and aliases are not allowed"):  # 10^10 nodes, never walked
+        load_policy_text("apiVersion: fak.dev/v1\nkind: Policy\n" + bomb, "bomb.yaml")

@@ -110,14 +110,13 @@ from fak.api.keys import Principal
 from fak.api.routes.sessions import Stepper, TextDecoder
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.facade import Kernel
-from fak.ksession import KernelSession
+from fak.ksession import MAX_TEXT_BYTES, KernelSession
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS = 4096
 MAX_MESSAGES = 4096
-MAX_TEXT = 1 << 20  # characters of one message's content
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _IMAGE_PARTS = {"image_url", "input_image", "image"}
 _IGNORED = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "user",
@@ -313,9 +312,14 @@ def _text(msg: ChatMessage, where: str, *, required: bool) -> str:
                 raise UnsupportedContent(f"{where}.content[{j}]: {str(kind)[:40]!r} parts are not supported: "
                                          "the model reads text parts only")
         text = "\n".join(pieces)
-    if len(text) > MAX_TEXT:
-        raise InvalidInput(f"{where}.content: over {MAX_TEXT} characters")
-    return _unicode(text, f"{where}.content")
+    return _bounded(_unicode(text, f"{where}.content"), f"{where}.content")
+
+
+def _bounded(text: str, where: str) -> str:
+    """The size ``KernelSession.append`` allows (UTF-8 bytes), checked before any message is applied."""
+    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
+        raise InvalidInput(f"{where}: over {MAX_TEXT_BYTES} bytes")
+    return text
 
 
 def _unicode(text: str, where: str) -> str:
@@ -368,7 +372,7 @@ def _plan(messages: list[ChatMessage]) -> list[_Op]:
                 lines.append(line)
                 if isinstance(call, ToolCall) and call.id:
                     names[call.id] = name
-            ops.append(_Op(i, "assistant", "\n".join(lines)))
+            ops.append(_Op(i, "assistant", _bounded("\n".join(lines), where)))
         else:  # tool, function: through the gate
             text = _text(msg, where, required=False)
             if msg.role == "tool" and not msg.tool_call_id:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from fak.api.deps import READER, kernel
+from fak.api.deps import AGENT, READER, kernel
 from fak.api.keys import Principal
 from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
@@ -55,7 +55,7 @@ def head_ref(digest: str, who: Principal = Depends(READER), k: Kernel = Depends(
 
 
 @router.get("/{digest}", responses={200: {"content": {"application/octet-stream": {}}}, 304: {}})
-def get_ref(digest: str, request: Request, who: Principal = Depends(READER),  # noqa: B008
+def get_ref(digest: str, request: Request, who: Principal = Depends(AGENT),  # noqa: B008
             k: Kernel = Depends(kernel)) -> Response:  # noqa: B008
     """The ref's bytes with its media type; ``ETag`` is the quoted digest. Bytes are
     verified (hash, size, authentication tags) before the first one is sent."""
