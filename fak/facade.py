@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fak.errors import InvalidInput, NotFound
+from fak.errors import FakError, InvalidInput, NotFound
 from fak.kernel.ledger import SegmentKind
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_cache import namespace as prefix_namespace
@@ -270,6 +270,11 @@ class Kernel:
         tenant = check_tenant(tenant)
         ks = self.session(tenant, id)  # NotFound for unknown or another tenant's
         with self._registry, ks._locked():
+            found = self.state.session(tenant, id)
+            for row in found[1] if found else []:
+                if row.ref and row.kind == "tool":  # the CAS's record of where the ref is used
+                    with contextlib.suppress(FakError):  # a forgotten ref has no uses left
+                        self.store.release_use(row.ref, tenant, "segment", f"{id}/{row.id}")
             self.state.delete_session(tenant, id)
             self._sessions.pop((tenant, id), None)
             ks._mech = None

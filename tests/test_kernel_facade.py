@@ -269,3 +269,11 @@ def test_a_policy_reload_the_log_cannot_record_is_not_enforced(tmp_path, setting
         k.reload_policy(principal="ops")
     assert k.policy.digest == before
     k.close()
+
+
+def test_delete_session_releases_its_uses(kernel) -> None:
+    s = _conversation(kernel)
+    ref = s.admit("flight_status", CLEAN).ref
+    assert [u.unit_id for u in kernel.store.where_used(ref, "acme")] == [f"{s.id}/{s.ledger()[2]['id']}"]
+    kernel.delete_session("acme", s.id)
+    assert kernel.store.where_used(ref, "acme") == [] and s.id not in kernel.sessions("acme")
