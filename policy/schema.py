@@ -96,6 +96,7 @@ class ToolRule(_Strict):
     max_bytes: int | None = Field(default=None, gt=0)
     media_types: list[str] | None = None
     verdict: VerdictKind | None = None
+    expires: Expiry | None = None  # lifetime of every ref this tool produces
 
     @field_validator("media_types")
     @classmethod
@@ -116,6 +117,7 @@ class DetectorRule(_Strict):
     pattern: str | None = None
     ignore_case: bool = False
     min_bytes: int = Field(default=4096, ge=0)
+    expires: Expiry | None = None  # when this rule fires on an admitted ref, the ref's lifetime
     description: str = ""
 
     @field_validator("pattern")
@@ -138,6 +140,82 @@ class DetectorRule(_Strict):
         for family in self.families or ():
             if family not in known:
                 raise ValueError(f"unknown family {family!r} for detector {self.detector!r}; known: {', '.join(known)}")
+        return self
+
+
+class Expiry(_Strict):
+    """A lifetime for an admitted ref: seconds after admission, or model turns (generated or
+    appended assistant messages) in the session after admission; whichever comes first."""
+
+    seconds: int | None = Field(default=None, gt=0)
+    turns: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some(self) -> Expiry:
+        if self.seconds is None and self.turns is None:
+            raise ValueError("an expiry needs 'seconds' or 'turns'")
+        return self
+
+
+ToolCallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
+
+
+class AttentionMatch(_Strict):
+    """Which refs in the attention provenance of the current context a tool-call rule is about:
+    refs produced by a tool of one of ``trust`` whose name matches one of ``tools``."""
+
+    trust: list[Trust] = ["untrusted"]
+    tools: list[str] = ["*"]
+
+
+class ToolCallRule(_Strict):
+    """What may be in attention when the agent calls one of ``tools`` (names or globs).
+    With ``when_in_attention`` the rule fires only while a matching ref is in attention (the
+    offending refs); without it, it fires on every call (e.g. always CONFIRM a payment)."""
+
+    id: str = Field(pattern=_RULE_ID, max_length=128)
+    tools: list[str] = Field(min_length=1)
+    when_in_attention: AttentionMatch | None = None
+    verdict: Literal["CONFIRM", "DENY"]
+    action: Literal["enforce", "audit"] = "enforce"
+    description: str = ""
+
+
+class ToolCalls(_Strict):
+    """Tool-call authorization (DESIGN.md, Policy): rules per callable tool; ``unlisted`` is
+    the verdict for a call no rule fires on."""
+
+    unlisted: ToolCallVerdict = "ALLOW"
+    rules: list[ToolCallRule] = []
+
+
+class LateDetectorRule(_Strict):
+    """An asynchronous detector: runs after admission (it delays no prefill) and quarantines
+    the ref when it fires. ``classifier``: a local Hugging Face sequence-classification model
+    folder (``path``), firing when the probability of ``label`` reaches ``threshold``.
+    ``judge``: an LLM behind an OpenAI-compatible ``url`` asked whether the text is an
+    injection; the key, if any, is read from the environment variable ``api_key_env``."""
+
+    id: str = Field(pattern=_RULE_ID, max_length=128)
+    kind: Literal["classifier", "judge"]
+    path: str | None = None
+    label: str | None = None
+    url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    tools: list[str] = ["*"]
+    trust: list[Trust] = ["untrusted", "internal"]
+    max_bytes: int = Field(default=16384, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LateDetectorRule:
+        if self.kind == "classifier" and not self.path:
+            raise ValueError("a classifier late detector needs 'path' (a Hugging Face model folder)")
+        if self.kind == "judge" and not self.url:
+            raise ValueError("a judge late detector needs 'url' (an OpenAI-compatible base URL)")
         return self
 
 
@@ -177,11 +255,15 @@ class Spec(_Strict):
     reuse: Reuse = Reuse()
     retention: Retention = Retention()
     protected_kinds: list[SegmentKind] = ["system"]
+    tool_calls: ToolCalls = ToolCalls()
+    late_detectors: list[LateDetectorRule] = []
 
     @model_validator(mode="after")
     def _unique(self) -> Spec:
         _no_duplicates([t.name for t in self.tools], "tool name")
         _no_duplicates([d.id for d in self.detectors], "detector id")
+        _no_duplicates([r.id for r in self.tool_calls.rules], "tool-call rule id")
+        _no_duplicates([r.id for r in self.late_detectors], "late detector id")
         return self
 
 
