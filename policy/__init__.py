@@ -4,20 +4,21 @@ Public API::
 
     load_policy(path) -> Policy            # file, or directory of base + overlays
     load_policy_text(text, source) -> Policy
-    gate(policy, tool, data, context=None) -> Verdict
+    gate(policy, tool, data, context=None) -> Verdict   # GateContext(media_type, source, ...)
     PolicyHolder(path).policy / .reload()
     normalize(text) -> str
 """
 
 from fak.policy.errors import Located, PolicyError
-from fak.policy.gate import gate, tool_settings
+from fak.policy.gate import gate, source_host, tool_settings
 from fak.policy.holder import PolicyHolder
 from fak.policy.normalize import normalize
 from fak.policy.policy import Policy, load_policy, load_policy_text
 from fak.policy.schema import PolicyDocument, Spec, VerdictKind
-from fak.policy.verdict import GateContext, Match, Verdict
+from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
 
 __all__ = [
-    "GateContext", "Located", "Match", "Policy", "PolicyDocument", "PolicyError", "PolicyHolder", "Spec",
-    "Verdict", "VerdictKind", "gate", "load_policy", "load_policy_text", "normalize", "tool_settings",
+    "Audited", "Exempted", "GateContext", "Located", "Match", "Policy", "PolicyDocument", "PolicyError",
+    "PolicyHolder", "Spec", "Verdict", "VerdictKind", "gate", "load_policy", "load_policy_text", "normalize",
+    "source_host", "tool_settings",
 ]

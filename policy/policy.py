@@ -2,13 +2,21 @@
 
 A directory is read as a base policy plus overlays, in file-name order: each
 file must be a valid policy on its own; later files replace the spec sections
-they set, and merge ``tools`` (by name) and ``detectors`` (by id).
+they set, and merge by id what has ids: ``tools`` (by name and sources),
+``detectors``, ``tool_calls.rules``, ``late_detectors`` and ``exceptions``. An
+exception in an overlay may name a detector rule of any file of the directory.
+
+Every problem of every file is reported together, each at its own line: schema
+errors (pydantic), and the checks across items that pydantic would only make once
+everything else is valid (duplicate ids, exceptions naming no rule) are made on the
+parsed data directly (``_cross_checks``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import blake3
@@ -17,6 +25,7 @@ from pydantic import ValidationError
 
 from fak.policy.errors import Located, PolicyError
 from fak.policy.schema import PolicyDocument, Spec
+from fak.policy.yamlsrc import Path as DocPath
 from fak.policy.yamlsrc import SourceMap, read_yaml
 
 
@@ -28,6 +37,8 @@ class Policy:
     source: str
     digest: str
     custom: dict[str, re.Pattern[str]] = field(default_factory=dict, repr=False, compare=False)
+    # compiled ``pattern`` of each exception that has one, by exception id
+    exception_patterns: dict[str, re.Pattern[str]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def spec(self) -> Spec:
@@ -53,7 +64,9 @@ def build(document: PolicyDocument, source: str) -> Policy:
     for rule in document.spec.detectors:
         if rule.detector == "regex" and rule.pattern:
             custom[rule.id] = re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0)
-    return Policy(document, source, digest, custom)
+    patterns = {e.id: re.compile(e.pattern, re.IGNORECASE if e.ignore_case else 0)
+                for e in document.spec.exceptions if e.pattern is not None}
+    return Policy(document, source, digest, custom, patterns)
 
 
 def _message(err: dict) -> str:
@@ -67,18 +80,97 @@ def _message(err: dict) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def _validate(data: object, smap: SourceMap) -> PolicyDocument:
+def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> PolicyDocument:
+    """The document, or a PolicyError with every problem: schema errors and the cross checks
+    (``known``: the detector rule ids an exception may name; default those of ``data``)."""
     if not isinstance(data, dict):
         raise PolicyError([smap.error((), "a policy must be a mapping with apiVersion, kind, metadata, spec")])
+    problems = _cross_checks(data, smap, _detector_ids(data) if known is None else known)
+    document = None
     try:
-        return PolicyDocument.model_validate(data)
+        document = PolicyDocument.model_validate(data)
     except ValidationError as exc:
-        problems: list[Located] = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            problems.append(smap.error(loc, _message(err), key=err["type"] == "extra_forbidden"))
+            message = _message(err)
+            if loc == ("spec",) and message.startswith("duplicate "):
+                continue  # found by _cross_checks already, at the duplicate's own line
+            problems.append(smap.error(loc, message, key=err["type"] == "extra_forbidden"))
+    if problems or document is None:
         problems.sort(key=lambda p: (p.line, p.column))
-        raise PolicyError(problems) from None
+        raise PolicyError(problems)
+    return document
+
+
+# (path of a list under spec, the field that names an item, what the name is called)
+_IDS: tuple[tuple[DocPath, str, str], ...] = (
+    (("tools",), "name", "tool entry"),
+    (("detectors",), "id", "detector id"),
+    (("tool_calls", "rules"), "id", "tool-call rule id"),
+    (("late_detectors",), "id", "late detector id"),
+    (("exceptions",), "id", "exception id"),
+)
+
+
+def _items(data: object, path: DocPath) -> list[tuple[int, dict]]:
+    node = data.get("spec") if isinstance(data, dict) else None
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, list):
+        return []
+    return [(i, item) for i, item in enumerate(node) if isinstance(item, dict)]
+
+
+def _detector_ids(data: object) -> set[str]:
+    return {item["id"] for _, item in _items(data, ("detectors",)) if isinstance(item.get("id"), str)}
+
+
+def _detector_kinds(data: object) -> dict[str, object]:
+    return {item["id"]: item.get("detector") for _, item in _items(data, ("detectors",))
+            if isinstance(item.get("id"), str)}
+
+
+def _cross_checks(data: object, smap: SourceMap, known: set[str]) -> list[Located]:
+    """Problems across items, each at the line of the item it is about: duplicate names and
+    ids, and exceptions whose ``rules`` name no detector rule (a typo there would leave the
+    false positive it was written for, silently) or name an oversize rule (decided unread)."""
+    problems: list[Located] = []
+    for path, name_field, what in _IDS:
+        first: dict[object, int] = {}
+        for index, item in _items(data, path):
+            name = item.get(name_field)
+            if not isinstance(name, str):
+                continue
+            key: object = name
+            if path == ("tools",):
+                sources = item.get("sources")
+                key = (name, tuple(sources) if isinstance(sources, list) and all(isinstance(x, str) for x in sources)
+                       else repr(sources))
+            where = ("spec", *path, index, name_field)
+            if key in first:
+                line = smap.locate(("spec", *path, first[key]), key=False)[0]
+                also = " with the same sources" if path == ("tools",) and item.get("sources") else ""
+                problems.append(smap.error(where, f"duplicate {what} {name!r}{also} (first at line {line})", key=True))
+            else:
+                first[key] = index
+    kinds = _detector_kinds(data)
+    for index, item in _items(data, ("exceptions",)):
+        rules = item.get("rules")
+        if not isinstance(rules, list):
+            continue
+        for j, name in enumerate(rules):
+            if not isinstance(name, str) or name.strip("*") == "":
+                continue  # the schema reports these
+            where = ("spec", "exceptions", index, "rules", j)
+            hits = [i for i in known if fnmatchcase(i, name)]
+            if not hits:
+                listed = ", ".join(sorted(known)) or "none"
+                problems.append(smap.error(where, f"exception rule {name!r} names no detector rule of this policy "
+                                                  f"(its rules: {listed})"))
+            elif kinds.get(name) == "oversize":
+                problems.append(smap.error(where, f"{name!r} is an oversize rule: it decides before the result is "
+                                                  "read, so nothing can be exempted; raise the tool's max_bytes instead"))
+    return problems
 
 
 def parse_document(text: str, source: str = "<string>") -> PolicyDocument:
@@ -109,19 +201,30 @@ def policy_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _by_key(base: list, over: list, key) -> list[dict]:
+    merged = {key(item): item.model_dump() for item in base}
+    merged.update({key(item): item.model_dump() for item in over})
+    return list(merged.values())
+
+
 def _merge(base: PolicyDocument, over: PolicyDocument) -> PolicyDocument:
-    spec = base.spec.model_dump()
-    for name in over.spec.model_fields_set:
+    """``over`` laid on ``base``: sections ``over`` sets replace base's, except the lists of
+    items with ids, merged by id (an item of ``over`` replaces base's item of the same id)."""
+    b, o = base.spec, over.spec
+    spec = b.model_dump()
+    for name in o.model_fields_set:
         if name == "tools":
-            merged = {t.name: t.model_dump() for t in base.spec.tools}
-            merged.update({t.name: t.model_dump() for t in over.spec.tools})
-            spec["tools"] = list(merged.values())
-        elif name == "detectors":
-            rules: dict[str, dict] = {d.id: d.model_dump() for d in base.spec.detectors}
-            rules.update({d.id: d.model_dump() for d in over.spec.detectors})
-            spec["detectors"] = list(rules.values())
+            spec["tools"] = _by_key(b.tools, o.tools, lambda t: t.key)
+        elif name in ("detectors", "late_detectors", "exceptions"):
+            spec[name] = _by_key(getattr(b, name), getattr(o, name), lambda item: item.id)
+        elif name == "tool_calls":
+            calls = b.tool_calls.model_dump()
+            if "unlisted" in o.tool_calls.model_fields_set:
+                calls["unlisted"] = o.tool_calls.unlisted
+            calls["rules"] = _by_key(b.tool_calls.rules, o.tool_calls.rules, lambda r: r.id)
+            spec["tool_calls"] = calls
         else:
-            spec[name] = over.spec.model_dump()[name]
+            spec[name] = o.model_dump()[name]
     labels = {**base.metadata.labels, **over.metadata.labels}
     return PolicyDocument.model_validate(
         {"apiVersion": base.api_version, "kind": "Policy",
@@ -135,11 +238,18 @@ def load_policy(path: str | Path) -> Policy:
     path = Path(path)
     if not path.exists():
         raise PolicyError([Located(str(path), 1, 1, "no such file or directory")])
-    docs: list[PolicyDocument] = []
+    parsed: list[tuple[object, SourceMap]] = []
     problems: list[Located] = []
     for file in policy_files(path):
         try:
-            docs.append(parse_document(_read(file), str(file)))
+            parsed.append(read_yaml(_read(file), str(file)))
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+    known = set().union(*(_detector_ids(data) for data, _ in parsed))  # merging never drops a rule
+    docs: list[PolicyDocument] = []
+    for data, smap in parsed:
+        try:
+            docs.append(_validate(data, smap, known))
         except PolicyError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -148,4 +258,3 @@ def load_policy(path: str | Path) -> Policy:
     for over in docs[1:]:
         document = _merge(document, over)
     return build(document, str(path))
-

@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class VerdictKind(StrEnum):
@@ -31,7 +31,8 @@ _SEVERITY = {VerdictKind.ALLOW: 0, VerdictKind.REDACT: 1, VerdictKind.QUARANTINE
 
 Trust = Literal["untrusted", "internal", "trusted"]
 SegmentKind = Literal["system", "user", "assistant", "tool"]
-DetectorName = Literal["injection", "secrets", "obfuscation", "encoding", "oversize", "repetition", "regex", "semantic"]
+DetectorName = Literal["injection", "secrets", "obfuscation", "encoding", "oversize", "repetition", "regex"]
+RuleAction = Literal["enforce", "audit"]
 
 # Families each detector can report; a rule may narrow itself to some of them.
 DETECTOR_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -42,20 +43,39 @@ DETECTOR_FAMILIES: dict[str, tuple[str, ...]] = {
     "oversize": ("oversize",),
     "repetition": ("repetition",),
     "regex": ("custom",),
-    "semantic": ("semantic",),  # opt-in sentence-embedding classifier over the whole input (semantic.py)
 }
+
+# Detectors whose findings are instructions: cutting the matched span would leave the rest of
+# the instruction in the text, so REDACT is refused for them (QUARANTINE or DENY the result).
+NO_REDACT = frozenset({"injection", "obfuscation"})
 
 _NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _RULE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$"
 _MEDIA = r"^[a-z*]+/[-+.a-z0-9*]+$"
 
 
-def _no_duplicates(names: list[str], what: str) -> None:
-    seen: set[str] = set()
+def _no_duplicates(names: list, what: str) -> None:
+    seen: set = set()
     for name in names:
         if name in seen:
             raise ValueError(f"duplicate {what} {name!r}")
         seen.add(name)
+
+
+_HOST_GLOB = r"^[-a-z0-9*?.\[\]!]+$"
+
+
+def _check_sources(value: list[str] | None) -> list[str] | None:
+    """Domain globs (``*.example.com``), matched against the lower-cased host of the source URL."""
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("'sources' is empty: leave it out to match any source, or name domains")
+    for item in value:
+        if not re.match(_HOST_GLOB, item):
+            raise ValueError(f"bad source domain {item!r}: want a host name or glob such as '*.example.com' "
+                             "(lower case, no scheme, port or path)")
+    return value
 
 
 def _check_media(value: list[str]) -> list[str]:
@@ -74,6 +94,13 @@ class Metadata(_Strict):
     labels: dict[str, str] = {}
 
 
+def _check_mismatch(value: VerdictKind | None) -> VerdictKind | None:
+    if value is VerdictKind.REDACT:
+        raise ValueError("REDACT has nothing to cut in a result of the wrong media type: use ALLOW (scan it), "
+                         "QUARANTINE or DENY")
+    return value
+
+
 class Defaults(_Strict):
     """What applies to a tool that no ``tools`` entry names."""
 
@@ -81,20 +108,32 @@ class Defaults(_Strict):
     max_bytes: int = Field(default=1 << 20, gt=0)
     media_types: list[str] = ["text/*", "application/json", "application/xml", "application/yaml"]
     verdict: VerdictKind = VerdictKind.ALLOW
+    # Verdict for a result whose media type is not in ``media_types``: ALLOW scans it as usual,
+    # QUARANTINE or DENY decide without reading it. REDACT would have nothing to cut.
+    media_type_mismatch: VerdictKind = VerdictKind.DENY
 
     @field_validator("media_types")
     @classmethod
     def _media(cls, value: list[str]) -> list[str]:
         return _check_media(value)
 
+    @field_validator("media_type_mismatch")
+    @classmethod
+    def _mismatch(cls, value: VerdictKind) -> VerdictKind:
+        return _check_mismatch(value)
+
 
 class ToolRule(_Strict):
-    """Per-tool settings; ``name`` is an exact tool name or a shell-style glob."""
+    """Per-tool settings; ``name`` is an exact tool name or a shell-style glob. With
+    ``sources`` the entry applies only to results whose source URL's host matches one of
+    them (a result without a parsable source matches none)."""
 
     name: str = Field(min_length=1)
+    sources: list[str] | None = None
     trust: Trust | None = None
     max_bytes: int | None = Field(default=None, gt=0)
     media_types: list[str] | None = None
+    media_type_mismatch: VerdictKind | None = None
     verdict: VerdictKind | None = None
     expires: Expiry | None = None  # lifetime of every ref this tool produces
 
@@ -103,32 +142,69 @@ class ToolRule(_Strict):
     def _media(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else _check_media(value)
 
+    @field_validator("media_type_mismatch")
+    @classmethod
+    def _mismatch(cls, value: VerdictKind | None) -> VerdictKind | None:
+        return _check_mismatch(value)
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: list[str] | None) -> list[str] | None:
+        return _check_sources(value)
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...]]:
+        """What identifies the entry (duplicates, overlays): its name and its sources."""
+        return self.name, tuple(self.sources or ())
+
+
+def _check_regex(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regex: {exc}") from None
+    return value
+
 
 class DetectorRule(_Strict):
-    """One detector, where it applies, and the verdict it triggers at or above ``threshold``."""
+    """One detector, where it applies, and the verdict it triggers at or above ``threshold``.
+    ``action: audit``: the rule's matches are reported (flagged) and the verdict it would
+    have given is listed in ``Verdict.audited``, but it changes no verdict."""
 
     id: str = Field(pattern=_RULE_ID, max_length=128)
     detector: DetectorName
     verdict: VerdictKind
+    action: RuleAction = "enforce"
     threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     families: list[str] | None = None
     tools: list[str] = ["*"]
     trust: list[Trust] = ["untrusted", "internal", "trusted"]
+    sources: list[str] | None = None
     pattern: str | None = None
     ignore_case: bool = False
     min_bytes: int = Field(default=4096, ge=0)
     expires: Expiry | None = None  # when this rule fires on an admitted ref, the ref's lifetime
     description: str = ""
 
+    @field_validator("verdict")
+    @classmethod
+    def _redact(cls, value: VerdictKind, info: ValidationInfo) -> VerdictKind:
+        detector = info.data.get("detector")
+        if value is VerdictKind.REDACT and detector in NO_REDACT:
+            raise ValueError(f"REDACT is not allowed for the {detector} detector: it would cut only the matched "
+                             "words and leave the rest of the instruction standing in the text; use QUARANTINE or DENY")
+        return value
+
     @field_validator("pattern")
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"bad regex: {exc}") from None
-        return value
+        return _check_regex(value)
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: list[str] | None) -> list[str] | None:
+        return _check_sources(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> DetectorRule:
@@ -219,6 +295,60 @@ class LateDetectorRule(_Strict):
         return self
 
 
+class RuleException(_Strict):
+    """An operator's exception for false positives: a finding of one of ``rules`` (ids or
+    globs; a bare ``*`` is refused) is exempted when the result comes from one of ``tools``,
+    from one of ``sources`` (domain globs of the source URL's host) and, with ``pattern``, when
+    the regex matches near the finding (``near`` bytes either side of it) or anywhere in the
+    text (``scope: text``). Every condition given must hold. An exception must name where the
+    result came from (``tools`` other than ``*``, or ``sources``): a pattern alone is text an
+    attacker can write. To switch a rule off everywhere, remove it or set ``action: audit``."""
+
+    id: str = Field(pattern=_RULE_ID, max_length=128)
+    rules: list[str] = Field(min_length=1)
+    tools: list[str] | None = None
+    sources: list[str] | None = None
+    pattern: str | None = None
+    ignore_case: bool = False
+    scope: Literal["near", "text"] = "near"
+    near: int = Field(default=256, ge=0, le=65536)
+    description: str = ""
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item.strip("*") == "":
+                raise ValueError(f"{item!r} would exempt every rule: name the rules this exception is for "
+                                 "(ids, or globs such as 'secrets*')")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("'tools' is empty: leave it out to match any tool, or name tools")
+        return value
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return _check_regex(value)
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: list[str] | None) -> list[str] | None:
+        return _check_sources(value)
+
+    @model_validator(mode="after")
+    def _narrow(self) -> RuleException:
+        if (self.tools is None or "*" in self.tools) and self.sources is None:
+            raise ValueError("an exception needs 'tools' (not '*') or 'sources': where the result came from is "
+                             "the operator's to vouch for; a 'pattern' alone matches text whoever wrote it, an "
+                             "attacker included (to switch a rule off everywhere, remove it or give it action: audit)")
+        return self
+
+
 class Eviction(_Strict):
     """How the kernel removes a span quarantined after later tokens were prefilled."""
 
@@ -257,13 +387,17 @@ class Spec(_Strict):
     protected_kinds: list[SegmentKind] = ["system"]
     tool_calls: ToolCalls = ToolCalls()
     late_detectors: list[LateDetectorRule] = []
+    exceptions: list[RuleException] = []
 
     @model_validator(mode="after")
     def _unique(self) -> Spec:
-        _no_duplicates([t.name for t in self.tools], "tool name")
+        # The loader reports these at each duplicate's own line (policy.py, ``_cross_checks``);
+        # this keeps a spec built in code to the same rules.
+        _no_duplicates([t.key for t in self.tools], "tool entry (name and sources)")
         _no_duplicates([d.id for d in self.detectors], "detector id")
         _no_duplicates([r.id for r in self.tool_calls.rules], "tool-call rule id")
         _no_duplicates([r.id for r in self.late_detectors], "late detector id")
+        _no_duplicates([e.id for e in self.exceptions], "exception id")
         return self
 
 

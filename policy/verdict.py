@@ -25,14 +25,39 @@ class Match(BaseModel):
     score: float
     exact: bool = True
     layer: str = "text"
+    audit: bool = False  # a match of an ``action: audit`` rule: reported, decides nothing
+
+
+class Audited(BaseModel):
+    """An ``action: audit`` rule that fired: the verdict it would have given, had it been enforced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rule_id: str
+    would_be: VerdictKind
+    score: float
+
+
+class Exempted(BaseModel):
+    """An operator's exception that took ``findings`` findings away from ``rule_id``;
+    ``would_fire``: without the exception the rule would have fired (reached its threshold)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exception_id: str
+    rule_id: str
+    findings: int
+    would_fire: bool
 
 
 class GateContext(BaseModel):
-    """Facts about the input the bytes cannot tell: its media type, and ids for the record."""
+    """Facts about the input the bytes cannot tell: its media type, the URL it came from
+    (``source``: rules and exceptions may be restricted by its host), and ids for the record."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     media_type: str | None = None
+    source: str | None = None
     tenant: str | None = None
     session: str | None = None
     ref: str | None = None
@@ -40,7 +65,9 @@ class GateContext(BaseModel):
 
 class Verdict(BaseModel):
     """The gate's decision. In audit mode ``kind`` is ALLOW, ``enforced`` is false and
-    ``would_be`` says what enforcement would have done."""
+    ``would_be`` says what enforcement would have done. ``audited``: the ``action: audit``
+    rules that fired (they changed nothing); ``exempted``: the operator's exceptions that took
+    findings away from a rule."""
 
     model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
@@ -54,3 +81,5 @@ class Verdict(BaseModel):
     would_be: VerdictKind | None = None
     score: float = 0.0
     input_bytes: int = 0
+    audited: list[Audited] = []
+    exempted: list[Exempted] = []

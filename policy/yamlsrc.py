@@ -5,6 +5,10 @@ record the mark of every value (and of every mapping key) under its path, so a
 pydantic error location such as ``('spec', 'detectors', 2, 'pattern')`` can be
 turned back into ``file:line:col``. Duplicate keys, which PyYAML would silently
 collapse, are reported here.
+
+A syntax error is explained in an operator's words at the place the problem began
+(``_explain``): where an unclosed quote or bracket opened, the line whose indentation
+does not fit, the tab used for indentation; not PyYAML's parser states.
 """
 
 from __future__ import annotations
@@ -92,12 +96,118 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
                 raise PolicyError(problems)
             data = loader.construct_document(node)
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-            msg = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+            line, col, msg = _explain(exc, loader, text)
             raise PolicyError([Located(source, line, col, f"YAML: {msg}")]) from None
         except yaml.YAMLError as exc:
             raise PolicyError([Located(source, 1, 1, f"YAML: {exc}")]) from None
     finally:
         loader.dispose()
     return data, smap
+
+
+def _at(mark: yaml.Mark | None) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+
+
+def _line(text: str, number: int) -> str:
+    lines = text.split("\n")
+    return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _open_flow(loader: yaml.SafeLoader, text: str) -> tuple[int, int, str] | None:
+    """The innermost ``[`` or ``{`` the parser is still inside, if any."""
+    for mark in reversed(getattr(loader, "marks", [])):
+        if mark.pointer < len(text) and text[mark.pointer] in "[{":
+            return mark.line + 1, mark.column + 1, text[mark.pointer]
+    return None
+
+
+def _key_column(line: str) -> int:
+    """1-based column where the first key of ``line`` starts (after any '- ' item markers)."""
+    col = _indent(line)
+    while line[col : col + 2] == "- ":
+        col += 2
+        while line[col : col + 1] == " ":
+            col += 1
+    return col + 1
+
+
+def _previous_content_line(text: str, number: int) -> int | None:
+    for n in range(number - 1, 0, -1):
+        stripped = _line(text, n).strip()
+        if stripped and not stripped.startswith("#"):
+            return n
+    return None
+
+
+def _explain(exc: yaml.MarkedYAMLError, loader: yaml.SafeLoader, text: str) -> tuple[int, int, str]:
+    """(line, column, message) for a YAML syntax error, located where the problem began."""
+    context, problem = exc.context or "", exc.problem or ""
+    pline, pcol = _at(exc.problem_mark)
+    end = "the end of the file" if "end of stream" in problem or "stream end" in problem else f"line {pline}"
+    closer = {"[": "]", "{": "}"}
+    if "quoted scalar" in context:
+        line, col = _at(exc.context_mark)
+        if "end of stream" in problem or "document separator" in problem:
+            quote = text[exc.context_mark.pointer] if exc.context_mark else "'"
+            return line, col, (f"the quoted string that starts here is never closed (no closing {quote} "
+                               f"before {end})")
+        if "escape" in problem:
+            return pline, pcol, (f"{problem.removeprefix('found ')} in a double-quoted string: write the value "
+                                 "in single quotes (a regex, a Windows path) or double the backslash")
+        return line, col, f"in the quoted string that starts here: {problem}"
+    if "character '\\t'" in problem:
+        where = "indents this line" if not _line(text, pline)[: pcol - 1].strip() else "is used here"
+        return pline, pcol, f"a tab {where}: YAML allows only spaces for indentation and between tokens"
+    flow = _open_flow(loader, text)
+    if "flow" in context or (flow is not None and problem.startswith("expected")):
+        if flow is not None:
+            line, col, opener = flow
+        else:
+            (line, col), opener = _at(exc.context_mark), "["
+        return line, col, (f"the '{opener}' opened here is not closed: expected ',' or '{closer[opener]}' "
+                           f"before {end}" + (f", column {pcol}" if end.startswith("line") else ""))
+    if "mapping values are not allowed" in problem:
+        before = _line(text, pline)[: pcol - 1]
+        if ":" in before.split("#", 1)[0] and before.lstrip().split(":", 1)[0].strip():
+            return pline, pcol, ("a second ': ' on this line: a value that contains ': ' must be quoted "
+                                 "(key: 'a: b')")
+        prev = _previous_content_line(text, pline)
+        col = _indent(_line(text, pline)) + 1
+        cause = f"line {prev} lacks a ':' after its key, or this line is indented deeper than the keys beside it"
+        return pline, col, (f"this line reads as the continuation of the value on line {prev}, not as a new key: "
+                            f"{cause}" if prev else "unexpected ':'")
+    if "simple key" in context and "expected ':'" in problem:
+        line, col = _at(exc.context_mark)
+        return line, col, "this key has no ':' after it (a key needs ': ' before its value)"
+    if "block" in context and problem.startswith("expected <block end>"):
+        line = _line(text, pline)
+        cline, ccol = _at(exc.context_mark)
+        what = "list" if "collection" in context and text[exc.context_mark.pointer : exc.context_mark.pointer + 1] == "-" \
+            else "block"
+        found = problem.split("but found ", 1)[-1]
+        if found in ("']'", "'}'"):
+            return pline, pcol, f"a closing {found} that no bracket opened"
+        if found == "'-'":
+            detail = "a list item ('- ') where a key was expected"
+        elif what == "list" and _indent(line) + 1 == ccol:
+            detail = f"this line is inside the list that starts at line {cline} but is not an item: start it " \
+                     "with '- ', or indent it under the item it belongs to"
+            return pline, _indent(line) + 1, detail
+        else:
+            prev = _previous_content_line(text, pline)
+            spaces = _indent(line)
+            detail = f"this line is indented by {spaces} space{'s' if spaces != 1 else ''}, which lines up with " \
+                     "no block above it" + (f" (the keys of line {prev} start at column {_key_column(_line(text, prev))})"
+                                            if prev else "")
+        return pline, _indent(line) + 1, f"{detail}: indent it like the entries beside it"
+    if "undefined alias" in problem:
+        return pline, pcol, "YAML anchors and aliases are not allowed in a policy"
+    if "expected a single document" in context:
+        return pline, pcol, "a second YAML document ('---'): a policy file holds one document"
+    msg = problem or context or "invalid YAML"
+    return pline, pcol, msg.replace("<stream end>", "the end of the file").replace("<block end>", "the end of a block")

@@ -44,7 +44,7 @@ def test_every_example_policy_loads():
         ("  eviction:\n    mode: fast\n", 7, 11, "recompute"),
         ("  retention:\n    cache_priority: 101\n", 7, 21, "less than or equal to 100"),
         ("  mode: enforce\n  mode: audit\n", 7, 3, "duplicate key 'mode'"),
-        ("  tools: [\n", 7, 1, "YAML"),
+        ("  tools: [\n", 6, 10, "the '[' opened here is not closed"),
     ],
 )
 def test_each_mistake_gives_a_located_error(body, line, col, needle):
