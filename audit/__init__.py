@@ -39,6 +39,8 @@ _EXPORTS = {
     "SessionFingerprints": "fak.audit.events",
     "MaterialisedPiece": "fak.audit.events",
     "RefQuarantined": "fak.audit.events",
+    "RefExpired": "fak.audit.events",
+    "ToolCallDecision": "fak.audit.events",
     "SessionRebuilt": "fak.audit.events",
     "SystemOrTenant": "fak.audit.events",
     "to_event": "fak.audit.events",

@@ -151,6 +151,33 @@ class RefQuarantined(_Event):
     units: list[DroppedUnit] = Field(default_factory=list, max_length=MAX_ITEMS)
 
 
+class RefExpired(_Event):
+    """A ref's lifetime ended (policy expiry): evicted from every session, REFUSEd after."""
+
+    type: Literal["ref_expired"] = "ref_expired"
+    ref: Digest
+    cause: Literal["seconds", "turns"]
+    units: list[DroppedUnit] = Field(default_factory=list, max_length=MAX_ITEMS)
+
+
+class ToolCallDecision(_Event):
+    """Tool-call authorization from the attention provenance (DESIGN.md, Verdicts). The call's
+    arguments are recorded as a keyed digest only: they may carry what the call would leak."""
+
+    type: Literal["tool_call_decision"] = "tool_call_decision"
+    session_id: Id
+    tool: Id
+    args_digest: Digest
+    verdict: Literal["ALLOW", "CONFIRM", "DENY"]
+    rule_id: Id | None = None
+    offending: list[Digest] = Field(default_factory=list, max_length=MAX_ITEMS)
+    attention_refs: Count  # refs in the attention provenance when the call was judged
+    policy_digest: Digest
+    enforced: bool = True
+    would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None = None  # audit mode: what enforcement would say
+    audited: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # rules in audit mode that fired
+
+
 class SessionRebuilt(_Event):
     """A session's KV rebuilt from its ledger (after a restart, or paged back in)."""
 
@@ -191,6 +218,8 @@ Event = Annotated[
     | ForgetRequested
     | ForgetCompleted
     | RefQuarantined
+    | RefExpired
+    | ToolCallDecision
     | SessionRebuilt
     | PolicyLoaded
     | KeyRotated
@@ -204,6 +233,8 @@ EVENT_TYPES = (
     ForgetRequested,
     ForgetCompleted,
     RefQuarantined,
+    RefExpired,
+    ToolCallDecision,
     SessionRebuilt,
     PolicyLoaded,
     KeyRotated,

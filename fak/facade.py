@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fak.errors import FakError, InvalidInput, NotFound
-from fak.kernel.ledger import SegmentKind
+from fak.kernel.ledger import SegmentKind, SegmentState
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_cache import namespace as prefix_namespace
 from fak.kernel.session import EvictMode
@@ -40,10 +40,13 @@ from fak.types import check_tenant
 if TYPE_CHECKING:
     from fak.audit import AuditLog
     from fak.audit.receipt import ForgetReceipt
-    from fak.forget import ForgetState, QuarantineReport
+    from fak.authorize import Authorizer
+    from fak.forget import ForgetState
     from fak.kernel.loader import LoadedModel
     from fak.kernel.session import Session
     from fak.policy import Policy, PolicyHolder
+    from fak.policy.late import LateFinding, LateJob, LateRunner
+    from fak.withdraw import QuarantineReport
 
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -88,6 +91,15 @@ class Kernel:
         self._namespaces: dict[str, bytes] = {}
         self._observers: list[Callable[[str, dict[str, Any]], None]] = []
         self._closed = False
+        # refs whose quarantine or expiry a busy session has still to apply (see fak.withdraw)
+        self._pending_withdrawals: dict[str, dict[str, SegmentState]] = {}
+        self._producers: dict[tuple[str, str], str] = {}  # (tenant, ref) → the tool that produced it
+        self._authorizer: Authorizer | None = None
+        self._late: LateRunner | None = None
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        self._expiry_lock = threading.Lock()
+        self._next_expiry_us: int | None = None
 
     # --- opening and closing --------------------------------------------------
     @classmethod
@@ -123,6 +135,8 @@ class Kernel:
             kernel = cls(settings, lm, policy, store, audit, state, master)
             kernel._log_policy(None, None)
             kernel._resume_forgets(progress)
+            kernel._start_late()
+            kernel._start_sweeper()
         except BaseException:
             if audit is not None:
                 audit.close()
@@ -134,6 +148,11 @@ class Kernel:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._late is not None:
+            self._late.close()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)
         with self._registry:
             self._sessions.clear()
         self.audit.close()
@@ -194,6 +213,8 @@ class Kernel:
         except BaseException:
             self._policy.restore(before)  # a policy whose loading is not in the log is not enforced
             raise
+        if self._late is not None or self.policy.spec.late_detectors:
+            self._start_late()
         return self.policy
 
     def _log_policy(self, previous: str | None, principal: str | None) -> None:
@@ -349,13 +370,122 @@ class Kernel:
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None
     ) -> QuarantineReport:
         """A late detection: evict ``ref`` from every live session of the tenant, refuse it after."""
-        from fak.forget import quarantine
+        from fak.withdraw import quarantine
 
-        report = quarantine(self, tenant, ref, reason=reason, principal=principal)
-        for unit in report.units:
-            if unit["kind"] == "segment":
-                self._notify("eviction", tenant=tenant, mode=report.mode)
-        return report
+        return quarantine(self, tenant, ref, reason=reason, principal=principal)
+
+    # --- expiry -------------------------------------------------------------------
+    def expire_due(self, now_us_: int | None = None) -> list[QuarantineReport]:
+        """Execute every expiry whose time has come (the sweeper calls this every
+        ``settings.expiry_sweep_s``; sessions call it before they use attention)."""
+        from fak.withdraw import expire
+
+        now = now_us_ if now_us_ is not None else now_us()
+        reports = []
+        with self._expiry_lock:
+            for tenant, ref, _ in self.state.due_expiries(now):
+                reports.append(expire(self, tenant, ref, cause="seconds"))
+            self._next_expiry_us = self.state.next_expiry()
+        return reports
+
+    def _expiry_due(self) -> bool:
+        nxt = self._next_expiry_us
+        return nxt is not None and nxt <= now_us()
+
+    def _note_expiry(self, expires_us: int | None) -> None:
+        if expires_us is not None and (self._next_expiry_us is None or expires_us < self._next_expiry_us):
+            self._next_expiry_us = expires_us
+
+    def _start_sweeper(self) -> None:
+        self._next_expiry_us = self.state.next_expiry()
+
+        def sweep() -> None:
+            while not self._stop.wait(self.settings.expiry_sweep_s):
+                if self._expiry_due():
+                    try:
+                        self.expire_due()
+                    except Exception as exc:  # noqa: BLE001 - retried on the next sweep; said loudly
+                        _stderr(f"expiry sweep failed (retried): {type(exc).__name__}: {exc}")
+
+        self._sweeper = threading.Thread(target=sweep, name="fak-expiry", daemon=True)
+        self._sweeper.start()
+
+    # --- late detectors -------------------------------------------------------------
+    def _start_late(self) -> None:
+        """(Re)build the late detectors of the active policy; a policy without any runs none."""
+        rules = self.policy.spec.late_detectors
+        if not rules:
+            if self._late is not None:
+                self._late.set_detectors([])
+            return
+        from fak.policy.late import LateRunner, build_detectors
+
+        detectors = build_detectors(list(rules))
+        if self._late is None:
+            self._late = LateRunner(self._late_fired, self._late_failed, workers=self.settings.late_workers,
+                                    queue_max=self.settings.late_queue)
+        self._late.set_detectors(detectors)
+
+    def _submit_late(self, job: LateJob) -> None:
+        """Hand an admitted result to the late detectors; never waits (a full queue drops the
+        job, loudly: the result stays admitted, as it would without late detectors)."""
+        from fak.policy.late import applies
+
+        if self._late is None or not any(applies(r, job.tool, job.trust) for r in self.policy.spec.late_detectors):
+            return
+        if not self._late.submit(job):
+            _stderr(f"late detection queue full: {job.ref[:24]}… of {job.tool} not checked")
+            self._notify("late", tenant=job.tenant, outcome="dropped")
+
+    def _late_fired(self, job: LateJob, finding: LateFinding) -> None:
+        self._notify("late", tenant=job.tenant, outcome="fired")
+        reason = f"late:{finding.detector_id}:{finding.label}"
+        try:
+            self.quarantine(job.tenant, job.ref, reason=reason, principal=f"detector:{finding.detector_id}")
+        except FakError as exc:  # e.g. forgotten meanwhile: nothing left to evict
+            _stderr(f"late detector {finding.detector_id} fired on {job.ref[:24]}…, quarantine failed: {exc}")
+
+    def _late_failed(self, job: LateJob, detector_id: str, exc: BaseException) -> None:
+        self._notify("late", tenant=job.tenant, outcome="error")
+        _stderr(f"late detector {detector_id} failed on {job.ref[:24]}…: {type(exc).__name__}: {exc}")
+
+    def wait_late(self, timeout: float = 30.0) -> bool:
+        """Wait until every admitted result has been through the late detectors (tests, bench)."""
+        return self._late is None or self._late.wait_idle(timeout)
+
+    # --- tool-call authorization ------------------------------------------------------
+    def authorizer(self) -> Authorizer:
+        """The tool-call authorizer of the active policy (rebuilt when the policy changes)."""
+        from fak.authorize import Authorizer
+
+        policy = self.policy
+        found = self._authorizer
+        if found is None or found.policy.digest != policy.digest:
+            found = self._authorizer = Authorizer(policy)
+        return found
+
+    def _args_key(self) -> bytes:
+        key = getattr(self, "_args_key_bytes", None)
+        if key is None:
+            key = self._args_key_bytes = self.derive_key("tool-call-args")
+        return key
+
+    def producer_of(self, tenant: str, ref: str) -> str:
+        """The tool that produced ``ref`` (``?`` if the kernel has no record: judged untrusted)."""
+        from fak.authorize import UNKNOWN_TOOL
+
+        key = (tenant, ref)
+        tool = self._producers.get(key)
+        if tool is None:
+            meta = self.state.ref(tenant, ref)
+            tool = meta.tool if meta is not None else UNKNOWN_TOOL
+            self._note_producer(tenant, ref, tool)
+        return tool
+
+    def _note_producer(self, tenant: str, ref: str, tool: str) -> None:
+        if len(self._producers) >= 65536:
+            self._producers.clear()
+        self._producers[(tenant, ref)] = tool
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
         from fak.forget import resume

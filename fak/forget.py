@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fak.errors import Conflict, FakError, NotFound
-from fak.kernel.ledger import SegmentKind, SegmentState
-from fak.kernel.session import EvictMode
+from fak.kernel.ledger import SegmentKind
 from fak.ksession import _ident
 from fak.state.schema import ForgetRow
 from fak.state.store import now_us
@@ -173,63 +172,7 @@ def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
     return ForgetState(row.request_id, row.ref, row.state, receipt)
 
 
-@dataclass(frozen=True)
-class QuarantineReport:
-    ref: str
-    units: list[dict[str, str]]  # segments evicted, prefix nodes dropped
-    mode: str  # the policy's eviction mode
-    audit_index: int
-
-
 def _holders(k: Kernel, tenant: str, ref: str) -> list[str]:
     """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
     change may not be written yet (the caller takes each one's lock)."""
     return sorted(set(k.state.sessions_holding(tenant, ref)) | k._loaded_ids(tenant))
-
-
-def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> QuarantineReport:
-    """Write-ahead: the decision (``RefQuarantined`` naming the segments that hold the ref)
-    is logged first, then the ref is marked (no admission or materialisation brings it back
-    from here on) and evicted from every session. A failure after the event leaves a logged
-    decision whose effect a repeated call completes (it is idempotent)."""
-    from fak.audit import RefQuarantined
-
-    tenant, ref = check_tenant(tenant), check_digest(ref)
-    head = k.store.head(ref, tenant)
-    if head is None:
-        raise NotFound(f"no ref {ref}")
-    who, why = (_ident(principal) if principal else None), _ident(reason)
-    planned: list[dict[str, str]] = []
-    for sid in _holders(k, tenant, ref):
-        ks = k.session(tenant, sid)
-        with ks._locked() as s:
-            planned += [_unit("segment", x.id, sid) for x in s.ledger.live() if x.ref == ref]
-    index = k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who, units=planned))
-    if head.state != "forgotten":
-        k.store.set_taint(ref, tenant, "quarantined")
-    k.state.set_quarantined(tenant, ref, why)
-    mode = k.evict_mode()
-    units: list[dict[str, str]] = []
-    for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
-        ks = k.session(tenant, sid)
-        with ks._locked() as s:
-            victims = [x for x in s.ledger.live() if x.ref == ref]
-            if not victims:
-                continue
-            try:
-                if mode is EvictMode.REROPE:
-                    for x in victims:
-                        s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
-                else:
-                    s.evict_many([x.id for x in victims], force=True)
-                for x in victims:
-                    x.mark(SegmentState.QUARANTINED)
-                ks._persist()
-            except BaseException:
-                ks._discard()
-                raise
-            units += [_unit("segment", x.id, sid) for x in victims]
-    if k.prefix is not None:
-        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-    shown = "recompute" if mode is EvictMode.AUTO else mode.value
-    return QuarantineReport(ref=ref, units=units, mode=shown, audit_index=index)

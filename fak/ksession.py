@@ -29,6 +29,7 @@ from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import check_id
 
 if TYPE_CHECKING:
+    from fak.authorize import ToolCallDecision
     from fak.facade import Kernel
     from fak.materialise import MaterialiseResult, WorkingSet
     from fak.policy import Verdict
@@ -71,6 +72,11 @@ class Admission:
         return self.segment.live
 
 
+def _turns(s: Session) -> int:
+    """Model turns the session has had: assistant segments in its ledger, whatever their state."""
+    return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
+
+
 def _ident(value: str) -> str:
     """Audit ids allow a restricted alphabet; map anything else to '_'."""
     return "".join(c if (c.isascii() and c.isalnum()) or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
@@ -94,17 +100,44 @@ class KernelSession:
 
     # --- locking and loading --------------------------------------------------
     @contextmanager
-    def _locked(self) -> Iterator[Session]:
-        self._acquire()
+    def _locked(self, wait: bool = True) -> Iterator[Session]:
+        self._acquire(wait)
         try:
+            s = self._loaded()
+            self._settle(s)
             yield self._loaded()
         finally:
             self._release()
 
-    def _acquire(self) -> None:
-        if not self._lock.acquire(timeout=self.kernel.settings.lock_timeout_s):
+    def _acquire(self, wait: bool = True) -> None:
+        got = self._lock.acquire(timeout=self.kernel.settings.lock_timeout_s) if wait else self._lock.acquire(False)
+        if not got:
             raise SessionBusy(f"session {self.id} is busy (a generation or another operation holds it)")
         self.last_used = time.monotonic()
+
+    def _settle(self, s: Session) -> None:
+        """Apply, before anything else, what was decided while the session was busy: a
+        quarantine or expiry still pending here, and refs whose lifetime in turns has ended."""
+        from fak.withdraw import evict_in_place, expire
+
+        k = self.kernel
+        pending = k._pending_withdrawals.get(self.tenant)
+        live = s.ledger.live()
+        if pending:
+            due = {x.ref: pending[x.ref] for x in live if x.kind is SegmentKind.TOOL and x.ref in pending}
+            if due:
+                evict_in_place(k, self, s, due)
+                live = s.ledger.live()
+        expiring = [x for x in live if x.expires_turn is not None]
+        if expiring:
+            turns = _turns(s)
+            for ref in dict.fromkeys(x.ref for x in expiring if turns >= x.expires_turn and x.ref):
+                expire(k, self.tenant, ref, cause="turns", held=self)
+
+    def _before_use(self) -> None:
+        """Execute expiries whose time has come before attention is used (outside any lock)."""
+        if self.kernel._expiry_due():
+            self.kernel.expire_due()
 
     def _release(self) -> None:
         self.last_used = time.monotonic()
@@ -189,6 +222,7 @@ class KernelSession:
                 message_role=message["role"] if keep and message else None,
                 message_text=message["content"] if keep and message else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
+                expires_turn=seg.expires_turn,
             ))  # fmt: skip
         return head, segs
 
@@ -217,7 +251,8 @@ class KernelSession:
                 seg = Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
                               verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
                               content=frozenset(content), protected=row.protected,
-                              provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens)
+                              provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
+                              expires_turn=row.expires_turn)
                 s.ledger.append(seg)
                 continue
             if kind is SegmentKind.TOOL:
@@ -235,6 +270,7 @@ class KernelSession:
             seg = s.append(kind, tokens=tokens, chunks=chunks, message=message, ref=row.ref, verdict=row.verdict,
                            rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
             seg.protected = row.protected
+            seg.expires_turn = row.expires_turn
         fingerprint = s.fingerprint()
         if head.approximate:
             # REROPE left KV no replay reproduces; the replay is the exact state of the same
@@ -299,6 +335,7 @@ class KernelSession:
             raise InvalidInput("text is not valid Unicode (it holds a lone surrogate)") from None
         if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
             raise InvalidInput(f"text is larger than {MAX_TEXT_BYTES} bytes")
+        self._before_use()
         with self._locked() as s:
             try:
                 content: frozenset[str] = frozenset()
@@ -324,6 +361,7 @@ class KernelSession:
         are admitted and the event records what the policy would have done."""
         from fak.audit import AdmissionVerdict
         from fak.policy import GateContext, Verdict, VerdictKind, gate
+        from fak.withdraw import lifetime
 
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidInput("a tool result is bytes")
@@ -332,6 +370,7 @@ class KernelSession:
             raise InvalidInput("tool must be a non-empty string")
         tags = [check_id(t) for t in tags]
         k = self.kernel
+        self._before_use()
         with self._locked() as s:
             policy = k.policy
             if k.state.forget_pending(self.tenant, k.store.digest_of(data, self.tenant)):
@@ -358,11 +397,16 @@ class KernelSession:
                 policy_digest=verdict.policy_digest,
                 admitted_ref=admitted_ref if admitted_ref != ref else None,
             )  # fmt: skip
+            expires_us = None
+            if admitted:
+                seconds, turns = lifetime(policy, tool, verdict)
+                expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
             try:
                 if admitted:
                     segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
                                        verdict=verdict.kind.value, rule=verdict.rule_id,
                                        policy_digest=policy.digest, segment_id=segment_id)
+                    segment.expires_turn = _turns(s) + turns if turns is not None else None
                     self._check_room(s, "this tool result")
                 else:
                     segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
@@ -374,10 +418,17 @@ class KernelSession:
                 raise
             try:
                 if admitted and admitted_ref is not None:
-                    k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest)
+                    k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
+                                       expires_us=expires_us)
                     k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
+                    k._note_producer(self.tenant, admitted_ref, tool)
+                    k._note_expiry(expires_us)
+                    pending = k._pending_withdrawals.get(self.tenant)
+                    if pending and pending.get(admitted_ref) is SegmentState.EXPIRED:
+                        pending.pop(admitted_ref, None)  # admitted again: a new lifetime
                 if admitted_ref != ref:
                     k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest)
+                    k._note_producer(self.tenant, ref, tool)
                 if not admitted:
                     k.store.set_taint(ref, self.tenant, "quarantined")
                 self._persist()
@@ -385,7 +436,20 @@ class KernelSession:
                 self._discard()
                 raise
             k._notify("admission", tenant=self.tenant, verdict=verdict.kind.value)
+            if admitted and admitted_ref is not None:
+                self._late_check(tool, admitted_ref, body)
             return Admission(verdict, ref, admitted_ref, segment, index)
+
+    def _late_check(self, tool: str, ref: str, body: bytes) -> None:
+        k = self.kernel
+        if k._late is None:
+            return
+        from fak.policy import tool_settings
+        from fak.policy.late import LateJob
+
+        trust = tool_settings(k.policy, tool).trust
+        k._submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
+                               text=body.decode("utf-8", errors="replace"), admitted_at=time.time()))
 
     # --- eviction -------------------------------------------------------------
     def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
@@ -414,6 +478,69 @@ class KernelSession:
             self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
             return report
 
+    # --- tool-call authorization ---------------------------------------------------
+    def authorize_tool_call(self, name: str, args: Any = None, *, principal: str | None = None) -> ToolCallDecision:
+        """May the agent call tool ``name`` now? ``ALLOW | CONFIRM | DENY`` from the policy's
+        ``tool_calls`` rules over the refs in the attention provenance of the live context,
+        with the offending refs and the rule; logged (the arguments as a keyed digest only).
+        Whoever generated the call: this session's model, or a framework's model reporting it."""
+        from fak.audit import ToolCallDecision as DecisionEvent
+        from fak.authorize import args_digest
+
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
+        k = self.kernel
+        digest = args_digest(k._args_key(), args)
+        self._before_use()
+        with self._locked() as s:
+            attention: dict[str, None] = {}
+            for x in s.ledger.live():
+                attention.update(dict.fromkeys(x.provenance))
+            producers = {ref: k.producer_of(self.tenant, ref) for ref in attention}
+            decision = k.authorizer().decide(name, producers)
+            event = DecisionEvent(
+                tenant=self.tenant, session_id=self.id, tool=_ident(name), args_digest=digest,
+                verdict=decision.verdict, rule_id=_ident(decision.rule_id) if decision.rule_id else None,
+                offending=list(decision.offending), attention_refs=decision.attention_refs,
+                policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
+                audited=[_ident(r) for r in decision.audited],
+            )  # fmt: skip
+            index = k.audit.append(event)
+        k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
+        return replace(decision, audit_index=index)
+
+    def evict_refs(
+        self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
+    ) -> list[EvictionReport]:
+        """The exact remedy for a DENY or CONFIRM: evict the live tool segments of ``refs``
+        (RECOMPUTE) and, with ``drop_generated``, the assistant turns produced while any of them
+        was in attention (their tokens may carry what the refs caused, e.g. the call itself).
+        The session is then bit-exact to one that never saw them; ask the model again."""
+        from fak.audit import Eviction
+
+        wanted = frozenset(refs)
+        with self._locked() as s:
+            victims = [x for x in s.ledger.live()
+                       if (x.kind is SegmentKind.TOOL and x.ref in wanted)
+                       or (drop_generated and x.kind is SegmentKind.ASSISTANT and x.content & wanted)]
+            if not victims:
+                return []
+            events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="RECOMPUTE",
+                               exact=True, tokens=x.length, reason=_ident(reason)) for x in victims]
+            try:
+                report = s.evict_many([x.id for x in victims])
+                assert report is not None
+                mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
+                for ev in events:
+                    self.kernel.audit.append(ev.model_copy(update={"mode": mode,
+                                                                   "fingerprint_after": report.fingerprint}))
+                self._persist(fingerprint=report.fingerprint)
+            except BaseException:
+                self._discard()
+                raise
+            self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
+            return [report]
+
     # --- generation -----------------------------------------------------------
     def generate(self, params: SamplingParams | None = None, **sampling: Any) -> Iterator[int]:
         """Generate an assistant turn, yielding token ids. Stop tokens come from the model
@@ -434,9 +561,12 @@ class KernelSession:
         return params
 
     def _generate(self, params: SamplingParams) -> Iterator[int]:
+        self._before_use()
         self._acquire()
         inner: Iterator[int] | None = None
         try:
+            s = self._loaded()
+            self._settle(s)
             s = self._loaded()
             room = self.kernel.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
@@ -480,6 +610,7 @@ class KernelSession:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "working set"
             raise InvalidInput(f"working set {where}: {err['msg']}") from None
+        self._before_use()
         with self._locked() as s:
             try:
                 result = materialise(self, s, ws)
@@ -516,7 +647,8 @@ class KernelSession:
             if not seg.live:
                 fresh.ledger.append(seg)
                 continue
-            fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s._messages.get(seg.id),
+            copy = fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s._messages.get(seg.id),
                          ref=seg.ref, verdict=seg.verdict, rule=seg.rule, content=seg.content,
-                         policy_digest=seg.policy_digest, segment_id=seg.id).protected = seg.protected
+                         policy_digest=seg.policy_digest, segment_id=seg.id)
+            copy.protected, copy.expires_turn = seg.protected, seg.expires_turn
         return fresh

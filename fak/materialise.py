@@ -16,8 +16,8 @@ Per piece:
   (``upstream_evicted``), it sits elsewhere (``position_changed``: another session
   or prefix-cache entry of the tenant, or an earlier place in this session), or it
   was admitted under another policy version and was re-gated (``policy_drift``).
-- ``REFUSE``: ``quarantined``, ``forgotten``, ``expired`` (older than the policy's
-  ``retention.tool_result_ttl_s``), ``policy_refused`` (the active policy's gate
+- ``REFUSE``: ``quarantined``, ``forgotten``, ``expired`` (its lifetime ended: the tool's or a
+  fired rule's ``expires``, or ``retention.tool_result_ttl_s``; until admitted again), ``policy_refused`` (the active policy's gate
   does not allow it now), ``over_budget``.
 - ``ABSTAIN``: ``unknown_ref`` (no such ref for this tenant: another tenant's ref
   answers the same, so the table is no existence oracle), ``unknown_tag``,
@@ -167,7 +167,9 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
             verdict(PieceVerdict.REFUSE, "forgotten")
         elif head.taint == "quarantined" or (meta is not None and meta.quarantined):
             verdict(PieceVerdict.REFUSE, "quarantined")
-        elif ttl is not None and meta is not None and now_us - meta.admitted_us > ttl * 1_000_000:
+        elif meta is not None and (meta.expired_us is not None
+                                   or (meta.expires_us is not None and meta.expires_us <= now_us)
+                                   or (ttl is not None and now_us - meta.admitted_us > ttl * 1_000_000)):
             verdict(PieceVerdict.REFUSE, "expired")
         else:
             seg = live_tools.get(d)

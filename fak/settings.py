@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     operator_tenant: str | None = Field(
         None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
                           "(unset: nobody may; the policy file is then the operator's alone)")
+    expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
+    late_workers: int = Field(1, ge=1, le=64, description="threads running the policy's late detectors")
+    late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
 

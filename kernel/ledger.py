@@ -27,6 +27,7 @@ class SegmentState(StrEnum):
     QUARANTINED = "quarantined"
     EVICTED = "evicted"
     FORGOTTEN = "forgotten"  # evicted by a forget: its ref is erased
+    EXPIRED = "expired"  # evicted because its ref's lifetime ended (policy expiry)
 
 
 class LedgerError(FakError):
@@ -63,6 +64,7 @@ class Segment:
     protected: bool = False
     policy_digest: str | None = None  # the policy that admitted it (tool segments)
     removed_tokens: int = 0  # how many rows it held when it was evicted
+    expires_turn: int | None = None  # the session's model-turn count at which its ref expires
 
     def mark(self, state: SegmentState) -> None:
         """Take the segment out of the cache's live set (its rows are being removed)."""
@@ -104,6 +106,7 @@ class Segment:
             "provenance": sorted(self.provenance),
             "content_provenance": sorted(self.content),
             "protected": self.protected,
+            "expires_turn": self.expires_turn,
         }
 
 

@@ -45,6 +45,7 @@ class SegmentRow(Base):
     message_text: Mapped[str | None] = mapped_column(Text, nullable=True)
     attention: Mapped[str] = mapped_column(Text)  # JSON list of refs
     content: Mapped[str] = mapped_column(Text)  # JSON list of refs
+    expires_turn: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the session turn it expires at
 
     __table_args__ = (Index("ix_fak_segments_ref", "tenant", "ref"),)
 
@@ -63,6 +64,8 @@ class RefRow(Base):
     policy_digest: Mapped[str] = mapped_column(String(80))
     quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
     quarantine_reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    expires_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)  # lifetime's end
+    expired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # when its expiry was executed
 
 
 class ForgetRow(Base):

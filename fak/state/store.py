@@ -123,18 +123,22 @@ class StateStore:
 
     # --- refs -----------------------------------------------------------------
     def record_ref(
-        self, tenant: str, digest: str, tool: str, tags: Iterable[str], verdict: str, policy_digest: str
+        self, tenant: str, digest: str, tool: str, tags: Iterable[str], verdict: str, policy_digest: str,
+        expires_us: int | None = None,
     ) -> None:
+        """Record an admission of ``digest``. Each admission is new evidence: it sets the ref's
+        lifetime anew (``expires_us``; None: no lifetime) and clears an executed expiry."""
         with self.tx() as s:
             row = s.get(RefRow, (tenant, digest), with_for_update=True)
             if row is None:
                 seq = (s.scalar(sa.select(sa.func.max(RefRow.seq)).where(RefRow.tenant == tenant)) or 0) + 1
                 s.add(RefRow(tenant=tenant, digest=digest, tool=tool, tags=json.dumps(sorted(set(tags))),
                              admitted_us=now_us(), seq=seq, verdict=verdict, policy_digest=policy_digest,
-                             quarantined=False))
+                             quarantined=False, expires_us=expires_us))
             else:
                 row.tags = json.dumps(sorted(set(json.loads(row.tags)) | set(tags)))
                 row.verdict, row.policy_digest = verdict, policy_digest
+                row.expires_us, row.expired_us = expires_us, None
 
     def ref(self, tenant: str, digest: str) -> RefRow | None:
         with self._session() as s:
@@ -155,6 +159,27 @@ class StateStore:
             row = s.get(RefRow, (tenant, digest), with_for_update=True)
             if row is not None:
                 row.quarantined, row.quarantine_reason = True, reason
+
+    def set_expired(self, tenant: str, digest: str, when_us: int) -> None:
+        with self.tx() as s:
+            row = s.get(RefRow, (tenant, digest), with_for_update=True)
+            if row is not None:
+                row.expired_us = when_us
+
+    def due_expiries(self, now: int, limit: int = 256) -> list[tuple[str, str, int]]:
+        """(tenant, ref, expires_us) of refs whose lifetime ended by ``now`` and whose expiry
+        has not been executed, earliest first."""
+        with self._session() as s:
+            q = (sa.select(RefRow.tenant, RefRow.digest, RefRow.expires_us)
+                 .where(RefRow.expires_us.is_not(None), RefRow.expires_us <= now, RefRow.expired_us.is_(None))
+                 .order_by(RefRow.expires_us).limit(limit))  # fmt: skip
+            return [(t, d, int(e)) for t, d, e in s.execute(q)]
+
+    def next_expiry(self) -> int | None:
+        """The earliest lifetime end not yet executed (None: none pending)."""
+        with self._session() as s:
+            return s.scalar(sa.select(sa.func.min(RefRow.expires_us))
+                            .where(RefRow.expires_us.is_not(None), RefRow.expired_us.is_(None)))
 
     # --- forgets --------------------------------------------------------------
     def forget_row(self, tenant: str, ref: str) -> ForgetRow | None:

@@ -1,0 +1,157 @@
+"""Tool-call authorization from the attention provenance (DESIGN.md, Policy and Verdicts).
+
+Guardrails judge text; the kernel knows which refs every live token attended to. A
+policy's ``tool_calls`` rules say, per callable tool, what may be in attention when the
+agent calls it — e.g. ``send_email`` is DENYed (or needs a person to CONFIRM) while any
+ref produced by an ``untrusted`` tool is in attention. The decision names the offending
+refs; the remedy is exact: evict them (RECOMPUTE), drop the turns generated while they
+were in attention, and ask the model again — the session is then bit-exact to one that
+never saw them.
+
+The decision is a pure function of (policy, tool name, the set of refs in attention, the
+tool each ref came from), memoised per policy digest, so it costs microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any, Literal
+
+import blake3
+import rfc8785
+
+from fak.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from fak.policy import Policy
+    from fak.policy.schema import ToolCallRule
+
+CallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
+_SEVERITY = {"ALLOW": 0, "CONFIRM": 1, "DENY": 2}
+MAX_ARGS_BYTES = 1 << 20
+UNKNOWN_TOOL = "?"  # the producing tool of a ref the kernel has no record of: judged untrusted
+
+
+@dataclass(frozen=True)
+class ToolCallDecision:
+    """``verdict`` for calling ``tool`` now: the rule that decided (``unlisted`` when no rule
+    names the tool, None when rules name it and none fired), the offending refs (in attention
+    and matched by a firing rule), and the audit index of the decision."""
+
+    tool: str
+    verdict: CallVerdict
+    rule_id: str | None
+    offending: tuple[str, ...]
+    attention_refs: int
+    policy_digest: str
+    enforced: bool = True
+    would_be: CallVerdict | None = None
+    audited: tuple[str, ...] = ()
+    audit_index: int | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict == "ALLOW"
+
+
+def args_bytes(args: Any) -> bytes:
+    """Canonical JSON of the call's arguments (a JSON string is parsed first, as OpenAI sends it)."""
+    if isinstance(args, str | bytes):
+        import json
+
+        try:
+            args = json.loads(args) if args else {}
+        except ValueError:
+            args = {"_raw": args if isinstance(args, str) else args.decode("utf-8", "replace")}
+    try:
+        raw = rfc8785.dumps(args if args is not None else {})
+    except Exception as exc:  # noqa: BLE001 - rfc8785 raises several types for non-JSON values
+        raise InvalidInput(f"tool-call arguments are not JSON: {exc}") from None
+    if len(raw) > MAX_ARGS_BYTES:
+        raise InvalidInput(f"tool-call arguments are larger than {MAX_ARGS_BYTES} bytes")
+    return raw
+
+
+def args_digest(key: bytes, args: Any) -> str:
+    """A keyed digest of the arguments: the log can show two calls had the same arguments
+    without letting anyone confirm a guess of what they were."""
+    return "blake3k:" + blake3.blake3(args_bytes(args), key=key).hexdigest()
+
+
+class Authorizer:
+    """Decides tool calls for one policy. Build one per policy digest (``for_policy``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        from fak.policy import tool_settings
+
+        self.policy = policy
+        self._tool_settings = tool_settings
+        self._rules: dict[str, list[ToolCallRule]] = {}
+        self._trust: dict[str, str] = {}
+        self._match: dict[tuple[str, str], bool] = {}
+
+    def rules_for(self, tool: str) -> list[ToolCallRule]:
+        found = self._rules.get(tool)
+        if found is None:
+            spec = self.policy.spec.tool_calls
+            found = [r for r in spec.rules if any(fnmatchcase(tool, g) for g in r.tools)]
+            if len(self._rules) < 4096:
+                self._rules[tool] = found
+        return found
+
+    def trust_of(self, producer: str) -> str:
+        """Trust of the tool that produced a ref, under this policy (unknown: untrusted)."""
+        if producer == UNKNOWN_TOOL:
+            return "untrusted"
+        trust = self._trust.get(producer)
+        if trust is None:
+            trust = self._tool_settings(self.policy, producer).trust
+            if len(self._trust) < 4096:
+                self._trust[producer] = trust
+        return trust
+
+    def _matches(self, rule: ToolCallRule, producer: str) -> bool:
+        key = (rule.id, producer)
+        hit = self._match.get(key)
+        if hit is None:
+            cond = rule.when_in_attention
+            assert cond is not None
+            hit = self.trust_of(producer) in cond.trust and any(fnmatchcase(producer, g) for g in cond.tools)
+            if len(self._match) < 65536:
+                self._match[key] = hit
+        return hit
+
+    def decide(self, tool: str, attention: dict[str, str]) -> ToolCallDecision:
+        """``attention``: ref → the tool that produced it, for every ref in attention now."""
+        rules = self.rules_for(tool)
+        spec = self.policy.spec
+        if not rules:
+            verdict: CallVerdict = spec.tool_calls.unlisted
+            return self._finish(tool, verdict, "unlisted" if verdict != "ALLOW" else None, (), len(attention), ())
+        best: CallVerdict = "ALLOW"
+        best_rule: str | None = None
+        offending: dict[str, None] = {}
+        audited: list[str] = []
+        for rule in rules:
+            if rule.when_in_attention is None:
+                hits: list[str] = []
+            else:
+                hits = [ref for ref, producer in attention.items() if self._matches(rule, producer)]
+                if not hits:
+                    continue
+            if rule.action == "audit":
+                audited.append(rule.id)
+                continue
+            offending.update(dict.fromkeys(hits))
+            if _SEVERITY[rule.verdict] > _SEVERITY[best]:
+                best, best_rule = rule.verdict, rule.id
+        return self._finish(tool, best, best_rule, tuple(offending), len(attention), tuple(audited))
+
+    def _finish(self, tool: str, verdict: CallVerdict, rule_id: str | None, offending: tuple[str, ...],
+                count: int, audited: tuple[str, ...]) -> ToolCallDecision:
+        p = self.policy
+        if p.enforcing or verdict == "ALLOW":
+            return ToolCallDecision(tool, verdict, rule_id, offending, count, p.digest, audited=audited)
+        return ToolCallDecision(tool, "ALLOW", rule_id, offending, count, p.digest, enforced=False,
+                                would_be=verdict, audited=audited)

@@ -1,0 +1,176 @@
+"""Withdrawing a ref from attention everywhere: late quarantine and expiry.
+
+Both are write-ahead: the decision (``RefQuarantined`` / ``RefExpired``, naming the
+segments that hold the ref) is logged first, then the ref is marked in the kernel
+state (no admission or materialisation brings it back from here on: a quarantine
+forever, an expiry until the bytes are admitted again), then it is evicted from
+every session of the tenant and dropped from the prefix cache.
+
+A session busy with a long operation (a generation being consumed) is not waited
+for: the ref is left in the kernel's *pending* table, and the session evicts it
+the next time anyone takes its lock, before doing anything else
+(``KernelSession._locked``). A repeated call completes what a crash left undone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fak.errors import NotFound
+from fak.forget import _holders, _unit
+from fak.kernel.ledger import SegmentKind, SegmentState
+from fak.kernel.session import EvictMode
+from fak.ksession import SessionBusy, _ident
+from fak.state.store import now_us
+from fak.types import check_digest, check_tenant
+
+if TYPE_CHECKING:
+    from fak.facade import Kernel
+    from fak.kernel.session import Session
+    from fak.ksession import KernelSession
+    from fak.policy import Policy, Verdict
+
+
+@dataclass(frozen=True)
+class WithdrawReport:
+    """What a quarantine or an expiry did: segments evicted (or left pending in busy
+    sessions), prefix nodes dropped, the eviction mode, the decision's audit index."""
+
+    ref: str
+    units: list[dict[str, str]]
+    mode: str
+    audit_index: int
+    pending: list[str] = ()  # type: ignore[assignment]  # sessions that evict it on their next use
+
+
+QuarantineReport = WithdrawReport  # the name callers of Kernel.quarantine know
+
+
+def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> WithdrawReport:
+    """A late detection: ``ref`` leaves every session of the tenant and is refused from now on."""
+    from fak.audit import RefQuarantined
+
+    tenant, ref = check_tenant(tenant), check_digest(ref)
+    head = k.store.head(ref, tenant)
+    if head is None:
+        raise NotFound(f"no ref {ref}")
+    who, why = (_ident(principal) if principal else None), _ident(reason)
+
+    def log(planned: list[dict[str, str]]) -> int:
+        return k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who, units=planned))
+
+    def mark() -> None:
+        if head.state != "forgotten":
+            k.store.set_taint(ref, tenant, "quarantined")
+        k.state.set_quarantined(tenant, ref, why)
+
+    return _withdraw(k, tenant, ref, SegmentState.QUARANTINED, log, mark)
+
+
+def expire(k: Kernel, tenant: str, ref: str, *, cause: str, held: KernelSession | None = None) -> WithdrawReport:
+    """``ref``'s lifetime ended (``cause``: ``seconds`` or ``turns``): it leaves every session
+    of the tenant; materialisation REFUSEs it until the bytes are admitted again. ``held``: a
+    session whose lock the caller holds (it is evicted in place, not locked again)."""
+    from fak.audit import RefExpired
+
+    tenant, ref = check_tenant(tenant), check_digest(ref)
+    when = now_us()
+
+    def log(planned: list[dict[str, str]]) -> int:
+        return k.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=planned))
+
+    def mark() -> None:
+        k.state.set_expired(tenant, ref, when)
+
+    return _withdraw(k, tenant, ref, SegmentState.EXPIRED, log, mark, held=held)
+
+
+def _victims(s: Session, ref: str) -> list:
+    return [x for x in s.ledger.live() if x.ref == ref and x.kind is SegmentKind.TOOL]
+
+
+def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, SegmentState]) -> list[dict[str, str]]:
+    """Evict every live tool segment of ``refs`` from ``s`` (its lock is held) in the policy's
+    mode, mark them, write the ledger. Returns the units evicted."""
+    victims = [x for x in s.ledger.live() if x.kind is SegmentKind.TOOL and x.ref in refs]
+    if not victims:
+        return []
+    mode = k.evict_mode()
+    try:
+        if mode is EvictMode.REROPE:
+            for x in victims:
+                s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
+        else:
+            s.evict_many([x.id for x in victims], force=True)
+        for x in victims:
+            x.mark(refs[x.ref])
+        ks._persist()
+    except BaseException:
+        ks._discard()
+        raise
+    for _ in victims:
+        k._notify("eviction", tenant=ks.tenant, mode="recompute" if mode is EvictMode.AUTO else mode.value)
+    return [_unit("segment", x.id, ks.id) for x in victims]
+
+
+def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
+              held: KernelSession | None = None) -> WithdrawReport:
+    planned: list[dict[str, str]] = []
+    holders = _holders(k, tenant, ref)
+    for sid in holders:
+        ks = k.session(tenant, sid)
+        mech = ks._mech if ks is held else None
+        if mech is None and ks._lock.acquire(blocking=False):
+            try:
+                mech = ks._loaded()
+            finally:
+                ks._lock.release()
+        elif mech is None:
+            mech = ks._mech  # busy: a snapshot of its live segments names what it will evict
+        if mech is not None:
+            planned += [_unit("segment", x.id, sid) for x in _victims(mech, ref)]
+    index = log(planned)
+    mark()
+    units: list[dict[str, str]] = []
+    pending: list[str] = []
+    for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
+        ks = k.session(tenant, sid)
+        if ks is held:
+            units += evict_in_place(k, ks, ks._loaded(), {ref: state})
+            continue
+        try:
+            with ks._locked(wait=False) as s:
+                units += evict_in_place(k, ks, s, {ref: state})
+        except SessionBusy:
+            pending.append(sid)
+    if pending:  # applied by each of them before its next use (KernelSession._settle)
+        k._pending_withdrawals.setdefault(tenant, {})[ref] = state
+    if k.prefix is not None:
+        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
+    mode = k.evict_mode()
+    shown = "recompute" if mode is EvictMode.AUTO else mode.value
+    return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
+
+
+def lifetime(policy: Policy, tool: str, verdict: Verdict) -> tuple[int | None, int | None]:
+    """A ref's lifetime under ``policy``, in seconds and in model turns (None: unbounded):
+    the shortest of the tool's ``expires``, the ``expires`` of every detector rule that fired
+    on it, and ``retention.tool_result_ttl_s``."""
+    from fak.policy import tool_settings
+
+    spec = policy.spec
+    limits = []
+    settings = tool_settings(policy, tool)
+    if settings.rule_id.startswith("tool:"):
+        name = settings.rule_id[5:].split(":", 1)[0]
+        rule = next((t for t in spec.tools if t.name == name), None)
+        if rule is not None and rule.expires is not None:
+            limits.append(rule.expires)
+    fired = {m.rule_id for m in verdict.matches}
+    limits += [r.expires for r in spec.detectors if r.id in fired and r.expires is not None]
+    seconds = [e.seconds for e in limits if e.seconds is not None]
+    if spec.retention.tool_result_ttl_s is not None:
+        seconds.append(spec.retention.tool_result_ttl_s)
+    turns = [e.turns for e in limits if e.turns is not None]
+    return (min(seconds) if seconds else None), (min(turns) if turns else None)
