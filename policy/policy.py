@@ -92,10 +92,9 @@ def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> P
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(err["loc"])
-            message = _message(err)
-            if loc == ("spec",) and message.startswith("duplicate "):
+            if loc == ("spec",) and "duplicate " in err["msg"]:
                 continue  # found by _cross_checks already, at the duplicate's own line
-            problems.append(smap.error(loc, message, key=err["type"] == "extra_forbidden"))
+            problems.append(smap.error(loc, _message(err), key=err["type"] == "extra_forbidden"))
     if problems or document is None:
         problems.sort(key=lambda p: (p.line, p.column))
         raise PolicyError(problems)
