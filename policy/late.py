@@ -1,0 +1,295 @@
+"""Late (asynchronous) detectors: slow but better detectors that run after admission.
+
+The gate decides synchronously and cheaply; a late detector (a local classifier, an
+LLM judge) judges the admitted text on a worker thread while the session carries on,
+and when it fires the Kernel quarantines the ref, which evicts it exactly from every
+live session of the tenant (DESIGN.md, Policy). So a detector that takes a second
+costs the admission path nothing: ``LateRunner.submit`` only enqueues, and a full
+queue refuses the job (the caller audits that) instead of making the caller wait.
+
+Nothing here imports torch: the classifier lives in ``fak.kernel.classifier`` and is
+imported only when a policy configures one.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Protocol, runtime_checkable
+
+from fak.errors import InvalidInput, Unavailable
+from fak.policy.schema import LateDetectorRule
+
+log = logging.getLogger("fak.policy.late")
+
+
+class LateDetectorInvalid(InvalidInput):
+    """A late detector that cannot be built: a missing or wrong model folder, a missing
+    optional dependency, an unset key variable. Raised when the policy is applied, not
+    when the first tool result arrives."""
+
+
+class LateDetectorFailed(Unavailable):
+    """One detection did not produce a verdict (the judge answered non-2xx or garbage, the
+    classifier raised, the time ran out). Reported through ``on_error``; it never fires."""
+
+
+@dataclass(frozen=True)
+class LateFinding:
+    """A late detector fired on a job: its score (0..1) reached the rule's threshold."""
+
+    detector_id: str
+    score: float
+    label: str
+    detail: str = ""
+
+
+@runtime_checkable
+class LateDetector(Protocol):
+    """A blocking, possibly slow detector. ``detect`` returns None when it did not fire and
+    raises when it could not decide (never a finding by accident)."""
+
+    rule: LateDetectorRule
+
+    def detect(self, text: str) -> LateFinding | None: ...
+
+
+@dataclass(frozen=True)
+class LateJob:
+    """One admitted tool result to judge late: where it lives and what was admitted."""
+
+    tenant: str
+    session: str
+    ref: str
+    tool: str
+    trust: str
+    text: str
+    admitted_at: float
+
+
+def applies(rule: LateDetectorRule, tool: str, trust: str) -> bool:
+    """The rule covers this tool (exact name or glob) at this trust level."""
+    return trust in rule.trust and any(fnmatchcase(tool, pattern) for pattern in rule.tools)
+
+
+def truncate_utf8(text: str, max_bytes: int) -> str:
+    """At most ``max_bytes`` of UTF-8, cut on a character boundary (a cut never makes a
+    replacement character a detector could trip on)."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode("utf-8", "ignore")
+
+
+def build_detectors(rules: list[LateDetectorRule]) -> list[LateDetector]:
+    """One detector per rule, in policy order. The classifier module (torch, transformers)
+    and the judge's HTTP client are imported only when a rule needs them; building checks
+    what can be checked now (model folder, key variable) so a bad policy fails on load."""
+    built: list[LateDetector] = []
+    try:
+        for rule in rules:
+            if rule.kind == "classifier":
+                from fak.kernel.classifier import ClassifierDetector
+
+                built.append(ClassifierDetector(rule))
+            elif rule.kind == "judge":
+                from fak.policy.judge import JudgeDetector
+
+                built.append(JudgeDetector(rule))
+            else:  # pragma: no cover - the schema allows only the two kinds
+                raise LateDetectorInvalid(f"late detector {rule.id!r}: unknown kind {rule.kind!r}")
+    except BaseException:
+        close_detectors(built)
+        raise
+    return built
+
+
+def close_detectors(detectors: list[LateDetector]) -> None:
+    """Release what detectors hold (HTTP connections); a detector without ``close`` holds nothing."""
+    for detector in detectors:
+        closer = getattr(detector, "close", None)
+        if callable(closer):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                log.exception("closing late detector %s failed", detector.rule.id)
+
+
+_POLL_S = 0.1  # how soon an idle worker notices close()
+
+
+class LateRunner:
+    """Worker threads that run every applicable late detector on each submitted job.
+
+    ``on_fire(job, finding)`` is called at most once per job (the first detector that
+    fires, in policy order); ``on_error(job, detector_id, exc)`` for each detector that
+    raised or ran out of time, and for a failing ``on_fire``. Neither ever kills a worker.
+    """
+
+    def __init__(
+        self,
+        on_fire: Callable[[LateJob, LateFinding], None],
+        on_error: Callable[[LateJob, str, BaseException], None] | None = None,
+        workers: int = 1,
+        queue_max: int = 1024,
+    ) -> None:
+        if workers < 1 or queue_max < 1:
+            raise ValueError("a LateRunner needs at least one worker and room for one job")
+        self._on_fire = on_fire
+        self._on_error = on_error
+        self._queue: queue.Queue[LateJob] = queue.Queue(maxsize=queue_max)
+        self._detectors: tuple[LateDetector, ...] = ()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0  # submitted and not finished (queued or running)
+        self._closed = False
+        self._counts = {"submitted": 0, "fired": 0, "errors": 0, "dropped": 0, "skipped": 0, "done": 0}
+        self._threads = [
+            threading.Thread(target=self._work, name=f"fak-late-{i}", daemon=True) for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- configuration -------------------------------------------------------------
+    def set_detectors(self, detectors: list[LateDetector]) -> None:
+        """Swap the detector set at once (a policy reload): jobs that start after this run the
+        new set; a job already running finishes with the set it started with."""
+        with self._lock:
+            self._detectors = tuple(detectors)
+
+    @property
+    def detectors(self) -> tuple[LateDetector, ...]:
+        return self._detectors
+
+    # --- the admission side: never blocks ------------------------------------------
+    def submit(self, job: LateJob) -> bool:
+        """Enqueue ``job``; False (nothing queued) when no detector applies to its tool and
+        trust, when the queue is full or when the runner is closed. Never waits."""
+        with self._lock:
+            if self._closed or not any(applies(d.rule, job.tool, job.trust) for d in self._detectors):
+                self._counts["skipped"] += 1
+                return False
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                self._counts["dropped"] += 1
+                return False
+            self._counts["submitted"] += 1
+            self._pending += 1
+            return True
+
+    # --- tests and benchmarks --------------------------------------------------------
+    def wait_idle(self, timeout: float) -> bool:
+        """True once every submitted job has finished (False if ``timeout`` passed first)."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    @property
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {**self._counts, "queued": self._queue.qsize(), "pending": self._pending}
+
+    def close(self) -> None:
+        """Stop the workers and drop queued jobs (counted as dropped). A detection already
+        running is not interrupted; its worker exits when it returns."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._counts["dropped"] += 1
+                self._pending -= 1
+            self._idle.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=0.5)
+
+    # --- the worker side ---------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._closed:
+            try:
+                job = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            try:
+                self._run(job)
+            except BaseException:  # noqa: BLE001 - a worker must outlive anything a job does
+                log.exception("late detection of %s failed", job.ref)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._counts["done"] += 1
+                    self._idle.notify_all()
+
+    def _run(self, job: LateJob) -> None:
+        for detector in self._detectors:
+            rule = detector.rule
+            if self._closed:
+                return
+            if not applies(rule, job.tool, job.trust):
+                continue
+            try:
+                finding = _bounded(detector, truncate_utf8(job.text, rule.max_bytes), rule.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - reported, and the next detector still runs
+                self._error(job, rule.id, exc)
+                continue
+            if finding is None:
+                continue
+            with self._lock:
+                self._counts["fired"] += 1
+            try:
+                self._on_fire(job, finding)
+            except Exception as exc:  # noqa: BLE001
+                self._error(job, rule.id, exc)
+            return  # one fire per job: the ref is quarantined once
+
+    def _error(self, job: LateJob, detector_id: str, exc: BaseException) -> None:
+        with self._lock:
+            self._counts["errors"] += 1
+        log.warning("late detector %s on %s: %s: %s", detector_id, job.ref, type(exc).__name__, exc)
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(job, detector_id, exc)
+        except Exception:  # noqa: BLE001
+            log.exception("on_error of late detector %s failed", detector_id)
+
+
+def _bounded(detector: LateDetector, text: str, timeout_s: float) -> LateFinding | None:
+    """``detector.detect(text)`` with a hard time limit. A detect that overruns is left to
+    finish on its own daemon thread (Python cannot stop a thread); its result is ignored."""
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box["result"] = detector.detect(text)
+        except BaseException as exc:  # noqa: BLE001 - handed to the worker
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name=f"fak-late-{detector.rule.id}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise LateDetectorFailed(f"late detector {detector.rule.id!r} gave no verdict within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    result = box.get("result")
+    if result is not None and not isinstance(result, LateFinding):
+        raise LateDetectorFailed(f"late detector {detector.rule.id!r} returned {type(result).__name__}, "
+                                 "not a LateFinding or None")
+    return result
