@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -113,6 +113,41 @@ class EvictionOut(BaseModel):
     fingerprint: str
 
 
+class ToolCallIn(Strict):
+    """A tool call the agent is about to make (whoever's model produced it)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    arguments: dict[str, Any] | str | None = Field(
+        None, description="the call's arguments (an object, or a JSON string as OpenAI sends it); logged as a "
+                          "keyed digest only")
+
+
+class ToolCallDecisionOut(BaseModel):
+    tool: str
+    verdict: Literal["ALLOW", "CONFIRM", "DENY"]
+    rule_id: str | None = Field(description="the deciding rule; 'unlisted' when no rule names the tool")
+    offending: list[str] = Field(description="refs in attention that made a rule fire: evict them to remedy")
+    attention_refs: int
+    policy_digest: str
+    enforced: bool
+    would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None
+    audited: list[str]
+    audit_index: int
+
+
+class EvictRefsIn(Strict):
+    refs: list[Digest] = Field(min_length=1, max_length=4096)
+    drop_generated: bool = Field(True, description="also drop assistant turns produced while a ref was in attention")
+    reason: Id = "tool_call"
+
+
+class RefsEvictedOut(BaseModel):
+    segment_ids: list[str]
+    exactness: str
+    fingerprint: str
+    audit_indexes: list[int]
+
+
 class GenerateIn(Strict):
     max_tokens: int = Field(128, ge=0, le=4096)
     min_tokens: int = Field(0, ge=0, le=4096)
@@ -163,6 +198,8 @@ class QuarantineOut(BaseModel):
     units: list[dict[str, str]]
     mode: str
     audit_index: int
+    pending: list[str] = Field(default_factory=list,
+                               description="sessions busy at the time: they evict the ref before their next use")
 
 
 # --- audit -------------------------------------------------------------------------

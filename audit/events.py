@@ -176,6 +176,7 @@ class ToolCallDecision(_Event):
     enforced: bool = True
     would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None = None  # audit mode: what enforcement would say
     audited: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # rules in audit mode that fired
+    principal: Id | None = None  # who asked (an API key id, the SDK's local mode, the kernel's own loop)
 
 
 class SessionRebuilt(_Event):

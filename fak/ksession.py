@@ -72,6 +72,17 @@ class Admission:
         return self.segment.live
 
 
+@dataclass(frozen=True)
+class RefsEvicted:
+    """What ``evict_refs`` removed: segment ids, the exactness word, the fingerprint after,
+    and the audit index of each segment's ``Eviction`` event."""
+
+    segment_ids: list[str]
+    exactness: str
+    fingerprint: str
+    audit_indexes: list[int]
+
+
 def _turns(s: Session) -> int:
     """Model turns the session has had: assistant segments in its ledger, whatever their state."""
     return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
@@ -503,7 +514,7 @@ class KernelSession:
                 verdict=decision.verdict, rule_id=_ident(decision.rule_id) if decision.rule_id else None,
                 offending=list(decision.offending), attention_refs=decision.attention_refs,
                 policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
-                audited=[_ident(r) for r in decision.audited],
+                audited=[_ident(r) for r in decision.audited], principal=_ident(principal) if principal else None,
             )  # fmt: skip
             index = k.audit.append(event)
         k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
@@ -511,7 +522,7 @@ class KernelSession:
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
-    ) -> list[EvictionReport]:
+    ) -> RefsEvicted:
         """The exact remedy for a DENY or CONFIRM: evict the live tool segments of ``refs``
         (RECOMPUTE) and, with ``drop_generated``, the assistant turns produced while any of them
         was in attention (their tokens may carry what the refs caused, e.g. the call itself).
@@ -524,22 +535,21 @@ class KernelSession:
                        if (x.kind is SegmentKind.TOOL and x.ref in wanted)
                        or (drop_generated and x.kind is SegmentKind.ASSISTANT and x.content & wanted)]
             if not victims:
-                return []
+                return RefsEvicted([], "bit-exact", s.fingerprint(), [])
             events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="RECOMPUTE",
                                exact=True, tokens=x.length, reason=_ident(reason)) for x in victims]
             try:
                 report = s.evict_many([x.id for x in victims])
                 assert report is not None
                 mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
-                for ev in events:
-                    self.kernel.audit.append(ev.model_copy(update={"mode": mode,
-                                                                   "fingerprint_after": report.fingerprint}))
+                indexes = [self.kernel.audit.append(ev.model_copy(update={
+                    "mode": mode, "fingerprint_after": report.fingerprint})) for ev in events]
                 self._persist(fingerprint=report.fingerprint)
             except BaseException:
                 self._discard()
                 raise
             self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
-            return [report]
+            return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
     def generate(self, params: SamplingParams | None = None, **sampling: Any) -> Iterator[int]:

@@ -43,10 +43,12 @@ from fak.sdk.models import (
     GenerateOut,
     MaterialiseOut,
     QuarantineOut,
+    RefsEvictedOut,
     SegmentOut,
     SessionList,
     SessionOut,
     StreamDone,
+    ToolCallDecisionOut,
 )
 
 if TYPE_CHECKING:
@@ -167,6 +169,16 @@ class Calls:
         if mode is not None:
             body["mode"] = mode
         return Call("POST", f"/v1/sessions/{sid}/evict", _model(EvictionOut), json=body)
+
+    @staticmethod
+    def authorize_tool_call(sid: str, name: str, arguments: Any) -> Call[ToolCallDecisionOut]:
+        body = {"name": name, "arguments": arguments}
+        return Call("POST", f"/v1/sessions/{sid}/tool-calls/authorize", _model(ToolCallDecisionOut), json=body)
+
+    @staticmethod
+    def evict_refs(sid: str, refs: Sequence[str], drop_generated: bool, reason: str) -> Call[RefsEvictedOut]:
+        body = {"refs": list(refs), "drop_generated": drop_generated, "reason": reason}
+        return Call("POST", f"/v1/sessions/{sid}/evict-refs", _model(RefsEvictedOut), json=body)
 
     @staticmethod
     def materialise(sid: str, body: dict[str, Any]) -> Call[MaterialiseOut]:
@@ -484,6 +496,17 @@ class Session:
         """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
         return self.client._call(Calls.evict(self.id, segment_id, mode, reason))
 
+    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
+        """May the agent call ``name`` now? ALLOW, CONFIRM (a person approves) or DENY, from what
+        is in attention; ``offending`` names the refs to evict (``evict_refs``) before asking again."""
+        return self.client._call(Calls.authorize_tool_call(self.id, name, arguments))
+
+    def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
+                   reason: str = "tool_call") -> RefsEvictedOut:
+        """Evict these refs exactly (RECOMPUTE), and the assistant turns produced while they were
+        in attention unless ``drop_generated`` is false."""
+        return self.client._call(Calls.evict_refs(self.id, refs, drop_generated, reason))
+
     def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (), budget_tokens: int | None = None,
                     *, model_id: str | None = None, tokenizer_id: str | None = None) -> MaterialiseOut:
         """Make the session's tool context this working set (refs or ``tag:``/``tool:`` selectors)."""
@@ -737,6 +760,14 @@ class AsyncSession:
 
     async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
         return await self.client._call(Calls.evict(self.id, segment_id, mode, reason))
+
+    async def authorize_tool_call(self, name: str,
+                                  arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
+        return await self.client._call(Calls.authorize_tool_call(self.id, name, arguments))
+
+    async def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
+                         reason: str = "tool_call") -> RefsEvictedOut:
+        return await self.client._call(Calls.evict_refs(self.id, refs, drop_generated, reason))
 
     async def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (),
                           budget_tokens: int | None = None, *, model_id: str | None = None,

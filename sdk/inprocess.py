@@ -35,8 +35,10 @@ from fak.sdk.models import (
     MaterialiseOut,
     PieceOut,
     QuarantineOut,
+    RefsEvictedOut,
     SegmentOut,
     SessionOut,
+    ToolCallDecisionOut,
 )
 
 if TYPE_CHECKING:
@@ -147,6 +149,27 @@ class LocalSession:
             return EvictionOut(segment_id=r.segment_id, ref=r.ref, mode=r.mode.value, exactness=r.exactness,
                                rows_removed=r.rows_removed, rows_replayed=r.rows_replayed, seconds=r.seconds,
                                fingerprint=r.fingerprint)
+
+        return self._run(run)
+
+    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
+        from fak.api.models import ToolCallIn
+        from fak.api.routes.sessions import decision_out
+
+        body = _validate(ToolCallIn, {"name": name, "arguments": arguments})
+        return self._run(lambda ks: decision_out(ks.authorize_tool_call(body.name, body.arguments,
+                                                                        principal=PRINCIPAL)))
+
+    def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
+                   reason: str = "tool_call") -> RefsEvictedOut:
+        from fak.api.models import EvictRefsIn
+
+        body = _validate(EvictRefsIn, {"refs": list(refs), "drop_generated": drop_generated, "reason": reason})
+
+        def run(ks: KernelSession) -> RefsEvictedOut:
+            r = ks.evict_refs(body.refs, drop_generated=body.drop_generated, reason=body.reason)
+            return RefsEvictedOut(segment_ids=r.segment_ids, exactness=r.exactness, fingerprint=r.fingerprint,
+                                  audit_indexes=r.audit_indexes)
 
         return self._run(run)
 
@@ -282,7 +305,7 @@ class LocalClient:
         body = _validate(QuarantineIn, {"ref": ref, "reason": reason})
         with _errors():
             r = self.kernel.quarantine(self.tenant, body.ref, reason=body.reason, principal=PRINCIPAL)
-        return QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index)
+        return QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index, pending=r.pending)
 
     # refs
     def ref_content(self, ref: str) -> bytes:

@@ -21,9 +21,11 @@ from fak.api.models import (
     PieceOut,
     QuarantineOut,
     ReceiptCheckOut,
+    RefsEvictedOut,
     SegmentOut,
     SessionList,
     SessionOut,
+    ToolCallDecisionOut,
 )
 from fak.audit.receipt import ForgetReceipt, ReceiptCheck
 
@@ -40,6 +42,8 @@ __all__ = [
     "PieceOut",
     "QuarantineOut",
     "ReceiptCheck",
+    "RefsEvictedOut",
+    "ToolCallDecisionOut",
     "SegmentOut",
     "SessionList",
     "SessionOut",

@@ -165,6 +165,8 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
          if role in victims else {"segment_id": w.ref_segment}),
         ("POST", f"/v1/sessions/{sid}/materialise", AGENT, {"refs": [w.ref]}),
         ("POST", f"/v1/sessions/{sid}/generate", AGENT, {"max_tokens": 2}),
+        ("POST", f"/v1/sessions/{sid}/tool-calls/authorize", AGENT, {"name": "send_email", "arguments": {}}),
+        ("POST", f"/v1/sessions/{sid}/evict-refs", AGENT, {"refs": ["blake3k:" + "0" * 64]}),
         ("POST", "/v1/forget", ADMIN, {"ref": w.gone_ref}),
         ("GET", f"/v1/forget/{w.request_id}", AUDITOR, None),
         ("POST", "/v1/quarantine", AGENT, {"ref": w.poison_ref, "reason": "late"}),

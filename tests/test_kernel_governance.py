@@ -94,8 +94,8 @@ def test_tool_call_denied_while_untrusted_in_attention(gov) -> None:
     assert d.audit_index == k.audit.size() - 4
 
     # the remedy: evict the offending span and the turn it caused, exactly; then ask again
-    reports = s.evict_refs(d.offending)
-    assert reports and reports[0].exactness == "bit-exact"
+    removed = s.evict_refs(d.offending)
+    assert len(removed.segment_ids) == 2 and removed.exactness == "bit-exact"
     kinds = [(x["kind"], x["state"]) for x in s.ledger()]
     assert kinds == [("system", "live"), ("user", "live"), ("tool", "evicted"), ("assistant", "evicted")]
     again = s.authorize_tool_call("send_email", {"to": "me@example.com"})

@@ -33,4 +33,5 @@ def quarantine(body: m.QuarantineIn, who: Principal = Depends(AGENT),  # noqa: B
                k: Kernel = Depends(kernel)) -> m.QuarantineOut:  # noqa: B008
     """A late detection: evict the ref from every live session of the tenant; refused after."""
     r = k.quarantine(who.tenant, body.ref, reason=body.reason, principal=f"key:{who.key_id}")
-    return m.QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index)
+    return m.QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index,
+                           pending=r.pending)

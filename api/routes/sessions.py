@@ -80,6 +80,30 @@ def evict(sid: str, body: m.EvictIn, who: Principal = Depends(AGENT),  # noqa: B
                          fingerprint=r.fingerprint)
 
 
+@router.post("/{sid}/tool-calls/authorize", response_model=m.ToolCallDecisionOut)
+def authorize_tool_call(sid: str, body: m.ToolCallIn, who: Principal = Depends(AGENT),  # noqa: B008
+                        k: Kernel = Depends(kernel)) -> m.ToolCallDecisionOut:  # noqa: B008
+    """May the agent make this call now, given what is in attention? ALLOW, CONFIRM or DENY."""
+    d = _session(k, who, sid).authorize_tool_call(body.name, body.arguments, principal=f"key:{who.key_id}")
+    return decision_out(d)
+
+
+def decision_out(d) -> m.ToolCallDecisionOut:  # noqa: ANN001 - fak.authorize.ToolCallDecision
+    return m.ToolCallDecisionOut(tool=d.tool, verdict=d.verdict, rule_id=d.rule_id, offending=list(d.offending),
+                                 attention_refs=d.attention_refs, policy_digest=d.policy_digest,
+                                 enforced=d.enforced, would_be=d.would_be, audited=list(d.audited),
+                                 audit_index=d.audit_index)
+
+
+@router.post("/{sid}/evict-refs", response_model=m.RefsEvictedOut)
+def evict_refs(sid: str, body: m.EvictRefsIn, who: Principal = Depends(AGENT),  # noqa: B008
+               k: Kernel = Depends(kernel)) -> m.RefsEvictedOut:  # noqa: B008
+    """The exact remedy for a DENY/CONFIRM: evict the offending refs (and the turns they caused)."""
+    r = _session(k, who, sid).evict_refs(body.refs, drop_generated=body.drop_generated, reason=body.reason)
+    return m.RefsEvictedOut(segment_ids=r.segment_ids, exactness=r.exactness, fingerprint=r.fingerprint,
+                            audit_indexes=r.audit_indexes)
+
+
 @router.post("/{sid}/materialise", response_model=m.MaterialiseOut)
 def materialise(sid: str, body: dict, who: Principal = Depends(AGENT),  # noqa: B008
                 k: Kernel = Depends(kernel)) -> m.MaterialiseOut:  # noqa: B008
