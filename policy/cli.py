@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
     gate.add_argument("--tool", default="tool", help="tool name for stdin input (default: tool)")
     gate.add_argument("--media-type", default=None, help="media type of the stdin input")
-    gate.add_argument("--jsonl", metavar="IN", help='read lines {"tool": ..., "text": ...}; "-" for stdin')
+    gate.add_argument("--source", default=None, metavar="URL", help="the URL the stdin input came from")
+    gate.add_argument("--jsonl", metavar="IN",
+                      help='read lines {"tool": ..., "text": ..., "source": URL (optional)}; "-" for stdin')
     gate.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
     gate.add_argument("--exit-code", action="store_true",
                       help=f"exit {NOT_ALLOWED} when a verdict is not ALLOW (errors exit 1, usage 2)")
@@ -58,7 +60,8 @@ def _gate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
-        context = GateContext(media_type=args.media_type) if args.media_type else None
+        context = GateContext(media_type=args.media_type, source=args.source) \
+            if args.media_type or args.source else None
         verdict = gate(policy, args.tool, data, context)
         print(_verdict_json(verdict))
         return NOT_ALLOWED if args.exit_code and verdict.kind.value != "ALLOW" else 0
@@ -69,7 +72,7 @@ def _gate_jsonl(policy, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fak.errors import FakError
-    from fak.policy import gate
+    from fak.policy import GateContext, gate
 
     source = sys.stdin if args.jsonl == "-" else _open(args.jsonl, "r")
     sink = sys.stdout if args.out == "-" else _open(args.out, "w")
@@ -84,11 +87,15 @@ def _gate_jsonl(policy, args: argparse.Namespace) -> int:
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise ValueError('want an object with a string "text"')
                 tool = str(record.get("tool", args.tool))
+                source = record.get("source")
+                if source is not None and not isinstance(source, str):
+                    raise ValueError('"source" must be a string (a URL)')
             except ValueError as exc:
                 bad += 1
                 print(f"{args.jsonl}:{number}: skipped: {exc}", file=sys.stderr)
                 continue
-            verdict = gate(policy, tool, record["text"].encode("utf-8", "surrogatepass"))
+            context = GateContext(source=source) if source is not None else None
+            verdict = gate(policy, tool, record["text"].encode("utf-8", "surrogatepass"), context)
             counts[verdict.kind.value] = counts.get(verdict.kind.value, 0) + 1
             extra = {k: v for k, v in record.items() if k != "text"}
             sink.write(_verdict_json(verdict, extra) + "\n")

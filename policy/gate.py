@@ -152,6 +152,7 @@ def _finish(policy: Policy, tool: str, kind: VerdictKind, rule_id: str, matches:
             redacted: bytes | None, score: float, size: int, notes: _Notes = _NO_NOTES) -> Verdict:
     # Plain (validating) construction: pydantic-core validates these few fields faster
     # than ``model_construct`` skips validation in Python (measured: 2.7 µs against 5.5 µs).
+    # Every list is passed, empty or not: a field left to its default costs a copy of it.
     if policy.enforcing or kind is VerdictKind.ALLOW:
         return Verdict(kind=kind, rule_id=rule_id, policy_digest=policy.digest, tool=tool, matches=matches,
                        redacted_bytes=redacted if kind is VerdictKind.REDACT else None, score=score, input_bytes=size,

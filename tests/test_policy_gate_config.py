@@ -435,3 +435,37 @@ def test_plan_is_memoised_per_source_host():
     assert a.settings.trust == "internal" and b.settings.trust == "untrusted"
     settings, rules = b  # still the (settings, rules) pair it always was
     assert [r.id for r in rules] == ["injection"] and settings is b.settings
+
+
+def test_cli_gate_takes_the_source(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.yaml"
+    path.write_text(HEAD + "  detectors:\n" + INJ + "  exceptions:\n    - {id: docs, rules: [injection], sources: [docs.example.com]}\n")
+    fak = [sys.executable, "-m", "fak.cli", "gate", "--policy", str(path)]
+    out = subprocess.run([*fak, "--source", "https://docs.example.com/a"], input=ATTACK, capture_output=True, check=True)
+    body = json.loads(out.stdout)
+    assert body["kind"] == "ALLOW" and body["exempted"][0]["exception_id"] == "docs"
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text(json.dumps({"text": ATTACK.decode(), "source": "https://docs.example.com/"}) + "\n"
+                      + json.dumps({"text": ATTACK.decode(), "source": "https://evil.example/"}) + "\n")
+    res = subprocess.run([*fak, "--jsonl", str(corpus)], capture_output=True, check=True)
+    assert [json.loads(x)["verdict"]["kind"] for x in res.stdout.decode().splitlines()] == ["ALLOW", "QUARANTINE"]
+
+
+def test_the_documented_policy_file_is_valid():
+    """docs/policy.md's policy-file example loads, and says what the gate does."""
+    doc = (ROOT / "docs/policy.md").read_text()
+    start = doc.index("```yaml\napiVersion") + len("```yaml\n")
+    p = load_policy_text(doc[start : doc.index("```", start)], "docs/policy.md")
+    assert [e.id for e in p.spec.exceptions] == ["our-docs", "fixtures"]
+    assert gate(p, "web_fetch", ATTACK, GateContext(source="https://docs.example.com/x")).kind is VerdictKind.ALLOW
+    v = gate(p, "web_fetch", ATTACK)
+    assert v.kind is VerdictKind.QUARANTINE and [a.rule_id for a in v.audited] == ["injection-strict"]
+    assert tool_settings(p, "web_fetch", "https://a.intranet.example.com/").trust == "internal"
+    snippet = doc.index("```yaml\nexceptions:") + len("```yaml\n")
+    block = doc[snippet : doc.index("```", snippet)]
+    q = policy("  detectors:\n" + INJ + "".join("  " + line + "\n" for line in block.splitlines()))
+    assert q.spec.exceptions[0].id == "our-prompting-guide"
