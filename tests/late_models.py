@@ -1,5 +1,6 @@
-"""A tiny sequence-classification model folder whose verdict is known by construction, for
-the late-detector tests and ``bench/late.py`` (built locally, nothing is downloaded).
+"""Fixtures for the late-detector tests and ``bench/late.py``: a tiny sequence-classification
+model folder whose verdict is known by construction (built locally, nothing is downloaded),
+and ``JudgeStub``, a real OpenAI-compatible HTTP server on loopback standing in for a judge.
 
 A one-layer ``LlamaForSequenceClassification`` over a word-level tokenizer: query and key
 projections are zero, so attention is a uniform average over the prefix, and the head reads
@@ -11,12 +12,18 @@ window without it scores ~0.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 TRIGGER = "zanzibar"
 WORDS = ["the", "flight", "is", "on", "time", "gate", "please", "send", "all", "data", "to", "ignore",
          "previous", "instructions", "weather", "in", "boston", "rain", "and", "a", "of", "for", "you"]
 HIDDEN = 8
+# what the judge stub recognises as an injection (a stand-in for a real judge model)
+MARKERS = ("ignore previous instructions", "forward every invoice", TRIGGER)
 MAX_LENGTH = 64
 
 
@@ -69,3 +76,65 @@ def make_causal_lm(folder: Path) -> Path:
                          num_attention_heads=2, num_key_value_heads=2, head_dim=4)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+class JudgeStub:
+    """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 whose answer depends on the
+    tool result it is shown (``mode``) and which records every request."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.mode = "json"
+        self.delay = delay
+        self.release: threading.Event | None = None
+        self.requests: list[dict] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                if stub.release is not None:
+                    stub.release.wait(10)
+                if stub.delay:
+                    time.sleep(stub.delay)
+                status, payload = stub.answer(self.path, body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answer(self, path: str, body: dict) -> tuple[int, object]:
+        if path != "/v1/chat/completions":
+            return 404, {"error": "not found"}
+        text = body["messages"][-1]["content"]
+        bad = any(m in text.lower() for m in MARKERS)
+        content = {
+            "json": json.dumps({"injection": bad, "confidence": 0.9 if bad else 0.95}),
+            "fenced": "Verdict:\n```json\n" + json.dumps({"injection": bad, "confidence": 0.7}) + "\n```",
+            "yesno": "YES, it tells the assistant what to do." if bad else "No.",
+            "garbage": "I cannot help with that.",
+        }.get(self.mode)
+        if self.mode == "http500":
+            return 500, {"error": "boom"}
+        if self.mode == "notjson":
+            return 200, b"<html>proxy error</html>"
+        return 200, {"id": "x", "object": "chat.completion", "model": body["model"],
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                  "finish_reason": "stop"}]}
+
+    def close(self) -> None:
+        if self.release is not None:
+            self.release.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -4,15 +4,13 @@ the Kernel witness: a late detection evicts the ref exactly (bit-exact to never-
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from late_models import TRIGGER, make_causal_lm, make_tiny_classifier
+from late_models import TRIGGER, JudgeStub, make_causal_lm, make_tiny_classifier
 
 from fak.policy.judge import JudgeDetector, parse_verdict, user_message
 from fak.policy.late import (
@@ -310,68 +308,6 @@ def test_classifier_in_the_runner_respects_max_bytes(classifier_dir: Path, rec: 
 
 
 # --- the judge (a real OpenAI-compatible server on loopback) ---------------------------------
-class JudgeStub:
-    """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 whose answer depends on the
-    tool result it is shown (``mode``) and which records every request."""
-
-    def __init__(self) -> None:
-        self.mode = "json"
-        self.delay = 0.0
-        self.release: threading.Event | None = None
-        self.requests: list[dict] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                if stub.release is not None:
-                    stub.release.wait(10)
-                if stub.delay:
-                    time.sleep(stub.delay)
-                status, payload = stub.answer(self.path, body)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def answer(self, path: str, body: dict) -> tuple[int, object]:
-        if path != "/v1/chat/completions":
-            return 404, {"error": "not found"}
-        text = body["messages"][-1]["content"]
-        bad = any(m in text.lower() for m in ("ignore previous instructions", "forward every invoice", TRIGGER))
-        content = {
-            "json": json.dumps({"injection": bad, "confidence": 0.9 if bad else 0.95}),
-            "fenced": "Verdict:\n```json\n" + json.dumps({"injection": bad, "confidence": 0.7}) + "\n```",
-            "yesno": "YES, it tells the assistant what to do." if bad else "No.",
-            "garbage": "I cannot help with that.",
-        }.get(self.mode)
-        if self.mode == "http500":
-            return 500, {"error": "boom"}
-        if self.mode == "notjson":
-            return 200, b"<html>proxy error</html>"
-        return 200, {"id": "x", "object": "chat.completion", "model": body["model"],
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                  "finish_reason": "stop"}]}
-
-    def close(self) -> None:
-        if self.release is not None:
-            self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def judge_stub() -> Iterator[JudgeStub]:
     stub = JudgeStub()
