@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from fak.policy import detectors, engine
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
-from fak.policy.schema import DetectorRule, RuleException, ToolRule, VerdictKind
+from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule, VerdictKind
 from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
 
 REDACTION = b"[REDACTED:%s]"
@@ -68,6 +68,7 @@ class ToolSettings:
     media_types: tuple[str, ...]
     verdict: VerdictKind
     media_type_mismatch: VerdictKind = VerdictKind.DENY
+    expires: Expiry | None = None  # the chosen tool entry's ``expires`` (the Kernel's ref lifetime)
 
 
 def _pick_tool(tools: list[ToolRule], tool: str, host: str | None) -> ToolRule | None:
@@ -95,6 +96,7 @@ def _tool_settings(policy: Policy, tool: str, host: str | None) -> ToolSettings:
         tuple(chosen.media_types if chosen.media_types is not None else d.media_types),
         chosen.verdict or d.verdict,
         chosen.media_type_mismatch or d.media_type_mismatch,
+        chosen.expires,
     )
 
 
@@ -149,16 +151,16 @@ _NO_NOTES = _Notes([], [])
 
 
 def _finish(policy: Policy, tool: str, kind: VerdictKind, rule_id: str, matches: list[Match],
-            redacted: bytes | None, score: float, size: int, notes: _Notes = _NO_NOTES) -> Verdict:
+            redacted: bytes | None, score: float, size: int, trust: str, notes: _Notes = _NO_NOTES) -> Verdict:
     # Plain (validating) construction: pydantic-core validates these few fields faster
     # than ``model_construct`` skips validation in Python (measured: 2.7 µs against 5.5 µs).
     # Every list is passed, empty or not: a field left to its default costs a copy of it.
     if policy.enforcing or kind is VerdictKind.ALLOW:
         return Verdict(kind=kind, rule_id=rule_id, policy_digest=policy.digest, tool=tool, matches=matches,
                        redacted_bytes=redacted if kind is VerdictKind.REDACT else None, score=score, input_bytes=size,
-                       audited=notes.audited, exempted=notes.exempted)
+                       trust=trust, audited=notes.audited, exempted=notes.exempted)
     return Verdict(kind=VerdictKind.ALLOW, rule_id=rule_id, policy_digest=policy.digest, tool=tool, matches=matches,
-                   enforced=False, would_be=kind, score=score, input_bytes=size,
+                   enforced=False, would_be=kind, score=score, input_bytes=size, trust=trust,
                    audited=notes.audited, exempted=notes.exempted)
 
 
@@ -223,10 +225,11 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
     plan = _plan(policy, tool, None if source is None else source_host(source))
     settings, rules = plan.settings, plan.rules
     if settings.verdict is VerdictKind.DENY:
-        return _finish(policy, tool, VerdictKind.DENY, settings.rule_id, [], None, 1.0, size)
+        return _finish(policy, tool, VerdictKind.DENY, settings.rule_id, [], None, 1.0, size, settings.trust)
     media = (context.media_type if context and context.media_type else None) or _sniff(data)
     if not _media_ok(media, settings.media_types) and settings.media_type_mismatch is not VerdictKind.ALLOW:
-        return _finish(policy, tool, settings.media_type_mismatch, f"{settings.rule_id}:media_type", [], None, 1.0, size)
+        return _finish(policy, tool, settings.media_type_mismatch, f"{settings.rule_id}:media_type", [], None, 1.0,
+                       size, settings.trust)
     limit = min(settings.max_bytes, policy.spec.normalization.max_scan_bytes)
     if size > limit:
         return _oversize(policy, tool, settings, rules, limit, size)
@@ -236,7 +239,7 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
                       policy=policy, exempt=plan.exempt, notes=notes)
     kind, rule_id, best_score, matches, redact_spans = decided
     redacted = _redact(data, redact_spans) if kind is VerdictKind.REDACT else None
-    return _finish(policy, tool, kind, rule_id, matches, redacted, round(best_score, 4), size, notes)
+    return _finish(policy, tool, kind, rule_id, matches, redacted, round(best_score, 4), size, settings.trust, notes)
 
 
 def _oversize(policy: Policy, tool: str, settings: ToolSettings, rules: list[DetectorRule], limit: int,
@@ -254,7 +257,7 @@ def _oversize(policy: Policy, tool: str, settings: ToolSettings, rules: list[Det
     matches += [Match(rule_id=r.id, detector="oversize", family="oversize", name="oversize.max_bytes",
                       start=limit, end=size, score=1.0, exact=True, audit=True) for r in audited]
     notes = _Notes([Audited(rule_id=r.id, would_be=r.verdict, score=1.0) for r in audited], [])
-    return _finish(policy, tool, kind, rule_id, matches, None, 1.0, size, notes)
+    return _finish(policy, tool, kind, rule_id, matches, None, 1.0, size, settings.trust, notes)
 
 
 def _exempts(policy: Policy, exc: RuleException, finding: Finding, data: bytes, text: list[str]) -> bool:

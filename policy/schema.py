@@ -240,8 +240,8 @@ class AttentionMatch(_Strict):
     """Which refs in the attention provenance of the current context a tool-call rule is about:
     refs produced by a tool of one of ``trust`` whose name matches one of ``tools``."""
 
-    trust: list[Trust] = ["untrusted"]
-    tools: list[str] = ["*"]
+    trust: list[Trust] = Field(default=["untrusted"], min_length=1)
+    tools: list[str] = Field(default=["*"], min_length=1)
 
 
 class ToolCallRule(_Strict):
@@ -286,12 +286,33 @@ class LateDetectorRule(_Strict):
     timeout_s: float = Field(default=30.0, gt=0)
     description: str = ""
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"'url' must be an http:// or https:// base URL (e.g. http://127.0.0.1:8000/v1), "
+                             f"not {value!r:.80}")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(f"'api_key_env' names an environment variable (letters, digits, '_'), not {value!r:.80}; "
+                             "the key itself never goes in a policy")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> LateDetectorRule:
         if self.kind == "classifier" and not self.path:
             raise ValueError("a classifier late detector needs 'path' (a Hugging Face model folder)")
         if self.kind == "judge" and not self.url:
             raise ValueError("a judge late detector needs 'url' (an OpenAI-compatible base URL)")
+        other = ("url", "model", "api_key_env") if self.kind == "classifier" else ("path", "label")
+        wrong = [name for name in other if getattr(self, name) is not None]
+        if wrong:
+            raise ValueError(f"{', '.join(repr(w) for w in wrong)} do{'es' if len(wrong) == 1 else ''} not apply to "
+                             f"a {self.kind} late detector")
         return self
 
 

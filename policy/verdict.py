@@ -65,7 +65,8 @@ class GateContext(BaseModel):
 
 class Verdict(BaseModel):
     """The gate's decision. In audit mode ``kind`` is ALLOW, ``enforced`` is false and
-    ``would_be`` says what enforcement would have done. ``audited``: the ``action: audit``
+    ``would_be`` says what enforcement would have done. ``trust``: the trust level that
+    applied to the result (a tool entry may give one only to some source hosts). ``audited``: the ``action: audit``
     rules that fired (they changed nothing); ``exempted``: the operator's exceptions that took
     findings away from a rule."""
 
@@ -81,5 +82,6 @@ class Verdict(BaseModel):
     would_be: VerdictKind | None = None
     score: float = 0.0
     input_bytes: int = 0
+    trust: str | None = None  # the trust level the gate applied (tool entry, source host, defaults)
     audited: list[Audited] = []
     exempted: list[Exempted] = []

@@ -469,3 +469,29 @@ def test_the_documented_policy_file_is_valid():
     block = doc[snippet : doc.index("```", snippet)]
     q = policy("  detectors:\n" + INJ + "".join("  " + line + "\n" for line in block.splitlines()))
     assert q.spec.exceptions[0].id == "our-prompting-guide"
+
+
+def test_verdict_and_tool_settings_carry_trust_and_expiry():
+    p = policy(SOURCED.replace("trust: internal}", "trust: internal, expires: {turns: 2}}"))
+    inside = gate(p, "web_fetch", b"hello", GateContext(source="https://a.corp.example.com/"))
+    outside = gate(p, "web_fetch", b"hello", GateContext(source="https://example.org/"))
+    assert (inside.trust, outside.trust) == ("internal", "untrusted")
+    assert tool_settings(p, "web_fetch", "https://a.corp.example.com/").expires.turns == 2
+    assert tool_settings(p, "web_fetch").expires is None
+
+
+@pytest.mark.parametrize(("entry", "needle"), [
+    ("{id: j, kind: judge, url: 'ftp://x'}", "http:// or https://"),
+    ("{id: j, kind: judge, url: 'http://127.0.0.1:1', api_key_env: 'sk-123 secret'}", "names an environment variable"),
+    ("{id: j, kind: judge, url: 'http://127.0.0.1:1', path: /m}", "'path' does not apply to a judge"),
+    ("{id: c, kind: classifier, path: /m, url: 'http://x', model: m}", "'url', 'model' do not apply to a classifier"),
+    ("{id: c, kind: classifier}", "needs 'path'"),
+])
+def test_late_detector_mistakes_are_located(entry, needle):
+    assert has(problems(f"  late_detectors:\n    - {entry}\n"), 7, None, needle)
+
+
+def test_tool_call_attention_match_cannot_be_empty():
+    found = problems("  tool_calls:\n    rules:\n"
+                     "      - {id: m, tools: [send_email], when_in_attention: {trust: []}, verdict: DENY}\n")
+    assert has(found, 8, None, "at least 1 item")
