@@ -34,7 +34,6 @@ UNPARSABLE = "\x00unparsable"
 _HOST = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*|[0-9a-f:.]+")
 
 
-@lru_cache(maxsize=4096)
 def source_host(source: str) -> str:
     """The lower-case host of a source URL (``https://Docs.Example.com:443/x`` →
     ``docs.example.com``; IDNA names in their ``xn--`` form), or ``UNPARSABLE``: no scheme
@@ -54,6 +53,14 @@ def source_host(source: str) -> str:
         except UnicodeError:
             return UNPARSABLE
     return host if _HOST.fullmatch(host) else UNPARSABLE
+
+
+_source_host_memo = lru_cache(maxsize=4096)(source_host)
+
+
+def _host_of(source: str) -> str:
+    """``source_host``, memoised for URLs of ordinary length (a long one is parsed, not kept)."""
+    return _source_host_memo(source) if len(source) <= 2048 else source_host(source)
 
 
 def _host_in(host: str | None, globs: list[str]) -> bool:
@@ -102,7 +109,7 @@ def _tool_settings(policy: Policy, tool: str, host: str | None) -> ToolSettings:
 
 def tool_settings(policy: Policy, tool: str, source: str | None = None) -> ToolSettings:
     """The settings for ``tool`` (and the result's source URL, when entries name sources)."""
-    return _tool_settings(policy, tool, None if source is None else source_host(source))
+    return _tool_settings(policy, tool, None if source is None else _host_of(source))
 
 
 def _applies(rule: DetectorRule, tool: str, trust: str, host: str | None) -> bool:
@@ -222,7 +229,7 @@ def gate(policy: Policy, tool: str, data: bytes, context: GateContext | None = N
     data = bytes(data)
     size = len(data)
     source = context.source if context is not None else None
-    plan = _plan(policy, tool, None if source is None else source_host(source))
+    plan = _plan(policy, tool, None if source is None else _host_of(source))
     settings, rules = plan.settings, plan.rules
     if settings.verdict is VerdictKind.DENY:
         return _finish(policy, tool, VerdictKind.DENY, settings.rule_id, [], None, 1.0, size, settings.trust)
