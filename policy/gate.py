@@ -64,7 +64,7 @@ def _host_of(source: str) -> str:
 
 
 def _host_in(host: str | None, globs: list[str]) -> bool:
-    return host is not None and host is not UNPARSABLE and any(fnmatchcase(host, g) for g in globs)
+    return host is not None and host != UNPARSABLE and any(fnmatchcase(host, g) for g in globs)
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def tool_settings(policy: Policy, tool: str, source: str | None = None) -> ToolS
 
 
 def _applies(rule: DetectorRule, tool: str, trust: str, host: str | None) -> bool:
-    if rule.sources is not None and not (host is UNPARSABLE or _host_in(host, rule.sources)):
+    if rule.sources is not None and not (host == UNPARSABLE or _host_in(host, rule.sources)):
         return False
     return trust in rule.trust and any(fnmatchcase(tool, pattern) for pattern in rule.tools)
 
