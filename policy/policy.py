@@ -84,8 +84,9 @@ def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> P
     """The document, or a PolicyError with every problem: schema errors and the cross checks
     (``known``: the detector rule ids an exception may name; default those of ``data``)."""
     if not isinstance(data, dict):
-        raise PolicyError([smap.error((), "a policy must be a mapping with apiVersion, kind, metadata, spec")])
-    problems = _cross_checks(data, smap, _detector_ids(data) if known is None else known)
+        raise PolicyError([*smap.problems, smap.error((), "a policy must be a mapping with apiVersion, kind, metadata, "
+                                                          "spec")])
+    problems = [*smap.problems, *_cross_checks(data, smap, _detector_ids(data) if known is None else known)]
     document = None
     try:
         document = PolicyDocument.model_validate(data)

@@ -21,6 +21,7 @@ import yaml
 from fak.policy.errors import Located, PolicyError
 
 Path = tuple[str | int, ...]
+_ALIASES = "YAML anchors and aliases are not allowed in a policy"
 
 
 @dataclass
@@ -30,6 +31,8 @@ class SourceMap:
     source: str
     values: dict[Path, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    # problems found while reading that do not stop it (duplicate keys), reported with the rest
+    problems: list[Located] = field(default_factory=list)
 
     def locate(self, path: Path, *, key: bool = False) -> tuple[int, int]:
         """The mark of ``path``, or of its nearest ancestor that has one."""
@@ -56,7 +59,7 @@ def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located],
     seen = set() if seen is None else seen
     if id(node) in seen:  # an alias: the composer shares the anchored node
         line, col = _mark(node)
-        problems.append(Located(smap.source, line, col, "YAML anchors and aliases are not allowed in a policy"))
+        problems.append(Located(smap.source, line, col, _ALIASES))
         return  # never expanded: a few hundred bytes of nested aliases would otherwise take minutes
     seen.add(id(node))
     smap.values[path] = _mark(node)
@@ -92,8 +95,9 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
                 raise PolicyError([Located(source, 1, 1, "empty policy document")])
             problems: list[Located] = []
             _walk(node, (), smap, problems)  # before constructing: it refuses aliases unexpanded
-            if problems:
+            if any(p.message.startswith(_ALIASES) for p in problems):
                 raise PolicyError(problems)
+            smap.problems = problems  # duplicate keys: the schema's problems are reported beside them
             data = loader.construct_document(node)
         except yaml.MarkedYAMLError as exc:
             line, col, msg = _explain(exc, loader, text)
@@ -206,7 +210,7 @@ def _explain(exc: yaml.MarkedYAMLError, loader: yaml.SafeLoader, text: str) -> t
                                             if prev else "")
         return pline, _indent(line) + 1, f"{detail}: indent it like the entries beside it"
     if "undefined alias" in problem:
-        return pline, pcol, "YAML anchors and aliases are not allowed in a policy"
+        return pline, pcol, _ALIASES
     if "expected a single document" in context:
         return pline, pcol, "a second YAML document ('---'): a policy file holds one document"
     msg = problem or context or "invalid YAML"

@@ -336,7 +336,7 @@ def test_duplicates_alone_are_located_too():
     ('  detectors:\n    - {id: r, detector: regex, pattern: "\\d+", verdict: DENY}\n', 7, 43,
      "write the value in single quotes"),
     ("  mode: x\n]\n", 7, 1, "a closing ']' that no bracket opened"),
-    ("  mode: a\n  mode: b\n", 7, 3, "duplicate key 'mode'"),
+    ("  mode: enforce\n  mode: audit\n", 7, 3, "duplicate key 'mode'"),
 ])
 def test_yaml_syntax_errors_name_where_the_problem_began(body, line, col, needle):
     found = problems(body)
@@ -547,3 +547,10 @@ def test_audit_rules_and_exceptions_properties(variants):
             assert docs.exempted == []
 
     check()
+
+
+def test_duplicate_keys_are_reported_with_the_schema_problems():
+    found = problems("  mode: enforce\n  mode: audit\n  colour: red\n  detectors:\n"
+                     "    - {id: a, detector: secrets, verdict: REDACT, verdict: DENY}\n")
+    assert [(line, col) for line, col, _ in found] == [(7, 3), (8, 3), (10, 51)], found
+    assert "duplicate key 'mode'" in found[0][2] and "duplicate key 'verdict'" in found[2][2]
