@@ -10,10 +10,29 @@
     result = Agent(session, tools={"get_weather": get_weather}).run("Do I need an umbrella in Boston?")
     print(result.answer, [s.verdict for s in result.steps])
 
-The loop: model turn (``session.generate``) → if the text holds a tool call, call the
-tool, admit its result through the session's gate, and take another model turn; else
-the text is the answer. At most ``max_steps`` tool calls; then the run stops with
-``stopped=True`` and the last text as the answer.
+The loop: model turn (``session.generate``) → if the text holds a tool call, ask the
+session whether it may run (``session.authorize_tool_call``: the policy's ``tool_calls``
+rules over what is in the attention of the context now), call the tool, admit its result
+through the session's gate, and take another model turn; else the text is the answer.
+At most ``max_steps`` tool calls; then the run stops with ``stopped=True`` and the last
+text as the answer.
+
+**Authorization, before every call.** The decision is recorded in the step
+(``step.decision``):
+
+- ``ALLOW``: the tool runs (as does any verdict of an audit-only policy);
+- ``DENY`` naming offending refs (e.g. ``send_email`` while a ref from an untrusted tool
+  is in attention): the exact remedy — ``session.evict_refs(decision.offending)`` takes
+  those tool results out of the context together with the turns generated while they
+  were in it (the call itself among them), so the session is bit-exact to one that never
+  saw them — and a new model turn; the tool does not run and nothing is admitted
+  (``step.evicted`` holds the eviction). The step counts towards ``max_steps``, so a model
+  that keeps fetching the same content cannot loop for ever;
+- ``DENY`` with nothing to evict (``unlisted: DENY``, a rule without a condition): the
+  tool does not run; ``error: the policy denies calling X (rule R)`` is its result;
+- ``CONFIRM``: a person must approve. ``Agent(..., confirm=fn)`` is asked
+  (``fn(call, decision) -> bool``); True runs the tool, False or no ``confirm`` gives
+  ``error: calling X needs a person's approval (rule R); not given`` as its result.
 
 **Tool-call form.** A JSON object with the tool's name and its arguments, anywhere
 in the model's text, preferably inside ``<tool_call>`` tags::
@@ -28,8 +47,9 @@ accepted too. The first such object in the text is the call.
 session; only what the gate lets in (ALLOW, or REDACT's redacted bytes) enters the
 model's context. A QUARANTINE or DENY leaves no trace in the context (the kernel never
 prefills it) and the next turn runs as if the tool had returned nothing; the step
-records the verdict. A tool that raises, or a name the agent does not know, gives the
-text ``error: ...`` as its result (admitted like any other).
+records the verdict. A tool that raises, a name the agent does not know, or a call the
+policy refused without a remedy gives the text ``error: ...`` as its result (admitted
+like any other).
 """
 
 from __future__ import annotations
@@ -42,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fak.sdk.gate import payload
-from fak.sdk.models import AdmissionOut
+from fak.sdk.models import AdmissionOut, RefsEvictedOut, ToolCallDecisionOut
 
 __all__ = ["Agent", "AgentResult", "Step", "ToolCall", "parse_tool_call", "tool_instructions"]
 
@@ -58,16 +78,29 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Step:
-    """One tool call of a run."""
+    """One tool call of a run: whether it was authorized, and what became of its result."""
 
     call: ToolCall
     model_text: str  # the model turn that made the call
-    result: Any  # what the tool returned (or the error text)
-    admission: AdmissionOut
+    result: Any  # what the tool returned, the error text, or None (remedied: nothing ran or was admitted)
+    admission: AdmissionOut | None = None  # the result's admission; None when nothing was admitted
+    decision: ToolCallDecisionOut | None = None  # the authorization of the call
+    evicted: RefsEvictedOut | None = None  # the remedy of a DENY naming offending refs
+    ran: bool = True  # the tool was called
 
     @property
     def verdict(self) -> str:
-        return self.admission.verdict
+        """The step's outcome in one word: the decision's verdict when the call did not run
+        (DENY, CONFIRM not given), else the admission's verdict of its result."""
+        if self.ran or self.decision is None:
+            assert self.admission is not None
+            return self.admission.verdict
+        return self.decision.verdict
+
+    @property
+    def remedied(self) -> bool:
+        """The call was denied and its cause evicted from the context; the model was asked again."""
+        return self.evicted is not None
 
 
 @dataclass
@@ -161,11 +194,14 @@ class Agent:
     tool list and call form of ``tool_instructions``; ``""`` appends none). ``model``
     replaces the model turn: a callable taking the session and returning the turn's
     text (default: ``session.generate(max_tokens, temperature=, seed=).text``), e.g. to
-    script turns in tests or to use another generation route."""
+    script turns in tests or to use another generation route. ``confirm`` is the person
+    asked about a call the policy says needs one (CONFIRM): ``confirm(call, decision)``
+    returns True to run it; without it such calls are not run."""
 
     def __init__(self, session: Any, tools: Mapping[str, Callable[..., Any]] | None = None, *, max_steps: int = 8,
                  instructions: str | None = None, model: Callable[[Any], str] | None = None,
-                 max_tokens: int = 256, temperature: float = 0.0, seed: int | None = None) -> None:
+                 max_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
+                 confirm: Callable[[ToolCall, ToolCallDecisionOut], bool] | None = None) -> None:
         if max_steps < 0:
             raise ValueError("max_steps must be >= 0")
         self.session = session
@@ -174,6 +210,7 @@ class Agent:
         self.instructions = tool_instructions(self.tools) if instructions is None and self.tools else instructions
         self.model = model or self._generate
         self.sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+        self.confirm = confirm
         self._instructed = False
 
     def _generate(self, session: Any) -> str:
@@ -205,7 +242,25 @@ class Agent:
             if len(result.steps) >= self.max_steps:
                 result.answer, result.stopped = text, True
                 return result
-            output = self._call(call)
-            content, media_type = payload(output)
-            admission = self.session.admit(call.name[:128] or "tool", content, media_type=media_type)
-            result.steps.append(Step(call, text, output, admission))
+            result.steps.append(self._step(call, text))
+
+    def _step(self, call: ToolCall, text: str) -> Step:
+        """Authorize ``call``, then run it, remedy it or refuse it (the module doc)."""
+        decision = self.session.authorize_tool_call(call.name[:128] or "tool", call.arguments)
+        rule = decision.rule_id
+        if decision.verdict == "DENY" and decision.offending:
+            evicted = self.session.evict_refs(decision.offending)
+            if evicted.segment_ids:  # the cause is gone: the next turn is the model asked again
+                return Step(call, text, None, None, decision, evicted, ran=False)
+        if decision.verdict == "ALLOW" or (decision.verdict == "CONFIRM" and self._confirmed(call, decision)):
+            output, ran = self._call(call), True
+        elif decision.verdict == "CONFIRM":
+            output, ran = f"error: calling {call.name} needs a person's approval (rule {rule}); not given", False
+        else:
+            output, ran = f"error: the policy denies calling {call.name} (rule {rule})", False
+        content, media_type = payload(output)
+        admission = self.session.admit(call.name[:128] or "tool", content, media_type=media_type)
+        return Step(call, text, output, admission, decision, ran=ran)
+
+    def _confirmed(self, call: ToolCall, decision: ToolCallDecisionOut) -> bool:
+        return self.confirm is not None and self.confirm(call, decision) is True

@@ -14,6 +14,14 @@ bytes as bytes, anything else as JSON) and returns a ``Screened``:
 
 Works with every session flavour: ``Session``, ``LocalSession`` (blocking) and
 ``AsyncSession`` (``ascreen``; a blocking session there runs in a worker thread).
+
+What every adapter does *before* a tool runs: ``authorize(session, tool, arguments)``
+(``aauthorize`` from asyncio) asks the session whether the call may run now, given what
+is in the attention of its context (the policy's ``tool_calls`` rules), and returns the
+``ToolCallDecisionOut``. Only ``ALLOW`` runs the tool; for anything else
+``call_notice(decision)`` is what the framework's model gets instead of a result. The
+decision does not depend on which model produced the call: fak's, or a framework's own
+model that merely reports it.
 """
 
 from __future__ import annotations
@@ -24,10 +32,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fak.sdk.models import AdmissionOut
+from fak.sdk.models import AdmissionOut, ToolCallDecisionOut
 
 NOTICE = ("[fak] The output of tool '{tool}' was withheld: verdict {verdict} (rule {rule}, ref {ref}). "
           "It never entered the context; treat the tool call as failed.")
+
+
+CALL_NOTICE = "[fak] The call of tool '{tool}' was not run: verdict {verdict} (rule {rule}{refs}). {why}"
+_WHY = {
+    "CONFIRM": "A person must approve this call first.",
+    "DENY": "The policy does not allow calling it now.",
+}
+_WHY_REFS = ("Content now in the context (the refs named) makes the policy refuse it; the call may be made "
+             "once that content is dropped from the context.")
 
 
 @dataclass(frozen=True)
@@ -106,3 +123,34 @@ async def ascreen(session: Any, tool: str, output: Any, *, media_type: str | Non
     a = await session.admit(tool, content, media_type=media_type or kind, tags=tags)
     redacted = await _client(session).ref_content(a.admitted_ref) if _needs_read(a) else None
     return _decide(tool, content, a, redacted, exact=isinstance(output, str))
+
+
+# --- before a tool runs: tool-call authorization ---------------------------------------
+def _arguments(arguments: Any) -> dict[str, Any] | str | None:
+    """The call's arguments as the API takes them: an object, a JSON string (as OpenAI sends
+    them) or None; any other value goes through JSON (``str`` for what JSON cannot hold),
+    so that both session flavours see the same arguments."""
+    if arguments is None or isinstance(arguments, str):
+        return arguments
+    value = json.loads(json.dumps(arguments, ensure_ascii=False, default=str))
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def authorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
+    """May ``tool`` be called with ``arguments`` now? (blocking session)."""
+    return session.authorize_tool_call(tool, _arguments(arguments))
+
+
+async def aauthorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
+    """``authorize`` from asyncio: awaits an ``AsyncSession``, runs a blocking one in a thread."""
+    if not inspect.iscoroutinefunction(session.authorize_tool_call):
+        return await asyncio.to_thread(authorize, session, tool, arguments)
+    return await session.authorize_tool_call(tool, _arguments(arguments))
+
+
+def call_notice(d: ToolCallDecisionOut) -> str:
+    """What the model gets instead of the result of a call that was not run: the verdict,
+    the rule and the offending refs (the exact remedy is to drop them from the context)."""
+    refs = f", offending refs {', '.join(d.offending)}" if d.offending else ""
+    why = _WHY_REFS if d.offending and d.verdict == "DENY" else _WHY.get(d.verdict, "")
+    return CALL_NOTICE.format(tool=d.tool, verdict=d.verdict, rule=d.rule_id, refs=refs, why=why)
