@@ -258,6 +258,8 @@ class LateRunner:
             return  # one fire per job: the ref is quarantined once
 
     def _error(self, job: LateJob, detector_id: str, exc: BaseException) -> None:
+        if self._closed:
+            return  # close() abandoned this job; its detector's failure (a closed client) is not news
         with self._lock:
             self._counts["errors"] += 1
         log.warning("late detector %s on %s: %s: %s", detector_id, job.ref, type(exc).__name__, exc)
