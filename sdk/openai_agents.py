@@ -1,23 +1,33 @@
-"""OpenAI Agents SDK (``openai-agents``) adapter: a tool output guardrail that admits
-every output of a function tool through a fak session.
+"""OpenAI Agents SDK (``openai-agents``) adapter: a tool *input* guardrail that asks a fak
+session whether each function-tool call may run, and a tool *output* guardrail that
+admits every output through that session.
 
     from agents import Agent, function_tool
     from fak.sdk import Client
-    from fak.sdk.openai_agents import fak_output_guardrail
+    from fak.sdk.openai_agents import fak_input_guardrail, fak_output_guardrail, guard_tools
 
     fak = Client("http://127.0.0.1:8077", api_key="fak_...")
     session = fak.create_session()
-    gate = fak_output_guardrail(session)
 
-    @function_tool(tool_output_guardrails=[gate])
+    @function_tool(tool_input_guardrails=[fak_input_guardrail(session)],
+                   tool_output_guardrails=[fak_output_guardrail(session)])
     def fetch(url: str) -> str:
         ...
 
-    agent = Agent(name="assistant", tools=[fetch])   # or: tools=guard_tools([fetch], session)
+    agent = Agent(name="assistant", tools=[fetch])   # or: tools=guard_tools([fetch, send_email], session)
 
-The Agents SDK runs tool output guardrails after a function tool returns and before
-its output reaches the model (``agents.tool_guardrails``). This one admits the output
-(``fak.sdk.gate``) and answers:
+**Before the tool runs** (input guardrail): the call (tool name, the JSON arguments
+string) is authorized by the session (``session.authorize_tool_call``: the policy's
+``tool_calls`` rules over the refs in attention, i.e. the tool outputs this session
+admitted and has not evicted). ``ALLOW``: ``allow``, the tool runs. ``DENY`` /
+``CONFIRM``: ``reject_content`` with a notice naming the verdict, the rule and the
+offending refs — the tool does not run and the model gets the notice as the call's
+result; with ``on_block="raise"``, ``raise_exception`` instead (the run stops with
+``ToolInputGuardrailTripwireTriggered``). ``output_info`` is the ``ToolCallDecisionOut``
+(in the run result's ``tool_input_guardrail_results``). The decision does not care which
+model made the call: here it is the framework's.
+
+**After the tool runs** (output guardrail): the output is admitted (``fak.sdk.gate``):
 
 - ``ALLOW`` (or an audit-only policy): ``allow`` — the model gets the original output;
 - ``REDACT``: ``reject_content`` with the redacted text, which the model gets instead;
@@ -29,9 +39,16 @@ its output reaches the model (``agents.tool_guardrails``). This one admits the o
 run result's ``tool_output_guardrail_results``. The session may be a ``Session``,
 ``LocalSession`` or ``AsyncSession``; a blocking one runs in a worker thread.
 
-What the guardrail does not do: it does not decide what the framework's model saw
-earlier, and it applies to function tools only (the Agents SDK runs no output
-guardrails for hosted tools such as web search).
+**The remedy is the framework's.** The framework's model context (its run items) is not
+fak's to evict. A DENY names the offending refs; each is the ``output_info.ref`` of an
+output guardrail result, so the application can drop those tool outputs from the
+items it sends the model next, and call ``session.evict_refs(decision.offending)`` so
+that fak's session (what the next authorization reads) matches. Until then every
+authorization of that tool is refused again.
+
+What the guardrails do not do: they apply to function tools only (the Agents SDK runs
+no tool guardrails for hosted tools such as web search), and they do not see what the
+framework's model was given other than through these tools.
 """
 
 from __future__ import annotations
@@ -40,19 +57,50 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from agents import FunctionTool, ToolGuardrailFunctionOutput, ToolOutputGuardrail, ToolOutputGuardrailData
+from agents import (
+    FunctionTool,
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrail,
+    ToolInputGuardrailData,
+    ToolOutputGuardrail,
+    ToolOutputGuardrailData,
+)
 
-from fak.sdk.gate import ascreen
+from fak.sdk.gate import aauthorize, ascreen, call_notice
 
-__all__ = ["fak_output_guardrail", "guard_tools"]
+__all__ = ["fak_input_guardrail", "fak_output_guardrail", "guard_tools"]
+
+OnBlock = Literal["reject", "raise"]
 
 
-def fak_output_guardrail(session: Any, *, on_block: Literal["reject", "raise"] = "reject",
+def _check(on_block: str) -> None:
+    if on_block not in ("reject", "raise"):
+        raise ValueError("on_block is 'reject' or 'raise'")
+
+
+def fak_input_guardrail(session: Any, *, on_block: OnBlock = "reject",
+                        name: str = "fak_authorization") -> ToolInputGuardrail[Any]:
+    """A ``ToolInputGuardrail`` authorizing each function-tool call through ``session``."""
+    _check(on_block)
+
+    async def fak_authorization(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        ctx = data.context
+        tool = getattr(ctx, "tool_name", None) or "tool"
+        d = await aauthorize(session, tool, getattr(ctx, "tool_arguments", None) or None)
+        if d.verdict == "ALLOW":
+            return ToolGuardrailFunctionOutput.allow(output_info=d)
+        if on_block == "raise":
+            return ToolGuardrailFunctionOutput.raise_exception(output_info=d)
+        return ToolGuardrailFunctionOutput.reject_content(call_notice(d), output_info=d)
+
+    return ToolInputGuardrail(guardrail_function=fak_authorization, name=name)
+
+
+def fak_output_guardrail(session: Any, *, on_block: OnBlock = "reject",
                          media_type: str | None = None, tags: Iterable[str] = (),
                          name: str = "fak_admission") -> ToolOutputGuardrail[Any]:
     """A ``ToolOutputGuardrail`` admitting each tool output through ``session``."""
-    if on_block not in ("reject", "raise"):
-        raise ValueError("on_block is 'reject' or 'raise'")
+    _check(on_block)
     tag_list = tuple(tags)
 
     async def fak_admission(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
@@ -67,13 +115,18 @@ def fak_output_guardrail(session: Any, *, on_block: Literal["reject", "raise"] =
     return ToolOutputGuardrail(guardrail_function=fak_admission, name=name)
 
 
-def guard_tools(tools: Iterable[Any], session: Any, **options: Any) -> list[Any]:
-    """Copies of ``tools`` whose function tools also run ``fak_output_guardrail(session)``
-    (after any guardrails they had); other tools are returned unchanged."""
-    guardrail = fak_output_guardrail(session, **options)
+def guard_tools(tools: Iterable[Any], session: Any, *, authorize: bool = True, on_block: OnBlock = "reject",
+                media_type: str | None = None, tags: Iterable[str] = ()) -> list[Any]:
+    """Copies of ``tools`` whose function tools also run ``fak_input_guardrail(session)``
+    (unless ``authorize=False``) and ``fak_output_guardrail(session)``, after any
+    guardrails they had; other tools are returned unchanged."""
+    check = fak_input_guardrail(session, on_block=on_block) if authorize else None
+    gate = fak_output_guardrail(session, on_block=on_block, media_type=media_type, tags=tags)
     out = []
     for tool in tools:
         if isinstance(tool, FunctionTool):
-            tool = dataclasses.replace(tool, tool_output_guardrails=[*(tool.tool_output_guardrails or []), guardrail])
+            inputs = [*(tool.tool_input_guardrails or []), *([check] if check else [])]
+            tool = dataclasses.replace(tool, tool_input_guardrails=inputs,
+                                       tool_output_guardrails=[*(tool.tool_output_guardrails or []), gate])
         out.append(tool)
     return out
