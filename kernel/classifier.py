@@ -22,7 +22,7 @@ from fak.policy.late import LateDetectorFailed, LateDetectorInvalid, LateFinding
 from fak.policy.schema import LateDetectorRule
 
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the config says
-_CACHE: dict[tuple[str, int], tuple[Any, Any]] = {}  # (folder, config mtime) -> (tokenizer, model)
+_CACHE: dict[str, tuple[int, Any, Any, threading.Lock]] = {}  # folder -> (config mtime, tokenizer, model, lock)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -35,9 +35,11 @@ def _transformers() -> Any:
     return transformers
 
 
-def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any, Any]:
-    """(tokenizer, model) of a sequence-classification folder, on CPU in eval mode; cached
-    per folder and config version, so a policy reload does not load the weights again."""
+def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any, Any, threading.Lock]:
+    """(tokenizer, model, tokenizer lock) of a sequence-classification folder, on CPU in eval
+    mode; cached per folder (the latest config version only), so a policy reload does not load
+    the weights again. A fast tokenizer's settings are shared state: callers tokenize under
+    the lock (concurrent calls fail with "Already borrowed"); the forward needs none."""
     folder = Path(path).expanduser()
     config_file = folder / "config.json"
     if not folder.is_dir():
@@ -45,10 +47,11 @@ def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any,
     if not config_file.is_file():
         raise LateDetectorInvalid(f"late detector {rule_id!r}: {str(folder)!r} is not a Hugging Face model "
                                   "folder (no config.json)")
-    key = (str(folder.resolve()), config_file.stat().st_mtime_ns)
+    key, mtime = str(folder.resolve()), config_file.stat().st_mtime_ns
     with _CACHE_LOCK:
-        if key in _CACHE:
-            return _CACHE[key]
+        cached = _CACHE.get(key)
+        if cached is not None and cached[0] == mtime:
+            return cached[1], cached[2], cached[3]
         tf = _transformers()
         try:
             config = tf.AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -67,8 +70,9 @@ def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any,
         except (OSError, ValueError) as exc:
             raise LateDetectorInvalid(f"late detector {rule_id!r}: cannot load {str(folder)!r}: {exc}") from exc
         model.to("cpu").float().eval()
-        _CACHE[key] = (tokenizer, model)
-        return tokenizer, model
+        lock = threading.Lock()
+        _CACHE[key] = (mtime, tokenizer, model, lock)
+        return tokenizer, model, lock
 
 
 def pick_label(id2label: dict[int, str], wanted: str | None, rule_id: str = "classifier") -> int:
@@ -98,7 +102,7 @@ class ClassifierDetector:
         if not rule.path:
             raise LateDetectorInvalid(f"late detector {rule.id!r}: a classifier needs 'path'")
         self.rule = rule
-        self.tokenizer, self.model = load_classifier(rule.path, rule.id)
+        self.tokenizer, self.model, self._tokenizer_lock = load_classifier(rule.path, rule.id)
         self.label_index = pick_label(self.model.config.id2label, rule.label, rule.id)
         self.label = str(self.model.config.id2label[self.label_index])
         self.max_length = self._max_length()
@@ -116,8 +120,9 @@ class ClassifierDetector:
         quarter of the model length (the tokenizer's own overflow with stride)."""
         if not text.strip():
             return []
-        enc = self.tokenizer(text, truncation=True, max_length=self.max_length, stride=self.max_length // 4,
-                             return_overflowing_tokens=True)
+        with self._tokenizer_lock:
+            enc = self.tokenizer(text, truncation=True, max_length=self.max_length, stride=self.max_length // 4,
+                                 return_overflowing_tokens=True)
         ids = enc["input_ids"]
         return [list(w) for w in ids] if ids and isinstance(ids[0], list) else [list(ids)]
 

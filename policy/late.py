@@ -144,6 +144,8 @@ class LateRunner:
         self._on_error = on_error
         self._queue: queue.Queue[LateJob] = queue.Queue(maxsize=queue_max)
         self._detectors: tuple[LateDetector, ...] = ()
+        self._running: dict[int, int] = {}  # id(detector) -> jobs running it now
+        self._retired: list[LateDetector] = []  # replaced, closed once no job runs them
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0  # submitted and not finished (queued or running)
@@ -158,9 +160,19 @@ class LateRunner:
     # --- configuration -------------------------------------------------------------
     def set_detectors(self, detectors: list[LateDetector]) -> None:
         """Swap the detector set at once (a policy reload): jobs that start after this run the
-        new set; a job already running finishes with the set it started with."""
+        new set; a job already running finishes with the set it started with. The runner owns
+        the detectors it is given: replaced ones are closed once no job runs them."""
         with self._lock:
+            keep = {id(d) for d in detectors}
+            self._retired += [d for d in self._detectors if id(d) not in keep]
             self._detectors = tuple(detectors)
+        self._reap()
+
+    def _reap(self) -> None:
+        with self._lock:
+            idle = [d for d in self._retired if not self._running.get(id(d))]
+            self._retired = [d for d in self._retired if self._running.get(id(d))]
+        close_detectors(idle)
 
     @property
     def detectors(self) -> tuple[LateDetector, ...]:
@@ -201,8 +213,8 @@ class LateRunner:
             return {**self._counts, "queued": self._queue.qsize(), "pending": self._pending}
 
     def close(self) -> None:
-        """Stop the workers and drop queued jobs (counted as dropped). A detection already
-        running is not interrupted; its worker exits when it returns."""
+        """Stop the workers, drop queued jobs (counted as dropped) and close the detectors. A
+        detection already running is not waited for; its result is ignored."""
         with self._lock:
             if self._closed:
                 return
@@ -215,8 +227,10 @@ class LateRunner:
                 self._counts["dropped"] += 1
                 self._pending -= 1
             self._idle.notify_all()
+            owned, self._detectors, self._retired = [*self._detectors, *self._retired], (), []
         for thread in self._threads:
             thread.join(timeout=0.5)
+        close_detectors(owned)
 
     # --- the worker side ---------------------------------------------------------------
     def _work(self) -> None:
@@ -236,7 +250,23 @@ class LateRunner:
                     self._idle.notify_all()
 
     def _run(self, job: LateJob) -> None:
-        for detector in self._detectors:
+        with self._lock:
+            detectors = self._detectors
+            for d in detectors:
+                self._running[id(d)] = self._running.get(id(d), 0) + 1
+        try:
+            self._run_with(job, detectors)
+        finally:
+            with self._lock:
+                for d in detectors:
+                    self._running[id(d)] -= 1
+                    if not self._running[id(d)]:
+                        del self._running[id(d)]
+            if self._retired:
+                self._reap()
+
+    def _run_with(self, job: LateJob, detectors: tuple[LateDetector, ...]) -> None:
+        for detector in detectors:
             rule = detector.rule
             if self._closed:
                 return

@@ -41,6 +41,10 @@ class Word:
         self.word, self.gate, self.fail_on, self.sleep = word, gate, fail_on, sleep
         self.seen: list[str] = []
         self.running = threading.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def detect(self, text: str) -> LateFinding | None:
         self.seen.append(text)
@@ -230,6 +234,25 @@ def test_set_detectors_swaps_the_set(rec: Recorder) -> None:
         r.close()
 
 
+def test_replaced_detectors_are_closed_once_no_job_runs_them(rec: Recorder) -> None:
+    gate = threading.Event()
+    old, new, kept = Word("old", "attack", gate=gate), Word("new", "attack"), Word("kept", "never")
+    r = _runner(rec, [kept, old])
+    try:
+        assert r.submit(_job("r1", "attack"))
+        assert old.running.wait(5)
+        r.set_detectors([kept, new])  # a reload while r1 runs with the old set
+        assert not old.closed  # still in use
+        gate.set()
+        assert r.wait_idle(5)
+        assert old.closed and not new.closed and not kept.closed
+        assert rec.fired == [("r1", "old")]  # r1 finished with the set it started with
+    finally:
+        gate.set()
+        r.close()
+    assert new.closed and kept.closed  # the runner owns what it was given
+
+
 def test_close_drops_queued_jobs_and_refuses_new_ones(rec: Recorder) -> None:
     gate = threading.Event()
     det = Word("w", "attack", gate=gate)
@@ -303,6 +326,20 @@ def test_classifier_in_the_runner_respects_max_bytes(classifier_dir: Path, rec: 
         assert r.submit(_job("none", "the flight is on time"))
         assert r.wait_idle(10)
         assert rec.fired == [("early", "cls")] and rec.errors == []
+    finally:
+        r.close()
+
+
+def test_classifier_shared_by_concurrent_workers(classifier_dir: Path, rec: Recorder) -> None:
+    """One cached model and tokenizer serve every worker: concurrent jobs, the verdicts of serial ones."""
+    r = _runner(rec, build_detectors([_classifier(classifier_dir)]), workers=4)
+    long_text = " ".join(["the flight is on time"] * 40)
+    try:
+        for i in range(24):
+            assert r.submit(_job(f"r{i}", long_text + (f" {TRIGGER}" if i % 3 == 0 else "")))
+        assert r.wait_idle(30)
+        assert rec.errors == []
+        assert sorted(ref for ref, _ in rec.fired) == sorted(f"r{i}" for i in range(0, 24, 3))
     finally:
         r.close()
 
