@@ -25,6 +25,7 @@ import json
 import pytest
 from api_server import live_server  # noqa: F401 - the fixture
 from kernel_facade_helpers import CLEAN, POISON
+from test_kernel_governance import INJECTION, POLICY
 
 from fak.sdk import Agent, AsyncClient, local, parse_tool_call
 from fak.sdk.agent import ToolCall, tool_instructions
@@ -287,3 +288,239 @@ def test_a_non_string_output_reaches_the_model_as_the_admitted_text(kernel) -> N
         assert out.verdict == "ALLOW" and not out.passed
         assert json.loads(out.text) == {"flight": "LH123", "status": "on time"}
         assert screen(s, "flight_status", "LH123 is on time.").passed  # a string is the admitted text itself
+
+
+# --- authorization before a tool runs (the governance policy of test_kernel_governance) ----------
+SYSTEM = "You are a billing assistant."
+USER = "Summarise my invoices."
+FETCH_URL = "https://invoices.example.com/q3"
+ARCHIVE = "billing-archive@example.net"
+
+
+def web_fetch(url: str) -> str:
+    """Fetch a web page (an untrusted tool under the policy: its output is the injection)."""
+    return INJECTION.decode()
+
+
+def _tool_call(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class _Outbox:
+    """``send_email`` and ``transfer_money`` that record every time they really run."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.paid: list[float] = []
+
+    def send_email(self, to: str, body: str = "") -> str:
+        """Send an email."""
+        self.sent.append(to)
+        return f"sent to {to}"
+
+    def transfer_money(self, amount: float) -> str:
+        """Transfer money."""
+        self.paid.append(amount)
+        return f"transferred {amount}"
+
+
+def _scripted_calls(session, calls: list[tuple[str, dict]]):  # noqa: ANN001, ANN202
+    """An Agents SDK ``Model``: one scripted function call per turn, then the fak session's model answers."""
+    from agents import Model, ModelResponse, Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    class ScriptedCalls(Model):
+        def __init__(self) -> None:
+            self.inputs: list = []
+
+        async def get_response(self, system_instructions, input, model_settings, tools, output_schema,  # noqa: A002, ANN001, ANN201
+                               handoffs, tracing, **_kw):
+            self.inputs.append(input)
+            n = len(self.inputs)
+            if n <= len(calls):
+                name, args = calls[n - 1]
+                item = ResponseFunctionToolCall(type="function_call", id=f"fc_{n}", call_id=f"call_{n}",
+                                                status="completed", name=name, arguments=json.dumps(args))
+            else:
+                text = await asyncio.to_thread(lambda: session.generate(max_tokens=4).text)
+                item = ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed",
+                                             content=[ResponseOutputText(type="output_text", text=text,
+                                                                         annotations=[])])
+            return ModelResponse(output=[item], usage=Usage(), response_id=None)
+
+        def stream_response(self, *a, **kw):  # noqa: ANN002, ANN003, ANN201
+            raise NotImplementedError
+
+    return ScriptedCalls()
+
+
+class TestAuthorizeBeforeRunning:
+    """Every adapter asks the session before a tool runs; the policy DENYs ``send_email`` while
+    an untrusted tool's output is in attention and wants a person for ``transfer_money``."""
+
+    @pytest.fixture
+    def settings(self, tmp_path, tiny_dir):
+        from fak import Settings
+
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(POLICY)
+        return Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy)
+
+    @pytest.fixture
+    def gov(self, fak):
+        s = fak.create_session()
+        s.append("system", SYSTEM)
+        return s
+
+    # fak.sdk.Agent
+    def test_agent_denied_call_is_remedied_exactly(self, fak, gov):
+        box = _Outbox()
+        agent = Agent(gov, tools={"web_fetch": web_fetch, "send_email": box.send_email}, instructions="",
+                      model=_script(_tool_call("web_fetch", url=FETCH_URL), _tool_call("send_email", to=ARCHIVE)))
+        result = agent.run(USER)
+
+        fetched, denied = result.steps
+        assert fetched.ran and fetched.decision.verdict == "ALLOW" and fetched.verdict == "ALLOW"  # undetected
+        assert box.sent == [] and not denied.ran and denied.result is None and denied.admission is None
+        d = denied.decision
+        assert (d.verdict, d.rule_id, d.offending) == ("DENY", "no-untrusted-before-send", [fetched.admission.ref])
+        assert denied.verdict == "DENY" and denied.remedied and denied.evicted.exactness == "bit-exact"
+        assert len(denied.evicted.segment_ids) == 2  # the tool output and the turn that made the call
+        assert not result.stopped and len(result.turns) == 3 and result.answer == result.turns[-1]
+
+        never = fak.create_session()  # the same appends and turns, without the injection
+        never.append("system", SYSTEM)
+        never.append("user", USER)
+        never.generate(max_tokens=4)  # the turn that called web_fetch (generated before the injection)
+        assert denied.evicted.fingerprint == never.info().fingerprint
+        answer = never.generate(max_tokens=4)  # the model asked again: the same turn as the never-saw session's
+        assert answer.text == result.answer and gov.info().fingerprint == answer.fingerprint
+        ledger = gov.ledger()
+        assert [x.state for x in ledger if x.ref == fetched.admission.ref] == ["evicted"]
+        assert fetched.admission.ref not in ledger[-1].provenance
+
+    def test_agent_confirm(self, gov):
+        asked = []
+
+        def person(answer: bool):  # noqa: ANN202
+            def confirm(call: ToolCall, decision) -> bool:  # noqa: ANN001
+                asked.append((call, decision.verdict, decision.rule_id))
+                return answer
+            return confirm
+
+        pay = _tool_call("transfer_money", amount=12.5)
+        for confirm, runs in ((None, False), (person(False), False), (person(True), True)):
+            box = _Outbox()
+            agent = Agent(gov, tools={"transfer_money": box.transfer_money}, instructions="", confirm=confirm,
+                          model=_script(pay), max_steps=1)
+            [step] = agent.run("Pay the invoice.").steps
+            assert step.decision.verdict == "CONFIRM" and step.decision.offending == []
+            assert step.ran is runs and box.paid == ([12.5] if runs else [])
+            if runs:
+                assert step.result == "transferred 12.5" and step.verdict == "ALLOW"
+            else:
+                assert step.verdict == "CONFIRM" and step.result == (
+                    "error: calling transfer_money needs a person's approval (rule payments-need-a-person); "
+                    "not given")
+                assert step.admission.verdict == "ALLOW"  # the error is the result the model sees
+            gov.evict_refs([step.admission.ref])  # an untrusted tool's output would DENY the next payment
+        want = ToolCall("transfer_money", {"amount": 12.5})
+        assert asked == [(want, "CONFIRM", "payments-need-a-person")] * 2
+
+    def test_agent_denied_without_refs_admits_an_error(self, tmp_path, tiny_dir, tiny_lm):
+        """``unlisted: DENY``: nothing to evict, so the call is refused like a failed one."""
+        from fak import Kernel, Settings
+
+        policy = tmp_path / "deny.yaml"
+        policy.write_text(POLICY.replace("unlisted: ALLOW", "unlisted: DENY"))
+        k = Kernel.open(Settings(data_dir=tmp_path / "deny", model_path=tiny_dir, chunk_size=16,
+                                 policy_path=policy), model=tiny_lm, progress=None)
+        try:
+            with local(kernel=k, tenant="acme") as fak:
+                s = fak.create_session()
+                ran = []
+                agent = Agent(s, tools={"get_weather": lambda city: ran.append(city) or "rain"}, instructions="",
+                              model=_script(_tool_call("get_weather", city="Boston")))
+                [step] = agent.run("Umbrella?").steps
+        finally:
+            k.close()
+        assert ran == [] and not step.ran and step.verdict == "DENY" and step.evicted is None
+        assert step.result == "error: the policy denies calling get_weather (rule unlisted)"
+        assert step.admission is not None and step.admission.admitted
+
+    # OpenAI Agents SDK
+    def test_agents_sdk_input_guardrail_in_a_run(self, gov):
+        from agents import Agent as SdkAgent
+        from agents import RunConfig, Runner, function_tool
+
+        from fak.sdk.openai_agents import guard_tools
+
+        box = _Outbox()
+        tools = guard_tools([function_tool(web_fetch), function_tool(box.send_email, name_override="send_email")],
+                            gov)
+        assert all(len(t.tool_input_guardrails) == 1 and len(t.tool_output_guardrails) == 1 for t in tools)
+        model = _scripted_calls(gov, [("web_fetch", {"url": FETCH_URL}), ("send_email", {"to": ARCHIVE})])
+        agent = SdkAgent(name="billing", instructions="Use the tools.", tools=tools, model=model)
+        result = asyncio.run(Runner.run(agent, USER, run_config=RunConfig(tracing_disabled=True)))
+
+        fetch_ok, send_no = (r.output for r in result.tool_input_guardrail_results)
+        [admitted] = [r.output.output_info for r in result.tool_output_guardrail_results]  # send_email never ran
+        assert fetch_ok.behavior["type"] == "allow" and fetch_ok.output_info.verdict == "ALLOW"
+        d = send_no.output_info
+        assert (d.verdict, d.rule_id, d.offending) == ("DENY", "no-untrusted-before-send", [admitted.ref])
+        assert send_no.behavior["type"] == "reject_content" and box.sent == []
+        seen = [i["output"] for i in model.inputs[2] if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        assert seen[0] == INJECTION.decode() and seen[1] == send_no.behavior["message"]
+        assert seen[1].startswith("[fak] The call of tool 'send_email' was not run: verdict DENY "
+                                  "(rule no-untrusted-before-send, offending refs ")
+        assert admitted.ref in seen[1]
+
+    def test_agents_sdk_input_guardrail_direct(self, gov):
+        """Run the guardrail as the Agents SDK does before a tool: allowed with nothing untrusted in
+        attention, rejected (or raising) once an untrusted output is admitted, allowed again after
+        the application drops the offending ref (``evict_refs``)."""
+        from agents import ToolInputGuardrailData
+        from agents.tool_context import ToolContext
+
+        from fak.sdk.openai_agents import fak_input_guardrail
+
+        reject, stop = fak_input_guardrail(gov), fak_input_guardrail(gov, on_block="raise")
+
+        def check(guardrail, name: str = "send_email", args: str = json.dumps({"to": ARCHIVE})):  # noqa: ANN001, ANN202
+            ctx = ToolContext(context=None, tool_name=name, tool_call_id="call_1", tool_arguments=args)
+            return asyncio.run(guardrail.run(ToolInputGuardrailData(context=ctx, agent=None)))
+
+        before = check(reject)
+        assert before.behavior["type"] == "allow" and before.output_info.verdict == "ALLOW"
+        ref = gov.admit("web_fetch", INJECTION).ref
+        after, raised = check(reject), check(stop)
+        assert after.behavior["type"] == "reject_content" and after.output_info.offending == [ref]
+        assert raised.behavior["type"] == "raise_exception" and raised.output_info.verdict == "DENY"
+        confirm = check(reject, "transfer_money", "")
+        assert confirm.output_info.verdict == "DENY"  # most restrictive of DENY and CONFIRM
+        gov.evict_refs(after.output_info.offending)
+        assert check(reject).behavior["type"] == "allow"
+        pay = check(reject, "transfer_money", '{"amount": 1}')
+        assert pay.output_info.verdict == "CONFIRM" and "A person must approve" in pay.behavior["message"]
+
+    # LangChain
+    def test_langchain_refuses_to_run_the_inner_tool(self, gov):
+        from langchain_core.messages import ToolMessage
+        from langchain_core.tools import tool
+
+        from fak.sdk.langchain import fak_tool
+
+        box = _Outbox()
+        fetch, send = fak_tool(tool(web_fetch), gov), fak_tool(tool(box.send_email), gov)
+        assert fetch.invoke({"url": FETCH_URL}) == INJECTION.decode()  # undetected, admitted
+        call = {"name": "send_email", "args": {"to": ARCHIVE}, "id": "call_1", "type": "tool_call"}
+        msg = send.invoke(call)
+        assert isinstance(msg, ToolMessage) and msg.content.startswith("[fak] The call of tool 'send_email' was not run")
+        assert asyncio.run(send.ainvoke({"to": ARCHIVE})).startswith("[fak]")
+        assert box.sent == [] and send.screened == []  # the inner tool never ran, nothing was admitted
+        ref = fetch.screened[0].admission.ref
+        assert [(d.verdict, d.offending) for d in send.decisions] == [("DENY", [ref])] * 2
+        assert [d.verdict for d in fetch.decisions] == ["ALLOW"]
+        gov.evict_refs([ref])  # the application dropped the page from its messages
+        assert send.invoke({"to": "me@example.com"}) == "sent to me@example.com" and box.sent == ["me@example.com"]
+        assert [s.verdict for s in send.screened] == ["ALLOW"] and send.decisions[-1].verdict == "ALLOW"
