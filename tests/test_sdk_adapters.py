@@ -524,3 +524,27 @@ class TestAuthorizeBeforeRunning:
         gov.evict_refs([ref])  # the application dropped the page from its messages
         assert send.invoke({"to": "me@example.com"}) == "sent to me@example.com" and box.sent == ["me@example.com"]
         assert [s.verdict for s in send.screened] == ["ALLOW"] and send.decisions[-1].verdict == "ALLOW"
+
+    def test_agents_sdk_input_guardrail_over_http(self, live_server):  # noqa: F811
+        """An ``AsyncSession`` of the real server: the input guardrail awaits the HTTP authorization."""
+        from agents import ToolInputGuardrailData, function_tool
+        from agents.tool_context import ToolContext
+
+        from fak.sdk.openai_agents import guard_tools
+
+        async def run() -> tuple:
+            async with AsyncClient(live_server.url, live_server.key("acme", "agent"), trust_env=False) as c:
+                s = await c.create_session()
+                [send] = guard_tools([function_tool(_Outbox().send_email, name_override="send_email")], s)
+                ctx = ToolContext(context=None, tool_name="send_email", tool_call_id="call_1",
+                                  tool_arguments=json.dumps({"to": ARCHIVE}))
+                [guardrail] = send.tool_input_guardrails
+                before = await guardrail.run(ToolInputGuardrailData(context=ctx, agent=None))
+                ref = (await s.admit("web_fetch", INJECTION)).ref
+                after = await guardrail.run(ToolInputGuardrailData(context=ctx, agent=None))
+                return before, after, ref
+
+        before, after, ref = asyncio.run(run())
+        assert before.behavior["type"] == "allow" and before.output_info.verdict == "ALLOW"
+        assert after.behavior["type"] == "reject_content" and after.output_info.offending == [ref]
+        assert ref in after.behavior["message"]
