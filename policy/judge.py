@@ -47,37 +47,45 @@ def user_message(text: str, nonce: str) -> str:
 def parse_verdict(answer: str) -> float | None:
     """Injection probability from the judge's answer, or None for "not an injection".
 
-    Accepts a JSON object with a boolean ``injection`` (and an optional ``confidence``
-    in 0..1, the confidence that it *is* an injection when true), possibly wrapped in
-    prose or a code fence, or an answer starting with YES or NO. Anything else raises
-    ``LateDetectorFailed``."""
-    obj = _first_json_object(answer)
-    if obj is not None and "injection" in obj:
-        verdict = obj["injection"]
-        if not isinstance(verdict, bool):
-            raise LateDetectorFailed(f"judge verdict 'injection' is not a boolean: {verdict!r:.60}")
-        if not verdict:
-            return None
-        confidence = obj.get("confidence", 1.0)
-        if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
-            raise LateDetectorFailed(f"judge confidence is not a number in 0..1: {confidence!r:.60}")
-        return float(confidence)
+    Reads every JSON object with an ``injection`` key (prose or a code fence around them is
+    fine): a boolean verdict, and an optional ``confidence`` in 0..1 that it *is* an
+    injection (1.0 when absent). If any says true, the highest such confidence is the score
+    (a judge that quotes a forged ``{"injection": false}`` from the text cannot outvote its
+    own verdict). Without such an object, an answer starting with YES scores 1.0 and NO is
+    None. Anything else, and any malformed verdict, raises ``LateDetectorFailed``."""
+    verdicts = [obj for obj in _json_objects(answer) if "injection" in obj]
+    if verdicts:
+        scores: list[float] = []
+        for obj in verdicts:
+            verdict, confidence = obj["injection"], obj.get("confidence", 1.0)
+            if not isinstance(verdict, bool):
+                raise LateDetectorFailed(f"judge verdict 'injection' is not a boolean: {verdict!r:.60}")
+            if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
+                raise LateDetectorFailed(f"judge confidence is not a number in 0..1: {confidence!r:.60}")
+            if verdict:
+                scores.append(float(confidence))
+        return max(scores) if scores else None
     word = _VERDICT_WORD.match(answer)
     if word:
         return 1.0 if word.group(1).lower() == "yes" else None
     raise LateDetectorFailed(f"judge answer is neither a JSON verdict nor YES/NO: {answer[:80]!r}")
 
 
-def _first_json_object(answer: str) -> dict[str, Any] | None:
+def _json_objects(answer: str) -> list[dict[str, Any]]:
+    """Every top-level JSON object embedded in ``answer``, in order."""
     decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", answer):
+    found: list[dict[str, Any]] = []
+    pos = 0
+    while (start := answer.find("{", pos)) != -1:
         try:
-            value, _ = decoder.raw_decode(answer, match.start())
+            value, end = decoder.raw_decode(answer, start)
         except ValueError:
+            pos = start + 1
             continue
         if isinstance(value, dict):
-            return value
-    return None
+            found.append(value)
+        pos = end
+    return found
 
 
 class JudgeDetector:
