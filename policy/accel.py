@@ -10,11 +10,13 @@ Contract (tests/test_policy_triage.py): ``findings`` here equals
   matching its UTF-8 bytes, case ignored. So wherever the Python regex matches, the
   native pattern reports a match ending at the same byte.
 * folding changes only non-ASCII characters; every non-ASCII run whose folded form
-  differs is a trigger too (found with a byte regex, not Hyperscan).
+  differs is a trigger too.
 * around each hit a region reaches back the longest match its pattern can have (for a
   trigger: ``MARGIN`` either way); regions are merged and widened to whole lines. Every
   view transform is line-local and lookarounds look one character past a match, so the
   reference path run on a region's bytes sees what it sees there in the whole input.
+* a signature hit alone needs only that signature on its region's text (no other view
+  differs from the folded text there); decoded runs are scanned with every signature.
 * the decoding budget is spent in input order in both paths: every base64/hex run
   triggers, so every run lies in a region, and regions are scanned in order.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from typing import NamedTuple
 from re import _constants as C  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 
@@ -41,10 +44,13 @@ try:
 except ImportError:  # pragma: no cover - depends on the platform
     hyperscan = None
 
-REPEAT_CAP = 24  # repeats bounded above this become unbounded (cheaper to compile, still a superset)
+# Repeats bounded above this become unbounded (still a superset). Small on purpose: the
+# Hyperscan of python-hyperscan 0.9.1 misses ``a[x ]{0,15}e?bcd`` in ``qqqqqqqqqqqqqqqqaebcd``
+# (a bounded repeat of 15 or more, then an optional atom, after 15 or more bytes); unbounded
+# repeats do not (tests/test_policy_triage.py keeps the case).
+REPEAT_CAP = 4
 WIDTH_CAP = 1 << 15  # widest match a region is sized for
 MAX_HITS = 20000  # native hits after which a region map costs more than scanning everything
-WHOLE_SHARE = 0.5  # when regions cover more than this share of the input, scan it whole
 
 
 def available() -> bool:
@@ -119,6 +125,8 @@ def _emit(tree, dotall: bool) -> bytes:
             lo = min(lo, REPEAT_CAP)
             bound = b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
             out.append(b"(?:" + _emit(sub, dotall) + b")" + bound)
+        elif op is C.AT and av is C.AT_BEGINNING_LINE:
+            out.append(b"^")  # compiled with HS_FLAG_MULTILINE: after a line break or at the start
         elif op in (C.AT, C.ASSERT, C.ASSERT_NOT):
             continue  # dropping an assertion only widens the match set
         else:
@@ -132,6 +140,36 @@ def superset(rx: re.Pattern[str]) -> bytes:
     return _emit(sre_parse.parse(rx.pattern, rx.flags), bool(rx.flags & re.DOTALL))
 
 
+def _lines(tree) -> int:
+    """How many line breaks a match of ``tree`` can hold (``WIDTH_CAP`` for unbounded)."""
+    total = 0
+    for op, av in tree:
+        if op is C.LITERAL:
+            n = int(av == 10)
+        elif op in (C.NOT_LITERAL, C.ANY):
+            n = int(av != 10) if op is C.NOT_LITERAL else 0
+        elif op is C.IN:
+            n = int(re.compile(_class(av).decode("latin-1").encode().decode("unicode_escape")).match("\n") is not None)
+        elif op is C.BRANCH:
+            n = max(_lines(alt) for alt in av[1])
+        elif op is C.SUBPATTERN:
+            n = _lines(av[3])
+        elif op is C.ATOMIC_GROUP:
+            n = _lines(av)
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+            inner = _lines(av[2])
+            n = 0 if not inner else WIDTH_CAP if av[1] is C.MAXREPEAT else inner * av[1]
+        else:
+            n = 0
+        total += n
+    return min(total, WIDTH_CAP)
+
+
+def lines(rx: re.Pattern[str]) -> int:
+    """How many line breaks a match of ``rx`` can span."""
+    return _lines(sre_parse.parse(rx.pattern, rx.flags))
+
+
 def width(rx: re.Pattern[str]) -> int:
     """The longest match of ``rx`` in characters (at most ``WIDTH_CAP``)."""
     return min(WIDTH_CAP, sre_parse.parse(rx.pattern, rx.flags).getwidth()[1])
@@ -141,8 +179,13 @@ def width(rx: re.Pattern[str]) -> int:
 
 # Where a derived view may differ from the text: a de-spaced run, escapes, and the start
 # of a base64 or hex run (once per run: the region, whole lines, holds the rest of it).
-_TRIGGERS = [superset(normalize._RUN), superset(normalize._PCT), superset(normalize._ENT),
-             rb"(?:^|[^A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24}", rb"(?:^|[^0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12}"]
+_PAYLOAD_TRIGGERS = {3, 4}  # indexes in _TRIGGERS of the base64 and hex runs
+_CHAR = rb"(?:[\x21-\x7e]|[\x80-\xff]{1,4})"  # one character that is not a blank
+_TRIGGERS = [rb"(?:^|[^A-Za-z0-9_]|\\[nrt])(?:" + _CHAR + rb"[ \t]{1,6}){3}" + _CHAR + rb"(?:[^A-Za-z0-9_]|$)",
+             superset(normalize._PCT), superset(normalize._ENT),
+             rb"(?:^|[^A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24}", rb"(?:^|[^0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12}",
+             rb"(?:^|[\x00-\x7f])[\x80-\xff]"]  # the first byte of a non-ASCII run
+_NON_ASCII_TRIGGER = 5
 
 
 class _Native:
@@ -154,13 +197,12 @@ class _Native:
         self.ids = [s.id for s in sigs]
         self.count = len(sigs)
         self.widths = [width(s.regex) for s in sigs]
-        fold_widths = [w for s, w in zip(sigs, self.widths, strict=True) if s.on == "folded"]
-        # a trigger's region: what a folded match around it can span (a de-spaced view is up to 7x shorter)
-        self.margin = 8 * max(fold_widths) + 64
+        # a trigger's region: its line and as many lines either side as a folded match can span
+        self.margin = max(lines(s.regex) for s in sigs if s.on == "folded")
         patterns = [superset(s.regex) for s in sigs] + _TRIGGERS
+        flags = [hyperscan.HS_FLAG_CASELESS | (hyperscan.HS_FLAG_MULTILINE if b"^" in p else 0) for p in patterns]
         self.db = hyperscan.Database()
-        self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns),
-                        flags=[hyperscan.HS_FLAG_CASELESS] * len(patterns))
+        self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns), flags=flags)
         self._local = threading.local()
 
     def hits(self, data: bytes) -> dict[int, list[int]] | None:
@@ -212,38 +254,89 @@ def _changes(run: bytes) -> bool:
     return found
 
 
-def regions(data: bytes) -> list[tuple[int, int]] | None:
-    """Byte ranges (whole lines, merged, in order) that hold every finding of ``data``;
-    [] when it is clean, None when scanning it whole is cheaper."""
+def _line_start(data: bytes, pos: int, before: int = 0) -> int:
+    """Start of the line holding ``pos``, ``before`` lines further back."""
+    pos = data.rfind(b"\n", 0, max(0, pos))
+    for _ in range(before):
+        if pos < 0:
+            break
+        pos = data.rfind(b"\n", 0, pos)
+    return pos + 1
+
+
+def _line_end(data: bytes, pos: int, after: int = 0) -> int:
+    """End (past its line break) of the line holding ``pos``, ``after`` lines further on."""
+    pos = data.find(b"\n", min(len(data), max(0, pos)))
+    for _ in range(after):
+        if pos < 0:
+            break
+        pos = data.find(b"\n", pos + 1)
+    return len(data) if pos < 0 else pos + 1
+
+
+class Region(NamedTuple):
+    """Whole lines of the input, and the signatures to run on its text (None: all, because a
+    view other than the folded text, or folding itself, changes something there). Text
+    decoded from a base64 or hex run is new: every signature runs on it."""
+
+    start: int
+    end: int
+    only: frozenset[str] | None
+
+
+def regions(data: bytes) -> list[Region] | None:
+    """Regions (merged, in order) that hold every finding of ``data``; [] when it is clean,
+    None when scanning it whole is cheaper. A signature's hit needs the lines from its
+    longest match back to its end; a trigger (a view's or a folded character's) needs its
+    line and ``margin`` lines either side, and every signature."""
     db = native()
     hits = db.hits(data)
     if hits is None:
         return None
-    spans: list[tuple[int, int]] = []
     wide = not data.isascii()
+    points: list[tuple[int, int, str | None]] = []  # (first byte, last byte, signature id or None for a trigger)
     for pid, ends in hits.items():
         if pid < db.count:
-            back = db.widths[pid] * (4 if wide else 1) + 1
-            spans.extend((e - back, e + 1) for e in ends)
+            back = db.widths[pid] * (4 if wide else 1) + 2
+            sid = db.ids[pid]
+            points.extend((max(0, e - back), e, sid) for e in ends)
+        elif pid - db.count == _NON_ASCII_TRIGGER:  # folding changes only non-ASCII runs: those it changes
+            for e in ends:
+                m = _NON_ASCII.match(data, e - 1)
+                if _changes(m.group()):
+                    points.append((m.start(), m.end() - 1, None))
+        elif pid - db.count in _PAYLOAD_TRIGGERS:  # a run decoded into a text of its own: its line is enough
+            points.extend((e - 1, e - 1, "") for e in ends)
         else:
-            spans.extend((e - db.margin, e + db.margin) for e in ends)
-    if wide:
-        spans.extend((m.start() - 4 * db.margin, m.end() + 4 * db.margin)
-                     for m in _NON_ASCII.finditer(data) if _changes(m.group()))
-    if not spans:
+            points.extend((e - 1, e - 1, None) for e in ends)
+    if not points:
         return []
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(spans):
-        lo = data.rfind(b"\n", 0, max(0, lo)) + 1
-        hi = data.find(b"\n", min(len(data), hi))
-        hi = len(data) if hi < 0 else hi + 1
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
+    points.sort(key=lambda p: p[0])
+    k = db.margin
+    out: list[list] = []  # [start, end, signature ids or None]
+    line_done = -1  # end of the last line a trigger's margin was taken from
+    for lo, hi, sid in points:
+        if sid is None:
+            if lo < line_done:
+                if out[-1][2] is not None:
+                    out[-1][2] = None
+                continue
+            start, end = _line_start(data, lo, k), _line_end(data, hi, k)
+            line_done = _line_end(data, hi)
         else:
-            out.append((lo, hi))
-    if sum(hi - lo for lo, hi in out) > WHOLE_SHARE * len(data):
-        return None
-    return out
+            if out and hi < out[-1][1]:
+                if out[-1][2] is not None and sid:
+                    out[-1][2].add(sid)
+                continue
+            start, end = _line_start(data, lo), _line_end(data, hi)
+        if out and start < out[-1][1]:
+            last = out[-1]
+            last[1] = max(last[1], end)
+            if last[2] is not None:
+                last[2] = None if sid is None else last[2] | {sid} if sid else last[2]
+        else:
+            out.append([start, end, None if sid is None else {sid} if sid else set()])
+    return [Region(lo, hi, None if only is None else frozenset(only)) for lo, hi, only in out]
 
 
 def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536
@@ -256,8 +349,9 @@ def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: 
         return reference.findings(data, detectors, max_depth, max_decoded)
     out: dict[str, list[Finding]] = {}
     budget = [max_decoded]
-    for lo, hi in found:
-        for name, items in reference.findings(data[lo:hi], detectors, max_depth, budget=budget).items():
+    for lo, hi, only in found:
+        scan = reference.Scan(data[lo:hi], max_depth, budget)
+        for name, items in reference.run(scan, detectors, only).items():
             out.setdefault(name, []).extend(
                 Finding(f.detector, f.family, f.name, f.score, f.start + lo, f.end + lo, f.exact, f.layer)
                 for f in items)

@@ -218,7 +218,10 @@ def normalize(text: str) -> str:
 
 
 _PCT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
-_ENT = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[a-zA-Z][a-zA-Z0-9]{1,31});")
+# Numeric references, and the named ones of the punctuation markers are made of (``&lt;|im_start|&gt;``);
+# ``&amp;``, ``&nbsp;`` and the like, everywhere in HTML, hide nothing a signature looks for.
+_ENT = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|(?i:lt|gt|quot|apos|vert|verbar|lsqb|rsqb|lbrack|rbrack"
+                  r"|lcub|rcub|lbrace|rbrace|colon|sol|bsol|num|excl|lpar|rpar|lowbar|dollar|commat|equals|newline));")
 
 
 def unescape_view(parent: View) -> View | None:

@@ -16,7 +16,6 @@ from fak.policy.normalize import fold
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = load_policy(ROOT / "examples/policies/default.yaml")
-STRICT = load_policy(ROOT / "examples/policies/strict.yaml")
 
 # Bytes biased towards the tricky parts: encodings, invisible characters, markup.
 FRAGMENTS = st.sampled_from([
@@ -26,10 +25,10 @@ FRAGMENTS = st.sampled_from([
 INPUTS = st.one_of(st.binary(max_size=4096), st.lists(FRAGMENTS, max_size=60).map(b"".join))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(INPUTS)
 def test_gate_never_raises_and_spans_are_in_bounds(data):
-    for policy in (DEFAULT, STRICT):
+    for policy in (DEFAULT,):
         v = gate(policy, "web_fetch", data)
         assert v.kind in VerdictKind and v.policy_digest == policy.digest
         for m in v.matches:
@@ -69,34 +68,20 @@ def test_committed_corpus_matches_its_generator():
 
 
 TEXTS = st.lists(st.sampled_from(["a", "B", " ", "\u200b", "ﬁ", "é", "Ａ", "\u0301", "\U000e0041", "\udcff", "—", "ß",
-                                  "İ", "😀", "ǅ", "\ufe0f", "x"]), max_size=40).map("".join)
+                                  "İ", "😀", "ǅ", "\ufe0f", "x", "\n"]), max_size=40).map("".join)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(TEXTS)
-def test_sparse_position_maps_agree_with_the_cumulative_arrays(text):
-    """``Shifts`` (built from the changed characters only) maps positions exactly as the
-    cumulative arrays over every character do: folded text back to its parent, characters
-    to UTF-8 bytes."""
-    from fak.policy.normalize import char_byte_offsets, fold_offsets, fold_shifts, utf8_shifts
+def test_fold_view_maps_every_position_to_the_character_it_came_from(text):
+    """Each folded character maps back to the one character whose fold produced it."""
+    from fak.policy.normalize import View, fold_char, fold_view
 
-    cum, sparse = fold_offsets(text), fold_shifts(text)
-    for pos in range(len(fold(text)) + 1):
-        assert sparse.back(pos) == int(cum.searchsorted(pos, side="right")) - 1
-    cum, sparse = char_byte_offsets(text), utf8_shifts(text)
-    for i in range(len(text) + 1):
-        assert sparse.forward(i) == int(cum[i])
-
-
-@settings(max_examples=50, deadline=None)
-@given(TEXTS, st.integers(1, 200))
-def test_fold_of_long_text_is_per_character(text, times):
-    """Long text finds its non-ASCII runs another way (vectorised): the fold is still the
-    per-character one."""
-    from fak.policy.normalize import _TABLE
-
-    long = (text + "plain ASCII words ") * times
-    assert fold(long) == "".join(ch.lower() if ord(ch) < 128 else _TABLE[ord(ch)] for ch in long)
+    view = fold_view(View(text, "text"))
+    assert view.text == "".join(fold_char(c) if ord(c) >= 128 else c.lower() for c in text)
+    for pos in range(len(view.text)):
+        start, end, _ = view.to_parent(pos, pos + 1)
+        assert end == start + 1 and view.text[pos] in fold_char(text[start]).lower() + text[start].lower()
 
 
 @settings(max_examples=150, deadline=None)
@@ -122,7 +107,7 @@ def test_base64_decoding_is_the_standard_library_s(run):
 
 
 def test_base64_of_hex_digits_cannot_spell_an_instruction():
-    """Why ``decoded_payloads`` decodes a run of hex digits as hex only: every byte that
+    """Why ``payloads`` decodes a run of hex digits as hex only: every byte that
     base64 made of hex digits can decode to, at each position of a 3-byte group, leaves out
     the letters e and r (and b c d j, H-L R-U X Y) everywhere, so no English instruction fits."""
     import itertools
@@ -137,45 +122,8 @@ def test_base64_of_hex_digits_cannot_spell_an_instruction():
     letters = {chr(b) for b in reachable if chr(b).isascii() and chr(b).isalpha()}
     assert not letters & set("bcdejrHIJKLRSTUXY")
     assert "e" not in letters and "r" not in letters
-    from fak.policy.normalize import View, decoded_payloads
+    from fak.policy.normalize import payloads
 
     gibberish = "aF00" * 8  # hex digits that base64-decode to printable "h]4h]4…", and nothing more
     assert base64.b64decode(gibberish) == b"h]4" * 8
-    assert decoded_payloads(View(f'"id": "{gibberish}"', "text"), 1 << 20) == []  # tried as hex only
-
-
-def _string_spans(doc: str) -> list[tuple[int, int, bool]]:
-    """(content start, content end, is a key) of every string in a JSON text."""
-    out: list[tuple[int, int, bool]] = []
-    i = 0
-    while i < len(doc):
-        if doc[i] != '"':
-            i += 1
-            continue
-        j = i + 1
-        while doc[j] != '"':
-            j += 2 if doc[j] == "\\" else 1
-        out.append((i + 1, j, doc[j + 1 :].lstrip().startswith(":")))
-        i = j + 1
-    return out
-
-
-_JSON_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-_JSON_DOC = st.recursive(_JSON_TEXT | st.integers() | st.none(),
-                         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_JSON_TEXT, inner, max_size=4),
-                         max_leaves=12)
-
-
-@settings(max_examples=200, deadline=None)
-@given(_JSON_DOC, st.sampled_from([None, 2]), st.booleans())
-def test_json_string_start_finds_the_string_a_place_is_in(doc, indent, ascii_only):
-    """Every place inside a string value (of an object or an array) of a JSON text, compact
-    or pretty-printed, escaped or not, is found to lie in that string."""
-    from fak.policy.detectors import _json_string_start
-
-    text = json.dumps({"k": doc}, indent=indent, ensure_ascii=ascii_only)
-    for start, end, is_key in _string_spans(text):
-        if is_key:
-            continue
-        for at in range(start, end + 1):
-            assert _json_string_start(text, at) == start, (text, at)
+    assert payloads(f'"id": "{gibberish}"', [1 << 20]) == []  # tried as hex only
