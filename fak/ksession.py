@@ -104,6 +104,7 @@ class KernelSession:
         self._lock = threading.Lock()
         self._mech: Session | None = None
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
+        self._attention_cache: tuple[tuple[int, int, int, int], dict[str, str]] | None = None
         self.last_used = time.monotonic()
         if fresh:
             self._mech = self._new_mech()
@@ -504,10 +505,7 @@ class KernelSession:
         digest = args_digest(k._args_key(), args)
         self._before_use()
         with self._locked() as s:
-            attention: dict[str, None] = {}
-            for x in s.ledger.live():
-                attention.update(dict.fromkeys(x.provenance))
-            producers = {ref: k.producer_of(self.tenant, ref) for ref in attention}
+            producers = self._attention(s)
             decision = k.authorizer().decide(name, producers)
             event = DecisionEvent(
                 tenant=self.tenant, session_id=self.id, tool=_ident(name), args_digest=digest,
@@ -519,6 +517,19 @@ class KernelSession:
             index = k.audit.append(event)
         k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
         return replace(decision, audit_index=index)
+
+    def _attention(self, s: Session) -> dict[str, str]:
+        """Refs in the attention provenance of the live KV, each with the tool that produced
+        it; cached until the ledger changes: every change appends a segment or takes one out
+        of the live set, so (session object, segments, live segments, rows) names a state."""
+        live = s.ledger.live()
+        key = (id(s), len(s.ledger.segments), len(live), s.cache.length)
+        cached = self._attention_cache
+        if cached is None or cached[0] != key:
+            refs = sorted(frozenset().union(*(x.provenance for x in live)))
+            producers = {ref: self.kernel.producer_of(self.tenant, ref) for ref in refs}
+            cached = self._attention_cache = (key, producers)
+        return cached[1]
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"

@@ -1,0 +1,144 @@
+"""Tool-call authorization on SmolLM2: what ``authorize_tool_call`` costs with 100 refs in
+attention.
+
+    python bench/authorize.py [--json PATH] [--refs 100] [--calls 500]
+
+A session holds ``--refs`` tool results from ten tools (half of them ``untrusted``), so
+every decision looks at 100 refs in the attention provenance. Measured, each as p50/p99
+over ``--calls`` calls:
+
+* ``decide``: the policy decision alone (``Kernel.authorizer().decide``: rules for the
+  tool, trust of each ref's producer, offending refs) — the part that grows with refs;
+* ``authorize_tool_call``: the whole audited call (session lock, the attention set of
+  the live ledger, the producers, the decision, the arguments' keyed digest, the
+  ``ToolCallDecision`` audit event appended to the signed log);
+* the peer: one ``audit.append`` of an event of the same size alone, the floor of any
+  decision that is logged before it is acted on.
+
+The calls alternate between a tool a rule blocks (``send_email``: DENY, 50 offending
+refs) and one no rule names (``get_weather``: ALLOW).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import log, parser, report, target
+
+from fak import Kernel, Settings
+from fak.audit import ToolCallDecision
+from fak.kernel.loader import load_model
+
+POLICY = """\
+apiVersion: fak.dev/v1
+kind: Policy
+metadata: {name: bench-authorize}
+spec:
+  defaults: {trust: untrusted}
+  tools:
+    - {name: "crm_*", trust: internal}
+  tool_calls:
+    rules:
+      - id: no-untrusted-before-send
+        tools: [send_email, transfer_money, "shell_*"]
+        when_in_attention: {trust: [untrusted]}
+        verdict: DENY
+      - id: payments-need-a-person
+        tools: [transfer_money]
+        verdict: CONFIRM
+      - id: internal-before-export
+        tools: [export_*]
+        when_in_attention: {trust: [internal]}
+        verdict: CONFIRM
+"""
+TOOLS = [f"web_fetch_{i}" for i in range(5)] + [f"crm_lookup_{i}" for i in range(5)]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--refs", type=int, default=100)
+    ap.add_argument("--calls", type=int, default=500)
+    args = ap.parse_args(argv)
+    lm = load_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = Path(tmp) / "policy.yaml"
+        policy.write_text(POLICY)
+        k = Kernel.open(Settings(data_dir=Path(tmp) / "data", policy_path=policy, prefix_cache=False),
+                        model=lm, progress=None)
+        try:
+            ks = k.create_session("bench")
+            ks.append("system", "You are an operations assistant.")
+            log(f"admitting {args.refs} tool results ...")
+            for i in range(args.refs):
+                tool = TOOLS[i % len(TOOLS)]
+                adm = ks.admit(tool, f"Record {i}: order {1000 + i} shipped on day {i % 28 + 1}.".encode())
+                if not adm.admitted:
+                    raise SystemExit(f"result {i} was not admitted ({adm.verdict.rule_id})")
+            refs = ks.refs()
+            if len(refs) != args.refs:
+                raise SystemExit(f"{len(refs)} refs in attention, expected {args.refs}")
+            producers = {r: k.producer_of("bench", r) for r in refs}
+            auth = k.authorizer()
+            deny = auth.decide("send_email", producers)
+            if deny.verdict != "DENY" or len(deny.offending) != args.refs // 2:
+                raise SystemExit(f"unexpected decision: {deny.verdict} with {len(deny.offending)} offending")
+
+            log(f"{args.calls} decisions and {args.calls} audited calls ...")
+            decide, call, peer = [], [], []
+            names = ["send_email", "get_weather"]
+            for i in range(args.calls):
+                name = names[i % 2]
+                t0 = time.perf_counter()
+                auth.decide(name, producers)
+                decide.append(time.perf_counter() - t0)
+            verdicts = set()
+            for i in range(args.calls):
+                name = names[i % 2]
+                t0 = time.perf_counter()
+                d = ks.authorize_tool_call(name, {"to": "ops@example.com", "n": i})
+                call.append(time.perf_counter() - t0)
+                verdicts.add(d.verdict)
+                event = ToolCallDecision(tenant="bench", session_id=ks.id, tool=name, args_digest=deny.policy_digest,
+                                         verdict=d.verdict, rule_id=d.rule_id, offending=list(d.offending),
+                                         attention_refs=d.attention_refs, policy_digest=d.policy_digest)
+                t0 = time.perf_counter()
+                k.audit.append(event)
+                peer.append(time.perf_counter() - t0)
+        finally:
+            k.close()
+    us = 1e6
+    results = {
+        "refs_in_attention": args.refs,
+        "offending_on_deny": len(deny.offending),
+        "calls": args.calls,
+        "verdicts": sorted(verdicts),
+        "decide_us": {"p50": statistics.median(decide) * us, "p99": pct(decide, 0.99) * us},
+        "authorize_tool_call_us": {"p50": statistics.median(call) * us, "p99": pct(call, 0.99) * us},
+        "audit_append_alone_us": {"p50": statistics.median(peer) * us, "p99": pct(peer, 0.99) * us},
+        "authorize_minus_audit_append_p50_us": (statistics.median(call) - statistics.median(peer)) * us,
+        "ratio_call_to_audit_append_p50": statistics.median(call) / statistics.median(peer),
+    }
+    targets = [
+        target("decide p50 with 100 refs (us)", results["decide_us"]["p50"], 100, "<="),
+        target("authorize_tool_call p50, audit append excluded (us)",
+               results["authorize_minus_audit_append_p50_us"], 100, "<="),
+        target("authorize_tool_call p50, whole audited call (us)", results["authorize_tool_call_us"]["p50"],
+               100, "<="),
+    ]
+    for name, value in (("decide", results["decide_us"]), ("authorize_tool_call", results["authorize_tool_call_us"]),
+                        ("audit.append alone", results["audit_append_alone_us"])):
+        log(f"{name:<22} p50 {value['p50']:9.1f} us   p99 {value['p99']:9.1f} us")
+    report("authorize", results, targets, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
