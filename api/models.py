@@ -58,6 +58,8 @@ class ToolResultIn(Strict):
     content_b64: str | None = Field(None, description="the result as base64 bytes (any bytes)")
     media_type: str = "text/plain"
     tags: list[Id] = Field(default_factory=list, max_length=64)
+    source: str | None = Field(None, max_length=2048, description="the URL the result came from (policy rules, "
+                               "exceptions and trust may depend on its host)")
 
     @model_validator(mode="after")
     def _one(self) -> ToolResultIn:

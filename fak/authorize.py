@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fak.policy.schema import ToolCallRule
 
 CallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
+Producer = tuple[str, "str | None"]  # (tool name, source URL) of an admitted ref
 _SEVERITY = {"ALLOW": 0, "CONFIRM": 1, "DENY": 2}
 MAX_ARGS_BYTES = 1 << 20
 UNKNOWN_TOOL = "?"  # the producing tool of a ref the kernel has no record of: judged untrusted
@@ -88,8 +89,8 @@ class Authorizer:
         self.policy = policy
         self._tool_settings = tool_settings
         self._rules: dict[str, list[ToolCallRule]] = {}
-        self._trust: dict[str, str] = {}
-        self._match: dict[tuple[str, str], bool] = {}
+        self._trust: dict[Producer, str] = {}
+        self._match: dict[tuple[str, Producer], bool] = {}
 
     def rules_for(self, tool: str) -> list[ToolCallRule]:
         found = self._rules.get(tool)
@@ -100,30 +101,31 @@ class Authorizer:
                 self._rules[tool] = found
         return found
 
-    def trust_of(self, producer: str) -> str:
-        """Trust of the tool that produced a ref, under this policy (unknown: untrusted)."""
-        if producer == UNKNOWN_TOOL:
+    def trust_of(self, producer: Producer) -> str:
+        """Trust of a ref's producer (tool, source URL) under this policy, as the gate judges it
+        (a tool entry may give a trust level only to some source hosts); unknown: untrusted."""
+        if producer[0] == UNKNOWN_TOOL:
             return "untrusted"
         trust = self._trust.get(producer)
         if trust is None:
-            trust = self._tool_settings(self.policy, producer).trust
+            trust = self._tool_settings(self.policy, producer[0], producer[1]).trust
             if len(self._trust) < 4096:
                 self._trust[producer] = trust
         return trust
 
-    def _matches(self, rule: ToolCallRule, producer: str) -> bool:
+    def _matches(self, rule: ToolCallRule, producer: Producer) -> bool:
         key = (rule.id, producer)
         hit = self._match.get(key)
         if hit is None:
             cond = rule.when_in_attention
             assert cond is not None
-            hit = self.trust_of(producer) in cond.trust and any(fnmatchcase(producer, g) for g in cond.tools)
+            hit = self.trust_of(producer) in cond.trust and any(fnmatchcase(producer[0], g) for g in cond.tools)
             if len(self._match) < 65536:
                 self._match[key] = hit
         return hit
 
-    def decide(self, tool: str, attention: dict[str, str]) -> ToolCallDecision:
-        """``attention``: ref → the tool that produced it, for every ref in attention now."""
+    def decide(self, tool: str, attention: dict[str, Producer]) -> ToolCallDecision:
+        """``attention``: ref → its producer (tool, source URL), for every ref in attention now."""
         rules = self.rules_for(tool)
         spec = self.policy.spec
         if not rules:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from fak.policy.late import LateFinding, LateJob, LateRunner
     from fak.withdraw import QuarantineReport
 
+Producer = tuple[str, "str | None"]  # (tool name, source URL) of an admitted ref
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -93,7 +94,7 @@ class Kernel:
         self._closed = False
         # refs whose quarantine or expiry a busy session has still to apply (see fak.withdraw)
         self._pending_withdrawals: dict[str, dict[str, SegmentState]] = {}
-        self._producers: dict[tuple[str, str], str] = {}  # (tenant, ref) → the tool that produced it
+        self._producers: dict[tuple[str, str], Producer] = {}  # (tenant, ref) → (tool, source URL)
         self._authorizer: Authorizer | None = None
         self._late: LateRunner | None = None
         self._stop = threading.Event()
@@ -470,22 +471,23 @@ class Kernel:
             key = self._args_key_bytes = self.derive_key("tool-call-args")
         return key
 
-    def producer_of(self, tenant: str, ref: str) -> str:
-        """The tool that produced ``ref`` (``?`` if the kernel has no record: judged untrusted)."""
+    def producer_of(self, tenant: str, ref: str) -> Producer:
+        """The tool that produced ``ref`` and the URL it came from (``?``, None if the kernel
+        has no record: judged untrusted)."""
         from fak.authorize import UNKNOWN_TOOL
 
         key = (tenant, ref)
-        tool = self._producers.get(key)
-        if tool is None:
+        found = self._producers.get(key)
+        if found is None:
             meta = self.state.ref(tenant, ref)
-            tool = meta.tool if meta is not None else UNKNOWN_TOOL
-            self._note_producer(tenant, ref, tool)
-        return tool
+            found = (meta.tool, meta.source) if meta is not None else (UNKNOWN_TOOL, None)
+            self._note_producer(tenant, ref, found)
+        return found
 
-    def _note_producer(self, tenant: str, ref: str, tool: str) -> None:
+    def _note_producer(self, tenant: str, ref: str, producer: Producer) -> None:
         if len(self._producers) >= 65536:
             self._producers.clear()
-        self._producers[(tenant, ref)] = tool
+        self._producers[(tenant, ref)] = producer
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
         from fak.forget import resume

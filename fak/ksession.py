@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fak.policy import Verdict
 
 MAX_TEXT_BYTES = 1 << 20
+MAX_SOURCE = 2048  # characters of a tool result's source URL
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
 QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
 
@@ -104,7 +105,7 @@ class KernelSession:
         self._lock = threading.Lock()
         self._mech: Session | None = None
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
-        self._attention_cache: tuple[tuple[int, int, int, int], dict[str, str]] | None = None
+        self._attention_cache: tuple[tuple[int, int, int, int], dict[str, tuple[str, str | None]]] | None = None
         self.last_used = time.monotonic()
         if fresh:
             self._mech = self._new_mech()
@@ -363,14 +364,16 @@ class KernelSession:
 
     # --- tool results ---------------------------------------------------------
     def admit(
-        self, tool: str, data: bytes, *, media_type: str = "text/plain", tags: Sequence[str] = ()
+        self, tool: str, data: bytes, *, media_type: str = "text/plain", tags: Sequence[str] = (),
+        source: str | None = None,
     ) -> Admission:
         """A tool result's path into attention: CAS put → gate → verdict → audit event.
 
         ``ALLOW``: appended as a tool segment carrying the ref. ``REDACT``: the redacted
         bytes are stored as their own ref and appended. ``QUARANTINE``/``DENY``: recorded in
         the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
-        are admitted and the event records what the policy would have done."""
+        are admitted and the event records what the policy would have done. ``source``: the URL
+        the result came from (rules, exceptions and trust may depend on its host)."""
         from fak.audit import AdmissionVerdict
         from fak.policy import GateContext, Verdict, VerdictKind, gate
         from fak.withdraw import lifetime
@@ -381,6 +384,8 @@ class KernelSession:
         if not isinstance(tool, str) or not tool:
             raise InvalidInput("tool must be a non-empty string")
         tags = [check_id(t) for t in tags]
+        if source is not None and (not isinstance(source, str) or len(source) > MAX_SOURCE or not source.isprintable()):
+            raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
         k = self.kernel
         self._before_use()
         with self._locked() as s:
@@ -395,7 +400,8 @@ class KernelSession:
                                   policy_digest=policy.digest, tool=tool, input_bytes=len(data))
             else:
                 verdict = gate(policy, tool, data,
-                               GateContext(media_type=media_type, tenant=self.tenant, session=self.id, ref=ref))
+                               GateContext(media_type=media_type, source=source, tenant=self.tenant, session=self.id,
+                                           ref=ref))
             kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
             admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
             body, admitted_ref = data, (ref if admitted else None)
@@ -411,7 +417,7 @@ class KernelSession:
             )  # fmt: skip
             expires_us = None
             if admitted:
-                seconds, turns = lifetime(policy, tool, verdict)
+                seconds, turns = lifetime(policy, tool, verdict, source)
                 expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
             try:
                 if admitted:
@@ -431,16 +437,17 @@ class KernelSession:
             try:
                 if admitted and admitted_ref is not None:
                     k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
-                                       expires_us=expires_us)
+                                       expires_us=expires_us, source=source)
                     k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                    k._note_producer(self.tenant, admitted_ref, tool)
+                    k._note_producer(self.tenant, admitted_ref, (tool, source))
                     k._note_expiry(expires_us)
                     pending = k._pending_withdrawals.get(self.tenant)
                     if pending and pending.get(admitted_ref) is SegmentState.EXPIRED:
                         pending.pop(admitted_ref, None)  # admitted again: a new lifetime
                 if admitted_ref != ref:
-                    k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest)
-                    k._note_producer(self.tenant, ref, tool)
+                    k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
+                                       source=source)
+                    k._note_producer(self.tenant, ref, (tool, source))
                 if not admitted:
                     k.store.set_taint(ref, self.tenant, "quarantined")
                 self._persist()
@@ -449,17 +456,17 @@ class KernelSession:
                 raise
             k._notify("admission", tenant=self.tenant, verdict=verdict.kind.value)
             if admitted and admitted_ref is not None:
-                self._late_check(tool, admitted_ref, body)
+                self._late_check(tool, admitted_ref, body, source)
             return Admission(verdict, ref, admitted_ref, segment, index)
 
-    def _late_check(self, tool: str, ref: str, body: bytes) -> None:
+    def _late_check(self, tool: str, ref: str, body: bytes, source: str | None) -> None:
         k = self.kernel
         if k._late is None:
             return
         from fak.policy import tool_settings
         from fak.policy.late import LateJob
 
-        trust = tool_settings(k.policy, tool).trust
+        trust = tool_settings(k.policy, tool, source).trust
         k._submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
                                text=body.decode("utf-8", errors="replace"), admitted_at=time.time()))
 
@@ -518,7 +525,7 @@ class KernelSession:
         k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
         return replace(decision, audit_index=index)
 
-    def _attention(self, s: Session) -> dict[str, str]:
+    def _attention(self, s: Session) -> dict[str, tuple[str, str | None]]:
         """Refs in the attention provenance of the live KV, each with the tool that produced
         it; cached until the ledger changes: every change appends a segment or takes one out
         of the live set, so (session object, segments, live segments, rows) names a state."""

@@ -132,6 +132,9 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
             planned += [_unit("segment", x.id, sid) for x in _victims(mech, ref)]
     index = log(planned)
     mark()
+    # from here on, whoever takes a holder's lock first evicts the ref (KernelSession._settle)
+    table = k._pending_withdrawals.setdefault(tenant, {})
+    table[ref] = state
     units: list[dict[str, str]] = []
     pending: list[str] = []
     for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
@@ -140,12 +143,16 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
             units += evict_in_place(k, ks, ks._loaded(), {ref: state})
             continue
         try:
-            with ks._locked(wait=False) as s:
-                units += evict_in_place(k, ks, s, {ref: state})
+            ks._acquire(wait=False)
         except SessionBusy:
             pending.append(sid)
-    if pending:  # applied by each of them before its next use (KernelSession._settle)
-        k._pending_withdrawals.setdefault(tenant, {})[ref] = state
+            continue
+        try:
+            units += evict_in_place(k, ks, ks._loaded(), {ref: state})
+        finally:
+            ks._release()
+    if not pending and table.get(ref) is state:
+        table.pop(ref, None)
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
     mode = k.evict_mode()
@@ -153,7 +160,7 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
 
 
-def lifetime(policy: Policy, tool: str, verdict: Verdict) -> tuple[int | None, int | None]:
+def lifetime(policy: Policy, tool: str, verdict: Verdict, source: str | None = None) -> tuple[int | None, int | None]:
     """A ref's lifetime under ``policy``, in seconds and in model turns (None: unbounded):
     the shortest of the tool's ``expires``, the ``expires`` of every detector rule that fired
     on it, and ``retention.tool_result_ttl_s``."""
@@ -161,13 +168,10 @@ def lifetime(policy: Policy, tool: str, verdict: Verdict) -> tuple[int | None, i
 
     spec = policy.spec
     limits = []
-    settings = tool_settings(policy, tool)
-    if settings.rule_id.startswith("tool:"):
-        name = settings.rule_id[5:].split(":", 1)[0]
-        rule = next((t for t in spec.tools if t.name == name), None)
-        if rule is not None and rule.expires is not None:
-            limits.append(rule.expires)
-    fired = {m.rule_id for m in verdict.matches}
+    expires = tool_settings(policy, tool, source).expires  # the tool entry the gate chose
+    if expires is not None:
+        limits.append(expires)
+    fired = {m.rule_id for m in verdict.matches if not getattr(m, "audit", False)}  # audit rules change nothing
     limits += [r.expires for r in spec.detectors if r.id in fired and r.expires is not None]
     seconds = [e.seconds for e in limits if e.seconds is not None]
     if spec.retention.tool_result_ttl_s is not None:

@@ -83,9 +83,12 @@ def _sampling(max_tokens: int, min_tokens: int, temperature: float, top_p: float
             "seed": seed, "stream": stream}
 
 
-def tool_body(tool: str, content: str | bytes, media_type: str, tags: Sequence[str]) -> dict[str, Any]:
+def tool_body(tool: str, content: str | bytes, media_type: str, tags: Sequence[str],
+              source: str | None = None) -> dict[str, Any]:
     """A ``ToolResultIn`` body: text as ``content``, bytes as ``content_b64``."""
     body: dict[str, Any] = {"tool": tool, "media_type": media_type, "tags": list(tags)}
+    if source is not None:
+        body["source"] = source
     if isinstance(content, bytes | bytearray | memoryview):
         body["content_b64"] = base64.b64encode(bytes(content)).decode("ascii")
     else:
@@ -488,9 +491,10 @@ class Session:
         return self.client._call(Calls.append(self.id, role, content))
 
     def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-              tags: Sequence[str] = ()) -> AdmissionOut:
-        """Send a tool result through the admission gate: the verdict, the ref, the segment."""
-        return self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags)))
+              tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
+        """Send a tool result through the admission gate: the verdict, the ref, the segment.
+        ``source``: the URL it came from (policy rules and trust may depend on its host)."""
+        return self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
     def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
         """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
@@ -755,8 +759,8 @@ class AsyncSession:
         return await self.client._call(Calls.append(self.id, role, content))
 
     async def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-                    tags: Sequence[str] = ()) -> AdmissionOut:
-        return await self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags)))
+                    tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
+        return await self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
     async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
         return await self.client._call(Calls.evict(self.id, segment_id, mode, reason))

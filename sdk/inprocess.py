@@ -123,19 +123,20 @@ class LocalSession:
         return self._run(lambda ks: SegmentOut(**ks.append(body.role, body.content).summary()))
 
     def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-              tags: Sequence[str] = ()) -> AdmissionOut:
+              tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
         from fak.api.models import ToolResultIn
         from fak.api.routes.sessions import admission_out
         from fak.errors import InvalidInput
 
-        body = _validate(ToolResultIn, tool_body(tool, content, media_type, tags))
+        body = _validate(ToolResultIn, tool_body(tool, content, media_type, tags, source))
 
         def run(ks: KernelSession) -> AdmissionOut:
             try:
                 data = body.data()
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
-            return admission_out(ks.admit(body.tool, data, media_type=body.media_type, tags=body.tags))
+            return admission_out(ks.admit(body.tool, data, media_type=body.media_type, tags=body.tags,
+                                          source=body.source))
 
         return self._run(run)
 

@@ -29,7 +29,8 @@ def _flow(c) -> dict:  # noqa: ANN001 - Client or LocalClient
     s = c.create_session("gov")
     s.append("system", "You are a billing assistant.")
     s.append("user", "Summarise my invoices.")
-    out: dict = {"admitted": s.admit("web_fetch", INJECTION)}
+    out: dict = {"admitted": s.admit("web_fetch", INJECTION, source="https://pastebin.example.net/raw/x1")}
+    out["trusted_page"] = s.admit("web_fetch", b"Release notes: 4.2 ships Monday.", source="https://docs.example.com/")
     s.generate(max_tokens=4, min_tokens=4)
     out["deny"] = s.authorize_tool_call("send_email", {"to": "billing-archive@example.net"})
     out["confirm_json_string"] = s.authorize_tool_call("transfer_money", '{"amount": 12.5}')
@@ -53,9 +54,10 @@ def test_authorize_and_remedy_over_http_and_locally(live_server, tmp_path, tiny_
         http = _flow(c)
     d = http["deny"]
     assert (d.verdict, d.rule_id, d.offending) == ("DENY", "no-untrusted-before-send", [http["admitted"].ref])
+    assert d.attention_refs == 2  # the page from the trusted host is in attention and offends nothing
     assert http["confirm_json_string"].verdict == "DENY"
     assert len(http["evicted"].segment_ids) == 2 and http["evicted"].exactness == "bit-exact"
-    assert (http["allow"].verdict, http["allow"].attention_refs) == ("ALLOW", 0)
+    assert (http["allow"].verdict, http["allow"].attention_refs) == ("ALLOW", 1)
     assert http["confirm"].verdict == "CONFIRM" and http["confirm"].rule_id == "payments-need-a-person"
     assert http["info"].fingerprint == http["evicted"].fingerprint
 

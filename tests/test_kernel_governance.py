@@ -23,6 +23,7 @@ spec:
   defaults: {trust: untrusted}
   tools:
     - {name: weather, trust: trusted}
+    - {name: web_fetch, sources: ["docs.example.com", "*.docs.example.com"], trust: trusted}
     - {name: otp_inbox, trust: internal, expires: {turns: 1}}
     - {name: vault, trust: internal, expires: {seconds: 3600}}
   detectors:
@@ -125,6 +126,23 @@ def test_trust_comes_from_the_producing_tool(gov) -> None:
     assert s.fingerprint() == _never_saw(k, s)
 
 
+def test_trust_follows_the_source_host_as_the_gate_judged_it(gov) -> None:
+    """One tool, two sources: a page from a host the operator trusts does not block a send;
+    the same tool's page from anywhere else does (and a restart keeps the source)."""
+    k = gov
+    s = k.session("acme")
+    ours = s.admit("web_fetch", b"Release notes: version 4.2 ships on Monday.", source="https://docs.example.com/rn")
+    assert ours.verdict.trust == "trusted"
+    assert s.authorize_tool_call("send_email", {}).verdict == "ALLOW"
+    theirs = s.admit("web_fetch", INJECTION, source="https://pastebin.example.net/raw/x1")
+    d = s.authorize_tool_call("send_email", {})
+    assert d.verdict == "DENY" and d.offending == (theirs.ref,)
+    k._producers.clear()  # from the state database now, as after a restart
+    s._attention_cache = None
+    assert s.authorize_tool_call("send_email", {}).offending == (theirs.ref,)
+    assert k.state.ref("acme", ours.ref).source == "https://docs.example.com/rn"
+
+
 def test_audit_mode_policy_reports_what_it_would_do(tmp_path, tiny_dir, tiny_lm) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.replace("spec:\n", "spec:\n  mode: audit\n", 1))
@@ -195,8 +213,8 @@ def test_expiry_sweeper_runs_on_its_own(tmp_path, tiny_dir, tiny_lm) -> None:
         s.admit("vault", VAULT)
         s.append("user", "thanks")
         deadline = time.monotonic() + 10
-        while not events(k, "ref_expired") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while s.ledger()[0]["state"] == "live" and time.monotonic() < deadline:
+            time.sleep(0.05)  # reading the ledger takes the session's lock, as any use does
         assert [e.cause for e in events(k, "ref_expired")] == ["seconds"]
         assert [x["state"] for x in s.ledger()] == ["expired", "live"]
         assert s.fingerprint() == _never_saw(k, s)
@@ -242,5 +260,4 @@ def test_quarantine_of_a_busy_session_applies_before_its_next_use(gov) -> None:
     states = [(x["kind"], x["state"]) for x in s.ledger()]
     assert states[1] == ("tool", "quarantined") and all(st == "live" for kd, st in states if kd != "tool")
     assert s.fingerprint() == _never_saw(k, s)
-    assert not k._pending_withdrawals.get("acme") or s.id  # the table may keep the entry; it is inert
     assert sum(1 for x in s._loaded().ledger.live() if x.kind is SegmentKind.TOOL) == 0

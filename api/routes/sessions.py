@@ -60,7 +60,8 @@ def admit_tool_result(sid: str, body: m.ToolResultIn, who: Principal = Depends(A
         data = body.data()
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    a = _session(k, who, sid).admit(body.tool, data, media_type=body.media_type, tags=body.tags)
+    a = _session(k, who, sid).admit(body.tool, data, media_type=body.media_type, tags=body.tags,
+                                    source=body.source)
     return admission_out(a)
 
 

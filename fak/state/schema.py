@@ -66,6 +66,7 @@ class RefRow(Base):
     quarantine_reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
     expires_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)  # lifetime's end
     expired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # when its expiry was executed
+    source: Mapped[str | None] = mapped_column(String(2048), nullable=True)  # the URL it came from, if given
 
 
 class ForgetRow(Base):

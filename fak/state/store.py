@@ -124,7 +124,7 @@ class StateStore:
     # --- refs -----------------------------------------------------------------
     def record_ref(
         self, tenant: str, digest: str, tool: str, tags: Iterable[str], verdict: str, policy_digest: str,
-        expires_us: int | None = None,
+        expires_us: int | None = None, source: str | None = None,
     ) -> None:
         """Record an admission of ``digest``. Each admission is new evidence: it sets the ref's
         lifetime anew (``expires_us``; None: no lifetime) and clears an executed expiry."""
@@ -134,11 +134,12 @@ class StateStore:
                 seq = (s.scalar(sa.select(sa.func.max(RefRow.seq)).where(RefRow.tenant == tenant)) or 0) + 1
                 s.add(RefRow(tenant=tenant, digest=digest, tool=tool, tags=json.dumps(sorted(set(tags))),
                              admitted_us=now_us(), seq=seq, verdict=verdict, policy_digest=policy_digest,
-                             quarantined=False, expires_us=expires_us))
+                             quarantined=False, expires_us=expires_us, source=source))
             else:
                 row.tags = json.dumps(sorted(set(json.loads(row.tags)) | set(tags)))
                 row.verdict, row.policy_digest = verdict, policy_digest
                 row.expires_us, row.expired_us = expires_us, None
+                row.source = source if source is not None else row.source
 
     def ref(self, tenant: str, digest: str) -> RefRow | None:
         with self._session() as s:
