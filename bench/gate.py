@@ -156,7 +156,7 @@ def throughput(policy, rows: list[dict], label: str, target_bytes: int, family: 
     best = min(times)
     med = statistics.median(times)
     regions = accel.regions(data) if accel.available() else None
-    hot = len(data) if regions is None else sum(hi - lo for lo, hi in regions)
+    hot = len(data) if regions is None else sum(r.end - r.start for r in regions)
     return {"bytes": len(data), "median_s": med, "best_s": best, "mb_per_s": len(data) / med / 1e6,
             "mb_per_s_best": len(data) / best / 1e6, "hot_fraction": hot / len(data) if data else 0.0,
             "verdict": verdict.kind.value}

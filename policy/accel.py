@@ -17,6 +17,7 @@ Contract (tests/test_policy_triage.py): ``findings`` here equals
   reference path run on a region's bytes sees what it sees there in the whole input.
 * a signature hit alone needs only that signature on its region's text (no other view
   differs from the folded text there); decoded runs are scanned with every signature.
+* a decoded text with no hit at all holds no finding and no run: it is not scanned.
 * the decoding budget is spent in input order in both paths: every base64/hex run
   triggers, so every run lies in a region, and regions are scanned in order.
 
@@ -29,9 +30,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import NamedTuple
+from bisect import bisect_left
 from re import _constants as C  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
+from typing import NamedTuple
 
 from fak.policy import normalize, reference, signatures
 from fak.policy.detectors import Finding
@@ -50,6 +52,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 # repeats do not (tests/test_policy_triage.py keeps the case).
 REPEAT_CAP = 4
 WIDTH_CAP = 1 << 15  # widest match a region is sized for
+MERGE_GAP = 4096  # regions closer than this are scanned as one (fewer, larger scans cost less)
 MAX_HITS = 20000  # native hits after which a region map costs more than scanning everything
 
 
@@ -200,7 +203,10 @@ class _Native:
         # a trigger's region: its line and as many lines either side as a folded match can span
         self.margin = max(lines(s.regex) for s in sigs if s.on == "folded")
         patterns = [superset(s.regex) for s in sigs] + _TRIGGERS
-        flags = [hyperscan.HS_FLAG_CASELESS | (hyperscan.HS_FLAG_MULTILINE if b"^" in p else 0) for p in patterns]
+        # the encoded-run triggers report where they begin (``Region.starts``)
+        flags = [hyperscan.HS_FLAG_CASELESS | (hyperscan.HS_FLAG_MULTILINE if b"^" in p else 0)
+                 | (hyperscan.HS_FLAG_SOM_LEFTMOST if i - self.count in _PAYLOAD_TRIGGERS else 0)
+                 for i, p in enumerate(patterns)]
         self.db = hyperscan.Database()
         self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns), flags=flags)
         self._local = threading.local()
@@ -212,9 +218,10 @@ class _Native:
             scratch = self._local.scratch = hyperscan.Scratch(self.db)
         out: dict[int, list[int]] = {}
         total = [0]
+        som = {self.count + i for i in _PAYLOAD_TRIGGERS}
 
-        def on_match(pid: int, _from: int, to: int, _flags: int, _ctx: object) -> bool:
-            out.setdefault(pid, []).append(to)
+        def on_match(pid: int, start: int, to: int, _flags: int, _ctx: object) -> bool:
+            out.setdefault(pid, []).append((start, to) if pid in som else to)
             total[0] += 1
             return total[0] >= MAX_HITS
 
@@ -277,11 +284,15 @@ def _line_end(data: bytes, pos: int, after: int = 0) -> int:
 class Region(NamedTuple):
     """Whole lines of the input, and the signatures to run on its text (None: all, because a
     view other than the folded text, or folding itself, changes something there). Text
-    decoded from a base64 or hex run is new: every signature runs on it."""
+    decoded from a base64 or hex run is new: every signature runs on it; ``runs``: whether
+    the region holds such a run. A named signature need only be searched for in the lines
+    from its longest match before each of its hits to the hit."""
 
     start: int
     end: int
-    only: frozenset[str] | None
+    only: dict[str, list[tuple[int, int]]] | None  # signature id -> byte ranges around its hits
+    runs: bool = True
+    starts: tuple[list[int], list[int]] = ([], [])  # where base64 / hex runs may begin (relative)
 
 
 def regions(data: bytes) -> list[Region] | None:
@@ -295,6 +306,7 @@ def regions(data: bytes) -> list[Region] | None:
         return None
     wide = not data.isascii()
     points: list[tuple[int, int, str | None]] = []  # (first byte, last byte, signature id or None for a trigger)
+    run_starts: tuple[list[int], list[int]] = ([], [])  # where base64 and hex runs may begin
     for pid, ends in hits.items():
         if pid < db.count:
             back = db.widths[pid] * (4 if wide else 1) + 2
@@ -306,14 +318,17 @@ def regions(data: bytes) -> list[Region] | None:
                 if _changes(m.group()):
                     points.append((m.start(), m.end() - 1, None))
         elif pid - db.count in _PAYLOAD_TRIGGERS:  # a run decoded into a text of its own: its line is enough
-            points.extend((e - 1, e - 1, "") for e in ends)
+            kind = pid - db.count - min(_PAYLOAD_TRIGGERS)
+            for s, e in ends:
+                points.append((e - 1, e - 1, ""))
+                run_starts[kind].extend((s, s + 1))  # the match may begin with the byte before the run
         else:
             points.extend((e - 1, e - 1, None) for e in ends)
     if not points:
         return []
     points.sort(key=lambda p: p[0])
     k = db.margin
-    out: list[list] = []  # [start, end, signature ids or None]
+    out: list[list] = []  # [start, end, signature ids or None, holds an encoded run]
     line_done = -1  # end of the last line a trigger's margin was taken from
     for lo, hi, sid in points:
         if sid is None:
@@ -324,19 +339,71 @@ def regions(data: bytes) -> list[Region] | None:
             start, end = _line_start(data, lo, k), _line_end(data, hi, k)
             line_done = _line_end(data, hi)
         else:
-            if out and hi < out[-1][1]:
-                if out[-1][2] is not None and sid:
-                    out[-1][2].add(sid)
-                continue
             start, end = _line_start(data, lo), _line_end(data, hi)
-        if out and start < out[-1][1]:
+        # overlapping regions merge; near ones too when neither needs every signature
+        if out and (start < out[-1][1] or (start < out[-1][1] + MERGE_GAP and sid is not None and out[-1][2] is not None)):
             last = out[-1]
             last[1] = max(last[1], end)
-            if last[2] is not None:
-                last[2] = None if sid is None else last[2] | {sid} if sid else last[2]
+            last[3] |= not sid
+            if sid is None:
+                last[2] = None
+            elif sid and last[2] is not None:
+                last[2].setdefault(sid, []).append((lo, hi + 2))
         else:
-            out.append([start, end, None if sid is None else {sid} if sid else set()])
-    return [Region(lo, hi, None if only is None else frozenset(only)) for lo, hi, only in out]
+            out.append([start, end, None if sid is None else {sid: [(lo, hi + 2)]} if sid else {}, not sid])
+    regions = [Region(lo, hi, None if only is None else {sid: _merged(r) for sid, r in only.items()}, runs)
+               for lo, hi, only, runs in out]
+    return _with_starts(regions, run_starts)
+
+
+def _with_starts(regions: list[Region], run_starts: tuple[list[int], list[int]]) -> list[Region]:
+    """Each region with the run starts inside it, relative to its start."""
+    b64, hexes = sorted(run_starts[0]), sorted(run_starts[1])
+    out = []
+    for r in regions:
+        rel = tuple([p - r.start for p in found[bisect_left(found, r.start) : bisect_left(found, r.end)]]
+                    for found in (b64, hexes))
+        out.append(r._replace(starts=rel))
+    return out
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _char_ranges(text: bytes, ranges: list[tuple[int, int]], base: int) -> list[tuple[int, int]]:
+    """Byte ranges of ``text`` (offset by ``base``) as character ranges, each widened to whole
+    characters (an only-region folds character for character, so these are positions of
+    its folded text too)."""
+    wide: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        lo, hi = max(0, lo - base), min(len(text), hi - base)
+        while 0 < lo < len(text) and 0x80 <= text[lo] < 0xC0:
+            lo -= 1
+        while 0 < hi < len(text) and 0x80 <= text[hi] < 0xC0:
+            hi += 1
+        wide.append((lo, hi))
+    out: list[tuple[int, int]] = []
+    byte = char = 0
+    for lo, hi in _merged(wide):
+        char += len(text[byte:lo].decode("utf-8", "surrogateescape"))
+        start = char
+        char += len(text[lo:hi].decode("utf-8", "surrogateescape"))
+        byte = hi
+        out.append((start, char))
+    return out
+
+
+def _clean(data: bytes) -> bool:
+    """Whether no signature and no trigger matches anywhere in ``data`` (a decoded text:
+    then it holds no finding and nothing more to decode)."""
+    return native().hits(data) == {}
 
 
 def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536
@@ -349,8 +416,16 @@ def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: 
         return reference.findings(data, detectors, max_depth, max_decoded)
     out: dict[str, list[Finding]] = {}
     budget = [max_decoded]
-    for lo, hi, only in found:
-        scan = reference.Scan(data[lo:hi], max_depth, budget)
+    for lo, hi, only, runs, starts in found:
+        if only == {} and budget[0] <= 0:  # only encoded runs, and nothing left to decode them with
+            continue
+        text = data[lo:hi]
+        ascii_text = text.isascii()  # byte offsets are character offsets
+        scan = reference.Scan(text, max_depth, budget, derived=only is None, decode=only is None or runs,
+                              clean=_clean, starts=starts if ascii_text else None)
+        if only is not None:
+            only = {sid: [(a - lo, b - lo) for a, b in r] if ascii_text else _char_ranges(text, r, lo)
+                    for sid, r in only.items()}
         for name, items in reference.run(scan, detectors, only).items():
             out.setdefault(name, []).extend(
                 Finding(f.detector, f.family, f.name, f.score, f.start + lo, f.end + lo, f.exact, f.layer)

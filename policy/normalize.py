@@ -259,23 +259,43 @@ def _printable(text: str, share: float = 0.9) -> bool:
     """Mostly printable text (U+FFFD, a byte that was not UTF-8, does not count)."""
     if not text:
         return False
+    if "\ufffd" not in text and text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():
+        return True
     good = sum(c.isprintable() or c in "\n\r\t" for c in text) - text.count("\ufffd")
     return good >= share * len(text)
 
 
-def payloads(text: str, budget: list[int]) -> list[tuple[int, int, str, bytes]]:
+def _runs(rx: re.Pattern[str], text: str, starts: list[int] | None) -> list[re.Match[str]]:
+    """``rx.finditer(text)``, or its matches beginning at ``starts`` (a superset of where
+    they begin, as the accelerated path knows): runs are maximal, so both agree."""
+    if starts is None:
+        return list(rx.finditer(text))
+    out: list[re.Match[str]] = []
+    for start in sorted(set(starts)):
+        if out and start < out[-1].end():
+            continue
+        m = rx.match(text, start)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def payloads(text: str, budget: list[int], starts: tuple[list[int], list[int]] | None = None
+             ) -> list[tuple[int, int, str, bytes]]:
     """Base64 and hex runs of ``text`` that decode to mostly printable text, in order of
     position: (start, end, layer, decoded bytes). ``budget`` (a one-element list) is the
     decoded bytes still allowed; every run that decodes spends it, printable or not. A
     base64 run glued to a letter before it (``\\naWdu…`` in JSON) is also tried one to
-    three characters in."""
+    three characters in. ``starts``: where base64 and hex runs may begin (see ``_runs``)."""
+    if budget[0] <= 0:
+        return []
     runs: list[tuple[int, int, str]] = []
-    for m in _B64.finditer(text):
+    for m in _runs(_B64, text, None if starts is None else starts[0]):
         run = m.group()
         if (run.isalpha() and (run.islower() or run.isupper())) or not run.lstrip(_HEX_DIGITS):
             continue  # a long word, or hex digits only (decoded as hex below)
         runs.append((m.start(), m.end(), "base64"))
-    runs.extend((m.start(), m.end(), "hex") for m in _HEX.finditer(text))
+    runs.extend((m.start(), m.end(), "hex") for m in _runs(_HEX, text, None if starts is None else starts[1]))
     out: list[tuple[int, int, str, bytes]] = []
     for start, end, layer in sorted(runs):
         if budget[0] <= 0:
@@ -283,9 +303,9 @@ def payloads(text: str, budget: list[int]) -> list[tuple[int, int, str, bytes]]:
         run = text[start:end]
         if layer == "hex":
             digits = run.replace(" ", "").replace(":", "")
-            tries = [binascii.unhexlify(digits[: len(digits) // 2 * 2])]
+            tries = iter([binascii.unhexlify(digits[: len(digits) // 2 * 2])])
         else:
-            tries = [_b64(run[shift:]) for shift in range(4)]
+            tries = (_b64(run[shift:]) for shift in range(4))
         spent = False
         for shift, raw in enumerate(tries):
             if raw is None:

@@ -15,6 +15,9 @@ finds). For one input:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterator, Mapping
+
 import numpy as np
 
 from fak.policy import signatures
@@ -25,24 +28,35 @@ from fak.policy.normalize import View, despace_view, fold_view, payloads, unesca
 class Scan:
     """The views of one input, and the map from their positions to input bytes."""
 
-    def __init__(self, data: bytes, max_depth: int = 2, budget: list[int] | None = None) -> None:
+    def __init__(self, data: bytes, max_depth: int = 2, budget: list[int] | None = None,
+                 derived: bool = True, decode: bool = True, clean: Callable[[bytes], bool] | None = None,
+                 starts: tuple[list[int], list[int]] | None = None) -> None:
         self.data = data
         self.root = View(data.decode("utf-8", "surrogateescape"), "text")
         self.raw: list[View] = []  # case kept: the text, then decoded payloads
         self.folded: list[View] = []  # lower-case normal forms of each raw view, de-spaced, unescaped
         self._offsets: np.ndarray | None = None
-        self._expand(self.root, max_depth, budget if budget is not None else [65536])
+        # ``derived``/``decode`` False skip the input's own de-spaced and unescaped views / its
+        # encoded runs, and ``clean`` (decoded bytes -> no signature or view trigger can
+        # match) skips decoded texts, ``starts`` says where the input's encoded runs may begin:
+        # for the accelerated path, which knows
+        self._clean = clean
+        self._starts = starts
+        self._expand(self.root, max_depth, budget if budget is not None else [65536], derived, decode)
 
-    def _expand(self, view: View, max_depth: int, budget: list[int]) -> None:
+    def _expand(self, view: View, max_depth: int, budget: list[int], derived: bool = True,
+                decode: bool = True) -> None:
         self.raw.append(view)
         folded = fold_view(view)
         self.folded.append(folded)
-        for derived in (despace_view(folded), unescape_view(folded)):
-            if derived is not None:
-                self.folded.append(derived)
-        if view.depth >= max_depth:
+        for other in (despace_view(folded), unescape_view(folded)) if derived else ():
+            if other is not None:
+                self.folded.append(other)
+        if view.depth >= max_depth or not decode:
             return
-        for start, end, layer, raw in payloads(view.text, budget):
+        for start, end, layer, raw in payloads(view.text, budget, self._starts if view.depth == 0 else None):
+            if self._clean is not None and self._clean(raw):
+                continue
             child = View(raw.decode("utf-8", "replace"), layer, view, [(0, start, end, False)], view.depth + 1)
             self._expand(child, max_depth, budget)
 
@@ -62,20 +76,28 @@ class Scan:
         return int(self._offsets[start]), int(self._offsets[end]), exact
 
 
-def run(scan: Scan, detectors: set[str], only: frozenset[str] | None = None) -> dict[str, list[Finding]]:
+def run(scan: Scan, detectors: set[str], only: Mapping[str, list[tuple[int, int]] | None] | None = None
+        ) -> dict[str, list[Finding]]:
     """Findings per detector of every signature of ``detectors`` over ``scan``'s views,
     sorted by position; the same signature at the same bytes is reported once. ``only``
     (for the accelerated path) limits the signatures run on the input's own text, not on
-    text decoded from it."""
+    text decoded from it, to those it names, searched in the ranges it gives (None: all)."""
     out: dict[str, list[Finding]] = {}
     seen: set[tuple[str, int, int]] = set()
-    for sig in signatures.load():
+    sigs = signatures.load()
+    if only is not None and len(scan.raw) == 1:  # nothing decoded: only the named ones run at all
+        sigs = tuple(s for s in sigs if s.id in only)
+    for sig in sigs:
         if sig.detector not in detectors:
             continue
         for view in scan.views(sig.on):
-            if only is not None and view.depth == 0 and sig.id not in only:
-                continue
-            for m in sig.regex.finditer(view.text):
+            if only is not None and view.depth == 0:
+                if sig.id not in only:
+                    continue
+                matches = _within(sig.regex, view.text, only[sig.id])
+            else:
+                matches = sig.regex.finditer(view.text)
+            for m in matches:
                 span = signatures.span(sig, m, view.text)
                 if span is None or span[0] == span[1]:
                     continue
@@ -88,6 +110,14 @@ def run(scan: Scan, detectors: set[str], only: frozenset[str] | None = None) -> 
     for found in out.values():
         found.sort(key=lambda f: (f.start, f.end, f.name))
     return out
+
+
+def _within(rx: re.Pattern[str], text: str, ranges: list[tuple[int, int]] | None) -> Iterator[re.Match[str]]:
+    if ranges is None:
+        yield from rx.finditer(text)
+        return
+    for lo, hi in ranges:
+        yield from rx.finditer(text, lo, hi)
 
 
 def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536,
