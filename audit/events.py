@@ -67,6 +67,9 @@ class AdmissionVerdict(_Event):
     rule_id: Id | None = None
     policy_digest: Digest
     admitted_ref: Digest | None = None  # REDACT: the transformed bytes' ref
+    trust: Literal["untrusted", "internal", "trusted"] | None = None  # the trust level the gate applied
+    audited: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # action: audit rules that fired
+    exempted: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # exception ids that took findings
 
 
 class Eviction(_Event):

@@ -413,7 +413,9 @@ class KernelSession:
                 tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=_ident(tool), ref=ref,
                 size=len(data), verdict=verdict.kind.value, rule_id=_ident(verdict.rule_id),
                 policy_digest=verdict.policy_digest,
-                admitted_ref=admitted_ref if admitted_ref != ref else None,
+                admitted_ref=admitted_ref if admitted_ref != ref else None, trust=verdict.trust,
+                audited=[_ident(a.rule_id) for a in verdict.audited],
+                exempted=sorted({_ident(e.exception_id) for e in verdict.exempted}),
             )  # fmt: skip
             expires_us = None
             if admitted:

@@ -16,7 +16,8 @@ P = "sha256:" + "cd" * 32
 def _samples() -> list:
     return [
         ev.AdmissionVerdict(session_id="s-1", tool="web.fetch", ref=D, size=10, verdict="REDACT",
-                            rule_id="pii.email", policy_digest=P, admitted_ref=D, tenant="acme"),
+                            rule_id="pii.email", policy_digest=P, admitted_ref=D, tenant="acme", trust="untrusted",
+                            audited=["injection-strict"], exempted=["our-docs"]),
         ev.Eviction(session_id="s-1", segment_id="seg-3", ref=D, mode="RECOMPUTE", exact=True, tokens=12),
         ev.Materialisation(
             session_id="s-1", policy_digest=P, context_tokens=300, budget_tokens=512, fingerprint_after=D,

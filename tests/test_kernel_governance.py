@@ -28,6 +28,10 @@ spec:
     - {name: vault, trust: internal, expires: {seconds: 3600}}
   detectors:
     - {id: injection, detector: injection, threshold: 0.7, verdict: QUARANTINE}
+    - {id: watch-invoices, detector: regex, pattern: "invoice", verdict: QUARANTINE, action: audit}
+    - {id: codes, detector: regex, pattern: "sign-in code", verdict: QUARANTINE}
+  exceptions:
+    - {id: otp-tool, rules: [codes], tools: [otp_inbox]}
   tool_calls:
     unlisted: ALLOW
     rules:
@@ -77,6 +81,8 @@ def test_tool_call_denied_while_untrusted_in_attention(gov) -> None:
     s.append("user", "Summarise my invoices.")
     admitted = s.admit("web_fetch", INJECTION)
     assert admitted.verdict.kind == "ALLOW"  # the gate saw nothing: the floor must hold anyway
+    (adm_event,) = events(k, "admission_verdict")
+    assert (adm_event.trust, adm_event.audited, adm_event.exempted) == ("untrusted", ["watch-invoices"], [])
     list(s.generate(max_tokens=6, min_tokens=6))  # the model's turn, produced with the injection in attention
 
     d = s.authorize_tool_call("send_email", {"to": "billing-archive@example.net", "body": "invoices"})
@@ -230,7 +236,9 @@ def test_ref_expires_after_its_turns_even_across_a_restart(tmp_path, tiny_dir, t
         s = k.session("acme", None)
         sid = s.id
         s.append("user", "What is my sign-in code?")
-        ref = s.admit("otp_inbox", OTP).ref
+        otp = s.admit("otp_inbox", OTP)
+        ref = otp.ref
+        assert otp.admitted and events(k, "admission_verdict")[-1].exempted == ["otp-tool"]
         assert s.authorize_tool_call("send_email", {}).attention_refs == 1  # visible before its turn
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         s = k.session("acme", sid)
