@@ -2,7 +2,8 @@
 costs the admission path (nothing, by design) and how far a session runs before a late
 detection evicts the ref, exactly.
 
-    python bench/late.py [--json PATH] [--repeat 9] [--judge-delay 0.5] [--turn-tokens 4]
+    python bench/late.py [--json PATH] [--repeat 9] [--evict-repeat 3] [--judge-delays 0.5,2]
+                         [--turn-tokens 4]
 
 * Admission latency: a ~256-token benign tool result (ALLOW, no detector fires) admitted
   with ``KernelSession.admit`` into a fresh session (system + user) of two kernels on the
@@ -14,7 +15,7 @@ detection evicts the ref, exactly.
 * Submit: the only work late detectors add to admission, ``LateRunner.submit`` (the
   applicability check and a non-blocking enqueue), timed alone over 2,000 jobs.
 * Tokens until the late eviction, per detector (the classifier alone; the judge alone,
-  answering after ``--judge-delay`` seconds): admit an injection the gate does not catch
+  answering after each of ``--judge-delays`` seconds): admit an injection the gate does not catch
   (polite, phrase-free; ALLOW), then keep the model generating turns of ``--turn-tokens``
   tokens while the detector decides. Reported: tokens generated when the detector fired
   (observer) and when the ref had left the session (a generation in progress keeps what
@@ -149,6 +150,8 @@ def admission(lm: LoadedModel, tmp: Path, classifier: Path, stub: JudgeStub, rep
         "admit_ms_with_all": [x * 1e3 for x in times["with"]],
         "late_runner_stats": stats,
         "judge_delay_s": stub.delay,
+        "note": "before each measured admission the late runner is idle: the figure is the synchronous path "
+                "(enqueueing the job), the detection runs afterwards on the runner's thread",
     }
 
 
@@ -261,6 +264,9 @@ def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: 
         "tokens_until_evicted_median": med("tokens_until_evicted"),
         "fire_ms_after_admission_median": med("fire_ms_after_admission"),
         "evicted_ms_after_admission_median": med("evicted_ms_after_admission"),
+        "note": "a generation in progress keeps what it started with: the eviction applies at the end of the "
+                "turn being generated when the detector fires (turns of turn_tokens tokens), then RECOMPUTEs "
+                "what followed the ref",
         "decode_tok_s_median": med("decode_tok_s"),
         "all_evicted": all(r["tokens_until_evicted"] is not None for r in runs),
         "all_bit_exact": all(r["bit_exact_to_never_saw"] and r["replay_fingerprint_equal"] for r in runs),
@@ -274,7 +280,7 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=9, help="admissions per kernel (median)")
     p.add_argument("--evict-repeat", type=int, default=3, help="late evictions per detector")
-    p.add_argument("--judge-delay", type=float, default=0.5, help="seconds the judge stub takes to answer")
+    p.add_argument("--judge-delays", default="0.5,2", help="seconds the judge stub takes to answer (comma-separated)")
     p.add_argument("--turn-tokens", type=int, default=4, help="tokens per generated turn while detection runs")
     p.add_argument("--max-tokens", type=int, default=400, help="give up after this many generated tokens")
     args = p.parse_args()
@@ -282,7 +288,8 @@ def main() -> None:
     log("loading SmolLM2 ...")
     lm = load_model()
     results: dict = {"load_average": os.getloadavg()}
-    stub = JudgeStub(delay=args.judge_delay)
+    delays = [float(x) for x in args.judge_delays.split(",")]
+    stub = JudgeStub(delay=delays[0])
     try:
         with tempfile.TemporaryDirectory(prefix="fak-late-bench-") as tmp_s:
             tmp = Path(tmp_s)
@@ -294,9 +301,12 @@ def main() -> None:
                 f"{results['admission']['admit_ms_with_late']:.1f} ms with")
             results["classifier"] = until_eviction(lm, tmp, "classifier", late_overlay(classifier, None),
                                                    args.evict_repeat, args.turn_tokens, args.max_tokens)
-            results["judge"] = until_eviction(lm, tmp, "judge", late_overlay(None, stub.url), args.evict_repeat,
-                                              args.turn_tokens, args.max_tokens)
-            results["judge"]["judge_delay_s"] = args.judge_delay
+            for delay in delays:
+                stub.delay = delay
+                name = f"judge_{delay:g}s"
+                results[name] = until_eviction(lm, tmp, name, late_overlay(None, stub.url), args.evict_repeat,
+                                               args.turn_tokens, args.max_tokens)
+                results[name]["judge_delay_s"] = delay
     finally:
         stub.close()
     results["load_average_after"] = os.getloadavg()
@@ -305,13 +315,12 @@ def main() -> None:
     targets = [
         target("LateRunner.submit p50 (µs): all admission waits for", results["submit"]["submit_us_p50"], 100, "<="),
         target("admission with/without late detectors (paired median)", adm["ratio_paired_median"], 1.10, "<="),
-        target("classifier: late eviction bit-exact to never-saw", float(results["classifier"]["all_bit_exact"]),
-               1.0, ">="),
-        target("judge: late eviction bit-exact to never-saw", float(results["judge"]["all_bit_exact"]), 1.0, ">="),
-        target("classifier: evicted in every run", float(results["classifier"]["all_evicted"]), 1.0, ">="),
-        target("judge: evicted in every run", float(results["judge"]["all_evicted"]), 1.0, ">="),
     ]
-    for name in ("classifier", "judge"):
+    detectors = ["classifier"] + [f"judge_{d:g}s" for d in delays]
+    for name in detectors:
+        targets += [target(f"{name}: evicted in every run", float(results[name]["all_evicted"]), 1.0, ">="),
+                    target(f"{name}: bit-exact to never-saw", float(results[name]["all_bit_exact"]), 1.0, ">=")]
+    for name in detectors:
         r = results[name]
         log(f"{name}: fired after {r['tokens_at_fire_median']} tokens ({r['fire_ms_after_admission_median']:.0f} ms), "
             f"evicted after {r['tokens_until_evicted_median']} tokens ({r['evicted_ms_after_admission_median']:.0f} ms)")
