@@ -30,6 +30,8 @@ LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 VERDICTS = frozenset({"ALLOW", "REDACT", "QUARANTINE", "DENY"})
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})  # a label's values stay few
 EVICT_MODES = frozenset({"write_time", "recompute", "rerope", "truncate"})
+CALL_VERDICTS = frozenset({"ALLOW", "CONFIRM", "DENY"})
+LATE_OUTCOMES = frozenset({"fired", "error", "dropped"})
 
 
 class Metrics:
@@ -48,6 +50,11 @@ class Metrics:
         self.forgets = Counter("fak_forgets", "completed forgets (signed receipts)", ["tenant"], registry=r)
         self.decode_tokens = Counter("fak_decode_tokens", "tokens generated", ["tenant"], registry=r)
         self.decode_seconds = Counter("fak_decode_seconds", "seconds spent generating them", ["tenant"], registry=r)
+        self.tool_calls = Counter("fak_tool_call_decisions", "tool-call authorization decisions by verdict",
+                                  ["tenant", "verdict"], registry=r)
+        self.late = Counter("fak_late_detections", "late-detector outcomes: fired (the ref was quarantined), "
+                            "error (a detector failed on it), dropped (the queue was full)",
+                            ["tenant", "outcome"], registry=r)
 
     def observe(self, tenant: str, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(tenant, method, route, str(status)).inc()
@@ -159,6 +166,12 @@ def _observe(app: object, kind: str, data: dict) -> None:
         record_forget(app, tenant=tenant)
     elif kind == "decode":
         record_decode(app, data["tokens"], data["seconds"], tenant=tenant)
+    elif kind in ("tool_call", "late"):
+        m = _metrics(app)
+        value, allowed = (data["verdict"], CALL_VERDICTS) if kind == "tool_call" else (data["outcome"], LATE_OUTCOMES)
+        if m is not None:
+            counter = m.tool_calls if kind == "tool_call" else m.late
+            counter.labels(tenant, value if value in allowed else "other").inc()
 
 
 # --- recorders ----------------------------------------------------------------------------

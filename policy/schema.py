@@ -377,10 +377,13 @@ class Eviction(_Strict):
 
 
 class Reuse(_Strict):
+    """``prefix``: exact prefix reuse within a tenant (the Kernel reads it per session).
+    ``pic_approximate``: position-independent reuse, which is approximate; read by the PIC
+    serving path, off by default. There is no cross-tenant sharing switch: a tenant never
+    gets another's cache hits."""
+
     prefix: bool = True
     pic_approximate: bool = False
-    # Segment kinds whose content is public: their prefix KV may be shared across tenants.
-    shared_prefix: list[SegmentKind] = []
 
 
 class Retention(_Strict):

@@ -60,6 +60,10 @@ def test_authorize_and_remedy_over_http_and_locally(live_server, tmp_path, tiny_
     assert (http["allow"].verdict, http["allow"].attention_refs) == ("ALLOW", 1)
     assert http["confirm"].verdict == "CONFIRM" and http["confirm"].rule_id == "payments-need-a-person"
     assert http["info"].fingerprint == http["evicted"].fingerprint
+    text = live_server.client(live_server.key("acme", "auditor")).get("/metrics").text
+    counted = {v: f'fak_tool_call_decisions_total{{verdict="{v}"}} {n}.0' for v, n in
+               (("DENY", 2), ("ALLOW", 1), ("CONFIRM", 1))}
+    assert all(line in text for line in counted.values()), text
 
     policy = tmp_path / "local-policy.yaml"
     policy.write_text(POLICY)
