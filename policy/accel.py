@@ -46,11 +46,11 @@ try:
 except ImportError:  # pragma: no cover - depends on the platform
     hyperscan = None
 
-# Repeats bounded above this become unbounded (still a superset). Small on purpose: the
+# Repeats bounded above this become unbounded (still a superset). Below 15 on purpose: the
 # Hyperscan of python-hyperscan 0.9.1 misses ``a[x ]{0,15}e?bcd`` in ``qqqqqqqqqqqqqqqqaebcd``
 # (a bounded repeat of 15 or more, then an optional atom, after 15 or more bytes); unbounded
 # repeats do not (tests/test_policy_triage.py keeps the case).
-REPEAT_CAP = 4
+REPEAT_CAP = 12
 WIDTH_CAP = 1 << 15  # widest match a region is sized for
 MERGE_GAP = 4096  # regions closer than this are scanned as one (fewer, larger scans cost less)
 MAX_HITS = 20000  # native hits after which a region map costs more than scanning everything
@@ -62,7 +62,6 @@ def available() -> bool:
 
 # ---------------------------------------------------------------- regex → native superset
 
-_WIDE = rb"[\x80-\xff]{1,4}"  # one non-ASCII character (or one invalid byte) in UTF-8
 _CATEGORY = {C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY_SPACE: r"\s",
              C.CATEGORY_NOT_SPACE: r"\S", C.CATEGORY_WORD: r"\w", C.CATEGORY_NOT_WORD: r"\W"}
 
@@ -71,8 +70,10 @@ def _byte(c: int) -> bytes:
     return b"\\x%02x" % c
 
 
-def _class(items: list) -> bytes:
-    """A class as the ASCII bytes it matches, or'ed with any non-ASCII character when it may match one."""
+def _char_class(items: list) -> tuple[bytes, bool]:
+    """A class as a byte class: the ASCII bytes it matches, and every byte of a non-ASCII
+    character (``\\x80-\\xff``) when it may match one (then True: one character may be up
+    to four such bytes)."""
     ascii_set: set[int] = set()
     wide = negate = False
     for op, av in items:
@@ -95,14 +96,26 @@ def _class(items: list) -> bytes:
     if negate:
         ascii_set = set(range(128)) - ascii_set
         wide = True
-    parts = []
-    if ascii_set:
-        parts.append(b"[" + b"".join(_byte(c) for c in sorted(ascii_set)) + b"]")
-    if wide:
-        parts.append(_WIDE)
-    if not parts:
+    if not ascii_set and not wide:
         raise ValueError("empty class")
-    return parts[0] if len(parts) == 1 else b"(?:" + b"|".join(parts) + b")"
+    return b"[" + b"".join(_byte(c) for c in sorted(ascii_set)) + (b"\\x80-\\xff" if wide else b"") + b"]", wide
+
+
+_SINGLE = (C.NOT_LITERAL, C.ANY, C.IN)
+
+
+def _single(op, av, dotall: bool) -> tuple[bytes, bool]:
+    """One character of class kind as (byte class, may be non-ASCII)."""
+    if op is C.NOT_LITERAL:
+        return _char_class([(C.NEGATE, None), (C.LITERAL, av)])
+    if op is C.ANY:
+        return _char_class([(C.NEGATE, None)] + ([] if dotall else [(C.LITERAL, 10)]))
+    return _char_class(av)
+
+
+def _bound(lo: int, hi: int) -> bytes:
+    lo = min(lo, REPEAT_CAP)
+    return b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
 
 
 def _emit(tree, dotall: bool) -> bytes:
@@ -111,12 +124,9 @@ def _emit(tree, dotall: bool) -> bytes:
         if op is C.LITERAL:
             out.append(b"".join(_byte(b) for b in chr(av).encode("utf-8", "surrogateescape")) if av >= 128
                        else _byte(av))
-        elif op is C.NOT_LITERAL:
-            out.append(_class([(C.NEGATE, None), (C.LITERAL, av)]))
-        elif op is C.ANY:
-            out.append(_class([(C.NEGATE, None)] + ([] if dotall else [(C.LITERAL, 10)])))
-        elif op is C.IN:
-            out.append(_class(av))
+        elif op in _SINGLE:
+            cls, wide = _single(op, av, dotall)
+            out.append(cls + (b"{1,4}" if wide else b""))
         elif op is C.BRANCH:
             out.append(b"(?:" + b"|".join(_emit(alt, dotall) for alt in av[1]) + b")")
         elif op is C.SUBPATTERN:
@@ -125,9 +135,11 @@ def _emit(tree, dotall: bool) -> bytes:
             out.append(b"(?:" + _emit(av, dotall) + b")")
         elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
             lo, hi, sub = av
-            lo = min(lo, REPEAT_CAP)
-            bound = b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
-            out.append(b"(?:" + _emit(sub, dotall) + b")" + bound)
+            if len(sub) == 1 and sub[0][0] in _SINGLE:  # a run of one class: bytes, four per character at most
+                cls, wide = _single(sub[0][0], sub[0][1], dotall)
+                out.append(cls + (_bound(lo, hi if hi is C.MAXREPEAT else 4 * hi) if wide else _bound(lo, hi)))
+            else:
+                out.append(b"(?:" + _emit(sub, dotall) + b")" + _bound(lo, hi))
         elif op is C.AT and av is C.AT_BEGINNING_LINE:
             out.append(b"^")  # compiled with HS_FLAG_MULTILINE: after a line break or at the start
         elif op in (C.AT, C.ASSERT, C.ASSERT_NOT):
@@ -152,7 +164,7 @@ def _lines(tree) -> int:
         elif op in (C.NOT_LITERAL, C.ANY):
             n = int(av != 10) if op is C.NOT_LITERAL else 0
         elif op is C.IN:
-            n = int(re.compile(_class(av).decode("latin-1").encode().decode("unicode_escape")).match("\n") is not None)
+            n = int(b"\\x0a" in _char_class(av)[0])
         elif op is C.BRANCH:
             n = max(_lines(alt) for alt in av[1])
         elif op is C.SUBPATTERN:
@@ -400,6 +412,23 @@ def _char_ranges(text: bytes, ranges: list[tuple[int, int]], base: int) -> list[
     return out
 
 
+def _char_offsets(text: bytes, positions: list[int]) -> list[int]:
+    """Byte offsets (sorted) of ``text`` as character offsets, each moved back to the
+    character it falls in."""
+    out: list[int] = []
+    byte = char = 0
+    for pos in positions:
+        while 0 < pos < len(text) and 0x80 <= text[pos] < 0xC0:
+            pos -= 1
+        if pos < byte:
+            out.append(char)
+            continue
+        char += len(text[byte:pos].decode("utf-8", "surrogateescape"))
+        byte = pos
+        out.append(char)
+    return out
+
+
 def _clean(data: bytes) -> bool:
     """Whether no signature and no trigger matches anywhere in ``data`` (a decoded text:
     then it holds no finding and nothing more to decode)."""
@@ -421,8 +450,10 @@ def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: 
             continue
         text = data[lo:hi]
         ascii_text = text.isascii()  # byte offsets are character offsets
+        if not ascii_text:
+            starts = (_char_offsets(text, starts[0]), _char_offsets(text, starts[1]))
         scan = reference.Scan(text, max_depth, budget, derived=only is None, decode=only is None or runs,
-                              clean=_clean, starts=starts if ascii_text else None)
+                              clean=_clean, starts=starts)
         if only is not None:
             only = {sid: [(a - lo, b - lo) for a, b in r] if ascii_text else _char_ranges(text, r, lo)
                     for sid, r in only.items()}
