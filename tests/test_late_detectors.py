@@ -318,6 +318,17 @@ def test_classifier_folder_errors(tmp_path: Path) -> None:
         build_detectors([_classifier(causal)])
 
 
+def test_classifier_without_transformers_says_what_to_install(classifier_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import sys
+
+    copy = shutil.copytree(classifier_dir, tmp_path / "copy")  # another folder: not in the model cache
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what an install without the extra sees
+    with pytest.raises(LateDetectorInvalid, match=r"fak\[classifier\]"):
+        build_detectors([_classifier(copy)])
+
+
 def test_classifier_in_the_runner_respects_max_bytes(classifier_dir: Path, rec: Recorder) -> None:
     r = _runner(rec, build_detectors([_classifier(classifier_dir, max_bytes=40)]))
     try:
@@ -420,6 +431,17 @@ def test_judge_timeout_and_unreachable(judge_stub: JudgeStub, rec: Recorder) -> 
         assert [(d, type(e)) for _, d, e in rec.errors] == [("judge", LateDetectorFailed), ("down", LateDetectorFailed)]
     finally:
         r.close()
+
+
+def test_judge_url_must_be_http() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="http"):
+        LateDetectorRule(id="j", kind="judge", url="file:///etc/passwd")
+    unchecked = LateDetectorRule.model_construct(**{**LateDetectorRule(id="j", kind="judge", url="http://x").model_dump(),
+                                                    "url": "file:///etc/passwd"})
+    with pytest.raises(LateDetectorInvalid, match="http"):  # the detector checks again
+        build_detectors([unchecked])
 
 
 def test_judge_delimits_the_data_with_a_fresh_nonce(judge_stub: JudgeStub) -> None:
