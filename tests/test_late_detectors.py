@@ -546,3 +546,30 @@ def test_late_detector_evicts_exactly(tmp_path: Path, tiny_dir: Path, tiny_lm, j
     finally:
         judge_stub.release.set()
         k.close()
+
+
+def test_policy_reload_swaps_the_late_detectors(tmp_path: Path, tiny_dir: Path, tiny_lm, judge_stub: JudgeStub) -> None:
+    from fak import Kernel, Settings
+
+    policy = tmp_path / "policy.yaml"
+    with_judge = LATE_POLICY.format(url=judge_stub.url)
+    without = with_judge.split("  late_detectors:")[0]
+    policy.write_text(with_judge)
+    k = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy),
+                    model=tiny_lm, progress=None)
+    try:
+        s = k.session("acme")
+        s.append("user", "What is new?")
+        s.admit("web_fetch", b"Headline one: the flight is on time.")
+        assert k.wait_late(10) and len(judge_stub.requests) == 1
+        policy.write_text(without)
+        k.reload_policy(principal="ops")
+        s.admit("web_fetch", b"Headline two: the gate changed to B22.")
+        assert k.wait_late(10) and len(judge_stub.requests) == 1  # no detector: nothing judged
+        policy.write_text(with_judge)
+        k.reload_policy(principal="ops")
+        ref = s.admit("web_fetch", POLITE).ref
+        assert k.wait_late(10) and len(judge_stub.requests) == 2
+        assert ref not in s.refs()  # the re-added judge fired and the ref was quarantined
+    finally:
+        k.close()
