@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 # repeats do not (tests/test_policy_triage.py keeps the case).
 REPEAT_CAP = 12
 WIDTH_CAP = 1 << 15  # widest match a region is sized for
-MERGE_GAP = 4096  # regions closer than this are scanned as one (fewer, larger scans cost less)
+MERGE_GAP = 2048  # regions closer than this are scanned as one (fewer, larger scans cost less)
 MAX_HITS = 20000  # native hits after which a region map costs more than scanning everything
 
 
@@ -351,6 +351,11 @@ def regions(data: bytes) -> list[Region] | None:
             start, end = _line_start(data, lo, k), _line_end(data, hi, k)
             line_done = _line_end(data, hi)
         else:
+            if out and hi < out[-1][1] and out[-1][2] is not None:  # inside the last region already
+                if sid:
+                    out[-1][2].setdefault(sid, []).append((lo, hi + 2))
+                out[-1][3] |= not sid
+                continue
             start, end = _line_start(data, lo), _line_end(data, hi)
         # overlapping regions merge; near ones too when neither needs every signature
         if out and (start < out[-1][1] or (start < out[-1][1] + MERGE_GAP and sid is not None and out[-1][2] is not None)):
