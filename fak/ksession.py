@@ -105,7 +105,7 @@ class KernelSession:
         self._lock = threading.Lock()
         self._mech: Session | None = None
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
-        self._attention_cache: tuple[tuple[int, int, int, int], dict[str, tuple[str, str | None]]] | None = None
+        self._attention_cache: tuple[tuple[int, int, int], dict[str, tuple[str, str | None]]] | None = None
         self.last_used = time.monotonic()
         if fresh:
             self._mech = self._new_mech()
@@ -529,13 +529,12 @@ class KernelSession:
 
     def _attention(self, s: Session) -> dict[str, tuple[str, str | None]]:
         """Refs in the attention provenance of the live KV, each with the tool that produced
-        it; cached until the ledger changes: every change appends a segment or takes one out
-        of the live set, so (session object, segments, live segments, rows) names a state."""
-        live = s.ledger.live()
-        key = (id(s), len(s.ledger.segments), len(live), s.cache.length)
+        it; cached until the ledger changes: every change appends a segment (more segments)
+        or evicts one (fewer rows), so (session object, segments, rows) names a state."""
+        key = (id(s), len(s.ledger.segments), s.cache.length)
         cached = self._attention_cache
         if cached is None or cached[0] != key:
-            refs = sorted(frozenset().union(*(x.provenance for x in live)))
+            refs = sorted(frozenset().union(*(x.provenance for x in s.ledger.live())))
             producers = {ref: self.kernel.producer_of(self.tenant, ref) for ref in refs}
             cached = self._attention_cache = (key, producers)
         return cached[1]
