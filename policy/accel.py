@@ -12,11 +12,13 @@ Contract (tests/test_policy_triage.py): ``findings`` here equals
 * folding changes only non-ASCII characters; every non-ASCII run whose folded form
   differs is a trigger too.
 * around each hit a region reaches back the longest match its pattern can have (for a
-  trigger: ``MARGIN`` either way); regions are merged and widened to whole lines. Every
-  view transform is line-local and lookarounds look one character past a match, so the
-  reference path run on a region's bytes sees what it sees there in the whole input.
+  trigger: as many lines either way as a folded match can span, ``_Native.margin``);
+  regions are merged and widened to whole lines. Every view transform is line-local and
+  lookarounds look at most two characters past a match, so the reference path run on a
+  region's bytes sees what it sees there in the whole input.
 * a signature hit alone needs only that signature on its region's text (no other view
-  differs from the folded text there); decoded runs are scanned with every signature.
+  differs from the folded text there), searched from its longest match before each hit
+  to just past it; decoded runs are scanned with every signature.
 * a decoded text with no hit at all holds no finding and no run: it is not scanned.
 * the decoding budget is spent in input order in both paths: every base64/hex run
   triggers, so every run lies in a region, and regions are scanned in order.
@@ -195,7 +197,7 @@ def width(rx: re.Pattern[str]) -> int:
 # Where a derived view may differ from the text: a de-spaced run, escapes, and the start
 # of a base64 or hex run (once per run: the region, whole lines, holds the rest of it).
 _PAYLOAD_TRIGGERS = {3, 4}  # indexes in _TRIGGERS of the base64 and hex runs
-_CHAR = rb"(?:[\x21-\x7e]|[\x80-\xff]{1,4})"  # one character that is not a blank
+_CHAR = rb"(?:[\x00-\x08\x0e-\x1b\x21-\x7f]|[\x80-\xff]{1,4})"  # one character that is not white space (\S)
 _TRIGGERS = [rb"(?:^|[^A-Za-z0-9_]|\\[nrt])(?:" + _CHAR + rb"[ \t]{1,6}){3}" + _CHAR + rb"(?:[^A-Za-z0-9_]|$)",
              superset(normalize._PCT), superset(normalize._ENT),
              rb"(?:^|[^A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24}", rb"(?:^|[^0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12}",
@@ -223,8 +225,9 @@ class _Native:
         self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns), flags=flags)
         self._local = threading.local()
 
-    def hits(self, data: bytes) -> dict[int, list[int]] | None:
-        """Pattern id → match ends; None after ``MAX_HITS`` hits (scan everything instead)."""
+    def hits(self, data: bytes) -> dict[int, list] | None:
+        """Pattern id → match ends ((start, end) for the encoded-run triggers); None after
+        ``MAX_HITS`` hits (scan everything instead)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = hyperscan.Scratch(self.db)
