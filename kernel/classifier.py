@@ -38,8 +38,10 @@ def _transformers() -> Any:
 def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any, Any, threading.Lock]:
     """(tokenizer, model, tokenizer lock) of a sequence-classification folder, on CPU in eval
     mode; cached per folder (the latest config version only), so a policy reload does not load
-    the weights again. A fast tokenizer's settings are shared state: callers tokenize under
-    the lock (concurrent calls fail with "Already borrowed"); the forward needs none."""
+    the weights again. Code shipped in the folder is never run (``trust_remote_code`` off),
+    and a folder whose weights do not cover the model (a head left random) is refused. A fast
+    tokenizer's truncation settings are shared state, so callers tokenize under the lock
+    (concurrent calls can fail with "Already borrowed"); the forward needs none."""
     folder = Path(path).expanduser()
     config_file = folder / "config.json"
     if not folder.is_dir():
@@ -54,7 +56,7 @@ def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any,
             return cached[1], cached[2], cached[3]
         tf = _transformers()
         try:
-            config = tf.AutoConfig.from_pretrained(folder, local_files_only=True)
+            config = tf.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError) as exc:
             raise LateDetectorInvalid(f"late detector {rule_id!r}: cannot read {str(config_file)!r}: {exc}") from exc
         architectures = list(getattr(config, "architectures", None) or [])
@@ -64,11 +66,15 @@ def load_classifier(path: str | Path, rule_id: str = "classifier") -> tuple[Any,
                 f"late detector {rule_id!r}: {str(folder)!r} is not a sequence-classification model "
                 f"(architectures: {architectures or 'none'}); want e.g. BertForSequenceClassification")
         try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            model = tf.AutoModelForSequenceClassification.from_pretrained(
-                folder, local_files_only=True)
+            tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            model, info = tf.AutoModelForSequenceClassification.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False, output_loading_info=True)
         except (OSError, ValueError) as exc:
             raise LateDetectorInvalid(f"late detector {rule_id!r}: cannot load {str(folder)!r}: {exc}") from exc
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:  # transformers would initialise them at random and only warn
+            raise LateDetectorInvalid(f"late detector {rule_id!r}: the weights in {str(folder)!r} do not cover "
+                                      f"the model (missing: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
         model.to("cpu").float().eval()
         lock = threading.Lock()
         _CACHE[key] = (mtime, tokenizer, model, lock)

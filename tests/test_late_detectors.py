@@ -318,6 +318,20 @@ def test_classifier_folder_errors(tmp_path: Path) -> None:
         build_detectors([_classifier(causal)])
 
 
+def test_classifier_with_a_head_missing_is_refused(classifier_dir: Path, tmp_path: Path) -> None:
+    """A folder whose weights lack the classification head would load with a random head."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(classifier_dir, tmp_path / "headless")
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("score.")}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(LateDetectorInvalid, match="missing: score.weight"):
+        build_detectors([_classifier(folder)])
+
+
 def test_classifier_without_transformers_says_what_to_install(classifier_dir: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
