@@ -72,7 +72,8 @@ CORPORA = (ROOT / "tests/data/gate_corpus.jsonl", ROOT / "tests/data/real_text.j
 
 # Splits written blind and not measured yet: left out unless named in ``--splits``. The commit
 # that records a split's one measurement takes it off this list (docs/policy.md, Evaluation).
-BLIND_SPLITS = frozenset({"fresh8"})
+# fresh8: measured once after the signatures change (issue 15): TPR 0.207, FPR 0.005.
+BLIND_SPLITS: frozenset[str] = frozenset()
 
 
 def load_corpus(paths: list[str] | None = None, splits: str | None = None) -> list[dict]:
