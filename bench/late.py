@@ -223,6 +223,7 @@ def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: 
             t_admitted = time.perf_counter()
             evicted_tokens = None
             t_evicted = None
+            settle_ms = None
             decode_s = 0.0
             while counter["tokens"] < max_tokens:
                 t_turn = time.perf_counter()
@@ -230,8 +231,10 @@ def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: 
                     with lock:
                         counter["tokens"] += 1
                 decode_s += time.perf_counter() - t_turn
+                t_settle = time.perf_counter()
                 if ref not in ks.refs():  # refs() settles a pending quarantine first
                     evicted_tokens, t_evicted = counter["tokens"], time.perf_counter()
+                    settle_ms = (t_evicted - t_settle) * 1e3
                     break
             if not k.wait_late(60):
                 raise SystemExit("the late detector did not finish")
@@ -244,6 +247,7 @@ def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: 
                 "tokens_until_evicted": evicted_tokens,
                 "evicted_ms_after_admission": (t_evicted - t_admitted) * 1e3 if t_evicted else None,
                 "decode_tok_s": counter["tokens"] / decode_s if decode_s else None,
+                "settle_ms": settle_ms,
                 "bit_exact_to_never_saw": fp == saw,
                 "replay_fingerprint_equal": fp == ks.replay_fingerprint(),
                 "quarantined": any(x["ref"] == ref and x["state"] == "quarantined" for x in ks.ledger()),
@@ -267,8 +271,9 @@ def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: 
         "evicted_ms_after_admission_median": med("evicted_ms_after_admission"),
         "note": "a generation in progress keeps what it started with: the eviction applies at the end of the "
                 "turn being generated when the detector fires (turns of turn_tokens tokens), then RECOMPUTEs "
-                "what followed the ref",
+                "what followed the ref; settle_ms is the session call that applied it (the RECOMPUTE)",
         "decode_tok_s_median": med("decode_tok_s"),
+        "settle_ms_median": med("settle_ms"),
         "all_evicted": all(r["tokens_until_evicted"] is not None for r in runs),
         "all_bit_exact": all(r["bit_exact_to_never_saw"] and r["replay_fingerprint_equal"] for r in runs),
         "quarantine_events": len(events),
