@@ -434,8 +434,8 @@ class Kernel:
 
         if self._late is None or not any(applies(r, job.tool, job.trust) for r in self.policy.spec.late_detectors):
             return
-        dropped = self._late.stats()["dropped"]
-        if not self._late.submit(job) and self._late.stats()["dropped"] > dropped:  # not: closed, or reloaded
+        dropped = self._late.stats["dropped"]
+        if not self._late.submit(job) and self._late.stats["dropped"] > dropped:  # not: closed, or reloaded
             _stderr(f"late detection queue full: {job.ref[:24]}… of {job.tool} not checked")
             self._notify("late", tenant=job.tenant, outcome="dropped")
 
