@@ -100,6 +100,7 @@ class Kernel:
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._expiry_lock = threading.Lock()
+        self._fp_keys: dict[str, bytes] = {}
         self._next_expiry_us: int | None = None
 
     # --- opening and closing --------------------------------------------------
@@ -333,7 +334,8 @@ class Kernel:
         from fak.audit import SessionRebuilt
 
         self.audit.append(SessionRebuilt(tenant=ks.tenant, session_id=ks.id, segments=len(s.ledger.live()),
-                                         tokens=s.cache.length, fingerprint=fingerprint, cause=cause))
+                                         tokens=s.cache.length, fingerprint=self.audit_fingerprint(ks.tenant, fingerprint),
+                                         cause=cause))
 
     # --- refs ------------------------------------------------------------------
     def tool_text(self, tenant: str, ref: str) -> str:
@@ -465,6 +467,17 @@ class Kernel:
         if found is None or found.policy.digest != policy.digest:
             found = self._authorizer = Authorizer(policy)
         return found
+
+    def audit_fingerprint(self, tenant: str, fingerprint: str) -> str:
+        """A KV fingerprint as audit events carry it: keyed per tenant, so that nobody who
+        reads the log can confirm a guessed conversation by computing its KV and comparing.
+        Equal fingerprints stay equal (a receipt still shows after == replay)."""
+        import blake3
+
+        key = self._fp_keys.get(tenant)
+        if key is None:
+            key = self._fp_keys[tenant] = self.derive_key(f"fak/audit/fingerprint:{tenant}")
+        return "blake3k:" + blake3.blake3(fingerprint.encode(), key=key).hexdigest()
 
     def _args_key(self) -> bytes:
         key = getattr(self, "_args_key_bytes", None)

@@ -491,7 +491,8 @@ class KernelSession:
                 report = s.evict(segment_id, mode)
                 self.kernel.audit.append(Eviction(**probe | dict(
                     mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
-                    exact=report.exactness == "bit-exact", fingerprint_after=report.fingerprint)))
+                    exact=report.exactness == "bit-exact",
+                    fingerprint_after=self.kernel.audit_fingerprint(self.tenant, report.fingerprint))))
                 self._persist(fingerprint=report.fingerprint)
             except BaseException:
                 self._discard()
@@ -562,7 +563,8 @@ class KernelSession:
                 assert report is not None
                 mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
                 indexes = [self.kernel.audit.append(ev.model_copy(update={
-                    "mode": mode, "fingerprint_after": report.fingerprint})) for ev in events]
+                    "mode": mode, "fingerprint_after": self.kernel.audit_fingerprint(self.tenant, report.fingerprint)}))
+                    for ev in events]
                 self._persist(fingerprint=report.fingerprint)
             except BaseException:
                 self._discard()

@@ -234,7 +234,8 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
     fingerprint = s.fingerprint()
     index = k.audit.append(Materialisation(
         tenant=tenant, session_id=ks.id, policy_digest=policy.digest, budget_tokens=budget,
-        context_tokens=s.cache.length, fingerprint_after=fingerprint, evicted=[x.id for x in leaving],
+        context_tokens=s.cache.length, fingerprint_after=k.audit_fingerprint(tenant, fingerprint),
+        evicted=[x.id for x in leaving],
         pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
                  "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens}
                 for p in table],

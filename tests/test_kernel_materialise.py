@@ -65,7 +65,8 @@ def test_materialise_verdicts(kernel) -> None:
     assert s.fingerprint() == result.fingerprint == s.replay_fingerprint()
     (ev,) = events(k, "materialisation")
     assert [(p.verdict, p.reason) for p in ev.pieces] == _table(result)
-    assert ev.session_id == s.id and ev.fingerprint_after == result.fingerprint
+    assert ev.session_id == s.id and ev.fingerprint_after == k.audit_fingerprint("acme", result.fingerprint)
+    assert ev.fingerprint_after.startswith("blake3k:") and result.fingerprint not in ev.model_dump_json()
     assert ev.evicted == result.evicted and not events(k, "eviction")[1:]  # one event: the paged evict only
     # the same working set again: everything placed is a HIT now
     again = s.materialise(WorkingSet(refs=[hit, moved, elsewhere, cold]))
