@@ -27,6 +27,7 @@ that must serialise writers takes its own lock, e.g. the audit log's advisory lo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,8 +70,13 @@ def _safe(url: str) -> str:
 
 
 def _make_parent(database: str | None) -> None:
+    """Create the database's folder (0700) and the file itself (0600) before SQLite does, so
+    it never exists with the process umask's wider mode; SQLite gives its -wal and -shm files
+    the database file's mode."""
     if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(database).expanduser()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
 
 
 def _sqlite_hooks(engine: Engine, durable: bool) -> None:

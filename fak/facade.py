@@ -122,7 +122,7 @@ class Kernel:
         from fak.policy import PolicyHolder
 
         settings = settings or Settings.load()
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, blobs, database: owner only
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir)
         policy = PolicyHolder(settings.policy_path or default_policy_path())

@@ -151,3 +151,26 @@ def test_cas_and_audit_share_one_database_under_concurrency(db_url, tmp_path):
     finally:
         log.close()
         store.close()
+
+
+def test_a_new_sqlite_database_is_the_owner_s_alone(tmp_path, settings, tiny_lm):
+    """The folder is created 0700 and the file 0600 before SQLite opens it (never the umask's
+    wider mode); the Kernel's data directory likewise."""
+    import os
+    import stat
+
+    from fak import Kernel
+
+    path = tmp_path / "new" / "dir" / "fak.db"
+    engine = db.make_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        conn.execute(sa.text("CREATE TABLE t (x INTEGER)"))
+    engine.dispose()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    k = Kernel.open(settings, model=tiny_lm, progress=None)
+    try:
+        assert stat.S_IMODE(os.stat(settings.data_dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(settings.data_dir / "fak.db").st_mode) == 0o600
+    finally:
+        k.close()
