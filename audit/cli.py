@@ -11,16 +11,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("audit", help="signed Merkle audit log: export, verify, proofs")
     sub = p.add_subparsers(dest="audit_command", metavar="ACTION")
 
-    v = sub.add_parser("verify", help="verify a log export offline")
-    v.add_argument("export", help="file written by 'fak audit export'")
-    v.add_argument("--pubkey", help="pinned verifier key (string or file); default: the key the export names")
-    v.add_argument("--since", help="a signed checkpoint (file) the export must extend")
+    v = sub.add_parser("verify", help="verify a log export offline (fails closed)")
+    v.add_argument("export", help="file written by 'fak audit export', or a tenant's export from the API")
+    v.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
+                   "names the log or --trust-embedded-key")
+    v.add_argument("--trust-embedded-key", action="store_true",
+                   help="DEVELOPMENT ONLY: check against the key the export names itself (proves nothing)")
+    v.add_argument("--allow-unsigned-tail", action="store_true",
+                   help="accept entries after the last signed (and witnessed) checkpoint as unverified")
+    v.add_argument("--since", help="a signed checkpoint (file) or an earlier export the export must extend; "
+                   "an earlier export also names the exact entry a rewrite changed")
+    v.add_argument("--max-age", type=float, metavar="SECONDS",
+                   help="fail when the trusted checkpoint is older than this (or carries no time)")
+    _witness_args(v)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=_verify)
 
     r = sub.add_parser("verify-receipt", help="verify a forget receipt offline")
     r.add_argument("receipt", help="forget receipt JSON file ('-' reads stdin)")
-    r.add_argument("--pubkey", required=True, help="pinned verifier key of the log (string or file)")
+    r.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
+                   "names the log")
+    r.add_argument("--last-checkpoint", metavar="FILE",
+                   help="the newest signed checkpoint you trust: the receipt's must be consistent with it")
+    r.add_argument("--consistency-proof", metavar="FILE",
+                   help="JSON consistency proof (oldSize, treeSize, hashes) between --last-checkpoint and the "
+                   "receipt's checkpoint, when the receipt does not carry one")
+    _witness_args(r)
     r.set_defaults(handler=_verify_receipt)
 
     e = sub.add_parser("export", help="write all entries and checkpoints to a file")
@@ -44,6 +60,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=lambda _args: (p.print_help(), 2)[1])
 
 
+def _witness_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--witness", action="append", default=[], metavar="VKEY",
+                   help="a witness's cosignature/v1 verifier key (string or file); repeatable")
+    p.add_argument("--quorum", type=int, help="valid cosignatures needed (default: every --witness)")
+    p.add_argument("--policy", metavar="FILE", help="witness policy file: 'log <vkey>', 'witness <name> <vkey>', "
+                   "'quorum <N|all|any|none>' lines (see docs/audit.md)")
+
+
+def _policy(args: argparse.Namespace):  # noqa: ANN202
+    """The witness policy from --policy or --witness/--quorum (None when neither), and the
+    pinned log key (--pubkey, else the policy's log line)."""
+    from fak.audit.errors import AuditError
+    from fak.audit.verify import WitnessPolicy
+
+    if args.policy and (args.witness or args.quorum is not None):
+        raise AuditError("give either --policy or --witness/--quorum, not both")
+    policy = None
+    if args.policy:
+        policy = WitnessPolicy.load(args.policy)
+    elif args.witness or args.quorum is not None:
+        policy = WitnessPolicy.from_keys(args.witness, args.quorum)
+    pubkey = args.pubkey
+    if policy is not None and policy.log_key is not None:
+        if pubkey is None:
+            pubkey = policy.log_key
+        elif _key(pubkey) != policy.log_key:
+            raise AuditError("--pubkey differs from the log key the --policy names")
+    return policy, pubkey
+
+
+def _key(value: str) -> str:
+    from fak.audit.note import Verifier
+    from fak.audit.verify import _load_text
+
+    return Verifier.parse(_load_text(value, "public key").strip()).vkey()
+
+
 def _open(args: argparse.Namespace):  # noqa: ANN202
     from fak.audit.log import AuditLog
 
@@ -54,11 +107,17 @@ def _verify(args: argparse.Namespace) -> int:
     from fak.audit.tenant_export import is_tenant_export, verify_tenant_export
     from fak.audit.verify import verify_export
 
+    policy, pubkey = _policy(args)
+    if args.trust_embedded_key:
+        print("WARNING: --trust-embedded-key: checking against the key the export names itself; anyone can make "
+              "such an export; this proves nothing", file=sys.stderr)
     if is_tenant_export(args.export):  # a tenant's export from the API: proofs per entry
-        tenant_report = verify_tenant_export(args.export, args.pubkey or "")
+        tenant_report = verify_tenant_export(args.export, pubkey or "", witnesses=policy, max_age=args.max_age)
         print(tenant_report.summary(), file=sys.stdout if tenant_report.ok else sys.stderr)
         return 0 if tenant_report.ok else 1
-    report = verify_export(args.export, pubkey=args.pubkey, since=args.since, progress=not args.json)
+    report = verify_export(args.export, pubkey=pubkey, since=args.since, progress=not args.json,
+                           trust_embedded_key=args.trust_embedded_key, allow_unsigned_tail=args.allow_unsigned_tail,
+                           witnesses=policy, max_age=args.max_age)  # fmt: skip
     if args.json:
         out = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in vars(report).items()}
         print(json.dumps(out, indent=2))
@@ -86,10 +145,22 @@ def _verify_receipt(args: argparse.Namespace) -> int:
         raise AuditError(f"receipt {args.receipt} is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise AuditError(f"receipt {args.receipt} is not a JSON object")
-    check = verify_receipt(data, _load_text(args.pubkey, "public key"))
+    policy, pubkey = _policy(args)
+    if pubkey is None:
+        raise AuditError("a pinned log key is required (--pubkey, or a --policy with a 'log' line): "
+                         "there is no trust on first use")
+    last = _load_text(args.last_checkpoint, "checkpoint") if args.last_checkpoint else None
+    proof = None
+    if args.consistency_proof:
+        try:
+            proof = json.loads(Path(args.consistency_proof).read_text())
+        except (OSError, ValueError) as exc:
+            raise AuditError(f"cannot read consistency proof {args.consistency_proof}: {exc}") from None
+    check = verify_receipt(data, _load_text(pubkey, "public key"), witnesses=policy, last_checkpoint=last,
+                           consistency_proof=proof)  # fmt: skip
     if check.ok:
         print(f"receipt OK: forget {data.get('request_id')} of {data.get('ref')} (tenant {data.get('tenant') or '-'}) "
-              f"is logged at {data.get('log_index')} under the pinned key")
+              f"is logged at {data.get('log_index')} under the pinned key; {check.detail}")
         return 0
     print(f"receipt FAILED: {check.reason}", file=sys.stderr)
     return 1

@@ -8,21 +8,36 @@ Format (UTF-8, one record per line, every line ends with a newline)::
 
 A checkpoint of size N follows the entry with index N-1 (size 0: right after
 the header). Lines are self-delimiting so the verifier can name the exact line
-and entry index where a byte was changed.
+and entry index where a byte was changed. The leaf hash is the one stored when the
+entry was appended, so an entry edited in the database afterwards fails at its index.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fak.audit import merkle, note, store
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from fak.audit.log import AuditLog
 
 MAGIC = "fak-audit-export/v1"
+
+
+def _with_stored_leaves(conn: Connection, rows: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes, bytes]]:
+    """Each entry with the leaf hash the log stored when it was appended (not one recomputed
+    from the body now): a body edited in the database then fails at its own line and index."""
+    it = iter(rows)
+    while batch := list(itertools.islice(it, 2000)):
+        stored = store.get_nodes(conn, [merkle.node_id(0, idx) for idx, _ in batch])
+        for idx, body in batch:
+            yield idx, body, stored.get(merkle.node_id(0, idx)) or merkle.hash_leaf(body)
 
 
 def write_export(log: AuditLog, path: Path) -> int:
@@ -36,7 +51,7 @@ def write_export(log: AuditLog, path: Path) -> int:
         with open(tmp, "wb") as out:
             out.write(f"{MAGIC} {log.origin} {log.public_key()}\n".encode())
             written = 0
-            rows = store.entry_rows(conn, 0, size, None)
+            rows = _with_stored_leaves(conn, store.entry_rows(conn, 0, size, None))
             while True:
                 while nxt is not None and nxt[0] == written:
                     out.write(b"c " + note.b64(nxt[2].encode()).encode() + b"\n")
@@ -44,8 +59,8 @@ def write_export(log: AuditLog, path: Path) -> int:
                 row = next(rows, None)
                 if row is None:
                     break
-                idx, body = row
-                out.write(b"e %d %s " % (idx, merkle.hash_leaf(body).hex().encode()) + body + b"\n")
+                idx, body, leaf = row
+                out.write(b"e %d %s " % (idx, leaf.hex().encode()) + body + b"\n")
                 written += 1
             out.flush()
             os.fsync(out.fileno())

@@ -1,12 +1,15 @@
 """Forget receipts: portable evidence that a ref was forgotten, checkable offline.
 
-A receipt repeats the two logged events of one forget, ``ForgetRequested`` and
-``ForgetCompleted``, as their exact canonical bytes, with the inclusion proof of
-each against ONE signed checkpoint (the first that covers the completion).
-Anyone holding the log's public key can check that the log committed to the
-request and to exactly these dropped units, session fingerprints and shredded
-key, and that every session's state after the drop equals an independent replay
-of its survivors.
+A receipt repeats three logged events as their exact canonical bytes: an
+``AdmissionVerdict`` for the ref (same tenant, before the request: the ref existed),
+the ``ForgetRequested`` and the ``ForgetCompleted`` of one forget, with the inclusion
+proof of each against ONE signed checkpoint (the first that covers the completion,
+with whatever witness cosignatures it carries). Anyone holding the log's public key
+can check that the log committed to the admission, the request and exactly these
+dropped units, session fingerprints and shredded key, and that every session's state
+after the drop equals an independent replay of its survivors; with a witness policy,
+that the checkpoint is the one the witnesses saw; with their last known checkpoint,
+that the receipt's is consistent with it.
 
 A receipt that claims nothing (no unit dropped, no session touched, no key
 destroyed) is refused: it is what forgetting a ref that was never stored, or was
@@ -15,16 +18,19 @@ already forgotten, would produce, so it proves no erasure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fak.audit import merkle, note
+from fak.audit import merkle, note, store
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import (
     MAX_ITEMS,
+    AdmissionVerdict,
     Count,
     Digest,
     DroppedUnit,
@@ -35,7 +41,8 @@ from fak.audit.events import (
     SystemOrTenant,
     parse_event,
 )
-from fak.audit.proofs import InclusionProof
+from fak.audit.proofs import ConsistencyProof, InclusionProof
+from fak.audit.verify import WitnessPolicy, checkpoint_time
 
 if TYPE_CHECKING:
     from fak.audit.log import AuditLog
@@ -64,12 +71,25 @@ class ForgetReceipt(BaseModel):
     inclusion_proof: dict  # Rekor-like JSON (logIndex, treeSize, rootHash, hashes) of ``event``
     requested_event: str  # canonical JSON of the logged ForgetRequested
     requested_inclusion_proof: dict  # of ``requested_event``, in the same tree
-    checkpoint: str  # the signed note of the tree both proofs lead to
+    checkpoint: str  # the signed note of the tree the proofs lead to, with any witness cosignatures
+    # an AdmissionVerdict naming the ref (same tenant, before the request): None when the log has
+    # none, and then the receipt does not verify (a ref never admitted cannot have been forgotten)
+    admitted_index: Count | None = None
+    admitted_event: str | None = None
+    admitted_inclusion_proof: dict | None = None
+    # from the auditor's last known tree size to the checkpoint's (``from_log(..., since=)``)
+    consistency_proof: dict | None = None
+
+    @property
+    def completed_index(self) -> int:
+        """The index of ForgetCompleted (``log_index``, by its older name)."""
+        return self.log_index
 
     @classmethod
-    def from_log(cls, log: AuditLog, completed_index: int) -> ForgetReceipt:
-        """Build the receipt for the ForgetCompleted entry at ``completed_index``. Both
-        proofs lead to the first signed checkpoint covering it (signed now if none does)."""
+    def from_log(cls, log: AuditLog, completed_index: int, *, since: int | None = None) -> ForgetReceipt:
+        """Build the receipt for the ForgetCompleted entry at ``completed_index``. Every proof
+        leads to the first signed checkpoint covering it (signed now if none does). ``since``:
+        the auditor's last known tree size; the receipt then carries a consistency proof from it."""
         entry = log.entry(completed_index)
         ev = entry.event
         if not isinstance(ev, ForgetCompleted):
@@ -88,6 +108,13 @@ class ForgetReceipt(BaseModel):
         if proof.checkpoint is None:  # pragma: no cover - inclusion_proof() always attaches one
             raise AuditError(f"no signed checkpoint covers audit entry {completed_index}")
         req_proof = log.inclusion_proof(ev.requested_index, size=proof.tree_size)
+        admitted = find_admission(log, ev.tenant, ev.ref, ev.requested_index)
+        adm_proof = None if admitted is None else log.inclusion_proof(admitted[0], size=proof.tree_size)
+        consistency = None
+        if since is not None:
+            if not 0 <= since <= proof.tree_size:
+                raise AuditError(f"no consistency proof from size {since} to the receipt's {proof.tree_size}")
+            consistency = log.consistency_proof(since, proof.tree_size).to_json()
         return cls(
             ref=ev.ref,
             request_id=ev.request_id,
@@ -103,7 +130,46 @@ class ForgetReceipt(BaseModel):
             requested_event=requested.body.decode(),
             requested_inclusion_proof=_bare(req_proof),
             checkpoint=proof.checkpoint,
+            admitted_index=None if admitted is None else admitted[0],
+            admitted_event=None if admitted is None else admitted[1].decode(),
+            admitted_inclusion_proof=None if adm_proof is None else _bare(adm_proof),
+            consistency_proof=consistency,
         )
+
+
+def _names_ref(body: bytes, ref: str) -> bool:
+    return f'"ref":"{ref}"'.encode() in body or f'"admitted_ref":"{ref}"'.encode() in body
+
+
+def find_admission(log: AuditLog, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
+    """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
+    logged before index ``before``: (index, canonical bytes), or None. Reads backwards from
+    ``before`` through the tenant's admissions only (index on tenant, idx)."""
+    t = store.entries_t
+    pos = before
+    with log._engine.connect() as conn:
+        while True:
+            rows = conn.execute(
+                sa.select(t.c.idx, t.c.body)
+                .where(t.c.tenant == tenant, t.c.type == "admission_verdict", t.c.idx < pos)
+                .order_by(t.c.idx.desc())
+                .limit(500)
+            ).all()
+            for idx, body in rows:
+                raw = bytes(body)
+                if _names_ref(raw, ref) and _is_admission_of(raw, tenant, ref):
+                    return int(idx), raw
+            if len(rows) < 500:
+                return None
+            pos = int(rows[-1][0])
+
+
+def _is_admission_of(raw: bytes, tenant: str, ref: str) -> bool:
+    try:
+        ev = parse_event(raw)
+    except AuditError:
+        return False
+    return isinstance(ev, AdmissionVerdict) and ev.tenant == tenant and ref in (ev.ref, ev.admitted_ref)
 
 
 def _bare(proof: InclusionProof) -> dict:
@@ -116,6 +182,7 @@ def _bare(proof: InclusionProof) -> dict:
 class ReceiptCheck:
     ok: bool
     reason: str = ""
+    detail: str = ""  # when ok: what beyond the log's signature backs it (witnesses, consistency)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -125,19 +192,43 @@ class _Refused(Exception):
     pass
 
 
-def verify_receipt(receipt: ForgetReceipt | dict, pubkey: str) -> ReceiptCheck:
+def verify_receipt(
+    receipt: ForgetReceipt | dict,
+    pubkey: str,
+    *,
+    witnesses: WitnessPolicy | Sequence[str] | None = None,
+    quorum: int | None = None,
+    last_checkpoint: str | SignedCheckpoint | None = None,
+    consistency_proof: dict | ConsistencyProof | None = None,
+) -> ReceiptCheck:
     """Check a receipt offline against the log's pinned verifier key (``public_key()``):
 
-    the checkpoint's signature; both events are canonical, the completion a
-    forget_completed and the request the forget_requested of the same request id, ref
-    and tenant at ``requested_index`` (before the completion); the receipt's fields
-    equal the logged completion's; both inclusion proofs lead to the signed root; the
-    forget claims some erasure; every session's fingerprint after the drop equals that
-    of the replay of its survivors, and every session that lost a segment has them.
+    the checkpoint's signature; with ``witnesses`` (a policy, or witness vkeys with ``quorum``,
+    default all), at least the quorum of valid cosignatures on it; with ``last_checkpoint`` (the
+    newest signed checkpoint the auditor trusts), that the receipt's checkpoint is consistent
+    with it (a consistency proof from the receipt or ``consistency_proof``); both forget events
+    are canonical, the completion a forget_completed and the request the forget_requested of
+    the same request id, ref and tenant at ``requested_index`` (before the completion); an
+    admission_verdict of the same tenant naming the ref is logged before the request; the
+    receipt's fields equal the logged completion's; every inclusion proof leads to the signed
+    root; the forget claims some erasure; every session's fingerprint after the drop equals
+    that of the replay of its survivors, and every session that lost a segment has them.
     """
+    detail: list[str] = []
     try:
         r = receipt if isinstance(receipt, ForgetReceipt) else ForgetReceipt.model_validate(receipt)
         cp = _checkpoint(r.checkpoint, pubkey)
+        policy = _policy(witnesses, quorum)
+        if policy is not None and policy.quorum:
+            try:
+                check = policy.check(r.checkpoint)
+            except VerificationError as exc:
+                raise _Refused(f"checkpoint cosignature: {exc}") from None
+            if not check.ok:
+                raise _Refused(f"witness quorum not met on the receipt's checkpoint: {check.describe()}")
+            detail.append(f"witnessed by {', '.join(sorted(check.cosigned))} (quorum {check.quorum})")
+        if last_checkpoint is not None:
+            detail.append(_consistent(r, cp, pubkey, last_checkpoint, consistency_proof))
         done = _event(r.event, ForgetCompleted, "completed")
         asked = _event(r.requested_event, ForgetRequested, "requested")
         for name in MIRRORED:
@@ -149,6 +240,7 @@ def verify_receipt(receipt: ForgetReceipt | dict, pubkey: str) -> ReceiptCheck:
             raise _Refused("the request is not logged before its completion")
         _included(r.inclusion_proof, r.event, r.log_index, cp, "completed event")
         _included(r.requested_inclusion_proof, r.requested_event, r.requested_index, cp, "requested event")
+        _admitted(r, done, cp)
         _claims(r)
     except _Refused as exc:
         return ReceiptCheck(False, str(exc))
@@ -158,7 +250,82 @@ def verify_receipt(receipt: ForgetReceipt | dict, pubkey: str) -> ReceiptCheck:
         return ReceiptCheck(False, f"malformed receipt: {where}: {err['msg']}")
     except (AuditError, ValueError) as exc:
         return ReceiptCheck(False, str(exc).splitlines()[0])
-    return ReceiptCheck(True)
+    stamp = checkpoint_time(cp)
+    if stamp is not None:
+        detail.append(f"checkpoint signed at {stamp}")
+    return ReceiptCheck(True, detail="; ".join(detail) or "no witness policy or last checkpoint given")
+
+
+def _policy(witnesses: WitnessPolicy | Sequence[str] | None, quorum: int | None) -> WitnessPolicy | None:
+    if witnesses is None:
+        if quorum:
+            raise _Refused(f"a quorum of {quorum} needs witnesses")
+        return None
+    if isinstance(witnesses, WitnessPolicy):
+        if quorum is not None and quorum != witnesses.quorum:
+            return WitnessPolicy(witnesses.witnesses, quorum, witnesses.log_key)
+        return witnesses
+    if isinstance(witnesses, str):
+        witnesses = [witnesses]
+    return WitnessPolicy.from_keys(witnesses, quorum)
+
+
+def _consistent(
+    r: ForgetReceipt,
+    cp: SignedCheckpoint,
+    pubkey: str,
+    last: str | SignedCheckpoint,
+    given: dict | ConsistencyProof | None,
+) -> str:
+    """The receipt's checkpoint and the auditor's last known one are of one history."""
+    known = last if isinstance(last, SignedCheckpoint) else None
+    if known is None:
+        try:
+            known = open_checkpoint(str(last), note.Verifier.parse(pubkey.strip()), cp.origin)
+        except VerificationError as exc:
+            raise _Refused(f"the last known checkpoint does not verify with the pinned key: {exc}") from None
+    if known.size == cp.size:
+        if known.root != cp.root:
+            raise _Refused(f"the receipt's checkpoint is not consistent with the last known one: two roots "
+                           f"for size {cp.size} (a split view)")  # fmt: skip
+        return f"same tree as the last known checkpoint (size {cp.size})"
+    old, new = (known, cp) if known.size < cp.size else (cp, known)
+    candidates = [p for p in (given, r.consistency_proof) if p is not None]
+    if not candidates:
+        raise _Refused(f"the receipt's checkpoint (size {cp.size}) cannot be checked against the last known one "
+                       f"(size {known.size}): no consistency proof between them")  # fmt: skip
+    for raw in candidates:
+        proof = raw if isinstance(raw, ConsistencyProof) else _consistency_json(raw)
+        if (proof.size1, proof.size2) != (old.size, new.size):
+            continue
+        try:
+            merkle.verify_consistency(old.size, new.size, old.root, new.root, proof.hashes)
+        except merkle.ProofError as exc:
+            raise _Refused(f"the receipt's checkpoint is not consistent with the last known one: {exc}") from None
+        return f"consistent with the last known checkpoint (size {known.size})"
+    raise _Refused(f"the receipt's checkpoint is not consistent with the last known one: no consistency proof "
+                   f"from size {old.size} to {new.size}")  # fmt: skip
+
+
+def _consistency_json(data: dict) -> ConsistencyProof:
+    try:
+        return ConsistencyProof(size1=int(data["oldSize"]), size2=int(data["treeSize"]),
+                                root1=bytes(32), root2=bytes(32),
+                                hashes=[bytes.fromhex(h) for h in data["hashes"]])  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _Refused(f"malformed consistency proof JSON: {exc}") from None
+
+
+def _admitted(r: ForgetReceipt, done: ForgetCompleted, cp: SignedCheckpoint) -> None:
+    if r.admitted_event is None or r.admitted_index is None or r.admitted_inclusion_proof is None:
+        raise _Refused(f"no admission of {done.ref} in the log: a ref that was never admitted cannot have "
+                       "been forgotten (the receipt carries no admission_verdict and its proof)")  # fmt: skip
+    adm = _event(r.admitted_event, AdmissionVerdict, "admission")
+    if adm.tenant != done.tenant or done.ref not in (adm.ref, adm.admitted_ref):
+        raise _Refused("the admission event is not an admission of this ref by this tenant")
+    if not r.admitted_index < r.requested_index:
+        raise _Refused("the admission is not logged before the request")
+    _included(r.admitted_inclusion_proof, r.admitted_event, r.admitted_index, cp, "admission event")
 
 
 def _checkpoint(signed: str, pubkey: str) -> SignedCheckpoint:
@@ -207,4 +374,4 @@ def _claims(r: ForgetReceipt) -> None:
             raise _Refused(f"session {u.session_id} lost {u.kind} {u.id} but the receipt has no fingerprints for it")
 
 
-__all__ = ["MIRRORED", "ForgetReceipt", "ReceiptCheck", "VerificationError", "verify_receipt"]
+__all__ = ["MIRRORED", "ForgetReceipt", "ReceiptCheck", "VerificationError", "find_admission", "verify_receipt"]

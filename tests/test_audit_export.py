@@ -45,8 +45,10 @@ def test_clean_export_verifies(exported):
     assert report.ok, report.summary()
     assert (report.entries, report.signed_size, report.root) == (40, 40, last.root)
     assert report.checkpoints >= 5 and report.trusted_key
-    unpinned = verify_export(path)
-    assert unpinned.ok and not unpinned.trusted_key
+    unpinned = verify_export(path)  # fails closed: no pinned key is no evidence
+    assert not unpinned.ok and "no pinned key" in unpinned.error
+    embedded = verify_export(path, trust_embedded_key=True)
+    assert embedded.ok and not embedded.trusted_key and "not evidence" in embedded.summary()
 
 
 def test_tamper_any_byte_detected(exported, tmp_path):
@@ -83,6 +85,7 @@ def test_rehashed_forgery_reordering_and_deletion_caught(exported, tmp_path):
     (tmp_path / "f.log").write_bytes(b"\n".join(forged))
     r = verify_export(tmp_path / "f.log", pubkey=vkey)
     assert not r.ok and "signed root" in r.error and r.first_bad_index is not None and r.first_bad_index <= 10
+    assert r.bad_range is not None and r.bad_range[0] <= 10 < r.bad_range[1]
     swapped = list(lines)
     swapped[entry_lines[3]], swapped[entry_lines[4]] = swapped[entry_lines[4]], swapped[entry_lines[3]]
     (tmp_path / "s.log").write_bytes(b"\n".join(swapped))

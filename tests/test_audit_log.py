@@ -217,6 +217,8 @@ def test_forget_receipt_round_trip(log):
     d = "blake3k:" + "ef" * 32
     fp = "blake3:" + "01" * 32
     log.append(ev(0))
+    log.append({"type": "admission_verdict", "tenant": "acme", "session_id": "s1", "tool": "web.fetch",
+                "ref": d, "size": 5, "verdict": "ALLOW", "policy_digest": P})  # receipts need the ref admitted
     r0 = log.append(ForgetRequested(request_id="f-9", ref=d, tenant="acme", principal="key:k1"))
     log.append(ev(2))
     i = log.append(ForgetCompleted(request_id="f-9", ref=d, tenant="acme", requested_index=r0,

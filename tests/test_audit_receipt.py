@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fak.audit import (
+    AdmissionVerdict,
     AuditLog,
     DroppedUnit,
     ForgetCompleted,
@@ -34,9 +35,16 @@ def log(tmp_path):
     lg.close()
 
 
+def _admit(log, *, ref=REF, tenant="acme", verdict="ALLOW") -> int:
+    return log.append(AdmissionVerdict(tenant=tenant, session_id="s1", segment_id="seg-2", tool="web.fetch",
+                                       ref=ref, size=812, verdict=verdict, policy_digest=P))  # fmt: skip
+
+
 def _forget(log, *, request_id="f-1", units=None, sessions=None, key="dk-7", kek=1, tenant="acme",
-            requested_index=None):  # fmt: skip
-    """Log a request, some noise and the completion; return the completion's index."""
+            requested_index=None, admit=True):  # fmt: skip
+    """Log the ref's admission, a request, some noise and the completion; return the completion's index."""
+    if admit:
+        _admit(log, tenant=tenant)
     log.append(PolicyLoaded(policy_id="p0", policy_digest=P))
     r = log.append(ForgetRequested(request_id=request_id, ref=REF, tenant=tenant, principal="key:k1"))
     log.append(PolicyLoaded(policy_id="p1", policy_digest=P))
@@ -58,7 +66,8 @@ def test_good_receipt_verifies_from_json(log, tmp_path):
     check = verify_receipt(wire, log.public_key())
     assert check and check.reason == ""
     assert r.requested_inclusion_proof["treeSize"] == r.inclusion_proof["treeSize"]
-    assert r.requested_index < r.log_index
+    assert r.admitted_inclusion_proof["treeSize"] == r.inclusion_proof["treeSize"]
+    assert r.admitted_index < r.requested_index < r.log_index == r.completed_index
 
 
 TAMPERED = {
@@ -208,6 +217,5 @@ def test_cli_verify_receipt(log, tmp_path, capsys):
     (tmp_path / "junk.json").write_text("{not json")
     assert main(["audit", "verify-receipt", str(tmp_path / "junk.json"), "--pubkey", other]) == 1
     assert "not JSON" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:  # the key is required: no trust on first use
-        main(["audit", "verify-receipt", str(good)])
-    assert exc.value.code == 2
+    assert main(["audit", "verify-receipt", str(good)]) == 1  # the key is required: no trust on first use
+    assert "pinned log key is required" in capsys.readouterr().err
