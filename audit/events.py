@@ -142,6 +142,7 @@ class ForgetCompleted(_Event):
     sessions: list[SessionFingerprints] = Field(default_factory=list, max_length=MAX_ITEMS)
     shredded_key_id: Id | None = None  # None: no data key was destroyed (see the receipt check)
     kek_version: Count | None = None  # KEK version that had wrapped the destroyed key
+    shred_status: Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"] | None = None  # CAS ShredRecord
 
 
 class RefQuarantined(_Event):
@@ -215,6 +216,21 @@ class AuthFailure(_Event):
     route: Id | None = None
 
 
+class AuditAlarm(_Event):
+    """The log's signer found the database disagreeing with what it remembers signing
+    (outside the database), so it refuses to sign until an operator resolves it; or the
+    operator's explicit resolution (``signer_reset``: the history up to ``found_size``
+    accepted as the new base)."""
+
+    type: Literal["audit_alarm"] = "audit_alarm"
+    kind: Literal["history_rewritten", "signer_state_missing", "signer_state_ahead", "signer_reset"]
+    remembered_size: Count | None = None  # the size the signer last signed (None: no state)
+    remembered_root: Digest | None = None  # its root, ``sha256:<hex>``
+    found_size: Count  # entries in the database when the check ran (reset: the accepted size)
+    found_root: Digest | None = None  # root recomputed from the entries at remembered_size (or found_size)
+    principal: Id | None = None  # reset: who resolved it
+
+
 Event = Annotated[
     AdmissionVerdict
     | Eviction
@@ -227,7 +243,8 @@ Event = Annotated[
     | SessionRebuilt
     | PolicyLoaded
     | KeyRotated
-    | AuthFailure,
+    | AuthFailure
+    | AuditAlarm,
     Field(discriminator="type"),
 ]
 EVENT_TYPES = (
@@ -243,6 +260,7 @@ EVENT_TYPES = (
     PolicyLoaded,
     KeyRotated,
     AuthFailure,
+    AuditAlarm,
 )
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

@@ -48,7 +48,8 @@ class _FileWriter:
         self._backend = backend
         self._final = backend.path(blob_id)
         self._tmp = backend.tmp_dir / f"{blob_id}.{os.getpid()}.tmp"
-        self._fh: BinaryIO | None = open(self._tmp, "xb")  # noqa: SIM115 - closed in commit/abort
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # ciphertext is nobody else's
+        self._fh: BinaryIO | None = os.fdopen(fd, "wb")
 
     def write(self, data: bytes) -> None:
         assert self._fh is not None, "writer already closed"
@@ -85,18 +86,23 @@ def _fsync_dir(path: Path) -> None:
 
 
 class FileBackend:
-    """Blobs at ``<root>/<id[:2]>/<id[2:4]>/<id>``; temp files in ``<root>/tmp``."""
+    """Blobs at ``<root>/<id[:2]>/<id[2:4]>/<id>``; temp files in ``<root>/tmp``.
+    Directories are created 0700 and files 0600 whatever the umask."""
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = Path(root)
         self.tmp_dir = self.root / "tmp"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.tmp_dir):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if d.stat().st_mode & 0o077:
+                d.chmod(0o700)
         self.fsync = fsync
         self._dirs: set[Path] = set()
 
     def ensure_dir(self, path: Path) -> None:
         if path not in self._dirs:
-            path.mkdir(parents=True, exist_ok=True)
+            for d in (path.parent, path):  # parents=True would create the shard with the umask's mode
+                d.mkdir(mode=0o700, exist_ok=True)
             self._dirs.add(path)
 
     def path(self, blob_id: str) -> Path:

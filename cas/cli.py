@@ -1,10 +1,12 @@
-"""``fak cas ...``: put, get, head, forget, rotate-kek, fsck against the store of
-the data directory (or ``--url``)."""
+"""``fak cas ...``: put, get, head, forget, rotate, destroy-retired, erase-tenant,
+scrub, keks, fsck against the store of the data directory (or ``--url``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 
 
@@ -33,7 +35,7 @@ def _put(args) -> int:
 
 def _get(args) -> int:
     with _store(args) as store:
-        out = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
+        out = _private_output(args.output) if args.output else sys.stdout.buffer
         try:
             for piece in store.get_stream(args.digest, args.tenant):
                 out.write(piece)
@@ -41,6 +43,25 @@ def _get(args) -> int:
             if args.output:
                 out.close()
     return 0
+
+
+def _private_output(path: str):  # noqa: ANN202
+    """Open ``path`` for writing with mode 0600 (an existing file is truncated and
+    tightened): a tool result written out is as private as it was in the store."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+
+
+def duration(text: str) -> float:
+    """Seconds from '90', '90s', '15m', '12h' or '7d'."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: e.g. 0, 90s, 15m, 12h, 7d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
 def _head(args) -> int:
@@ -62,8 +83,43 @@ def _forget(args) -> int:
 
 def _rotate(args) -> int:
     with _store(args) as store:
-        version, count = store.rotate_kek()
-    print(json.dumps({"kek_version": version, "rewrapped": count}))
+        result = store.rotate(args.tenant)
+        out = {"rotation": result.model_dump(mode="json")}
+        if args.destroy_after is not None:
+            print("fak: retired KEKs are destroyed after the grace period by 'fak cas destroy-retired "
+                  f"--older-than {args.destroy_after:g}s'; destroying those already that old now", file=sys.stderr)
+            out["destroyed"] = store.destroy_retired(args.destroy_after).model_dump(mode="json")
+    print(json.dumps(out))
+    return 0
+
+
+def _destroy(args) -> int:
+    with _store(args) as store:
+        print(store.destroy_retired(args.older_than).model_dump_json())
+    return 0
+
+
+def _erase(args) -> int:
+    if args.confirm != args.tenant:
+        from fak.cas.errors import InvalidInput
+
+        raise InvalidInput(f"erase-tenant destroys every key of {args.tenant!r}: repeat it with --confirm {args.tenant}")
+    with _store(args) as store:
+        print(store.erase_tenant(args.tenant).model_dump_json())
+    return 0
+
+
+def _scrub(args) -> int:
+    with _store(args) as store:
+        status = store.scrub()
+    print(json.dumps({"shred_status": status}))
+    return 0 if status == "destroyed" else 3
+
+
+def _keks(args) -> int:
+    with _store(args) as store:
+        for info in store.kek_versions(args.tenant):
+            print(info.model_dump_json())
     return 0
 
 
@@ -95,6 +151,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmd("get", _get, "write a blob's verified bytes to stdout or -o FILE").add_argument("-o", "--output")
     cmd("head", _head, "print a ref as JSON")
     cmd("forget", _forget, "erase a blob (destroy its key and ciphertext); prints the shred record")
-    p = cmd("rotate-kek", _rotate, "re-wrap every data key under a new KEK version", digest=False)
+    for name in ("rotate", "rotate-kek"):
+        p = sub.add_parser(name, help="give every tenant (or --tenant) a new KEK version and re-wrap its data keys"
+                           if name == "rotate" else "the format-1 name of 'rotate'")  # fmt: skip
+        p.add_argument("--tenant", default=None, help="rotate this tenant only (default: every tenant)")
+        p.add_argument("--destroy-after", type=duration, metavar="DURATION",
+                       help="then destroy KEKs retired at least this long ago (0: the ones just retired)")  # fmt: skip
+        p.set_defaults(handler=_rotate)
+    p = sub.add_parser("destroy-retired", help="destroy KEKs retired at least --older-than ago (backups older "
+                       "than their retirement stop opening what was forgotten since)")  # fmt: skip
+    p.add_argument("--older-than", type=duration, required=True, metavar="DURATION", help="e.g. 7d, 12h, 0")
+    p.set_defaults(handler=_destroy)
+    p = sub.add_parser("erase-tenant", help="crypto-erase a whole tenant: destroy all its keys, tombstone its refs")
+    p.add_argument("tenant")
+    p.add_argument("--confirm", required=True, metavar="TENANT", help="the tenant again")
+    p.set_defaults(handler=_erase)
+    sub.add_parser("scrub", help="complete pending scrubs of deleted keys (WAL checkpoint / VACUUM); "
+                   "exit 3 if still pending").set_defaults(handler=_scrub)  # fmt: skip
+    p = sub.add_parser("keks", help="list KEK versions (JSON lines)")
+    p.add_argument("--tenant", default=None)
+    p.set_defaults(handler=_keks)
     p = cmd("fsck", _fsck, "check blob files against the database", digest=False)
     p.add_argument("--remove-orphans", action="store_true", help="delete orphan blobs older than an hour")

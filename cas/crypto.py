@@ -39,16 +39,38 @@ def new_data_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def wrap_key(kek: bytes, dek: bytes) -> bytes:
-    """RFC 3394 AES key wrap (40 bytes for a 32-byte data key)."""
-    return aes_key_wrap(kek, dek)
+WRAP_NONCE = 12
+WRAPPED_LEN = WRAP_NONCE + 32 + TAG  # a wrapped 32-byte key: nonce | ciphertext | tag
 
 
-def unwrap_key(kek: bytes, wrapped: bytes) -> bytes:
+def wrap_key(kek: bytes, key: bytes, aad: bytes) -> bytes:
+    """AES-256-GCM key wrap with associated data (random 96-bit nonce): the wrap only
+    opens for the same ``aad`` (key id, tenant, KEK id), so a wrapped key copied to
+    another row or tenant is useless. RFC 3394 has no associated data, hence GCM."""
+    nonce = secrets.token_bytes(WRAP_NONCE)
+    return nonce + AESGCM(kek).encrypt(nonce, key, aad)
+
+
+def unwrap_key(kek: bytes, wrapped: bytes, aad: bytes) -> bytes:
+    try:
+        return AESGCM(kek).decrypt(wrapped[:WRAP_NONCE], wrapped[WRAP_NONCE:], aad)
+    except (InvalidTag, ValueError) as exc:
+        raise KeyMismatch(
+            "cannot unwrap a key: wrong KEK / master secret, or the wrapped key was moved to another key id or tenant"
+        ) from exc
+
+
+def legacy_unwrap_key(kek: bytes, wrapped: bytes) -> bytes:
+    """RFC 3394 unwrap of a data key written before format 2 (one-time migration only)."""
     try:
         return aes_key_unwrap(kek, wrapped)
     except InvalidUnwrap as exc:
-        raise KeyMismatch("cannot unwrap a data key: the KEK (master secret) does not match this store") from exc
+        raise KeyMismatch("cannot unwrap a legacy data key: the master secret does not match this store") from exc
+
+
+def legacy_wrap_key(kek: bytes, dek: bytes) -> bytes:
+    """RFC 3394 wrap as stores before format 2 did (tests of the migration build one)."""
+    return aes_key_wrap(kek, dek)
 
 
 def header(mode: int, chunk_size: int) -> bytes:

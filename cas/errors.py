@@ -57,3 +57,12 @@ class KeyMismatch(CasError):
 
     code = "key_mismatch"
     status = 500
+
+
+class KeyDestroyed(CasError):
+    """The KEK that wrapped this blob's data key was destroyed (rotation then
+    ``destroy_retired``, or ``erase_tenant``): the blob can never be decrypted again,
+    e.g. a ref of a database restored from a backup older than the destruction."""
+
+    code = "key_destroyed"
+    status = 410

@@ -1,41 +1,251 @@
-"""Keys of the CAS, all derived from the server master secret with HKDF under
-distinct labels (or a KEK supplied by the operator, e.g. from a KMS):
+"""Tenant keys of the CAS: random, destroyable, kept in a key database of their own.
 
-- per-tenant keyed-digest key: ``derive_key(master, "fak/cas/digest-key", tenant)``;
-- key-encryption key version n: ``derive_key(master, "fak/cas/kek", b"v<n>")``.
+Every tenant has
+- KEK versions (``kind="kek"``): random AES-256 keys that wrap the tenant's data keys.
+  ``rotate`` adds a version; the old one is retired, and destroyed by
+  ``destroy_retired`` after a grace period: from then on no copy of a wrapped data key
+  made before the rotation (a backup, a dead tuple, a WAL segment) opens again;
+- one digest key (``kind="digest"``): keys the tenant's ``blake3k`` digests, random
+  (not derived from the tenant's name), destroyed with the tenant.
 
-Only a check value of each KEK is stored, to refuse a wrong master secret with a
-clear error instead of failing on the first read."""
+Each key is wrapped by a ``KekProvider`` (default: AES-256-GCM under a key derived from
+the master secret; a KMS adapter fits the same two methods) with the key's kind, id,
+tenant and version as associated data, so a wrapped key moved to another row opens
+nothing. The rows live in the *key database* (default ``<data dir>/keys/cas-keys.db``),
+not in the CAS database: a key in the same database as the data it wraps would be in
+every backup of that data, and destroying it in the live database would erase nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import lru_cache
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-import blake3
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
 
+from fak.cas import crypto
+from fak.cas.errors import CasError
+from fak.cas.schema import KeyBase, TenantKey
+from fak.db import WRITE, writing
 from fak.keys import derive_key
 
-KekProvider = Callable[[int], bytes]
+KEK, DIGEST, CHECK = "kek", "digest", "check"
+CHECK_TENANT = "*"  # outside the tenant grammar: no tenant can own or erase it
+
+
+@runtime_checkable
+class KekProvider(Protocol):
+    """The root of trust that wraps tenant keys (the master secret by default). A KMS
+    adapter implements ``wrap``/``unwrap`` with ``aad`` as its encryption context;
+    ``unwrap`` raises (e.g. ``KeyMismatch``) when the wrap does not open."""
+
+    def wrap(self, key: bytes, aad: bytes) -> bytes: ...
+
+    def unwrap(self, wrapped: bytes, aad: bytes) -> bytes: ...
+
+
+class MasterWrapper:
+    """AES-256-GCM wrap under ``derive_key(master, "fak/cas/tenant-key-wrap")``."""
+
+    def __init__(self, master: bytes) -> None:
+        self._kek = derive_key(master, "fak/cas/tenant-key-wrap")
+
+    def wrap(self, key: bytes, aad: bytes) -> bytes:
+        return crypto.wrap_key(self._kek, key, aad)
+
+    def unwrap(self, wrapped: bytes, aad: bytes) -> bytes:
+        return crypto.unwrap_key(self._kek, wrapped, aad)
+
+
+@dataclass(frozen=True)
+class Kek:
+    """An unwrapped KEK version of one tenant (lives in memory only)."""
+
+    kek_id: str
+    tenant: str
+    version: int
+    key: bytes
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def key_aad(kind: str, kek_id: str, tenant: str, version: int) -> bytes:
+    return b"\x00".join((b"fak/cas/tenant-key", kind.encode(), kek_id.encode(), tenant.encode(), b"%d" % version))
+
+
+def data_key_aad(key_id: str, tenant: str, kek_id: str) -> bytes:
+    """What a data-key wrap binds: its own id, its tenant and the KEK that wraps it."""
+    return b"\x00".join((b"fak/cas/data-key", key_id.encode(), tenant.encode(), kek_id.encode()))
 
 
 class KeyRing:
-    def __init__(self, master: bytes, kek_provider: KekProvider | None = None) -> None:
-        self._master = master
-        self._kek_provider = kek_provider
-        self.digest_key = lru_cache(maxsize=4096)(self._digest_key)
-        self.kek = lru_cache(maxsize=64)(self._kek)
+    """Tenant keys in the key database. Unwrapped keys are cached in this process by
+    their random id (a destroyed key is dropped from this process's cache at once;
+    other processes keep theirs until they close)."""
 
-    def _digest_key(self, tenant: str) -> bytes:
-        return derive_key(self._master, "fak/cas/digest-key", tenant.encode())
+    def __init__(self, engine: Engine, provider: KekProvider) -> None:
+        if not isinstance(provider, KekProvider):
+            raise CasError(
+                "kek_provider must wrap and unwrap tenant keys (methods wrap(key, aad) and unwrap(wrapped, aad)); "
+                "a callable returning a KEK per version is the format-1 interface, see docs/cas.md"
+            )
+        self.engine = engine
+        self._provider = provider
+        self._session = sessionmaker(engine, expire_on_commit=False)
+        self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
+        self._keys: dict[str, bytes] = {}  # kek_id -> unwrapped key
+        self._digest: dict[str, bytes] = {}  # tenant -> digest key
+        self._lock = threading.Lock()
 
-    def _kek(self, version: int) -> bytes:
-        if self._kek_provider is not None:
-            key = self._kek_provider(version)
-            if len(key) != 32:
-                raise ValueError("a supplied KEK must be 32 bytes")
+    def create_tables(self) -> None:
+        with writing(self.engine) as conn:
+            KeyBase.metadata.create_all(conn)
+
+    # ------------------------------------------------------------------ reading
+
+    def _unwrap(self, row: TenantKey) -> bytes:
+        key = self._provider.unwrap(row.wrapped, key_aad(row.kind, row.kek_id, row.tenant, row.version))
+        if len(key) != 32:
+            raise CasError(f"tenant key {row.kek_id} does not unwrap to 32 bytes")
+        return key
+
+    def ensure_check(self) -> None:
+        """Unwrap the key database's check key (created on first open), so a wrong master
+        secret or provider fails at open with ``KeyMismatch``, not at the first read."""
+        with self._session() as s:
+            row = s.scalars(sa.select(TenantKey).where(TenantKey.kind == CHECK)).first()
+        if row is None:
+            self._insert(CHECK_TENANT, CHECK, secrets.token_bytes(32), version=0)
+            return
+        self._unwrap(row)
+
+    def kek(self, kek_id: str) -> bytes | None:
+        """The KEK with this id, or None once it was destroyed."""
+        key = self._keys.get(kek_id)
+        if key is None:
+            with self._session() as s:
+                row = s.get(TenantKey, kek_id)
+            if row is None or row.kind != KEK:
+                return None
+            key = self._keys[kek_id] = self._unwrap(row)
+        return key
+
+    def active(self, tenant: str) -> Kek:
+        """The tenant's newest unretired KEK, created (version 1, or after the last
+        destroyed one) when it has none."""
+        for _ in range(3):
+            with self._session() as s:
+                row = s.scalars(
+                    sa.select(TenantKey)
+                    .where(TenantKey.tenant == tenant, TenantKey.kind == KEK, TenantKey.retired_us.is_(None))
+                    .order_by(TenantKey.version.desc())
+                ).first()
+            if row is not None:
+                key = self._keys.get(row.kek_id) or self._keys.setdefault(row.kek_id, self._unwrap(row))
+                return Kek(row.kek_id, tenant, row.version, key)
+            self.new_kek(tenant)
+        raise CasError(f"cannot create a KEK for tenant {tenant!r}")  # pragma: no cover - lost three races
+
+    def new_kek(self, tenant: str) -> Kek | None:
+        """Add a KEK version to the tenant (None if a concurrent writer added one first)."""
+        return self._insert(tenant, KEK, secrets.token_bytes(32))
+
+    def _insert(self, tenant: str, kind: str, key: bytes, version: int | None = None) -> Kek | None:
+        kek_id = secrets.token_hex(16)
+        with self._writer() as s:
+            if version is None:
+                last = s.scalar(
+                    sa.select(sa.func.max(TenantKey.version)).where(TenantKey.tenant == tenant, TenantKey.kind == kind)
+                )
+                version = (last or 0) + 1
+            s.add(TenantKey(kek_id=kek_id, tenant=tenant, kind=kind, version=version,
+                            wrapped=self._provider.wrap(key, key_aad(kind, kek_id, tenant, version)),
+                            created_us=_now_us()))  # fmt: skip
+            try:
+                s.commit()
+            except sa.exc.IntegrityError:
+                s.rollback()
+                return None
+        self._keys[kek_id] = key
+        return Kek(kek_id, tenant, version, key)
+
+    def digest_key(self, tenant: str, *, create: bool = True) -> bytes | None:
+        """The tenant's random digest key (None if it has none and ``create`` is off)."""
+        key = self._digest.get(tenant)
+        if key is not None:
             return key
-        return derive_key(self._master, "fak/cas/kek", f"v{version}".encode())
+        for _ in range(3):
+            with self._session() as s:
+                row = s.scalars(sa.select(TenantKey).where(TenantKey.tenant == tenant, TenantKey.kind == DIGEST)).first()
+            if row is not None:
+                key = self._digest[tenant] = self._unwrap(row)
+                return key
+            if not create:
+                return None
+            self.set_digest_key(tenant, secrets.token_bytes(32))
+        raise CasError(f"cannot create a digest key for tenant {tenant!r}")  # pragma: no cover
 
-    def check_value(self, version: int) -> str:
-        return blake3.blake3(b"fak/cas/kek-check", key=self.kek(version)).hexdigest()[:32]
+    def set_digest_key(self, tenant: str, key: bytes) -> bool:
+        """Store a digest key for a tenant that has none (False if it has one already)."""
+        return self._insert(tenant, DIGEST, key, version=0) is not None
+
+    def rows(self, tenant: str | None = None) -> list[TenantKey]:
+        q = sa.select(TenantKey).where(TenantKey.kind == KEK).order_by(TenantKey.tenant, TenantKey.version)
+        if tenant is not None:
+            q = q.where(TenantKey.tenant == tenant)
+        with self._session() as s:
+            return list(s.scalars(q))
+
+    def tenants(self) -> list[str]:
+        """Tenants that have a KEK."""
+        with self._session() as s:
+            return list(s.scalars(
+                sa.select(TenantKey.tenant).where(TenantKey.kind == KEK).distinct().order_by(TenantKey.tenant)))
+
+    # ------------------------------------------------------------------ retiring, destroying
+
+    def retire_all_but(self, tenant: str, keep: str) -> list[str]:
+        """Retire every unretired KEK of the tenant except ``keep``; their ids."""
+        with self._writer() as s:
+            ids = list(s.scalars(sa.select(TenantKey.kek_id).where(
+                TenantKey.tenant == tenant, TenantKey.kind == KEK, TenantKey.retired_us.is_(None),
+                TenantKey.kek_id != keep)))  # fmt: skip
+            if ids:
+                s.execute(sa.update(TenantKey).where(TenantKey.kek_id.in_(ids)).values(retired_us=_now_us()))
+                s.commit()
+        return ids
+
+    def retired_before(self, cutoff_us: int) -> list[TenantKey]:
+        with self._session() as s:
+            return list(s.scalars(sa.select(TenantKey).where(
+                TenantKey.kind == KEK, TenantKey.retired_us.is_not(None), TenantKey.retired_us <= cutoff_us
+            ).order_by(TenantKey.tenant, TenantKey.version)))  # fmt: skip
+
+    def destroy(self, kek_ids: list[str]) -> int:
+        """Delete these key rows (the destruction) and forget them in this process."""
+        if not kek_ids:
+            return 0
+        with self._writer() as s:
+            n = s.execute(sa.delete(TenantKey).where(TenantKey.kek_id.in_(kek_ids))).rowcount
+            s.commit()
+        for kek_id in kek_ids:
+            self._keys.pop(kek_id, None)
+        return n
+
+    def erase_tenant(self, tenant: str) -> list[TenantKey]:
+        """Destroy every key of the tenant (KEKs and digest key) in one transaction."""
+        with self._writer() as s:
+            rows = list(s.scalars(sa.select(TenantKey).where(TenantKey.tenant == tenant)))
+            s.execute(sa.delete(TenantKey).where(TenantKey.tenant == tenant))
+            s.commit()
+        for row in rows:
+            self._keys.pop(row.kek_id, None)
+        self._digest.pop(tenant, None)
+        return rows

@@ -93,6 +93,17 @@ class Use(BaseModel):
     recorded_at: datetime
 
 
+ShredStatus = Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"]
+
+
+def size_bucket(size: int) -> int:
+    """``size`` rounded up to a power of two: what a tombstone keeps (not the exact size)."""
+    return 0 if size <= 0 else 1 << (size - 1).bit_length()
+
+
+TOMBSTONE_MEDIA_TYPE = "application/octet-stream"  # a tombstone keeps no media type
+
+
 class ShredRecord(BaseModel):
     """What ``forget`` destroyed. Safe to log: ids and digests, no content, no key bytes."""
 
@@ -100,13 +111,62 @@ class ShredRecord(BaseModel):
 
     digest: Digest
     tenant: Tenant
-    size: int
+    size: int = Field(description="size rounded up to a power of two (the tombstone keeps no exact size)")
     forgotten_at: datetime
     key_id: str | None = Field(description="id of the destroyed wrapped data key (None: blob was stored unencrypted)")
-    kek_version: int | None = Field(description="KEK version that had wrapped the destroyed key")
+    kek_version: int | None = Field(description="the tenant's KEK version that had wrapped the destroyed key")
+    kek_id: str | None = Field(default=None, description="id of that KEK (destroy it to void every copy of the wrap)")
     blob_id: str | None = Field(description="id of the deleted ciphertext file")
     ciphertext_deleted: bool
-    crypto_shredded: bool = Field(description="True when the only copy of the data key was destroyed")
+    key_deleted: bool = Field(default=False, description="the wrapped data key's row was deleted")
+    shred_status: ShredStatus = Field(
+        default="destroyed",
+        description="destroyed: no wrapped key left readable in the database files; pending_wal_checkpoint "
+        "(SQLite: a reader kept the WAL from being checkpointed) or pending_vacuum (PostgreSQL: a dead tuple "
+        "may remain) until scrub() completes it",
+    )
+    wal_checkpointed: bool | None = Field(default=None, description="SQLite: the WAL checkpoint completed")
+    crypto_shredded: bool = Field(
+        description="True when the only copy of the data key was destroyed and scrubbed from the database files"
+    )
     uses_released: list[Use] = Field(default_factory=list, description="KV units that referenced the ref")
     was_pinned: bool = False
     already_forgotten: bool = False
+
+
+class KekInfo(BaseModel):
+    """One KEK version of a tenant (``CasStore.kek_versions``)."""
+
+    tenant: str
+    version: int
+    kek_id: str
+    active: bool
+    created_at: datetime
+    retired_at: datetime | None
+    keys: int = Field(description="data keys wrapped under it")
+
+
+class RotationResult(BaseModel):
+    """What ``rotate`` did: per tenant the new active version, and keys re-wrapped."""
+
+    versions: dict[str, int]
+    rewrapped: int
+    retired: list[str] = Field(description="ids of the KEKs retired (destroyable after the grace period)")
+
+
+class DestroyResult(BaseModel):
+    """What ``destroy_retired`` destroyed."""
+
+    destroyed: list[KekInfo]
+    rewrapped: int = Field(description="stragglers wrapped under a retired KEK, re-wrapped before it was destroyed")
+    shred_status: ShredStatus
+
+
+class TenantErasure(BaseModel):
+    """What ``erase_tenant`` destroyed: every key of the tenant, its refs tombstoned."""
+
+    tenant: Tenant
+    keys_destroyed: list[str] = Field(description="'kind:version:id' of each destroyed tenant key")
+    refs_forgotten: int
+    blobs_deleted: int
+    shred_status: ShredStatus

@@ -4,7 +4,7 @@ microseconds since the Unix epoch (UTC), identical on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Index, Integer, LargeBinary, String
+from sqlalchemy import BigInteger, Boolean, Index, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -12,9 +12,9 @@ class Base(DeclarativeBase):
     pass
 
 
-class Kek(Base):
-    """A key-encryption-key version. The KEK itself is never stored: only a check
-    value that tells a wrong master secret from a right one."""
+class LegacyKek(Base):
+    """Format-1 KEK versions (derived from the master secret; only a check value stored).
+    Read once by the migration on open (``KeyRing.migrate_legacy``), then emptied."""
 
     __tablename__ = "cas_kek"
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -24,13 +24,17 @@ class Kek(Base):
 
 
 class DataKey(Base):
-    """One blob's AES-256 data key, wrapped by a KEK version. Deleting it is the shred."""
+    """One blob's AES-256 data key, wrapped (AES-GCM, AAD = key id, tenant, KEK id) by
+    one KEK of its tenant. A narrow table of its own, so a forget deletes and (on
+    PostgreSQL) vacuums only key rows. Deleting it is the shred."""
 
     __tablename__ = "cas_keys"
     key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     kek_version: Mapped[int] = mapped_column(Integer, index=True)
     wrapped: Mapped[bytes] = mapped_column(LargeBinary(64))
     created_us: Mapped[int] = mapped_column(BigInteger)
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True)  # None: format-1 row
+    kek_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
 
 class Blob(Base):
@@ -62,3 +66,26 @@ class BlobUse(Base):
     unit_kind: Mapped[str] = mapped_column(String(64), primary_key=True)
     unit_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     recorded_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class KeyBase(DeclarativeBase):
+    """The key database: KEKs and digest keys, kept apart from the CAS database so a
+    backup of the CAS database (and blobs) holds no key able to open what it wraps."""
+
+
+class TenantKey(KeyBase):
+    """A random per-tenant key, wrapped by the master secret (or a ``KekProvider``) with
+    AES-GCM, AAD = kind, key id, tenant and version. ``kind`` is ``kek`` (wraps the
+    tenant's data keys; versions rotate) or ``digest`` (keys the tenant's ``blake3k``
+    digests; version 0). Deleting the row destroys the key."""
+
+    __tablename__ = "cas_tenant_keys"
+    kek_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(8))
+    version: Mapped[int] = mapped_column(Integer)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    retired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (UniqueConstraint("tenant", "kind", "version", name="uq_cas_tenant_keys_version"),)

@@ -9,12 +9,13 @@ not hold gets ``NotFound`` whether or not another tenant holds it.
 
 from __future__ import annotations
 
-import contextlib
+import os
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import blake3
 import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.engine import Engine
@@ -24,21 +25,32 @@ from fak import config
 from fak.cas import crypto, db
 from fak.cas.backend import BlobBackend, FileBackend, new_blob_id
 from fak.cas.digest import Hasher, compute, is_keyed, parse_digest
-from fak.cas.errors import CasError, Forgotten, IntegrityError, KeyMismatch, NotFound, TooLarge
-from fak.cas.keyring import KekProvider, KeyRing
+from fak.cas.errors import CasError, Forgotten, IntegrityError, KeyDestroyed, KeyMismatch, NotFound, TooLarge
+from fak.cas.keyring import KekProvider, KeyRing, MasterWrapper, data_key_aad
 from fak.cas.models import (
+    TOMBSTONE_MEDIA_TYPE,
+    DestroyResult,
+    KekInfo,
     Ref,
+    RotationResult,
     ShredRecord,
+    ShredStatus,
+    TenantErasure,
     Use,
     check_media_type,
     check_taint,
     check_tenant,
     check_unit,
+    size_bucket,
     stricter,
 )
-from fak.cas.schema import Blob, BlobUse, DataKey, Kek
-from fak.db import AUTOCOMMIT, WRITE
-from fak.keys import load_master_secret
+from fak.cas.schema import Blob, BlobUse, DataKey, LegacyKek
+from fak.cas.scrub import pg_xid, scrub
+from fak.db import WRITE
+from fak.keys import derive_key, load_master_secret
+
+KEY_URL_ENV = "FAK_CAS_KEY_URL"
+REWRAP_BATCH = 1000
 
 DEFAULT_MAX_BLOB = 256 * 1024 * 1024
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,6 +62,44 @@ def _now_us() -> int:
 
 def _dt(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
+
+
+def _private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) or tighten it to 0700: blobs and keys are nobody else's."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def _sqlite_path(url: str) -> Path | None:
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    if parsed.database.startswith("file:"):
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def _private_sqlite_file(url: str) -> None:
+    """A SQLite database file (and its -wal, -shm) is mode 0600; SQLite gives the WAL
+    and shared-memory files the mode of the database file, so it is created 0600 first."""
+    path = _sqlite_path(url)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+        except FileNotFoundError:
+            pass
+
+
+def _shown_url(url: str) -> str:
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 class FsckReport(BaseModel):
@@ -101,6 +151,7 @@ class CasStore:
         *,
         master_secret: bytes | None = None,
         kek_provider: KekProvider | None = None,
+        key_url: str | None = None,
         backend: BlobBackend | None = None,
         encrypt: bool = True,
         max_blob_size: int = DEFAULT_MAX_BLOB,
@@ -108,25 +159,45 @@ class CasStore:
         fsync: bool = True,
     ) -> CasStore:
         """Open (creating and migrating as needed) the store. Defaults: the fak data
-        directory, its database URL and its master secret."""
+        directory, its database URL and its master secret; tenant keys in the key
+        database ``key_url`` (``$FAK_CAS_KEY_URL``, else ``<data dir>/keys/cas-keys.db``),
+        wrapped by ``kek_provider`` (default: the master secret). A format-1 store
+        (KEKs derived from the master secret) is re-wrapped once, here."""
         root = Path(data_dir) if data_dir is not None else config.data_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        engine = db.make_engine(url or config.database_url(root), durable=fsync)
+        _private_dir(root)
+        main_url = url or config.database_url(root)
+        key_url = key_url or os.environ.get(KEY_URL_ENV) or f"sqlite:///{_private_dir(root / 'keys') / 'cas-keys.db'}"
+        _private_sqlite_file(main_url)
+        _private_sqlite_file(key_url)
+        engine = db.make_engine(main_url, durable=fsync)
         db.upgrade(engine)
+        key_engine = db.make_engine(key_url, durable=True)  # key destruction is always fsynced
         master = master_secret if master_secret is not None else load_master_secret(root)
+        keys = KeyRing(key_engine, kek_provider if kek_provider is not None else MasterWrapper(master))
+        keys.create_tables()
+        _private_sqlite_file(main_url)  # the -wal and -shm files exist now
+        _private_sqlite_file(key_url)
         store = cls(
             engine,
             backend or FileBackend(root / "blobs", fsync=fsync),
-            KeyRing(master, kek_provider),
+            keys,
             encrypt=encrypt,
             max_blob_size=max_blob_size,
             chunk_size=chunk_size,
         )
-        store._ensure_kek()
+        try:
+            keys.ensure_check()
+        except KeyMismatch:
+            raise KeyMismatch(
+                "the master secret (or KEK provider) does not match this store's key database "
+                f"{_shown_url(key_url)}; set FAK_MASTER_SECRET or the data directory the store was created with"
+            ) from None
+        store._migrate_legacy(master)
         return store
 
     def close(self) -> None:
         self.engine.dispose()
+        self.keys.engine.dispose()
 
     def __enter__(self) -> CasStore:
         return self
@@ -134,27 +205,52 @@ class CasStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _ensure_kek(self) -> None:
-        with self._writer() as s:
-            active = s.scalars(sa.select(Kek).where(Kek.retired_us.is_(None)).order_by(Kek.version.desc())).first()
-            if active is None:
-                s.add(Kek(version=1, check_value=self.keys.check_value(1), created_us=_now_us()))
-                try:
-                    s.commit()
-                except sa.exc.IntegrityError:  # another process created it first
-                    s.rollback()
-                return
-            if active.check_value != self.keys.check_value(active.version):
+    def _migrate_legacy(self, master: bytes) -> int:
+        """One-time re-wrap of a format-1 store: its KEKs were derived from the master
+        secret (so no rotation could retire them). Every data key is unwrapped with the
+        derived KEK and re-wrapped under its tenant's random KEK (AAD-bound); each
+        tenant keeps its derived digest key (stored wrapped like a new one), or its
+        existing digests would no longer verify. Idempotent; returns keys re-wrapped."""
+        with self._session() as s:
+            legacy = list(s.scalars(sa.select(LegacyKek)))
+            pending = s.scalar(sa.select(sa.func.count()).select_from(DataKey).where(DataKey.kek_id.is_(None)))
+        if not legacy and not pending:
+            return 0
+        derived = {k.version: derive_key(master, "fak/cas/kek", f"v{k.version}".encode()) for k in legacy}
+        for k in legacy:
+            check = blake3.blake3(b"fak/cas/kek-check", key=derived[k.version]).hexdigest()[:32]
+            if check != k.check_value:
                 raise KeyMismatch(
-                    f"the master secret does not match this store (KEK v{active.version} check failed); "
-                    "set FAK_MASTER_SECRET or the data directory the store was created with"
+                    f"cannot migrate this format-1 store: the master secret does not match its KEK v{k.version}; "
+                    "open it once with the master secret it was created with (FAK_MASTER_SECRET or its data dir)"
                 )
-
-    def _active_kek(self, s: Session) -> int:
-        version = s.scalar(sa.select(sa.func.max(Kek.version)).where(Kek.retired_us.is_(None)))
-        if version is None:
-            raise CasError("the CAS has no active key-encryption key")
-        return version
+        with self._session() as s:
+            tenants = set(s.scalars(sa.select(Blob.tenant).distinct())) | set(
+                s.scalars(sa.select(BlobUse.tenant).distinct())
+            )
+        for tenant in sorted(tenants):
+            self.keys.set_digest_key(tenant, derive_key(master, "fak/cas/digest-key", tenant.encode()))
+        count = 0
+        with self._writer() as s:
+            rows = s.execute(
+                sa.select(DataKey, Blob.tenant).outerjoin(Blob, Blob.key_id == DataKey.key_id)
+                .where(DataKey.kek_id.is_(None))
+            ).all()  # fmt: skip
+            for key, tenant in rows:
+                if tenant is None:  # a key no ref names: nothing to keep
+                    s.delete(key)
+                    continue
+                if key.kek_version not in derived:
+                    raise KeyMismatch(f"format-1 data key {key.key_id} names KEK v{key.kek_version}, which is unknown")
+                dek = crypto.legacy_unwrap_key(derived[key.kek_version], key.wrapped)
+                kek = self.keys.active(tenant)
+                key.wrapped = crypto.wrap_key(kek.key, dek, data_key_aad(key.key_id, tenant, kek.kek_id))
+                key.tenant, key.kek_id, key.kek_version = tenant, kek.kek_id, kek.version
+                count += 1
+            s.execute(sa.delete(LegacyKek))
+            s.commit()
+        self.scrub()
+        return count
 
     # ------------------------------------------------------------------ helpers
 
@@ -166,7 +262,10 @@ class CasStore:
         return compute(b"", self._digest_key(check_tenant(tenant), keyed))
 
     def _is_empty(self, digest: str, tenant: str) -> bool:
-        return digest == self.empty_digest(tenant, keyed=is_keyed(digest))
+        if not is_keyed(digest):
+            return digest == compute(b"")
+        key = self.keys.digest_key(tenant, create=False)  # no key yet: no keyed digest can be its empty blob
+        return key is not None and digest == compute(b"", key)
 
     def _empty_ref(self, digest: str, tenant: str, media_type: str = "application/octet-stream") -> Ref:
         return Ref(digest=digest, size=0, media_type=media_type, tenant=tenant, taint="trusted", created_at=_EPOCH)
@@ -314,16 +413,18 @@ class CasStore:
         put won), drop ours and return theirs; a forgotten ref is revived with the new blob."""
         now = _now_us()
         try:
+            kek = self.keys.active(tenant) if w.dek is not None else None
             with self._writer() as s:
                 key_id = None
-                if w.dek is not None:
-                    kek_version = self._active_kek(s)
+                if w.dek is not None and kek is not None:
                     key_id = new_blob_id()
                     s.add(
                         DataKey(
                             key_id=key_id,
-                            kek_version=kek_version,
-                            wrapped=crypto.wrap_key(self.keys.kek(kek_version), w.dek),
+                            tenant=tenant,
+                            kek_id=kek.kek_id,
+                            kek_version=kek.version,
+                            wrapped=crypto.wrap_key(kek.key, w.dek, data_key_aad(key_id, tenant, kek.kek_id)),
                             created_us=now,
                         )
                     )
@@ -410,9 +511,18 @@ class CasStore:
                 key = s.get(DataKey, row.key_id)
                 if key is None:
                     raise IntegrityError(f"the data key of {digest} is missing")
-                dek = crypto.unwrap_key(self.keys.kek(key.kek_version), key.wrapped)
+                dek = self._unwrap(key, tenant, digest)
         hasher = Hasher(self._digest_key(tenant, is_keyed(digest)))
         return self._read(row, dek, hasher)
+
+    def _unwrap(self, key: DataKey, tenant: str, digest: str) -> bytes:
+        kek = self.keys.kek(key.kek_id) if key.kek_id is not None else None
+        if kek is None:
+            raise KeyDestroyed(
+                f"the KEK that wrapped the data key of {digest} was destroyed (rotation and destroy_retired, or "
+                "erase_tenant): this blob cannot be decrypted any more (e.g. a database restored from an old backup)"
+            )
+        return crypto.unwrap_key(kek, key.wrapped, data_key_aad(key.key_id, tenant, key.kek_id))
 
     def _read(self, row: Blob, dek: bytes | None, hasher: Hasher) -> Iterator[bytes]:
         assert row.blob_id is not None
@@ -551,9 +661,11 @@ class CasStore:
 
     def forget(self, digest: str, tenant: str) -> ShredRecord:
         """Erase a ref: delete its wrapped data key (the crypto-shred) and its uses in
-        one transaction, leave a tombstone, then delete the ciphertext. On SQLite the
-        deleted key bytes are zeroed in the file (secure_delete) and the WAL is
-        truncated. Forgetting a forgotten ref returns a record with nothing destroyed."""
+        one transaction, leave a tombstone (size rounded up to a power of two, no media
+        type), delete the ciphertext, then scrub the key row out of the database files
+        (SQLite: WAL checkpoint; PostgreSQL: VACUUM). ``shred_status`` says whether the
+        scrub completed; ``crypto_shredded`` is claimed only then. Forgetting a forgotten
+        ref destroys nothing and retries a pending scrub."""
         digest, _ = self._resolve(digest, tenant)
         now = _now_us()
         if self._is_empty(digest, tenant):
@@ -566,14 +678,18 @@ class CasStore:
             if row is None:
                 raise NotFound(f"no ref {digest} for tenant {tenant!r}")
             if row.state == "forgotten":
+                s.rollback()
+                status = self.scrub()
                 return ShredRecord(
                     digest=digest, tenant=tenant, size=row.size, forgotten_at=_dt(row.forgotten_us or now),
                     key_id=None, kek_version=None, blob_id=None, ciphertext_deleted=False,
-                    crypto_shredded=False, already_forgotten=True,
+                    crypto_shredded=False, already_forgotten=True, shred_status=status,
+                    wal_checkpointed=self._checkpointed(status),
                 )  # fmt: skip
+            xid = pg_xid(s.connection())
             uses = self._uses(s, digest, tenant)
             key = s.get(DataKey, row.key_id) if row.key_id else None
-            kek_version = key.kek_version if key else None
+            kek_version, kek_id = (key.kek_version, key.kek_id) if key else (None, None)
             blob_id, key_id, size, was_pinned = row.blob_id, row.key_id, row.size, row.pinned
             if key is not None:
                 s.delete(key)
@@ -581,68 +697,139 @@ class CasStore:
             s.execute(
                 sa.update(Blob)
                 .where(Blob.tenant == tenant, Blob.digest == digest)
-                .values(state="forgotten", forgotten_us=now, blob_id=None, key_id=None, pinned=False)
-            )
+                .values(state="forgotten", forgotten_us=now, blob_id=None, key_id=None, pinned=False,
+                        size=size_bucket(size), media_type=TOMBSTONE_MEDIA_TYPE)
+            )  # fmt: skip
             s.commit()
         deleted = self.backend.delete(blob_id) if blob_id else False
-        self._scrub()
+        status = scrub(self.engine, DataKey.__tablename__, xid)
         return ShredRecord(
             digest=digest,
             tenant=tenant,
-            size=size,
+            size=size_bucket(size),
             forgotten_at=_dt(now),
             key_id=key_id,
             kek_version=kek_version,
+            kek_id=kek_id,
             blob_id=blob_id,
             ciphertext_deleted=deleted,
-            crypto_shredded=key is not None,
+            key_deleted=key is not None,
+            shred_status=status,
+            wal_checkpointed=self._checkpointed(status),
+            crypto_shredded=key is not None and status == "destroyed",
             uses_released=uses,
             was_pinned=was_pinned,
         )
 
-    def _scrub(self) -> None:
-        """Push deleted-key pages out of the SQLite WAL (best effort: a busy reader
-        can delay it; the next forget or checkpoint completes it)."""
-        if self._dialect == "sqlite":  # outside any transaction, or it cannot reset the WAL
-            scrub = self.engine.execution_options(**{AUTOCOMMIT: True})
-            with scrub.connect() as conn, contextlib.suppress(sa.exc.OperationalError):
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    def _checkpointed(self, status: ShredStatus) -> bool | None:
+        return status == "destroyed" if self._dialect == "sqlite" else None
+
+    def scrub(self) -> ShredStatus:
+        """Complete the scrub of deleted key rows (a forget that reported a pending
+        status): SQLite WAL checkpoint, PostgreSQL VACUUM of the key table."""
+        return scrub(self.engine, DataKey.__tablename__)
 
     # ------------------------------------------------------------------ keys
 
-    def rotate_kek(self) -> tuple[int, int]:
-        """Make a new KEK version active and re-wrap every live data key under it, in
-        one transaction. Returns (new version, keys re-wrapped)."""
-        with self._writer() as s:
-            old = self._active_kek(s)
-            new = old + 1
-            now = _now_us()
-            s.add(Kek(version=new, check_value=self.keys.check_value(new), created_us=now))
-            s.flush()
-            count = 0
-            for key in s.scalars(sa.select(DataKey).where(DataKey.kek_version != new).with_for_update()):
-                dek = crypto.unwrap_key(self.keys.kek(key.kek_version), key.wrapped)
-                key.wrapped = crypto.wrap_key(self.keys.kek(new), dek)
-                key.kek_version = new
-                count += 1
-            s.execute(sa.update(Kek).where(Kek.version != new, Kek.retired_us.is_(None)).values(retired_us=now))
-            try:
-                s.commit()
-            except sa.exc.IntegrityError as exc:
-                raise CasError("another KEK rotation ran at the same time; retry") from exc
-        self._scrub()
-        return new, count
+    def rotate(self, tenant: str | None = None) -> RotationResult:
+        """Give each tenant (or the one named) a new random KEK version, re-wrap its live
+        data keys under it (in batches) and retire the old versions. Retired KEKs stay
+        until ``destroy_retired``: only then does a copy made before the rotation (a
+        backup, a dead tuple) stop opening what it wrapped."""
+        tenants = [check_tenant(tenant)] if tenant is not None else self.keys.tenants()
+        versions: dict[str, int] = {}
+        retired: list[str] = []
+        count = 0
+        for t in tenants:
+            kek = self.keys.new_kek(t) or self.keys.active(t)  # None: a concurrent rotation added one
+            count += self._rewrap(t, lambda q, kek=kek: q.where(DataKey.kek_id != kek.kek_id), kek)
+            retired += self.keys.retire_all_but(t, kek.kek_id)
+            versions[t] = kek.version
+        return RotationResult(versions=versions, rewrapped=count, retired=retired)
 
-    def kek_versions(self) -> list[tuple[int, bool, int]]:
-        """(version, active, keys wrapped under it) for every KEK version."""
+    rotate_kek = rotate  # the format-1 name
+
+    def _rewrap(self, tenant: str, where, kek) -> int:  # noqa: ANN001
+        """Re-wrap the tenant's data keys selected by ``where`` under ``kek``, committing
+        every ``REWRAP_BATCH`` keys (each batch leaves every key readable)."""
+        count = 0
+        while True:
+            with self._writer() as s:
+                q = where(sa.select(DataKey).where(DataKey.tenant == tenant)).limit(REWRAP_BATCH).with_for_update()
+                batch = list(s.scalars(q))
+                for key in batch:
+                    dek = self._unwrap(key, tenant, f"data key {key.key_id}")
+                    key.wrapped = crypto.wrap_key(kek.key, dek, data_key_aad(key.key_id, tenant, kek.kek_id))
+                    key.kek_id, key.kek_version = kek.kek_id, kek.version
+                s.commit()
+            count += len(batch)
+            if len(batch) < REWRAP_BATCH:
+                return count
+
+    def destroy_retired(self, older_than: float | timedelta) -> DestroyResult:
+        """Destroy every KEK retired at least ``older_than`` (seconds, or a timedelta)
+        ago: after this, no copy of a data key wrapped under it opens again, whatever
+        backup it is in. A data key still wrapped under it (a put that raced the
+        rotation) is re-wrapped under the tenant's active KEK first."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
+        if seconds < 0:
+            raise CasError("older_than must be >= 0")
+        infos = {i.kek_id: i for i in self.kek_versions()}
+        doomed = self.keys.retired_before(_now_us() - int(seconds * 1e6))
+        count = 0
+        for row in doomed:
+            kek = self.keys.active(row.tenant)
+            count += self._rewrap(row.tenant, lambda q, r=row: q.where(DataKey.kek_id == r.kek_id), kek)
+        self.keys.destroy([r.kek_id for r in doomed])
+        status = scrub(self.keys.engine, "cas_tenant_keys") if doomed else "destroyed"
+        return DestroyResult(destroyed=[infos[r.kek_id] for r in doomed if r.kek_id in infos],
+                             rewrapped=count, shred_status=status)  # fmt: skip
+
+    def erase_tenant(self, tenant: str) -> TenantErasure:
+        """Crypto-erase a whole tenant in one step: destroy every key it has (KEKs and
+        digest key, one transaction in the key database), so no copy of its data keys
+        or digests opens or can be recomputed again; then tombstone its refs, delete
+        their data keys, uses and ciphertext. Idempotent (a crash in between: run again)."""
+        check_tenant(tenant)
+        destroyed = self.keys.erase_tenant(tenant)
+        key_status = scrub(self.keys.engine, "cas_tenant_keys")
+        now = _now_us()
+        with self._writer() as s:
+            xid = pg_xid(s.connection())
+            live = list(s.execute(sa.select(Blob.digest, Blob.size, Blob.blob_id).where(
+                Blob.tenant == tenant, Blob.state == "live")))  # fmt: skip
+            s.execute(sa.delete(DataKey).where(DataKey.tenant == tenant))
+            s.execute(sa.delete(BlobUse).where(BlobUse.tenant == tenant))
+            for digest, size, _ in live:
+                s.execute(sa.update(Blob).where(Blob.tenant == tenant, Blob.digest == digest).values(
+                    state="forgotten", forgotten_us=now, blob_id=None, key_id=None, pinned=False,
+                    size=size_bucket(size), media_type=TOMBSTONE_MEDIA_TYPE))  # fmt: skip
+            s.commit()
+        deleted = sum(self.backend.delete(blob_id) for _, _, blob_id in live if blob_id)
+        status = scrub(self.engine, DataKey.__tablename__, xid)
+        return TenantErasure(
+            tenant=tenant,
+            keys_destroyed=[f"{r.kind}:{r.version}:{r.kek_id}" for r in destroyed],
+            refs_forgotten=len(live),
+            blobs_deleted=deleted,
+            shred_status=status if status != "destroyed" else key_status,
+        )
+
+    def kek_versions(self, tenant: str | None = None) -> list[KekInfo]:
+        """Every KEK version (of one tenant, or all), with the data keys wrapped under it."""
+        rows = self.keys.rows(check_tenant(tenant) if tenant is not None else None)
         with self._session() as s:
-            counts = dict(
-                s.execute(sa.select(DataKey.kek_version, sa.func.count()).group_by(DataKey.kek_version)).all()
-            )
-            return [
-                (k.version, k.retired_us is None, counts.get(k.version, 0))
-                for k in s.scalars(sa.select(Kek).order_by(Kek.version))
-            ]
+            counts = dict(s.execute(sa.select(DataKey.kek_id, sa.func.count()).group_by(DataKey.kek_id)).all())
+        active = {}
+        for r in rows:
+            if r.retired_us is None:
+                active[r.tenant] = max(active.get(r.tenant, 0), r.version)
+        return [
+            KekInfo(tenant=r.tenant, version=r.version, kek_id=r.kek_id, active=active.get(r.tenant) == r.version,
+                    created_at=_dt(r.created_us), retired_at=_dt(r.retired_us) if r.retired_us else None,
+                    keys=counts.get(r.kek_id, 0))
+            for r in rows
+        ]  # fmt: skip
 
     # ------------------------------------------------------------------ maintenance
 

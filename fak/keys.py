@@ -1,7 +1,8 @@
 """The server master secret and the keys derived from it.
 
 One 32-byte secret per deployment, created on first use in the data directory
-with mode 0600 (or given as hex in ``FAK_MASTER_SECRET``). Every layer derives
+with mode 0600 (or given as hex in ``FAK_MASTER_SECRET``). A secret file readable by
+group or others, or owned by another user, is refused at start. Every layer derives
 its own keys from it with HKDF-SHA256 under a distinct label, so no two uses
 share key material and a client can never choose a derived value (tenant
 salts, keyed-digest keys).
@@ -48,10 +49,28 @@ def load_master_secret(directory: Path) -> bytes:
             pass
         finally:
             tmp.unlink()
+    check_secret_file(path)
     raw = bytes.fromhex(path.read_text().strip())
     if len(raw) < 32:
         raise FakError(f"{path}: master secret is shorter than 32 bytes")
     return raw
+
+
+def check_secret_file(path: Path) -> None:
+    """Refuse a master secret file that anyone but this process's user could read or
+    swap: group/world permission bits, or another owner. Whoever reads it reads every
+    tenant's keys, so fak will not start on it (the error names the fix)."""
+    st = path.stat()
+    if st.st_mode & 0o077:
+        raise FakError(
+            f"{path}: the master secret is accessible to group or others (mode {st.st_mode & 0o777:04o}); "
+            f"run: chmod 600 {path}"
+        )
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise FakError(
+            f"{path}: the master secret is owned by uid {st.st_uid}, not by the user running fak "
+            f"(uid {os.geteuid()}); run: chown {os.geteuid()} {path} (as root), or run fak as its owner"
+        )
 
 
 def derive_key(master: bytes, label: str, context: bytes = b"", length: int = 32) -> bytes:

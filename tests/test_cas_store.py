@@ -348,15 +348,16 @@ def test_kek_rotation_keeps_every_live_blob_readable(store):
     store.forget(gone.digest, "acme")
     with store._session() as s:
         before = {k.key_id: k.wrapped for k in s.scalars(sa.select(DataKey))}
-    version, rewrapped = store.rotate_kek()
-    assert (version, rewrapped) == (2, len(blobs))
-    version, rewrapped = store.rotate_kek()
-    assert version == 3
+    first = store.rotate()
+    assert first.versions == {"acme": 2, "globex": 2} and first.rewrapped == len(blobs)
+    assert store.rotate("acme").versions == {"acme": 3}
     with store._session() as s:
-        after = {k.key_id: (k.wrapped, k.kek_version) for k in s.scalars(sa.select(DataKey))}
+        after = {k.key_id: (k.wrapped, k.kek_version, k.tenant) for k in s.scalars(sa.select(DataKey))}
     assert after.keys() == before.keys()
-    assert all(v == 3 and w != before[k] for k, (w, v) in after.items())
-    assert [(v, active) for v, active, _ in store.kek_versions()] == [(1, False), (2, False), (3, True)]
+    assert all(w != before[k] and v == (3 if t == "acme" else 2) for k, (w, v, t) in after.items())
+    assert [(i.tenant, i.version, i.active) for i in store.kek_versions()] == [
+        ("acme", 1, False), ("acme", 2, False), ("acme", 3, True), ("globex", 1, False), ("globex", 2, True)]
+    assert [i.keys for i in store.kek_versions("acme")] == [0, 0, 2]
     for ref, t in blobs.items():
         assert store.get(ref, t) == contents[ref.digest]
     new = store.put(b"after rotation", "text/plain", "acme")

@@ -24,9 +24,11 @@ MASTER = "ab" * 32
 
 
 @pytest.fixture(autouse=True)
-def _one_master_secret(monkeypatch):
-    """Both kernels (server and local) derive the same keyed digests: refs compare equal."""
+def _one_master_secret(monkeypatch, tmp_path):
+    """Both kernels (server and local) share the master secret and the CAS key database
+    (tenant digest keys are random, kept there): same keyed digests, refs compare equal."""
     monkeypatch.setenv("FAK_MASTER_SECRET", MASTER)
+    monkeypatch.setenv("FAK_CAS_KEY_URL", f"sqlite:///{tmp_path / 'shared-cas-keys.db'}")
 
 
 @pytest.fixture
