@@ -19,6 +19,7 @@ from fak.audit import (
     verify_receipt,
 )
 from fak.audit.receipt import MIRRORED
+from fak.audit.signing import KEY_FILE
 from fak.cli import main
 
 REF = "blake3k:" + "ef" * 32
@@ -219,3 +220,157 @@ def test_cli_verify_receipt(log, tmp_path, capsys):
     assert "not JSON" in capsys.readouterr().err
     assert main(["audit", "verify-receipt", str(good)]) == 1  # the key is required: no trust on first use
     assert "pinned log key is required" in capsys.readouterr().err
+
+
+# --- receipts that prove: admission, request, consistency, witnesses ----------------------------------
+
+
+def _manual_receipt(log, completed: int, requested: int, checkpoint_size: int | None = None) -> ForgetReceipt:
+    """A receipt put together by hand around whatever the log holds at those indexes (what a
+    forger with the log's signed checkpoints, but not its key, can assemble)."""
+    ev = log.entry(completed).event
+    proof = log.inclusion_proof(completed).to_json()
+    cp = proof.pop("checkpoint")
+
+    def bare(i: int) -> dict:
+        return {k: v for k, v in log.inclusion_proof(i, size=proof["treeSize"]).to_json().items() if k != "checkpoint"}
+
+    return ForgetReceipt(
+        ref=ev.ref, request_id=ev.request_id, tenant=ev.tenant, units_dropped=ev.units_dropped,
+        sessions=ev.sessions, shredded_key_id=ev.shredded_key_id, kek_version=ev.kek_version,
+        requested_index=requested, log_index=completed, event=log.entry(completed).body.decode(),
+        inclusion_proof=proof, requested_event=log.entry(requested).body.decode(),
+        requested_inclusion_proof=bare(requested), checkpoint=cp,
+    )  # fmt: skip
+
+
+def test_receipt_rejects_forgery(log, tmp_path):
+    key = log.public_key()
+    # 1. a completion without its request: the log holds a forget_completed whose requested_index
+    #    names the ref's admission; no forget_requested was ever logged
+    adm = _admit(log)
+    done = log.append(ForgetCompleted(request_id="f-x", ref=REF, tenant="acme", requested_index=adm,
+                                      shredded_key_id="dk-1", kek_version=1))  # fmt: skip
+    with pytest.raises(Exception, match="not the forget_requested"):
+        ForgetReceipt.from_log(log, done)
+    check = verify_receipt(_manual_receipt(log, done, adm), key)
+    assert not check and "not forget_requested" in check.reason
+
+    # 2. an unknown ref: request and completion signed into a log that never admitted it
+    ghost = "blake3k:" + "99" * 32
+    decoys = (_admit(log, ref=OTHER), _admit(log, ref=ghost, tenant="globex"))  # not this ref's, not this tenant's
+    r = log.append(ForgetRequested(request_id="f-g", ref=ghost, tenant="acme"))
+    g = log.append(ForgetCompleted(request_id="f-g", ref=ghost, tenant="acme", requested_index=r,
+                                   shredded_key_id="dk-9", kek_version=1))  # fmt: skip
+    receipt = ForgetReceipt.from_log(log, g)
+    assert receipt.admitted_event is None
+    check = verify_receipt(receipt, key)
+    assert not check and "never admitted" in check.reason
+    #    ... nor does another ref's admission, or the ref's admission by another tenant, stand in
+    for other in decoys:
+        body = log.entry(other).body.decode()
+        proof = log.inclusion_proof(other, size=receipt.inclusion_proof["treeSize"]).to_json()
+        proof.pop("checkpoint", None)
+        swapped = receipt.model_copy(update={"admitted_index": other, "admitted_event": body,
+                                             "admitted_inclusion_proof": proof})  # fmt: skip
+        check = verify_receipt(swapped, key)
+        assert not check and "not an admission of this ref by this tenant" in check.reason
+    #    ... nor an admission logged after the request
+    late = _admit(log, ref=ghost)
+    i = log.append(ForgetCompleted(request_id="f-g", ref=ghost, tenant="acme", requested_index=r,
+                                   shredded_key_id="dk-9", kek_version=1))  # fmt: skip
+    receipt = ForgetReceipt.from_log(log, i)
+    assert receipt.admitted_event is None  # the search looks before the request only
+    proof = log.inclusion_proof(late, size=receipt.inclusion_proof["treeSize"]).to_json()
+    proof.pop("checkpoint", None)
+    check = verify_receipt(receipt.model_copy(update={
+        "admitted_index": late, "admitted_event": log.entry(late).body.decode(), "admitted_inclusion_proof": proof,
+    }), key)  # fmt: skip
+    assert not check and "before the request" in check.reason
+
+    # 3. a checkpoint not consistent with the auditor's last known one
+    good = ForgetReceipt.from_log(log, _forget(log))
+    assert verify_receipt(good, key)
+    signer = note.Signer.parse((tmp_path / KEY_FILE).read_text())  # the log's own key signs a fork
+    with AuditLog.open(url=f"sqlite:///{tmp_path / 'fork.db'}", data_dir=tmp_path, signing_key=signer) as fork:
+        for n in range(good.inclusion_proof["treeSize"] + 2):
+            fork.append(PolicyLoaded(policy_id=f"fork{n}", policy_digest=P))
+        forked_cp = fork.checkpoint().note
+        forked_same = fork.inclusion_proof(0, size=good.inclusion_proof["treeSize"])
+    check = verify_receipt(good, key, last_checkpoint=forked_cp)
+    assert not check and "consistency proof" in check.reason
+    size = good.inclusion_proof["treeSize"]
+    # the fork's tree at the receipt's size, signed: two roots for one size
+    from fak.audit.checkpoint import sign_checkpoint
+
+    split = sign_checkpoint(signer, log.origin, size, forked_same.root_hash).note
+    check = verify_receipt(good, key, last_checkpoint=split)
+    assert not check and "split view" in check.reason
+    # a genuine proof from the log (to its own tree of the fork's size) does not link the receipt to the fork
+    log.append(PolicyLoaded(policy_id="after1", policy_digest=P))
+    log.append(PolicyLoaded(policy_id="after2", policy_digest=P))
+    later_cp = log.checkpoint()
+    genuine = log.consistency_proof(size, later_cp.size).to_json()
+    assert later_cp.size == size + 2 and verify_receipt(good, key, last_checkpoint=later_cp.note,
+                                                         consistency_proof=genuine)  # fmt: skip
+    check = verify_receipt(good, key, last_checkpoint=forked_cp, consistency_proof=genuine)
+    assert not check and "not consistent" in check.reason and "does not verify" in check.reason
+
+
+def test_receipt_consistent_with_last_known_checkpoint(log):
+    key = log.public_key()
+    _fill = [log.append(PolicyLoaded(policy_id=f"q{n}", policy_digest=P)) for n in range(5)]
+    seen = log.checkpoint()  # the auditor's last known checkpoint, before the forget
+    i = _forget(log)
+    r = ForgetReceipt.from_log(log, i, since=seen.size)
+    assert r.consistency_proof["oldSize"] == seen.size
+    check = verify_receipt(r, key, last_checkpoint=seen.note)
+    assert check and "consistent with the last known checkpoint" in check.detail
+    assert verify_receipt(json.loads(json.dumps(r.model_dump(mode="json"))), key, last_checkpoint=seen.note)
+    plain = ForgetReceipt.from_log(log, i)  # no proof carried: the caller may supply one
+    assert not verify_receipt(plain, key, last_checkpoint=seen.note)
+    proof = log.consistency_proof(seen.size, plain.inclusion_proof["treeSize"]).to_json()
+    assert verify_receipt(plain, key, last_checkpoint=seen.note, consistency_proof=proof)
+    bad = dict(proof, hashes=["00" * 32, *proof["hashes"][1:]])
+    assert not verify_receipt(plain, key, last_checkpoint=seen.note, consistency_proof=bad)
+    # the auditor already knows a newer checkpoint: a proof from the receipt's to it
+    log.append(PolicyLoaded(policy_id="q9", policy_digest=P))
+    newer = log.checkpoint()
+    fwd = log.consistency_proof(plain.inclusion_proof["treeSize"], newer.size).to_json()
+    assert verify_receipt(plain, key, last_checkpoint=newer.note, consistency_proof=fwd)
+    assert verify_receipt(plain, key, last_checkpoint=plain.checkpoint)  # the same checkpoint
+
+
+def test_receipt_witness_quorum(log, tmp_path, capsys):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fak.audit.cosignature_verify import cosign, witness_vkey
+
+    key = log.public_key()
+    r = ForgetReceipt.from_log(log, _forget(log))
+    k1, k2 = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    v1, v2 = witness_vkey("w1.example", k1), witness_vkey("w2.example", k2)
+    text, _ = note.split(r.checkpoint)
+    witnessed = r.model_copy(update={"checkpoint": r.checkpoint + cosign("w1.example", k1, text, 1_800_000_000)})
+    assert verify_receipt(witnessed, key)  # cosignatures do not disturb the log's signature
+    check = verify_receipt(witnessed, key, witnesses=[v1])
+    assert check and "w1.example" in check.detail
+    check = verify_receipt(witnessed, key, witnesses=[v1, v2])
+    assert not check and "quorum" in check.reason and "1 of 2" in check.reason
+    assert verify_receipt(witnessed, key, witnesses=[v1, v2], quorum=1)
+    assert not verify_receipt(r, key, witnesses=[v1])  # not cosigned at all
+    forged = r.model_copy(update={"checkpoint": r.checkpoint + cosign("w1.example", k2, text, 1_800_000_000)})
+    assert not verify_receipt(forged, key, witnesses=[v1])  # w1's name and key id, another key's signature
+    path = tmp_path / "witnessed.json"
+    path.write_text(json.dumps(witnessed.model_dump(mode="json")))
+    assert main(["audit", "verify-receipt", str(path), "--pubkey", key, "--witness", v1]) == 0
+    assert "witnessed by w1.example" in capsys.readouterr().out
+    assert main(["audit", "verify-receipt", str(path), "--pubkey", key, "--witness", v1, "--witness", v2]) == 1
+    assert "quorum" in capsys.readouterr().err
+    pol = tmp_path / "policy"
+    pol.write_text(f"log {key}\nwitness one {v1}\nwitness two {v2}\nquorum any\n")
+    assert main(["audit", "verify-receipt", str(path), "--policy", str(pol)]) == 0
+    last = tmp_path / "last.cp"
+    last.write_text(r.checkpoint)
+    assert main(["audit", "verify-receipt", str(path), "--policy", str(pol), "--last-checkpoint", str(last)]) == 0
+    assert "same tree" in capsys.readouterr().out
