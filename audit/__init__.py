@@ -48,6 +48,8 @@ _EXPORTS = {
     "PolicyLoaded": "fak.audit.events",
     "KeyRotated": "fak.audit.events",
     "AuthFailure": "fak.audit.events",
+    "AuditAlarm": "fak.audit.events",
+    "WitnessEndpoint": "fak.audit.witness",
     "Event": "fak.audit.events",
     "canonical": "fak.audit.events",
 }

@@ -7,28 +7,42 @@ next indexes, stores the leaf and every subtree hash that became complete, and
 acknowledges each append only after the commit returned. A checkpoint is
 signed every N entries, every T ms while entries are pending, and on demand,
 always after checking it is consistent with the last one signed.
+
+Why the signer does not trust the database: before each signature it recomputes the
+tree from the entries themselves and checks that the tree it remembers signing (in a
+file beside its key, ``signer_state``) is a prefix of it; a database rewritten behind
+its back makes it refuse, with an ``AuditAlarm`` in the log. Witnesses (C2SP
+tlog-witness) cosign each new checkpoint from a separate thread, so a slow or absent
+witness never delays appends; their cosignature lines are served with the checkpoint.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import Connection
 
 from fak.audit import merkle, store
-from fak.audit.checkpoint import SignedCheckpoint, sign_checkpoint
+from fak.audit.checkpoint import SignedCheckpoint, from_note, sign_checkpoint
+from fak.audit.cosignature import add_lines
 from fak.audit.errors import AuditError
-from fak.audit.events import Event, canonical, parse_event, to_event
+from fak.audit.events import AuditAlarm, Event, canonical, parse_event, to_event
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
-from fak.audit.signing import load_signer
+from fak.audit.signer_state import SignerMemory, SignerRefused, read_state, state_path
+from fak.audit.signing import ENV, load_signer
+from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
 
 
 @dataclass(frozen=True)
@@ -53,12 +67,39 @@ class _Append:
 
 @dataclass
 class _Control:
-    kind: str  # "checkpoint" | "stop"
+    kind: str  # "checkpoint" | "reset" | "stop"
     future: Future
+    arg: object = None
 
 
-def _cp(row: tuple[int, bytes, str], origin: str) -> SignedCheckpoint:
-    return SignedCheckpoint(origin=origin, size=row[0], root=row[1], note=row[2])
+@dataclass
+class _Cosign:
+    size: int
+    note: str
+    done: Future
+
+
+@dataclass
+class WitnessStats:
+    """Per witness: checkpoints cosigned, failures (down, refused, bad answer), latencies."""
+
+    cosigned: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    latency_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpoint:
+    """A stored checkpoint as served: the log's note with the witnesses' cosignature lines."""
+    return from_note(add_lines(row[2], list(lines)) if lines else row[2])
+
+
+def _digest(root: bytes | None) -> str | None:
+    return None if root is None else "sha256:" + root.hex()
+
+
+def _b64(root: bytes | None) -> str:
+    return "none" if root is None else base64.b64encode(root).decode()
 
 
 class AuditLog:
@@ -71,9 +112,13 @@ class AuditLog:
         checkpoint_every: int = 1000,
         checkpoint_ms: int = 1000,
         max_batch: int = 4096,
+        memory: SignerMemory | None = None,
+        witnesses: Sequence[WitnessEndpoint | str] = (),
+        witness_timeout: float = 5.0,
     ) -> None:
         self.origin = signer.name
         self._signer = signer
+        self._memory = memory
         self._every = max(1, checkpoint_every)
         self._interval = max(1, checkpoint_ms) / 1000.0
         self._max_batch = max_batch
@@ -91,8 +136,23 @@ class AuditLog:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._gate = threading.Lock()
+        self._alarm: SignerRefused | None = None  # set: the signer refuses until its state changes
+        self._alarm_state: object = None  # the state file's content when the alarm was raised
+        self.refusals = 0  # checkpoints refused by the signer
+        self.alarms = 0  # AuditAlarms this process appended
+        self.witnesses = [WitnessEndpoint.parse(w) for w in witnesses]
+        self.witness_stats = {w.url: WitnessStats() for w in self.witnesses}
+        self._witness_timeout = witness_timeout
+        self._witness_size: dict[str, int] = {}  # vkey -> last size it cosigned (as far as we know)
+        self._cosign_q: queue.SimpleQueue = queue.SimpleQueue()
+        if self._memory is not None:
+            self._open_memory()
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
         self._writer.start()
+        self._cosigner: threading.Thread | None = None
+        if self.witnesses:
+            self._cosigner = threading.Thread(target=self._cosign_run, name="fak-audit-cosigner", daemon=True)
+            self._cosigner.start()
 
     @classmethod
     def open(
@@ -101,18 +161,110 @@ class AuditLog:
         data_dir: str | Path | None = None,
         origin: str | None = None,
         signing_key: object = None,
+        witnesses: Sequence[WitnessEndpoint | str] = (),
         **options: int,
     ) -> AuditLog:
         """Open (creating if needed) the log at ``url`` (default: the shared fak database).
         ``signing_key``: a Signer, a ``PRIVATE+KEY+...`` string or a path to one; default
         ``$FAK_AUDIT_SIGNING_KEY`` or ``<data dir>/audit_signing.key`` (created, mode 0600).
+        The signer's memory is ``<data dir>/audit_signer.state`` for the data-dir key,
+        ``audit_signer.<key id>.state`` for another. ``witnesses``: endpoints (or ``"<url>
+        <vkey>"`` strings) asked to cosign each new checkpoint.
         ``options``: checkpoint_every (entries), checkpoint_ms, max_batch."""
         from fak.config import data_dir as default_dir
         from fak.config import database_url
 
         root = Path(data_dir) if data_dir is not None else default_dir()
         signer = load_signer(root, origin, signing_key)
-        return cls(url or database_url(root), signer, **options)
+        own_key = signing_key is None and not os.environ.get(ENV)
+        memory = SignerMemory(state_path(root, None if own_key else f"{signer.id:08x}"), signer.name,
+                              f"{signer.id:08x}")
+        return cls(url or database_url(root), signer, memory=memory, witnesses=witnesses, **options)
+
+    # ------------------------------------------------------------------ the remembering signer
+
+    def _bodies(self, conn: Connection, start: int, stop: int) -> Iterator[bytes]:
+        """Stored event bytes of entries [start, stop); a missing index is a rewritten log."""
+        expect = start
+        for idx, body in store.entry_rows(conn, start, stop, None, batch=5000):
+            if idx != expect:
+                raise SignerRefused("history_rewritten", f"refusing to sign: audit entry {expect} is missing",
+                                    None, stop, None)
+            expect += 1
+            yield body
+        if expect != stop:
+            raise SignerRefused("history_rewritten", f"refusing to sign: audit entry {expect} is missing",
+                                None, stop, None)
+
+    def _open_memory(self) -> None:
+        """Check the database against the signer's memory (one full recomputation); on a
+        mismatch, refuse to sign and put an AuditAlarm in the log (appends go on)."""
+        assert self._memory is not None
+        with self._engine.connect() as conn:
+            n = store.size(conn)
+            try:
+                self._memory.verify_open(n, lambda a, b: self._bodies(conn, a, b))
+                return
+            except SignerRefused as exc:
+                refused = exc
+        self._refuse(refused)
+
+    def _refuse(self, exc: SignerRefused) -> None:
+        """Enter the refusing state: stderr, an AuditAlarm appended (writer thread or __init__)."""
+        self.alarms += 1
+        self._alarm = exc
+        self._alarm_state = self._state_snapshot()
+        print(f"fak audit: ALARM ({exc.kind}): {exc}", file=sys.stderr, flush=True)
+        rem = exc.remembered
+        alarm = AuditAlarm(kind=exc.kind, remembered_size=None if rem is None else rem.size,  # type: ignore[arg-type]
+                           remembered_root=_digest(None if rem is None else rem.root),
+                           found_size=exc.found_size, found_root=_digest(exc.found_root))
+        fut: Future = Future()
+        self._commit([_Append(canonical(alarm), alarm.tenant, alarm.type, alarm.ts, fut)])
+        with contextlib.suppress(Exception):
+            fut.result(timeout=0)
+
+    def _state_snapshot(self) -> object:
+        assert self._memory is not None
+        try:
+            return read_state(self._memory.path)
+        except AuditError as exc:
+            return str(exc)
+
+    def _check_alarm(self) -> None:
+        """While refusing: raise again, unless the state file changed (an operator's reset),
+        in which case signing is attempted afresh (the memory re-checks everything)."""
+        if self._alarm is None:
+            return
+        if self._state_snapshot() == self._alarm_state:
+            raise self._alarm
+        self._alarm = None
+
+    def reset_signer(self, accept_size: int, principal: str | None = None) -> tuple[int, bytes]:
+        """Operator action after an alarm: accept the entries [0, accept_size) (recomputed from
+        the entries) as what the signer remembers, log it, and sign again. Returns the size
+        and root accepted."""
+        fut: Future = Future()
+        self._put(_Control("reset", fut, (accept_size, principal)))
+        return fut.result()
+
+    def _do_reset(self, accept_size: int, principal: str | None) -> tuple[int, bytes]:
+        assert self._memory is not None
+        with self._engine.connect() as conn:
+            n = store.size(conn)
+            if not 0 <= accept_size <= n:
+                raise AuditError(f"cannot accept size {accept_size}: the log has {n} entries")
+            old, new = self._memory.reset(accept_size, lambda a, b: self._bodies(conn, a, b))
+        self._alarm = None
+        event = AuditAlarm(kind="signer_reset", remembered_size=None if old is None else old.size,
+                           remembered_root=_digest(None if old is None else old.root), found_size=accept_size,
+                           found_root=_digest(new.root), principal=principal)
+        fut: Future = Future()
+        self._commit([_Append(canonical(event), event.tenant, event.type, event.ts, fut)])
+        fut.result()
+        print(f"fak audit: signer reset by the operator: accepted size {accept_size}, root {_b64(new.root)}",
+              file=sys.stderr, flush=True)
+        return accept_size, new.root
 
     # ------------------------------------------------------------------ writing
 
@@ -134,11 +286,17 @@ class AuditLog:
         """Append an event and return its gap-free index once it is committed."""
         return self.submit(event).result()
 
-    def checkpoint(self) -> SignedCheckpoint:
-        """Sign (or return, if the size has not moved) a checkpoint of the current tree."""
+    def checkpoint(self, wait_witnesses: bool = True) -> SignedCheckpoint:
+        """Sign (or return, if the size has not moved) a checkpoint of the current tree; with
+        witnesses configured, wait (bounded) for their cosignatures and return it with them."""
         fut: Future = Future()
         self._put(_Control("checkpoint", fut))
-        return fut.result()
+        row, done = fut.result()
+        if done is not None and wait_witnesses:
+            with contextlib.suppress(Exception):
+                done.result(timeout=2 * self._witness_timeout * len(self.witnesses) + 1)
+        with self._read() as conn:
+            return self._served(conn, row)
 
     def close(self) -> None:
         fut: Future = Future()
@@ -149,6 +307,9 @@ class AuditLog:
             self._closed = True
         fut.result()
         self._writer.join()
+        if self._cosigner is not None:
+            self._cosign_q.put(None)
+            self._cosigner.join()
         self._engine.dispose()
 
     def __enter__(self) -> AuditLog:
@@ -177,6 +338,12 @@ class AuditLog:
             due = self._pending() and (
                 self._unsigned() >= self._every or time.monotonic() - self._last_cp_time >= self._interval
             )
+            for c in controls:
+                if c.kind == "reset":
+                    try:
+                        c.future.set_result(self._do_reset(*c.arg))  # type: ignore[misc]
+                    except Exception as exc:
+                        c.future.set_exception(exc)
             wants = [c.future for c in controls if c.kind == "checkpoint"]
             if due or wants:
                 self._safe_checkpoint(wants)
@@ -239,17 +406,27 @@ class AuditLog:
 
     def _safe_checkpoint(self, waiters: list[Future] | None) -> None:
         try:
-            cp = self._sign_checkpoint()
+            row, cosign = self._sign_checkpoint(bool(waiters))
         except Exception as exc:
+            if isinstance(exc, SignerRefused) and exc is not self._alarm:
+                self._refuse(exc)
+            self.refusals += isinstance(exc, SignerRefused)
             err = exc if isinstance(exc, AuditError) else AuditError(f"checkpoint failed: {exc}")
             for f in waiters or []:
                 f.set_exception(err)
             self._last_cp_time = time.monotonic()  # do not spin on a persistent failure
             return
+        done: Future | None = None
+        if cosign:
+            done = Future()
+            self._cosign_q.put(_Cosign(row[0], row[2], done))
         for f in waiters or []:
-            f.set_result(cp)
+            f.set_result((row, done))
 
-    def _sign_checkpoint(self) -> SignedCheckpoint:
+    def _sign_checkpoint(self, explicit: bool) -> tuple[tuple[int, bytes, str], bool]:
+        """Sign the current tree, or return the stored checkpoint when the size has not moved;
+        also say whether witnesses should be asked to cosign it."""
+        self._check_alarm()
         with store.writing(self._engine) as conn:
             frontier = self._sync(conn)
             size, root = frontier.size, frontier.root()
@@ -264,11 +441,84 @@ class AuditLog:
                     raise AuditError(f"refusing to sign a checkpoint inconsistent with size {last[0]}") from exc
                 if last[0] == size:
                     self._last_cp, self._last_cp_time = last, time.monotonic()
-                    return _cp(last, self.origin)
-            cp = sign_checkpoint(self._signer, self.origin, size, root)
+                    have = {w for w, _ in store.cosignature_lines(conn, size)} if explicit else set()
+                    return last, explicit and any(w.vkey not in have for w in self.witnesses)
+            signed_at = int(time.time())
+            checked = None
+            if self._memory is not None:  # recomputed from entries, consistent with what it remembers
+                checked = self._memory.extend(size, lambda a, b: self._bodies(conn, a, b))
+                if checked.root() != root:
+                    rem = self._memory.remembered
+                    raise SignerRefused("history_rewritten",
+                                        f"refusing to sign size {size}: the entries hash to root {_b64(checked.root())} "
+                                        f"but the stored tree nodes give {_b64(root)}: the stored tree was rewritten",
+                                        rem, size, root)
+            cp = sign_checkpoint(self._signer, self.origin, size, root, signed_at)
             store.insert_checkpoint(conn, size, root, cp.note)
+            if checked is not None:
+                self._memory.remember(size, checked, signed_at)  # type: ignore[union-attr]
         self._last_cp, self._last_cp_time = (size, root, cp.note), time.monotonic()
-        return cp
+        return (size, root, cp.note), bool(self.witnesses)
+
+    # ------------------------------------------------------------------ witnesses
+
+    def _cosign_run(self) -> None:
+        """Cosigner thread: ask each witness to cosign each new checkpoint. When checkpoints
+        queue up behind a slow witness, only the newest is sent (its proof covers the rest)."""
+        clients = {w.vkey: WitnessClient(w, self._witness_timeout) for w in self.witnesses}
+        try:
+            while True:
+                job = self._cosign_q.get()
+                if job is None:
+                    return
+                jobs = [job]
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        nxt = self._cosign_q.get_nowait()
+                        if nxt is None:
+                            self._cosign_q.put(None)
+                            break
+                        jobs.append(nxt)
+                newest = max(jobs, key=lambda j: j.size)
+                for w in self.witnesses:
+                    self._cosign_one(clients[w.vkey], w, newest.size, newest.note)
+                for j in jobs:
+                    j.done.set_result(None)
+        finally:
+            for c in clients.values():
+                c.close()
+
+    def _cosign_one(self, client: WitnessClient, w: WitnessEndpoint, size: int, signed: str) -> None:
+        stats = self.witness_stats[w.url]
+        t0 = time.perf_counter()
+        try:
+            with self._read() as conn:
+                if any(v == w.vkey for v, _ in store.cosignature_lines(conn, size)):
+                    return
+                old = self._witness_size.get(w.vkey)
+                if old is None:
+                    old = store.latest_cosigned_size(conn, w.vkey) or 0
+            for attempt in range(3):
+                if old > size:
+                    raise AuditError(f"the witness has cosigned size {old}, beyond this checkpoint ({size})")
+                with self._read() as conn:
+                    proof = merkle.consistency_proof(old, size, lambda ids: store.get_nodes(conn, ids))
+                try:
+                    lines = client.add_checkpoint(old, proof, signed)
+                    break
+                except WitnessConflict as exc:
+                    if attempt == 2:
+                        raise
+                    old = exc.size
+            with store.writing(self._engine) as conn:
+                store.insert_cosignature(conn, size, w.vkey, lines[0])
+            self._witness_size[w.vkey] = size
+            stats.cosigned += 1
+            stats.latency_ms.append((time.perf_counter() - t0) * 1000)
+        except Exception as exc:
+            stats.failures += 1
+            stats.last_error = str(exc)
+            print(f"fak audit: witness {w.url} did not cosign checkpoint {size}: {exc}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ reading
 
@@ -283,14 +533,25 @@ class AuditLog:
         """The verifier key string ``<origin>+<key id>+<base64 key>`` auditors pin."""
         return self._signer.verifier().vkey()
 
+    def _served(self, conn: Connection, row: tuple[int, bytes, str]) -> SignedCheckpoint:
+        return _cp(row, [ln for _, ln in store.cosignature_lines(conn, row[0])] if self._cosigned(conn) else ())
+
+    def _cosigned(self, conn: Connection) -> bool:
+        """Whether any cosignature is stored (cached once true: proofs skip the query otherwise)."""
+        if not getattr(self, "_any_cosig", False):
+            self._any_cosig = conn.exec_driver_sql("SELECT 1 FROM audit_cosignatures LIMIT 1").first() is not None
+        return self._any_cosig
+
     def latest_checkpoint(self) -> SignedCheckpoint | None:
+        """The newest checkpoint, with the witnesses' cosignature lines after the log's."""
         with self._read() as conn:
             row = store.latest_checkpoint(conn)
-        return None if row is None else _cp(row, self.origin)
+            return None if row is None else self._served(conn, row)
 
     def checkpoints(self) -> list[SignedCheckpoint]:
         with self._read() as conn:
-            return [_cp(row, self.origin) for row in store.all_checkpoints(conn)]
+            cos = store.all_cosignatures(conn)
+            return [_cp(row, cos.get(row[0], ())) for row in store.all_checkpoints(conn)]
 
     def root(self, size: int | None = None) -> bytes:
         with self._read() as conn:
@@ -328,7 +589,7 @@ class AuditLog:
                     if not index < size <= store.size(conn):
                         raise AuditError(f"cannot prove index {index} in a tree of size {size}")
                     row = store.checkpoint_at_least(conn, size)
-                    signed = row[2] if row is not None and row[0] == size else None
+                    signed = self._served(conn, row).note if row is not None and row[0] == size else None
                     root = merkle.root_from(size, get)
                     hashes = merkle.inclusion_proof(index, size, get)
                     return InclusionProof(log_index=index, tree_size=size, root_hash=root, hashes=hashes,
@@ -337,7 +598,7 @@ class AuditLog:
                 if row is not None:
                     hashes = merkle.inclusion_proof(index, row[0], get)
                     return InclusionProof(log_index=index, tree_size=row[0], root_hash=row[1], hashes=hashes,
-                                          checkpoint=row[2])
+                                          checkpoint=self._served(conn, row).note)
                 current = store.size(conn)
             if index >= current:
                 raise AuditError(f"no audit entry at index {index} (log size {current})")

@@ -54,7 +54,7 @@ class CheckpointRow(Base):
     note: Mapped[str] = mapped_column(sa.Text, nullable=False)
 
 
-LOG_TABLES = ("audit_entries", "audit_nodes", "audit_checkpoints")
+LOG_TABLES = ("audit_entries", "audit_nodes", "audit_checkpoints", "audit_cosignatures")
 entries_t = EntryRow.__table__
 nodes_t = NodeRow.__table__
 checkpoints_t = CheckpointRow.__table__
@@ -169,3 +169,43 @@ def entry_rows(
         if len(rows) < batch:
             return
         pos = int(rows[-1][0]) + 1
+
+
+# ---------------------------------------------------------------- witnesses' cosignatures
+
+
+class CosignatureRow(Base):
+    """A witness's cosignature line on the checkpoint of ``size`` (C2SP tlog-cosignature)."""
+
+    __tablename__ = "audit_cosignatures"
+    size: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    witness: Mapped[str] = mapped_column(sa.String(256), primary_key=True)  # the witness's vkey
+    line: Mapped[str] = mapped_column(sa.Text, nullable=False)
+
+
+cosignatures_t = CosignatureRow.__table__
+
+
+def insert_cosignature(conn: Connection, size: int, witness: str, line: str) -> None:
+    conn.execute(cosignatures_t.insert(), {"size": size, "witness": witness, "line": line})
+
+
+def cosignature_lines(conn: Connection, size: int) -> list[tuple[str, str]]:
+    """(witness vkey, line) cosigning the checkpoint of ``size``, in witness order."""
+    q = f"SELECT witness, line FROM audit_cosignatures WHERE size = {_marks(conn, 1)} ORDER BY witness"
+    return [(w, ln) for w, ln in conn.exec_driver_sql(q, (size,))]
+
+
+def all_cosignatures(conn: Connection) -> dict[int, list[str]]:
+    rows = conn.execute(sa.select(cosignatures_t.c.size, cosignatures_t.c.line)
+                        .order_by(cosignatures_t.c.size, cosignatures_t.c.witness))
+    out: dict[int, list[str]] = {}
+    for s, ln in rows:
+        out.setdefault(int(s), []).append(ln)
+    return out
+
+
+def latest_cosigned_size(conn: Connection, witness: str) -> int | None:
+    q = f"SELECT max(size) FROM audit_cosignatures WHERE witness = {_marks(conn, 1)}"
+    top = conn.exec_driver_sql(q, (witness,)).scalar()
+    return None if top is None else int(top)

@@ -41,6 +41,7 @@ def _samples() -> list:
         ev.PolicyLoaded(policy_id="default", policy_digest=P),
         ev.KeyRotated(key_kind="audit_signing", old_key_id="a1b2c3d4", new_key_id="e5f6a7b8"),
         ev.AuthFailure(reason="unknown_key", key_fingerprint=P, route="/v1/forget"),
+        ev.AuditAlarm(kind="history_rewritten", remembered_size=5, remembered_root=P, found_size=9, found_root=P),
     ]
 
 
