@@ -12,8 +12,9 @@ from fak.sdk import Client, FakAPIError, local
 
 
 @pytest.fixture(autouse=True)
-def _one_master_secret(monkeypatch):
-    monkeypatch.setenv("FAK_MASTER_SECRET", "cd" * 32)  # both kernels derive the same refs
+def _one_master_secret(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAK_MASTER_SECRET", "cd" * 32)  # both kernels derive the same refs:
+    monkeypatch.setenv("FAK_CAS_KEY_URL", f"sqlite:///{tmp_path / 'shared-cas-keys.db'}")  # one tenant digest key
 
 
 @pytest.fixture
