@@ -132,7 +132,7 @@ class Kernel:
         try:
             audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
                                   checkpoint_every=settings.audit_checkpoint_every,
-                                  checkpoint_ms=settings.audit_checkpoint_ms)
+                                  checkpoint_ms=settings.audit_checkpoint_ms, witnesses=settings.audit_witnesses)
             state = StateStore(make_engine(url))
             kernel = cls(settings, lm, policy, store, audit, state, master)
             kernel._log_policy(None, None)

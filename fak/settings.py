@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
+    audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
 
     @field_validator("data_dir", "model_path", "policy_path", mode="after")
     @classmethod
