@@ -1,6 +1,6 @@
 """CAS throughput on SQLite: put and get MB/s for 1 KiB and 1 MiB blobs, with and
 without encryption, plus the pieces that bound them (BLAKE3, AES-GCM, fsync) so a
-missed target names its bottleneck.
+missed target names its bottleneck, and what erasure costs (forget, rotate, destroy).
 
     python bench/cas.py [--json PATH] [--quick]
 """
@@ -48,6 +48,34 @@ def _bench_store(encrypt: bool, size: int, count: int, fsync: bool = True) -> di
         "put_ms": t_put / count * 1e3,
         "get_ms": t_get / count * 1e3,
         "count": count,
+    }
+
+
+def _bench_erasure(count: int) -> dict[str, float]:
+    """What erasure costs on SQLite: forget (key delete + blob delete + WAL checkpoint),
+    rotate (re-wrap every live data key under a new KEK) and destroy_retired."""
+    from fak.cas import CasStore
+
+    with tempfile.TemporaryDirectory(prefix="fak-bench-erase-") as tmp:
+        store = CasStore.open(tmp, f"sqlite:///{tmp}/fak.db", master_secret=secrets.token_bytes(32))
+        refs = [store.put(secrets.token_bytes(KIB), "application/octet-stream", "bench") for _ in range(count)]
+        t0 = time.perf_counter()
+        rotated = store.rotate()
+        t_rotate = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        store.destroy_retired(0)
+        t_destroy = time.perf_counter() - t0
+        victims = refs[: max(1, count // 10)]
+        t0 = time.perf_counter()
+        statuses = [store.forget(r.digest, "bench").shred_status for r in victims]
+        t_forget = (time.perf_counter() - t0) / len(victims)
+        store.close()
+    return {
+        "keys": count,
+        "rotate_keys_per_s": rotated.rewrapped / t_rotate,
+        "destroy_retired_ms": t_destroy * 1e3,
+        "forget_ms": t_forget * 1e3,
+        "forget_destroyed_fraction": statuses.count("destroyed") / len(statuses),
     }
 
 
@@ -110,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{label}_{'encrypted' if enc else 'plain'}"] = _bench_store(enc, size, count)
     results["1MiB_encrypted_nofsync"] = _bench_store(True, MIB, n_big, fsync=False)
     results["primitives"] = prim = _primitives()
+    results["erasure"] = _bench_erasure(200 if args.quick else 2000)
     for label in ("1KiB", "1MiB"):
         e, p = results[f"{label}_encrypted"], results[f"{label}_plain"]
         results[f"{label}_overhead"] = {
@@ -138,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"encryption overhead {label}: put x{o['put_ratio_plain_over_encrypted']:.2f}, "
               f"get x{o['get_ratio_plain_over_encrypted']:.2f} (plain / encrypted)")  # fmt: skip
     print("primitives: " + ", ".join(f"{k}={v:.1f}" for k, v in prim.items()))
+    print("erasure (SQLite): " + ", ".join(f"{k}={v:.2f}" for k, v in results["erasure"].items()))
     for t in targets:
         print(f"target {t['name']}: {t['value']} {t['op']} {t['target']} -> {'met' if t['met'] else 'NOT met'}")
     print(f"bottleneck: {bottleneck}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fak.cli import main
 
 
@@ -34,3 +36,45 @@ def test_cli_bad_input_is_one_line_error(tmp_path, capsys):
     assert err.startswith("fak: error: malformed digest") and "Traceback" not in err
     assert main(["cas", "put", str(tmp_path / "absent")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_get_output_is_private(tmp_path, capsys):
+    src = tmp_path / "r.txt"
+    src.write_bytes(b"private result")
+    assert main(["cas", "put", str(src), "--tenant", "acme"]) == 0
+    digest = json.loads(capsys.readouterr().out)["digest"]
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"old")
+    out.chmod(0o644)
+    assert main(["cas", "get", digest, "--tenant", "acme", "-o", str(out)]) == 0
+    assert out.read_bytes() == b"private result" and (out.stat().st_mode & 0o777) == 0o600
+
+
+def test_cli_rotate_destroy_and_erase(tmp_path, capsys):
+    src = tmp_path / "r.txt"
+    src.write_bytes(b"rotate me")
+    assert main(["cas", "put", str(src), "--tenant", "acme"]) == 0
+    digest = json.loads(capsys.readouterr().out)["digest"]
+
+    assert main(["cas", "rotate", "--destroy-after", "7d"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rotation"]["versions"] == {"acme": 2} and out["destroyed"]["destroyed"] == []
+    assert main(["cas", "destroy-retired", "--older-than", "0"]) == 0
+    assert [d["version"] for d in json.loads(capsys.readouterr().out)["destroyed"]] == [1]
+    with pytest.raises(SystemExit):  # argparse: a usage error naming the accepted forms
+        main(["cas", "destroy-retired", "--older-than", "soon"])
+    assert "invalid duration 'soon'" in capsys.readouterr().err
+    assert main(["cas", "keks", "--tenant", "acme"]) == 0
+    assert [json.loads(line)["version"] for line in capsys.readouterr().out.splitlines()] == [2]
+    assert main(["cas", "get", digest, "--tenant", "acme"]) == 0
+    capsys.readouterr()
+
+    assert main(["cas", "erase-tenant", "acme", "--confirm", "globex"]) == 1
+    assert "--confirm acme" in capsys.readouterr().err
+    assert main(["cas", "erase-tenant", "acme", "--confirm", "acme"]) == 0
+    erased = json.loads(capsys.readouterr().out)
+    assert erased["refs_forgotten"] == 1 and erased["shred_status"] == "destroyed"
+    assert main(["cas", "get", digest, "--tenant", "acme"]) == 1
+    assert "forgotten" in capsys.readouterr().err
+    assert main(["cas", "scrub"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"shred_status": "destroyed"}
