@@ -4,7 +4,7 @@ Format (UTF-8, one record per line, every line ends with a newline)::
 
     fak-audit-export/v1 <origin> <verifier key>
     e <index> <leaf hash hex> <canonical JSON event>
-    c <base64 of the signed checkpoint note>
+    c <base64 of the signed checkpoint note, with the witnesses' cosignature lines>
 
 A checkpoint of size N follows the entry with index N-1 (size 0: right after
 the header). Lines are self-delimiting so the verifier can name the exact line
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fak.audit import merkle, note, store
+from fak.audit.cosignature import add_lines
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -45,6 +46,7 @@ def write_export(log: AuditLog, path: Path) -> int:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with log._engine.connect() as conn:  # one read snapshot for the whole export
         cps = [c for c in store.all_checkpoints(conn)]
+        cosigs = store.all_cosignatures(conn)
         size = cps[-1][0] if cps else 0
         pending = iter(cps)
         nxt = next(pending, None)
@@ -54,7 +56,9 @@ def write_export(log: AuditLog, path: Path) -> int:
             rows = _with_stored_leaves(conn, store.entry_rows(conn, 0, size, None))
             while True:
                 while nxt is not None and nxt[0] == written:
-                    out.write(b"c " + note.b64(nxt[2].encode()).encode() + b"\n")
+                    lines = cosigs.get(nxt[0])
+                    served = add_lines(nxt[2], lines) if lines else nxt[2]
+                    out.write(b"c " + note.b64(served.encode()).encode() + b"\n")
                     nxt = next(pending, None)
                 row = next(rows, None)
                 if row is None:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 # receipt fields that repeat the logged ForgetCompleted event's
 MIRRORED = ("ref", "request_id", "tenant", "units_dropped", "sessions", "shredded_key_id", "kek_version",
-            "requested_index")  # fmt: skip
+            "requested_index", "shred_status")  # fmt: skip
 
 
 class ForgetReceipt(BaseModel):
@@ -79,6 +79,8 @@ class ForgetReceipt(BaseModel):
     admitted_inclusion_proof: dict | None = None
     # from the auditor's last known tree size to the checkpoint's (``from_log(..., since=)``)
     consistency_proof: dict | None = None
+    # the CAS's word on the destroyed key (e.g. destroyed, pending_wal_checkpoint), when logged
+    shred_status: Id | None = None
 
     @property
     def completed_index(self) -> int:
@@ -123,6 +125,7 @@ class ForgetReceipt(BaseModel):
             sessions=list(ev.sessions),
             shredded_key_id=ev.shredded_key_id,
             kek_version=ev.kek_version,
+            shred_status=getattr(ev, "shred_status", None),
             requested_index=ev.requested_index,
             log_index=completed_index,
             event=entry.body.decode(),
@@ -232,7 +235,7 @@ def verify_receipt(
         done = _event(r.event, ForgetCompleted, "completed")
         asked = _event(r.requested_event, ForgetRequested, "requested")
         for name in MIRRORED:
-            if getattr(done, name) != getattr(r, name):
+            if getattr(done, name, None) != getattr(r, name):
                 raise _Refused(f"receipt {name} differs from the logged forget_completed")
         if (asked.request_id, asked.ref, asked.tenant) != (done.request_id, done.ref, done.tenant):
             raise _Refused("the requested event is not the request of this forget (request id, ref or tenant)")
@@ -253,6 +256,8 @@ def verify_receipt(
     stamp = checkpoint_time(cp)
     if stamp is not None:
         detail.append(f"checkpoint signed at {stamp}")
+    if r.shred_status not in (None, "destroyed"):
+        detail.append(f"the CAS says the destroyed key is not yet scrubbed from storage: {r.shred_status}")
     return ReceiptCheck(True, detail="; ".join(detail) or "no witness policy or last checkpoint given")
 
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fak.audit import merkle, note
+from fak.audit import cosignature, merkle, note
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import parse_event
 from fak.audit.export import MAGIC
 
 _ENTRY = re.compile(rb"^e (0|[1-9][0-9]{0,18}) ([0-9a-f]{64}) (\{.*\})$", re.S)
-_EXT_TIME = re.compile(r"^(?:time|timestamp)[ :]([0-9]{1,19})$")
+_EXT_TIME = re.compile(r"^timestamp (0|[1-9][0-9]{0,18})$")  # the checkpoint's extension line
 NO_KEY = ("no pinned key: pass --pubkey (the log's verifier key, from 'fak audit pubkey' or your "
           "records), or --trust-embedded-key for development only")  # fmt: skip
 
@@ -37,12 +37,7 @@ NO_KEY = ("no pinned key: pass --pubkey (the log's verifier key, from 'fak audit
 
 
 def _verify_cosignature(witness_vkey: str, body: str, line: str) -> int:
-    """The colleague's C2SP cosignature check when present, else the verifier's own (same spec)."""
-    try:
-        from fak.audit.cosignature import verify_cosignature  # type: ignore[import-not-found]
-    except ImportError:
-        from fak.audit.cosignature_verify import verify_cosignature
-    return int(verify_cosignature(witness_vkey, body, line))
+    return int(cosignature.verify_cosignature(witness_vkey, body, line))
 
 
 @dataclass(frozen=True)
@@ -56,9 +51,7 @@ class WitnessKey:
 
     @classmethod
     def parse(cls, vkey: str, name: str | None = None) -> WitnessKey:
-        from fak.audit.cosignature_verify import parse_witness_vkey
-
-        key_name, kid, _ = parse_witness_vkey(vkey)
+        key_name, kid, _ = cosignature.parse_witness_vkey(vkey)
         return cls(name or key_name, key_name, kid, vkey.strip())
 
 
@@ -93,7 +86,7 @@ class WitnessPolicy:
     def __post_init__(self) -> None:
         if not 0 <= self.quorum <= len(self.witnesses):
             raise AuditError(f"quorum {self.quorum} is not between 0 and the {len(self.witnesses)} witnesses listed")
-        keys = [w.vkey.rsplit("+", 1)[-1] for w in self.witnesses]
+        keys = [note.b64decode_strict(w.vkey.split("+", 2)[2])[1:] for w in self.witnesses]  # the public keys
         if len(set(keys)) != len(keys) or len({w.name for w in self.witnesses}) != len(keys):
             raise AuditError("witness policy lists a witness (name or key) twice")
 
@@ -165,13 +158,12 @@ def checkpoint_time(cp: SignedCheckpoint) -> int | None:
     Read from the signed text, so it is as trustworthy as the log's key."""
     stated = getattr(cp, "timestamp", None)
     if isinstance(stated, int):
-        return stated // 1000 if stated > 10**11 else stated  # tolerate milliseconds
+        return stated
     text, _ = note.split(cp.note)
     for line in text.split("\n")[3:]:
         m = _EXT_TIME.match(line)
         if m:
-            value = int(m.group(1))
-            return value // 1000 if value > 10**11 else value
+            return int(m.group(1))
     return None
 
 

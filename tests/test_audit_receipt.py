@@ -80,6 +80,7 @@ TAMPERED = {
     "shredded_key_id": "dk-8",
     "kek_version": 2,
     "requested_index": 0,
+    "shred_status": "pending_vacuum",
 }
 
 
@@ -342,16 +343,14 @@ def test_receipt_consistent_with_last_known_checkpoint(log):
 
 
 def test_receipt_witness_quorum(log, tmp_path, capsys):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from fak.audit.cosignature_verify import cosign, witness_vkey
+    from fak.audit.cosignature import CosignerKey, cosign
 
     key = log.public_key()
     r = ForgetReceipt.from_log(log, _forget(log))
-    k1, k2 = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
-    v1, v2 = witness_vkey("w1.example", k1), witness_vkey("w2.example", k2)
+    k1, k2 = CosignerKey.generate("w1.example"), CosignerKey.generate("w2.example")
+    v1, v2 = k1.vkey(), k2.vkey()
     text, _ = note.split(r.checkpoint)
-    witnessed = r.model_copy(update={"checkpoint": r.checkpoint + cosign("w1.example", k1, text, 1_800_000_000)})
+    witnessed = r.model_copy(update={"checkpoint": r.checkpoint + cosign(k1, text, 1_800_000_000)})
     assert verify_receipt(witnessed, key)  # cosignatures do not disturb the log's signature
     check = verify_receipt(witnessed, key, witnesses=[v1])
     assert check and "w1.example" in check.detail
@@ -359,8 +358,17 @@ def test_receipt_witness_quorum(log, tmp_path, capsys):
     assert not check and "quorum" in check.reason and "1 of 2" in check.reason
     assert verify_receipt(witnessed, key, witnesses=[v1, v2], quorum=1)
     assert not verify_receipt(r, key, witnesses=[v1])  # not cosigned at all
-    forged = r.model_copy(update={"checkpoint": r.checkpoint + cosign("w1.example", k2, text, 1_800_000_000)})
-    assert not verify_receipt(forged, key, witnesses=[v1])  # w1's name and key id, another key's signature
+    impostor = CosignerKey("w1.example", k2.key)  # w1's name, another key: its key id differs, so it is ignored
+    ignored = r.model_copy(update={"checkpoint": r.checkpoint + cosign(impostor, text, 1_800_000_000)})
+    assert not verify_receipt(ignored, key, witnesses=[v1])
+    line = cosign(k1, text, 1_800_000_000)  # w1's own line, its signature swapped for one over another time
+    other_line = cosign(k1, text, 1_800_000_001)
+    blob = note.b64decode_strict(line.split(" ")[2].strip())
+    forged_blob = blob[:12] + note.b64decode_strict(other_line.split(" ")[2].strip())[12:]
+    forged = r.model_copy(update={"checkpoint": r.checkpoint + f"{line.split(' ')[0]} w1.example "
+                                  f"{note.b64(forged_blob)}\n"})  # fmt: skip
+    check = verify_receipt(forged, key, witnesses=[v1])  # w1's name and key id, a signature over another message
+    assert not check and "does not verify" in check.reason
     path = tmp_path / "witnessed.json"
     path.write_text(json.dumps(witnessed.model_dump(mode="json")))
     assert main(["audit", "verify-receipt", str(path), "--pubkey", key, "--witness", v1]) == 0

@@ -9,9 +9,9 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fak.audit import AuditLog, PolicyLoaded, merkle, note, verify_export
+from fak.audit.cosignature import CosignerKey, cosign
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import canonical
 from fak.audit.export import write_export
@@ -46,19 +46,14 @@ def exported(tmp_path):
 
 
 class Witness:
-    """A witness key pair; cosigns with the colleague's fak.audit.cosignature when it exists,
-    else with the verifier's own implementation of the same C2SP format."""
+    """A witness key pair (fak.audit.cosignature, the witness's own signer)."""
 
     def __init__(self, name: str) -> None:
-        from fak.audit.cosignature_verify import witness_vkey
-
-        self.name, self.key = name, Ed25519PrivateKey.generate()
-        self.vkey = witness_vkey(name, self.key)
+        self.signer = CosignerKey.generate(name)
+        self.name, self.key, self.vkey = name, self.signer.key, self.signer.vkey()
 
     def cosign(self, body: str, timestamp: int) -> str:
-        from fak.audit.cosignature_verify import cosign
-
-        return cosign(self.name, self.key, body, timestamp)
+        return cosign(self.signer, body, timestamp)
 
 
 def _cosigned_note(signed: str, *lines: str) -> str:
@@ -91,7 +86,7 @@ def test_cosignature_is_c2sp_cosignature_v1():
     assert len(raw) == 4 + 8 + 64 and int.from_bytes(raw[4:12], "big") == 1679315147
     # the signed message is "cosignature/v1\ntime <t>\n" + body, by the witness's key
     w.key.public_key().verify(raw[12:], f"cosignature/v1\ntime 1679315147\n{body}".encode())
-    assert note.b64decode_strict(w.vkey.split("+")[2])[0] == 0x04  # the cosignature/v1 key type
+    assert note.b64decode_strict(w.vkey.split("+", 2)[2])[0] == 0x04  # the cosignature/v1 key type
     with pytest.raises(VerificationError):
         _verify_cosignature(w.vkey, body.replace("\n3\n", "\n4\n"), line)
     with pytest.raises(VerificationError):
@@ -225,7 +220,8 @@ def test_witness_quorum_met_and_unmet(exported, tmp_path, capsys):
     r = verify_export(both, pubkey=vkey, witnesses=policy, now=now)
     assert r.ok, r.summary()
     assert r.witnesses == {"w1.example/w": now - 30, "w2.example/w": now - 30} and r.signed_size == 20
-    assert r.age_seconds == 30 and "newest cosignature" in r.summary()
+    newest = max(now - 30, r.checkpoint_time or 0)  # the log's own timestamp line, when it writes one
+    assert r.age_seconds == now - newest and "newest cosignature" in r.summary()
     # quorum unmet: one of the two cosigned; a third, unlisted witness does not count
     one = tmp_path / "one.log"
     _rewrite_checkpoints(path, one, lambda size, s: _witness(s, w1, w3) if size == 20 else s)
@@ -278,11 +274,40 @@ def test_witness_quorum_met_and_unmet(exported, tmp_path, capsys):
     assert main(["audit", "verify", str(early), "--policy", str(pol), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["first_bad_index"] == 10 and not report["ok"]
-    # freshness: --max-age against the newest cosignature time
-    r = verify_export(both, pubkey=vkey, witnesses=policy, max_age=10, now=now)
+    # freshness: --max-age against the newest time known for the trusted checkpoint
+    r = verify_export(both, pubkey=vkey, witnesses=policy, max_age=10, now=now + 3600)
+    assert not r.ok and "--max-age" in r.error and "1.0 h" in r.error
+
+
+def test_checkpoint_timestamp_line_shows_freshness(exported, tmp_path, capsys):
+    """A ``timestamp <seconds>`` extension line in the signed checkpoint body (C2SP
+    tlog-checkpoint extension) gives the checkpoint's age; without one, --max-age fails."""
+    path, log = exported
+    vkey = log.public_key()
+    signer = note.Signer.parse((path.parent / "fak" / "audit_signing.key").read_text())
+    stamp = 1_790_000_000
+
+    def restamp(size: int, signed: str) -> str:
+        text, _ = note.split(signed)
+        lines = [ln for ln in text.split("\n") if not ln.startswith("timestamp ")]
+        return note.sign("\n".join(lines[:3]) + f"\ntimestamp {stamp + size}\n", signer)
+
+    stamped = tmp_path / "stamped.log"
+    _rewrite_checkpoints(path, stamped, restamp)
+    r = verify_export(stamped, pubkey=vkey, now=stamp + 20 + 90)
+    assert r.ok and r.checkpoint_time == stamp + 20 and r.age_seconds == 90
+    assert "2026-09-21T" in r.summary() or "checkpoint time: 20" in r.summary()
+    assert verify_export(stamped, pubkey=vkey, max_age=100, now=stamp + 110).ok
+    r = verify_export(stamped, pubkey=vkey, max_age=60, now=stamp + 110)
     assert not r.ok and "--max-age" in r.error
-    r = verify_export(path, pubkey=vkey, max_age=10**9)
-    assert r.ok == (r.checkpoint_time is not None)  # no timestamp and no cosignature: unknown age fails
+    unstamped = tmp_path / "unstamped.log"
+    _rewrite_checkpoints(path, unstamped, lambda size, s: note.sign(
+        "\n".join(note.split(s)[0].split("\n")[:3]) + "\n", signer))  # fmt: skip
+    r = verify_export(unstamped, pubkey=vkey, max_age=10**9)
+    assert not r.ok and "no timestamp" in r.error
+    assert verify_export(unstamped, pubkey=vkey).ok  # tolerated when freshness is not asked for
+    assert main(["audit", "verify", str(stamped), "--pubkey", vkey]) == 0
+    assert "checkpoint time: 20" in capsys.readouterr().out
 
 
 def test_witness_policy_text_is_checked(tmp_path):
@@ -302,3 +327,41 @@ def test_witness_policy_text_is_checked(tmp_path):
             WitnessPolicy.parse(bad)
     with pytest.raises(AuditError, match="--witness"):
         WitnessPolicy.from_keys(["nope+00000000+AAAA"])
+
+
+def test_live_witness_export_and_receipt(tmp_path, capsys):
+    """End to end: a tlog-witness on loopback cosigns the log's checkpoints; the export and a
+    forget receipt carry its cosignature lines and verify under a policy that needs it."""
+    from fak.audit import AdmissionVerdict, ForgetCompleted, ForgetReceipt, ForgetRequested, verify_receipt
+    from fak.audit.witness import Witness as WitnessProcess
+    from fak.audit.witness import WitnessEndpoint, WitnessServer
+
+    data = tmp_path / "log"
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    with AuditLog.open(url=url, data_dir=data, origin=ORIGIN) as probe:
+        log_vkey = probe.public_key()
+    with WitnessServer(WitnessProcess(tmp_path / "witness", [log_vkey])) as server:
+        wvkey = server.witness.vkey()
+        other = Witness("w2.example/w").vkey  # a witness that never saw this log
+        with AuditLog.open(url=url, data_dir=data, origin=ORIGIN, witnesses=[WitnessEndpoint(server.url, wvkey)]) as log:
+            ref = "blake3k:" + "ab" * 32
+            log.append(AdmissionVerdict(tenant="acme", session_id="s1", tool="web.fetch", ref=ref, size=3,
+                                        verdict="ALLOW", policy_digest=P))  # fmt: skip
+            _fill(log, 6)
+            r = log.append(ForgetRequested(tenant="acme", request_id="f-1", ref=ref))
+            done = log.append(ForgetCompleted(tenant="acme", request_id="f-1", ref=ref, requested_index=r,
+                                              shredded_key_id="dk-1", kek_version=1))  # fmt: skip
+            log.checkpoint()
+            receipt = ForgetReceipt.from_log(log, done)
+            export = tmp_path / "live.log"
+            log.export(export)
+    policy = WitnessPolicy.from_keys([wvkey])
+    report = verify_export(export, pubkey=log_vkey, witnesses=policy)
+    assert report.ok and report.signed_size == 9 and set(report.witnesses) == {wvkey.split("+")[0]}, report.summary()
+    assert report.checkpoint_time is not None and report.age_seconds is not None and report.age_seconds < 600
+    assert not verify_export(export, pubkey=log_vkey, witnesses=WitnessPolicy.from_keys([wvkey, other])).ok
+    check = verify_receipt(receipt, log_vkey, witnesses=[wvkey])
+    assert check, check.reason
+    assert not verify_receipt(receipt, log_vkey, witnesses=[wvkey, other])
+    assert main(["audit", "verify", str(export), "--pubkey", log_vkey, "--witness", wvkey, "--max-age", "600"]) == 0
+    assert "1 cosigned (quorum 1)" in capsys.readouterr().out
