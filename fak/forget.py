@@ -12,8 +12,10 @@ Forget, in this order, each step durable before the next:
    the forget's progress in one transaction;
 4. drop the tenant's prefix-cache nodes that attended to the ref;
 5. shred the CAS data key and ciphertext;
-6. ``ForgetCompleted`` (units, per-session fingerprints, key id, both indexes),
-   then the receipt: both events with inclusion proofs against one signed checkpoint.
+6. ``ForgetCompleted`` (units, per-session fingerprints, key id and KEK version, both
+   indexes), then the receipt (``ForgetReceipt.from_log``): the ref's admission, the
+   request and the completion, each with its inclusion proof against one signed
+   checkpoint carrying whatever witness cosignatures it has.
 
 A crash anywhere leaves the row ``requested``; ``Kernel.open`` resumes it, and the
 steps above are idempotent. Forgetting a forgotten ref returns the first receipt.
