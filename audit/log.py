@@ -67,7 +67,7 @@ class _Append:
 
 @dataclass
 class _Control:
-    kind: str  # "checkpoint" | "reset" | "stop"
+    kind: str  # "checkpoint" | "reset" | "cosignature" | "stop"
     future: Future
     arg: object = None
 
@@ -81,12 +81,15 @@ class _Cosign:
 
 @dataclass
 class WitnessStats:
-    """Per witness: checkpoints cosigned, failures (down, refused, bad answer), latencies."""
+    """Per witness: checkpoints cosigned, failures (down, refused, bad answer), latencies
+    (``latency_ms``: proof, HTTP round trip and the witness's fsync, answer verified;
+    ``store_ms``: then until the line is committed with the checkpoint)."""
 
     cosigned: int = 0
     failures: int = 0
     last_error: str | None = None
     latency_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    store_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
 
 
 def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpoint:
@@ -145,6 +148,7 @@ class AuditLog:
         self._witness_timeout = witness_timeout
         self._witness_size: dict[str, int] = {}  # vkey -> last size it cosigned (as far as we know)
         self._cosign_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
         if self._memory is not None:
             self._open_memory()
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
@@ -303,13 +307,13 @@ class AuditLog:
         with self._gate:
             if self._closed:
                 return
-            self._queue.put(_Control("stop", fut))
-            self._closed = True
-        fut.result()
-        self._writer.join()
+            self._closed = True  # no new appends; the cosigner finishes (its cosignatures are stored)
         if self._cosigner is not None:
             self._cosign_q.put(None)
             self._cosigner.join()
+        self._queue.put(_Control("stop", fut))
+        fut.result()
+        self._writer.join()
         self._engine.dispose()
 
     def __enter__(self) -> AuditLog:
@@ -338,6 +342,9 @@ class AuditLog:
             due = self._pending() and (
                 self._unsigned() >= self._every or time.monotonic() - self._last_cp_time >= self._interval
             )
+            cosigs = [c for c in controls if c.kind == "cosignature"]
+            if cosigs:
+                self._store_cosignatures(cosigs)
             for c in controls:
                 if c.kind == "reset":
                     try:
@@ -480,22 +487,65 @@ class AuditLog:
                             break
                         jobs.append(nxt)
                 newest = max(jobs, key=lambda j: j.size)
+                got = []
                 for w in self.witnesses:
-                    self._cosign_one(clients[w.vkey], w, newest.size, newest.note)
-                for j in jobs:
-                    j.done.set_result(None)
+                    line = self._cosign_one(clients[w.vkey], w, newest.size, newest.note)
+                    if line is not None:
+                        got.append((newest.size, w.vkey, line))
+                self._store_later(got, jobs)
         finally:
             for c in clients.values():
                 c.close()
 
-    def _cosign_one(self, client: WitnessClient, w: WitnessEndpoint, size: int, signed: str) -> None:
+    def _store_later(self, got: list[tuple[int, str, str]], jobs: list[_Cosign]) -> None:
+        """Hand the cosignatures to the writer thread (one writer, no lock contention) without
+        waiting: the cosigner moves on; the jobs' waiters are released once they are stored."""
+        if not got:
+            for j in jobs:
+                j.done.set_result(None)
+            return
+        stored: Future = Future()
+        t0 = time.perf_counter()
+
+        def finish(f: Future) -> None:
+            for j in jobs:
+                if f.exception() is None:
+                    j.done.set_result(None)
+                else:
+                    j.done.set_exception(f.exception())  # type: ignore[arg-type]
+            for _, vkey, _ in got:
+                url = next(w.url for w in self.witnesses if w.vkey == vkey)
+                self.witness_stats[url].store_ms.append((time.perf_counter() - t0) * 1000)
+
+        stored.add_done_callback(finish)
+        self._queue.put(_Control("cosignature", stored, got))
+
+    def _store_cosignatures(self, cosigs: list[_Control]) -> None:
+        try:
+            with store.writing(self._engine) as conn:
+                for c in cosigs:
+                    for size, vkey, line in c.arg:  # type: ignore[attr-defined]
+                        store.insert_cosignature(conn, size, vkey, line)
+        except Exception as exc:
+            print(f"fak audit: storing cosignatures failed: {exc}", file=sys.stderr, flush=True)
+            for c in cosigs:
+                c.future.set_exception(exc)
+            return
+        self._any_cosig = True
+        for c in cosigs:
+            c.future.set_result(None)
+
+    def _cosign_one(self, client: WitnessClient, w: WitnessEndpoint, size: int, signed: str) -> str | None:
+        """Ask one witness; its verified cosignature line, or None (failure counted, stderr)."""
         stats = self.witness_stats[w.url]
         t0 = time.perf_counter()
         try:
+            old = self._witness_size.get(w.vkey)
+            if old == size:
+                return None  # asked already (its line is stored or on its way)
             with self._read() as conn:
                 if any(v == w.vkey for v, _ in store.cosignature_lines(conn, size)):
-                    return
-                old = self._witness_size.get(w.vkey)
+                    return None
                 if old is None:
                     old = store.latest_cosigned_size(conn, w.vkey) or 0
             for attempt in range(3):
@@ -510,15 +560,15 @@ class AuditLog:
                     if attempt == 2:
                         raise
                     old = exc.size
-            with store.writing(self._engine) as conn:
-                store.insert_cosignature(conn, size, w.vkey, lines[0])
             self._witness_size[w.vkey] = size
             stats.cosigned += 1
             stats.latency_ms.append((time.perf_counter() - t0) * 1000)
+            return lines[0]
         except Exception as exc:
             stats.failures += 1
             stats.last_error = str(exc)
             print(f"fak audit: witness {w.url} did not cosign checkpoint {size}: {exc}", file=sys.stderr, flush=True)
+            return None
 
     # ------------------------------------------------------------------ reading
 
@@ -538,7 +588,7 @@ class AuditLog:
 
     def _cosigned(self, conn: Connection) -> bool:
         """Whether any cosignature is stored (cached once true: proofs skip the query otherwise)."""
-        if not getattr(self, "_any_cosig", False):
+        if not self._any_cosig:
             self._any_cosig = conn.exec_driver_sql("SELECT 1 FROM audit_cosignatures LIMIT 1").first() is not None
         return self._any_cosig
 

@@ -1,8 +1,11 @@
-"""Audit log benchmark: durable group-committed appends on SQLite, inclusion-proof
-latency at 1M entries, offline verify throughput.
+"""Audit log benchmark: durable group-committed appends on SQLite with the remembering
+signer (tree recomputed from entries before each signature, state file fsynced) and one
+loopback witness (a ``fak witness serve`` process, C2SP tlog-witness over HTTP) cosigning
+every checkpoint; cosigning latency; inclusion-proof latency at 1M entries; the signer's
+check on reopening 1M entries; offline verify throughput.
 
-Peers in the same run: the same log with one blocking appender (each append its
-own transaction and fsync: no group commit) and with many blocking threads.
+Peers in the same run: the same log without a witness, with one blocking appender (each
+append its own transaction and fsync: no group commit) and with many blocking threads.
 Usage: python bench/audit.py [--json PATH] [--proof-size N] [--workdir DIR]
 """
 
@@ -16,13 +19,14 @@ import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from fak.audit import AuditLog, PolicyLoaded, merkle, verify_export
+from fak.audit import AuditLog, PolicyLoaded, WitnessEndpoint, merkle, verify_export
 
 P = "sha256:" + "cd" * 32
 
@@ -69,6 +73,31 @@ def blocking(log: AuditLog, evs: list, threads_n: int) -> float:
     return share * threads_n / (time.perf_counter() - t0)
 
 
+def start_witness(work: Path, log_vkeys: list[str]) -> tuple[subprocess.Popen, WitnessEndpoint]:
+    """A real witness process on loopback (its own key and fsynced state)."""
+    cmd = [sys.executable, "-m", "fak.cli", "witness", "serve", "--dir", str(work / "witness"),
+           "--listen", "127.0.0.1:0"]
+    for v in log_vkeys:
+        cmd += ["--log", v]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()  # "witness <vkey> listening on <url>"
+    if len(line) != 5:
+        proc.kill()
+        raise RuntimeError(f"witness did not start: {line}")
+    return proc, WitnessEndpoint(line[4], line[1])
+
+
+def cosign_figures(log: AuditLog, before: int, cosigned_before: int = 0) -> dict:
+    """Checkpoints signed and cosigned since ``before``/``cosigned_before``; latencies (all)."""
+    (stats,) = log.witness_stats.values()
+    lat, st = sorted(stats.latency_ms), sorted(stats.store_ms)
+    return {"cosigned": stats.cosigned - cosigned_before, "failures": stats.failures,
+            "signed": len(log.checkpoints()) - before,
+            "latency_ms_p50": statistics.median(lat) if lat else None,
+            "latency_ms_p99": lat[int(len(lat) * 0.99)] if lat else None,
+            "then_stored_ms_p50": statistics.median(st) if st else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", metavar="PATH")
@@ -78,21 +107,42 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fak-bench-audit-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"durability": "SQLite WAL, synchronous=FULL: every acknowledged append is fsynced"}
+    witness = None
     try:
-        # 1. append throughput
-        url = f"sqlite:///{work / 'append.db'}"
-        with AuditLog.open(url=url, data_dir=work) as log:
+        keys = {}
+        for name in ("append", "big", "plain"):  # one data dir (key, signer memory) per log
+            with AuditLog.open(url=f"sqlite:///{work / name / 'probe.db'}", data_dir=work / name,
+                               origin=f"bench.fak.local/{name}") as probe:
+                keys[name] = probe.public_key()
+        witness, endpoint = start_witness(work, [keys["append"], keys["big"]])
+        results["witness"] = {"url": endpoint.url, "process": "fak witness serve (separate process, loopback)"}
+
+        # 1. append throughput, remembering signer + one witness cosigning every checkpoint
+        url = f"sqlite:///{work / 'append' / 'append.db'}"
+        with AuditLog.open(url=url, data_dir=work / "append", witnesses=[endpoint]) as log:
             log.append(events(1)[0])  # warm up: schema, key, connections
+            log.checkpoint()
+            before, cosigned_before = len(log.checkpoints()), log.witness_stats[endpoint.url].cosigned
             results["append_pipelined_eps"] = pipelined(log, events(100_000))
+            log.checkpoint()
+            results["cosign_pipelined"] = cosign_figures(log, before, cosigned_before)
             results["append_blocking_64_threads_eps"] = blocking(log, events(12_800), 64)
             results["append_blocking_8_threads_eps"] = blocking(log, events(4_000), 8)
             results["append_one_thread_no_group_commit_eps"] = blocking(log, events(1_000), 1)
+            log.checkpoint()
+            results["cosign_all"] = cosign_figures(log, 0)
+        # peer: the same log without a witness
+        url = f"sqlite:///{work / 'plain' / 'plain.db'}"
+        with AuditLog.open(url=url, data_dir=work / "plain") as log:
+            log.append(events(1)[0])
+            results["append_pipelined_no_witness_eps"] = pipelined(log, events(100_000))
         say(f"appends/s: {json.dumps({k: round(v) for k, v in results.items() if k.endswith('eps')})}")
+        say(f"cosigning: {json.dumps(results['cosign_all'])}")
 
         # 2. inclusion-proof latency at proof_size entries, built through the real append path
         n = args.proof_size
-        url = f"sqlite:///{work / 'big.db'}"
-        with AuditLog.open(url=url, data_dir=work) as log:
+        url = f"sqlite:///{work / 'big' / 'big.db'}"
+        with AuditLog.open(url=url, data_dir=work / "big", witnesses=[endpoint]) as log:
             t0 = time.perf_counter()
             chunk = 50_000
             for start in range(0, n, chunk):
@@ -127,6 +177,12 @@ def main() -> int:
             log.export(export)
             results["export_eps"] = n / (time.perf_counter() - t)
             vkey = log.public_key()
+            results["cosign_big"] = cosign_figures(log, 0)
+        # the signer's check on open: every entry re-hashed against the remembered root
+        t = time.perf_counter()
+        with AuditLog.open(url=url, data_dir=work / "big") as log:
+            results["reopen_signer_check_seconds"] = time.perf_counter() - t
+            results["reopen_alarms"] = log.alarms
         t = time.perf_counter()
         report = verify_export(export, pubkey=vkey)
         results["verify_seconds"] = time.perf_counter() - t
@@ -142,8 +198,11 @@ def main() -> int:
                     tree.append(line.rstrip(b"\n").split(b" ", 3)[3])
         results["rehash_only_eps"] = n / (time.perf_counter() - t)
         results["export_bytes"] = export.stat().st_size
-        results["db_bytes"] = (work / "big.db").stat().st_size
+        results["db_bytes"] = (work / "big" / "big.db").stat().st_size
     finally:
+        if witness is not None:
+            witness.terminate()
+            witness.wait()
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -151,8 +210,12 @@ def main() -> int:
         return {"name": name, "value": value, "target": goal, "op": op,
                 "met": bool(value >= goal if op == ">=" else value <= goal)}
 
+    cos = results["cosign_pipelined"]
     targets = [
-        tgt("durable appends/s, SQLite, group commit", results["append_pipelined_eps"], 10_000, ">="),
+        tgt("durable appends/s, SQLite, group commit, remembering signer + 1 witness",
+            results["append_pipelined_eps"], 10_000, ">="),
+        tgt("checkpoints cosigned by the witness / signed (pipelined run)",
+            cos["cosigned"] / max(1, cos["signed"]), 1.0, ">="),
         tgt(f"inclusion proof p50 ms at {n} entries", results["proof_latency_ms_p50"], 1.0, "<="),
     ]
     machine = {
@@ -164,7 +227,11 @@ def main() -> int:
     }
     print(f"\naudit benchmark ({machine['cpus']} CPUs, SQLite {machine['sqlite']}, WAL + synchronous=FULL)")
     rows = [
-        ("appends/s, 4 producers pipelined (group commit)", results["append_pipelined_eps"]),
+        ("appends/s, 4 producers pipelined (group commit, witness)", results["append_pipelined_eps"]),
+        ("appends/s, same, no witness (peer)", results["append_pipelined_no_witness_eps"]),
+        ("checkpoints signed / cosigned, pipelined run", f"{cos['signed']} / {cos['cosigned']}"),
+        ("cosigning latency p50 ms (proof, HTTP, witness fsync)", results["cosign_all"]["latency_ms_p50"]),
+        ("cosigning latency p99 ms", results["cosign_all"]["latency_ms_p99"]),
         ("appends/s, 64 threads blocking append()", results["append_blocking_64_threads_eps"]),
         ("appends/s, 8 threads blocking append()", results["append_blocking_8_threads_eps"]),
         ("appends/s, 1 thread (no batching: 1 fsync each)", results["append_one_thread_no_group_commit_eps"]),
@@ -174,12 +241,14 @@ def main() -> int:
         ("inclusion proof p50 ms", results["proof_latency_ms_p50"]),
         ("inclusion proof p99 ms", results["proof_latency_ms_p99"]),
         ("consistency proof mean ms", results["consistency_latency_ms_mean"]),
+        (f"reopen {n} entries: signer re-hash check, s", results["reopen_signer_check_seconds"]),
         ("export entries/s", results["export_eps"]),
         ("verify entries/s (full: parse, re-hash, roots, sigs)", results["verify_eps"]),
         ("re-hash only entries/s (peer floor)", results["rehash_only_eps"]),
     ]
     for label, value in rows:
-        print(f"  {label:<56} {value:>14,.3f}")
+        shown = f"{value:>14,.3f}" if isinstance(value, float | int) else f"{value!s:>14}"
+        print(f"  {label:<56} {shown}")
     print("targets:")
     for t in targets:
         print(f"  {t['name']:<48} {t['value']:>12.4g} {t['op']} {t['target']:<8g} {'met' if t['met'] else 'MISSED'}")
