@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,44 @@ def _raw(*roots: Path) -> bytes:
             if p.is_file():
                 out += p.read_bytes()
     return bytes(out)
+
+
+# ------------------------------------------------------------- backends
+
+
+def _private_pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database of its own: the VACUUM horizon is per database, so
+    other suites' open transactions in ``test`` cannot keep our dead tuples alive (the
+    store would rightly report ``pending_vacuum``)."""
+    from conftest import PG_DB, PG_HOST, PG_PORT, _pg_answers
+
+    if not _pg_answers():
+        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
+    user = os.environ.get("FAK_PG_USER", "postgres")
+    name = f"fak_erase_{secrets.token_hex(6)}"
+    admin = sa.create_engine(f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_db() -> Iterator[str]:
+    yield from _private_pg_database()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """Both backends; PostgreSQL in a database of its own (see ``_private_pg_database``)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fak.db'}"
+    else:
+        yield from _private_pg_database()
 
 
 # ------------------------------------------------------------- backups (SQLite and PostgreSQL)
@@ -179,28 +218,6 @@ def test_destroy_retired_rewraps_a_straggler_first(tmp_path):
 
 
 # ------------------------------------------------------------- PostgreSQL: dead tuples
-
-
-@pytest.fixture
-def pg_db():
-    """A fresh PostgreSQL database of its own (the VACUUM horizon is per database, so
-    other suites' transactions in ``test`` cannot keep our dead tuples alive)."""
-    from conftest import PG_DB, PG_HOST, PG_PORT, _pg_answers
-
-    if not _pg_answers():
-        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
-    user = os.environ.get("FAK_PG_USER", "postgres")
-    name = f"fak_erase_{secrets.token_hex(6)}"
-    admin = sa.create_engine(f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _heap_tuples(engine: sa.Engine, table: str) -> list[bytes]:
@@ -483,3 +500,18 @@ def test_default_store_keeps_keys_out_of_the_cas_database(tmp_path):
     with store._session() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Blob)) == 1
     store.close()
+
+
+def test_erasure_by_another_process_is_not_undone_by_its_cached_digest_key(tmp_path):
+    url, keys = f"sqlite:///{tmp_path / 'fak.db'}", tmp_path / "keys.db"
+    a, b = _open(tmp_path / "data", url, keys), _open(tmp_path / "data", url, keys)
+    old = b.put(b"before", "text/plain", "acme")  # b caches acme's digest key and KEK
+    a.erase_tenant("acme")
+    from fak.cas.errors import CasError
+
+    with pytest.raises(CasError, match="erased while this put ran"):
+        b.put(b"after", "text/plain", "acme")
+    new = b.put(b"after", "text/plain", "acme")  # the retry uses the tenant's new keys
+    assert a.get(new, "acme") == b"after" and a.digest_of(b"before", "acme") != old.digest
+    a.close()
+    b.close()
