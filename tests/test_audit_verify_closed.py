@@ -365,3 +365,96 @@ def test_live_witness_export_and_receipt(tmp_path, capsys):
     assert not verify_receipt(receipt, log_vkey, witnesses=[wvkey, other])
     assert main(["audit", "verify", str(export), "--pubkey", log_vkey, "--witness", wvkey, "--max-age", "600"]) == 0
     assert "1 cosigned (quorum 1)" in capsys.readouterr().out
+
+
+def _tenant_export(log: AuditLog, tenant: str, path) -> None:
+    """A tenant's export as the API writes it (fak.api.routes.audit.export_lines)."""
+    cp = log.checkpoint()
+    lines = [{"format": "fak-tenant-audit-export/v1", "tenant": tenant, "origin": cp.origin, "tree_size": cp.size,
+              "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": log.public_key()}]
+    for e in log.entries(tenant, 0, cp.size):
+        proof = log.inclusion_proof(e.index, size=cp.size)
+        lines.append({"index": e.index, "type": e.event.type, "event": e.body.decode(),
+                      "leaf_hash": e.leaf_hash.hex(), "hashes": [h.hex() for h in proof.hashes]})
+    path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+
+
+def test_tenant_export_fails_closed(exported, tmp_path, capsys):
+    from fak.audit.tenant_export import verify_tenant_export
+
+    path, log = exported
+    vkey = log.public_key()
+    tx = tmp_path / "tenant.jsonl"
+    _tenant_export(log, "t1", tx)
+    r = verify_tenant_export(tx, vkey)
+    assert r.ok and r.entries == 7 and r.witness_quorum is None and "no policy given" in r.summary()
+    assert not verify_tenant_export(tx, "").ok and "no pinned key" in verify_tenant_export(tx, "").reason
+    with _open(tmp_path, "other.db") as other:
+        assert "unknown key" in verify_tenant_export(tx, other.public_key()).reason
+    # one event rewritten (its proof left as it was): the report names that entry's log index
+    rows = tx.read_text().splitlines()
+    line = json.loads(rows[3])
+    line["event"] = line["event"].replace('"p', '"q', 1)
+    rows[3] = json.dumps(line)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(rows) + "\n")
+    r = verify_tenant_export(bad, vkey)
+    assert not r.ok and r.bad_index == line["index"] and f"entry index {line['index']}" in r.summary()
+    # a witness policy on the export's checkpoint
+    w = Witness("w1.example/w")
+    assert not verify_tenant_export(tx, vkey, witnesses=WitnessPolicy.from_keys([w.vkey])).ok
+    head = json.loads(tx.read_text().splitlines()[0])
+    head["checkpoint"] = _witness(head["checkpoint"], w)
+    cosigned = tmp_path / "cosigned.jsonl"
+    cosigned.write_text("\n".join([json.dumps(head), *tx.read_text().splitlines()[1:]]) + "\n")
+    r = verify_tenant_export(cosigned, vkey, witnesses=WitnessPolicy.from_keys([w.vkey]))
+    assert r.ok and set(r.witnesses) == {"w1.example/w"}
+    assert main(["audit", "verify", str(cosigned), "--pubkey", vkey, "--witness", w.vkey]) == 0
+    assert "1 cosigned (quorum 1)" in capsys.readouterr().out
+    assert main(["audit", "verify", str(tx), "--pubkey", vkey, "--witness", w.vkey]) == 1
+    assert "witness quorum not met" in capsys.readouterr().err
+
+
+def test_operator_rewrite_fails_at_the_changed_index(tmp_path, capsys):
+    """The issue's attack with database access alone: drop the triggers, edit entry 2, recompute
+    the stored nodes, delete the checkpoints and cosignatures. The remembering signer refuses to
+    sign; the auditor's verifier (pinned key, witness policy, the export it kept) fails at 2."""
+    from fak.audit.witness import Witness as WitnessProcess
+    from fak.audit.witness import WitnessEndpoint, WitnessServer
+
+    data, url = tmp_path / "log", f"sqlite:///{tmp_path / 'rw.db'}"
+    with AuditLog.open(url=url, data_dir=data, origin=ORIGIN) as probe:
+        vkey = probe.public_key()
+    with WitnessServer(WitnessProcess(tmp_path / "witness", [vkey])) as server:
+        wvkey = server.witness.vkey()
+        with AuditLog.open(url=url, data_dir=data, origin=ORIGIN,
+                           witnesses=[WitnessEndpoint(server.url, wvkey)]) as log:  # fmt: skip
+            _fill(log, 12)
+            kept = tmp_path / "kept.log"
+            log.export(kept)  # the auditor verified this one and kept it
+            _tamper_db(log, 2, recompute_nodes=True)
+            with log._engine.begin() as conn:
+                saved = conn.exec_driver_sql("SELECT size, root, note FROM audit_checkpoints").all()
+                for t in ("audit_checkpoints", "audit_cosignatures"):
+                    conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}_no_delete")
+                    conn.exec_driver_sql(f"DELETE FROM {t}")
+    policy = WitnessPolicy.from_keys([wvkey])
+    assert verify_export(kept, pubkey=vkey, witnesses=policy).ok
+    with AuditLog.open(url=url, data_dir=data, origin=ORIGIN) as log:
+        with pytest.raises(AuditError):
+            log.checkpoint()  # the signer remembers size 12 and its root: it refuses
+        empty = tmp_path / "empty.log"
+        write_export(log, empty)  # no checkpoint, so nothing an auditor could check
+        with log._engine.begin() as conn:  # the old, genuine checkpoints put back from a backup
+            for row in saved:
+                conn.exec_driver_sql("INSERT INTO audit_checkpoints (size, root, note) VALUES (?, ?, ?)", tuple(row))
+        rewritten = tmp_path / "rewritten.log"
+        write_export(log, rewritten)  # what the operator can still hand out
+    r = verify_export(empty, pubkey=vkey, witnesses=policy)
+    assert not r.ok and "no signed checkpoint" in r.error
+    r = verify_export(rewritten, pubkey=vkey)  # genuine signed roots: caught, within a range
+    assert not r.ok and r.bad_range is not None and r.bad_range[0] <= 2 < r.bad_range[1]
+    r = verify_export(rewritten, pubkey=vkey, witnesses=policy, since=str(kept))
+    assert not r.ok and r.first_bad_index == 2 and r.bad_range is None, r.summary()
+    assert main(["audit", "verify", str(rewritten), "--pubkey", vkey, "--witness", wvkey, "--since", str(kept)]) == 1
+    assert "entry index 2" in capsys.readouterr().err
