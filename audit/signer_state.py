@@ -192,6 +192,8 @@ class SignerMemory:
             f = v
         elif v is not None and state.size > v.size:
             f = frontier_from(read(v.size, state.size), v)  # another process with this key signed further
+            if f.root() != state.root:  # or an operator reset another history: check it all
+                f = frontier_from(read(0, state.size))
         else:
             f = frontier_from(read(0, state.size))
         if f.root() != state.root:

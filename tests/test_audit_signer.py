@@ -241,3 +241,26 @@ def test_another_key_in_the_same_data_dir_has_its_own_memory(tmp_path, monkeypat
         assert b.checkpoint().size == 2 and b.alarms == 0
     assert (tmp_path / f"audit_signer.{signer.id:08x}.state").exists()
     assert read_state(tmp_path / STATE_FILE).size == 1
+
+
+def test_running_service_resumes_after_a_reset_elsewhere(tmp_path):
+    """The service keeps refusing while the state file is unchanged; an operator's reset
+    from another process (the CLI) changes it, and the service's next checkpoint signs."""
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    with AuditLog.open(url=url, data_dir=tmp_path) as log:
+        for i in range(6):
+            log.append(ev(i))
+        log.checkpoint()
+    rewrite_history(url, 1, canonical(PolicyLoaded(policy_id="p-forged", policy_digest=P)))
+    with AuditLog.open(url=url, data_dir=tmp_path) as service:
+        with pytest.raises(AuditError, match="rewritten"):
+            service.checkpoint()
+        service.append(ev(7))
+        with pytest.raises(AuditError, match="rewritten"):
+            service.checkpoint()
+        with AuditLog.open(url=url, data_dir=tmp_path) as operator:  # what the CLI does
+            operator.reset_signer(operator.size(), principal="ops:carol")
+        service.append(ev(8))
+        cp = service.checkpoint()
+        assert cp.size == service.size() and service.alarms == 1
+        assert [a.kind for a in alarms(service)] == ["history_rewritten", "history_rewritten", "signer_reset"]
