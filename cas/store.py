@@ -186,13 +186,17 @@ class CasStore:
             chunk_size=chunk_size,
         )
         try:
-            keys.ensure_check()
-        except KeyMismatch:
-            raise KeyMismatch(
-                "the master secret (or KEK provider) does not match this store's key database "
-                f"{_shown_url(key_url)}; set FAK_MASTER_SECRET or the data directory the store was created with"
-            ) from None
-        store._migrate_legacy(master)
+            try:
+                keys.ensure_check()
+            except KeyMismatch:
+                raise KeyMismatch(
+                    "the master secret (or KEK provider) does not match this store's key database "
+                    f"{_shown_url(key_url)}; set FAK_MASTER_SECRET or the data directory the store was created with"
+                ) from None
+            store._migrate_legacy(master)
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def close(self) -> None:

@@ -515,3 +515,43 @@ def test_erasure_by_another_process_is_not_undone_by_its_cached_digest_key(tmp_p
     assert a.get(new, "acme") == b"after" and a.digest_of(b"before", "acme") != old.digest
     a.close()
     b.close()
+
+
+class _Kms:
+    """A stand-in for a KMS: its own key, the AAD as encryption context."""
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self._aead, self.calls = AESGCM(key), 0
+
+    def wrap(self, key: bytes, aad: bytes) -> bytes:
+        self.calls += 1
+        nonce = secrets.token_bytes(12)
+        return nonce + self._aead.encrypt(nonce, key, aad)
+
+    def unwrap(self, wrapped: bytes, aad: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag
+
+        self.calls += 1
+        try:
+            return self._aead.decrypt(wrapped[:12], wrapped[12:], aad)
+        except InvalidTag:
+            raise KeyMismatch("the KMS key does not open this tenant key") from None
+
+
+def test_kek_provider_wraps_tenant_keys(tmp_path):
+    url, keys = f"sqlite:///{tmp_path / 'fak.db'}", tmp_path / "keys.db"
+    kms_key = secrets.token_bytes(32)
+    kms = _Kms(kms_key)
+    store = _open(tmp_path / "data", url, keys, kek_provider=kms)
+    ref = store.put(b"under the KMS", "text/plain", "acme")
+    assert kms.calls >= 3  # check key, digest key, KEK
+    store.close()
+    store = _open(tmp_path / "data", url, keys, kek_provider=_Kms(kms_key))
+    assert store.get(ref, "acme") == b"under the KMS"
+    store.close()
+    with pytest.raises(KeyMismatch, match="KEK provider"):
+        _open(tmp_path / "data", url, keys, kek_provider=_Kms(secrets.token_bytes(32)))
+    with pytest.raises(KeyMismatch):  # nor does the master secret open what the KMS wrapped
+        _open(tmp_path / "data", url, keys)
