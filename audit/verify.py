@@ -118,9 +118,7 @@ class WitnessPolicy:
                 else:
                     raise AuditError(f"expected 'log <vkey>', 'witness <name> <vkey>' or 'quorum <N|all|any|none>' "
                                      f"(groups and several logs are not supported), got {words[0]!r}")
-            except VerificationError as exc:
-                raise AuditError(f"witness policy line {n}: {exc}") from None
-            except AuditError as exc:
+            except AuditError as exc:  # VerificationError too: a bad key
                 raise AuditError(f"witness policy line {n}: {exc}") from None
         names = {"all": len(ws), "any": min(1, len(ws)), "none": 0, None: len(ws)}
         if quorum in names:
