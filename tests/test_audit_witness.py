@@ -172,6 +172,7 @@ def test_witness_cosigns_only_consistent_checkpoints(db_url, tmp_path, capsys):
         assert cosignatures(forged.note, [wvkey]) == {}  # signed by the log, not witnessed
         stats = log.witness_stats[server.url]
         assert stats.failures == 1 and stats.cosigned == 0 and "422" in stats.last_error
+        log.export(tmp_path / "forged.log")
     err = capsys.readouterr().err
     assert "did not cosign" in err and "refused a checkpoint" in err
     assert server.witness.known(cp12.origin) == (13, cp13.root)  # its record did not move
@@ -180,8 +181,17 @@ def test_witness_cosigns_only_consistent_checkpoints(db_url, tmp_path, capsys):
     # the honest export verifies with the witness policy (the colleague's verifier)
     from fak.audit.verify import WitnessPolicy, verify_export
 
-    report = verify_export(export, pubkey=log_vkey, witnesses=WitnessPolicy.from_keys([wvkey]))
+    policy = WitnessPolicy.from_keys([wvkey])
+    report = verify_export(export, pubkey=log_vkey, witnesses=policy)
     assert report.ok, report.summary()
+    # the rewritten history, signed by the log after the reset: the log's key alone accepts it,
+    # the witness policy does not, and the earlier export names the entry that changed
+    forged_export = tmp_path / "forged.log"
+    assert verify_export(forged_export, pubkey=log_vkey).ok
+    report = verify_export(forged_export, pubkey=log_vkey, witnesses=policy)
+    assert not report.ok and "quorum" in report.error, report.summary()
+    report = verify_export(forged_export, pubkey=log_vkey, since=str(export))
+    assert not report.ok and report.first_bad_index == 2, report.summary()
 
 
 def test_a_witness_down_does_not_stop_signing(tmp_path, capsys):
@@ -225,3 +235,31 @@ def test_witness_endpoint_parsing_and_settings():
 
     s = Settings(audit_witnesses=[f"http://127.0.0.1:7380 {key.vkey()}"])
     assert [WitnessEndpoint.parse(x) for x in s.audit_witnesses] == [e]
+
+
+def test_fak_witness_serve_is_a_separate_process(tmp_path):
+    """``fak witness serve`` as its own process (as deployed): the log gets its cosignature."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    with AuditLog.open(url=url, data_dir=tmp_path / "log") as probe:
+        vkey = probe.public_key()
+    cmd = [sys.executable, "-m", "fak.cli", "witness", "serve", "--dir", str(tmp_path / "w"), "--log", vkey,
+           "--listen", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        words = proc.stdout.readline().split()  # witness <vkey> listening on <url>
+        assert words[0] == "witness" and words[2:4] == ["listening", "on"]
+        wvkey, wurl = words[1], words[4]
+        assert urlsplit(wurl).hostname == "127.0.0.1"
+        with AuditLog.open(url=url, data_dir=tmp_path / "log", witnesses=[f"{wurl} {wvkey}"]) as log:
+            log.append(ev(0))
+            cp = log.checkpoint()
+            assert wvkey in cosignatures(cp.note, [wvkey])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    out = subprocess.run([sys.executable, "-m", "fak.cli", "witness", "pubkey", "--dir", str(tmp_path / "w")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == wvkey
