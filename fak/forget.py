@@ -134,7 +134,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
                       for x in victims]
             units += [_unit("prefix_node", n) for n in nodes]
             sessions = [x for x in sessions if x["session_id"] != sid]
-            sessions.append({"session_id": sid, "fingerprint_after": after, "fingerprint_replay": replay})
+            sessions.append({"session_id": sid, "fingerprint_after": k.audit_fingerprint(tenant, after),
+                             "fingerprint_replay": k.audit_fingerprint(tenant, replay)})  # keyed: no guess oracle
             ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
                         fingerprint=after)
         fault_point("forget.after_session")
@@ -148,6 +149,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     index = k.audit.append(ForgetCompleted(
         tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
         units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
+        shred_status=getattr(shred, "shred_status", None),
     ))  # fmt: skip
     k.state.update_forget(row.request_id, state="completed", completed_index=index)
     k._notify("forget", tenant=tenant)
