@@ -41,6 +41,8 @@ _EXPORTS = {
     "RefQuarantined": "fak.audit.events",
     "RefExpired": "fak.audit.events",
     "ToolCallDecision": "fak.audit.events",
+    "TenantEraseRequested": "fak.audit.events",
+    "TenantErased": "fak.audit.events",
     "SessionRebuilt": "fak.audit.events",
     "SystemOrTenant": "fak.audit.events",
     "to_event": "fak.audit.events",

@@ -216,6 +216,27 @@ class AuthFailure(_Event):
     route: Id | None = None
 
 
+class TenantEraseRequested(_Event):
+    """An operator asked to crypto-erase a whole tenant (written before anything is erased)."""
+
+    type: Literal["tenant_erase_requested"] = "tenant_erase_requested"
+    principal: Id | None = None
+    reason: Id | None = None
+
+
+class TenantErased(_Event):
+    """A whole tenant crypto-erased: its sessions and KV dropped, every key it had destroyed
+    (so no backup of its data keys opens again), its refs tombstoned, its API keys revoked."""
+
+    type: Literal["tenant_erased"] = "tenant_erased"
+    requested_index: Count
+    sessions: Count
+    refs_forgotten: Count
+    keys_destroyed: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)
+    api_keys_revoked: Count = 0
+    shred_status: Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"]
+
+
 class AuditAlarm(_Event):
     """The log's signer found the database disagreeing with what it remembers signing
     (outside the database), so it refuses to sign until an operator resolves it; or the
@@ -244,7 +265,9 @@ Event = Annotated[
     | PolicyLoaded
     | KeyRotated
     | AuthFailure
-    | AuditAlarm,
+    | AuditAlarm
+    | TenantEraseRequested
+    | TenantErased,
     Field(discriminator="type"),
 ]
 EVENT_TYPES = (
@@ -261,6 +284,8 @@ EVENT_TYPES = (
     KeyRotated,
     AuthFailure,
     AuditAlarm,
+    TenantEraseRequested,
+    TenantErased,
 )
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

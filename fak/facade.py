@@ -38,7 +38,7 @@ from fak.state.store import StateStore, now_us
 from fak.types import check_tenant
 
 if TYPE_CHECKING:
-    from fak.audit import AuditLog
+    from fak.audit import AuditLog, TenantErased
     from fak.audit.receipt import ForgetReceipt
     from fak.authorize import Authorizer
     from fak.forget import ForgetState
@@ -127,7 +127,7 @@ class Kernel:
         master = load_master_secret(settings.data_dir)
         policy = PolicyHolder(settings.policy_path or default_policy_path())
         lm = model or load_model(settings.model_path, progress=progress)
-        store = CasStore.open(settings.data_dir, url, master_secret=master)
+        store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url)
         audit = None
         try:
             audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
@@ -502,6 +502,38 @@ class Kernel:
         if len(self._producers) >= 65536:
             self._producers.clear()
         self._producers[(tenant, ref)] = producer
+
+    def erase_tenant(self, tenant: str, *, confirm: str, requested_by: str | None = None,
+                     reason: str | None = None) -> TenantErased:
+        """Crypto-erase a whole tenant: its sessions and KV, its prefix-cache namespace, every
+        key it has in the CAS (so no backup of its data keys opens again), its refs' records
+        and its API keys. Logged write-ahead (``TenantEraseRequested``, then ``TenantErased``);
+        each step is idempotent, so a crash in between is finished by calling it again.
+        ``confirm`` must repeat the tenant: this cannot be undone."""
+        from fak.audit import TenantErased, TenantEraseRequested
+
+        tenant = check_tenant(tenant)
+        if confirm != tenant:
+            raise InvalidInput("erasing a tenant cannot be undone: pass confirm=<the tenant's name>")
+        who, why = (_ident(requested_by) if requested_by else None), (_ident(reason) if reason else None)
+        with self._forget_lock:
+            requested = self.audit.append(TenantEraseRequested(tenant=tenant, principal=who, reason=why))
+            sessions = self.sessions(tenant)
+            for sid in sessions:
+                with contextlib.suppress(NotFound):
+                    self.delete_session(tenant, sid)
+            if self.prefix is not None:
+                self.prefix.drop_namespace(self.namespace(tenant))
+            self._pending_withdrawals.pop(tenant, None)
+            self._producers = {key: v for key, v in self._producers.items() if key[0] != tenant}
+            erasure = self.store.erase_tenant(tenant)
+            revoked = self.state.erase_tenant_records(tenant)
+            event = TenantErased(tenant=tenant, requested_index=requested, sessions=len(sessions),
+                                 refs_forgotten=erasure.refs_forgotten,
+                                 keys_destroyed=[_ident(x) for x in erasure.keys_destroyed],
+                                 api_keys_revoked=revoked, shred_status=erasure.shred_status)
+            self.audit.append(event)
+        return event
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
         from fak.forget import resume

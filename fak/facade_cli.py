@@ -1,4 +1,4 @@
-"""``fak chat``, ``fak sessions``, ``fak forget`` and ``fak quarantine``: the Kernel from a
+"""``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine`` and ``fak erase-tenant``: the Kernel from a
 terminal (in process, on the data directory the settings name)."""
 
 from __future__ import annotations
@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--reason", required=True)
     q.add_argument("--config")
     q.set_defaults(handler=_quarantine)
+
+    e = sub.add_parser("erase-tenant", help="crypto-erase a whole tenant: sessions, KV, keys, refs, API keys")
+    e.add_argument("tenant")
+    e.add_argument("--confirm", required=True, help="the tenant's name again: this cannot be undone")
+    e.add_argument("--reason")
+    e.add_argument("--by", help="who asked (recorded in the log)")
+    e.add_argument("--config")
+    e.set_defaults(handler=_erase_tenant)
 
 
 def _open(config: str | None):  # noqa: ANN202
@@ -91,6 +99,13 @@ def _forget(args: argparse.Namespace) -> int:
               f"sessions; receipt verifies: {check.ok}; check it offline with: fak audit verify-receipt "
               f"RECEIPT --pubkey '{k.audit.public_key()}'", file=sys.stderr)
         return 0 if check.ok else 1
+
+
+def _erase_tenant(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        event = k.erase_tenant(args.tenant, confirm=args.confirm, requested_by=args.by or "cli", reason=args.reason)
+    print(json.dumps(event.model_dump(mode="json")))
+    return 0 if event.shred_status == "destroyed" else 3
 
 
 def _quarantine(args: argparse.Namespace) -> int:

@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     operator_tenant: str | None = Field(
         None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
                           "(unset: nobody may; the policy file is then the operator's alone)")
+    cas_key_url: str | None = Field(None, description="database of the tenants' keys (default: <data_dir>/keys/"
+                                    "cas-keys.db); keep it out of the backups of the main database")
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
     late_workers: int = Field(1, ge=1, le=64, description="threads running the policy's late detectors")
     late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")

@@ -57,3 +57,9 @@ def test_chat_sessions_forget_quarantine(settings, tiny_lm, tmp_path) -> None:
     assert q.returncode == 0 and json.loads(q.stdout)["units"][0]["session_id"] == sid
     missing = _run(["forget", "blake3k:" + "0" * 64, "--tenant", "acme"], env)
     assert missing.returncode == 1 and "fak: error: no ref" in missing.stderr
+    typo = _run(["erase-tenant", "acme", "--confirm", "acm"], env)
+    assert typo.returncode == 1 and "confirm" in typo.stderr
+    erased = _run(["erase-tenant", "acme", "--confirm", "acme", "--reason", "contract_ended"], env)
+    assert erased.returncode == 0, erased.stderr
+    assert json.loads(erased.stdout)["sessions"] == 1
+    assert json.loads(_run(["sessions", "--tenant", "acme", "--json"], env).stdout) == []

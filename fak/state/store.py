@@ -161,6 +161,17 @@ class StateStore:
             if row is not None:
                 row.quarantined, row.quarantine_reason = True, reason
 
+    def erase_tenant_records(self, tenant: str) -> int:
+        """Delete what the kernel knew of the tenant's refs (tools, tags, sources) and revoke its
+        API keys; the number of keys revoked. Forget progress rows stay: receipts need them."""
+        from fak.state.schema import ApiKeyRow
+
+        with self.tx() as s:
+            s.execute(sa.delete(RefRow).where(RefRow.tenant == tenant))
+            revoked = s.execute(sa.update(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_us.is_(None))
+                                .values(revoked_us=now_us()))
+            return revoked.rowcount or 0
+
     def set_expired(self, tenant: str, digest: str, when_us: int) -> None:
         with self.tx() as s:
             row = s.get(RefRow, (tenant, digest), with_for_update=True)
