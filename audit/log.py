@@ -150,7 +150,11 @@ class AuditLog:
         self._cosign_q: queue.SimpleQueue = queue.SimpleQueue()
         self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
         if self._memory is not None:
-            self._open_memory()
+            try:
+                self._open_memory()
+            except Exception:
+                self._engine.dispose()
+                raise
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
         self._writer.start()
         self._cosigner: threading.Thread | None = None

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -166,8 +167,10 @@ class SignerMemory:
     def _read(self) -> SignerState | None:
         state = read_state(self.path)
         if state is not None and (state.origin, state.key_id) != (self.origin, self.key_id):
-            raise AuditError(f"audit signer state {self.path} belongs to {state.origin} key {state.key_id}, "
-                             f"not {self.origin} key {self.key_id}")
+            # the key was replaced: this key remembers nothing (an alarm unless the log is empty)
+            print(f"fak audit: signer state {self.path} belongs to {state.origin} key {state.key_id}, not "
+                  f"{self.origin} key {self.key_id}: this key remembers nothing", file=sys.stderr, flush=True)
+            return None
         return state
 
     def _check(self, state: SignerState | None, n: int, read: BodyReader) -> merkle.Frontier:

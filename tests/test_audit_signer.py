@@ -264,3 +264,20 @@ def test_running_service_resumes_after_a_reset_elsewhere(tmp_path):
         cp = service.checkpoint()
         assert cp.size == service.size() and service.alarms == 1
         assert [a.kind for a in alarms(service)] == ["history_rewritten", "history_rewritten", "signer_reset"]
+
+
+def test_a_replaced_key_remembers_nothing(tmp_path, capsys):
+    """The data dir's key replaced (the old state stays): the new key has no memory of this
+    non-empty log, so it raises the alarm instead of signing."""
+    from fak.audit.signing import KEY_FILE
+
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    with AuditLog.open(url=url, data_dir=tmp_path) as log:
+        log.append(ev(0))
+        log.checkpoint()
+    (tmp_path / KEY_FILE).unlink()
+    with AuditLog.open(url=url, data_dir=tmp_path) as log:
+        assert [a.kind for a in alarms(log)] == ["signer_state_missing"]
+        with pytest.raises(AuditError, match="remembers nothing"):
+            log.checkpoint()
+    assert "belongs to" in capsys.readouterr().err
