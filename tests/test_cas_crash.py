@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import time
 
@@ -43,11 +44,22 @@ def _run_trial(data_dir: str, url: str, trial: int, rng: random.Random) -> list[
         finally:
             os._exit(1)
     os.close(write_fd)
-    time.sleep(rng.uniform(0.02, 0.2))
+    # the kill lands at a random moment after the child's first acknowledged put (opening the
+    # store takes a varying share of a loaded machine's time: a timer from the fork alone
+    # often killed it before any put)
+    acked = b""
+    deadline = time.monotonic() + 60
+    while b"\n" not in acked and time.monotonic() < deadline:
+        ready, _, _ = select.select([read_fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            acked += chunk
+    time.sleep(rng.uniform(0.0, 0.15))
     os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, "child died before the kill"
-    acked = b""
     while chunk := os.read(read_fd, 65536):
         acked += chunk
     os.close(read_fd)
