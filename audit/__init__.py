@@ -49,6 +49,7 @@ _EXPORTS = {
     "parse_event": "fak.audit.events",
     "PolicyLoaded": "fak.audit.events",
     "KeyRotated": "fak.audit.events",
+    "KeysDestroyed": "fak.audit.events",
     "AuthFailure": "fak.audit.events",
     "AuditAlarm": "fak.audit.events",
     "WitnessEndpoint": "fak.audit.witness",

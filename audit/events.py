@@ -207,6 +207,17 @@ class KeyRotated(_Event):
     key_kind: Id
     old_key_id: Id | None = None
     new_key_id: Id
+    principal: Id | None = None
+
+
+class KeysDestroyed(_Event):
+    """Keys about to be destroyed (write-ahead: logged before they are), e.g. retired CAS KEKs
+    past their grace period: from then on no backup of what they wrapped opens again."""
+
+    type: Literal["keys_destroyed"] = "keys_destroyed"
+    key_kind: Id
+    key_ids: list[Id] = Field(max_length=MAX_ITEMS)
+    principal: Id | None = None
 
 
 class AuthFailure(_Event):
@@ -264,6 +275,7 @@ Event = Annotated[
     | SessionRebuilt
     | PolicyLoaded
     | KeyRotated
+    | KeysDestroyed
     | AuthFailure
     | AuditAlarm
     | TenantEraseRequested
@@ -282,6 +294,7 @@ EVENT_TYPES = (
     SessionRebuilt,
     PolicyLoaded,
     KeyRotated,
+    KeysDestroyed,
     AuthFailure,
     AuditAlarm,
     TenantEraseRequested,

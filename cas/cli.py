@@ -4,6 +4,7 @@ scrub, keks, fsck against the store of the data directory (or ``--url``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -81,21 +82,40 @@ def _forget(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _logged(args):  # noqa: ANN202
+    """The store and the audit log of the same deployment: key rotations and destructions
+    are decisions, logged like every other (``fak.keyops``)."""
+    from fak.audit import AuditLog
+    from fak.settings import Settings
+
+    settings = Settings.load()
+    with _store(args) as store, AuditLog.open(args.url or settings.resolved_database_url, settings.data_dir,
+                                              origin=settings.audit_origin,
+                                              witnesses=settings.audit_witnesses) as audit:
+        yield store, audit
+
+
 def _rotate(args) -> int:
-    with _store(args) as store:
-        result = store.rotate(args.tenant)
+    from fak import keyops
+
+    with _logged(args) as (store, audit):
+        result = keyops.rotate(store, audit, args.tenant, principal="cli")
         out = {"rotation": result.model_dump(mode="json")}
         if args.destroy_after is not None:
             print("fak: retired KEKs are destroyed after the grace period by 'fak cas destroy-retired "
                   f"--older-than {args.destroy_after:g}s'; destroying those already that old now", file=sys.stderr)
-            out["destroyed"] = store.destroy_retired(args.destroy_after).model_dump(mode="json")
+            out["destroyed"] = keyops.destroy_retired(store, audit, args.destroy_after,
+                                                      principal="cli").model_dump(mode="json")
     print(json.dumps(out))
     return 0
 
 
 def _destroy(args) -> int:
-    with _store(args) as store:
-        print(store.destroy_retired(args.older_than).model_dump_json())
+    from fak import keyops
+
+    with _logged(args) as (store, audit):
+        print(keyops.destroy_retired(store, audit, args.older_than, principal="cli").model_dump_json())
     return 0
 
 
@@ -104,6 +124,8 @@ def _erase(args) -> int:
         from fak.cas.errors import InvalidInput
 
         raise InvalidInput(f"erase-tenant destroys every key of {args.tenant!r}: repeat it with --confirm {args.tenant}")
+    print("fak: this erases the tenant's CAS keys and refs only; 'fak erase-tenant' also drops its sessions, "
+          "KV, ref records and API keys, and logs it", file=sys.stderr)
     with _store(args) as store:
         print(store.erase_tenant(args.tenant).model_dump_json())
     return 0

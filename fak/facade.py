@@ -503,6 +503,18 @@ class Kernel:
             self._producers.clear()
         self._producers[(tenant, ref)] = producer
 
+    def rotate_keys(self, tenant: str | None = None, *, principal: str | None = None):  # noqa: ANN201
+        """New random KEK versions (one tenant or all), live data keys re-wrapped, logged."""
+        from fak.keyops import rotate
+
+        return rotate(self.store, self.audit, tenant, principal=principal)
+
+    def destroy_retired_keys(self, older_than: float, *, principal: str | None = None):  # noqa: ANN201
+        """Destroy KEKs retired at least ``older_than`` seconds ago, logged before they go."""
+        from fak.keyops import destroy_retired
+
+        return destroy_retired(self.store, self.audit, older_than, principal=principal)
+
     def erase_tenant(self, tenant: str, *, confirm: str, requested_by: str | None = None,
                      reason: str | None = None) -> TenantErased:
         """Crypto-erase a whole tenant: its sessions and KV, its prefix-cache namespace, every

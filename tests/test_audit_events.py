@@ -43,6 +43,7 @@ def _samples() -> list:
         ev.SessionRebuilt(session_id="s-1", segments=4, tokens=812, fingerprint=D, cause="restart"),
         ev.PolicyLoaded(policy_id="default", policy_digest=P),
         ev.KeyRotated(key_kind="audit_signing", old_key_id="a1b2c3d4", new_key_id="e5f6a7b8"),
+        ev.KeysDestroyed(key_kind="cas_kek", key_ids=["k-1", "k-2"], principal="cli", tenant="acme"),
         ev.AuthFailure(reason="unknown_key", key_fingerprint=P, route="/v1/forget"),
         ev.AuditAlarm(kind="history_rewritten", remembered_size=5, remembered_root=P, found_size=9, found_root=P),
     ]

@@ -64,6 +64,15 @@ def test_cli_rotate_destroy_and_erase(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: a usage error naming the accepted forms
         main(["cas", "destroy-retired", "--older-than", "soon"])
     assert "invalid duration 'soon'" in capsys.readouterr().err
+    from fak import Settings
+    from fak.audit import AuditLog
+
+    s = Settings.load()
+    with AuditLog.open(s.resolved_database_url, s.data_dir, origin=s.audit_origin) as log:
+        logged = [e.event for e in log.entries() if e.event.type in ("key_rotated", "keys_destroyed")]
+    assert [(e.type, e.tenant, e.key_kind, e.principal) for e in logged] == [
+        ("key_rotated", "acme", "cas_kek", "cli"), ("keys_destroyed", "acme", "cas_kek", "cli")]
+    assert logged[0].old_key_id in logged[1].key_ids and logged[0].new_key_id not in logged[1].key_ids
     assert main(["cas", "keks", "--tenant", "acme"]) == 0
     assert [json.loads(line)["version"] for line in capsys.readouterr().out.splitlines()] == [2]
     assert main(["cas", "get", digest, "--tenant", "acme"]) == 0

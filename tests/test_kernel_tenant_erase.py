@@ -58,3 +58,20 @@ def test_erase_tenant_drops_everything_of_that_tenant_only(kernel) -> None:
     assert fresh.admit("flight_status", CLEAN).admitted
     again = k.erase_tenant("acme", confirm="acme")
     assert again.sessions == 1 and len(events(k, "tenant_erased")) == 2
+
+
+def test_key_rotation_and_destruction_are_logged(kernel) -> None:
+    """Rotating and destroying CAS keys are decisions: KeyRotated per tenant after the
+    rotation, KeysDestroyed before the destruction; live refs stay readable."""
+    k = kernel
+    a = k.session("acme").admit("flight_status", CLEAN).ref
+    g = k.session("globex").admit("lounge_info", LOUNGE).ref
+    rotated = k.rotate_keys(principal="ops")
+    assert set(rotated.versions) == {"acme", "globex"}
+    rot = events(k, "key_rotated")
+    assert sorted(e.tenant for e in rot) == ["acme", "globex"] and all(e.old_key_id != e.new_key_id for e in rot)
+    destroyed = k.destroy_retired_keys(0, principal="ops")
+    (acme_gone,) = [e for e in events(k, "keys_destroyed") if e.tenant == "acme"]
+    assert acme_gone.key_ids == [next(e.old_key_id for e in rot if e.tenant == "acme")]
+    assert len(destroyed.destroyed) == 2
+    assert k.store.get(a, "acme") == CLEAN and k.store.get(g, "globex") == LOUNGE
