@@ -60,3 +60,5 @@ def test_demo_runs(tmp_path) -> None:
     assert "token-identical to the never-saw session: True" in out
     assert "receipt verified offline: True" in out and "audit export: OK" in out
     assert "still holding the order record after the forget: 0" in out and "done in" in out
+    assert "witnesses: 1 cosigned (quorum 1)" in out  # the export verified under a witness policy
+    assert "CONFIRM" in out and "never-saw session: True" in out  # the floor under detection
