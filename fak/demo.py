@@ -6,7 +6,7 @@ runs a scripted refund assistant through the Python SDK over HTTP:
 1. a customer document whose text carries a prompt injection is QUARANTINEd and
    never enters attention: the answer is token-identical to a session that never saw it;
 2. the order record is admitted and answered from, then forgotten: the signed
-   receipt is printed and verified offline with the log's and the witness's pinned keys;
+   receipt is printed and verified offline with the log's pinned key;
 3. the floor under detection: a politely worded injection no detector flags is
    admitted, and the agent then wants to send an e-mail; tool-call authorization sees
    an untrusted ref in attention and answers CONFIRM; the exact remedy evicts it, and the
@@ -96,7 +96,7 @@ def _story(console: Console, kernel: Kernel, live, tmp: str, wkey: str, t0: floa
     second = s.generate(**params)
     receipt = admin.forget(order.ref, reason="customer_erasure_request")
     pubkey = auditor.audit_checkpoint().public_key
-    receipt_check = verify_receipt(receipt, pubkey, witnesses=[wkey])  # offline: the receipt, the pinned keys
+    receipt_check = verify_receipt(receipt, pubkey)  # offline: only the receipt and the pinned key
     after = s.info()
 
     # 3. an injection nobody detects: what it may cause is governed by provenance
