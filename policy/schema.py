@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class VerdictKind(StrEnum):
@@ -101,26 +109,32 @@ def _check_mismatch(value: VerdictKind | None) -> VerdictKind | None:
     return value
 
 
+def _check_regex(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regex: {exc}") from None
+    return value
+
+
+# Field types whose check is shared by every model that has such a field.
+MediaTypes = Annotated[list[str], AfterValidator(_check_media)]
+MismatchVerdict = Annotated[VerdictKind, AfterValidator(_check_mismatch)]
+Sources = Annotated[list[str], AfterValidator(_check_sources)]
+Regex = Annotated[str, AfterValidator(_check_regex)]
+
+
 class Defaults(_Strict):
     """What applies to a tool that no ``tools`` entry names."""
 
     trust: Trust = "untrusted"
     max_bytes: int = Field(default=1 << 20, gt=0)
-    media_types: list[str] = ["text/*", "application/json", "application/xml", "application/yaml"]
+    media_types: MediaTypes = ["text/*", "application/json", "application/xml", "application/yaml"]
     verdict: VerdictKind = VerdictKind.ALLOW
     # Verdict for a result whose media type is not in ``media_types``: ALLOW scans it as usual,
     # QUARANTINE or DENY decide without reading it. REDACT would have nothing to cut.
-    media_type_mismatch: VerdictKind = VerdictKind.DENY
-
-    @field_validator("media_types")
-    @classmethod
-    def _media(cls, value: list[str]) -> list[str]:
-        return _check_media(value)
-
-    @field_validator("media_type_mismatch")
-    @classmethod
-    def _mismatch(cls, value: VerdictKind) -> VerdictKind:
-        return _check_mismatch(value)
+    media_type_mismatch: MismatchVerdict = VerdictKind.DENY
 
 
 class ToolRule(_Strict):
@@ -129,42 +143,19 @@ class ToolRule(_Strict):
     them (a result without a parsable source matches none)."""
 
     name: str = Field(min_length=1)
-    sources: list[str] | None = None
+    sources: Sources | None = None
     trust: Trust | None = None
     max_bytes: int | None = Field(default=None, gt=0)
-    media_types: list[str] | None = None
-    media_type_mismatch: VerdictKind | None = None
+    media_types: MediaTypes | None = None
+    media_type_mismatch: MismatchVerdict | None = None
     verdict: VerdictKind | None = None
     expires: Expiry | None = None  # lifetime of every ref this tool produces
-
-    @field_validator("media_types")
-    @classmethod
-    def _media(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else _check_media(value)
-
-    @field_validator("media_type_mismatch")
-    @classmethod
-    def _mismatch(cls, value: VerdictKind | None) -> VerdictKind | None:
-        return _check_mismatch(value)
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, value: list[str] | None) -> list[str] | None:
-        return _check_sources(value)
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
         """What identifies the entry (duplicates, overlays): its name and its sources."""
         return self.name, tuple(self.sources or ())
 
-
-def _check_regex(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"bad regex: {exc}") from None
-    return value
 
 
 class DetectorRule(_Strict):
@@ -180,8 +171,8 @@ class DetectorRule(_Strict):
     families: list[str] | None = None
     tools: list[str] = ["*"]
     trust: list[Trust] = ["untrusted", "internal", "trusted"]
-    sources: list[str] | None = None
-    pattern: str | None = None
+    sources: Sources | None = None
+    pattern: Regex | None = None
     ignore_case: bool = False
     min_bytes: int = Field(default=4096, ge=0)
     expires: Expiry | None = None  # when this rule fires on an admitted ref, the ref's lifetime
@@ -195,16 +186,6 @@ class DetectorRule(_Strict):
             raise ValueError(f"REDACT is not allowed for the {detector} detector: it would cut only the matched "
                              "words and leave the rest of the instruction standing in the text; use QUARANTINE or DENY")
         return value
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        return _check_regex(value)
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, value: list[str] | None) -> list[str] | None:
-        return _check_sources(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> DetectorRule:
@@ -328,8 +309,8 @@ class RuleException(_Strict):
     id: str = Field(pattern=_RULE_ID, max_length=128)
     rules: list[str] = Field(min_length=1)
     tools: list[str] | None = None
-    sources: list[str] | None = None
-    pattern: str | None = None
+    sources: Sources | None = None
+    pattern: Regex | None = None
     ignore_case: bool = False
     scope: Literal["near", "text"] = "near"
     near: int = Field(default=256, ge=0, le=65536)
@@ -350,16 +331,6 @@ class RuleException(_Strict):
         if value is not None and not value:
             raise ValueError("'tools' is empty: leave it out to match any tool, or name tools")
         return value
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        return _check_regex(value)
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, value: list[str] | None) -> list[str] | None:
-        return _check_sources(value)
 
     @model_validator(mode="after")
     def _narrow(self) -> RuleException:
