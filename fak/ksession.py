@@ -458,17 +458,16 @@ class KernelSession:
                 raise
             k._notify("admission", tenant=self.tenant, verdict=verdict.kind.value)
             if admitted and admitted_ref is not None:
-                self._late_check(tool, admitted_ref, body, source)
+                self._late_check(tool, admitted_ref, body, verdict.trust or "untrusted")
             return Admission(verdict, ref, admitted_ref, segment, index)
 
-    def _late_check(self, tool: str, ref: str, body: bytes, source: str | None) -> None:
+    def _late_check(self, tool: str, ref: str, body: bytes, trust: str) -> None:
+        """Hand an admitted result to the late detectors, with the trust the gate applied."""
         k = self.kernel
         if k._late is None:
             return
-        from fak.policy import tool_settings
         from fak.policy.late import LateJob
 
-        trust = tool_settings(k.policy, tool, source).trust
         k._submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
                                text=body.decode("utf-8", errors="replace"), admitted_at=time.time()))
 

@@ -14,7 +14,7 @@ the next time anyone takes its lock, before doing anything else
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fak.errors import NotFound
@@ -41,7 +41,7 @@ class WithdrawReport:
     units: list[dict[str, str]]
     mode: str
     audit_index: int
-    pending: list[str] = ()  # type: ignore[assignment]  # sessions that evict it on their next use
+    pending: list[str] = field(default_factory=list)  # sessions that evict it on their next use
 
 
 QuarantineReport = WithdrawReport  # the name callers of Kernel.quarantine know
