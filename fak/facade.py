@@ -378,17 +378,19 @@ class Kernel:
         return quarantine(self, tenant, ref, reason=reason, principal=principal)
 
     # --- expiry -------------------------------------------------------------------
-    def expire_due(self, now_us_: int | None = None) -> list[QuarantineReport]:
-        """Execute every expiry whose time has come (the sweeper calls this every
-        ``settings.expiry_sweep_s``; sessions call it before they use attention)."""
+    def expire_due(self, now_us_: int | None = None, tenant: str | None = None) -> list[QuarantineReport]:
+        """Execute every expiry whose time has come: all tenants' (the sweeper, every
+        ``settings.expiry_sweep_s``), or one tenant's (its sessions, before they use attention,
+        so another tenant's expiries never run on its requests)."""
         from fak.withdraw import expire
 
         now = now_us_ if now_us_ is not None else now_us()
         reports = []
         with self._expiry_lock:
-            for tenant, ref, _ in self.state.due_expiries(now):
-                reports.append(expire(self, tenant, ref, cause="seconds"))
-            self._next_expiry_us = self.state.next_expiry()
+            for t, ref, _ in self.state.due_expiries(now, tenant=tenant):
+                reports.append(expire(self, t, ref, cause="seconds"))
+            if tenant is None:
+                self._next_expiry_us = self.state.next_expiry()
         return reports
 
     def _expiry_due(self) -> bool:

@@ -150,7 +150,7 @@ class KernelSession:
     def _before_use(self) -> None:
         """Execute expiries whose time has come before attention is used (outside any lock)."""
         if self.kernel._expiry_due():
-            self.kernel.expire_due()
+            self.kernel.expire_due(tenant=self.tenant)
 
     def _release(self) -> None:
         self.last_used = time.monotonic()

@@ -269,3 +269,23 @@ def test_quarantine_of_a_busy_session_applies_before_its_next_use(gov) -> None:
     assert states[1] == ("tool", "quarantined") and all(st == "live" for kd, st in states if kd != "tool")
     assert s.fingerprint() == _never_saw(k, s)
     assert sum(1 for x in s._loaded().ledger.live() if x.kind is SegmentKind.TOOL) == 0
+
+
+def test_a_session_executes_its_own_tenant_s_expiries_only(tmp_path, tiny_dir, tiny_lm) -> None:
+    """Before it uses attention a session executes its tenant's due expiries; another tenant's
+    wait for their own use or the sweeper, so they never cost this tenant's requests."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.replace("expires: {seconds: 3600}", "expires: {seconds: 1}"))
+    settings = Settings(data_dir=tmp_path / "d", model_path=tiny_dir, chunk_size=16, policy_path=policy,
+                        expiry_sweep_s=3600)  # no sweep during the test
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        acme, globex = k.session("acme"), k.session("globex")
+        acme.admit("vault", VAULT)
+        globex.admit("vault", VAULT)
+        time.sleep(1.2)
+        acme.append("user", "connect")
+        assert [x["state"] for x in acme.ledger()] == ["expired", "live"]
+        assert [x["state"] for x in globex.ledger()] == ["live"]  # not yet: its tenant has not used it
+        globex.append("user", "connect")
+        assert [x["state"] for x in globex.ledger()] == ["expired", "live"]
+        assert sorted(e.tenant for e in events(k, "ref_expired")) == ["acme", "globex"]

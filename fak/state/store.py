@@ -178,13 +178,15 @@ class StateStore:
             if row is not None:
                 row.expired_us = when_us
 
-    def due_expiries(self, now: int, limit: int = 256) -> list[tuple[str, str, int]]:
+    def due_expiries(self, now: int, limit: int = 256, tenant: str | None = None) -> list[tuple[str, str, int]]:
         """(tenant, ref, expires_us) of refs whose lifetime ended by ``now`` and whose expiry
-        has not been executed, earliest first."""
+        has not been executed (of one tenant, when given), earliest first."""
         with self._session() as s:
             q = (sa.select(RefRow.tenant, RefRow.digest, RefRow.expires_us)
                  .where(RefRow.expires_us.is_not(None), RefRow.expires_us <= now, RefRow.expired_us.is_(None))
                  .order_by(RefRow.expires_us).limit(limit))  # fmt: skip
+            if tenant is not None:
+                q = q.where(RefRow.tenant == tenant)
             return [(t, d, int(e)) for t, d, e in s.execute(q)]
 
     def next_expiry(self) -> int | None:
