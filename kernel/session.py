@@ -24,9 +24,11 @@ from enum import StrEnum
 import torch
 
 from fak.kernel import rope
+from fak.kernel.chunking import chunk_bounds
 from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
 from fak.kernel.model import Llama
+from fak.kernel.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, serve
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_tree import call_keys, concat_rows
 from fak.kernel.tokenizer import ChatTokenizer
@@ -70,6 +72,7 @@ class EvictionReport:
     seconds: float
     fingerprint: str
     prefix_nodes_dropped: tuple[str, ...] = ()  # prefix-cache nodes that had attended to the span
+    pic_chunks_dropped: tuple[str, ...] = ()  # PIC registry chunks that had attended to the span
 
 
 class Session:
@@ -84,7 +87,11 @@ class Session:
         protected_kinds: Sequence[SegmentKind | str] = (SegmentKind.SYSTEM,),
         on_event: Callable[[str, dict], None] | None = None,
         prefix: PrefixBinding | None = None,
+        pic: PicBinding | None = None,
     ) -> None:
+        """``pic``: position-independent reuse (approximate), when the policy allows it.
+        Segments are then prefilled in content-defined chunks, and a chunk the registry
+        holds is served from it after the exact prefix hit."""
         if chunk_size < 1:
             raise LedgerError("chunk_size must be ≥ 1")
         self.model = model
@@ -99,8 +106,24 @@ class Session:
         self._last_logits: torch.Tensor | None = None
         self._on_event = on_event
         self.prefix = prefix
-        self.approximate = False  # set by REROPE: the KV then differs from any exact run
+        self.pic = pic
+        self.reroped = False  # set by REROPE: the KV then differs from any exact run
+        self.pic_row: int | None = None  # first cache row served by PIC (rows before it are exact)
         self.prefix_hit_tokens = 0
+        self.pic_hit_tokens = 0  # served from the PIC registry (approximate), recomputed rows excluded
+        self.last_pic: list[PicServed] = []  # what the latest append served from the registry
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the KV differs from every exact run of the same calls (REROPE or PIC rows)."""
+        return self.reroped or self.pic_row is not None
+
+    @property
+    def exact_rows(self) -> int:
+        """How many leading rows are the bytes an exact run computes."""
+        if self.reroped:
+            return 0
+        return self.cache.length if self.pic_row is None else self.pic_row
 
     # --- appending -----------------------------------------------------------
     def append(
@@ -117,12 +140,15 @@ class Session:
         content: Sequence[str] = (),
         policy_digest: str | None = None,
         segment_id: str | None = None,
+        regions: Sequence[int] = (),
     ) -> Segment:
         """Append a segment: ``text`` is rendered as a chat message of role ``kind``
         (content encoded with special-token strings taken literally); ``tokens`` are
         used as they are (with ``message``, the chat message they render, so later
         turns see it in their history). ``chunks`` overrides the prefill chunking;
-        ``content`` adds content provenance beyond the segment's own ref."""
+        ``content`` adds content provenance beyond the segment's own ref. ``regions``:
+        token offsets where content the assembler knows (a document, a schema) begins,
+        so PIC cuts identical content identically wherever it lands."""
         kind = SegmentKind(kind)
         if (text is None) == (tokens is None):
             raise LedgerError("give exactly one of text or tokens")
@@ -133,7 +159,13 @@ class Session:
             ids = [int(t) for t in tokens]  # type: ignore[union-attr]
         if not ids:
             raise LedgerError("a segment needs at least one token")
-        plan = list(chunks) if chunks is not None else _chunk(len(ids), self.chunk_size)
+        if chunks is not None:
+            plan = list(chunks)
+        elif self.pic is not None:
+            vocab = self.model.cfg.vocab_size
+            plan = [b - a for a, b in chunk_bounds(ids, regions, self.pic.chunking, vocab)]
+        else:
+            plan = _chunk(len(ids), self.chunk_size)
         if sum(plan) != len(ids) or any(c < 1 for c in plan):
             raise LedgerError(f"chunks {plan} do not cover {len(ids)} tokens")
         seg = Segment(
@@ -154,7 +186,7 @@ class Session:
             self._prefill(seg)
         except BaseException:
             # leave the session as it was: no half-prefilled segment in cache or ledger
-            self.cache.truncate(seg.start)
+            self._truncate(seg.start)
             self.ledger.segments.remove(seg)
             self._last_logits = None
             raise
@@ -189,25 +221,63 @@ class Session:
         self._emit("quarantine", seg)
         return seg
 
+    def _truncate(self, length: int) -> None:
+        """Cut the cache at ``length`` rows; PIC rows cut with it no longer make it approximate."""
+        self.cache.truncate(length)
+        if self.pic_row is not None and self.pic_row >= length:
+            self.pic_row = None
+
     def _render_message(self, message: dict[str, str]) -> list[int]:
         if self.tokenizer is None:
             raise LedgerError("text segments need a tokenizer")
         history = [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
         return self.tokenizer.encode_message(history, message)
 
-    def _prefill(self, seg: Segment) -> None:
+    def _prefill(self, seg: Segment, pic: bool = True) -> None:
         """Prefill a segment's chunks, serving leading chunks from the prefix
         cache when it holds them (only whole chunks, so the rows are the bytes
-        the same calls would compute), then insert the segment back."""
+        the same calls would compute), then later chunks from the PIC registry
+        when bound (``pic=False``: an exact replay), then insert the segment back."""
         offset = self._serve_from_prefix(seg)
         if offset:
             self._last_logits = None
+        self.last_pic = []
+        use_pic = pic and self.pic is not None
         boundary = 0
         for n in seg.chunks:
-            if boundary >= offset:
-                self._last_logits = self.model.forward(seg.tokens[boundary : boundary + n], self.cache)
-            boundary += n
+            a, boundary = boundary, boundary + n
+            if a < offset:
+                continue
+            tokens = seg.tokens[a:boundary]
+            if use_pic and self._serve_from_pic(seg, tokens):
+                continue
+            position, row = self.cache.next_position(), self.cache.length
+            self._last_logits = self.model.forward(tokens, self.cache)
+            if use_pic and position >= FIRST_CHUNK_POSITIONS:
+                # a chunk computed near position 0 holds the attention sink: not reusable elsewhere
+                self.pic.registry.put(self.pic.namespace, tokens, self.cache.kraw[:, row : row + n],
+                                      self.cache.v[:, row : row + n], position, seg.provenance)
         self._insert_prefix()
+
+    def _serve_from_pic(self, seg: Segment, tokens: list[int]) -> bool:
+        """Serve one chunk from the PIC registry if it holds it (never the first chunk of
+        the sequence). The rows attended to the context they were computed in, so the
+        segment inherits their provenance and the session is approximate from here."""
+        assert self.pic is not None
+        if self.cache.next_position() < FIRST_CHUNK_POSITIONS:
+            return False
+        entry = self.pic.registry.get(self.pic.namespace, tokens)
+        if entry is None:
+            return False
+        got = serve(self.model, self.cache, entry, self.pic)
+        if self.pic_row is None:
+            self.pic_row = got.row
+        seg.provenance = seg.provenance | entry.provenance
+        self.pic_hit_tokens += got.tokens - got.recomputed
+        self.last_pic.append(got)
+        self._last_logits = None  # the next forward call computes fresh logits
+        self._emit("pic_hit", seg, chunk=got.as_dict())
+        return True
 
     def _call_starts(self, extra: Segment | None = None) -> list[int]:
         """Absolute positions where the forward calls that computed the live rows began
@@ -248,17 +318,20 @@ class Session:
         return served
 
     def _insert_prefix(self) -> None:
-        if self.prefix is None or self.approximate:
+        """Insert the exact rows (all of them, or those before the first PIC row)."""
+        exact = self.exact_rows
+        if self.prefix is None or exact == 0:
             return
         spans = [
-            (s.start, s.end, r)
+            (s.start, min(s.end, exact), r)
             for s in self.ledger.live()
-            if s.end <= self.cache.length and s.length
+            if s.start < exact and s.end <= self.cache.length and s.length
             for r in sorted(s.content | ({s.ref} if s.ref else set()))
         ]
+        keys = call_keys(self.cache.token_list(), self._call_starts())[:exact]
         self.prefix.cache.insert(
             self.prefix.namespace,
-            call_keys(self.cache.token_list(), self._call_starts()),
+            keys,
             self.cache,
             provenance=spans,
             priority=self.prefix.priority,
@@ -349,27 +422,26 @@ class Session:
             raise EvictionError(f"segment {seg.id} is not the tail; use recompute or rerope")
         replayed = 0
         if mode in (EvictMode.WRITE_TIME, EvictMode.RECOMPUTE):
-            self.cache.truncate(seg.start)
+            self._truncate(seg.start)
             seg.mark(SegmentState.EVICTED)
             self.ledger.renumber()
             for s in later:
                 s.provenance = self._provenance_before(self.ledger.index(s)) | ({s.ref} if s.ref else set())
-                self._prefill(s)
+                self._prefill(s, pic=False)
                 replayed += s.length
             if not later:
                 self._last_logits = None
-            exactness = "bit-exact"
+            # exact replay; rows PIC served before the span stay approximate
+            exactness = "approximate" if self.approximate else "bit-exact"
         else:
             self._rerope_remove(seg)
-            self.approximate = True
+            self.reroped = True
             seg.mark(SegmentState.EVICTED)
             self.ledger.renumber()
             exactness = "approximate"
         self._messages.pop(seg.id, None)
-        dropped: list[str] = []
-        if self.prefix is not None and seg.ref:
-            # nobody may be served KV that attended to an evicted span
-            dropped = self.prefix.cache.drop_ref(self.prefix.namespace, seg.ref)
+        # nobody may be served KV that attended to an evicted span
+        dropped, chunks = self._drop_shared([seg.ref] if seg.ref else [])
         report = EvictionReport(
             segment_id=seg.id,
             ref=seg.ref,
@@ -380,6 +452,7 @@ class Session:
             seconds=time.perf_counter() - t0,
             fingerprint=self.cache.fingerprint(),
             prefix_nodes_dropped=tuple(dropped),
+            pic_chunks_dropped=tuple(chunks),
         )
         self._emit("evict", seg, report=report)
         return report
@@ -401,7 +474,7 @@ class Session:
         gone = {id(x) for x in segs}
         later = [x for x in self.ledger.later_live(first) if id(x) not in gone]
         removed = sum(x.length for x in segs)
-        self.cache.truncate(first.start)
+        self._truncate(first.start)
         for seg in segs:
             seg.mark(SegmentState.EVICTED)
             self._messages.pop(seg.id, None)
@@ -409,28 +482,37 @@ class Session:
         replayed = 0
         for x in later:
             x.provenance = self._provenance_before(self.ledger.index(x)) | ({x.ref} if x.ref else set())
-            self._prefill(x)
+            self._prefill(x, pic=False)
             replayed += x.length
         if not later:
             self._last_logits = None
-        dropped: list[str] = []
-        if self.prefix is not None:
-            for ref in sorted({x.ref for x in segs if x.ref}):
-                dropped += self.prefix.cache.drop_ref(self.prefix.namespace, ref)
+        dropped, chunks = self._drop_shared(sorted({x.ref for x in segs if x.ref}))
         report = EvictionReport(
             segment_id=",".join(x.id for x in segs),
             ref=first.ref if len(segs) == 1 else None,
             mode=EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME,
-            exactness="bit-exact",
+            exactness="approximate" if self.approximate else "bit-exact",
             rows_removed=removed,
             rows_replayed=replayed,
             seconds=time.perf_counter() - t0,
             fingerprint=self.cache.fingerprint(),
             prefix_nodes_dropped=tuple(dropped),
+            pic_chunks_dropped=tuple(chunks),
         )
         for seg in segs:
             self._emit("evict", seg, report=report)
         return report
+
+    def _drop_shared(self, refs: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Drop the prefix-cache nodes and PIC chunks of this namespace that attended to ``refs``."""
+        nodes: list[str] = []
+        chunks: list[str] = []
+        for ref in refs:
+            if self.prefix is not None:
+                nodes += self.prefix.cache.drop_ref(self.prefix.namespace, ref)
+            if self.pic is not None:
+                chunks += self.pic.registry.drop_ref(self.pic.namespace, ref)
+        return nodes, chunks
 
     def replay_fingerprint(self) -> str:
         """Fingerprint of an independent replay of the live ledger: a fresh cache, no

@@ -1,0 +1,173 @@
+"""The PIC serving path: place a registry chunk's rows at new positions, optionally
+recompute some of them against the current context.
+
+* ``place``: keys re-rotated from ``Kraw`` at the new positions (RoPE computed as the
+  reference computes it, so a chunk served at the position it was computed at gets its
+  own bytes back). ``naive=True`` copies the keys as rotated at the source position
+  instead: the baseline that shows what re-rotation buys (benchmarks only).
+* ``recompute_first``: the first ``r`` tokens of the chunk are prefilled fresh against
+  the current context and the rest placed (EPIC's boundary recompute).
+* ``blend``: CacheBlend's selective recompute: the tokens whose layer-1 keys and values
+  deviate most from a fresh computation are recomputed through every layer, attending
+  to everything before them (reused rows included), and replace their reused rows.
+
+Everything here is approximate by construction (the reused rows attended to another
+context); the session records it and reports it apart from exact hits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fak.kernel import rope
+from fak.kernel.chunking import ChunkParams
+from fak.kernel.kv_cache import KVCache
+from fak.kernel.model import Llama
+from fak.kernel.pic import PicEntry, PicRegistry
+
+FIRST_CHUNK_POSITIONS = 32  # a chunk starting below this position is always prefilled
+
+
+@dataclass(frozen=True)
+class PicBinding:
+    """Where a session looks up and inserts PIC chunks, and how it serves them."""
+
+    registry: PicRegistry
+    namespace: bytes
+    chunking: ChunkParams = ChunkParams()  # noqa: RUF009 - frozen value object
+    recompute_first: int = 0
+    blend_fraction: float = 0.0
+    naive: bool = False  # benchmarks only: no re-rotation
+
+    def __post_init__(self) -> None:
+        if self.recompute_first < 0:
+            raise ValueError("recompute_first must be ≥ 0")
+        if not 0.0 <= self.blend_fraction <= 1.0:
+            raise ValueError("blend_fraction must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class PicServed:
+    """One chunk served from the registry."""
+
+    chunk_id: str
+    row: int  # first cache row it occupies
+    tokens: int
+    source_position: int
+    position: int
+    recomputed: int  # of its tokens, recomputed fresh (boundary + selective)
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {"chunk_id": self.chunk_id, "row": self.row, "tokens": self.tokens,
+                "source_position": self.source_position, "position": self.position,
+                "recomputed": self.recomputed}
+
+
+@torch.inference_mode()
+def place(model: Llama, cache: KVCache, entry: PicEntry, skip: int = 0, naive: bool = False) -> None:
+    """Append ``entry``'s rows from token ``skip`` on, at the positions that follow the cache."""
+    first = cache.next_position()
+    n = len(entry) - skip
+    positions = torch.arange(first, first + n, dtype=torch.int64, device=cache.device)
+    at = positions if not naive else torch.arange(entry.source_position + skip,
+                                                  entry.source_position + skip + n,
+                                                  dtype=torch.int64, device=cache.device)
+    cos, sin = rope.cos_sin(model.inv_freq, at, cache.dtype)
+    kraw = entry.kraw[:, skip:].to(device=cache.device, dtype=cache.dtype)
+    v = entry.v[:, skip:].to(device=cache.device, dtype=cache.dtype)
+    start = cache.length
+    cache.reserve(start + n)
+    cache.k[:, start : start + n] = rope.apply(kraw, cos[:, None, :], sin[:, None, :])
+    cache.kraw[:, start : start + n] = kraw
+    cache.v[:, start : start + n] = v
+    cache.commit(torch.as_tensor(entry.tokens[skip:], dtype=torch.int64, device=cache.device), positions)
+
+
+def serve(model: Llama, cache: KVCache, entry: PicEntry, binding: PicBinding) -> PicServed:
+    """Serve one registry chunk at the end of ``cache`` the way ``binding`` says."""
+    row, position = cache.length, cache.next_position()
+    r = min(binding.recompute_first, len(entry) - 1)
+    if r:
+        model.forward(list(entry.tokens[:r]), cache)
+    place(model, cache, entry, skip=r, naive=binding.naive)
+    recomputed = r
+    if binding.blend_fraction > 0:
+        recomputed += blend(model, cache, row + r, cache.length, binding.blend_fraction)
+    return PicServed(entry.id, row, len(entry), entry.source_position, position, recomputed)
+
+
+@torch.inference_mode()
+def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torch.Tensor:
+    """Per row in ``[start, end)``: squared distance between the cached layer-1 keys and
+    values and the ones a fresh computation against the cache's layer-0 rows gives.
+    Layer 0's keys and values depend on the token alone, so layer 1 is the first
+    place a different context shows."""
+    cfg = model.cfg
+    H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    T = end - start
+    ids = cache.tokens[start:end]
+    pos = cache.positions[start:end]
+    cos, sin = rope.cos_sin(model.inv_freq, pos, cache.dtype)
+    w0, w1 = model.w.layers[0], model.w.layers[1]
+    x = F.embedding(ids, model.w.embed)[None].to(cache.dtype)
+    h = F.rms_norm(x, (D,), w0.attn_norm, cfg.rms_norm_eps)
+    q = F.linear(h, w0.wq).view(1, T, H, hd).transpose(1, 2)
+    allowed = cache.positions[:end][None, :] <= pos[:, None]
+    mask = torch.zeros(allowed.shape, dtype=cache.dtype).masked_fill_(~allowed, torch.finfo(cache.dtype).min)
+    attn = F.scaled_dot_product_attention(
+        rope.apply(q, cos, sin),
+        cache.k[0, :end].transpose(0, 1)[None],
+        cache.v[0, :end].transpose(0, 1)[None],
+        attn_mask=mask[None, None],
+        scale=model.scaling,
+        enable_gqa=cfg.kv_groups > 1,
+    ).transpose(1, 2)
+    x = x + F.linear(attn.reshape(1, T, -1), w0.wo)
+    h = F.rms_norm(x, (D,), w0.mlp_norm, cfg.rms_norm_eps)
+    gate, up = F.linear(h, w0.w_gate_up).chunk(2, dim=-1)
+    x = x + F.linear(F.silu(gate) * up, w0.w_down)
+    h = F.rms_norm(x, (D,), w1.attn_norm, cfg.rms_norm_eps)
+    k = F.linear(h, w1.wk)[0].view(T, KV, hd)
+    v = F.linear(h, w1.wv)[0].view(T, KV, hd)
+    dk = (k - cache.kraw[1, start:end]).pow(2).sum(dim=(1, 2))
+    dv = (v - cache.v[1, start:end]).pow(2).sum(dim=(1, 2))
+    return dk + dv
+
+
+def blend(model: Llama, cache: KVCache, start: int, end: int, fraction: float) -> int:
+    """Recompute the ``fraction`` of rows in ``[start, end)`` (the cache's tail) that
+    deviate most at layer 1; returns how many. At least two rows are chosen when any
+    are, so the recompute is a masked prefill call, never the one-token decode path
+    (which attends to every row, later positions included)."""
+    n = end - start
+    if end != cache.length:
+        raise ValueError("blend works on the cache's last rows")
+    count = min(n, max(2, math.ceil(fraction * n))) if n >= 2 else 0
+    if count == 0:
+        return 0
+    deviation = layer1_deviation(model, cache, start, end)
+    chosen = torch.topk(deviation, count).indices.sort().values
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[chosen] = False
+    tokens = cache.tokens[start:end][chosen].clone()
+    positions = cache.positions[start:end][chosen].clone()
+    order = torch.cat([torch.nonzero(keep).flatten(), chosen])
+    _reorder(cache, start, end, order)
+    cache.truncate(end - count)  # the chosen rows' reused copies go; fresh ones come next
+    model.forward(tokens, cache, positions=positions)
+    # back to token order: the kept rows, then the recomputed ones, sorted by position
+    _reorder(cache, start, end, torch.argsort(cache.positions[start:end]))
+    return count
+
+
+def _reorder(cache: KVCache, start: int, end: int, order: torch.Tensor) -> None:
+    """Permute rows ``[start, end)`` of the cache: new row ``i`` is old row ``order[i]``."""
+    idx = order.to(cache.device) + start
+    for t in (cache.k, cache.kraw, cache.v):
+        t[:, start:end] = t[:, idx].clone()
+    for t in (cache.tokens, cache.positions):
+        t[start:end] = t[idx].clone()
