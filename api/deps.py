@@ -59,3 +59,19 @@ AGENT = require(Role.AGENT, Role.ADMIN)
 READER = require(Role.AGENT, Role.AUDITOR, Role.ADMIN)
 AUDITOR = require(Role.AUDITOR, Role.ADMIN)
 ADMIN = require(Role.ADMIN)
+
+
+def check_context(k: Kernel, texts: list[str], what: str) -> None:
+    """Refuse, before anything is stored or prefilled, texts whose own tokens already pass
+    the context (``409 context_full``). The kernel checks the exact length after its
+    prefill; without this a 1 MiB message would be prefilled in full (minutes of CPU)
+    only to be refused. A text of n UTF-8 bytes has at most n tokens, so short texts are
+    not tokenised here."""
+    from fak.ksession import ContextFull
+
+    limit = k.context_limit
+    if sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
+        return
+    tokens = sum(len(k.tokenizer.encode(t)) for t in texts)
+    if tokens > limit:
+        raise ContextFull(f"{what} is {tokens} tokens long; the context holds {limit}")

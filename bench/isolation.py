@@ -95,7 +95,9 @@ def main() -> None:
     rng = random.Random(args.seed)
 
     def prompt() -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(args.words)) + f" {rng.getrandbits(64):x}"
+        # a nonce first: no two prompts share a prefix beyond the chat template's header, so
+        # any extra hit on A's prompt in B's request could only come from A's namespace
+        return f"{rng.getrandbits(64):x} " + " ".join(rng.choice(WORDS) for _ in range(args.words))
 
     samples: dict[str, list[float]] = {"a_hit": [], "b_cross": [], "b_miss": []}
     with tempfile.TemporaryDirectory(prefix="fak-isolation-") as tmp:

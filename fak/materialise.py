@@ -61,7 +61,8 @@ class WorkingSet(BaseModel):
     refs: list[str] = Field(default_factory=list, max_length=MAX_PIECES,
                             description="ref digests, or tag:NAME / tool:NAME selectors, in order")
     exclude: list[str] = Field(default_factory=list, max_length=MAX_PIECES, description="refs or selectors left out")
-    budget_tokens: int | None = Field(None, ge=0, description="tokens the placed pieces may take together")
+    budget_tokens: int | None = Field(None, ge=0, le=2**31 - 1,  # an audit event carries it: RFC 8785 ints < 2^53
+                                      description="tokens the placed pieces may take together")
     model_id: str | None = Field(None, description="the model the set was planned for (ABSTAIN if another)")
     tokenizer_id: str | None = Field(None, description="the tokenizer the set was planned for")
 

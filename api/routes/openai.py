@@ -105,7 +105,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from fak.api.deps import AGENT, READER, kernel
+from fak.api.deps import AGENT, READER, check_context, kernel
 from fak.api.keys import Principal
 from fak.api.routes.sessions import Stepper, TextDecoder
 from fak.errors import Conflict, InvalidInput, NotFound
@@ -480,6 +480,7 @@ def _open(k: Kernel, who: Principal, body: ChatCompletionRequest) -> _Run:
         if before and ops[0].kind == "system":
             raise Conflict(f"session {ks.id} already holds a conversation: send only the new messages "
                            "(a system message first means a resent history)")
+        check_context(k, [op.text for op in ops], "these messages")
         mech0, hits0 = _hits(ks)
         for op in ops:
             if op.kind != "tool":

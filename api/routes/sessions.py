@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from fak.api import models as m
-from fak.api.deps import AGENT, READER, kernel
+from fak.api.deps import AGENT, READER, check_context, kernel
 from fak.api.keys import Principal
 from fak.facade import Kernel
 from fak.ksession import KernelSession
@@ -48,7 +48,9 @@ def get_session(sid: str, who: Principal = Depends(READER), k: Kernel = Depends(
 @router.post("/{sid}/messages", status_code=201, response_model=m.SegmentOut)
 def append_message(sid: str, body: m.MessageIn, who: Principal = Depends(AGENT),  # noqa: B008
                    k: Kernel = Depends(kernel)) -> m.SegmentOut:  # noqa: B008
-    return m.SegmentOut(**_session(k, who, sid).append(body.role, body.content).summary())
+    ks = _session(k, who, sid)
+    check_context(k, [body.content], "this message")
+    return m.SegmentOut(**ks.append(body.role, body.content).summary())
 
 
 @router.post("/{sid}/tool-results", status_code=201, response_model=m.AdmissionOut)
@@ -60,8 +62,16 @@ def admit_tool_result(sid: str, body: m.ToolResultIn, who: Principal = Depends(A
         data = body.data()
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    a = _session(k, who, sid).admit(body.tool, data, media_type=body.media_type, tags=body.tags,
-                                    source=body.source)
+    ks = _session(k, who, sid)
+    if len(data) > k.context_limit:  # a result that would enter attention must fit the context (a preview
+        # of the gate's verdict: one it keeps out, QUARANTINE or DENY, is still judged and logged by admit)
+        from fak.policy import GateContext, VerdictKind, gate
+
+        v = gate(k.policy, body.tool, data, GateContext(media_type=body.media_type, source=body.source))
+        if v.kind in (VerdictKind.ALLOW, VerdictKind.REDACT):
+            entering = v.redacted_bytes if v.kind is VerdictKind.REDACT and v.redacted_bytes is not None else data
+            check_context(k, [entering.decode("utf-8", "replace")], "this tool result")
+    a = ks.admit(body.tool, data, media_type=body.media_type, tags=body.tags, source=body.source)
     return admission_out(a)
 
 
