@@ -24,13 +24,12 @@ steps above are idempotent. Forgetting a forgotten ref returns the first receipt
 from __future__ import annotations
 
 import json
-import os
-import signal
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fak.errors import Conflict, FakError, NotFound
+from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.ledger import SegmentKind
 from fak.ksession import _ident
 from fak.state.schema import ForgetRow
@@ -47,15 +46,6 @@ class ForgetFailed(FakError):
 
     code = "forget_failed"
     status = 500
-
-
-FAULT_ENV = "FAK_FAULT"
-
-
-def fault_point(name: str) -> None:
-    """Crash-test hook: SIGKILL this process at the named point when ``$FAK_FAULT`` names it."""
-    if os.environ.get(FAULT_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:
@@ -142,6 +132,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
         k.state.update_forget(row.request_id, units=json.dumps(units))
+    fault_point("forget.before_shred")
     shred = k.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id
     kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version

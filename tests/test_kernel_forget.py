@@ -136,14 +136,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_completed"])
+@pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_shred",
+                                   "forget.before_completed"])
 def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         held = _holding(k, "acme")
         ref = held["ref"]
         ids = [s.id for s in held["sessions"]]
         (settings.data_dir / "ref.json").write_text(json.dumps({"ref": ref}))
-    env = os.environ | {"FAK_FAULT": point}
+    env = os.environ | {"FAK_FAULT_POINT": point}
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(settings.data_dir), str(tiny_dir), "acme"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == -9, run.stderr  # SIGKILL at the named point
