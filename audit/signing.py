@@ -13,6 +13,8 @@ from pathlib import Path
 
 from fak.audit.errors import AuditError
 from fak.audit.note import Signer
+from fak.faults import fault_point
+from fak.keys import sweep_stale_temp
 
 KEY_FILE = "audit_signing.key"
 ENV = "FAK_AUDIT_SIGNING_KEY"
@@ -36,6 +38,7 @@ def _from_text_or_path(value: str | os.PathLike[str]) -> Signer:
 def _create(path: Path, origin: str) -> None:
     """Write a fresh key with mode 0600; if another process wins the race, keep theirs."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temp(path.parent, f"{path.name}.tmp")
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -43,6 +46,7 @@ def _create(path: Path, origin: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    fault_point("audit.signing_key.before_link")
     try:
         os.link(tmp, path)
     except FileExistsError:

@@ -31,6 +31,7 @@ from fak.cas import crypto
 from fak.cas.errors import CasError
 from fak.cas.schema import KeyBase, TenantKey
 from fak.db import WRITE, writing
+from fak.faults import fault_point
 from fak.keys import derive_key
 
 KEK, DIGEST, CHECK = "kek", "digest", "check"
@@ -193,6 +194,7 @@ class KeyRing:
             s.add(TenantKey(kek_id=kek_id, tenant=tenant, kind=kind, version=version,
                             wrapped=self._provider.wrap(key, key_aad(kind, kek_id, tenant, version)),
                             created_us=_now_us()))  # fmt: skip
+            fault_point(f"cas.keyring.before_commit.{kind}")
             try:
                 s.commit()
             except sa.exc.IntegrityError:

@@ -47,6 +47,7 @@ from fak.cas.models import (
 from fak.cas.schema import Blob, BlobUse, DataKey, LegacyKek
 from fak.cas.scrub import pg_xid, scrub
 from fak.db import WRITE
+from fak.faults import fault_point
 from fak.keys import derive_key, load_master_secret
 
 KEY_URL_ENV = "FAK_CAS_KEY_URL"
@@ -451,6 +452,7 @@ class CasStore:
                 ).rowcount
                 if not revived:
                     s.add(Blob(tenant=tenant, digest=w.digest, **values))
+                fault_point("cas.put.before_commit")  # the blob is renamed into place, its row not committed
                 s.commit()
                 return self._ref(Blob(tenant=tenant, digest=w.digest, **values))
         except sa.exc.IntegrityError:
@@ -705,6 +707,7 @@ class CasStore:
                         size=size_bucket(size), media_type=TOMBSTONE_MEDIA_TYPE)
             )  # fmt: skip
             s.commit()
+        fault_point("cas.forget.after_key_commit")  # key row gone, ciphertext not deleted yet
         deleted = self.backend.delete(blob_id) if blob_id else False
         status = scrub(self.engine, DataKey.__tablename__, xid)
         return ShredRecord(
@@ -746,6 +749,7 @@ class CasStore:
         count = 0
         for t in tenants:
             kek = self.keys.new_kek(t) or self.keys.active(t)  # None: a concurrent rotation added one
+            fault_point("cas.rotate.after_new_kek")
             count += self._rewrap(t, lambda q, kek=kek: q.where(DataKey.kek_id != kek.kek_id), kek)
             retired += self.keys.retire_all_but(t, kek.kek_id)
             versions[t] = kek.version
@@ -766,6 +770,7 @@ class CasStore:
                     key.wrapped = crypto.wrap_key(kek.key, dek, data_key_aad(key.key_id, tenant, kek.kek_id))
                     key.kek_id, key.kek_version = kek.kek_id, kek.version
                 s.commit()
+            fault_point("cas.rotate.after_batch")
             count += len(batch)
             if len(batch) < REWRAP_BATCH:
                 return count

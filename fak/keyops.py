@@ -10,6 +10,7 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from fak.faults import fault_point
 from fak.ksession import _ident
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ def rotate(store: CasStore, audit: AuditLog, tenant: str | None = None, *,
     who = _ident(principal) if principal else None
     before = _active(store, tenant)
     result = store.rotate(tenant)
+    fault_point("keyops.rotate.before_log")
     after = _active(store, tenant)
     for t in sorted(result.versions):
         audit.append(KeyRotated(tenant=t, key_kind="cas_kek", old_key_id=_ident(before[t]) if t in before else None,

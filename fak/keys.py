@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fak.errors import FakError
+from fak.faults import fault_point
 
 SECRET_FILE = "master.key"
 
@@ -36,6 +37,7 @@ def load_master_secret(directory: Path) -> bytes:
     path = Path(directory) / SECRET_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale_temp(path.parent, path.stem + ".tmp")
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -43,6 +45,7 @@ def load_master_secret(directory: Path) -> bytes:
             os.fsync(fd)
         finally:
             os.close(fd)
+        fault_point("keys.master.before_link")
         try:
             os.link(tmp, path)  # fails if another process won the race: keep theirs
         except FileExistsError:
@@ -54,6 +57,32 @@ def load_master_secret(directory: Path) -> bytes:
     if len(raw) < 32:
         raise FakError(f"{path}: master secret is shorter than 32 bytes")
     return raw
+
+
+def sweep_stale_temp(directory: Path, prefix: str) -> int:
+    """Remove ``<prefix><pid>`` files whose writer is dead: a process killed while creating a
+    key file leaves its temp copy (a key nobody uses, or a second link to the one in use)."""
+    removed = 0
+    for tmp in Path(directory).glob(prefix + "*"):
+        pid = tmp.name[len(prefix):]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            tmp.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def check_secret_file(path: Path) -> None:
