@@ -26,21 +26,61 @@ class Unauthorized(FakError):
     status = 401
 
 
-def problem(status: int, code: str, detail: str, **extra: object) -> JSONResponse:
+def problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None,
+            **extra: object) -> JSONResponse:
     body = {"type": TYPE_BASE + code, "title": code.replace("_", " "), "status": status, "detail": detail} | extra
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, media_type=MEDIA, headers=headers)
+    headers = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if status == 401 else {})
+    return JSONResponse(body, status_code=status, media_type=MEDIA, headers=headers or None)
+
+
+UNAVAILABLE = "the database is unavailable; retry"
+
+
+def database_down(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is the database failing to answer: a
+    refused or dropped connection, a pool timeout, an I/O error. Such a request did not
+    happen (its transaction never committed), so the answer is a 503 to retry, not a 500."""
+    import sqlalchemy as sa
+
+    transient = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
+    try:
+        import psycopg
+
+        transient += (psycopg.OperationalError, psycopg.InterfaceError)
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        pass
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        if isinstance(cur, transient):
+            return True
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
+    return False
 
 
 def install(app: FastAPI) -> None:
+    import sqlalchemy as sa
+
+    @app.exception_handler(sa.exc.SQLAlchemyError)
+    async def _database(_request: Request, exc: sa.exc.SQLAlchemyError) -> JSONResponse:
+        if database_down(exc):
+            log.error("database unavailable: %s", type(exc).__name__)
+            return problem(503, "unavailable", UNAVAILABLE, headers={"Retry-After": "1"})
+        log.exception("unhandled database error", exc_info=exc)
+        return problem(500, "internal", "internal error (logged on the server)")
+
     @app.exception_handler(FakError)
     async def _fak(_request: Request, exc: FakError) -> JSONResponse:
+        if exc.status >= 500 and database_down(exc):  # e.g. an audit append whose database went away
+            log.error("%s (database unavailable): %s", exc.code, exc)
+            return problem(503, "unavailable", UNAVAILABLE, headers={"Retry-After": "1"})
         extra: dict[str, object] = {}
         problems = getattr(exc, "problems", None)
         if problems:  # a policy's located errors, as the CLI prints them
             extra["errors"] = [str(p) for p in problems]
         status = exc.status if 400 <= exc.status < 600 else 500
-        if status >= 500:  # says nothing about internals (a driver's message, a path): logged instead
+        if status >= 500 and not getattr(exc, "public", False):  # says nothing about internals (a driver's
+            # message, a path): logged instead; errors marked public say what the client can do (disk full)
             log.error("%s: %s", exc.code, exc)
             return problem(status, exc.code, "internal error (logged on the server)")
         return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], **extra)
@@ -60,5 +100,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _crash(_request: Request, exc: Exception) -> JSONResponse:
+        if database_down(exc):
+            log.error("database unavailable: %s", type(exc).__name__)
+            return problem(503, "unavailable", UNAVAILABLE, headers={"Retry-After": "1"})
         log.exception("unhandled error", exc_info=exc)
         return problem(500, "internal", "internal error (logged on the server)")

@@ -66,3 +66,12 @@ class KeyDestroyed(CasError):
 
     code = "key_destroyed"
     status = 410
+
+
+class StorageFull(CasError):
+    """The blob store's disk (or quota, or file-size limit) is full: nothing was stored,
+    no partial blob is visible; free space and retry."""
+
+    code = "storage_full"
+    status = 507
+    public = True  # the API shows this message (it names no path or internal)

@@ -9,6 +9,7 @@ not hold gets ``NotFound`` whether or not another tenant holds it.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -25,7 +26,16 @@ from fak import config
 from fak.cas import crypto, db
 from fak.cas.backend import BlobBackend, FileBackend, new_blob_id
 from fak.cas.digest import Hasher, compute, is_keyed, parse_digest
-from fak.cas.errors import CasError, Forgotten, IntegrityError, KeyDestroyed, KeyMismatch, NotFound, TooLarge
+from fak.cas.errors import (
+    CasError,
+    Forgotten,
+    IntegrityError,
+    KeyDestroyed,
+    KeyMismatch,
+    NotFound,
+    StorageFull,
+    TooLarge,
+)
 from fak.cas.keyring import KekProvider, KeyRing, MasterWrapper, data_key_aad
 from fak.cas.models import (
     TOMBSTONE_MEDIA_TYPE,
@@ -408,6 +418,11 @@ class CasStore:
                 writer.abort()
             else:
                 writer.commit()
+        except OSError as exc:
+            writer.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise StorageFull("the blob store is full: nothing was stored; free space and retry") from exc
+            raise
         except BaseException:
             writer.abort()
             raise
