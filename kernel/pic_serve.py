@@ -5,11 +5,12 @@ recompute some of them against the current context.
   reference computes it, so a chunk served at the position it was computed at gets its
   own bytes back). ``naive=True`` copies the keys as rotated at the source position
   instead: the baseline that shows what re-rotation buys (benchmarks only).
-* ``recompute_first``: the first ``r`` tokens of the chunk are prefilled fresh against
-  the current context and the rest placed (EPIC's boundary recompute).
-* ``blend``: CacheBlend's selective recompute: the tokens whose layer-1 keys and values
-  deviate most from a fresh computation are recomputed through every layer, attending
-  to everything before them (reused rows included), and replace their reused rows.
+* ``refresh``, over a run of chunks placed back to back, in one masked prefill call:
+  ``recompute_first`` recomputes the first ``r`` tokens of each chunk against the
+  current context (EPIC's boundary recompute); ``blend_fraction`` recomputes the tokens
+  whose layer-1 keys and values deviate most from a fresh computation (CacheBlend's
+  selective recompute). Recomputed rows attend to everything at or before their
+  position (reused rows included) and replace their reused rows.
 
 Everything here is approximate by construction (the reused rows attended to another
 context); the session records it and reports it apart from exact hits.
@@ -42,6 +43,7 @@ class PicBinding:
     recompute_first: int = 0
     blend_fraction: float = 0.0
     naive: bool = False  # benchmarks only: no re-rotation
+    insert: bool = True  # False: look up only (a benchmark comparing settings on one state)
 
     def __post_init__(self) -> None:
         if self.recompute_first < 0:
@@ -68,36 +70,46 @@ class PicServed:
 
 
 @torch.inference_mode()
-def place(model: Llama, cache: KVCache, entry: PicEntry, skip: int = 0, naive: bool = False) -> None:
-    """Append ``entry``'s rows from token ``skip`` on, at the positions that follow the cache."""
+def place(model: Llama, cache: KVCache, entry: PicEntry, naive: bool = False) -> None:
+    """Append ``entry``'s rows at the positions that follow the cache."""
     first = cache.next_position()
-    n = len(entry) - skip
+    n = len(entry)
     positions = torch.arange(first, first + n, dtype=torch.int64, device=cache.device)
-    at = positions if not naive else torch.arange(entry.source_position + skip,
-                                                  entry.source_position + skip + n,
+    at = positions if not naive else torch.arange(entry.source_position, entry.source_position + n,
                                                   dtype=torch.int64, device=cache.device)
     cos, sin = rope.cos_sin(model.inv_freq, at, cache.dtype)
-    kraw = entry.kraw[:, skip:].to(device=cache.device, dtype=cache.dtype)
-    v = entry.v[:, skip:].to(device=cache.device, dtype=cache.dtype)
+    kraw = entry.kraw.to(device=cache.device, dtype=cache.dtype)
     start = cache.length
     cache.reserve(start + n)
     cache.k[:, start : start + n] = rope.apply(kraw, cos[:, None, :], sin[:, None, :])
     cache.kraw[:, start : start + n] = kraw
-    cache.v[:, start : start + n] = v
-    cache.commit(torch.as_tensor(entry.tokens[skip:], dtype=torch.int64, device=cache.device), positions)
+    cache.v[:, start : start + n] = entry.v.to(device=cache.device, dtype=cache.dtype)
+    cache.commit(torch.as_tensor(entry.tokens, dtype=torch.int64, device=cache.device), positions)
 
 
-def serve(model: Llama, cache: KVCache, entry: PicEntry, binding: PicBinding) -> PicServed:
-    """Serve one registry chunk at the end of ``cache`` the way ``binding`` says."""
-    row, position = cache.length, cache.next_position()
-    r = min(binding.recompute_first, len(entry) - 1)
-    if r:
-        model.forward(list(entry.tokens[:r]), cache)
-    place(model, cache, entry, skip=r, naive=binding.naive)
-    recomputed = r
-    if binding.blend_fraction > 0:
-        recomputed += blend(model, cache, row + r, cache.length, binding.blend_fraction)
-    return PicServed(entry.id, row, len(entry), entry.source_position, position, recomputed)
+@torch.inference_mode()
+def refresh(model: Llama, cache: KVCache, start: int, spans: list[tuple[int, int]], binding: PicBinding) -> list[int]:
+    """Recompute rows of a run of placed chunks (rows ``[start, cache.length)``, chunk
+    ``spans`` relative to ``start``) in one masked prefill call: the first
+    ``recompute_first`` rows of each chunk, then the ``blend_fraction`` of the run whose
+    layer-1 KV deviates most. Returns how many rows of each chunk were recomputed."""
+    end = cache.length
+    n = end - start
+    chosen = torch.zeros(n, dtype=torch.bool)
+    for a, b in spans:
+        chosen[a : a + min(binding.recompute_first, b - a - 1)] = True
+    if binding.blend_fraction > 0 and n >= 2:
+        want = math.ceil(binding.blend_fraction * n)
+        deviation = layer1_deviation(model, cache, start, end).cpu().clone()
+        deviation[chosen] = -1.0  # already recomputed
+        extra = min(want, int((~chosen).sum()))
+        if extra:
+            chosen[torch.topk(deviation, extra).indices] = True
+    if int(chosen.sum()) == 1:  # a prefill call, never the one-token decode path (it has no mask)
+        chosen[1 if bool(chosen[0]) else 0] = True
+    if chosen.any():
+        _recompute(model, cache, start, end, torch.nonzero(chosen).flatten())
+    return [int(chosen[a:b].sum()) for a, b in spans]
 
 
 @torch.inference_mode()
@@ -117,7 +129,7 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     h = F.rms_norm(x, (D,), w0.attn_norm, cfg.rms_norm_eps)
     q = F.linear(h, w0.wq).view(1, T, H, hd).transpose(1, 2)
     allowed = cache.positions[:end][None, :] <= pos[:, None]
-    mask = torch.zeros(allowed.shape, dtype=cache.dtype).masked_fill_(~allowed, torch.finfo(cache.dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=cache.dtype, device=cache.device).masked_fill_(~allowed, torch.finfo(cache.dtype).min)
     attn = F.scaled_dot_product_attention(
         rope.apply(q, cos, sin),
         cache.k[0, :end].transpose(0, 1)[None],
@@ -138,30 +150,19 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     return dk + dv
 
 
-def blend(model: Llama, cache: KVCache, start: int, end: int, fraction: float) -> int:
-    """Recompute the ``fraction`` of rows in ``[start, end)`` (the cache's tail) that
-    deviate most at layer 1; returns how many. At least two rows are chosen when any
-    are, so the recompute is a masked prefill call, never the one-token decode path
-    (which attends to every row, later positions included)."""
+def _recompute(model: Llama, cache: KVCache, start: int, end: int, chosen: torch.Tensor) -> None:
+    """Replace rows ``start + chosen`` (of the cache's tail ``[start, end)``) by a fresh
+    computation: they attend to every row at or before their position, reused rows
+    included, and to each other; their reused copies are gone first."""
     n = end - start
-    if end != cache.length:
-        raise ValueError("blend works on the cache's last rows")
-    count = min(n, max(2, math.ceil(fraction * n))) if n >= 2 else 0
-    if count == 0:
-        return 0
-    deviation = layer1_deviation(model, cache, start, end)
-    chosen = torch.topk(deviation, count).indices.sort().values
     keep = torch.ones(n, dtype=torch.bool)
     keep[chosen] = False
     tokens = cache.tokens[start:end][chosen].clone()
     positions = cache.positions[start:end][chosen].clone()
-    order = torch.cat([torch.nonzero(keep).flatten(), chosen])
-    _reorder(cache, start, end, order)
-    cache.truncate(end - count)  # the chosen rows' reused copies go; fresh ones come next
+    _reorder(cache, start, end, torch.cat([torch.nonzero(keep).flatten(), chosen]))
+    cache.truncate(end - len(chosen))
     model.forward(tokens, cache, positions=positions)
-    # back to token order: the kept rows, then the recomputed ones, sorted by position
-    _reorder(cache, start, end, torch.argsort(cache.positions[start:end]))
-    return count
+    _reorder(cache, start, end, torch.argsort(cache.positions[start:end]))  # back to token order
 
 
 def _reorder(cache: KVCache, start: int, end: int, order: torch.Tensor) -> None:

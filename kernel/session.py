@@ -28,7 +28,8 @@ from fak.kernel.chunking import chunk_bounds
 from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
 from fak.kernel.model import Llama
-from fak.kernel.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, serve
+from fak.kernel.pic import PicEntry
+from fak.kernel.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_tree import call_keys, concat_rows
 from fak.kernel.tokenizer import ChatTokenizer
@@ -45,6 +46,7 @@ class PrefixBinding:
     namespace: bytes
     priority: int = 35
     ttl: float | None = None
+    insert: bool = True  # False: look up only (a benchmark comparing settings on one state)
 
 
 class EvictMode(StrEnum):
@@ -243,41 +245,57 @@ class Session:
             self._last_logits = None
         self.last_pic = []
         use_pic = pic and self.pic is not None
+        run: list[tuple[PicEntry, int, int]] = []  # chunks placed back to back: (entry, row, position)
         boundary = 0
         for n in seg.chunks:
             a, boundary = boundary, boundary + n
             if a < offset:
                 continue
             tokens = seg.tokens[a:boundary]
-            if use_pic and self._serve_from_pic(seg, tokens):
+            entry = self._pic_lookup(tokens) if use_pic else None
+            if entry is not None:
+                run.append((entry, self.cache.length, self.cache.next_position()))
+                place(self.model, self.cache, entry, naive=self.pic.naive)
                 continue
+            self._finish_run(seg, run)
+            run = []
             position, row = self.cache.next_position(), self.cache.length
             self._last_logits = self.model.forward(tokens, self.cache)
-            if use_pic and position >= FIRST_CHUNK_POSITIONS:
+            if use_pic and self.pic.insert and position >= FIRST_CHUNK_POSITIONS:
                 # a chunk computed near position 0 holds the attention sink: not reusable elsewhere
                 self.pic.registry.put(self.pic.namespace, tokens, self.cache.kraw[:, row : row + n],
                                       self.cache.v[:, row : row + n], position, seg.provenance)
+        self._finish_run(seg, run)
         self._insert_prefix()
 
-    def _serve_from_pic(self, seg: Segment, tokens: list[int]) -> bool:
-        """Serve one chunk from the PIC registry if it holds it (never the first chunk of
-        the sequence). The rows attended to the context they were computed in, so the
-        segment inherits their provenance and the session is approximate from here."""
+    def _pic_lookup(self, tokens: list[int]) -> PicEntry | None:
+        """The registry's chunk for these tokens, never for the first chunk of the sequence."""
         assert self.pic is not None
         if self.cache.next_position() < FIRST_CHUNK_POSITIONS:
-            return False
-        entry = self.pic.registry.get(self.pic.namespace, tokens)
-        if entry is None:
-            return False
-        got = serve(self.model, self.cache, entry, self.pic)
+            return None
+        return self.pic.registry.get(self.pic.namespace, tokens)
+
+    def _finish_run(self, seg: Segment, run: list[tuple[PicEntry, int, int]]) -> None:
+        """Recompute what the binding asks of a run of placed chunks and account for it. The
+        rows attended to the context they were computed in, so the segment inherits their
+        provenance and the session is approximate from the run's first row."""
+        if not run:
+            return
+        assert self.pic is not None
+        start = run[0][1]
+        spans = [(row - start, row - start + len(e)) for e, row, _ in run]
+        recomputed = [0] * len(run)
+        if self.pic.recompute_first or self.pic.blend_fraction:
+            recomputed = refresh(self.model, self.cache, start, spans, self.pic)
         if self.pic_row is None:
-            self.pic_row = got.row
-        seg.provenance = seg.provenance | entry.provenance
-        self.pic_hit_tokens += got.tokens - got.recomputed
-        self.last_pic.append(got)
+            self.pic_row = start
+        for (entry, row, position), again in zip(run, recomputed, strict=True):
+            got = PicServed(entry.id, row, len(entry), entry.source_position, position, again)
+            seg.provenance = seg.provenance | entry.provenance
+            self.pic_hit_tokens += got.tokens - got.recomputed
+            self.last_pic.append(got)
+            self._emit("pic_hit", seg, chunk=got.as_dict())
         self._last_logits = None  # the next forward call computes fresh logits
-        self._emit("pic_hit", seg, chunk=got.as_dict())
-        return True
 
     def _call_starts(self, extra: Segment | None = None) -> list[int]:
         """Absolute positions where the forward calls that computed the live rows began
@@ -320,7 +338,7 @@ class Session:
     def _insert_prefix(self) -> None:
         """Insert the exact rows (all of them, or those before the first PIC row)."""
         exact = self.exact_rows
-        if self.prefix is None or exact == 0:
+        if self.prefix is None or not self.prefix.insert or exact == 0:
             return
         spans = [
             (s.start, min(s.end, exact), r)

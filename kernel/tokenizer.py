@@ -138,6 +138,22 @@ class ChatTokenizer:
         head, tail = marked[len(before) :].split(_SENTINEL)
         return self.encode(head) + self.encode_plain(message["content"]) + self.encode(tail)
 
+    def encode_regions(self, history: list[dict[str, str]], role: str, pieces: list[str]) -> tuple[list[int], list[int]]:
+        """A message whose content is ``pieces`` joined, encoded piece by piece, and the
+        token offsets where each piece begins: what a prompt assembler that knows its
+        regions (documents, tool schemas) hands to PIC, so identical pieces get identical
+        tokens and chunk cuts wherever they land."""
+        head = self.encode_message(history, {"role": role, "content": _SENTINEL})
+        marker = self.encode_plain(_SENTINEL)
+        at = next((i for i in range(len(head) - len(marker) + 1) if head[i : i + len(marker)] == marker), None)
+        if at is None:
+            raise ModelError("cannot locate a message's content in its template")
+        ids, regions = head[:at], []
+        for piece in pieces:
+            regions.append(len(ids))
+            ids += self.encode_plain(piece)
+        return ids + head[at + len(marker) :], regions
+
     def generation_prompt(self, history: list[dict[str, str]]) -> list[int]:
         """Tokens that open an assistant turn after ``history``."""
         before = self.render(history) if history else ""
