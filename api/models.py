@@ -174,6 +174,8 @@ class PieceOut(BaseModel):
     exact: bool | None
     tokens: int
     segment_id: str | None
+    pic_tokens: int = 0
+    source_positions: list[int] = []
 
 
 class MaterialiseOut(BaseModel):

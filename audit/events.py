@@ -93,6 +93,8 @@ class MaterialisedPiece(_Strict):
     reason: Id  # e.g. exact, pic, not_cached, position_changed, quarantined, unknown_ref
     exact: bool | None = None  # HIT: exact or PIC-approximate
     tokens: Count  # tokens the piece contributes to the context (0 when refused)
+    pic_tokens: Count | None = None  # of them, served from PIC chunks (approximate)
+    source_positions: list[Count] | None = Field(None, max_length=MAX_ITEMS)  # where those chunks were computed
 
 
 class Materialisation(_Event):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fak.errors import FakError, InvalidInput, NotFound
 from fak.kernel.ledger import SegmentKind, SegmentState
+from fak.kernel.pic import PicRegistry
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_cache import namespace as prefix_namespace
 from fak.kernel.session import EvictMode
@@ -86,6 +87,8 @@ class Kernel:
                         namespace_budget_bytes=settings.tenant_prefix_budget_bytes)
             if settings.prefix_cache else None
         )  # fmt: skip
+        self.pic = PicRegistry(lm.model.model_id, lm.tokenizer.digest, budget_bytes=settings.pic_budget_bytes,
+                               namespace_budget_bytes=settings.tenant_pic_budget_bytes)
         self._sessions: dict[tuple[str, str], KernelSession] = {}
         self._registry = threading.RLock()
         self._forget_lock = threading.Lock()
@@ -350,6 +353,8 @@ class Kernel:
                 x.ref == ref and x.kind is SegmentKind.TOOL for x in mech.ledger.live()
             ):
                 return True
+        if self.pic.holds_ref(self.namespace(tenant), ref):
+            return True
         if self.prefix is not None:
             return any(ref in n.prov for n in self.prefix.nodes(self.namespace(tenant)))
         return False
@@ -538,6 +543,7 @@ class Kernel:
                     self.delete_session(tenant, sid)
             if self.prefix is not None:
                 self.prefix.drop_namespace(self.namespace(tenant))
+            self.pic.drop_namespace(self.namespace(tenant))
             self._pending_withdrawals.pop(tenant, None)
             self._producers = {key: v for key, v in self._producers.items() if key[0] != tenant}
             erasure = self.store.erase_tenant(tenant)

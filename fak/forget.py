@@ -105,6 +105,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
     sessions: list[dict[str, str]] = json.loads(row.sessions)
+    # chunks that attended to the ref go first, so no session is served one while this runs
+    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
     # an admission checks for a pending forget inside its session lock, which this waits for
     for sid in _holders(k, tenant, ref):
         ks = k.session(tenant, sid)
@@ -112,7 +114,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             if not any(x.derived_from(ref) or ref in x.provenance for x in s.ledger.live()):
                 continue
             try:
-                victims, nodes, after, replay = ks._drop_derived(ref, forget=True)
+                victims, nodes, chunks, after, replay = ks._drop_derived(ref, forget=True)
             except BaseException:
                 ks._discard()
                 raise
@@ -123,6 +125,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
                       for x in victims]
             units += [_unit("prefix_node", n) for n in nodes]
+            units += [_unit("pic_chunk", c) for c in chunks]
             sessions = [x for x in sessions if x["session_id"] != sid]
             sessions.append({"session_id": sid, "fingerprint_after": k.audit_fingerprint(tenant, after),
                              "fingerprint_replay": k.audit_fingerprint(tenant, replay)})  # keyed: no guess oracle
@@ -131,7 +134,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
         fault_point("forget.after_session")
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-        k.state.update_forget(row.request_id, units=json.dumps(units))
+    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
+    k.state.update_forget(row.request_id, units=json.dumps(units))
     fault_point("forget.before_shred")
     shred = k.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
 from fak.kernel.generate import SamplingParams
 from fak.kernel.ledger import Segment, SegmentKind, SegmentState
+from fak.kernel.pic_serve import PicBinding
 from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
@@ -202,6 +203,14 @@ class KernelSession:
             return None
         return PrefixBinding(k.prefix, k.namespace(self.tenant), priority=policy.spec.retention.cache_priority)
 
+    def _pic_binding(self) -> PicBinding | None:
+        """PIC only where the active policy allows approximate reuse."""
+        k = self.kernel
+        if not k.policy.spec.reuse.pic_approximate:
+            return None
+        return PicBinding(k.pic, k.namespace(self.tenant), recompute_first=k.settings.pic_recompute_first,
+                          blend_fraction=k.settings.pic_blend_fraction)
+
     def _new_mech(self) -> Session:
         k = self.kernel
         return Session(
@@ -212,6 +221,7 @@ class KernelSession:
             chunk_size=k.settings.chunk_size,
             protected_kinds=k.policy.spec.protected_kinds,
             prefix=self._binding(),
+            pic=self._pic_binding(),
         )
 
     # --- durable ledger -------------------------------------------------------
@@ -254,6 +264,7 @@ class KernelSession:
             raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
         head, rows = found
         s = self._new_mech()
+        pic, s.pic = s.pic, None  # the replay is exact (the fingerprint check needs it); later appends may use PIC
         s.chunk_size = head.chunk_size
         s.ledger._next_id = head.next_segment
         for row in rows:
@@ -284,6 +295,7 @@ class KernelSession:
                            rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
             seg.protected = row.protected
             seg.expires_turn = row.expires_turn
+        s.pic = pic
         fingerprint = s.fingerprint()
         if head.approximate:
             # REROPE left KV no replay reproduces; the replay is the exact state of the same
@@ -651,27 +663,31 @@ class KernelSession:
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------
-    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], list[str], str, str]:
+    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], list[str], list[str], str, str]:
         """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);
-        then, if any survivor still attended to it (a REROPE trace), rebuild exactly.
-        Returns the dropped segments, the prefix-cache nodes dropped with them, the
-        fingerprint after and that of an independent replay. The caller holds the lock."""
+        then, if any survivor still attended to it (a REROPE trace, a PIC chunk computed
+        beside it), rebuild exactly. Returns the dropped segments, the prefix-cache nodes and
+        PIC chunks dropped with them, the fingerprint after and that of an independent
+        replay. The caller holds the lock."""
         s = self._loaded()
         victims = [x for x in s.ledger.live() if (x.derived_from(ref) if forget else x.ref == ref)]
         nodes: list[str] = []
+        chunks: list[str] = []
         if victims:
             report = s.evict_many([x.id for x in victims], force=True)
             nodes = list(report.prefix_nodes_dropped) if report else []
+            chunks = list(report.pic_chunks_dropped) if report else []
             if forget:
                 for x in victims:
                     x.mark(SegmentState.FORGOTTEN)
         if any(ref in x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = self._replayed(s)
-        return victims, nodes, s.fingerprint(), s.replay_fingerprint()
+        return victims, nodes, chunks, s.fingerprint(), s.replay_fingerprint()
 
     def _replayed(self, s: Session) -> Session:
         """A fresh exact session with the same ledger (live segments replayed)."""
         fresh = self._new_mech()
+        pic, fresh.pic = fresh.pic, None  # exact: nothing served from chunks computed elsewhere
         fresh.ledger._next_id = s.ledger._next_id
         for seg in s.ledger.segments:
             if not seg.live:
@@ -681,4 +697,5 @@ class KernelSession:
                          ref=seg.ref, verdict=seg.verdict, rule=seg.rule, content=seg.content,
                          policy_digest=seg.policy_digest, segment_id=seg.id)
             copy.protected, copy.expires_turn = seg.protected, seg.expires_turn
+        fresh.pic = pic
         return fresh

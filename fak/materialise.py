@@ -10,7 +10,9 @@ keep their place; the rest are appended in working-set order.
 Per piece:
 
 - ``HIT``: KV served without computing it: the piece was live and nothing before
-  it changed (``live``), or the tenant's prefix cache held it (``prefix_cache``). Exact.
+  it changed (``live``), or the tenant's prefix cache held it (``prefix_cache``): exact;
+  or the tenant's PIC registry served chunks of it (``pic``, where the policy allows
+  approximate reuse): ``exact: false``, with the chunks' source positions.
 - ``FAULT`` (``paged_in``): no KV anywhere; the bytes are read from the CAS and prefilled.
 - ``RECOMPUTE``: KV exists but is invalid here: an earlier span was evicted
   (``upstream_evicted``), it sits elsewhere (``position_changed``: another session
@@ -86,10 +88,13 @@ class Piece:
     exact: bool | None = None  # for pieces placed in context
     tokens: int = 0
     segment_id: str | None = None
+    pic_tokens: int = 0  # served from PIC chunks (approximate)
+    source_positions: tuple[int, ...] = ()  # where those chunks were computed
 
     def as_dict(self) -> dict[str, object]:
         return {"selector": self.selector, "ref": self.ref, "verdict": self.verdict.value, "reason": self.reason,
-                "exact": self.exact, "tokens": self.tokens, "segment_id": self.segment_id}
+                "exact": self.exact, "tokens": self.tokens, "segment_id": self.segment_id,
+                "pic_tokens": self.pic_tokens, "source_positions": list(self.source_positions)}
 
 
 @dataclass(frozen=True)
@@ -205,8 +210,9 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
         s.evict_many([x.id for x in leaving], force=True)
     for i, seg in keep.items():
         moved = first_gone is not None and seg.start >= first_gone
+        exact = not s.reroped and (s.pic_row is None or seg.end <= s.pic_row)
         pieces[i] = Piece(order[i][0], seg.ref, PieceVerdict.RECOMPUTE if moved else PieceVerdict.HIT,
-                          "upstream_evicted" if moved else "live", True, seg.length, seg.id)
+                          "upstream_evicted" if moved else "live", exact, seg.length, seg.id)
     tok = k.tokenizer
     for i in sorted(place):
         d, text, drifted = place[i]
@@ -222,6 +228,12 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
                        rule="materialise", policy_digest=policy.digest)
         used += seg.length
         k.store.record_use(d, tenant, "segment", f"{ks.id}/{seg.id}")
+        served = s.last_pic
+        if served:  # chunks from the PIC registry: a hit, never an exact one
+            pic_tokens = sum(x.tokens - x.recomputed for x in served)
+            pieces[i] = Piece(order[i][0], d, PieceVerdict.HIT, "pic", False, seg.length, seg.id, pic_tokens,
+                              tuple(x.source_position for x in served))
+            continue
         if s.prefix_hit_tokens - before == seg.length:
             v, reason = PieceVerdict.HIT, "prefix_cache"
         elif drifted:
@@ -238,7 +250,8 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
         context_tokens=s.cache.length, fingerprint_after=k.audit_fingerprint(tenant, fingerprint),
         evicted=[x.id for x in leaving],
         pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
-                 "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens}
+                 "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens,
+                 "pic_tokens": p.pic_tokens or None, "source_positions": list(p.source_positions) or None}
                 for p in table],
     ))  # fmt: skip  one event for the whole decision: it is logged whole or not at all
     for _ in leaving:

@@ -92,26 +92,34 @@ def _victims(s: Session, ref: str) -> list:
 
 def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, SegmentState]) -> list[dict[str, str]]:
     """Evict every live tool segment of ``refs`` from ``s`` (its lock is held) in the policy's
-    mode, mark them, write the ledger. Returns the units evicted."""
+    mode, mark them, write the ledger; a session whose other rows still attended to one of
+    ``refs`` (PIC chunks computed beside it elsewhere) is then replayed exactly. Returns
+    the units evicted."""
     victims = [x for x in s.ledger.live() if x.kind is SegmentKind.TOOL and x.ref in refs]
-    if not victims:
+    traced = any(r in x.provenance for x in s.ledger.live() if x.ref not in refs for r in refs)
+    if not victims and not traced:
         return []
     mode = k.evict_mode()
+    units: list[dict[str, str]] = []
     try:
         if mode is EvictMode.REROPE:
             for x in victims:
-                s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
-        else:
-            s.evict_many([x.id for x in victims], force=True)
+                report = s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
+                units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped]
+        elif victims:
+            report = s.evict_many([x.id for x in victims], force=True)
+            units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped] if report else []
         for x in victims:
             x.mark(refs[x.ref])
+        if any(r in x.provenance for x in s.ledger.live() for r in refs):
+            ks._mech = ks._replayed(s)
         ks._persist()
     except BaseException:
         ks._discard()
         raise
     for _ in victims:
         k._notify("eviction", tenant=ks.tenant, mode="recompute" if mode is EvictMode.AUTO else mode.value)
-    return [_unit("segment", x.id, ks.id) for x in victims]
+    return [_unit("segment", x.id, ks.id) for x in victims] + units
 
 
 def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
@@ -155,6 +163,7 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
         table.pop(ref, None)
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
+    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
     mode = k.evict_mode()
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
