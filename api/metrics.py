@@ -10,7 +10,7 @@ figure is the audit log size, which every signed checkpoint publishes anyway.
 Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
 ids do not multiply series. Counters the middleware cannot see are fed by hooks the
 routes call: ``record_verdict``, ``record_eviction``, ``record_forget``, ``record_decode``.
-Kernel figures (prefix cache, loaded sessions, KV bytes) are read at scrape time.
+Kernel figures (prefix cache, PIC registry, loaded sessions, KV bytes) are read at scrape time.
 """
 
 from __future__ import annotations
@@ -132,6 +132,15 @@ def _kernel_families(k, tenant: str) -> Iterator[Metric]:  # noqa: ANN001
                                   value=st.expired)
         yield GaugeMetricFamily("fak_prefix_cache_bytes", "KV bytes the prefix cache holds", value=st.bytes)
         yield GaugeMetricFamily("fak_prefix_cache_nodes", "nodes of the prefix cache", value=st.nodes)
+    pic = k.pic.stats_for(k.namespace(tenant))
+    yield CounterMetricFamily("fak_pic_hit_tokens", "prompt tokens served from PIC chunks (approximate; "
+                              "recomputed tokens included)", value=pic.hit_tokens)
+    yield CounterMetricFamily("fak_pic_lookups", "PIC chunk lookups", value=pic.lookups)
+    yield CounterMetricFamily("fak_pic_hits", "PIC chunk lookups that hit", value=pic.hits)
+    yield CounterMetricFamily("fak_pic_evictions", "PIC chunks evicted by a byte budget", value=pic.evicted)
+    yield CounterMetricFamily("fak_pic_dropped", "PIC chunks dropped by eviction, quarantine, expiry or forget",
+                              value=pic.dropped)
+    yield GaugeMetricFamily("fak_pic_bytes", "bytes of PIC chunks held", value=pic.bytes)
     loaded = k.loaded_sessions(tenant)
     yield GaugeMetricFamily("fak_sessions_loaded", "sessions whose KV is in memory", value=len(loaded))
     yield GaugeMetricFamily("fak_kv_bytes", "KV bytes allocated by loaded sessions",

@@ -119,7 +119,9 @@ class KernelSession:
         try:
             s = self._loaded()
             self._settle(s)
-            yield self._loaded()
+            s = self._loaded()
+            s.pic = self._pic_binding()  # the active policy decides, also after a reload
+            yield s
         finally:
             self._release()
 
@@ -138,7 +140,8 @@ class KernelSession:
         pending = k._pending_withdrawals.get(self.tenant)
         live = s.ledger.live()
         if pending:
-            due = {x.ref: pending[x.ref] for x in live if x.kind is SegmentKind.TOOL and x.ref in pending}
+            # its own segments of a pending ref, or rows that attended to one (PIC chunks)
+            due = {r: state for r, state in pending.items() if any(x.ref == r or r in x.provenance for x in live)}
             if due:
                 evict_in_place(k, self, s, due)
                 live = s.ledger.live()

@@ -507,7 +507,8 @@ def test_metrics_by_route_template_and_tenant_only(world) -> None:
     assert {k: after[k] - before[k] for k in series} == dict(zip(series, (1.0, 1.0, 1.0, 40.0, 0.0), strict=True))
     assert "fak_decode_tokens_per_second" in text and "fak_sessions_loaded" in text
     for name in ("fak_prefix_cache_hit_tokens_total", "fak_prefix_cache_miss_tokens_total", "fak_prefix_cache_bytes",
-                 "fak_prefix_cache_evictions_total", "fak_kv_bytes", "fak_audit_log_size"):
+                 "fak_prefix_cache_evictions_total", "fak_kv_bytes", "fak_audit_log_size",
+                 "fak_pic_hit_tokens_total", "fak_pic_lookups_total", "fak_pic_bytes"):
         assert re.search(rf"^{name} \d", text, re.M), name
     evil = w("evil", "auditor").get("/metrics").text
     assert "/v1/sessions/{sid}" not in evil and 'kind="ALLOW"}' in evil and "fak_sessions_loaded 0.0" in evil
