@@ -91,3 +91,16 @@ def test_quarantine_replays_a_session_that_was_served_a_chunk_beside_it(pic_kern
     k.quarantine("acme", bad, reason="late_detector")
     assert bad not in consumer.refs()
     assert consumer.fingerprint() == consumer.replay_fingerprint()
+
+
+def test_a_reload_that_forbids_approximate_reuse_stops_pic(pic_kernel) -> None:
+    k = pic_kernel
+    first = _seeded(k, "You are a release assistant.")
+    ref = first.admit("changelog", DOC).ref
+    second = _seeded(k, "Request 7f3a, locale en-GB, user 4411. You are a release assistant.")
+    policy = k.policy_path
+    policy.write_text(policy.read_text().replace("pic_approximate: true", "pic_approximate: false"))
+    k.reload_policy(principal="ops")
+    piece = second.materialise({"refs": [ref]}).pieces[0]
+    assert (piece.verdict.value, piece.reason, piece.exact, piece.pic_tokens) == ("RECOMPUTE", "policy_drift", True, 0)
+    assert second.fingerprint() == second.replay_fingerprint()
