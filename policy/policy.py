@@ -14,6 +14,7 @@ parsed data directly (``_cross_checks``).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -86,7 +87,8 @@ def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> P
     if not isinstance(data, dict):
         raise PolicyError([*smap.problems, smap.error((), "a policy must be a mapping with apiVersion, kind, metadata, "
                                                           "spec")])
-    problems = [*smap.problems, *_cross_checks(data, smap, _detector_ids(data) if known is None else known)]
+    problems = [*smap.problems, *_cross_checks(data, smap, _detector_ids(data) if known is None else known),
+                *_unrepresentable_numbers(data, smap)]
     document = None
     try:
         document = PolicyDocument.model_validate(data)
@@ -100,6 +102,24 @@ def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> P
         problems.sort(key=lambda p: (p.line, p.column))
         raise PolicyError(problems)
     return document
+
+
+def _unrepresentable_numbers(data: object, smap: SourceMap) -> list[Located]:
+    """Numbers the policy's digest (RFC 8785 JSON) cannot carry: integers of 2^53 or more
+    and NaN or infinities, each at its line (found by fuzzing: they raised out of the loader)."""
+    out: list[Located] = []
+    stack: list[tuple[tuple, object]] = [((), data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((path + (k,), v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((path + (i,), v) for i, v in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 2**53:
+            out.append(smap.error(path, f"{'.'.join(map(str, path))}: a number of magnitude 2^53 or more"))
+        elif isinstance(node, float) and not math.isfinite(node):
+            out.append(smap.error(path, f"{'.'.join(map(str, path))}: {node} is not a finite number"))
+    return out
 
 
 # (path of a list under spec, the field that names an item, what the name is called)

@@ -200,6 +200,24 @@ def test_policy_loader_raises_only_located_policy_errors(seed, n) -> None:
         assert policy.digest.startswith("blake3:")
 
 
+@pytest.mark.parametrize("value", ["2" * 80, "-9007199254740992", ".nan", ".inf", "-.inf"])
+def test_numbers_a_digest_cannot_carry_are_located_policy_errors(value, hostile) -> None:
+    """Found by bench/fuzz.py: an integer of 2^53 or more (or NaN, infinity) in a policy raised
+    out of the loader (RFC 8785 cannot encode it) and was a 500 from /v1/policy/validate."""
+    from fak.facade import default_policy_path
+    from fak.policy import PolicyError, load_policy_text
+
+    text = default_policy_path().read_text().replace("max_bytes: 1048576", f"max_bytes: {value}", 1)
+    assert text != default_policy_path().read_text()
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(text, "p.yaml")
+    assert any(str(p).startswith("p.yaml:") and "max_bytes" in str(p) for p in err.value.problems)
+    _live, c, _sid, _spec = hostile
+    r = c.post("/v1/policy/validate", json={"text": text, "source": "p.yaml"})
+    _check(r, value)
+    assert r.json()["type"].endswith("/policy_invalid")
+
+
 def test_fuzz_bench_runs_each_target_without_a_crash(tmp_path) -> None:
     import subprocess
     import sys
