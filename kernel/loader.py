@@ -45,8 +45,14 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Progress | None = None,
+    weight_format: str = "float32",
+    kv_dtype: torch.dtype | None = None,
 ) -> LoadedModel:
-    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder."""
+    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder.
+
+    ``weight_format`` is that of the linear layers and LM head (``float32``, the
+    oracle-close reference; ``int8`` or ``bfloat16``, faster modes: ``kernel/quant.py``);
+    ``kv_dtype`` that of the KV cache (default ``dtype``)."""
     src = Path(path).expanduser() if path is not None else default_model_path()
     if not src.exists():
         raise ModelError(f"model not found: {src}")
@@ -58,4 +64,5 @@ def load_model(
         cfg, weights, tok_folder = load_gguf(src, progress)
         model_id = f"gguf:{tok_folder.name}"
     weights = _to(weights, torch.device(device), dtype)
-    return LoadedModel(model=Llama(cfg, weights, model_id=model_id), tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)
+    model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype)
+    return LoadedModel(model=model, tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 
 from fak.kernel import blas_decode, rope
 from fak.kernel.config import ModelConfig
+from fak.kernel.fast_decode import FastDecoder, build_linears
 from fak.kernel.kv_cache import KVCache
+from fak.kernel.quant import WEIGHT_FORMATS, fbgemm_supported, int8_supported
 
 
 @dataclass
@@ -125,31 +127,60 @@ class Llama:
         model_id: str = "llama",
         attention: str = "sdpa",
         decode: str = "auto",
+        weight_format: str = "float32",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         """``decode`` picks the one-token path: ``blas`` (numpy, CPU float32 only),
         ``torch``, or ``auto`` (``blas`` where supported). Keep one choice for a
-        model's lifetime: rows decoded by the two paths are close, not equal."""
+        model's lifetime: rows decoded by the two paths are close, not equal.
+
+        ``weight_format`` (``float32``, ``bfloat16``, ``int8``; ``kernel/quant.py``)
+        is that of the linear layers and the LM head; only ``float32`` is oracle-close,
+        the others are their own modes, bit-exact within themselves, and carry it in
+        ``model_id`` so no cache mixes rows of two modes. ``kv_dtype`` is the cache's
+        (default: the weights' dtype)."""
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
         if decode not in DECODE_BACKENDS:
             raise ValueError(f"decode must be one of {DECODE_BACKENDS}, not {decode!r}")
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
         self.cfg = cfg
         self.attention = attention
         self.w = weights
-        self.model_id = model_id
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
+        self.kv_dtype = kv_dtype or self.dtype
+        if weight_format != "float32" and self.dtype != torch.float32:
+            raise ValueError(f"weight_format={weight_format!r} needs float32 embeddings and norms, not {self.dtype}")
+        if weight_format == "int8" and (self.device.type != "cpu" or not int8_supported()):
+            raise ValueError("weight_format='int8' runs on CPU builds of torch with a quantized engine only")
+        if weight_format == "float16" and (self.device.type != "cpu" or not fbgemm_supported()):
+            raise ValueError("weight_format='float16' runs on x86-64 CPU builds of torch (fbgemm) only")
+        self.weight_format = weight_format
+        suffix = "" if weight_format == "float32" else f"+{weight_format}"
+        if self.kv_dtype != self.dtype:
+            suffix += "+kv-" + str(self.kv_dtype).removeprefix("torch.")
+        self.model_id = model_id + suffix
         self.inv_freq = rope.inv_freq(cfg, self.device)
         self.scaling = cfg.head_dim**-0.5
-        blas_ok = blas_decode.supported(self.device, self.dtype)
+        # float32 linears are F.linear on the weights themselves: the reference ops, no copy
+        self.lin, self.head = build_linears(cfg, weights, weight_format)
+        reference = weight_format == "float32" and self.kv_dtype == self.dtype
+        blas_ok = reference and blas_decode.supported(self.device, self.dtype)
         if decode == "blas" and not blas_ok:
-            raise ValueError(f"decode='blas' needs CPU float32 weights, not {self.device} {self.dtype}")
+            raise ValueError(
+                f"decode='blas' needs CPU float32 weights and KV, not {self.device} {weight_format} "
+                f"weights with {self.kv_dtype} KV"
+            )
         use_blas = decode == "blas" or (decode == "auto" and blas_ok)
         self.decode = "blas" if use_blas else "torch"
         self._blas = blas_decode.BlasDecoder(cfg, weights) if use_blas else None
+        # the torch path of the reference mode stays op for op what it was (oracle-close)
+        self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
-        return KVCache(self.cfg, capacity=capacity, device=self.device, dtype=self.dtype)
+        return KVCache(self.cfg, capacity=capacity, device=self.device, dtype=self.kv_dtype)
 
     @torch.inference_mode()
     def forward(
@@ -177,6 +208,10 @@ class Llama:
             hidden = self._blas.step(int(ids[0]), cache, cos, sin)
             cache.commit(ids, positions)
             return torch.from_numpy(self._blas.logits(hidden))[None]
+        if T == 1 and self._fast is not None:
+            logits = self._fast.step(int(ids[0]), cache, cos, sin)
+            cache.commit(ids, positions)
+            return logits
         x = F.embedding(ids, self.w.embed)[None]  # (1, T, D)
         if T == 1:
             x = self._layers_decode(x, cache, start, cos, sin)
@@ -193,16 +228,24 @@ class Llama:
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         if not all_logits:
             x = x[:, -1:]
-        return F.linear(x, self.w.lm_head)[0]
+        return self.head(x)[0]
+
+    def _rows(self, cache: KVCache, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cache keys and values of a layer, ``(end, kv_heads, head_dim)``, in the compute dtype."""
+        k, v = cache.k[layer, :end], cache.v[layer, :end]
+        if k.dtype != self.dtype:
+            k, v = k.to(self.dtype), v.to(self.dtype)
+        return k, v
 
     def _mlp(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
         h = rms_norm(x, lw.mlp_norm, self.cfg.rms_norm_eps)
         return x + F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
 
-    def _mlp_fused(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    def _mlp_fused(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        lw, ln = self.w.layers[i], self.lin[i]
         h = F.rms_norm(x, (self.cfg.hidden_size,), lw.mlp_norm, self.cfg.rms_norm_eps)
-        gate, up = F.linear(h, lw.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, lw.w_down)
+        gate, up = ln.gate_up(h).chunk(2, dim=-1)
+        return x + ln.down(F.silu(gate) * up)
 
     def _layers_prefill_eager(
         self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
@@ -211,21 +254,27 @@ class Llama:
         cfg = self.cfg
         T = x.shape[1]
         end = start + T
+        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for i, lw in enumerate(self.w.layers):
             h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
-            q = F.linear(h, lw.wq).view(1, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-            k = F.linear(h, lw.wk).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-            v = F.linear(h, lw.wv).view(1, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            if self.weight_format == "float32":
+                q, k, v = F.linear(h, lw.wq), F.linear(h, lw.wk), F.linear(h, lw.wv)
+            else:  # another mode's products: one fused call, split
+                q, k, v = self.lin[i].qkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
+            q = q.reshape(1, T, H, hd).transpose(1, 2)
+            k = k.reshape(1, T, KV, hd).transpose(1, 2)
+            v = v.reshape(1, T, KV, hd).transpose(1, 2)
             q = rope.apply(q, cos, sin)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v)
-            keys = _repeat_kv(cache.k[i, :end], cfg.kv_groups)
-            values = _repeat_kv(cache.v[i, :end], cfg.kv_groups)
+            k_rows, v_rows = self._rows(cache, i, end)
+            keys = _repeat_kv(k_rows, cfg.kv_groups)
+            values = _repeat_kv(v_rows, cfg.kv_groups)
             scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
             scores = scores + mask
             probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             attn = torch.matmul(probs, values).transpose(1, 2).contiguous()
-            x = x + F.linear(attn.reshape(1, T, -1).contiguous(), lw.wo)
-            x = self._mlp(x, lw)
+            x = x + self.lin[i].o(attn.reshape(1, T, -1).contiguous())
+            x = self._mlp(x, lw) if self.weight_format == "float32" else self._mlp_fused(x, i)
         return x
 
     def _layers_prefill_sdpa(
@@ -249,7 +298,7 @@ class Llama:
         last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
             h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
-            q, k, v = F.linear(h, lw.wqkv).split([H * hd, KV * hd, KV * hd], dim=-1)
+            q, k, v = self.lin[i].qkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
             k = k.view(1, T, KV, hd).transpose(1, 2)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
             q = q.view(1, T, H, hd).transpose(1, 2)
@@ -261,17 +310,18 @@ class Llama:
                 rows, causal = 1, False
             else:
                 rows, causal = T, mask is None
+            k_rows, v_rows = self._rows(cache, i, end)
             attn = F.scaled_dot_product_attention(
                 rope.apply(q, cos, sin),
-                cache.k[i, :end].transpose(0, 1)[None],
-                cache.v[i, :end].transpose(0, 1)[None],
+                k_rows.transpose(0, 1)[None],
+                v_rows.transpose(0, 1)[None],
                 attn_mask=mask,
                 is_causal=causal,
                 scale=self.scaling,
                 enable_gqa=cfg.kv_groups > 1,
             ).transpose(1, 2)
-            x = x + F.linear(attn.reshape(1, rows, -1), lw.wo)
-            x = self._mlp_fused(x, lw)
+            x = x + self.lin[i].o(attn.reshape(1, rows, -1))
+            x = self._mlp_fused(x, i)
         return x
 
     @staticmethod

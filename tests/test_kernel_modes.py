@@ -1,0 +1,177 @@
+"""Weight formats and KV dtypes (``kernel/quant.py``): every exactness witness holds
+bit-exactly *within* each mode, because each compares the kernel with itself —
+write-time eviction, RECOMPUTE, prefix reuse, forget-style replay, decode. Only
+float32 is compared with the oracle (tests/test_kernel_oracle.py); for the other
+modes the quality gap to float32 is measured on the real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_helpers import tiny_config
+
+from fak.kernel.generate import SamplingParams, generate
+from fak.kernel.loader import load_model
+from fak.kernel.model import Llama
+from fak.kernel.prefix_cache import PrefixCache, namespace
+from fak.kernel.quant import WEIGHT_FORMATS
+from fak.kernel.session import EvictMode, PrefixBinding, Session
+from fak.kernel.weights import random_weights
+from fak.keys import tenant_salt
+
+# (weight format, KV dtype): every format, and a bfloat16 KV cache under two of them
+MODES = [(fmt, None) for fmt in WEIGHT_FORMATS] + [("float32", torch.bfloat16), ("int8", torch.bfloat16)]
+MODE_IDS = [f"{fmt}-kv_{str(kv).removeprefix('torch.') if kv else 'same'}" for fmt, kv in MODES]
+MASTER = bytes(range(32))
+
+
+def mode_model(fmt: str, kv: torch.dtype | None, seed: int = 0) -> Llama:
+    cfg = tiny_config()
+    return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", weight_format=fmt, kv_dtype=kv)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 257, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def same_state(a: Session, b: Session) -> None:
+    n = a.cache.length
+    assert n == b.cache.length
+    assert a.fingerprint() == b.fingerprint()
+    assert torch.equal(a.cache.kraw[:, :n], b.cache.kraw[:, :n])
+
+
+@pytest.fixture(params=MODES, ids=MODE_IDS)
+def mode(request):
+    return request.param
+
+
+def test_mode_is_part_of_the_model_id_and_the_cache_dtype(mode) -> None:
+    fmt, kv = mode
+    model = mode_model(fmt, kv)
+    cache = model.new_cache()
+    assert cache.dtype == (kv or torch.float32)
+    reference = fmt == "float32" and kv is None
+    assert (model.model_id == "tiny-0") is reference  # no prefix cache or ledger mixes two modes' rows
+    assert (model.decode == "blas") is reference
+
+
+def test_write_time_evict_equals_never_saw(mode) -> None:
+    model = mode_model(*mode)
+    sys_, poison, question = ids(20, 1), ids(33, 2), ids(9, 3)
+    seen = Session(model)
+    seen.append("system", tokens=sys_)
+    tool = seen.append("tool", tokens=poison, ref="blake3k:" + "ab" * 32)
+    assert seen.evict(tool.id).exactness == "bit-exact"
+    seen.append("user", tokens=question)
+    never = Session(model)
+    never.append("system", tokens=sys_)
+    never.append("user", tokens=question)
+    assert torch.equal(seen.last_logits, never.last_logits)
+    same_state(seen, never)
+
+
+@pytest.mark.parametrize("chunk_size", [512, 7])
+def test_recompute_equals_never_saw(mode, chunk_size: int) -> None:
+    model = mode_model(*mode)
+    a, b, c, d = ids(17, 4), ids(23, 5), ids(11, 6), ids(14, 7)
+    seen = Session(model, chunk_size=chunk_size)
+    seen.append("system", tokens=a)
+    poison = seen.append("tool", tokens=b, ref="blake3k:" + "cd" * 32)
+    seen.append("user", tokens=c)
+    seen.append("tool", tokens=d)
+    report = seen.evict(poison.id, EvictMode.RECOMPUTE)
+    assert report.exactness == "bit-exact"
+    never = Session(model, chunk_size=chunk_size)
+    for kind, t in (("system", a), ("user", c), ("tool", d)):
+        never.append(kind, tokens=t)
+    assert torch.equal(seen.last_logits, never.last_logits)
+    same_state(seen, never)
+    params = SamplingParams(max_tokens=10)  # decoding on from both continues identically
+    assert list(generate(model, seen.cache, ids(3, 8), params)) == list(generate(model, never.cache, ids(3, 8), params))
+    same_state(seen, never)
+
+
+def test_prefix_reuse_is_bit_exact(mode) -> None:
+    model = mode_model(*mode)
+    pc = PrefixCache()
+    ns = namespace(tenant_salt(MASTER, "acme"), model.model_id)
+    sys_, user, tool, tool2, q = ids(40, 1), ids(12, 2), ids(30, 3), ids(25, 4), ids(8, 5)
+    first = Session(model, prefix=PrefixBinding(pc, ns), chunk_size=16)
+    for kind, t in (("system", sys_), ("user", user), ("tool", tool)):
+        first.append(kind, tokens=t)
+    second = Session(model, prefix=PrefixBinding(pc, ns), chunk_size=16)
+    plain = Session(model, chunk_size=16)
+    for s in (second, plain):
+        for kind, t in (("system", sys_), ("user", user), ("tool", tool2), ("user", q)):
+            s.append(kind, tokens=t)
+    assert second.prefix_hit_tokens == len(sys_) + len(user)
+    assert second.fingerprint() == plain.fingerprint()
+    assert torch.equal(second.last_logits, plain.last_logits)
+
+
+def test_decode_repeats_to_the_byte(mode) -> None:
+    model = mode_model(*mode)
+    runs = []
+    for _ in range(2):
+        cache = model.new_cache()
+        tokens = list(generate(model, cache, ids(21, 9), SamplingParams(max_tokens=16, min_tokens=16)))
+        runs.append((tokens, cache.fingerprint(), model.forward([tokens[-1]], cache)))
+    assert runs[0][:2] == runs[1][:2]
+    assert torch.equal(runs[0][2], runs[1][2])
+
+
+@pytest.mark.parametrize("fmt", [f for f in WEIGHT_FORMATS if f != "float32"])
+def test_forget_style_replay_is_bit_exact(tiny_dir, fmt: str) -> None:
+    """What ``Kernel.forget`` checks per session: after the ref's segment (RECOMPUTE) and the
+    turn generated while it was live are dropped, the cache equals an independent replay."""
+    lm = load_model(tiny_dir, weight_format=fmt)
+    s = Session(lm.model, lm.tokenizer, chunk_size=16)
+    s.append("system", "You are a travel assistant.")
+    tool = s.append("tool", "Flight LH123 is on time, gate B22.", ref="blake3k:" + "ef" * 32)
+    s.append("user", "Is my flight on time?")
+    list(s.generate(SamplingParams(max_tokens=8, min_tokens=8)))
+    assistant = s.ledger.segments[-1]
+    assert tool.ref in assistant.content
+    s.append("user", "Thanks. And the weather?")
+    s.evict_many([tool.id, assistant.id])
+    assert tool.ref not in s.refs()
+    assert s.fingerprint() == s.replay_fingerprint()
+
+
+# --- the real model: quality gap to float32 ----------------------------------------
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three prime numbers greater than 100.",
+]
+
+
+def quality_gap(reference: Llama, model: Llama, tokenizer, prompts: list[str]) -> tuple[float, float]:  # noqa: ANN001
+    """Teacher-forced over each prompt: argmax agreement and mean KL(p_float32 ‖ p_mode)."""
+    match = total = 0
+    kls = []
+    for p in prompts:
+        prompt = tokenizer.encode(tokenizer.render([{"role": "user", "content": p}], True))
+        a = reference.forward(prompt, reference.new_cache(), all_logits=True).log_softmax(-1)
+        b = model.forward(prompt, model.new_cache(), all_logits=True).log_softmax(-1)
+        kls.append((a.exp() * (a - b)).sum(-1))
+        match += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += len(prompt)
+    return match / total, float(torch.cat(kls).mean())
+
+
+@pytest.mark.real_model
+def test_quality_gap_to_float32_smollm2(smollm2) -> None:
+    ref = smollm2.model
+    gaps = {}
+    for fmt in ("float16", "int8"):
+        model = Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format=fmt)
+        gaps[fmt] = quality_gap(ref, model, smollm2.tokenizer, PROMPTS)
+    # float16 weights with float32 activations: the serving default, next to float32
+    assert gaps["float16"][0] >= 0.98 and gaps["float16"][1] < 1e-3, gaps
+    # int8 (activations quantised too) is approximate: measured 0.87 / KL 0.05 here; a floor
+    # against regressions (without SmoothQuant and per-row scales it was 0.37 / KL 1.9)
+    assert gaps["int8"][0] >= 0.75 and gaps["int8"][1] < 0.2, gaps
