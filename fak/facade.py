@@ -129,7 +129,7 @@ class Kernel:
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir)
         policy = PolicyHolder(settings.policy_path or default_policy_path())
-        lm = model or load_model(settings.model_path, progress=progress)
+        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights)
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url)
         audit = None
         try:
