@@ -77,8 +77,8 @@ def place(model: Llama, cache: KVCache, entry: PicEntry, naive: bool = False) ->
     positions = torch.arange(first, first + n, dtype=torch.int64, device=cache.device)
     at = positions if not naive else torch.arange(entry.source_position, entry.source_position + n,
                                                   dtype=torch.int64, device=cache.device)
-    cos, sin = rope.cos_sin(model.inv_freq, at, cache.dtype)
-    kraw = entry.kraw.to(device=cache.device, dtype=cache.dtype)
+    cos, sin = rope.cos_sin(model.inv_freq, at, model.dtype)  # rotated in the compute dtype, as prefill does
+    kraw = entry.kraw.to(device=cache.device, dtype=model.dtype)
     start = cache.length
     cache.reserve(start + n)
     cache.k[:, start : start + n] = rope.apply(kraw, cos[:, None, :], sin[:, None, :])
@@ -121,33 +121,49 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     cfg = model.cfg
     H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     T = end - start
+    dtype = model.dtype
     ids = cache.tokens[start:end]
     pos = cache.positions[start:end]
-    cos, sin = rope.cos_sin(model.inv_freq, pos, cache.dtype)
+    cos, sin = rope.cos_sin(model.inv_freq, pos, dtype)
     w0, w1 = model.w.layers[0], model.w.layers[1]
-    x = F.embedding(ids, model.w.embed)[None].to(cache.dtype)
+    qkv0, o0, gate_up0, down0, qkv1 = _linears(model)
+    x = F.embedding(ids, model.w.embed)[None]
     h = F.rms_norm(x, (D,), w0.attn_norm, cfg.rms_norm_eps)
-    q = F.linear(h, w0.wq).view(1, T, H, hd).transpose(1, 2)
+    q = qkv0(h)[..., : H * hd].reshape(1, T, H, hd).transpose(1, 2)
     allowed = cache.positions[:end][None, :] <= pos[:, None]
-    mask = torch.zeros(allowed.shape, dtype=cache.dtype, device=cache.device).masked_fill_(~allowed, torch.finfo(cache.dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=cache.device).masked_fill_(~allowed, torch.finfo(dtype).min)
     attn = F.scaled_dot_product_attention(
         rope.apply(q, cos, sin),
-        cache.k[0, :end].transpose(0, 1)[None],
-        cache.v[0, :end].transpose(0, 1)[None],
+        cache.k[0, :end].to(dtype).transpose(0, 1)[None],
+        cache.v[0, :end].to(dtype).transpose(0, 1)[None],
         attn_mask=mask[None, None],
         scale=model.scaling,
         enable_gqa=cfg.kv_groups > 1,
     ).transpose(1, 2)
-    x = x + F.linear(attn.reshape(1, T, -1), w0.wo)
+    x = x + o0(attn.reshape(1, T, -1))
     h = F.rms_norm(x, (D,), w0.mlp_norm, cfg.rms_norm_eps)
-    gate, up = F.linear(h, w0.w_gate_up).chunk(2, dim=-1)
-    x = x + F.linear(F.silu(gate) * up, w0.w_down)
+    gate, up = gate_up0(h).chunk(2, dim=-1)
+    x = x + down0(F.silu(gate) * up)
     h = F.rms_norm(x, (D,), w1.attn_norm, cfg.rms_norm_eps)
-    k = F.linear(h, w1.wk)[0].view(T, KV, hd)
-    v = F.linear(h, w1.wv)[0].view(T, KV, hd)
-    dk = (k - cache.kraw[1, start:end]).pow(2).sum(dim=(1, 2))
-    dv = (v - cache.v[1, start:end]).pow(2).sum(dim=(1, 2))
+    _, k, v = qkv1(h)[0].split([H * hd, KV * hd, KV * hd], dim=-1)
+    k, v = k.reshape(T, KV, hd), v.reshape(T, KV, hd)
+    dk = (k - cache.kraw[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
+    dv = (v - cache.v[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
     return dk + dv
+
+
+def _linears(model: Llama) -> tuple:
+    """Layer 0's q/k/v, output, gate/up and down products and layer 1's q/k/v, in the
+    model's weight format (its ``lin`` table where it has one)."""
+    lin = getattr(model, "lin", None)
+    if lin is not None:
+        return lin[0].qkv, lin[0].o, lin[0].gate_up, lin[0].down, lin[1].qkv
+    w0, w1 = model.w.layers[0], model.w.layers[1]
+
+    def dense(w: torch.Tensor):  # noqa: ANN202
+        return lambda x: F.linear(x, w)
+
+    return dense(w0.wqkv), dense(w0.wo), dense(w0.w_gate_up), dense(w0.w_down), dense(w1.wqkv)
 
 
 def _recompute(model: Llama, cache: KVCache, start: int, end: int, chosen: torch.Tensor) -> None:
