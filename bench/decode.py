@@ -1,28 +1,54 @@
-"""Prefill and decode throughput of fak's float32 path vs transformers ``generate()``,
-same weights, same prompt, same run. Greedy; the generated tokens are compared.
+"""Prefill and decode throughput of fak per weight format (``--modes``) against
+transformers ``generate()`` (float32, same weights) and, when the optional ``bench``
+extra (llama-cpp-python) is installed, llama.cpp on the same GGUF file — all in
+the same run, measured round-robin (one repetition of every peer, then the next)
+so load from other work hits them alike; best of ``--repeat``. Greedy throughout.
 
-Also measured, to explain the decode figure: fak's torch decode path (what runs
-off-CPU), and one bare pass of matrix-vector products over every weight with
-torch (MKL) and with numpy (OpenBLAS) — the floor of a float32 decode step —
-beside a plain read of the same bytes (``sum``).
+Also reported: each mode's quality gap to float32 (teacher-forced over a fixed
+prompt set: argmax agreement and mean KL), whether fak float32 gives
+transformers' greedy tokens, and (``--explain``) fak's torch decode path and one
+bare pass of matrix-vector products over every weight, the floor of a step;
+``--profile MODE`` prints where a decode step's time goes.
 
-    python bench/decode.py [--json PATH] [--prefill-tokens 1024] [--prompt-tokens 256] [--new-tokens 128]
+    python bench/decode.py [--json PATH] [--modes float32,float16,int8,bfloat16] [--threads N]
+                           [--prefill-tokens 1024] [--prompt-tokens 256] [--new-tokens 128] [--repeat 3]
 """
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
+from collections.abc import Callable
 
+if "--threads" in sys.argv[:-1]:  # numpy's OpenBLAS (fak's float32 decode) reads this once, on import
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", sys.argv[sys.argv.index("--threads") + 1])
+
+import numpy as np
 import torch
-from common import best_of, log, parser, report, target
+from common import log, parser, report, target
 
 from fak.kernel.generate import SamplingParams, generate
 from fak.kernel.loader import load_model
 from fak.kernel.model import Llama
+from fak.kernel.quant import WEIGHT_FORMATS
 from fak.kernel.weights import default_model_path
 
 WORDS = ["agent", "tool", "result", "cache", "policy", "kernel", "token", "model", "span", "audit", "reference", "session", "tenant", "the", "a", "of", "and", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "were", "has", "have", "search", "web", "page", "email", "file", "shell", "output", "request", "response", "server", "client", "data", "value", "error"]
+
+# the fixed prompt set of the quality gap (tests/test_kernel_modes.py uses its first four)
+QUALITY_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is in one paragraph.",
+    "List three prime numbers greater than 100.",
+    "Summarise: the meeting moved to Tuesday because the room was booked.",
+    "Translate to French: good morning, how are you?",
+    "Write a Python function that reverses a string.",
+    "Why is the sky blue? Answer in two sentences.",
+]
+SERVING_DEFAULT = "float16"
 
 
 def prompt_ids(tokenizer, n: int, seed: int = 7) -> list[int]:  # noqa: ANN001
@@ -41,130 +67,244 @@ def bare_passes(model: Llama, repeat: int) -> dict[str, float]:
     np_mats = [m.numpy() for m in mats]
     np_vecs = {n: v.numpy() for n, v in vecs.items()}
     flat = torch.cat([m.reshape(-1) for m in mats])
+    fmt_passes = {}
+    for fmt in ("float16", "int8"):
+        lm = Llama(model.cfg, model.w, weight_format=fmt, decode="torch")
+        lins = [f for ln in lm.lin for f in (ln.qkv, ln.o, ln.gate_up, ln.down)] + [lm.head]
+        rows = {n: v[None] for n, v in vecs.items()}
+        fmt_passes[fmt], _ = best_of(lambda lins=lins, rows=rows, mats=mats: [f(rows[m.shape[1]]) for f, m in zip(lins, mats, strict=True)], repeat * 5)
     t_torch, _ = best_of(lambda: [torch.mv(m, vecs[m.shape[1]]) for m in mats], repeat * 5)
     t_numpy, _ = best_of(lambda: [m @ np_vecs[m.shape[1]] for m in np_mats], repeat * 5)
     t_read, _ = best_of(lambda: float(flat.sum()), repeat * 5)
-    return {"bytes": float(flat.numel() * flat.element_size()), "torch_mv": t_torch, "numpy_mv": t_numpy, "read": t_read}
+    return {"bytes": float(flat.numel() * flat.element_size()), "torch_mv": t_torch, "numpy_mv": t_numpy,
+            "read": t_read, "float16_mv": fmt_passes["float16"], "int8_mv": fmt_passes["int8"]}
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def quality_gap(reference: Llama, model: Llama, tokenizer) -> dict[str, float]:  # noqa: ANN001
+    """Teacher-forced over every position of each prompt: argmax agreement with float32
+    and mean KL(p_float32 ‖ p_mode)."""
+    match = total = 0
+    kls = []
+    for p in QUALITY_PROMPTS:
+        ids = tokenizer.encode(tokenizer.render([{"role": "user", "content": p}], True))
+        a = reference.forward(ids, reference.new_cache(), all_logits=True).log_softmax(-1)
+        b = model.forward(ids, model.new_cache(), all_logits=True).log_softmax(-1)
+        kls.append((a.exp() * (a - b)).sum(-1))
+        match += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += len(ids)
+    kl = torch.cat(kls)
+    return {"argmax_match": match / total, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "positions": total}
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python on the same GGUF: prefill with ``eval`` (batches of
+    512), decode one ``eval`` per token with the argmax read straight from its logits."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int) -> None:
+        import llama_cpp
+
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   n_batch=512, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+        self.version = getattr(llama_cpp, "__version__", "?")
+
+    def _argmax(self) -> int:
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return self._argmax()
+
+
+def profile_decode(model: Llama, ids: list[int], steps: int = 32) -> None:
+    """Where a decode step's time goes (torch profiler over ``steps`` steps)."""
+    from torch.profiler import profile
+
+    cache = model.new_cache(len(ids) + steps + 8)
+    model.forward(ids, cache)
+    for _ in range(4):
+        model.forward([5], cache)
+    with profile() as prof:
+        for _ in range(steps):
+            model.forward([5], cache)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def main() -> None:
     ap = parser(__doc__)
+    ap.add_argument("--modes", default="float32,float16,int8,bfloat16", help="weight formats, comma-separated")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch and llama.cpp threads")
     ap.add_argument("--prefill-tokens", type=int, default=1024)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    ap.add_argument("--explain", action="store_true", help="also fak's torch decode path and bare passes")
+    ap.add_argument("--profile", metavar="MODE", help="print a profile of MODE's decode step and exit")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in WEIGHT_FORMATS:
+            raise SystemExit(f"unknown mode {m!r}: one of {', '.join(WEIGHT_FORMATS)}")
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
 
-    log("loading fak model ...")
-    lm = load_model()
-    model, tok = lm.model, lm.tokenizer
+    log("loading fak models ...")
+    ref_lm = load_model()
+    tok, cfg = ref_lm.tokenizer, ref_lm.model.cfg
+    models: dict[str, Llama] = {m: ref_lm.model if m == "float32" else
+                                Llama(cfg, ref_lm.model.w, model_id=ref_lm.model.model_id, weight_format=m)
+                                for m in modes}
+    long_ids = prompt_ids(tok, args.prefill_tokens)
+    short_ids = prompt_ids(tok, args.prompt_tokens)
+    if args.profile:
+        profile_decode(models.get(args.profile) or Llama(cfg, ref_lm.model.w, weight_format=args.profile), short_ids)
+        return
+    path = default_model_path()
     log("loading transformers peer from the same GGUF ...")
     from transformers import AutoModelForCausalLM
 
-    path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-
-    long_ids = prompt_ids(tok, args.prefill_tokens)
-    short_ids = prompt_ids(tok, args.prompt_tokens)
-
-    def fak_prefill() -> int:
-        cache = model.new_cache(len(long_ids) + 8)
-        return int(model.forward(long_ids, cache).argmax())
-
-    torch_decode = Llama(model.cfg, model.w, model_id=model.model_id, decode="torch")
-
-    def fak_generate(n: int, m: Llama = model) -> list[int]:
-        cache = m.new_cache(len(short_ids) + n + 8)
-        return list(generate(m, cache, short_ids, SamplingParams(max_tokens=n, min_tokens=n, stop_token_ids=eos)))
-
-    # both sides run exactly n greedy steps with end-of-sequence masked until then
-    # (transformers' min_new_tokens, fak's min_tokens), so the tokens must agree
+    llama = None
+    if not args.no_llama_cpp:
+        try:
+            llama = LlamaCpp(str(path), args.threads, n_ctx=max(2048, len(long_ids) + 8))
+        except ImportError:
+            log("llama-cpp-python is not installed (pip install -e '.[bench]'): llama.cpp is not measured")
     eos = frozenset({tok.eos_token_id})
 
+    def fak_prefill(m: Llama) -> int:
+        cache = m.new_cache(len(long_ids) + 8)
+        return int(m.forward(long_ids, cache).argmax())
+
+    def fak_generate(m: Llama, n: int) -> tuple[list[int], float]:
+        """Tokens, and the seconds of the n-1 decode steps after the first token."""
+        cache = m.new_cache(len(short_ids) + n + 8)
+        it = generate(m, cache, short_ids, SamplingParams(max_tokens=n, min_tokens=n, stop_token_ids=eos))
+        out = [next(it)]
+        t0 = time.perf_counter()
+        out += list(it)
+        return out, time.perf_counter() - t0
+
     def hf_generate(ids: list[int], n: int) -> list[int]:
-        x = torch.tensor([ids])
         with torch.inference_mode():
-            out = hf.generate(
-                x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id
-            )
-        return out[0, len(ids) :].tolist()
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=tok.eos_token_id)
+        return out[0, len(ids):].tolist()
+
+    def hf_decode(n: int) -> tuple[list[int], float]:
+        """transformers' generate() has no per-token hook here: n tokens minus one token's run."""
+        t0 = time.perf_counter()
+        hf_generate(short_ids, 1)
+        t1 = time.perf_counter()
+        out = hf_generate(short_ids, n)
+        return out, max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
+
+    def llama_decode(n: int) -> tuple[list[int], float]:
+        assert llama is not None
+        out = [llama.prefill(short_ids)]
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            llama.llm.eval([out[-1]])
+            out.append(llama._argmax())
+        return out, time.perf_counter() - t0
+
+    # every peer: (prefill of the long prompt, decode of new_tokens after the short one)
+    peers: dict[str, tuple[Callable[[], object], Callable[[], tuple[list[int], float]]]] = {}
+    for name, m in models.items():
+        peers[f"fak-{name}"] = (lambda m=m: fak_prefill(m), lambda m=m: fak_generate(m, args.new_tokens))
+    peers["transformers"] = (lambda: hf_generate(long_ids, 1), lambda: hf_decode(args.new_tokens))
+    if llama is not None:
+        peers["llama.cpp"] = (lambda: llama.prefill(long_ids), lambda: llama_decode(args.new_tokens))
+    if args.explain and "float32" in models:
+        torch_path = Llama(cfg, ref_lm.model.w, model_id=ref_lm.model.model_id, decode="torch")
+        peers["fak-float32-torch-decode"] = (lambda: fak_prefill(torch_path),
+                                             lambda: fak_generate(torch_path, args.new_tokens))
 
     log("warming up ...")
-    fak_prefill(), fak_generate(4), hf_generate(short_ids, 4)
-
-    log("prefill ...")
-    t_fak_prefill, _ = best_of(fak_prefill, args.repeat)
-    t_hf_prefill, _ = best_of(lambda: hf_generate(long_ids, 1), args.repeat)
-
-    log("decode ...")
-    t_fak_first, _ = best_of(lambda: fak_generate(1), args.repeat)
-    t_fak_all, fak_tokens = best_of(lambda: fak_generate(args.new_tokens), args.repeat)
-    t_hf_first, _ = best_of(lambda: hf_generate(short_ids, 1), args.repeat)
-    t_hf_all, hf_tokens = best_of(lambda: hf_generate(short_ids, args.new_tokens), args.repeat)
-    t_torch_first, _ = best_of(lambda: fak_generate(1, torch_decode), args.repeat)
-    t_torch_all, torch_tokens = best_of(lambda: fak_generate(args.new_tokens, torch_decode), args.repeat)
-    log("bare matrix-vector passes ...")
-    bare = bare_passes(model, args.repeat)
+    for m in models.values():
+        fak_generate(m, 4)
+    if llama is not None:
+        llama_decode(4)
+    best: dict[str, list[float]] = {k: [float("inf")] * 2 for k in peers}
+    tokens: dict[str, object] = {}
+    for r in range(args.repeat):
+        log(f"round {r + 1}/{args.repeat} ...")
+        for name, (prefill, decode) in peers.items():
+            t0 = time.perf_counter()
+            prefill()
+            best[name][0] = min(best[name][0], time.perf_counter() - t0)
+            tokens[name], seconds = decode()
+            best[name][1] = min(best[name][1], seconds)
     steps = args.new_tokens - 1
-    fak_decode = steps / (t_fak_all - t_fak_first)
-    hf_decode = steps / (t_hf_all - t_hf_first)
-    torch_decode_tps = steps / (t_torch_all - t_torch_first)
-    fak_prefill_tps = len(long_ids) / t_fak_prefill
-    hf_prefill_tps = len(long_ids) / t_hf_prefill
-    same = fak_tokens == hf_tokens
-    first_diff = next((i for i, (a, b) in enumerate(zip(fak_tokens, hf_tokens, strict=False)) if a != b), None)
+    rows = {name: {"prefill_tok_s": len(long_ids) / b[0], "decode_tok_s": steps / b[1]} for name, b in best.items()}
 
-    gap = None
-    if first_diff is not None:
-        # how close the two candidates were where greedy decoding first parted
-        cache = model.new_cache()
-        logits = model.forward(short_ids + fak_tokens[:first_diff], cache)[-1]
-        gap = float(logits[fak_tokens[first_diff]] - logits[hf_tokens[first_diff]])
+    log("quality gap to float32 ...")
+    reference = ref_lm.model
+    quality = {m: quality_gap(reference, model, tok) for m, model in models.items() if m != "float32"}
+    bare = bare_passes(reference, args.repeat) if args.explain else None
 
-    results = {
-        "model": str(path.name),
-        "dtype": "float32",
-        "prefill_tokens": len(long_ids),
-        "prompt_tokens": len(short_ids),
-        "new_tokens": args.new_tokens,
-        "fak_prefill_tok_s": fak_prefill_tps,
-        "hf_prefill_tok_s": hf_prefill_tps,
-        "prefill_ratio": fak_prefill_tps / hf_prefill_tps,
-        "fak_decode_tok_s": fak_decode,
-        "hf_decode_tok_s": hf_decode,
-        "decode_ratio": fak_decode / hf_decode,
-        "fak_decode_backend": model.decode,
-        "fak_torch_decode_tok_s": torch_decode_tps,
-        "torch_decode_identical_tokens": torch_tokens == hf_tokens,
-        "weight_bytes_per_token": bare["bytes"],
-        "bare_mv_torch_tok_s": 1 / bare["torch_mv"],
-        "bare_mv_numpy_tok_s": 1 / bare["numpy_mv"],
-        "sgemv_torch_gb_s": bare["bytes"] / bare["torch_mv"] / 1e9,
-        "sgemv_numpy_gb_s": bare["bytes"] / bare["numpy_mv"] / 1e9,
-        "read_gb_s": bare["bytes"] / bare["read"] / 1e9,
-        "fak_decode_share_of_bare_numpy_pass": fak_decode * bare["numpy_mv"],
+    hf_tokens = tokens["transformers"]
+    results: dict[str, object] = {
+        "model": path.name, "threads": args.threads, "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "prefill_tokens": len(long_ids), "prompt_tokens": len(short_ids), "new_tokens": args.new_tokens,
+        "repeat": args.repeat, "peers": rows, "quality_vs_float32": quality,
+        "llama_cpp": llama.version if llama else None,
         "hf_attn_implementation": hf.config._attn_implementation,
-        "identical_output_tokens": same,
-        "first_token_difference": first_diff,
-        "logit_gap_at_first_difference": gap,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(f"{'':<10}{'prefill tok/s':>15}{'decode tok/s':>15}")
-    print(f"{'fak':<10}{fak_prefill_tps:>15.1f}{fak_decode:>15.2f}")
-    print(f"{'hf':<10}{hf_prefill_tps:>15.1f}{hf_decode:>15.2f}")
-    print(f"{'ratio':<10}{results['prefill_ratio']:>15.3f}{results['decode_ratio']:>15.3f}")
-    print(f"fak decode through torch (the off-CPU path): {torch_decode_tps:.2f} tok/s")
-    print(f"bare matrix-vector pass over {bare['bytes'] / 1e6:.0f} MB of weights: torch {1 / bare['torch_mv']:.1f} "
-          f"tok/s ({results['sgemv_torch_gb_s']:.1f} GB/s), numpy {1 / bare['numpy_mv']:.1f} tok/s "
-          f"({results['sgemv_numpy_gb_s']:.1f} GB/s); plain read {results['read_gb_s']:.1f} GB/s")
-    print(f"identical greedy tokens: {same} (first difference: {first_diff}, fak's logit gap between "
-          f"its choice and transformers' there: {gap})")
-    targets = [
-        target("decode_ratio_vs_transformers", results["decode_ratio"], 1.25, ">="),
-        target("prefill_ratio_vs_transformers", results["prefill_ratio"], 1.0, ">="),
-        target("identical_output_tokens", float(same), 1.0, ">="),
-    ]
+    for name in rows:
+        if name.startswith("fak-"):
+            rows[name]["decode_vs_transformers"] = rows[name]["decode_tok_s"] / rows["transformers"]["decode_tok_s"]
+            rows[name]["prefill_vs_transformers"] = rows[name]["prefill_tok_s"] / rows["transformers"]["prefill_tok_s"]
+            if llama is not None:
+                rows[name]["decode_vs_llama_cpp"] = rows[name]["decode_tok_s"] / rows["llama.cpp"]["decode_tok_s"]
+                rows[name]["prefill_vs_llama_cpp"] = rows[name]["prefill_tok_s"] / rows["llama.cpp"]["prefill_tok_s"]
+            rows[name]["greedy_tokens_equal_transformers"] = tokens[name] == hf_tokens
+    if llama is not None:
+        rows["llama.cpp"]["greedy_tokens_equal_transformers"] = tokens["llama.cpp"] == hf_tokens
+    if bare is not None:
+        results["bare_pass_tok_s"] = {k: 1 / v for k, v in bare.items() if k != "bytes"}
+        results["weight_bytes_float32"] = bare["bytes"]
+
+    print(f"\nthreads={args.threads}  prefill {len(long_ids)} tokens; decode {args.new_tokens} after {len(short_ids)}")
+    print(f"{'':<26}{'prefill tok/s':>14}{'decode tok/s':>14}{'dec/llama':>11}{'pre/llama':>11}{'dec/hf':>9}")
+    for name, row in rows.items():
+        print(f"{name:<26}{row['prefill_tok_s']:>14.1f}{row['decode_tok_s']:>14.2f}"
+              f"{row.get('decode_vs_llama_cpp', float('nan')):>11.3f}{row.get('prefill_vs_llama_cpp', float('nan')):>11.3f}"
+              f"{row.get('decode_vs_transformers', float('nan')):>9.3f}")
+    for m, q in quality.items():
+        print(f"quality {m:<9} vs float32: argmax match {q['argmax_match']:.3f}, mean KL {q['mean_kl']:.2e} "
+              f"over {q['positions']} positions")
+
+    targets = []
+    if "fak-float32" in rows:
+        f32 = rows["fak-float32"]
+        targets += [
+            target("float32_decode_vs_transformers", f32["decode_vs_transformers"], 1.25, ">="),
+            target("float32_prefill_vs_transformers", f32["prefill_vs_transformers"], 1.0, ">="),
+            target("float32_greedy_tokens_equal_transformers", float(f32["greedy_tokens_equal_transformers"]), 1.0, ">="),
+        ]
+    for m in (SERVING_DEFAULT, "int8"):
+        if f"fak-{m}" not in rows:
+            continue
+        row = rows[f"fak-{m}"]
+        if llama is not None:
+            targets += [target(f"{m}_decode_vs_llama_cpp", row["decode_vs_llama_cpp"], 1.0, ">="),
+                        target(f"{m}_prefill_vs_llama_cpp", row["prefill_vs_llama_cpp"], 1.0, ">=")]
+        targets.append(target(f"{m}_argmax_match_vs_float32", quality[m]["argmax_match"], 0.98, ">="))
     report("decode", results, targets, args.json)
 
 
