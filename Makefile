@@ -33,6 +33,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	@mkdir -p bench/out
+	# the llama.cpp peer of bench/decode.py (the bench extra; built from source once, ~10 min)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"
 	# every benchmark; common.py is their shared helpers and train_*.py rebuild model files, not benchmarks
 	for b in bench/*.py; do case $$(basename $$b) in common.py|train_*) continue;; esac; \
 		$(BIN)/python $$b --json bench/out/$$(basename $$b .py).json || exit 1; done
