@@ -22,6 +22,7 @@ stateless agent call) bound to one tenant's prefix cache and PIC registry, live:
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -148,7 +149,8 @@ def structural(enc: Encoded, seen: set[tuple[int, ...]], seen_regions: set[tuple
     return sum(covered[lo:])
 
 
-def run_pattern(lm, pattern: str, n: int, samples: int, new_tokens: int, tenant_ns: bytes) -> dict:  # noqa: ANN001
+def run_pattern(lm, pattern: str, n: int, samples: int, new_tokens: int, tenant_ns: bytes,  # noqa: ANN001
+                partial: str | None = None) -> dict:
     model, tok = lm.model, lm.tokenizer
     reqs = workloads.trace(pattern, n)
     encoded = [encode(tok, r) for r in reqs]
@@ -185,6 +187,9 @@ def run_pattern(lm, pattern: str, n: int, samples: int, new_tokens: int, tenant_
         seen_regions.update(tuple(ids[a:b]) for a, b in region_spans(enc))
         if (i + 1) % 10 == 0:
             log(f"  {pattern}: {i + 1}/{n} requests, registry {registry.nbytes / 2**20:.0f} MiB")
+            if partial:  # a long run leaves what it has measured so far
+                Path(partial).write_text(json.dumps({"pattern": pattern, "rows": rows, "quality": quality,
+                                                     "ttft": ttft, "sampled": picked, "checks": checks}))
     total = sum(r["tokens"] for r in rows)
     exact_off = sum(r["exact_only"] for r in rows)
     served_on = sum(r["exact_on"] + r["pic_on"] for r in rows)
@@ -261,8 +266,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--patterns", default=",".join(workloads.PATTERNS))
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     log("loading model ...")
     lm = load_model()
     ns = namespace(tenant_salt(bytes(32), "bench"), lm.model.model_id)
@@ -270,7 +278,8 @@ def main() -> None:
     targets = []
     for pattern in args.patterns.split(","):
         log(f"{pattern}: {args.requests} requests")
-        r = results[pattern] = run_pattern(lm, pattern, args.requests, args.samples, args.new_tokens, ns)
+        r = results[pattern] = run_pattern(lm, pattern, args.requests, args.samples, args.new_tokens, ns,
+                                           f"{args.json}.{pattern}.partial" if args.json else None)
         targets.append(target(f"{pattern}: PIC of structural upper bound", r["pic_of_upper_bound"], 0.90, ">="))
         q = r["quality"]
         if "pic" in q and "naive" in q:
