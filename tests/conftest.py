@@ -18,6 +18,9 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FAK_DATA_DIR", str(tmp_path_factory.mktemp("data")))
     monkeypatch.delenv("FAK_DATABASE_URL", raising=False)
     monkeypatch.delenv("FAK_MASTER_SECRET", raising=False)
+    # the reference weights, as the shared models (tiny_lm, smollm2) load them: a Kernel a test or its
+    # child process opens from Settings then computes the same KV (fingerprints are per weight format)
+    monkeypatch.setenv("FAK_WEIGHTS", "float32")
 
 
 def _pg_answers() -> bool:

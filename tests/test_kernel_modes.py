@@ -175,3 +175,26 @@ def test_quality_gap_to_float32_smollm2(smollm2) -> None:
     # int8 (activations quantised too) is approximate: measured 0.87 / KL 0.05 here; a floor
     # against regressions (without SmoothQuant and per-row scales it was 0.37 / KL 1.9)
     assert gaps["int8"][0] >= 0.75 and gaps["int8"][1] < 0.2, gaps
+
+
+def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch) -> None:
+    """Through the façade: ``Settings.weights`` picks the mode (the suite pins float32 in
+    conftest; the serving default is float16), and a forget's receipt holds the same
+    fingerprint-equals-replay witness in it."""
+    from fak import Kernel, Settings
+
+    monkeypatch.delenv("FAK_WEIGHTS")
+    from fak.kernel.quant import fbgemm_supported
+
+    assert Settings().weights == ("float16" if fbgemm_supported() else "float32")  # the serving default
+    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights="int8")
+    with Kernel.open(settings, progress=None) as k:
+        assert k.model.weight_format == "int8" and k.model_id.endswith("+int8")
+        s = k.session("acme")
+        s.append("system", "You are a travel assistant.")
+        ref = s.admit("flight_status", b"LH123 is on time, gate B22.").ref
+        s.append("user", "Is my flight on time?")
+        receipt = k.forget("acme", ref, requested_by="dpo", reason="test")
+        (after,) = receipt.sessions
+        assert after.fingerprint_after == after.fingerprint_replay
+        assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint()
