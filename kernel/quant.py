@@ -2,24 +2,22 @@
 
 ``float32`` is the reference (oracle-close to transformers); the others trade
 that for speed, because a decode step reads every weight once and is bound by
-memory bandwidth:
+memory bandwidth (docs/decode.md has the measurements):
 
-- ``int8``: per-output-channel symmetric int8 weights, multiplied by fbgemm's
-  dynamic-quantised linear (the activation row is quantised to uint8 on the fly,
-  products accumulate in int32 with AVX-512 VNNI / AVX2). A quarter of float32's
-  bytes per token, and fbgemm is ~2-20x faster than torch's float32 matrix-vector
-  products on the project's CPU (bfloat16 matmuls and ``_weight_int8pack_mm``
-  were measured slower than float32 there).
-- ``bfloat16``: weights stored in bfloat16, activations cast to bfloat16 at
-  each product, results back in float32. Half the bytes; on CPUs whose bfloat16
-  matrix-vector kernels are slow it is slower than float32 (``bench/decode.py``
-  reports it).
+- ``float16``: fbgemm's packed float16 linear; activations and sums stay float32,
+  so it keeps float32's argmax on the quality prompt set at half the bytes.
+  The serving default where fbgemm exists (x86-64 CPU builds of torch).
+- ``int8``: per-row int8 weights through fbgemm's dynamic-quantised linear
+  (activations quantised to 8 bits per call, int32 sums; VNNI where the CPU has
+  it); a quarter of the bytes, the fastest products, and approximate.
+- ``bfloat16``: torch bfloat16 matmuls (slower than float32 for matrix-vector
+  products on the project's CPU; kept because it runs on any device).
 
 Every format is deterministic: the same input bytes give the same output bytes,
-so two runs that make the same calls are bit-exact within a format. The dynamic
-int8 linear quantises each call's whole input with one scale, so a row's result
-depends on the other rows of its call: the same calls, not the same rows, are
-what make a result repeat (as for the prefix cache already).
+so two runs that make the same calls are bit-exact within a format. A row's
+result may depend on the other rows of its call (a blocked GEMM's order, int8's
+activation scale): the same calls, not the same rows, are what make a result
+repeat, as for the prefix cache already.
 """
 
 from __future__ import annotations
