@@ -7,9 +7,10 @@ stateless agent call) bound to one tenant's prefix cache and PIC registry, live:
 * **Recovery** (every request): prompt tokens served by the exact prefix cache and by
   PIC above it. ``exact_only`` is what exact prefix reuse alone serves (an unbounded
   prefix cache over every earlier request, from call keys: the match ``Session`` uses;
-  checked live on the sampled requests). The structural upper bound counts the tokens
-  beyond position 32 and beyond ``exact_only`` that lie in a 32-token run seen in an
-  earlier request: content that repeats at a shifted position, whatever the chunking.
+  checked live on the sampled requests). The structural upper bound is the exact prefix
+  of either configuration plus the tokens beyond it and beyond position 32 that lie in a
+  32-token run or a whole region an earlier request held: content that repeats at a
+  shifted position, whatever the chunking.
 * **Quality** (sampled requests): the full prefill's greedy continuation (32 tokens) is
   teacher-forced through each setting; per token KL(p_full‖p_x), argmax match and first
   divergence. Settings: exact prefix only, PIC (r = 0), naive reuse (no re-rotation),
@@ -175,11 +176,14 @@ def run_pattern(lm, pattern: str, n: int, samples: int, new_tokens: int, tenant_
     for i, enc in enumerate(encoded):
         ids = enc.ids
         exact_off = exact_only(keys_exact, plans_exact, i)
-        ub = structural(enc, seen, seen_regions, exact_off)
         if i in picked:
             quality_for(lm, enc, prefix, registry, tenant_ns, new_tokens, quality, ttft,
                         exact_off, checks)
         s, _, t = serve(model, tok, enc, PrefixBinding(prefix, tenant_ns), PicBinding(registry, tenant_ns))
+        # the exact prefix of either configuration (PIC's smaller calls can match whole chunks
+        # that 512-token calls cannot), then what repeats beyond it
+        exact = max(exact_off, s.prefix_hit_tokens)
+        ub = exact - exact_off + structural(enc, seen, seen_regions, exact)
         rows.append({"tokens": len(ids), "exact_only": exact_off, "exact_on": s.prefix_hit_tokens,
                      "pic_on": s.pic_hit_tokens, "structural_above_exact": ub, "ttft_on_s": t})
         for k in range(len(ids) - NGRAM + 1):
@@ -280,7 +284,8 @@ def main() -> None:
         log(f"{pattern}: {args.requests} requests")
         r = results[pattern] = run_pattern(lm, pattern, args.requests, args.samples, args.new_tokens, ns,
                                            f"{args.json}.{pattern}.partial" if args.json else None)
-        targets.append(target(f"{pattern}: PIC of structural upper bound", r["pic_of_upper_bound"], 0.90, ">="))
+        targets.append(target(f"{pattern}: PIC above exact, of the structural bound", r["pic_of_upper_bound"],
+                              0.90, ">="))
         q = r["quality"]
         if "pic" in q and "naive" in q:
             targets.append(target(f"{pattern}: KL naive - KL PIC", q["naive"]["kl"] - q["pic"]["kl"], 0.0, ">="))
@@ -290,8 +295,8 @@ def main() -> None:
         if "pic" in tt and "exact_prefix" in tt:
             targets.append(target(f"{pattern}: TTFT exact / TTFT PIC", tt["exact_prefix"] / tt["pic"], 1.0, ">="))
     if "agent_meta" in results:
-        targets.insert(0, target("agent_meta: PIC above exact, of prompt tokens",
-                                 results["agent_meta"]["pic_above_exact_fraction"], 0.77, ">="))
+        targets.insert(0, target("agent_meta: PIC-served, of prompt tokens",
+                                 results["agent_meta"]["pic_fraction"], 0.77, ">="))
     report("pic", {"patterns": results, "settings": SETTINGS, "ngram": NGRAM}, targets, args.json)
     if not all(math.isfinite(t["value"]) for t in targets):
         raise SystemExit("non-finite figure")

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
                                   "served only where the policy's reuse.pic_approximate allows)")
     tenant_pic_budget_bytes: int | None = Field(256 * MiB, ge=0, description="one tenant's PIC chunks")
     pic_recompute_first: int = Field(0, ge=0, le=512, description="tokens of each PIC chunk prefilled fresh")
-    pic_blend_fraction: float = Field(0.15, ge=0.0, le=1.0, description="share of each run of PIC chunks recomputed where "
+    pic_blend_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of each run of PIC chunks recomputed where "
                                       "its layer-1 KV deviates most (CacheBlend-style selective recompute)")
     session_kv_budget_bytes: int | None = Field(
         2048 * MiB, ge=0, description="KV of loaded sessions; idle ones past it are offloaded (ledger kept)"
