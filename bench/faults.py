@@ -114,7 +114,7 @@ def main() -> None:
     data_dir.mkdir(mode=0o700)
     url = args.database_url or f"sqlite:///{data_dir / 'fak.db'}"
     keys = create_keys(data_dir, url)
-    server = Server(data_dir, url)
+    server = Server(data_dir, url, env={"FAK_SESSION_KV_BUDGET_BYTES": str(1024 << 20)})
     led = Ledger()
     trials = []
     lost_total = 0

@@ -131,6 +131,8 @@ def test_killed_cas_forget_between_key_and_ciphertext(db_url, tmp_path) -> None:
 
 @pytest.mark.parametrize("point", ["cas.rotate.after_new_kek", "cas.rotate.after_batch", "keyops.rotate.before_log"])
 def test_killed_rotation_leaves_every_ref_readable(db_url, tmp_path, point) -> None:
+    if point == "cas.rotate.after_new_kek" and not db_url.startswith("sqlite"):
+        pytest.skip("the same rows as after_batch on PostgreSQL (kept short: run on SQLite)")
     data_dir = tmp_path / "d"
     refs = _seed(data_dir, db_url)
     _child(point, "rotate", data_dir, db_url)
@@ -161,6 +163,8 @@ def test_killed_rotation_leaves_every_ref_readable(db_url, tmp_path, point) -> N
 def test_killed_first_start_starts_cleanly_next_time(db_url, tmp_path, point) -> None:
     if point.startswith(("keys.", "audit.")) and not db_url.startswith("sqlite"):
         pytest.skip("a key file in the data directory: the database does not matter (run on SQLite)")
+    if point == "cas.keyring.before_commit.digest" and not db_url.startswith("sqlite"):
+        pytest.skip("the key database is SQLite in the data directory by default (run on SQLite)")
     data_dir = tmp_path / "d"
     data_dir.mkdir(mode=0o700)
     _child(point, "first_start", data_dir, db_url)
