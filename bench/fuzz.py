@@ -98,6 +98,8 @@ def child(name: str, runs: int, max_time: int, artifacts: Path, seed: int) -> No
     if atheris is not None:
         with atheris.instrument_imports(include=["fak.policy"]):
             one = _target(name)
+        for s in _seeds(name):  # first calls build lazy state (plans, pattern databases): ~1 s, not a hang
+            one(s)
         corpus = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))
         for i, s in enumerate(_seeds(name)):
             (corpus / f"seed{i}").write_bytes(s)
@@ -111,6 +113,8 @@ def child(name: str, runs: int, max_time: int, artifacts: Path, seed: int) -> No
     one = _target(name)
     rng = random.Random(seed)
     seeds = _seeds(name)
+    for s in seeds:  # warm-up, as above
+        one(s)
     t0, n, slowest = time.monotonic(), 0, 0.0
     while n < runs and time.monotonic() - t0 < max_time:
         data = bytearray(rng.choice(seeds))
