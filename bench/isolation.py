@@ -141,9 +141,11 @@ def main() -> None:
                     hit_tokens[name].append(hits(tenant) - before)
                 if i % 10 == 9:
                     log(f"  {i + 1}/{args.samples} rounds, {time.perf_counter() - t_start:.0f} s")
-            # B's own chat-template header is a hit in every B request (B sent it before): what
-            # acme's prompt adds to a B request is its hits beyond those of B's fresh prompt
-            b_cross_hits = max(c - m for c, m in zip(hit_tokens["b_cross"], hit_tokens["b_miss"], strict=True))
+            # B's own earlier prompts share a few leading tokens with a new one (the chat template's
+            # header, a nonce's first characters): 0-4 hit tokens in B's own namespace on any prompt. A
+            # leak of A's prompt would serve B the whole prompt (as A's second session is: ~250 tokens),
+            # so the test is that B's hits on A's prompts stay within those on fresh prompts
+            b_cross_hits = max(hit_tokens["b_cross"]) - max(hit_tokens["b_miss"])
             for c in clients.values():
                 c.close()
 
@@ -164,7 +166,7 @@ def main() -> None:
           f"permutation p = {results['b_cross_vs_b_miss']['permutation_p_median']:.3f}")
     print(f"  a_hit  vs b_miss: Mann-Whitney p = {control['p']:.2e} (AUC {control['effect_auc']:.2f})")
     targets = [
-        target("B hit tokens on A's prompt beyond a fresh one (max)", b_cross_hits, 0, "<="),
+        target("B's max hit tokens on A's prompts - on fresh ones", b_cross_hits, 0, "<="),
         target("B cross vs B miss: Mann-Whitney p (no difference)", cross["p"], 0.01, ">="),
         target("A hit vs B miss: Mann-Whitney p (probe sees a hit)", control["p"], 0.001, "<="),
     ]
