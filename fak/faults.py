@@ -10,7 +10,7 @@ row not committed), ``cas.forget.after_key_commit`` (key row deleted, ciphertext
 (a KEK, digest or check key being created), ``keyops.rotate.before_log``,
 ``keys.master.before_link`` and ``audit.signing_key.before_link`` (first-start key files),
 ``forget.after_requested``, ``forget.after_session``, ``forget.before_shred``,
-``forget.before_completed``.
+``forget.before_completed``, ``forget.after_completed``.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_shred",
-                                   "forget.before_completed"])
+                                   "forget.before_completed", "forget.after_completed"])
 def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         held = _holding(k, "acme")
