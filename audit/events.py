@@ -193,7 +193,7 @@ class SessionRebuilt(_Event):
     segments: Count
     tokens: Count
     fingerprint: Digest
-    cause: Literal["restart", "offload"]
+    cause: Literal["restart", "offload", "model_changed"]  # model_changed: another model or weight format
 
 
 class PolicyLoaded(_Event):

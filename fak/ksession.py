@@ -300,9 +300,15 @@ class KernelSession:
             seg.expires_turn = row.expires_turn
         s.pic = pic
         fingerprint = s.fingerprint()
-        if head.approximate:
-            # REROPE left KV no replay reproduces; the replay is the exact state of the same
-            # ledger (what RECOMPUTE would have given), so it replaces it, and is recorded
+        if head.model_id != k.model_id:
+            # recorded under another model or weight format (FAK_WEIGHTS changed): the same
+            # ledger computes other bytes here; the replay becomes the state, and says why
+            self._cause = "model_changed" if self._cause != "rollback" else self._cause
+            self._mech = s
+            self._persist(fingerprint=fingerprint)
+        elif head.approximate:
+            # REROPE or PIC left KV no replay reproduces; the replay is the exact state of the
+            # same ledger (what RECOMPUTE would have given), so it replaces it, and is recorded
             self._mech = s
             self._persist(fingerprint=fingerprint)
         elif fingerprint != head.fingerprint:

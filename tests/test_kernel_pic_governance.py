@@ -104,3 +104,4 @@ def test_a_reload_that_forbids_approximate_reuse_stops_pic(pic_kernel) -> None:
     piece = second.materialise({"refs": [ref]}).pieces[0]
     assert (piece.verdict.value, piece.reason, piece.exact, piece.pic_tokens) == ("RECOMPUTE", "policy_drift", True, 0)
     assert second.fingerprint() == second.replay_fingerprint()
+
