@@ -105,3 +105,24 @@ def test_a_reload_that_forbids_approximate_reuse_stops_pic(pic_kernel) -> None:
     assert (piece.verdict.value, piece.reason, piece.exact, piece.pic_tokens) == ("RECOMPUTE", "policy_drift", True, 0)
     assert second.fingerprint() == second.replay_fingerprint()
 
+
+
+def test_identical_prompts_never_hit_across_tenants(pic_kernel) -> None:
+    """Tenant B sends what tenant A sent (and A's chunks sit in the registry): B gets no PIC
+    and no prefix hit; A, sending the same, does (so the probe can see a hit)."""
+    k = pic_kernel
+    body = DOC.decode() + " Which of these changes affect the CLI?"
+    seed = k.session("acme")
+    seed.append("system", "You are a release assistant.")
+    seed.append("user", body)
+    probes = {}
+    for tenant in ("globex", "acme"):
+        same = k.session(tenant)  # A's very prompt: the exact prefix cache's probe
+        same.append("system", "You are a release assistant.")
+        same.append("user", body)
+        shifted = k.session(tenant)  # A's body after another header: the PIC registry's probe
+        shifted.append("system", "Request 7f3a, locale en-GB, user 4411. You are a release assistant.")
+        shifted.append("user", body)
+        probes[tenant] = (same.prefix_hit_tokens, shifted._mech.pic_hit_tokens)
+    assert probes["globex"] == (0, 0)
+    assert probes["acme"][0] > 0 and probes["acme"][1] > 0

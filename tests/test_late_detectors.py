@@ -205,9 +205,8 @@ def test_submit_is_refused_when_nothing_applies_or_the_queue_is_full(rec: Record
         assert r.submit(_job("r0", "attack"))
         assert det.running.wait(5)  # the worker holds r0; the queue is empty again
         assert r.submit(_job("r1", "attack")) and r.submit(_job("r2", "benign"))
-        t0 = time.perf_counter()
-        assert not r.submit(_job("r3", "attack"))  # full: refused at once, never waits
-        assert time.perf_counter() - t0 < 0.05
+        # full: refused at once (a submit that waited for room would hang here: the gate is shut)
+        assert not r.submit(_job("r3", "attack"))
         assert r.stats["dropped"] == 1 and r.stats["queued"] == 2
         assert not r.wait_idle(0.05)
         gate.set()
@@ -522,9 +521,10 @@ def test_late_detector_evicts_exactly(tmp_path: Path, tiny_dir: Path, tiny_lm, j
         s = k.session("acme")
         s.append("system", "You are a billing assistant.")
         s.append("user", "Summarise my invoices.")
-        t0 = time.perf_counter()
+        # the judge answers only after release.set(): an admission that waited for it would hang
+        # here, or return after the judge's timeout with an error recorded
         admitted = s.admit("web_fetch", POLITE)
-        assert time.perf_counter() - t0 < 5  # admission did not wait for the judge (it is held)
+        assert k._late is not None and k._late.stats["errors"] == 0
         assert admitted.verdict.kind == "ALLOW"  # the synchronous gate saw nothing
         ref = admitted.ref
         s.admit("weather", b"Weather in Boston: light rain, 9 degrees.")  # trusted: never judged
