@@ -117,12 +117,12 @@ def test_identical_prompts_never_hit_across_tenants(pic_kernel) -> None:
     seed.append("user", body)
     probes = {}
     for tenant in ("globex", "acme"):
-        same = k.session(tenant)  # A's very prompt: the exact prefix cache's probe
-        same.append("system", "You are a release assistant.")
-        same.append("user", body)
         shifted = k.session(tenant)  # A's body after another header: the PIC registry's probe
         shifted.append("system", "Request 7f3a, locale en-GB, user 4411. You are a release assistant.")
         shifted.append("user", body)
+        same = k.session(tenant)  # A's very prompt: the exact prefix cache's probe
+        same.append("system", "You are a release assistant.")
+        same.append("user", body)
         probes[tenant] = (same.prefix_hit_tokens, shifted._mech.pic_hit_tokens)
     assert probes["globex"] == (0, 0)
     assert probes["acme"][0] > 0 and probes["acme"][1] > 0
