@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from fak.kernel import blockdot
 from fak.kernel.config import ModelError
 from fak.kernel.model import Llama, Weights
 from fak.kernel.tokenizer import ChatTokenizer
@@ -51,7 +52,8 @@ def load_model(
     """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder.
 
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
-    oracle-close reference; ``int8`` or ``bfloat16``, faster modes: ``kernel/quant.py``);
+    oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own
+    blocks), faster modes: ``kernel/quant.py``);
     ``kv_dtype`` that of the KV cache (default ``dtype``)."""
     src = Path(path).expanduser() if path is not None else default_model_path()
     if not src.exists():
@@ -64,5 +66,6 @@ def load_model(
         cfg, weights, tok_folder = load_gguf(src, progress)
         model_id = f"gguf:{tok_folder.name}"
     weights = _to(weights, torch.device(device), dtype)
-    model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype)
+    blocks = blockdot.gguf_blocks(src, cfg) if weight_format == "gguf" and src.is_file() else None
+    model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype, blocks=blocks)
     return LoadedModel(model=model, tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

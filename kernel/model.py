@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fak.kernel import blas_decode, rope
+from fak.kernel import blas_decode, blockdot, rope
 from fak.kernel.config import ModelConfig
 from fak.kernel.fast_decode import FastDecoder, build_linears
 from fak.kernel.kv_cache import KVCache
@@ -129,6 +129,7 @@ class Llama:
         decode: str = "auto",
         weight_format: str = "float32",
         kv_dtype: torch.dtype | None = None,
+        blocks: dict[str, blockdot.BlockMatrix] | None = None,
     ) -> None:
         """``decode`` picks the one-token path: ``blas`` (numpy, CPU float32 only),
         ``torch``, or ``auto`` (``blas`` where supported). Keep one choice for a
@@ -138,7 +139,8 @@ class Llama:
         is that of the linear layers and the LM head; only ``float32`` is oracle-close,
         the others are their own modes, bit-exact within themselves, and carry it in
         ``model_id`` so no cache mixes rows of two modes. ``kv_dtype`` is the cache's
-        (default: the weights' dtype)."""
+        (default: the weights' dtype). ``blocks`` are the model file's quantised blocks,
+        used by ``gguf`` (``kernel/blockdot.py``; without them its products are Q8_0)."""
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
         if decode not in DECODE_BACKENDS:
@@ -157,6 +159,8 @@ class Llama:
             raise ValueError("weight_format='int8' runs on CPU builds of torch with a quantized engine only")
         if weight_format == "float16" and (self.device.type != "cpu" or not fbgemm_supported()):
             raise ValueError("weight_format='float16' runs on x86-64 CPU builds of torch (fbgemm) only")
+        if weight_format == "gguf" and self.device.type != "cpu":
+            raise ValueError("weight_format='gguf' runs on the CPU only")
         self.weight_format = weight_format
         suffix = "" if weight_format == "float32" else f"+{weight_format}"
         if self.kv_dtype != self.dtype:
@@ -165,7 +169,10 @@ class Llama:
         self.inv_freq = rope.inv_freq(cfg, self.device)
         self.scaling = cfg.head_dim**-0.5
         # float32 linears are F.linear on the weights themselves: the reference ops, no copy
-        self.lin, self.head = build_linears(cfg, weights, weight_format)
+        if weight_format == "gguf":
+            self.lin, self.head = blockdot.build_block_linears(cfg, weights, blocks)
+        else:
+            self.lin, self.head = build_linears(cfg, weights, weight_format)
         reference = weight_format == "float32" and self.kv_dtype == self.dtype
         blas_ok = reference and blas_decode.supported(self.device, self.dtype)
         if decode == "blas" and not blas_ok:
@@ -177,7 +184,10 @@ class Llama:
         self.decode = "blas" if use_blas else "torch"
         self._blas = blas_decode.BlasDecoder(cfg, weights) if use_blas else None
         # the torch path of the reference mode stays op for op what it was (oracle-close)
-        self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
+        if weight_format == "gguf" and self.kv_dtype == torch.float32:
+            self._fast = blockdot.BlockDecoder(cfg, weights, self.lin, self.head)
+        else:
+            self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.cfg, capacity=capacity, device=self.device, dtype=self.kv_dtype)

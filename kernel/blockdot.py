@@ -1,0 +1,367 @@
+"""The ``gguf`` weight format: products over the model file's own quantised blocks.
+
+A GGUF file stores SmolLM2's layers as Q4_1 blocks and its embedding (the tied LM
+head) as Q8_0; the float32 reference computes with their dequantisation. This
+format keeps those blocks as they are (``Q4_1``: 4-bit codes, a float16 scale and
+minimum per 32 weights; ``Q8_0``: int8 codes and a float16 scale) and runs the
+products in C (``csrc/blockdot.c``) as llama.cpp does: the input row is quantised
+to int8 in blocks of 32 and each block's integer dot product is exact. So the
+weights are exactly the reference's, at 4.5 bits each, and only the inputs of the
+products are rounded. Tensors of other block types, and models that are not
+GGUF files (HF folders, the tests' random models), are quantised to Q8_0.
+
+The C file is compiled on first use with the system's C compiler (``cc -O3
+-march=native -fopenmp``) into the cache directory, keyed by its source and the
+flags, and loaded with ctypes; a machine without a compiler gets a clear error,
+and the other formats still work. One decode step is one C call (every layer,
+threads split rows and heads), so Python's per-op overhead is gone from decoding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fak.config import cache_dir
+from fak.kernel.config import ModelConfig, ModelError
+
+QK = 32
+Q4_1, Q8_0 = 0, 1
+SOURCE = Path(__file__).with_name("csrc") / "blockdot.c"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+MAX_HEAD_DIM = 256
+
+# --- building and loading the C library ------------------------------------------------
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise ModelError("weights='gguf' compiles a small C kernel on first use and found no C compiler (cc, gcc or clang)")
+    return cc
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernel, built once per source and flags (a cache hit is a file open)."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        cc = _compiler()
+        key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
+        target = cache_dir() / "kernels" / f"blockdot-{key}.so"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".tmp{os.getpid()}.so")
+            done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
+            if done.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise ModelError(f"weights='gguf': compiling {SOURCE.name} failed:\n{done.stderr.strip()[-2000:]}")
+            os.replace(tmp, target)  # another process may have built it too: same bytes
+        lib = ctypes.CDLL(str(target))
+        lib.fak_matmul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [
+            ctypes.c_void_p
+        ] * 3 + [ctypes.c_int]
+        lib.fak_matmul.restype = None
+        lib.fak_decode_step.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [
+            ctypes.c_int
+        ]
+        lib.fak_decode_step.restype = None
+        _lib = lib
+        return lib
+
+
+def available() -> bool:
+    """Whether the kernel builds and loads here (a C compiler is present)."""
+    try:
+        library()
+    except (ModelError, OSError):
+        return False
+    return True
+
+
+# --- ctypes mirrors of the C structs ---------------------------------------------------
+
+
+class _QMat(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p)] + [
+        (name, _QMat) for name in ("qkv", "o", "gate_up", "down")
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int64) for name in ("layers", "dim", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+    ] + [
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("embed", ctypes.c_void_p),
+        ("norm", ctypes.c_void_p),
+        ("head", _QMat),
+        ("layer", ctypes.c_void_p),
+    ]
+
+
+class _Cache(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("kraw", ctypes.c_void_p), ("v", ctypes.c_void_p), ("capacity", ctypes.c_int64)]
+
+
+class _Scratch(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")]
+
+
+# --- block matrices -----------------------------------------------------------------------
+
+
+@dataclass
+class BlockMatrix:
+    """A ``(rows, n)`` weight matrix in blocks of 32 along ``n``: ``q`` codes (Q4_1: 16
+    bytes a block, two 4-bit codes each; Q8_0: 32 int8), ``d`` scales and (Q4_1) ``m``
+    minimums as float16 bit patterns, ``(rows, n/32)``."""
+
+    kind: int
+    q: np.ndarray
+    d: np.ndarray
+    m: np.ndarray | None
+
+    @property
+    def rows(self) -> int:
+        return int(self.d.shape[0])
+
+    @property
+    def n(self) -> int:
+        return int(self.d.shape[1]) * QK
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.q, self.d, self.m) if a is not None)
+
+    @classmethod
+    def from_gguf(cls, kind_name: str, raw: np.ndarray, rows: int, n: int) -> BlockMatrix:
+        """A GGUF tensor's raw bytes (``rows * n/32`` blocks) split into codes and scales."""
+        nb = n // QK
+        if kind_name == "Q4_1":  # struct { half d; half m; uint8 qs[16]; }
+            blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, nb, 20)
+            return cls(
+                Q4_1,
+                np.ascontiguousarray(blocks[..., 4:]),
+                np.ascontiguousarray(blocks[..., 0:2]).view(np.uint16)[..., 0],
+                np.ascontiguousarray(blocks[..., 2:4]).view(np.uint16)[..., 0],
+            )
+        if kind_name == "Q8_0":  # struct { half d; int8 qs[32]; }
+            blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, nb, 34)
+            return cls(
+                Q8_0,
+                np.ascontiguousarray(blocks[..., 2:]).view(np.int8),
+                np.ascontiguousarray(blocks[..., 0:2]).view(np.uint16)[..., 0],
+                None,
+            )
+        raise ValueError(f"no kernel for {kind_name} blocks")
+
+    @classmethod
+    def quantise_q8_0(cls, w: torch.Tensor) -> BlockMatrix:
+        """float weights → Q8_0 as llama.cpp makes it (scale = absmax/127 per block, as float16)."""
+        a = w.detach().to(torch.float32).cpu().numpy()
+        rows, n = a.shape
+        blocks = a.reshape(rows, n // QK, QK)
+        d = (np.abs(blocks).max(axis=-1) / 127.0).astype(np.float16)
+        inv = np.divide(1.0, d.astype(np.float32), out=np.zeros(d.shape, np.float32), where=d != 0)
+        q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
+        return cls(Q8_0, np.ascontiguousarray(q), d.view(np.uint16), None)
+
+    def permute_rows(self, order: np.ndarray) -> BlockMatrix:
+        m = None if self.m is None else np.ascontiguousarray(self.m[order])
+        return BlockMatrix(self.kind, np.ascontiguousarray(self.q[order]), np.ascontiguousarray(self.d[order]), m)
+
+    @staticmethod
+    def cat(parts: list[BlockMatrix]) -> BlockMatrix:
+        """Rows of ``parts`` stacked (all of one kind and width)."""
+        kinds = {p.kind for p in parts}
+        if len(kinds) != 1:
+            raise ValueError("cannot stack block matrices of different kinds")
+        m = None if parts[0].m is None else np.concatenate([p.m for p in parts])  # type: ignore[misc]
+        return BlockMatrix(parts[0].kind, np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]), m)
+
+    def struct(self) -> _QMat:
+        return _QMat(
+            self.kind, self.rows, self.n, self.q.ctypes.data, self.d.ctypes.data, 0 if self.m is None else self.m.ctypes.data
+        )
+
+
+class BlockLinear:
+    """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/quant.py``)."""
+
+    def __init__(self, w: BlockMatrix) -> None:
+        if w.n % QK:
+            raise ValueError(f"a block matrix needs a width divisible by {QK}, not {w.n}")
+        self.w = w
+        self.out_features = w.rows
+        self._struct = w.struct()
+        self._lib = library()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            raise TypeError(f"block products take float32 inputs, not {x.dtype}")
+        lead = x.shape[:-1]
+        xs = x.reshape(-1, self.w.n).contiguous()
+        m = int(xs.shape[0])
+        y = torch.empty((m, self.w.rows), dtype=torch.float32)
+        nb = self.w.n // QK
+        xd, xsum = torch.empty(m * nb), torch.empty(m * nb)
+        xq = torch.empty(2 * m * self.w.n, dtype=torch.int8)
+        self._lib.fak_matmul(
+            ctypes.byref(self._struct), xs.data_ptr(), m, y.data_ptr(), self.w.rows,
+            xd.data_ptr(), xsum.data_ptr(), xq.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return y.reshape(*lead, self.w.rows)
+
+
+# --- loading blocks ---------------------------------------------------------------------------
+
+
+def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
+    """The blocks of every tensor the kernel can run as it is, HF-named, Q/K rows in HF order
+    (llama.cpp stores them rotary-permuted, as ``weights._unpermute`` undoes for floats)."""
+    from gguf import GGUFReader
+
+    from fak.kernel.weights import GGUF_TO_HF, _unpermute
+
+    reader = GGUFReader(str(path))
+    out: dict[str, BlockMatrix] = {}
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in ("Q4_1", "Q8_0") or len(t.shape) != 2:
+            continue
+        n, rows = int(t.shape[0]), int(t.shape[1])
+        if t.name == "token_embd.weight":
+            key = "model.embed_tokens.weight"
+        elif t.name == "output.weight":
+            key = "lm_head.weight"
+        elif t.name.startswith("blk."):
+            _, idx, part, _kind = t.name.split(".", 3)
+            if part not in GGUF_TO_HF:
+                continue
+            key = f"model.layers.{idx}.{GGUF_TO_HF[part]}.weight"
+        else:
+            continue
+        bm = BlockMatrix.from_gguf(kind, t.data, rows, n)
+        if t.name.startswith("blk.") and part in ("attn_q", "attn_k"):
+            heads = cfg.num_heads if part == "attn_q" else cfg.num_kv_heads
+            bm = bm.permute_rows(_unpermute(np.arange(rows), heads))
+        out[key] = bm
+    return out
+
+
+def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix] | None):  # noqa: ANN001, ANN201
+    """Every layer's four products and the LM head as block matrices: the file's own blocks
+    where ``blocks`` has them, Q8_0 of the float weights elsewhere."""
+    from fak.kernel.fast_decode import LayerLinears
+
+    blocks = blocks or {}
+
+    def get(name: str, fallback: torch.Tensor) -> BlockMatrix:
+        return blocks.get(name) or BlockMatrix.quantise_q8_0(fallback)
+
+    def fused(parts: list[tuple[str, torch.Tensor]]) -> BlockMatrix:
+        mats = [get(n, w) for n, w in parts]
+        if len({m.kind for m in mats}) > 1:
+            mats = [BlockMatrix.quantise_q8_0(w) for _, w in parts]
+        return BlockMatrix.cat(mats)
+
+    layers = []
+    for i, lw in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        qkv = fused([(p + "self_attn.q_proj.weight", lw.wq), (p + "self_attn.k_proj.weight", lw.wk),
+                     (p + "self_attn.v_proj.weight", lw.wv)])  # fmt: skip
+        gate_up = fused([(p + "mlp.gate_proj.weight", lw.w_gate), (p + "mlp.up_proj.weight", lw.w_up)])
+        o = get(p + "self_attn.o_proj.weight", lw.wo)
+        down = get(p + "mlp.down_proj.weight", lw.w_down)
+        layers.append(LayerLinears(*(BlockLinear(m) for m in (qkv, o, gate_up, down))))
+    tied = weights.lm_head is weights.embed
+    head = blocks.get("lm_head.weight") or (blocks.get("model.embed_tokens.weight") if tied else None)
+    return layers, BlockLinear(head or BlockMatrix.quantise_q8_0(weights.lm_head))
+
+
+# --- one decode step in C -------------------------------------------------------------------------
+
+
+class BlockDecoder:
+    """One decode step over every layer in one C call (float32 KV cache only)."""
+
+    def __init__(self, cfg: ModelConfig, weights, linears, head: BlockLinear) -> None:  # noqa: ANN001
+        if cfg.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"the block decoder takes head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}")
+        self.cfg = cfg
+        self._lib = library()
+        self._keep = [weights]  # the float tensors the structs point into
+        layers = (_Layer * cfg.num_layers)()
+        for i, (lw, ln) in enumerate(zip(weights.layers, linears, strict=True)):
+            layers[i] = _Layer(
+                lw.attn_norm.data_ptr(), lw.mlp_norm.data_ptr(), ln.qkv._struct, ln.o._struct,
+                ln.gate_up._struct, ln.down._struct,
+            )  # fmt: skip
+        self._layers = layers
+        self._model = _Model(
+            cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+            head.out_features, cfg.rms_norm_eps, cfg.head_dim**-0.5, weights.embed.data_ptr(),
+            weights.norm.data_ptr(), head._struct, ctypes.addressof(layers),
+        )  # fmt: skip
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        widest = max(D, F, cfg.num_heads * cfg.head_dim)
+        self._buf = {
+            "x": torch.empty(D),
+            "h": torch.empty(widest),
+            "qkv": torch.empty((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
+            "att": torch.empty(cfg.num_heads * cfg.head_dim),
+            "gu": torch.empty(2 * F),
+            "xd": torch.empty(widest // QK + 1),
+            "xs": torch.empty(widest // QK + 1),
+            "xq": torch.empty(2 * widest, dtype=torch.int8),
+        }
+        self._scores = torch.empty(0)
+        self.vocab = head.out_features
+
+    def step(self, token: int, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        """Run ``token`` at cache row ``cache.length`` (room reserved by the caller); return
+        its logits ``(1, vocab)``."""
+        if cache.dtype != torch.float32:
+            raise TypeError("the block decoder writes a float32 KV cache")
+        row = cache.length
+        need = self.cfg.num_heads * (row + 1)
+        if self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 2 * self._scores.numel()))
+        b = self._buf
+        scratch = _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs")),
+                           self._scores.data_ptr(), b["xq"].data_ptr())  # fmt: skip
+        kv = _Cache(cache.k.data_ptr(), cache.kraw.data_ptr(), cache.v.data_ptr(), int(cache.k.shape[1]))
+        cos = cos.reshape(-1).contiguous()
+        sin = sin.reshape(-1).contiguous()
+        logits = torch.empty((1, self.vocab))
+        self._lib.fak_decode_step(
+            ctypes.byref(self._model), int(token), row, cos.data_ptr(), sin.data_ptr(), ctypes.byref(kv),
+            ctypes.byref(scratch), logits.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return logits

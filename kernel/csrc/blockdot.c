@@ -1,0 +1,351 @@
+/* Block-quantised matrix products for fak's `gguf` weight format.
+ *
+ * Weights stay in the GGUF file's own blocks of 32 (Q4_1: 4-bit codes with a
+ * float16 scale and minimum; Q8_0: int8 codes with a float16 scale), so the
+ * products use exactly the weights the float32 reference dequantises. The input
+ * row is quantised to int8 in blocks of 32 (scale d, and s = d * sum of codes),
+ * as llama.cpp does, and every block's integer dot product is exact; only the
+ * float sums of the block results round. Each call is deterministic: the same
+ * inputs give the same bytes, whatever the thread count (rows are split between
+ * threads, and a row's sum is never split).
+ *
+ * Built on first use by fak.kernel.blockdot (cc -O3 -march=native), loaded
+ * through ctypes: no Python or torch headers, no build-time dependency.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* x (rows x n, n a multiple of 32) -> per block of 32: two int8 code vectors q1, q2 (stored
+ * side by side, 64 bytes a block) with x ~ d * (256 q1 + q2): q1 the block at 8 bits
+ * (d1 = absmax / 127) and q2 its remainder at 8 more; d = d1 / 256, s = the block's sum.
+ * So an input carries ~15 bits, and a product's only rounding is that of its float sums. */
+void fak_quantize_rows(const float *x, int64_t rows, int64_t n, float *d, float *s, int8_t *q) {
+    const int64_t nb = n / QK;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * n + b * QK;
+            float amax = 0.0f, sum = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                amax = fmaxf(amax, fabsf(xb[i]));
+                sum += xb[i];
+            }
+            const float d1 = amax / 127.0f;
+            const float id = d1 != 0.0f ? 1.0f / d1 : 0.0f;
+            int8_t *qb = q + (r * nb + b) * 2 * QK;
+            for (int i = 0; i < QK; i++) {
+                const float v = nearbyintf(xb[i] * id);
+                const float rest = nearbyintf((xb[i] - v * d1) * id * 256.0f);
+                qb[i] = (int8_t)v;
+                qb[QK + i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, rest));
+            }
+            d[r * nb + b] = d1 / 256.0f;
+            s[r * nb + b] = sum;
+        }
+    }
+}
+
+#if defined(__AVX2__)
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* sum over 32 lanes of u8 a * s8 b, as 8 int32 lanes */
+static inline __m256i dot_u8s8(__m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#else
+    const __m256i pairs = _mm256_maddubs_epi16(a, b); /* |u4 * s8| * 2 < 2^15: no saturation for Q4 */
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+#if defined(__AVX2__)
+/* lane k of the result = the sum of the 8 lanes of p[k] */
+static inline __m256i hsum8x8(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* 256 * (w . q1) + (w . q2) as 8 int32 lanes (|sum| < 2^24: exact) */
+static inline __m256i two_dots(__m256i w_u8, __m256i q1, __m256i q2) {
+    return _mm256_add_epi32(_mm256_slli_epi32(dot_u8s8(w_u8, q1), 8), dot_u8s8(w_u8, q2));
+}
+
+static inline __m256i q4_block(const uint8_t *wq, const int8_t *xq) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)wq);
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+    return two_dots(w, _mm256_loadu_si256((const __m256i *)xq), _mm256_loadu_si256((const __m256i *)(xq + QK)));
+}
+
+static inline __m256i q8_block(const int8_t *wq, const int8_t *xq) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)wq);
+    const __m256i q1 = _mm256_loadu_si256((const __m256i *)xq), q2 = _mm256_loadu_si256((const __m256i *)(xq + QK));
+    /* |w| times the codes with w's sign: the same products, as u8 x s8 */
+    return two_dots(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q1, w), _mm256_sign_epi8(q2, w));
+}
+#endif
+
+/* One row of Q4_1 weights against one quantised input row: blocks in groups of 8 (their
+ * integer sums gathered into one vector, scaled by 8 scales at once), then one by one. */
+static inline float row_q4_1(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm, int64_t nb,
+                             const float *xd, const float *xs, const int8_t *xq) {
+    float sum = 0.0f;
+    int64_t b = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = q4_block(wq + (b + j) * 16, xq + (b + j) * 2 * QK);
+        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
+                                           _mm256_loadu_ps(xd + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
+        macc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b))), _mm256_loadu_ps(xs + b),
+                               macc);
+    }
+    for (; b < nb; b++) {
+        const float scale = half_to_float(wd[b]) * xd[b];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_block(wq + b * 16, xq + b * 2 * QK)), _mm256_set1_ps(scale), acc);
+        sum += half_to_float(wm[b]) * xs[b];
+    }
+    sum += hsum256(_mm256_add_ps(acc, macc));
+#endif
+    for (; b < nb; b++) {
+        const int8_t *x1 = xq + b * 2 * QK, *x2 = x1 + QK;
+        int dot = 0;
+        for (int i = 0; i < 16; i++) {
+            dot += (wq[b * 16 + i] & 0x0f) * (256 * x1[i] + x2[i]);
+            dot += (wq[b * 16 + i] >> 4) * (256 * x1[16 + i] + x2[16 + i]);
+        }
+        sum += (float)dot * (half_to_float(wd[b]) * xd[b]) + half_to_float(wm[b]) * xs[b];
+    }
+    return sum;
+}
+
+/* One row of Q8_0 weights against one quantised input row. */
+static inline float row_q8_0(const int8_t *wq, const uint16_t *wd, int64_t nb, const float *xd, const int8_t *xq) {
+    float sum = 0.0f;
+    int64_t b = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = q8_block(wq + (b + j) * QK, xq + (b + j) * 2 * QK);
+        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
+                                           _mm256_loadu_ps(xd + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
+    }
+    for (; b < nb; b++) {
+        const float scale = half_to_float(wd[b]) * xd[b];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block(wq + b * QK, xq + b * 2 * QK)), _mm256_set1_ps(scale), acc);
+    }
+    sum = hsum256(acc);
+#endif
+    for (; b < nb; b++) {
+        const int8_t *x1 = xq + b * 2 * QK, *x2 = x1 + QK;
+        int dot = 0;
+        for (int i = 0; i < QK; i++) dot += wq[b * QK + i] * (256 * x1[i] + x2[i]);
+        sum += (float)dot * (half_to_float(wd[b]) * xd[b]);
+    }
+    return sum;
+}
+
+/* A weight matrix in blocks: kind 0 Q4_1 (q: rows*nb*16 bytes, d and m: rows*nb halves),
+ * kind 1 Q8_0 (q: rows*nb*32 int8, d: rows*nb halves). */
+typedef struct {
+    int64_t kind, rows, n;
+    const void *q;
+    const uint16_t *d, *m;
+} fak_qmat;
+
+static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, const float *xs, const int8_t *xq) {
+    const int64_t nb = w->n / QK;
+    if (w->kind == 0)
+        return row_q4_1((const uint8_t *)w->q + r * nb * 16, w->d + r * nb, w->m + r * nb, nb, xd, xs, xq);
+    return row_q8_0((const int8_t *)w->q + r * nb * QK, w->d + r * nb, nb, xd, xq);
+}
+
+/* y (m x rows, row stride ldy) = x (m x n) @ W^T, x quantised per row in blocks of 32.
+ * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes of scratch. */
+void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t ldy, float *xd, float *xs,
+                int8_t *xq, int nthreads) {
+    const int64_t n = w->n, nb = n / QK;
+    fak_quantize_rows(x, m, n, xd, xs, xq);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+}
+
+/* --- one decode step --------------------------------------------------------------- */
+
+typedef struct {
+    const float *attn_norm, *mlp_norm;
+    fak_qmat qkv, o, gate_up, down;
+} fak_layer;
+
+typedef struct {
+    int64_t layers, dim, heads, kv_heads, head_dim, ffn, vocab;
+    float eps, scale;
+    const float *embed, *norm;
+    fak_qmat head;
+    const fak_layer *layer;
+} fak_model;
+
+/* The cache: three float32 tensors (layers, capacity, kv_heads, head_dim), token-major. */
+typedef struct {
+    float *k, *kraw, *v;
+    int64_t capacity;
+} fak_cache;
+
+/* Scratch for one step (sizes in elements): x: dim; h: max(dim, ffn, heads * head_dim); qkv: (heads + 2 kv_heads) * head_dim;
+ * att: heads * head_dim; gu: 2 * ffn; xq: 2 * h's; xd, xs: h's / 32;
+ * scores: heads * (row + 1). */
+typedef struct {
+    float *x, *h, *qkv, *att, *gu, *xd, *xs, *scores;
+    int8_t *xq;
+} fak_scratch;
+
+/* a . b over n floats, in a fixed order (8 lanes, then their sum) */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    int64_t j = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    sum = hsum256(acc);
+#endif
+    for (; j < n; j++) sum += a[j] * b[j];
+    return sum;
+}
+
+static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+/* out = x * cos + roll(x, half) * sin_signed, one head of hd values */
+static void rope(const float *x, const float *cos, const float *sin_signed, int64_t hd, float *out) {
+    const int64_t half = hd / 2;
+    for (int64_t j = 0; j < hd; j++) out[j] = x[j] * cos[j] + x[(j + half) % hd] * sin_signed[j];
+}
+
+/* rows of w over already quantised input, split between the team's threads (inside a parallel region) */
+static void team_matvec(const fak_qmat *w, const float *xd, const float *xs, const int8_t *xq, float *y) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w->rows; r++) y[r] = qmat_row(w, r, xd, xs, xq);
+}
+
+/* Run token `token` at cache row `row` (its room reserved by the caller) and write its logits. */
+void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float *cos, const float *sin_signed,
+                     const fak_cache *c, const fak_scratch *s, float *logits, int nthreads) {
+    const int64_t D = m->dim, H = m->heads, KV = m->kv_heads, hd = m->head_dim, F = m->ffn;
+    const int64_t groups = H / KV, L = row + 1, kv_row = KV * hd, layer_stride = c->capacity * kv_row;
+    memcpy(s->x, m->embed + token * D, (size_t)D * sizeof(float));
+#pragma omp parallel num_threads(nthreads)
+    {
+        for (int64_t i = 0; i < m->layers; i++) {
+            const fak_layer *lw = &m->layer[i];
+            float *K = c->k + i * layer_stride, *KR = c->kraw + i * layer_stride, *V = c->v + i * layer_stride;
+#pragma omp single
+            {
+                rms_norm(s->x, lw->attn_norm, D, m->eps, s->h);
+                fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
+            }
+            team_matvec(&lw->qkv, s->xd, s->xs, s->xq, s->qkv);
+#pragma omp single
+            {
+                const float *k = s->qkv + H * hd, *v = k + kv_row;
+                memcpy(KR + row * kv_row, k, (size_t)kv_row * sizeof(float));
+                memcpy(V + row * kv_row, v, (size_t)kv_row * sizeof(float));
+                for (int64_t g = 0; g < KV; g++) rope(k + g * hd, cos, sin_signed, hd, K + row * kv_row + g * hd);
+            }
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t g = h / groups;
+                float q[256]; /* head_dim <= 256, checked by the caller */
+                rope(s->qkv + h * hd, cos, sin_signed, hd, q);
+                float *sc = s->scores + h * L, mx = -INFINITY;
+                for (int64_t t = 0; t < L; t++) {
+                    const float *kt = K + t * kv_row + g * hd;
+                    sc[t] = dot_f32(q, kt, hd) * m->scale;
+                    mx = fmaxf(mx, sc[t]);
+                }
+                float total = 0.0f;
+                for (int64_t t = 0; t < L; t++) {
+                    sc[t] = expf(sc[t] - mx);
+                    total += sc[t];
+                }
+                float *out = s->att + h * hd;
+                for (int64_t j = 0; j < hd; j++) out[j] = 0.0f;
+                for (int64_t t = 0; t < L; t++) {
+                    const float p = sc[t] / total, *vt = V + t * kv_row + g * hd;
+                    for (int64_t j = 0; j < hd; j++) out[j] += p * vt[j];
+                }
+            }
+#pragma omp single
+            fak_quantize_rows(s->att, 1, H * hd, s->xd, s->xs, s->xq);
+            team_matvec(&lw->o, s->xd, s->xs, s->xq, s->h);
+#pragma omp single
+            {
+                for (int64_t j = 0; j < D; j++) s->x[j] += s->h[j];
+                rms_norm(s->x, lw->mlp_norm, D, m->eps, s->h);
+                fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
+            }
+            team_matvec(&lw->gate_up, s->xd, s->xs, s->xq, s->gu);
+#pragma omp single
+            {
+                for (int64_t j = 0; j < F; j++) {
+                    const float g = s->gu[j];
+                    s->h[j] = g / (1.0f + expf(-g)) * s->gu[F + j];
+                }
+                fak_quantize_rows(s->h, 1, F, s->xd, s->xs, s->xq);
+            }
+            team_matvec(&lw->down, s->xd, s->xs, s->xq, s->h);
+#pragma omp single
+            for (int64_t j = 0; j < D; j++) s->x[j] += s->h[j];
+        }
+#pragma omp single
+        {
+            rms_norm(s->x, m->norm, D, m->eps, s->h);
+            fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
+        }
+        team_matvec(&m->head, s->xd, s->xs, s->xq, logits);
+    }
+}
