@@ -4,10 +4,12 @@ A GGUF file stores SmolLM2's layers as Q4_1 blocks and its embedding (the tied L
 head) as Q8_0; the float32 reference computes with their dequantisation. This
 format keeps those blocks as they are (``Q4_1``: 4-bit codes, a float16 scale and
 minimum per 32 weights; ``Q8_0``: int8 codes and a float16 scale) and runs the
-products in C (``csrc/blockdot.c``) as llama.cpp does: the input row is quantised
-to int8 in blocks of 32 and each block's integer dot product is exact. So the
-weights are exactly the reference's, at 4.5 bits each, and only the inputs of the
-products are rounded. Tensors of other block types, and models that are not
+decode products in C (``csrc/blockdot.c``): the input row is quantised in blocks
+of 32 to two int8 codes (~15 bits, where llama.cpp keeps 8) and each block's
+integer dot product is exact. So a decode step reads the reference's weights
+exactly, at 4.5 bits each, and only the inputs of its products are rounded.
+Prefill, bound by arithmetic rather than by reading weights, runs the float32
+reference's own products over the dequantised blocks (``BlockLinear``). Tensors of other block types, and models that are not
 GGUF files (HF folders, the tests' random models), are quantised to Q8_0.
 
 The C file is compiled on first use with the system's C compiler (``cc -O3
@@ -241,10 +243,19 @@ class BlockMatrix:
 
 
 class BlockLinear:
-    """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/quant.py``)."""
+    """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/quant.py``).
 
-    def __init__(self, w: BlockMatrix) -> None:
+    One input row (a decode step, bound by reading the weights) runs the block kernel.
+    Several rows (a prefill, bound by arithmetic) run ``F.linear`` on ``dense``, the float32
+    matrix the blocks dequantise to, when given: the same weights, a BLAS GEMM, and float32
+    inputs. Which path a call takes depends on its shape only, so the same calls still give
+    the same bytes."""
+
+    def __init__(self, w: BlockMatrix, dense: torch.Tensor | None = None) -> None:
+        if dense is not None and tuple(dense.shape) != (w.rows, w.n):
+            raise ValueError(f"dense weights of shape {tuple(dense.shape)} for a {w.rows}x{w.n} block matrix")
         self.w = w
+        self.dense = dense
         self.out_features = w.rows
         self._struct = w.struct()
         self._lib = library()
@@ -255,6 +266,8 @@ class BlockLinear:
         lead = x.shape[:-1]
         xs = x.reshape(-1, self.w.n).contiguous()
         m = int(xs.shape[0])
+        if m > 1 and self.dense is not None:
+            return torch.nn.functional.linear(x, self.dense)
         y = torch.empty((m, self.w.rows), dtype=torch.float32)
         nb = self.w.n // QK
         xd, xsum = torch.empty(m * nb), torch.empty(m * nb)
@@ -304,7 +317,8 @@ def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
 
 def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix] | None):  # noqa: ANN001, ANN201
     """Every layer's four products and the LM head as block matrices: the file's own blocks
-    where ``blocks`` has them, Q8_0 of the float weights elsewhere."""
+    where ``blocks`` has them, Q8_0 of the float weights elsewhere. Prefill calls run on the
+    float weights (``BlockLinear``), which are the blocks' dequantisation for a GGUF model."""
     from fak.kernel.fast_decode import LayerLinears
 
     blocks = blocks or {}
@@ -326,10 +340,11 @@ def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix
         gate_up = fused([(p + "mlp.gate_proj.weight", lw.w_gate), (p + "mlp.up_proj.weight", lw.w_up)])
         o = get(p + "self_attn.o_proj.weight", lw.wo)
         down = get(p + "mlp.down_proj.weight", lw.w_down)
-        layers.append(LayerLinears(*(BlockLinear(m) for m in (qkv, o, gate_up, down))))
+        layers.append(LayerLinears(*(BlockLinear(m, d) for m, d in
+                                     ((qkv, lw.wqkv), (o, lw.wo), (gate_up, lw.w_gate_up), (down, lw.w_down)))))  # fmt: skip
     tied = weights.lm_head is weights.embed
     head = blocks.get("lm_head.weight") or (blocks.get("model.embed_tokens.weight") if tied else None)
-    return layers, BlockLinear(head or BlockMatrix.quantise_q8_0(weights.lm_head))
+    return layers, BlockLinear(head or BlockMatrix.quantise_q8_0(weights.lm_head), weights.lm_head)
 
 
 # --- one decode step in C -------------------------------------------------------------------------

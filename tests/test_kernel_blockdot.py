@@ -65,6 +65,19 @@ def test_a_block_product_is_its_dequantised_product_to_float_rounding(kind: str)
     assert float(err.max()) > 0  # not a float32 product in disguise: the inputs are rounded
 
 
+def test_one_row_runs_the_blocks_and_several_rows_the_dense_weights() -> None:
+    """A decode step (one row) reads the blocks; a prefill call (several rows) runs
+    ``F.linear`` on the float32 matrix the blocks dequantise to."""
+    bm = random_q4_1(32, 64, seed=3)
+    dense = dequantise(bm)
+    lin = BlockLinear(bm, dense)
+    x = torch.randn(3, 64)
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, dense))
+    assert torch.equal(lin(x[:1]), BlockLinear(bm)(x[:1]))
+    with pytest.raises(ValueError, match="dense weights of shape"):
+        BlockLinear(bm, dense[:, :32])
+
+
 def test_q8_0_quantisation_is_llama_cpp_s_and_round_trips() -> None:
     w = torch.randn(8, 64)
     bm = BlockMatrix.quantise_q8_0(w)
