@@ -21,7 +21,7 @@ from fak.kernel.weights import default_model_path, random_weights
 from fak.keys import tenant_salt
 
 # (weight format, KV dtype): every format, and a bfloat16 KV cache under two of them
-MODES = [(fmt, None) for fmt in WEIGHT_FORMATS] + [("float32", torch.bfloat16), ("int8", torch.bfloat16)]
+MODES = [(fmt, None) for fmt in WEIGHT_FORMATS] + [(fmt, torch.bfloat16) for fmt in ("float32", "int8", "gguf")]
 MODE_IDS = [f"{fmt}-kv_{str(kv).removeprefix('torch.') if kv else 'same'}" for fmt, kv in MODES]
 MASTER = bytes(range(32))
 
@@ -188,7 +188,8 @@ def test_quality_gap_to_float32_smollm2(smollm2) -> None:
     assert gaps["int8"][0] >= 0.75 and gaps["int8"][1] < 0.2, gaps
 
 
-def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("fmt", ["int8", "gguf"])
+def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch, fmt: str) -> None:
     """Through the façade: ``Settings.weights`` picks the mode (the suite pins float32 in
     conftest; the serving default is gguf where a C compiler and AVX2 are), and a forget's receipt holds the same
     fingerprint-equals-replay witness in it."""
@@ -199,13 +200,14 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
 
     default = "gguf" if blockdot.fast_path_possible() else ("float16" if fbgemm_supported() else "float32")
     assert Settings().weights == default  # the serving default
-    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights="int8")
+    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights=fmt)
     with Kernel.open(settings, progress=None) as k:
-        assert k.model.weight_format == "int8" and k.model_id.endswith("+int8")
+        assert k.model.weight_format == fmt and k.model_id.endswith("+" + fmt)
         s = k.session("acme")
         s.append("system", "You are a travel assistant.")
         ref = s.admit("flight_status", b"LH123 is on time, gate B22.").ref
         s.append("user", "Is my flight on time?")
+        assert len(list(s.generate(max_tokens=6, min_tokens=6))) == 6  # decode steps of the mode, the ref live
         receipt = k.forget("acme", ref, requested_by="dpo", reason="test")
         (after,) = receipt.sessions
         assert after.fingerprint_after == after.fingerprint_replay
