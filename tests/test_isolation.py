@@ -11,7 +11,7 @@
   hit tokens stay 0 (its own second session hits), and its scrape shows only its own.
 
 The timing side (hit vs miss latency across tenants, a two-sample test) is
-``bench/isolation.py``; PIC is not wired into the Kernel yet (see docs/reliability.md).
+``bench/isolation.py``; the PIC registry's probe through the API is ``tests/test_isolation_pic.py``.
 """
 
 from __future__ import annotations
