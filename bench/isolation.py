@@ -10,12 +10,17 @@ Q of the same word count:
 - ``b_cross``: B sends P in a new session (a hit only if the cache leaked across tenants);
 - ``b_miss``: B sends Q, which nobody sent before (a miss: the baseline).
 
+With ``--pic`` the probe is the PIC registry's instead (a policy allowing approximate
+reuse): every session starts with its own untimed system header (a fresh nonce), and the
+timed request is P or Q as the user message after it, so P sits at a shifted position and
+only a PIC chunk (never an exact prefix) could serve it.
+
 The three measured requests run in a random order each round. Reported: medians and
 percentiles, the Mann-Whitney U test (two-sided, normal approximation with tie
 correction) and a permutation test on the difference of medians, for b_cross vs b_miss
 (should not differ) and a_hit vs b_miss (must differ, or the probe could not see a hit).
 
-    python bench/isolation.py --json bench/out/isolation.json [--samples 40 --words 160]
+    python bench/isolation.py --json bench/out/isolation.json [--samples 40 --words 160] [--pic]
 """
 
 from __future__ import annotations
@@ -85,12 +90,16 @@ def main() -> None:
     p.add_argument("--words", type=int, default=160, help="words of each probe prompt (~1.5 tokens each)")
     p.add_argument("--model", default=None, help="model path (default: the SmolLM2 wheel)")
     p.add_argument("--seed", type=int, default=19)
+    p.add_argument("--pic", action="store_true", help="probe the PIC registry (shifted positions) instead of the prefix cache")
     args = p.parse_args()
     if not 5 <= args.samples <= 500 or not 8 <= args.words <= 1000:
         raise SystemExit("--samples in [5, 500], --words in [8, 1000]")
 
     from fak import Kernel, Settings
     from fak.api.server import serve
+    from fak.facade import default_policy_path
+
+    metric = "fak_pic_hit_tokens_total " if args.pic else "fak_prefix_cache_hit_tokens_total "
 
     rng = random.Random(args.seed)
 
@@ -101,26 +110,37 @@ def main() -> None:
 
     samples: dict[str, list[float]] = {"a_hit": [], "b_cross": [], "b_miss": []}
     with tempfile.TemporaryDirectory(prefix="fak-isolation-") as tmp:
-        settings = Settings(data_dir=Path(tmp) / "data", **({"model_path": args.model} if args.model else {}))
+        extra: dict[str, object] = {"model_path": args.model} if args.model else {}
+        if args.pic:
+            policy = Path(tmp) / "policy.yaml"
+            policy.write_text(default_policy_path().read_text().replace("pic_approximate: false", "pic_approximate: true"))
+            extra["policy_path"] = policy
+        settings = Settings(data_dir=Path(tmp) / "data", **extra)
         with Kernel.open(settings, progress=log) as k, serve(k) as live:
             keys = {t: live.key(t, "agent") for t in ("tenant-a", "tenant-b")}
             admin = {t: live.key(t, "admin") for t in ("tenant-a", "tenant-b")}
             clients = {t: live.client(key, timeout=600) for t, key in keys.items()}
 
-            def timed_system(tenant: str, text: str) -> float:
-                c = clients[tenant]
-                sid = c.post("/v1/sessions", json={}).json()["id"]
-                t0 = time.perf_counter()
-                r = c.post(f"/v1/sessions/{sid}/messages", json={"role": "system", "content": text})
-                dt = time.perf_counter() - t0
+            def post(c, sid: str, role: str, text: str) -> None:  # noqa: ANN001
+                r = c.post(f"/v1/sessions/{sid}/messages", json={"role": role, "content": text})
                 if r.status_code != 201:
                     raise SystemExit(f"{r.status_code} {r.text[:300]}")
-                return dt
+
+            def timed_system(tenant: str, text: str) -> float:
+                """Seconds of the request carrying ``text``: the system message of a new session,
+                or (``--pic``) the user message after a fresh header of its own."""
+                c = clients[tenant]
+                sid = c.post("/v1/sessions", json={}).json()["id"]
+                if args.pic:
+                    post(c, sid, "system", f"Request {rng.getrandbits(64):x}. You are a careful assistant.")
+                t0 = time.perf_counter()
+                post(c, sid, "user" if args.pic else "system", text)
+                return time.perf_counter() - t0
 
             def hits(tenant: str) -> float:
                 with live.client(admin[tenant]) as c:
                     for line in c.get("/metrics").text.splitlines():
-                        if line.startswith("fak_prefix_cache_hit_tokens_total "):
+                        if line.startswith(metric):
                             return float(line.split()[1])
                 return 0.0
 
@@ -152,7 +172,7 @@ def main() -> None:
     cross = mann_whitney(samples["b_cross"], samples["b_miss"])
     control = mann_whitney(samples["a_hit"], samples["b_miss"])
     results = {
-        "samples": args.samples, "words": args.words,
+        "samples": args.samples, "words": args.words, "probe": "pic" if args.pic else "prefix",
         "latency": {name: summary(v) for name, v in samples.items()},
         "b_cross_vs_b_miss": cross | {"permutation_p_median": permutation(samples["b_cross"], samples["b_miss"])},
         "a_hit_vs_b_miss": control | {"permutation_p_median": permutation(samples["a_hit"], samples["b_miss"])},

@@ -129,7 +129,10 @@ class Kernel:
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir)
         policy = PolicyHolder(settings.policy_path or default_policy_path())
-        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights)
+        import torch
+
+        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights,
+                                 kv_dtype=getattr(torch, settings.kv_dtype))
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url)
         audit = None
         try:

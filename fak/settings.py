@@ -39,6 +39,9 @@ class Settings(BaseSettings):
                     "reference; gguf (the model file's own quantised blocks, products in C), the default where "
                     "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
                     "prompt set; float16 prefills fastest; int8 is approximate")
+    kv_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
+                               "reference's")
     audit_origin: str = Field("fak.local/log", description="the log's name in its signed checkpoints")
     chunk_size: int = Field(512, ge=1, le=65536, description="prefill chunk of a segment (tokens)")
     prefix_cache: bool = Field(True, description="share exact prefix KV between a tenant's sessions")

@@ -188,8 +188,9 @@ def test_quality_gap_to_float32_smollm2(smollm2) -> None:
     assert gaps["int8"][0] >= 0.75 and gaps["int8"][1] < 0.2, gaps
 
 
-@pytest.mark.parametrize("fmt", ["int8", "gguf"])
-def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "kv"), [("int8", "float32"), ("gguf", "float32"), ("gguf", "bfloat16")])
+def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch, fmt: str,
+                                                                   kv: str) -> None:
     """Through the façade: ``Settings.weights`` picks the mode (the suite pins float32 in
     conftest; the serving default is gguf where a C compiler and AVX2 are), and a forget's receipt holds the same
     fingerprint-equals-replay witness in it."""
@@ -200,9 +201,11 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
 
     default = "gguf" if blockdot.fast_path_possible() else ("float16" if fbgemm_supported() else "float32")
     assert Settings().weights == default  # the serving default
-    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights=fmt)
+    assert Settings().kv_dtype == "float32"
+    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights=fmt, kv_dtype=kv)
     with Kernel.open(settings, progress=None) as k:
-        assert k.model.weight_format == fmt and k.model_id.endswith("+" + fmt)
+        assert k.model.weight_format == fmt and k.model.kv_dtype == getattr(torch, kv)
+        assert k.model_id.endswith("+" + fmt + ("" if kv == "float32" else "+kv-" + kv))
         s = k.session("acme")
         s.append("system", "You are a travel assistant.")
         ref = s.admit("flight_status", b"LH123 is on time, gate B22.").ref
