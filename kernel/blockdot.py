@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import threading
@@ -71,13 +72,15 @@ def compile_library(cc: str, target: Path) -> None:
 
 
 def library() -> ctypes.CDLL:
-    """The compiled kernel, built once per source, compiler and flags (then a file open)."""
+    """The compiled kernel, built once per source, compiler, flags and CPU (then a file open)."""
     global _lib
     with _lib_lock:
         if _lib is not None:
             return _lib
         cc = _compiler()
-        key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
+        # -march=native: a library built on another CPU (a shared cache folder) may not run here
+        cpu = " ".join(sorted(_cpu_flags())) + platform.machine()
+        key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, cpu)).encode()).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"blockdot-{key}.so"
         if not target.is_file():
             compile_library(cc, target)
