@@ -9,12 +9,13 @@ of 32 to two int8 codes (~15 bits, where llama.cpp keeps 8) and each block's
 integer dot product is exact. So a decode step reads the reference's weights
 exactly, at 4.5 bits each, and only the inputs of its products are rounded.
 Prefill, bound by arithmetic rather than by reading weights, runs the float32
-reference's own products over the dequantised blocks (``BlockLinear``). Tensors of other block types, and models that are not
-GGUF files (HF folders, the tests' random models), are quantised to Q8_0.
+reference's own products over the dequantised blocks (``BlockLinear``). Tensors of
+other block types, and models that are not GGUF files (HF folders, the tests'
+random models), are quantised to Q8_0.
 
 The C file is compiled on first use with the system's C compiler (``cc -O3
--march=native -fopenmp``) into the cache directory, keyed by its source and the
-flags, and loaded with ctypes; a machine without a compiler gets a clear error,
+-march=native -fopenmp``) into the cache directory, keyed by its source, the
+flags and the CPU, and loaded with ctypes; a machine without a compiler gets a clear error,
 and the other formats still work. One decode step is one C call (every layer,
 threads split rows and heads), so Python's per-op overhead is gone from decoding.
 """
@@ -361,7 +362,7 @@ class BlockDecoder:
             raise ValueError(f"the block decoder takes head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}")
         self.cfg = cfg
         self._lib = library()
-        self._keep = [weights]  # the float tensors the structs point into
+        self._keep = (weights, linears, head)  # the arrays and tensors the structs point into
         layers = (_Layer * cfg.num_layers)()
         for i, (lw, ln) in enumerate(zip(weights.layers, linears, strict=True)):
             layers[i] = _Layer(
