@@ -88,9 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from fak.api.app import create_app
+    from fak.api.malloc import limit_arenas
     from fak.facade import Kernel
     from fak.settings import Settings
 
+    limit_arenas()  # before any worker thread allocates (api/malloc.py says why)
     kernel = Kernel.open(Settings.load(args.config))
     try:
         uvicorn.run(create_app(kernel), host=args.host, port=args.port, log_level=args.log_level,
