@@ -37,6 +37,7 @@ import torch
 
 from fak.config import cache_dir
 from fak.kernel.config import ModelConfig, ModelError
+from fak.kernel.quant import cpu_flags
 
 QK = 32
 Q4_1, Q8_0 = 0, 1
@@ -60,7 +61,7 @@ def _compiler() -> str:
 def compile_library(cc: str, target: Path) -> None:
     """Compile ``csrc/blockdot.c`` into ``target`` (written under a temporary name first, so
     a crash or a concurrent build never leaves a partial library behind)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = target.with_suffix(f".tmp{os.getpid()}.so")
     try:
         done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
@@ -72,6 +73,16 @@ def compile_library(cc: str, target: Path) -> None:
     os.replace(tmp, target)  # another process may have built it too: the same bytes
 
 
+def check_owned(path: Path) -> None:
+    """Loading a library runs its code: refuse one (or a folder holding it) that another
+    user owns or may write, as a planted file in a shared cache folder would be."""
+    for p in (path.parent, path):
+        st = p.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ModelError(f"weights='gguf': {p} is owned or writable by another user; not loading it "
+                             "(remove it, or make it yours and not group/world-writable)")
+
+
 def library() -> ctypes.CDLL:
     """The compiled kernel, built once per source, compiler, flags and CPU (then a file open)."""
     global _lib
@@ -80,11 +91,12 @@ def library() -> ctypes.CDLL:
             return _lib
         cc = _compiler()
         # -march=native: a library built on another CPU (a shared cache folder) may not run here
-        cpu = " ".join(sorted(_cpu_flags())) + platform.machine()
+        cpu = " ".join(sorted(cpu_flags())) + platform.machine()
         key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, cpu)).encode()).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"blockdot-{key}.so"
         if not target.is_file():
             compile_library(cc, target)
+        check_owned(target)
         lib = ctypes.CDLL(str(target))
         lib.fak_matmul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [
             ctypes.c_void_p
@@ -98,14 +110,6 @@ def library() -> ctypes.CDLL:
         return lib
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
 def fast_path_possible() -> bool:
     """A C compiler is here and the CPU has the vector units the fast path uses (AVX2,
     FMA, F16C); elsewhere the kernel still runs, in plain C, slower than fbgemm."""
@@ -113,16 +117,7 @@ def fast_path_possible() -> bool:
         _compiler()
     except ModelError:
         return False
-    return {"avx2", "fma", "f16c"} <= _cpu_flags()
-
-
-def available() -> bool:
-    """Whether the kernel builds and loads here (a C compiler is present)."""
-    try:
-        library()
-    except (ModelError, OSError):
-        return False
-    return True
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 # --- ctypes mirrors of the C structs ---------------------------------------------------
@@ -187,10 +182,6 @@ class BlockMatrix:
     @property
     def n(self) -> int:
         return int(self.d.shape[1]) * QK
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.q, self.d, self.m) if a is not None)
 
     @classmethod
     def from_gguf(cls, kind_name: str, raw: np.ndarray, rows: int, n: int) -> BlockMatrix:
@@ -267,11 +258,11 @@ class BlockLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise TypeError(f"block products take float32 inputs, not {x.dtype}")
+        if self.dense is not None and x.numel() > self.w.n:  # several rows: a prefill call
+            return torch.nn.functional.linear(x, self.dense)
         lead = x.shape[:-1]
         xs = x.reshape(-1, self.w.n).contiguous()
         m = int(xs.shape[0])
-        if m > 1 and self.dense is not None:
-            return torch.nn.functional.linear(x, self.dense)
         y = torch.empty((m, self.w.rows), dtype=torch.float32)
         nb = self.w.n // QK
         xd, xsum = torch.empty(m * nb), torch.empty(m * nb)
@@ -395,11 +386,13 @@ class BlockDecoder:
                 "scores": torch.empty(0),
                 "xq": torch.empty(2 * widest, dtype=torch.int8),
             }
+            local.struct = None
         b = local.buf
         need = cfg.num_heads * rows
-        if b["scores"].numel() < need:
+        if local.struct is None or b["scores"].numel() < need:  # built once, again only when scores grow
             b["scores"] = torch.empty(max(need, 2 * b["scores"].numel()))
-        return _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")))
+            local.struct = _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")))
+        return local.struct
 
     def step(self, token: int, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller); return

@@ -98,16 +98,20 @@ def quantise_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty where /proc/cpuinfo is not)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
 def _has_vnni() -> bool:
     """Whether the CPU has VNNI (u8×s8 products summed straight into int32): without it
     fbgemm's int16 pair sums can saturate on full-range activations, so they are kept
     to 7 bits (``reduce_range``), as torch's own dynamic quantisation does."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return "avx512_vnni" in flags.split() or "avx_vnni" in flags.split()
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
 
 
 REDUCE_RANGE = not _has_vnni()

@@ -171,6 +171,23 @@ def test_a_missing_compiler_is_a_clear_error(tmp_path) -> None:
     assert not list(tmp_path.glob("out*"))
 
 
+def test_a_library_another_user_may_write_is_not_loaded(tmp_path) -> None:
+    """A planted or tampered .so in a shared cache folder would run as the server."""
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    lib = folder / "blockdot-x.so"
+    lib.write_bytes(b"")
+    lib.chmod(0o644)
+    blockdot.check_owned(lib)  # ours, written by us only
+    lib.chmod(0o664)
+    with pytest.raises(ModelError, match="writable by another user"):
+        blockdot.check_owned(lib)
+    lib.chmod(0o644)
+    folder.chmod(0o777)
+    with pytest.raises(ModelError, match="writable by another user"):
+        blockdot.check_owned(lib)
+
+
 def test_a_failed_compile_leaves_nothing_and_says_why(tmp_path) -> None:
     fake = tmp_path / "cc"
     fake.write_text("#!/bin/sh\necho 'blockdot.c:1: error: no' >&2\nexit 1\n")
