@@ -163,6 +163,8 @@ class Llama:
             raise ValueError("weight_format='gguf' runs on the CPU only")
         self.weight_format = weight_format
         suffix = "" if weight_format == "float32" else f"+{weight_format}"
+        if weight_format == "gguf" and not blocks:  # its own arithmetic: Q8_0 of the floats, not the file's blocks
+            suffix += "-q8_0"
         if self.kv_dtype != self.dtype:
             suffix += "+kv-" + str(self.kv_dtype).removeprefix("torch.")
         self.model_id = model_id + suffix

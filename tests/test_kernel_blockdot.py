@@ -216,3 +216,5 @@ def test_smollm2_s_blocks_are_exactly_the_reference_weights(smollm2) -> None:
     model = Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf", blocks=blocks)
     assert model.head.w is blocks["model.embed_tokens.weight"]  # the tied head runs the Q8_0 blocks
     assert model.model_id == ref.model_id + "+gguf"
+    # without the file's blocks the products are Q8_0 of the floats: other rows, another model_id
+    assert Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf").model_id == ref.model_id + "+gguf-q8_0"

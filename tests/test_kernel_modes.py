@@ -205,7 +205,8 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
     settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights=fmt, kv_dtype=kv)
     with Kernel.open(settings, progress=None) as k:
         assert k.model.weight_format == fmt and k.model.kv_dtype == getattr(torch, kv)
-        assert k.model_id.endswith("+" + fmt + ("" if kv == "float32" else "+kv-" + kv))
+        suffix = "+int8" if fmt == "int8" else "+gguf-q8_0"  # an HF folder has no GGUF blocks: Q8_0 of its floats
+        assert k.model_id.endswith(suffix + ("" if kv == "float32" else "+kv-" + kv))
         s = k.session("acme")
         s.append("system", "You are a travel assistant.")
         ref = s.admit("flight_status", b"LH123 is on time, gate B22.").ref
