@@ -3,13 +3,13 @@
  * Weights stay in the GGUF file's own blocks of 32 (Q4_1: 4-bit codes with a
  * float16 scale and minimum; Q8_0: int8 codes with a float16 scale), so the
  * products use exactly the weights the float32 reference dequantises. The input
- * row is quantised to int8 in blocks of 32 (scale d, and s = d * sum of codes),
- * as llama.cpp does, and every block's integer dot product is exact; only the
- * float sums of the block results round. Each call is deterministic: the same
+ * row is quantised in blocks of 32 to two int8 codes (~15 bits; llama.cpp keeps
+ * one), and every block's integer dot product is exact; only the float sums of
+ * the block results round. Each call is deterministic: the same
  * inputs give the same bytes, whatever the thread count (rows are split between
  * threads, and a row's sum is never split).
  *
- * Built on first use by fak.kernel.blockdot (cc -O3 -march=native), loaded
+ * Built on first use by fak.kernel.blockdot (cc -O3 -march=native -fopenmp), loaded
  * through ctypes: no Python or torch headers, no build-time dependency.
  */
 #include <math.h>
