@@ -100,24 +100,25 @@ def quality_gap(reference: Llama, model: Llama, tokenizer) -> dict[str, float]: 
     as one prefill call, once one token per call (the decode path, which ``gguf`` runs in
     its block kernel and prefill does not). ``argmax_match`` and ``mean_kl`` are the
     worse of the two."""
+    match = {"prefill": 0, "decode": 0}
+    kls: dict[str, list[torch.Tensor]] = {"prefill": [], "decode": []}
+    total = 0
+    for p in QUALITY_PROMPTS:
+        ids = tokenizer.encode(tokenizer.render([{"role": "user", "content": p}], True))
+        a = reference.forward(ids, reference.new_cache(), all_logits=True).log_softmax(-1)
+        cache = model.new_cache(len(ids) + 1)
+        rows = {"prefill": model.forward(ids, model.new_cache(), all_logits=True),
+                "decode": torch.cat([model.forward([t], cache) for t in ids])}
+        for how, b in rows.items():
+            m, kl = _gap(a, b.log_softmax(-1))
+            match[how] += m
+            kls[how].append(kl)
+        total += len(ids)
     out: dict[str, float] = {}
     for how in ("prefill", "decode"):
-        match = total = 0
-        kls = []
-        for p in QUALITY_PROMPTS:
-            ids = tokenizer.encode(tokenizer.render([{"role": "user", "content": p}], True))
-            a = reference.forward(ids, reference.new_cache(), all_logits=True).log_softmax(-1)
-            if how == "prefill":
-                b = model.forward(ids, model.new_cache(), all_logits=True)
-            else:
-                cache = model.new_cache(len(ids) + 1)
-                b = torch.cat([model.forward([t], cache) for t in ids])
-            m, kl = _gap(a, b.log_softmax(-1))
-            match += m
-            total += len(ids)
-            kls.append(kl)
-        kl = torch.cat(kls)
-        out |= {f"{how}_argmax_match": match / total, f"{how}_mean_kl": float(kl.mean()), f"{how}_max_kl": float(kl.max())}
+        kl = torch.cat(kls[how])
+        out |= {f"{how}_argmax_match": match[how] / total, f"{how}_mean_kl": float(kl.mean()),
+                f"{how}_max_kl": float(kl.max())}
     out |= {"argmax_match": min(out["prefill_argmax_match"], out["decode_argmax_match"]),
             "mean_kl": max(out["prefill_mean_kl"], out["decode_mean_kl"]), "positions": total}
     return out
