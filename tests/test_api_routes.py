@@ -27,7 +27,7 @@ TYPES = "https://fak.dev/problems/"
 ROLES = ("agent", "auditor", "admin")
 AGENT, READER, AUDITOR, ADMIN = {"agent", "admin"}, set(ROLES), {"auditor", "admin"}, {"admin"}
 PUBLIC = {"/healthz"}
-# FastAPI's generated API description and its viewers answer without a key (see docs/api.md)
+# FastAPI's generated description (behind a key) and its viewers (off): see docs/api.md
 FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 
@@ -648,3 +648,35 @@ def test_client_leaving_an_sse_stream_leaves_the_session_consistent(world) -> No
     after = ok(w("acme", "auditor").get(f"/v1/sessions/{sid}"))
     assert after["segments"][:-1] == before["segments"] and after["segments"][-1] == gen["segment"]
     assert len(gen["tokens"]) == 3
+
+
+# --- docs/api.md says what the server does ------------------------------------------------------
+DOCS_API = __import__("pathlib").Path(__file__).resolve().parent.parent / "docs" / "api.md"
+DOC_ROLES = {"none": set(), "R": READER, "A": AGENT, "U": AUDITOR, "admin": ADMIN,
+             "admin of the operator tenant": ADMIN}
+
+
+def _documented_routes() -> dict[tuple[str, str], set[str]]:
+    """The rows of docs/api.md's "Routes and roles" table: (method, path) -> roles allowed."""
+    rows = re.findall(r"^\| `([A-Z]+) (/[^`]*)` \| ([^|]+?) \|", DOCS_API.read_text(), re.M)
+    return {(method, path): DOC_ROLES[role] for method, path, role in rows}
+
+
+def test_api_docs_name_every_route_with_the_roles_the_server_enforces(world) -> None:
+    w = world
+    documented = _documented_routes()
+    enforced = {(m, _template(p, w)): allowed for m, p, allowed, _b in _matrix(w)}
+    enforced |= {("GET", path): set() for path in PUBLIC}
+    assert documented == enforced, (
+        "docs/api.md's route table disagrees with the server",
+        {k: (documented.get(k), enforced.get(k)) for k in documented.keys() | enforced.keys()
+         if documented.get(k) != enforced.get(k)})
+
+
+def test_api_docs_say_only_healthz_answers_without_a_key() -> None:
+    """Every paragraph of docs/api.md that says routes answer without a key names no route
+    but /healthz (test_only_healthz_answers_without_a_key checks that the server agrees)."""
+    for paragraph in re.split(r"\n\s*\n", DOCS_API.read_text()):
+        if re.search(r"(answers?|served|open) without (a|an API) key", paragraph):
+            named = set(re.findall(r"`(?:GET |HEAD )?(/[^`\s]*)`", paragraph))
+            assert named <= PUBLIC, (paragraph, named - PUBLIC)
