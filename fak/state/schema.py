@@ -87,8 +87,24 @@ class ForgetRow(Base):
     kek_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     units: Mapped[str] = mapped_column(Text)  # JSON list of dropped units so far
     sessions: Mapped[str] = mapped_column(Text)  # JSON list of per-session fingerprints so far
+    # JSON list of the other refs this forget erases (the other form of a REDACTed result)
+    linked: Mapped[str | None] = mapped_column(Text, nullable=True, default=None)
 
     __table_args__ = (Index("ix_fak_forgets_ref", "tenant", "ref"),)
+
+
+class RefLinkRow(Base):
+    """A REDACT admission's two refs: ``derived`` (the redacted bytes) was computed by the
+    kernel's gate from ``original``. Written before the derived bytes are stored; never
+    written from a client's input. A forget of either erases both."""
+
+    __tablename__ = "fak_ref_links"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    original: Mapped[str] = mapped_column(String(80), primary_key=True)
+    derived: Mapped[str] = mapped_column(String(80), primary_key=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_fak_ref_links_derived", "tenant", "derived"),)
 
 
 class ApiKeyRow(Base):
