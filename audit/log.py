@@ -14,6 +14,11 @@ file beside its key, ``signer_state``) is a prefix of it; a database rewritten b
 its back makes it refuse, with an ``AuditAlarm`` in the log. Witnesses (C2SP
 tlog-witness) cosign each new checkpoint from a separate thread, so a slow or absent
 witness never delays appends; their cosignature lines are served with the checkpoint.
+What a witness gives (and a verifier needs) is coverage, not a line on every checkpoint:
+when checkpoints are signed faster than a witness answers, only the newest is sent, and
+its cosignature covers the ones before it; ``witness_stats`` measures how long each signed
+checkpoint waits for that. On close the unsigned tail is signed and cosigned; on open the
+newest checkpoint a witness lacks is sent to it.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class _Append:
 
 @dataclass
 class _Control:
-    kind: str  # "checkpoint" | "reset" | "cosignature" | "stop"
+    kind: str  # "checkpoint" | "reset" | "cosignature" | "wake" | "stop"
     future: Future
     arg: object = None
 
@@ -90,6 +95,26 @@ class WitnessStats:
     last_error: str | None = None
     latency_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
     store_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    # coverage (what a verifier relies on: the newest cosigned checkpoint covers every entry):
+    # the largest size whose cosignature is stored; per signed checkpoint, the seconds and entries
+    # until a stored cosignature covered it (it, or a later one: only the newest is sent)
+    covered_size: int = 0
+    cover_lag_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    cover_lag_entries: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    uncovered: deque = field(default_factory=deque)  # (size, monotonic time signed), not yet covered
+
+    def signed(self, size: int, at: float) -> None:
+        """A checkpoint of ``size`` was signed (or asked again) at ``at``: it waits for coverage."""
+        if size > self.covered_size and (not self.uncovered or self.uncovered[-1][0] < size):
+            self.uncovered.append((size, at))
+
+    def covered(self, size: int, at: float) -> None:
+        """A cosignature of ``size`` was stored at ``at``: every checkpoint up to it is covered."""
+        self.covered_size = max(self.covered_size, size)
+        while self.uncovered and self.uncovered[0][0] <= size:
+            s, t = self.uncovered.popleft()
+            self.cover_lag_ms.append((at - t) * 1000)
+            self.cover_lag_entries.append(size - s)
 
 
 def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpoint:
@@ -148,6 +173,9 @@ class AuditLog:
         self._witness_timeout = witness_timeout
         self._witness_size: dict[str, int] = {}  # vkey -> last size it cosigned (as far as we know)
         self._cosign_q: queue.SimpleQueue = queue.SimpleQueue()
+        # cosignature lines for the writer to store: not behind the appends queued before them
+        # (a flood of appends would otherwise hold a line back for the whole backlog)
+        self._urgent: queue.SimpleQueue = queue.SimpleQueue()
         self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
         if self._memory is not None:
             try:
@@ -161,6 +189,7 @@ class AuditLog:
         if self.witnesses:
             self._cosigner = threading.Thread(target=self._cosign_run, name="fak-audit-cosigner", daemon=True)
             self._cosigner.start()
+            self._ask_latest()
 
     @classmethod
     def open(
@@ -307,6 +336,11 @@ class AuditLog:
             return self._served(conn, row)
 
     def close(self) -> None:
+        """Stop; with witnesses, first sign the entries not yet signed and wait (bounded) for
+        their cosignatures, so no entry is left outside a cosigned checkpoint at shutdown."""
+        if self.witnesses and not self._closed:
+            with contextlib.suppress(Exception):  # a refusing signer or a closed log: nothing to add
+                self.checkpoint()
         fut: Future = Future()
         with self._gate:
             if self._closed:
@@ -346,7 +380,10 @@ class AuditLog:
             due = self._pending() and (
                 self._unsigned() >= self._every or time.monotonic() - self._last_cp_time >= self._interval
             )
-            cosigs = [c for c in controls if c.kind == "cosignature"]
+            cosigs = []
+            with contextlib.suppress(queue.Empty):  # ahead of any appends still queued
+                while True:
+                    cosigs.append(self._urgent.get_nowait())
             if cosigs:
                 self._store_cosignatures(cosigs)
             for c in controls:
@@ -430,6 +467,9 @@ class AuditLog:
         done: Future | None = None
         if cosign:
             done = Future()
+            now = time.monotonic()
+            for stats in self.witness_stats.values():
+                stats.signed(row[0], now)
             self._cosign_q.put(_Cosign(row[0], row[2], done))
         for f in waiters or []:
             f.set_result((row, done))
@@ -473,6 +513,21 @@ class AuditLog:
 
     # ------------------------------------------------------------------ witnesses
 
+    def _ask_latest(self) -> None:
+        """On open: ask the witnesses that have not cosigned the newest stored checkpoint (a
+        crash or a shutdown before their answer) to cosign it, so coverage resumes at once."""
+        with self._read() as conn:
+            row = store.latest_checkpoint(conn)
+            if row is None:
+                return
+            have = {w for w, _ in store.cosignature_lines(conn, row[0])}
+        lacking = [w for w in self.witnesses if w.vkey not in have]
+        if lacking:
+            now = time.monotonic()
+            for w in lacking:
+                self.witness_stats[w.url].signed(row[0], now)
+            self._cosign_q.put(_Cosign(row[0], row[2], Future()))
+
     def _cosign_run(self) -> None:
         """Cosigner thread: ask each witness to cosign each new checkpoint. When checkpoints
         queue up behind a slow witness, only the newest is sent (its proof covers the rest)."""
@@ -503,11 +558,9 @@ class AuditLog:
 
     def _store_later(self, got: list[tuple[int, str, str]], jobs: list[_Cosign]) -> None:
         """Hand the cosignatures to the writer thread (one writer, no lock contention) without
-        waiting: the cosigner moves on; the jobs' waiters are released once they are stored."""
-        if not got:
-            for j in jobs:
-                j.done.set_result(None)
-            return
+        waiting: the cosigner moves on; the jobs' waiters are released once they are stored.
+        With nothing new (a line already asked for), the jobs still go through the writer's
+        queue: it releases them after any line still on its way, so ``checkpoint()`` serves it."""
         stored: Future = Future()
         t0 = time.perf_counter()
 
@@ -522,20 +575,26 @@ class AuditLog:
                 self.witness_stats[url].store_ms.append((time.perf_counter() - t0) * 1000)
 
         stored.add_done_callback(finish)
-        self._queue.put(_Control("cosignature", stored, got))
+        self._urgent.put(_Control("cosignature", stored, got))
+        self._queue.put(_Control("wake", Future()))  # an idle writer wakes for it
 
     def _store_cosignatures(self, cosigs: list[_Control]) -> None:
+        rows = [r for c in cosigs for r in c.arg]  # type: ignore[attr-defined]
         try:
-            with store.writing(self._engine) as conn:
-                for c in cosigs:
-                    for size, vkey, line in c.arg:  # type: ignore[attr-defined]
+            if rows:
+                with store.writing(self._engine) as conn:
+                    for size, vkey, line in rows:
                         store.insert_cosignature(conn, size, vkey, line)
         except Exception as exc:
             print(f"fak audit: storing cosignatures failed: {exc}", file=sys.stderr, flush=True)
             for c in cosigs:
                 c.future.set_exception(exc)
             return
-        self._any_cosig = True
+        self._any_cosig = self._any_cosig or bool(rows)
+        now = time.monotonic()
+        url = {w.vkey: w.url for w in self.witnesses}
+        for size, vkey, _ in rows:
+            self.witness_stats[url[vkey]].covered(size, now)
         for c in cosigs:
             c.future.set_result(None)
 

@@ -263,3 +263,55 @@ def test_fak_witness_serve_is_a_separate_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fak.cli", "witness", "pubkey", "--dir", str(tmp_path / "w")],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == wvkey
+
+
+def _witnessed(tmp_path, url):  # noqa: ANN001, ANN202
+    with AuditLog.open(url=url, data_dir=tmp_path / "log") as probe:
+        vkey = probe.public_key()
+    server = WitnessServer(Witness(tmp_path / "witness", [vkey]))
+    return server, WitnessEndpoint(server.url, server.witness.vkey())
+
+
+def test_every_signed_checkpoint_is_covered_by_a_cosigned_one(tmp_path):
+    """Checkpoints signed faster than the witness answers: not each is cosigned (only the newest
+    is sent), but each is covered by a stored cosigned one, and the log measures how soon."""
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    server, endpoint = _witnessed(tmp_path, url)
+    with AuditLog.open(url=url, data_dir=tmp_path / "log", witnesses=[endpoint], checkpoint_every=5) as log:
+        for start in range(0, 400, 5):  # a checkpoint per group: signed faster than the witness answers
+            for f in [log.submit(ev(i)) for i in range(start, start + 5)]:
+                f.result()
+        last = log.checkpoint()
+        stats = log.witness_stats[server.url]
+        cps = log.checkpoints()
+        assert last.size == 400 and stats.covered_size == 400 and not stats.uncovered
+        cosigned = [c.size for c in cps if cosignatures(c.note, [endpoint.vkey])]
+        assert len(cosigned) < len(cps)  # coalesced: not every checkpoint carries a line ...
+        lag = [min(s for s in cosigned if s >= c.size) - c.size for c in cps]  # ... each is covered
+        assert len(stats.cover_lag_ms) == len(cps) and max(stats.cover_lag_ms) < 10_000
+        assert sorted(stats.cover_lag_entries) == sorted(lag)
+    server.close()
+
+
+def test_close_and_reopen_leave_no_entry_outside_a_cosigned_checkpoint(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    server, endpoint = _witnessed(tmp_path, url)
+    # no timer, no size trigger: only close signs the tail, and it waits for the witness
+    with AuditLog.open(url=url, data_dir=tmp_path / "log", witnesses=[endpoint],
+                       checkpoint_every=10_000, checkpoint_ms=600_000) as log:
+        for i in range(7):
+            log.append(ev(i))
+    with AuditLog.open(url=url, data_dir=tmp_path / "log") as log:
+        cp = log.latest_checkpoint()
+        assert cp is not None and cp.size == 7 and endpoint.vkey in cosignatures(cp.note, [endpoint.vkey])
+        log.append(ev(7))
+        assert log.checkpoint().size == 8  # signed while no witness was configured
+    # reopened with the witness: the newest checkpoint, never cosigned, is sent without a new append
+    with AuditLog.open(url=url, data_dir=tmp_path / "log", witnesses=[endpoint], checkpoint_ms=600_000) as log:
+        stats = log.witness_stats[server.url]
+        deadline = time.monotonic() + 10
+        while stats.covered_size < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stats.covered_size == 8 and not stats.uncovered
+        assert endpoint.vkey in cosignatures(log.latest_checkpoint().note, [endpoint.vkey])
+    server.close()
