@@ -28,7 +28,7 @@ that must serialise writers takes its own lock, e.g. the audit log's advisory lo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,15 +112,17 @@ def writing(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
-def upgrade(engine: Engine, script_location: Path) -> None:
+def upgrade(engine: Engine, script_location: Path, attributes: Mapping[str, object] | None = None) -> None:
     """Bring one layer's tables to its newest Alembic revision (no-op when there), in one
     writer transaction so two processes opening a new database do not race. Each layer
-    keeps its own script folder and version table, so the layers share one database."""
+    keeps its own script folder and version table, so the layers share one database.
+    ``attributes``: what a layer's migrations need that is not in the database (a key)."""
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(script_location))
+    cfg.attributes.update(attributes or {})
     with writing(engine) as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
