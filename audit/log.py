@@ -154,7 +154,7 @@ class AuditLog:
         try:
             store.migrate(self._engine)
         except Exception as exc:  # a DB that is unreachable or not ours
-            self._engine.dispose()
+            store.release(self._engine)
             if isinstance(exc, AuditError):
                 raise
             raise AuditError(f"cannot open the audit log at {url!r}: {exc}") from exc
@@ -181,7 +181,7 @@ class AuditLog:
             try:
                 self._open_memory()
             except Exception:
-                self._engine.dispose()
+                store.release(self._engine)
                 raise
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
         self._writer.start()
@@ -352,7 +352,7 @@ class AuditLog:
         self._queue.put(_Control("stop", fut))
         fut.result()
         self._writer.join()
-        self._engine.dispose()
+        store.release(self._engine)
 
     def __enter__(self) -> AuditLog:
         return self

@@ -69,6 +69,11 @@ def make_engine(url: str, *, durable: bool = True) -> Engine:
         raise AuditError(str(exc)) from None
 
 
+def release(engine: Engine) -> None:
+    """``fak.db.release``: the engine is shared in the process; the last user disposes it."""
+    db.release(engine)
+
+
 def migrate(engine: Engine) -> None:
     """Apply this layer's Alembic migrations (own version table, audit_* tables)."""
     from alembic import command

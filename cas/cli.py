@@ -76,8 +76,19 @@ def _head(args) -> int:
     return 0
 
 
+def _owned():  # noqa: ANN202
+    """Claim the data directory (``fak.owner``) for a destructive command that bypasses the
+    Kernel: a running server would keep what it erases in its sessions' KV, so while one
+    runs this refuses, naming its pid, and the server's own forget is the way."""
+    from fak import config
+    from fak.owner import claim
+
+    return claim(config.data_dir(), why="forget a ref through its API (POST /v1/forget), or stop it and use "
+                 "'fak forget' / 'fak erase-tenant', which also drop the sessions' KV")
+
+
 def _forget(args) -> int:
-    with _store(args) as store:
+    with _owned(), _store(args) as store:
         print(store.forget(args.digest, args.tenant).model_dump_json())
     return 0
 
@@ -126,7 +137,7 @@ def _erase(args) -> int:
         raise InvalidInput(f"erase-tenant destroys every key of {args.tenant!r}: repeat it with --confirm {args.tenant}")
     print("fak: this erases the tenant's CAS keys and refs only; 'fak erase-tenant' also drops its sessions, "
           "KV, ref records and API keys, and logs it", file=sys.stderr)
-    with _store(args) as store:
+    with _owned(), _store(args) as store:
         print(store.erase_tenant(args.tenant).model_dump_json())
     return 0
 

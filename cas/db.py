@@ -24,6 +24,11 @@ def make_engine(url: str, *, durable: bool = True) -> Engine:
         raise InvalidInput(str(exc)) from None
 
 
+def release(engine: Engine) -> None:
+    """``fak.db.release``: the engine is shared in the process; the last user disposes it."""
+    db.release(engine)
+
+
 def upgrade(engine: Engine) -> None:
     """Bring the CAS tables to the newest revision (no-op when already there)."""
     try:

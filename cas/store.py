@@ -93,14 +93,13 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def _private_sqlite_file(url: str) -> None:
-    """A SQLite database file (and its -wal, -shm) is mode 0600; SQLite gives the WAL
-    and shared-memory files the mode of the database file, so it is created 0600 first."""
+    """A SQLite database file (and its -wal, -shm) is mode 0600: ``fak.db.make_engine``
+    creates a new one 0600 (through SQLite, never ``os.open``: see ``fak.db``), and SQLite
+    gives the WAL and shared-memory files the database file's mode; an existing wider one
+    is narrowed here (``chmod`` opens nothing)."""
     path = _sqlite_path(url)
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         try:
             if p.stat().st_mode & 0o077:
@@ -211,8 +210,8 @@ class CasStore:
         return store
 
     def close(self) -> None:
-        self.engine.dispose()
-        self.keys.engine.dispose()
+        db.release(self.engine)  # shared with the process's other layers (fak.db)
+        db.release(self.keys.engine)
 
     def __enter__(self) -> CasStore:
         return self

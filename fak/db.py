@@ -28,6 +28,8 @@ that must serialise writers takes its own lock, e.g. the audit log's advisory lo
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,17 +45,64 @@ BUSY_TIMEOUT_S = 60
 
 
 def make_engine(url: str, *, durable: bool = True) -> Engine:
-    """An engine for ``url`` with fak's settings (see the module docstring). A bad URL
-    or a missing driver raises ``InvalidInput``."""
+    """The process's engine for ``url`` with fak's settings (see the module docstring),
+    shared by every layer that asks for the same database and durability: one engine, one
+    pool per database per process. Pair each call with ``release(engine)``. A bad URL or a
+    missing driver raises ``InvalidInput``."""
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError as exc:
         raise InvalidInput(f"invalid database URL {_safe(url)}: {exc}") from None
+    sqlite = parsed.get_backend_name() == "sqlite"
+    path = _sqlite_file(parsed.database) if sqlite else None
+    with _shared_lock:
+        if path is not None:
+            _create_private(path)
+        key = (parsed.render_as_string(hide_password=False) if path is None else f"sqlite:{path}?{parsed.query}",
+               durable, _identity(path))
+        shared = _shared.get(key)
+        if shared is None:
+            shared = _Shared(_new_engine(url, parsed, durable, sqlite, pooled=path is not None or not sqlite), key)
+            _shared[key] = shared
+            _by_engine[id(shared.engine)] = shared
+        shared.users += 1
+        return shared.engine
+
+
+def release(engine: Engine) -> None:
+    """One user of a ``make_engine`` engine is done with it; the last one disposes it (its
+    pooled connections closed) and the next ``make_engine`` makes a new one. An engine
+    ``make_engine`` did not return is disposed at once. Disposing a shared engine directly
+    is harmless too (SQLAlchemy opens a new pool), only wasteful."""
+    with _shared_lock:
+        shared = _by_engine.get(id(engine))
+        if shared is None or shared.engine is not engine:
+            engine.dispose()
+            return
+        shared.users -= 1
+        if shared.users > 0:
+            return
+        del _shared[shared.key], _by_engine[id(engine)]
+    engine.dispose()
+
+
+class _Shared:
+    def __init__(self, engine: Engine, key: tuple) -> None:
+        self.engine, self.key, self.users = engine, key, 0
+
+
+_shared: dict[tuple, _Shared] = {}  # (database, durable, file identity) -> the process's engine
+_by_engine: dict[int, _Shared] = {}
+_shared_lock = threading.Lock()
+POOL_SIZE, MAX_OVERFLOW = 15, 30  # one pool serves the CAS, the audit log and the state store together
+
+
+def _new_engine(url: str, parsed: sa.engine.URL, durable: bool, sqlite: bool, pooled: bool) -> Engine:
+    pool = {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW} if pooled else {}  # not for :memory:
     try:
-        if parsed.get_backend_name() != "sqlite":
-            return sa.create_engine(parsed, pool_pre_ping=True)
-        _make_parent(parsed.database)
-        engine = sa.create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_S})
+        if not sqlite:
+            return sa.create_engine(parsed, pool_pre_ping=True, **pool)
+        engine = sa.create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_S}, **pool)
     except (sa.exc.ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
         raise InvalidInput(f"cannot use database URL {_safe(url)}: {exc}") from None
     _sqlite_hooks(engine, durable)
@@ -69,14 +118,39 @@ def _safe(url: str) -> str:
     return repr(shown if len(shown) <= 120 else shown[:117] + "...")
 
 
-def _make_parent(database: str | None) -> None:
-    """Create the database's folder (0700) and the file itself (0600) before SQLite does, so
-    it never exists with the process umask's wider mode; SQLite gives its -wal and -shm files
-    the database file's mode."""
-    if database and database != ":memory:" and not database.startswith("file:"):
-        path = Path(database).expanduser()
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+def _sqlite_file(database: str | None) -> Path | None:
+    """The absolute path of a SQLite database file (None: in memory or a ``file:`` URI)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(os.path.abspath(Path(database).expanduser()))
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """The file's device and inode (a file replaced under the same name gets a new engine)."""
+    if path is None:
+        return None
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def _create_private(path: Path) -> None:
+    """Create the database's folder (0700) and, if it is new, the database itself (0600)
+    through SQLite, under a umask that grants nobody else anything, so it never exists with
+    the process umask's wider mode; SQLite gives its -wal and -shm files the database
+    file's mode. The file is never opened except through SQLite: closing a descriptor
+    opened any other way drops every POSIX lock this process holds on the file, and
+    another process's SQLite then believes it is the last user and deletes the WAL that
+    this process still writes into (issue 25.1)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists():
+        return
+    old = os.umask(0o077)  # process-wide, but only ever narrowed, for the one call below
+    try:
+        sqlite3.connect(path).close()  # creates the empty file (a valid empty database)
+    except sqlite3.Error as exc:
+        raise InvalidInput(f"cannot create the SQLite database {str(path)!r}: {exc}") from None
+    finally:
+        os.umask(old)
 
 
 def _sqlite_hooks(engine: Engine, durable: bool) -> None:
@@ -143,4 +217,4 @@ def run_env(metadata: sa.MetaData, version_table: str) -> None:
         context.run_migrations()
 
 
-__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "run_env", "upgrade", "writing"]
+__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "release", "run_env", "upgrade", "writing"]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fak.db import release
 from fak.errors import FakError, InvalidInput, NotFound
 from fak.kernel.ledger import SegmentKind, SegmentState
 from fak.kernel.pic import PicRegistry
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from fak.forget import ForgetState
     from fak.kernel.loader import LoadedModel
     from fak.kernel.session import Session
+    from fak.owner import Claim
     from fak.policy import Policy, PolicyHolder
     from fak.policy.late import LateFinding, LateJob, LateRunner
     from fak.withdraw import QuarantineReport
@@ -95,6 +97,7 @@ class Kernel:
         self._namespaces: dict[str, bytes] = {}
         self._observers: list[Callable[[str, dict[str, Any]], None]] = []
         self._closed = False
+        self._owned: Claim | None = None  # this process's claim on the data directory (fak.owner)
         # refs whose quarantine or expiry a busy session has still to apply (see fak.withdraw)
         self._pending_withdrawals: dict[str, dict[str, SegmentState]] = {}
         self._producers: dict[tuple[str, str], Producer] = {}  # (tenant, ref) → (tool, source URL)
@@ -117,14 +120,32 @@ class Kernel:
     ) -> Kernel:
         """Open every part on one database (created and migrated as needed), load the
         model (``model`` reuses one already loaded), and finish any forget a crash
-        interrupted."""
+        interrupted. Refuses (``DataDirBusy``, naming the pid) while another process runs
+        a Kernel on the same data directory."""
+        from fak.owner import claim
+
+        settings = settings or Settings.load()
+        # one Kernel per data directory across processes (fak.owner says why); claimed before
+        # anything is loaded, so a refusal costs nothing
+        owned = claim(settings.data_dir, why="stop it first, or do this through its API")
+        try:
+            kernel = cls._open(settings, model, progress)
+        except BaseException:
+            owned.release()
+            raise
+        kernel._owned = owned
+        return kernel
+
+    @classmethod
+    def _open(cls, settings: Settings, model: LoadedModel | None,
+              progress: Callable[[str], None] | None) -> Kernel:
+        """``open`` once the data directory is this process's."""
         from fak.audit import AuditLog
         from fak.cas import CasStore
         from fak.db import make_engine
         from fak.kernel.loader import load_model
         from fak.policy import PolicyHolder
 
-        settings = settings or Settings.load()
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, blobs, database: owner only
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir)
@@ -165,7 +186,9 @@ class Kernel:
             self._sessions.clear()
         self.audit.close()
         self.store.close()
-        self.state.engine.dispose()
+        release(self.state.engine)
+        if self._owned is not None:
+            self._owned.release()
 
     def __enter__(self) -> Kernel:
         return self

@@ -174,3 +174,63 @@ def test_a_new_sqlite_database_is_the_owner_s_alone(tmp_path, settings, tiny_lm)
         assert stat.S_IMODE(os.stat(settings.data_dir / "fak.db").st_mode) == 0o600
     finally:
         k.close()
+
+
+_OTHER_PROCESS = """
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+print(c.execute("SELECT count(*) FROM t").fetchone()[0])
+c.close()  # the last user of the file as far as SQLite can tell: it checkpoints and deletes the WAL
+"""
+
+
+def _other_process(path) -> int:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _OTHER_PROCESS, str(path)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    return int(run.stdout)
+
+
+def test_making_an_engine_keeps_this_process_s_locks(tmp_path):
+    """Issue 25.1: a layer opening its engine while another layer of the same process holds
+    the database open must not drop that process's POSIX locks on the file (as closing a
+    descriptor opened outside SQLite does): another process closing its connection would
+    then delete the WAL the first still writes into, and its later commits vanish."""
+    path = tmp_path / "fak.db"
+    url = f"sqlite:///{path}"
+    engine = db.make_engine(url)
+    with db.writing(engine) as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    held = engine.connect()  # e.g. the audit writer's connection
+    try:
+        held.exec_driver_sql("SELECT count(*) FROM t").scalar()
+        second = db.make_engine(url)  # e.g. the state store, opened after the audit log
+        assert second is engine  # one engine per database per process
+        assert _other_process(path) == 1  # e.g. 'fak keys list' while the server runs
+        assert path.with_name("fak.db-wal").exists()
+        with db.writing(engine) as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+        assert _other_process(path) == 2  # the commit is in the file everyone reads, not a deleted WAL
+        db.release(second)
+    finally:
+        held.close()
+        db.release(engine)
+
+
+def test_one_engine_per_database_until_its_last_user_releases_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'fak.db'}"
+    a = db.make_engine(url)
+    assert db.make_engine(f"sqlite:///{tmp_path / '.' / 'fak.db'}") is a  # the same file, spelled otherwise
+    fast = db.make_engine(url, durable=False)
+    assert fast is not a  # another synchronous setting: its own engine
+    db.release(a)
+    with a.connect() as conn:  # still in use by the other holder
+        assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    db.release(a)
+    b = db.make_engine(url)
+    assert b is not a  # the last release disposed it; the next user gets a new one
+    db.release(b)
+    db.release(fast)
