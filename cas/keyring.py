@@ -28,8 +28,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
 from fak.cas import crypto
-from fak.cas.errors import CasError
-from fak.cas.schema import KeyBase, TenantKey
+from fak.cas.errors import CasError, KeyDestroyed
+from fak.cas.schema import DataKey, KeyBase, TenantKey
+from fak.cas.scrub import pg_xid
 from fak.db import WRITE, writing
 from fak.faults import fault_point
 from fak.keys import derive_key
@@ -111,6 +112,7 @@ class KeyRing:
         self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
         self._keys: dict[str, bytes] = {}  # kek_id -> unwrapped key
         self._digest: dict[str, bytes] = {}  # tenant -> digest key
+        self.data = DataKeys(self)
 
     def create_tables(self) -> None:
         with writing(self.engine) as conn:
@@ -267,12 +269,116 @@ class KeyRing:
         return n
 
     def erase_tenant(self, tenant: str) -> list[TenantKey]:
-        """Destroy every key of the tenant (KEKs and digest key) in one transaction."""
+        """Destroy every key of the tenant (KEKs, digest key, data keys) in one transaction."""
         with self._writer() as s:
             rows = list(s.scalars(sa.select(TenantKey).where(TenantKey.tenant == tenant)))
             s.execute(sa.delete(TenantKey).where(TenantKey.tenant == tenant))
+            s.execute(sa.delete(DataKey).where(DataKey.tenant == tenant))
             s.commit()
         for row in rows:
             self._keys.pop(row.kek_id, None)
         self._digest.pop(tenant, None)
         return rows
+
+
+# ---------------------------------------------------------------------- data keys
+# A blob's data key lives here, beside the KEK that wraps it, and never in the CAS database:
+# deleting its row (forget) then leaves no copy of the CAS database able to open the blob or
+# anything sealed under a key derived from it (fak.state.seal), whenever that copy was made.
+
+
+class DataKeys:
+    """The data keys of the key database (table ``cas_data_keys``), one per blob."""
+
+    def __init__(self, ring: KeyRing) -> None:
+        self.ring = ring
+        self.engine = ring.engine
+        self._session = sessionmaker(ring.engine, expire_on_commit=False)
+        self._writer = sessionmaker(ring.engine.execution_options(**{WRITE: True}), expire_on_commit=False)
+
+    def add(self, tenant: str, dek: bytes) -> tuple[str, Kek]:
+        """Wrap a new blob's data key under the tenant's active KEK and store it (committed,
+        fsynced) before any row of the CAS database names it; its key id and KEK. A writer
+        killed after this and before the blob's row leaves an unnamed key (``orphans``)."""
+        kek = self.ring.active(tenant)
+        key_id = secrets.token_hex(16)
+        with self._writer() as s:
+            s.add(DataKey(key_id=key_id, tenant=tenant, kek_id=kek.kek_id, kek_version=kek.version,
+                          wrapped=crypto.wrap_key(kek.key, dek, data_key_aad(key_id, tenant, kek.kek_id)),
+                          created_us=_now_us()))  # fmt: skip
+            s.commit()
+        return key_id, kek
+
+    def row(self, key_id: str) -> DataKey | None:
+        with self._session() as s:
+            return s.get(DataKey, key_id)
+
+    def rows(self, key_ids: list[str]) -> dict[str, DataKey]:
+        out: dict[str, DataKey] = {}
+        with self._session() as s:
+            for i in range(0, len(key_ids), 500):
+                out.update({r.key_id: r for r in s.scalars(sa.select(DataKey).where(
+                    DataKey.key_id.in_(key_ids[i : i + 500])))})  # fmt: skip
+        return out
+
+    def unwrap(self, row: DataKey, what: str) -> bytes:
+        """The data key in ``row`` (``KeyDestroyed`` once the KEK that wrapped it is gone)."""
+        kek = self.ring.kek(row.kek_id)
+        if kek is None:
+            raise KeyDestroyed(
+                f"the KEK that wrapped the data key of {what} was destroyed (rotation and destroy_retired, or "
+                "erase_tenant): it cannot be decrypted any more (e.g. a key database restored from an old backup)"
+            )
+        return crypto.unwrap_key(kek, row.wrapped, data_key_aad(row.key_id, row.tenant, row.kek_id))
+
+    def delete(self, key_ids: list[str]) -> tuple[int, int | None]:
+        """Delete these keys (the crypto-shred) in one transaction; (rows deleted, the
+        transaction's PostgreSQL xid for the scrub's horizon check)."""
+        if not key_ids:
+            return 0, None
+        with self._writer() as s:
+            xid = pg_xid(s.connection())
+            n = s.execute(sa.delete(DataKey).where(DataKey.key_id.in_(key_ids))).rowcount
+            s.commit()
+        return n or 0, xid
+
+    def import_rows(self, rows: list[dict[str, object]]) -> int:
+        """Insert data keys moved from the CAS database (rows already here are kept: the
+        move is idempotent); the number inserted."""
+        if not rows:
+            return 0
+        with self._writer() as s:
+            have = set(s.scalars(sa.select(DataKey.key_id).where(DataKey.key_id.in_([r["key_id"] for r in rows]))))
+            fresh = [DataKey(**r) for r in rows if r["key_id"] not in have]
+            s.add_all(fresh)
+            s.commit()
+        return len(fresh)
+
+    def rewrap(self, tenant: str, kek: Kek, *, only_kek: str | None = None, batch: int = 1000) -> int:
+        """Re-wrap the tenant's data keys under ``kek``: those under any other KEK, or only
+        those under ``only_kek``; committing every ``batch`` keys (each batch leaves every
+        key readable)."""
+        count = 0
+        while True:
+            with self._writer() as s:
+                q = sa.select(DataKey).where(DataKey.tenant == tenant)
+                q = q.where(DataKey.kek_id == only_kek) if only_kek is not None else q.where(DataKey.kek_id != kek.kek_id)
+                rows = list(s.scalars(q.limit(batch).with_for_update()))
+                for key in rows:
+                    dek = self.unwrap(key, f"data key {key.key_id}")
+                    key.wrapped = crypto.wrap_key(kek.key, dek, data_key_aad(key.key_id, tenant, kek.kek_id))
+                    key.kek_id, key.kek_version = kek.kek_id, kek.version
+                s.commit()
+            fault_point("cas.rotate.after_batch")
+            count += len(rows)
+            if len(rows) < batch:
+                return count
+
+    def counts(self) -> dict[str, int]:
+        """Data keys per KEK id."""
+        with self._session() as s:
+            return dict(s.execute(sa.select(DataKey.kek_id, sa.func.count()).group_by(DataKey.kek_id)).all())
+
+    def ids_older_than(self, cutoff_us: int) -> list[str]:
+        with self._session() as s:
+            return list(s.scalars(sa.select(DataKey.key_id).where(DataKey.created_us < cutoff_us)))

@@ -1,5 +1,6 @@
-"""SQLAlchemy 2 models of the CAS metadata. Content never lands here: only
-digests, sizes, ids and wrapped (encrypted) data keys. Times are integer
+"""SQLAlchemy 2 models of the CAS metadata (``Base``: the CAS database; ``KeyBase``: the key
+database). Content never lands in either: only digests, sizes, ids, and in the key
+database wrapped (encrypted) keys. Times are integer
 microseconds since the Unix epoch (UTC), identical on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ class LegacyKek(Base):
     retired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
-class DataKey(Base):
-    """One blob's AES-256 data key, wrapped (AES-GCM, AAD = key id, tenant, KEK id) by
-    one KEK of its tenant. A narrow table of its own, so a forget deletes and (on
-    PostgreSQL) vacuums only key rows. Deleting it is the shred."""
+class LegacyDataKey(Base):
+    """Where data keys lived up to issue 25 (``cas_keys``, in the CAS database). Opening a
+    store moves every row to the key database (``DataKey``) and empties this table: a key
+    kept next to what it opens is in every backup of it. Read only by that move and by the
+    format-1 migration that runs before it."""
 
     __tablename__ = "cas_keys"
     key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -89,3 +91,19 @@ class TenantKey(KeyBase):
     retired_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (UniqueConstraint("tenant", "kind", "version", name="uq_cas_tenant_keys_version"),)
+
+
+class DataKey(KeyBase):
+    """One blob's AES-256 data key, wrapped (AES-GCM, AAD = key id, tenant, KEK id) by one
+    KEK of its tenant, in the key database: no backup of the CAS database holds it, so a
+    forget (which deletes this row) leaves nothing there that opens the blob, nor the
+    ledger rows sealed under keys derived from it (``fak.state.seal``). A narrow table of
+    its own, so a forget deletes and (on PostgreSQL) vacuums only key rows."""
+
+    __tablename__ = "cas_data_keys"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
+    kek_id: Mapped[str] = mapped_column(String(32), index=True)
+    kek_version: Mapped[int] = mapped_column(Integer)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from fak.kernel.session import Session
     from fak.owner import Claim
     from fak.policy import Policy, PolicyHolder
+    from fak.policy.egress import JudgeEgress
     from fak.policy.late import LateFinding, LateJob, LateRunner
     from fak.withdraw import QuarantineReport
 
@@ -94,6 +95,9 @@ class Kernel:
         self._sessions: dict[tuple[str, str], KernelSession] = {}
         self._registry = threading.RLock()
         self._forget_lock = threading.Lock()
+        from fak.replay import Replayer
+
+        self.replays = Replayer(self)  # forgets' independent replays, after each forget returns
         self._namespaces: dict[str, bytes] = {}
         self._observers: list[Callable[[str, dict[str, Any]], None]] = []
         self._closed = False
@@ -149,7 +153,7 @@ class Kernel:
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, blobs, database: owner only
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir)
-        policy = PolicyHolder(settings.policy_path or default_policy_path())
+        policy = PolicyHolder(settings.policy_path or default_policy_path(), egress=settings.judge_allow_lists())
         import torch
 
         lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights,
@@ -160,7 +164,11 @@ class Kernel:
             audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
                                   checkpoint_every=settings.audit_checkpoint_every,
                                   checkpoint_ms=settings.audit_checkpoint_ms, witnesses=settings.audit_witnesses)
-            state = StateStore(make_engine(url))
+            from fak.keys import derive_key
+            from fak.state.apikeys import MAC_LABEL
+
+            state = StateStore(make_engine(url), api_key_mac=derive_key(master, MAC_LABEL))
+            state.seal_clear_segments(store)  # rows written before sealing (issue 25.2): sealed once
             kernel = cls(settings, lm, policy, store, audit, state, master)
             kernel._log_policy(None, None)
             kernel._resume_forgets(progress)
@@ -176,6 +184,7 @@ class Kernel:
     def close(self) -> None:
         if self._closed:
             return
+        self.replays.close()  # the replays queued finish first (bounded; one left resumes on open)
         self._closed = True
         self._stop.set()
         if self._late is not None:
@@ -229,6 +238,15 @@ class Kernel:
         """The file or folder the policy is loaded from (``reload_policy`` reads it again)."""
         return self._policy.path
 
+    @property
+    def judge_egress(self) -> JudgeEgress:
+        """The deployment's judge allow-lists (settings ``judge_egress``, ``judge_key_envs``) that
+        every policy this kernel loads is checked against (validate, replace, reload); a
+        holder built without them allows no judge."""
+        from fak.policy.egress import CLOSED
+
+        return self._policy.egress if self._policy.egress is not None else CLOSED
+
     def loaded_sessions(self, tenant: str) -> list[KernelSession]:
         """The tenant's sessions whose KV is in memory now."""
         return [ks for ks in self._loaded_sessions() if ks.tenant == tenant and ks.loaded]
@@ -255,7 +273,8 @@ class Kernel:
         if previous == p.digest:
             return
         self.audit.append(PolicyLoaded(policy_id=_ident(p.name), policy_digest=p.digest, previous_digest=previous,
-                                       principal=_ident(principal) if principal else None))
+                                       principal=_ident(principal) if principal else None,
+                                       judges=_judge_scopes(p)))
 
     def evict_mode(self) -> EvictMode:
         """The active policy's eviction mode for a span in the middle of the cache."""
@@ -387,12 +406,21 @@ class Kernel:
 
     # --- forget and late quarantine --------------------------------------------
     def forget(
-        self, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
+        self, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None,
+        wait_replay: bool = False,
     ) -> ForgetReceipt:
-        """Erase ``ref`` from every session, cache and store of the tenant; a signed receipt."""
+        """Erase ``ref`` from every session, cache and store of the tenant; a signed receipt.
+        It returns once the erasure is done; the independent replay of each session's
+        survivors completes the receipt afterwards (``receipt.replay``: pending, then
+        verified; ``forget_status`` serves it). ``wait_replay``: return the completed one."""
         from fak.forget import forget
 
-        return forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+        receipt = forget(self, tenant, ref, requested_by=requested_by, reason=reason)
+        if wait_replay and receipt.replay == "pending":
+            self.replays.wait(receipt.request_id)
+            done = self.forget_status(tenant, receipt.request_id).receipt
+            receipt = done if done is not None else receipt
+        return receipt
 
     def forget_status(self, tenant: str, request_id: str) -> ForgetState:
         """A forget of the tenant by request id: its state, and its receipt once completed."""
@@ -456,7 +484,7 @@ class Kernel:
             return
         from fak.policy.late import LateRunner, build_detectors
 
-        detectors = build_detectors(list(rules))
+        detectors = build_detectors(list(rules), self.judge_egress)
         if self._late is None:
             self._late = LateRunner(self._late_fired, self._late_failed, workers=self.settings.late_workers,
                                     queue_max=self.settings.late_queue)
@@ -467,7 +495,8 @@ class Kernel:
         job, loudly: the result stays admitted, as it would without late detectors)."""
         from fak.policy.late import applies
 
-        if self._late is None or not any(applies(r, job.tool, job.trust) for r in self.policy.spec.late_detectors):
+        if self._late is None or not any(applies(r, job.tool, job.trust, job.tenant)
+                                         for r in self.policy.spec.late_detectors):
             return
         dropped = self._late.stats["dropped"]
         if not self._late.submit(job) and self._late.stats["dropped"] > dropped:  # not: closed, or reloaded
@@ -588,6 +617,9 @@ class Kernel:
             if progress:
                 progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
             resume(self, row)
+        from fak.replay import resume as resume_replays
+
+        resume_replays(self)  # replays a crash interrupted: run again, in the background
 
 
 def _check_session_id(value: object) -> str:
@@ -597,3 +629,16 @@ def _check_session_id(value: object) -> str:
         raise InvalidInput("a session id is 1-64 characters from letters, digits and . _ -, "
                            "starting with a letter or digit")
     return value
+
+
+def _judge_scopes(policy: Policy) -> list[Any] | None:
+    """Each judge of ``policy``: its destination (scheme://host:port) and the tenants whose
+    tool results it may be sent, for the ``policy_loaded`` event (None: no judge)."""
+    from fak.audit.events import JudgeScope
+    from fak.policy.egress import origin_of
+
+    judges = [r for r in policy.spec.late_detectors if r.kind == "judge" and r.url]
+    if not judges:
+        return None
+    return [JudgeScope(detector_id=_ident(r.id), destination=origin_of(r.url), all_tenants=r.tenants == "all",
+                       tenants=[] if r.tenants == "all" else list(r.tenants or ())) for r in judges]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from fak.kernel.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.pic_serve import PicBinding
 from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
 from fak.state.schema import SegmentRow, SessionRow
+from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import check_id
 
@@ -90,6 +91,13 @@ def _turns(s: Session) -> int:
     return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
 
 
+def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
+    """What a sealed ciphertext stands for: its refs and plaintext (in memory only)."""
+    import hashlib
+
+    return hashlib.blake2b(json.dumps(sorted(refs)).encode() + b"\x00" + plain.encode(), digest_size=32).digest()
+
+
 def _ident(value: str) -> str:
     """Audit ids allow a restricted alphabet; map anything else to '_'."""
     return "".join(c if (c.isascii() and c.isalnum()) or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
@@ -107,6 +115,9 @@ class KernelSession:
         self._mech: Session | None = None
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
         self._attention_cache: tuple[tuple[int, int, int], dict[str, tuple[str, str | None]]] | None = None
+        # segment id → (what was sealed: a digest of refs and plaintext, the ciphertext): a ledger
+        # is rewritten whole on every change, its sealed segments are not re-derived each time
+        self._sealed: dict[str, tuple[bytes, bytes | None]] = {}
         self.last_used = time.monotonic()
         if fresh:
             self._mech = self._new_mech()
@@ -236,21 +247,67 @@ class KernelSession:
             fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
         )  # fmt: skip
         segs = []
+        sealed = self._seal_all(s)
         for i, seg in enumerate(s.ledger.segments):
             message = s._messages.get(seg.id)
             keep = seg.live and seg.kind is not SegmentKind.TOOL  # tool tokens come back from the CAS
+            ciphertext = sealed.get(seg.id)
+            clear = keep and ciphertext is None  # trusted text (no content provenance): in the clear
             segs.append(SegmentRow(
                 tenant=self.tenant, session_id=self.id, id=seg.id, seq=i, kind=seg.kind.value,
                 state=seg.state.value, ref=seg.ref, verdict=seg.verdict, rule=seg.rule,
                 policy_digest=seg.policy_digest, protected=seg.protected, chunks=json.dumps(seg.chunks),
                 ntokens=seg.length if seg.live else seg.removed_tokens,
-                tokens=pack_tokens(seg.tokens) if keep else None,
-                message_role=message["role"] if keep and message else None,
-                message_text=message["content"] if keep and message else None,
+                tokens=pack_tokens(seg.tokens) if clear else None,
+                message_role=message["role"] if clear and message else None,
+                message_text=message["content"] if clear and message else None,
+                sealed=ciphertext if keep else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
                 expires_turn=seg.expires_turn,
             ))  # fmt: skip
         return head, segs
+
+    def _seal_all(self, s: Session) -> dict[str, bytes]:
+        """The ciphertext of every live text segment derived from tool content (``fak.state.seal``):
+        from the cache when its refs and plaintext are unchanged, else sealed now under a key
+        derived from its refs' data keys (one key-database read for all new ones)."""
+        out: dict[str, bytes] = {}
+        todo: list[tuple[Segment, Plain, bytes]] = []
+        for seg in s.ledger.live():
+            if seg.kind is SegmentKind.TOOL or not seg.content:
+                continue
+            message = s._messages.get(seg.id)
+            plain = Plain(list(seg.tokens), message["role"] if message else None, message["content"] if message else None)
+            mark = _seal_mark(seg.content, plain)
+            cached = self._sealed.get(seg.id)
+            if cached is not None and cached[0] == mark:
+                if cached[1] is not None:
+                    out[seg.id] = cached[1]
+                continue
+            todo.append((seg, plain, mark))
+        if todo:
+            keys = self._content_keys(frozenset().union(*(seg.content for seg, _, _ in todo)))
+            for seg, plain, mark in todo:
+                mine = {r: keys[r] for r in seg.content}
+                ciphertext = seal(mine, self.tenant, self.id, seg.id, plain) if needs_seal(mine) else None
+                self._sealed[seg.id] = (mark, ciphertext)
+                if ciphertext is not None:
+                    out[seg.id] = ciphertext
+        live = {seg.id for seg in s.ledger.live()}
+        for sid in [x for x in self._sealed if x not in live]:
+            del self._sealed[sid]
+        return out
+
+    def _content_keys(self, refs: frozenset[str]) -> dict[str, bytes]:
+        """The data keys of ``refs``, to seal or open what derives from them."""
+        from fak.cas.errors import CasError
+
+        try:
+            return self.kernel.store.content_keys(self.tenant, refs)
+        except CasError as exc:
+            raise StateError(f"session {self.id}: a segment derives from a ref whose data key is gone ({exc}); "
+                             "was it erased outside the kernel (fak cas forget)? Forget it through the kernel "
+                             "to drop what derives from it") from exc
 
     def _persist(self, forget: tuple[str, dict[str, Any]] | None = None, fingerprint: str | None = None) -> None:
         """Write the ledger; ``fingerprint``: the KV's, when the caller has just computed it
@@ -266,6 +323,7 @@ class KernelSession:
         if found is None:
             raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
         head, rows = found
+        opened = self._open_sealed(rows)
         s = self._new_mech()
         pic, s.pic = s.pic, None  # the replay is exact (the fingerprint check needs it); later appends may use PIC
         s.chunk_size = head.chunk_size
@@ -288,6 +346,10 @@ class KernelSession:
                 message = {"role": "tool", "content": k.tool_text(self.tenant, row.ref)}
                 history = [s._messages[x.id] for x in s.ledger.live() if x.id in s._messages]
                 tokens = k.tokenizer.encode_message(history, message)
+            elif row.id in opened:
+                plain = opened[row.id]
+                tokens = plain.tokens
+                message = {"role": plain.role, "content": plain.text or ""} if plain.role else None
             else:
                 tokens = unpack_tokens(row.tokens or b"")
                 message = {"role": row.message_role, "content": row.message_text} if row.message_role else None
@@ -318,6 +380,21 @@ class KernelSession:
             k._audit_rebuild(self, s, self._cause, fingerprint)
         self._cause = "restart"
         return s
+
+    def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:
+        """Open the live sealed rows of a ledger (their refs' data keys read once) and
+        remember their ciphertext, so the next write does not seal them again."""
+        sealed = [r for r in rows if r.sealed is not None and r.state == SegmentState.LIVE.value]
+        if not sealed:
+            return {}
+        contents = {r.id: frozenset(json.loads(r.content)) for r in sealed}
+        keys = self._content_keys(frozenset().union(*contents.values()))
+        out: dict[str, Plain] = {}
+        for r in sealed:
+            plain = unseal({x: keys[x] for x in contents[r.id]}, self.tenant, self.id, r.id, r.sealed)
+            out[r.id] = plain
+            self._sealed[r.id] = (_seal_mark(contents[r.id], plain), r.sealed)
+        return out
 
     # --- reading --------------------------------------------------------------
     def ledger(self) -> list[dict[str, object]]:
@@ -428,6 +505,13 @@ class KernelSession:
             body, admitted_ref = data, (ref if admitted else None)
             if kind is VerdictKind.REDACT and verdict.redacted_bytes is not None:
                 body = verdict.redacted_bytes
+                derived = k.store.digest_of(body, self.tenant)
+                if derived != ref:
+                    if k.state.forget_pending(self.tenant, derived):
+                        raise RefBeingForgotten("the redacted form of these bytes is being forgotten; admit them "
+                                                "again once the forget completed")
+                    # linked before the redacted bytes are stored: a forget of either form finds both
+                    k.state.link_refs(self.tenant, ref, derived)
                 admitted_ref = k.store.put(body, media_type, self.tenant).digest
             segment_id = s.ledger.new_id()
             event = AdmissionVerdict(  # validated before anything changes
@@ -672,14 +756,20 @@ class KernelSession:
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------
-    def _drop_derived(self, ref: str, *, forget: bool) -> tuple[list[Segment], list[str], list[str], str, str]:
+    def _drop_derived(
+        self, ref: str | Collection[str], *, forget: bool
+    ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]:
         """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);
         then, if any survivor still attended to it (a REROPE trace, a PIC chunk computed
         beside it), rebuild exactly. Returns the dropped segments, the prefix-cache nodes and
-        PIC chunks dropped with them, the fingerprint after and that of an independent
-        replay. The caller holds the lock."""
+        PIC chunks dropped with them, the fingerprint after and a copy of the survivors (what
+        the forget's independent replay, ``fak.replay``, replays once the forget returned).
+        ``ref`` may be several refs (a REDACTed result's two forms): one drop, one replay.
+        The caller holds the lock."""
         s = self._loaded()
-        victims = [x for x in s.ledger.live() if (x.derived_from(ref) if forget else x.ref == ref)]
+        refs = {ref} if isinstance(ref, str) else set(ref)
+        victims = [x for x in s.ledger.live()
+                   if any((x.derived_from(r) if forget else x.ref == r) for r in refs)]
         nodes: list[str] = []
         chunks: list[str] = []
         if victims:
@@ -689,9 +779,20 @@ class KernelSession:
             if forget:
                 for x in victims:
                     x.mark(SegmentState.FORGOTTEN)
-        if any(ref in x.provenance for x in s.ledger.live()) or s.approximate:
+        if any(refs & x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = self._replayed(s)
-        return victims, nodes, chunks, s.fingerprint(), s.replay_fingerprint()
+        survivors = [replace(x, tokens=list(x.tokens), chunks=list(x.chunks)) for x in s.ledger.live()]
+        return victims, nodes, chunks, s.fingerprint(), survivors
+
+    def replay_of(self, segment_ids: Sequence[str]) -> str | None:
+        """Fingerprint of an independent replay of the segments ``segment_ids`` (the survivors
+        of a forget whose replay a crash interrupted), or None if one of them is no longer
+        live (its tokens are gone from the ledger)."""
+        with self._locked() as s:
+            live = {x.id: x for x in s.ledger.live()}
+            if any(i not in live for i in segment_ids):
+                return None
+            return s.replay_fingerprint([live[i] for i in segment_ids])
 
     def _replayed(self, s: Session) -> Session:
         """A fresh exact session with the same ledger (live segments replayed)."""

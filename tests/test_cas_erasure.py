@@ -28,7 +28,7 @@ from fak import config
 from fak.cas import CasStore, KeyDestroyed, KeyMismatch
 from fak.cas.crypto import legacy_wrap_key
 from fak.cas.keyring import DIGEST
-from fak.cas.schema import Blob, DataKey, LegacyKek, TenantKey
+from fak.cas.schema import Blob, DataKey, LegacyDataKey, LegacyKek, TenantKey
 from fak.errors import FakError
 from fak.keys import derive_key, load_master_secret
 
@@ -37,6 +37,18 @@ MASTER = bytes(range(32))
 
 def _open(data: Path, url: str, keys: Path, **kw) -> CasStore:
     return CasStore.open(data, url, master_secret=MASTER, key_url=f"sqlite:///{keys}", chunk_size=1024, **kw)
+
+
+def _key_of(store: CasStore, ref, tenant: str = "acme") -> DataKey:  # noqa: ANN001
+    """The data key row of a live ref (in the key database)."""
+    with store._session() as s:
+        key_id = store._row(s, ref.digest, tenant).key_id
+    return store.keys.data.row(key_id)
+
+
+def _set_key(store: CasStore, key_id: str, **values) -> None:  # noqa: ANN003
+    with store.keys.engine.begin() as conn:
+        conn.execute(sa.update(DataKey).where(DataKey.key_id == key_id).values(**values))
 
 
 def _raw(*roots: Path) -> bytes:
@@ -115,7 +127,10 @@ class Backup:
         shutil.copytree(self.blobs, blobs)
 
 
-def test_backup_cannot_decrypt_forgotten_after_rotation(db_url, tmp_path):
+def test_backup_cannot_decrypt_forgotten_at_once(db_url, tmp_path):
+    """Data keys live in the key database (issue 25.2): a CAS backup made before a forget
+    opens nothing of the forgotten ref as soon as the forget completed, no rotation needed;
+    it still opens the refs that are live, through any rotation."""
     data, keys = tmp_path / "data", tmp_path / "vault" / "cas-keys.db"
     store = _open(data, db_url, keys)
     secret = b"FORGET-ME " + secrets.token_bytes(3000)
@@ -123,18 +138,22 @@ def test_backup_cannot_decrypt_forgotten_after_rotation(db_url, tmp_path):
     kept = store.put(b"kept " * 300, "text/plain", "acme")
     other = store.put(b"another tenant " * 100, "text/plain", "globex")
     backup = Backup(store, data / "blobs", tmp_path / "backup")
+    assert all(not v for v in backup.rows["cas_keys"])  # the CAS database holds no data key
     key_db_before = tmp_path / "key-db-copy"  # only for the limit checked at the end
     with sqlite3.connect(keys) as src, sqlite3.connect(key_db_before) as dst:
         src.backup(dst)  # a consistent copy (the WAL included)
 
     record = store.forget(gone.digest, "acme")
     assert record.crypto_shredded and record.shred_status == "destroyed" and record.kek_version == 1
+    assert record.key_deleted and record.ciphertext_deleted
 
-    # a restore before the old KEK is destroyed still opens the forgotten blob: the guarantee
-    # needs rotation *and* destruction, and this is what the test can fail on
+    # restore the backup (database and blobs) at once, with the current master secret and key database
     backup.restore(store, data / "blobs")
-    assert store.get(gone, "acme") == secret
-    store.forget(gone.digest, "acme")  # forgotten again in the live store
+    with pytest.raises(KeyDestroyed, match="not in the key database"):
+        store.get(gone, "acme")
+    assert store.get(kept, "acme") == b"kept " * 300  # the backup restores what is live
+    store.forget(gone.digest, "acme")  # the restored row is finished off: a tombstone again
+    assert store.head(gone.digest, "acme").state == "forgotten"
 
     rotated = store.rotate()
     assert rotated.versions == {"acme": 2, "globex": 2} and rotated.rewrapped == 2
@@ -142,25 +161,20 @@ def test_backup_cannot_decrypt_forgotten_after_rotation(db_url, tmp_path):
     destroyed = store.destroy_retired(older_than=0)
     assert sorted((i.tenant, i.version) for i in destroyed.destroyed) == [("acme", 1), ("globex", 1)]
     assert destroyed.shred_status == "destroyed"
-    assert store.get(kept, "acme") == b"kept " * 300  # live data survives the rotation
     store.close()
 
-    # restore the backup (database and blobs) and open it with the current master secret
     store = _open(data, db_url, keys)
     backup.restore(store, data / "blobs")
-    with pytest.raises(KeyDestroyed, match="destroyed"):
-        store.get(gone, "acme")
-    # every wrapped key in the backup was wrapped under a destroyed KEK: no current key opens one
-    assert {r["kek_version"] for r in backup.rows["cas_keys"]} == {1}
-    assert all(store.keys.kek(r["kek_id"]) is None for r in backup.rows["cas_keys"])
-    # the backup is void for refs that were live then as well: its age is bounded by the grace period
     with pytest.raises(KeyDestroyed):
-        store.get(kept, "acme")
+        store.get(gone, "acme")
+    # a rotation re-wraps the keys where they live: a CAS backup stays restorable for live refs
+    assert store.get(kept, "acme") == b"kept " * 300 and store.get(other, "globex") == b"another tenant " * 100
     store.close()
 
-    # the documented limit: a copy of the key database from before the destruction, with the
-    # master secret, is the old KEK itself; such a copy must not be kept past the grace period
+    # the documented limit: a copy of the key database made before the forget, with the master
+    # secret (and the CAS backup and blobs), is the forgotten data key itself: keep no such copy
     old = CasStore.open(data, db_url, master_secret=MASTER, key_url=f"sqlite:///{key_db_before}", chunk_size=1024)
+    backup.restore(old, data / "blobs")
     assert old.get(gone, "acme") == secret and old.get(other, "globex") == b"another tenant " * 100
     old.close()
 
@@ -178,8 +192,8 @@ def test_backup_cannot_decrypt_an_erased_tenant(db_url, tmp_path):
     assert sorted(k.split(":")[0] for k in erased.keys_destroyed) == ["digest", "kek"]
     assert all(store.head(r.digest, "acme").state == "forgotten" for r in refs)
     assert store.kek_versions("acme") == []
-    with store._session() as s:
-        assert s.scalar(sa.select(sa.func.count()).select_from(DataKey).where(DataKey.tenant == "acme")) == 0
+    with store.keys.engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(DataKey).where(DataKey.tenant == "acme")) == 0
     # the tenant's digest key went with it: the same bytes no longer give the same digest
     assert store.digest_of(b"globex keeps this", "acme") != store.digest_of(b"globex keeps this", "globex")
     store.close()
@@ -202,15 +216,13 @@ def test_destroy_retired_rewraps_a_straggler_first(tmp_path):
     old = store.keys.active("acme")
     store.rotate()
     late = store.put(b"late put", "text/plain", "acme")
-    with store._writer() as s:  # rewind the late key to the old KEK, as the race would have left it
-        row = s.get(DataKey, store._row(s, late.digest, "acme").key_id)
-        dek = store._unwrap(row, "acme", late.digest)
-        from fak.cas import crypto
-        from fak.cas.keyring import data_key_aad
+    row = _key_of(store, late)  # rewind the late key to the old KEK, as the race would have left it
+    dek = store._unwrap(row, "acme", late.digest)
+    from fak.cas import crypto
+    from fak.cas.keyring import data_key_aad
 
-        row.wrapped = crypto.wrap_key(old.key, dek, data_key_aad(row.key_id, "acme", old.kek_id))
-        row.kek_id, row.kek_version = old.kek_id, old.version
-        s.commit()
+    _set_key(store, row.key_id, wrapped=crypto.wrap_key(old.key, dek, data_key_aad(row.key_id, "acme", old.kek_id)),
+             kek_id=old.kek_id, kek_version=old.version)
     result = store.destroy_retired(0)
     assert result.rewrapped == 1 and [i.version for i in result.destroyed] == [1]
     assert store.get(late, "acme") == b"late put"
@@ -240,23 +252,33 @@ def _raw_pages(engine: sa.Engine, table: str) -> bytes:
                         for n in range(pages))  # fmt: skip
 
 
+@pytest.fixture
+def pg_key_db() -> Iterator[str]:
+    """A second private PostgreSQL database: the key database (FAK_CAS_KEY_URL) on PostgreSQL."""
+    yield from _private_pg_database()
+
+
+def _open_pg(tmp_path: Path, url: str, key_url: str) -> CasStore:
+    return CasStore.open(tmp_path / "data", url, master_secret=MASTER, key_url=key_url, chunk_size=1024)
+
+
 @pytest.mark.postgres
-def test_forget_leaves_no_wrapped_key_on_postgres(pg_db, tmp_path):
-    store = _open(tmp_path / "data", pg_db, tmp_path / "keys.db")
+def test_forget_leaves_no_wrapped_key_on_postgres(pg_db, pg_key_db, tmp_path):
+    store = _open_pg(tmp_path, pg_db, pg_key_db)
     refs = [store.put(secrets.token_bytes(100 + i), "application/octet-stream", "acme") for i in range(20)]
     target = refs[7]
-    with store._session() as s:
-        wrapped = s.get(DataKey, store._row(s, target.digest, "acme").key_id).wrapped
-    assert any(wrapped in t for t in _heap_tuples(store.engine, "cas_keys"))  # the scan does see a live key
+    wrapped = _key_of(store, target).wrapped
+    assert any(wrapped in t for t in _heap_tuples(store.keys.engine, "cas_data_keys"))  # the scan sees a live key
+    assert not any(wrapped in t for t in _heap_tuples(store.engine, "cas_keys"))  # and none in the CAS database
 
     record = store.forget(target.digest, "acme")
     assert record.key_deleted and record.shred_status == "destroyed" and record.crypto_shredded
-    assert not any(wrapped in t for t in _heap_tuples(store.engine, "cas_keys")), "wrapped key left in a tuple"
+    assert not any(wrapped in t for t in _heap_tuples(store.keys.engine, "cas_data_keys")), "wrap left in a tuple"
     assert all(store.get(r, "acme") for r in refs if r != target)
 
     # PostgreSQL does not zero the freed bytes inside the page: what may linger there (and in
     # WAL segments) is a wrap under KEK v1, which opens nothing once v1 is destroyed
-    lingering = wrapped in _raw_pages(store.engine, "cas_keys")
+    lingering = wrapped in _raw_pages(store.keys.engine, "cas_data_keys")
     store.rotate()
     store.destroy_retired(0)
     assert store.keys.kek(record.kek_id) is None
@@ -265,22 +287,21 @@ def test_forget_leaves_no_wrapped_key_on_postgres(pg_db, tmp_path):
 
 
 @pytest.mark.postgres
-def test_forget_with_an_open_snapshot_on_postgres_reports_pending(pg_db, tmp_path):
-    store = _open(tmp_path / "data", pg_db, tmp_path / "keys.db")
+def test_forget_with_an_open_snapshot_on_postgres_reports_pending(pg_db, pg_key_db, tmp_path):
+    store = _open_pg(tmp_path, pg_db, pg_key_db)
     ref = store.put(b"seen by a long transaction " * 10, "text/plain", "acme")
-    with store._session() as s:
-        wrapped = s.get(DataKey, store._row(s, ref.digest, "acme").key_id).wrapped
-    reader = sa.create_engine(pg_db)
+    wrapped = _key_of(store, ref).wrapped
+    reader = sa.create_engine(pg_key_db)
     with reader.connect() as conn:
         conn.execute(sa.text("BEGIN ISOLATION LEVEL REPEATABLE READ"))
-        conn.execute(sa.text("SELECT count(*) FROM cas_keys")).scalar()  # takes the snapshot
+        conn.execute(sa.text("SELECT count(*) FROM cas_data_keys")).scalar()  # takes the snapshot
         record = store.forget(ref.digest, "acme")
         assert record.key_deleted and record.shred_status == "pending_vacuum" and not record.crypto_shredded
-        assert any(wrapped in t for t in _heap_tuples(store.engine, "cas_keys"))  # what the status warns of
+        assert any(wrapped in t for t in _heap_tuples(store.keys.engine, "cas_data_keys"))  # what the status warns of
         conn.rollback()
     reader.dispose()
     assert store.scrub() == "destroyed"
-    assert not any(wrapped in t for t in _heap_tuples(store.engine, "cas_keys"))
+    assert not any(wrapped in t for t in _heap_tuples(store.keys.engine, "cas_data_keys"))
     again = store.forget(ref.digest, "acme")  # a repeated forget retries the scrub
     assert again.already_forgotten and again.shred_status == "destroyed"
     store.close()
@@ -290,21 +311,20 @@ def test_forget_with_an_open_snapshot_on_postgres_reports_pending(pg_db, tmp_pat
 
 
 def test_sqlite_forget_with_an_open_reader_reports_pending_checkpoint(tmp_path):
-    db = tmp_path / "fak.db"
-    store = _open(tmp_path / "data", f"sqlite:///{db}", tmp_path / "keys.db")
+    keys = tmp_path / "keys.db"
+    store = _open(tmp_path / "data", f"sqlite:///{tmp_path / 'fak.db'}", keys)
     ref = store.put(b"read by someone else " * 40, "text/plain", "acme")
-    with store._session() as s:
-        wrapped = s.get(DataKey, store._row(s, ref.digest, "acme").key_id).wrapped
-    reader = sqlite3.connect(db, isolation_level=None)
+    wrapped = _key_of(store, ref).wrapped
+    reader = sqlite3.connect(keys, isolation_level=None)  # the data key lives in the key database
     reader.execute("BEGIN")
-    reader.execute("SELECT count(*) FROM cas_keys").fetchone()  # holds a WAL snapshot
+    reader.execute("SELECT count(*) FROM cas_data_keys").fetchone()  # holds a WAL snapshot
     t0 = time.monotonic()
     record = store.forget(ref.digest, "acme")
     assert time.monotonic() - t0 < 10  # waits briefly for the reader, not the 60 s busy timeout
     assert record.key_deleted and record.ciphertext_deleted
     assert record.shred_status == "pending_wal_checkpoint" and record.wal_checkpointed is False
     assert not record.crypto_shredded  # not claimed while the WAL may still hold the key
-    assert wrapped in (tmp_path / "fak.db-wal").read_bytes()  # exactly what the status warns of
+    assert wrapped in (tmp_path / "keys.db-wal").read_bytes()  # exactly what the status warns of
     reader.execute("COMMIT")
     reader.close()
     assert store.scrub() == "destroyed"
@@ -330,20 +350,14 @@ def test_a_wrapped_data_key_moved_to_another_key_id_or_tenant_does_not_unwrap(db
     a2 = store.put(b"acme two " * 50, "text/plain", "acme")
     g1 = store.put(b"globex one " * 50, "text/plain", "globex")
 
-    def key_of(s, ref, tenant):  # noqa: ANN001, ANN202
-        return s.get(DataKey, store._row(s, ref.digest, tenant).key_id)
-
-    with store._writer() as s:  # swap two wrapped keys of one tenant (same KEK, other key ids)
-        k1, k2 = key_of(s, a1, "acme"), key_of(s, a2, "acme")
-        k1.wrapped, k2.wrapped = k2.wrapped, k1.wrapped
-        s.commit()
+    k1, k2 = _key_of(store, a1), _key_of(store, a2)  # swap two wrapped keys of one tenant (same KEK)
+    _set_key(store, k1.key_id, wrapped=k2.wrapped)
+    _set_key(store, k2.key_id, wrapped=k1.wrapped)
     for ref in (a1, a2):
         with pytest.raises(KeyMismatch, match="moved"):
             store.get(ref, "acme")
-    with store._writer() as s:  # put acme's key (and its KEK reference) in globex's row
-        k1, kg = key_of(s, a1, "acme"), key_of(s, g1, "globex")
-        kg.wrapped, kg.kek_id = k1.wrapped, k1.kek_id
-        s.commit()
+    kg = _key_of(store, g1, "globex")  # put acme's key (and its KEK reference) in globex's row
+    _set_key(store, kg.key_id, wrapped=k1.wrapped, kek_id=k1.kek_id)
     with pytest.raises(KeyMismatch):
         store.get(g1, "globex")
     store.close()
@@ -445,10 +459,13 @@ def _make_format1(store: CasStore) -> None:
     import blake3
 
     kek = derive_key(MASTER, "fak/cas/kek", b"v1")
+    with store.keys.engine.connect() as conn:
+        keys = list(conn.execute(sa.select(DataKey)))
     with store._writer() as s:
-        for key in s.scalars(sa.select(DataKey)):
+        for key in keys:  # format 1 kept its data keys in the CAS database
             dek = store._unwrap(key, key.tenant, key.key_id)
-            key.wrapped, key.kek_version, key.kek_id, key.tenant = legacy_wrap_key(kek, dek), 1, None, None
+            s.add(LegacyDataKey(key_id=key.key_id, wrapped=legacy_wrap_key(kek, dek), kek_version=1, kek_id=None,
+                                tenant=None, created_us=key.created_us))  # fmt: skip
         s.add(LegacyKek(version=1, check_value=blake3.blake3(b"fak/cas/kek-check", key=kek).hexdigest()[:32],
                         created_us=1))  # fmt: skip
         s.commit()
@@ -474,7 +491,9 @@ def test_format1_store_is_rewrapped_once_on_open(db_url, tmp_path):
         assert store.digest_of(contents[r.digest], t) == r.digest  # existing digests stay valid
     with store._session() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(LegacyKek)) == 0
-        assert all(k.kek_id and k.tenant for k in s.scalars(sa.select(DataKey)))
+        assert s.scalar(sa.select(sa.func.count()).select_from(LegacyDataKey)) == 0  # moved to the key database
+    with store.keys.engine.connect() as conn:
+        assert len(list(conn.execute(sa.select(DataKey).where(DataKey.kek_id.is_not(None))))) == 3
     with store.keys._session() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(TenantKey).where(TenantKey.kind == DIGEST)) == 2
     assert store._migrate_legacy(MASTER) == 0  # once
@@ -495,7 +514,10 @@ def test_default_store_keeps_keys_out_of_the_cas_database(tmp_path):
     store = CasStore.open(config.data_dir())
     store.put(b"x", "text/plain", "acme")
     names = set(sa.inspect(store.engine).get_table_names())
-    assert "cas_tenant_keys" not in names and "cas_keys" in names
+    assert "cas_tenant_keys" not in names and "cas_data_keys" not in names
+    assert {"cas_tenant_keys", "cas_data_keys"} <= set(sa.inspect(store.keys.engine).get_table_names())
+    with store._session() as s:  # the table where data keys lived before issue 25 stays empty
+        assert s.scalar(sa.select(sa.func.count()).select_from(LegacyDataKey)) == 0
     assert Path(store.keys.engine.url.database).parent == config.data_dir() / "keys"
     with store._session() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Blob)) == 1

@@ -285,7 +285,7 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
     with store._session() as s:
         row = store._row(s, ref.digest, "acme")
         key_id, blob_id = row.key_id, row.blob_id
-        wrapped = s.get(DataKey, key_id).wrapped
+    wrapped = store.keys.data.row(key_id).wrapped
     roots = (config.data_dir(), tmp_path)
     assert marker not in _raw_bytes_under(*roots)  # encrypted at rest
     if db_url.startswith("sqlite"):
@@ -309,8 +309,7 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
     assert store.head(ref.digest, "acme").state == "forgotten"
     assert store.where_used(ref.digest, "acme") == []
     assert store.backend.size(blob_id) is None
-    with store._session() as s:
-        assert s.get(DataKey, key_id) is None
+    assert store.keys.data.row(key_id) is None
     raw = _raw_bytes_under(*roots)
     assert marker not in raw
     if db_url.startswith("sqlite"):
@@ -351,13 +350,13 @@ def test_kek_rotation_keeps_every_live_blob_readable(store):
     contents = {ref.digest: store.get(ref, t) for ref, t in blobs.items()}
     gone = store.put(b"forgotten before rotation", "text/plain", "acme")
     store.forget(gone.digest, "acme")
-    with store._session() as s:
-        before = {k.key_id: k.wrapped for k in s.scalars(sa.select(DataKey))}
+    with store.keys.engine.connect() as conn:  # data keys live in the key database
+        before = {k.key_id: k.wrapped for k in conn.execute(sa.select(DataKey))}
     first = store.rotate()
     assert first.versions == {"acme": 2, "globex": 2} and first.rewrapped == len(blobs)
     assert store.rotate("acme").versions == {"acme": 3}
-    with store._session() as s:
-        after = {k.key_id: (k.wrapped, k.kek_version, k.tenant) for k in s.scalars(sa.select(DataKey))}
+    with store.keys.engine.connect() as conn:
+        after = {k.key_id: (k.wrapped, k.kek_version, k.tenant) for k in conn.execute(sa.select(DataKey))}
     assert after.keys() == before.keys()
     assert all(w != before[k] and v == (3 if t == "acme" else 2) for k, (w, v, t) in after.items())
     assert [(i.tenant, i.version, i.active) for i in store.kek_versions()] == [

@@ -43,6 +43,9 @@ class SegmentRow(Base):
     tokens: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # int32 LE; None for tool segments
     message_role: Mapped[str | None] = mapped_column(String(16), nullable=True)
     message_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # a segment derived from tool content keeps its tokens, role and text here only, sealed
+    # under a key derived from its refs' data keys (fak.state.seal); the three above stay NULL
+    sealed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     attention: Mapped[str] = mapped_column(Text)  # JSON list of refs
     content: Mapped[str] = mapped_column(Text)  # JSON list of refs
     expires_turn: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the session turn it expires at
@@ -78,7 +81,7 @@ class ForgetRow(Base):
     tenant: Mapped[str] = mapped_column(String(64))
     ref: Mapped[str] = mapped_column(String(80))
     started_us: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16))  # requested | completed
+    state: Mapped[str] = mapped_column(String(16))  # requested | replaying (fak.replay) | completed
     principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
     reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
     requested_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -108,7 +111,8 @@ class RefLinkRow(Base):
 
 
 class ApiKeyRow(Base):
-    """An API key: only its id and a keyed hash are stored; the key itself is shown once."""
+    """An API key: only its id and a keyed hash are stored; the key itself is shown once. ``mac``
+    binds id, tenant, role, hash, revocation and expiry under a key outside the database."""
 
     __tablename__ = "fak_api_keys"
     key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -118,3 +122,5 @@ class ApiKeyRow(Base):
     name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
     revoked_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # refused from then on
+    mac: Mapped[str | None] = mapped_column(String(80), nullable=True)  # fak.state.apikeys.row_mac

@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -20,7 +21,10 @@ from sqlalchemy.orm import sessionmaker
 from fak import db
 from fak.db import WRITE
 from fak.errors import FakError
-from fak.state.schema import ForgetRow, RefRow, SegmentRow, SessionRow
+from fak.state.schema import ForgetRow, RefLinkRow, RefRow, SegmentRow, SessionRow
+
+if TYPE_CHECKING:
+    from fak.state.seal import ContentKeys
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -33,9 +37,11 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def upgrade(engine: Engine) -> None:
+def upgrade(engine: Engine, api_key_mac: bytes | None = None) -> None:
+    """Migrate the kernel state. ``api_key_mac`` (``derive_key(master, MAC_LABEL)``): the key
+    that seals the API key rows present when state_0005 runs (needed only if there are any)."""
     try:
-        db.upgrade(engine, MIGRATIONS)
+        db.upgrade(engine, MIGRATIONS, {"api_key_mac": api_key_mac} if api_key_mac is not None else None)
     except sa.exc.OperationalError as exc:
         raise StateError(f"cannot open the kernel state database {engine.url!r}: {exc.orig}") from exc
 
@@ -50,10 +56,18 @@ def unpack_tokens(raw: bytes) -> list[int]:
     return out.tolist()
 
 
+def _linked_of(linked: str | None) -> set[str]:
+    """The refs of a ``fak_forgets.linked`` column: JSON [{ref, key_id, kek_version}, ...]."""
+    return {x["ref"] for x in json.loads(linked or "[]")}
+
+
 class StateStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, api_key_mac: bytes) -> None:
+        """``api_key_mac``: the API key rows' MAC key (``fak.state.apikeys``), derived from the
+        master secret: a tenant erase revokes its keys and seals the rows again."""
         self.engine = engine
-        upgrade(engine)
+        self._api_key_mac = api_key_mac
+        upgrade(engine, api_key_mac)
         self._session = sessionmaker(engine, expire_on_commit=False)
         # writers take SQLite's write lock up front (fak.db): a read-then-write never fails
         # half way because the audit writer committed in between
@@ -121,6 +135,41 @@ class StateStore:
             )
             return sorted(s.scalars(q))
 
+    def seal_clear_segments(self, keys: ContentKeys) -> tuple[int, int]:
+        """Seal the live segment rows derived from tool content that a store written before
+        sealing (``state_0003``) keeps in the clear, then scrub the old rows out of the
+        database files (fak.cas.scrub). Run on open; idempotent. (sealed, skipped): a row
+        whose refs have no data key any more (erased outside the kernel) is left as it is."""
+        from fak.cas.errors import CasError
+        from fak.cas.scrub import scrub
+        from fak.state.seal import Plain, needs_seal, seal
+
+        with self._session() as s:
+            q = sa.select(SegmentRow).where(SegmentRow.state == "live", SegmentRow.sealed.is_(None),
+                                            SegmentRow.tokens.is_not(None), SegmentRow.content != "[]")
+            rows = list(s.scalars(q))
+        done = skipped = 0
+        for row in rows:
+            refs = json.loads(row.content)
+            try:
+                mine = keys.content_keys(row.tenant, refs)
+            except CasError:
+                skipped += 1
+                continue
+            if not needs_seal(mine):
+                continue
+            plain = Plain(unpack_tokens(row.tokens or b""), row.message_role, row.message_text)
+            ciphertext = seal(mine, row.tenant, row.session_id, row.id, plain)
+            with self.tx() as s:
+                s.execute(sa.update(SegmentRow)
+                          .where(SegmentRow.tenant == row.tenant, SegmentRow.session_id == row.session_id,
+                                 SegmentRow.id == row.id, SegmentRow.sealed.is_(None))
+                          .values(sealed=ciphertext, tokens=None, message_role=None, message_text=None))  # fmt: skip
+            done += 1
+        if done:
+            scrub(self.engine, SegmentRow.__tablename__)
+        return done, skipped
+
     # --- refs -----------------------------------------------------------------
     def record_ref(
         self, tenant: str, digest: str, tool: str, tags: Iterable[str], verdict: str, policy_digest: str,
@@ -164,13 +213,18 @@ class StateStore:
     def erase_tenant_records(self, tenant: str) -> int:
         """Delete what the kernel knew of the tenant's refs (tools, tags, sources) and revoke its
         API keys; the number of keys revoked. Forget progress rows stay: receipts need them."""
+        from fak.state.apikeys import row_mac
         from fak.state.schema import ApiKeyRow
 
         with self.tx() as s:
             s.execute(sa.delete(RefRow).where(RefRow.tenant == tenant))
-            revoked = s.execute(sa.update(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_us.is_(None))
-                                .values(revoked_us=now_us()))
-            return revoked.rowcount or 0
+            s.execute(sa.delete(RefLinkRow).where(RefLinkRow.tenant == tenant))
+            when = now_us()
+            rows = list(s.scalars(sa.select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_us.is_(None))))
+            for row in rows:  # revoked and sealed again: the MAC covers the revocation
+                row.revoked_us = when
+                row.mac = row_mac(self._api_key_mac, row)
+            return len(rows)
 
     def set_expired(self, tenant: str, digest: str, when_us: int) -> None:
         with self.tx() as s:
@@ -209,8 +263,55 @@ class StateStore:
             return row if row is not None and row.tenant == tenant else None
 
     def forget_pending(self, tenant: str, ref: str) -> bool:
+        """A forget of ``ref``, or one that erases it as a linked ref, has not completed."""
         row = self.forget_row(tenant, ref)
-        return row is not None and row.state == "requested"
+        if row is not None and row.state == "requested":
+            return True
+        with self._session() as s:  # the tenant's pending forgets: few, and only while they run
+            q = sa.select(ForgetRow.linked).where(ForgetRow.tenant == tenant, ForgetRow.state == "requested",
+                                                  ForgetRow.linked.is_not(None))
+            return any(ref in _linked_of(linked) for linked in s.scalars(q))
+
+    def forget_covering(self, tenant: str, ref: str) -> ForgetRow | None:
+        """The latest forget of ``ref`` or of a ref linked to it (that erased it too)."""
+        own = self.forget_row(tenant, ref)
+        with self._session() as s:
+            q = (sa.select(ForgetRow).where(ForgetRow.tenant == tenant,
+                                            ForgetRow.linked.like(f"%{json.dumps(ref)}%"))
+                 .order_by(ForgetRow.started_us.desc()))
+            linked = next((r for r in s.scalars(q) if ref in _linked_of(r.linked)), None)
+        if own is None or (linked is not None and linked.started_us > own.started_us):
+            return linked
+        return own
+
+    # --- redaction links ------------------------------------------------------
+    def link_refs(self, tenant: str, original: str, derived: str) -> None:
+        """Record that the kernel's gate derived ``derived`` (a REDACT's bytes) from ``original``."""
+        with self.tx() as s:
+            if s.get(RefLinkRow, (tenant, original, derived)) is None:
+                s.add(RefLinkRow(tenant=tenant, original=original, derived=derived, created_us=now_us()))
+
+    def linked_refs(self, tenant: str, ref: str, limit: int = 10_000) -> list[str]:
+        """The other refs a forget of ``ref`` erases: every ref it was derived from (its
+        originals, transitively) and every ref derived from those or from it. Another
+        original that merely shares a redacted form is not erased. Of ``tenant`` only."""
+        t = RefLinkRow
+        with self._session() as s:
+            def step(frontier: set[str], src: sa.Column, dst: sa.Column) -> set[str]:
+                q = sa.select(dst).where(t.tenant == tenant, src.in_(sorted(frontier)))
+                return set(s.scalars(q))
+
+            up: set[str] = set()
+            frontier = {ref}
+            while frontier and len(up) < limit:
+                frontier = step(frontier, t.derived, t.original) - up - {ref}
+                up |= frontier
+            seen = up | {ref}
+            frontier = set(seen)
+            while frontier and len(seen) < limit:
+                frontier = step(frontier, t.original, t.derived) - seen
+                seen |= frontier
+        return sorted(seen - {ref})
 
     def start_forget(self, row: ForgetRow) -> None:
         with self.tx() as s:
@@ -223,4 +324,10 @@ class StateStore:
     def pending_forgets(self) -> list[ForgetRow]:
         with self._session() as s:
             q = sa.select(ForgetRow).where(ForgetRow.state == "requested").order_by(ForgetRow.started_us)
+            return list(s.scalars(q))
+
+    def forgets_replaying(self) -> list[ForgetRow]:
+        """Forgets whose erasure is done and whose independent replay is not logged yet (``fak.replay``)."""
+        with self._session() as s:
+            q = sa.select(ForgetRow).where(ForgetRow.state == "replaying").order_by(ForgetRow.started_us)
             return list(s.scalars(q))
