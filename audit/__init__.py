@@ -48,6 +48,7 @@ _EXPORTS = {
     "to_event": "fak.audit.events",
     "parse_event": "fak.audit.events",
     "PolicyLoaded": "fak.audit.events",
+    "JudgeScope": "fak.audit.events",
     "KeyRotated": "fak.audit.events",
     "KeysDestroyed": "fak.audit.events",
     "AuthFailure": "fak.audit.events",

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from fak.audit.errors import AuditError
-from fak.types import TENANT_PATTERN, Digest, Id
+from fak.types import TENANT_PATTERN, Digest, Id, Tenant
 
 MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
 MAX_ITEMS = 100_000  # longest list one event may carry
@@ -196,12 +196,29 @@ class SessionRebuilt(_Event):
     cause: Literal["restart", "offload", "model_changed"]  # model_changed: another model or weight format
 
 
+# a judge's destination as the log records it: scheme://host:port (IPv6 hosts in brackets)
+JudgeOrigin = Annotated[str, StringConstraints(strict=True, pattern=r"^https?://[A-Za-z0-9.\-]+:[0-9]{1,5}$|"
+                                                                    r"^https?://\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$",
+                                               max_length=300)]
+
+
+class JudgeScope(_Strict):
+    """Where one late-detector judge of a policy sends tool results, and whose: ``all_tenants``
+    or exactly ``tenants`` (issue 25.6: egress is the deployment's, scope the policy's)."""
+
+    detector_id: Id
+    destination: JudgeOrigin
+    all_tenants: bool = False
+    tenants: list[Tenant] = Field(default_factory=list, max_length=MAX_ITEMS)
+
+
 class PolicyLoaded(_Event):
     type: Literal["policy_loaded"] = "policy_loaded"
     policy_id: Id
     policy_digest: Digest
     previous_digest: Digest | None = None
     principal: Id | None = None
+    judges: list[JudgeScope] | None = Field(None, max_length=MAX_ITEMS)  # the policy's judges (None: it has none)
 
 
 class KeyRotated(_Event):

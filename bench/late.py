@@ -76,19 +76,21 @@ def late_overlay(classifier: Path | None, judge_url: str | None) -> str:
     if classifier is not None:
         rules.append(f"    - {{id: classifier, kind: classifier, path: \"{classifier}\", threshold: 0.9}}")
     if judge_url is not None:
-        rules.append(f"    - {{id: judge, kind: judge, url: \"{judge_url}\", timeout_s: 30}}")
+        rules.append(f"    - {{id: judge, kind: judge, url: \"{judge_url}\", timeout_s: 30, tenants: [{TENANT}]}}")
     return ("apiVersion: fak.dev/v1\nkind: Policy\nmetadata: {name: late-bench}\nspec:\n  late_detectors:\n"
             + "\n".join(rules) + "\n")
 
 
-def open_kernel(root: Path, lm: LoadedModel, overlay: str | None) -> Kernel:
-    """A kernel with the packaged policy, plus ``overlay`` (late detectors) when given."""
+def open_kernel(root: Path, lm: LoadedModel, overlay: str | None, judge_url: str | None = None) -> Kernel:
+    """A kernel with the packaged policy, plus ``overlay`` (late detectors) when given; its
+    settings allow ``judge_url`` (the stub), as a deployment's must for any judge."""
     policy = root / "policy"
     policy.mkdir(parents=True)
     shutil.copy(default_policy_path(), policy / "00-default.yaml")
     if overlay is not None:
         (policy / "10-late.yaml").write_text(overlay)
-    settings = Settings(data_dir=root / "data", prefix_cache=False, policy_path=policy)
+    settings = Settings(data_dir=root / "data", prefix_cache=False, policy_path=policy,
+                        judge_egress=[judge_url] if judge_url else [])
     return Kernel.open(settings, model=lm, progress=None)
 
 
@@ -110,7 +112,7 @@ def never_saw(k: Kernel, ks) -> str:  # noqa: ANN001
 # --- 1. admission latency with and without late detectors ---------------------------------
 def admission(lm: LoadedModel, tmp: Path, classifier: Path, stub: JudgeStub, repeat: int) -> dict:
     plain = open_kernel(tmp / "plain", lm, None)
-    late = open_kernel(tmp / "late", lm, late_overlay(classifier, stub.url))
+    late = open_kernel(tmp / "late", lm, late_overlay(classifier, stub.url), stub.url)
     times: dict[str, list[float]] = {"without": [], "with": []}
     verdicts: set[str] = set()
     try:
@@ -161,14 +163,15 @@ def submit_cost(classifier: Path, stub: JudgeStub, n: int = 2000) -> dict:
     applicability check and a non-blocking enqueue), timed alone over ``n`` jobs. The runner's
     one worker is held by the judge stub, so every job after the first stays queued; close()
     drops them unrun."""
+    from fak.policy.egress import JudgeEgress
     from fak.policy.late import LateJob, LateRunner, build_detectors
     from fak.policy.schema import LateDetectorRule
 
     gate = threading.Event()
     stub.release = gate
-    rules = [LateDetectorRule(id="judge", kind="judge", url=stub.url),
+    rules = [LateDetectorRule(id="judge", kind="judge", url=stub.url, tenants=[TENANT]),
              LateDetectorRule(id="classifier", kind="classifier", path=str(classifier))]
-    detectors = build_detectors(rules)
+    detectors = build_detectors(rules, JudgeEgress.of([stub.url]))
     runner = LateRunner(lambda job, finding: None, workers=1, queue_max=n + 1)
     runner.set_detectors(detectors)
     text = BENIGN.format(rid="INV-SUBMIT")
@@ -195,8 +198,8 @@ def submit_cost(classifier: Path, stub: JudgeStub, n: int = 2000) -> dict:
 
 # --- 2. tokens generated between admission and the late eviction -----------------------------
 def until_eviction(lm: LoadedModel, tmp: Path, name: str, overlay: str, repeat: int, turn_tokens: int,
-                   max_tokens: int) -> dict:
-    k = open_kernel(tmp / f"evict-{name}", lm, overlay)
+                   max_tokens: int, judge_url: str | None = None) -> dict:
+    k = open_kernel(tmp / f"evict-{name}", lm, overlay, judge_url)
     fired_at: dict[str, tuple[float, int]] = {}
     counter = {"tokens": 0}
     lock = threading.Lock()
@@ -311,7 +314,7 @@ def main() -> None:
                 stub.delay = delay
                 name = f"judge_{delay:g}s"
                 results[name] = until_eviction(lm, tmp, name, late_overlay(None, stub.url), args.evict_repeat,
-                                               args.turn_tokens, args.max_tokens)
+                                               args.turn_tokens, args.max_tokens, stub.url)
                 results[name]["judge_delay_s"] = delay
     finally:
         stub.close()

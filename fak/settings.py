@@ -10,13 +10,16 @@ import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.errors import FakError
+
+if TYPE_CHECKING:
+    from fak.policy.egress import JudgeEgress
 
 MiB = 1 << 20
 
@@ -68,9 +71,38 @@ class Settings(BaseSettings):
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
     late_workers: int = Field(1, ge=1, le=64, description="threads running the policy's late detectors")
     late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")
+    judge_egress: list[str] = Field(
+        default_factory=list, description="where the policy's late-detector judges may send tool results: origins "
+        "('https://judge.example.com') or URL prefixes ('http://127.0.0.1:8000/v1'); empty: no judge (a policy naming "
+        "another URL is refused at its line)")
+    judge_key_envs: list[str] = Field(
+        default_factory=list, description="environment variables a judge's api_key_env may name (their value is sent "
+                                          "as its bearer key); FAK_* variables are never allowed")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
+
+    @field_validator("judge_egress", mode="after")
+    @classmethod
+    def _egress(cls, v: list[str]) -> list[str]:
+        if not v:
+            return v
+        from fak.policy.egress import parse_destination
+
+        for entry in v:
+            parse_destination(entry)  # ValueError: the settings error names the field
+        return v
+
+    @field_validator("judge_key_envs", mode="after")
+    @classmethod
+    def _key_envs(cls, v: list[str]) -> list[str]:
+        if not v:
+            return v
+        from fak.policy.egress import check_key_env
+
+        for name in v:
+            check_key_env(name)
+        return v
 
     @field_validator("data_dir", "model_path", "policy_path", mode="after")
     @classmethod
@@ -102,6 +134,16 @@ class Settings(BaseSettings):
             raise SettingsError(f"setting {where}: {err['msg']}{source}") from None
         finally:
             _CONFIG_FILE.reset(token)
+
+    def judge_allow_lists(self) -> JudgeEgress:
+        """``judge_egress`` and ``judge_key_envs`` as the policy loader takes them: where a policy's
+        judges may send tool results and which variables they may send (issue 25.6)."""
+        from fak.policy.egress import JudgeEgress
+
+        try:
+            return JudgeEgress.of(self.judge_egress, self.judge_key_envs)
+        except ValueError as exc:  # a Settings built without validation (model_copy) can still hold one
+            raise SettingsError(f"setting judge_egress / judge_key_envs: {exc}") from None
 
     @property
     def resolved_database_url(self) -> str:

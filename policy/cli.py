@@ -30,13 +30,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.set_defaults(handler=_gate)
 
 
+def _egress():  # noqa: ANN202 - fak.policy.egress.JudgeEgress
+    """The deployment's judge allow-lists from its settings (``FAK_CONFIG``, ``FAK_*``), so a
+    policy checks here as the server would load it."""
+    from fak.settings import Settings
+
+    # weights named: nothing here needs them, and their default probes the CPU (imports torch)
+    return Settings.load(weights="float32").judge_allow_lists()
+
+
 def _check(args: argparse.Namespace) -> int:
     from fak.policy import PolicyError, load_policy
 
+    egress = _egress()
     failed = 0
     for name in args.files:
         try:
-            policy = load_policy(name)
+            policy = load_policy(name, egress)
         except PolicyError as exc:
             failed += 1
             print(str(exc), file=sys.stderr)
@@ -57,7 +67,7 @@ def _verdict_json(verdict, extra: dict | None = None) -> str:
 def _gate(args: argparse.Namespace) -> int:
     from fak.policy import GateContext, gate, load_policy
 
-    policy = load_policy(args.policy)
+    policy = load_policy(args.policy, _egress())
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
         context = GateContext(media_type=args.media_type, source=args.source) \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from fak.policy.egress import JudgeEgress
 from fak.policy.errors import PolicyError
 from fak.policy.policy import Policy, load_policy
 
@@ -13,10 +14,11 @@ from fak.policy.policy import Policy, load_policy
 class PolicyHolder:
     """Holds the current policy. ``reload()`` validates first and swaps only on success."""
 
-    def __init__(self, path: str | Path, policy: Policy | None = None) -> None:
+    def __init__(self, path: str | Path, policy: Policy | None = None, egress: JudgeEgress | None = None) -> None:
         self.path = Path(path)
+        self.egress = egress  # the deployment's judge allow-lists, checked on every (re)load
         self._lock = threading.Lock()
-        self._policy = policy if policy is not None else load_policy(self.path)
+        self._policy = policy if policy is not None else load_policy(self.path, egress)
         self.last_error: PolicyError | None = None
 
     @property
@@ -32,7 +34,7 @@ class PolicyHolder:
         """Load the file again. Returns None on success, else the error (old policy kept)."""
         with self._lock:
             try:
-                fresh = load_policy(self.path)
+                fresh = load_policy(self.path, self.egress)
             except PolicyError as exc:
                 self.last_error = exc
                 return exc

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from fak.policy.egress import JudgeEgress
 from fak.policy.late import LateDetectorFailed, LateDetectorInvalid, LateFinding
 from fak.policy.schema import LateDetectorRule
 
@@ -90,12 +91,20 @@ def _json_objects(answer: str) -> list[dict[str, Any]]:
 
 class JudgeDetector:
     """``kind: judge``: POST ``{url}/chat/completions`` and fire when the judge says
-    injection with a confidence at or above the rule's threshold."""
+    injection with a confidence at or above the rule's threshold. ``egress`` (the
+    deployment's allow-lists) is checked again here, where the request is made: a rule that
+    did not come through the policy loader cannot send anywhere else either."""
 
-    def __init__(self, rule: LateDetectorRule) -> None:
+    def __init__(self, rule: LateDetectorRule, egress: JudgeEgress) -> None:
         if not rule.url or not rule.url.startswith(("http://", "https://")):
             raise LateDetectorInvalid(f"late detector {rule.id!r}: url must be an http(s) base URL, "
                                       f"got {rule.url!r:.80}")
+        if not egress.allows_url(rule.url):
+            raise LateDetectorInvalid(f"late detector {rule.id!r}: {rule.url!r:.80} is not in the deployment's "
+                                      "judge_egress (settings judge_egress, FAK_JUDGE_EGRESS)")
+        if rule.api_key_env and not egress.allows_key_env(rule.api_key_env):
+            raise LateDetectorInvalid(f"late detector {rule.id!r}: api_key_env {rule.api_key_env} is not in the "
+                                      "deployment's judge_key_envs (FAK_* variables never are)")
         if rule.api_key_env and not os.environ.get(rule.api_key_env):
             raise LateDetectorInvalid(f"late detector {rule.id!r}: the environment variable "
                                       f"{rule.api_key_env} (api_key_env) is not set")

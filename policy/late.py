@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Protocol, runtime_checkable
 
 from fak.errors import InvalidInput, Unavailable
+from fak.policy.egress import CLOSED, JudgeEgress
 from fak.policy.schema import LateDetectorRule
 
 log = logging.getLogger("fak.policy.late")
@@ -72,9 +73,10 @@ class LateJob:
     admitted_at: float
 
 
-def applies(rule: LateDetectorRule, tool: str, trust: str) -> bool:
-    """The rule covers this tool (exact name or glob) at this trust level."""
-    return trust in rule.trust and any(fnmatchcase(tool, pattern) for pattern in rule.tools)
+def applies(rule: LateDetectorRule, tool: str, trust: str, tenant: str) -> bool:
+    """The rule covers this tool (exact name or glob) at this trust level, and may see this
+    tenant's results (a judge only those of its ``tenants``)."""
+    return trust in rule.trust and rule.sees(tenant) and any(fnmatchcase(tool, pattern) for pattern in rule.tools)
 
 
 def truncate_utf8(text: str, max_bytes: int) -> str:
@@ -86,10 +88,12 @@ def truncate_utf8(text: str, max_bytes: int) -> str:
     return data[:max_bytes].decode("utf-8", "ignore")
 
 
-def build_detectors(rules: list[LateDetectorRule]) -> list[LateDetector]:
+def build_detectors(rules: list[LateDetectorRule], egress: JudgeEgress | None = None) -> list[LateDetector]:
     """One detector per rule, in policy order. The classifier module (torch, transformers)
     and the judge's HTTP client are imported only when a rule needs them; building checks
-    what can be checked now (model folder, key variable) so a bad policy fails on load."""
+    what can be checked now (model folder, key variable, and a judge's URL and variable
+    against ``egress``, the deployment's allow-lists: None allows no judge) so a bad policy
+    fails on load."""
     built: list[LateDetector] = []
     try:
         for rule in rules:
@@ -100,7 +104,7 @@ def build_detectors(rules: list[LateDetectorRule]) -> list[LateDetector]:
             elif rule.kind == "judge":
                 from fak.policy.judge import JudgeDetector
 
-                built.append(JudgeDetector(rule))
+                built.append(JudgeDetector(rule, egress or CLOSED))
             else:  # pragma: no cover - the schema allows only the two kinds
                 raise LateDetectorInvalid(f"late detector {rule.id!r}: unknown kind {rule.kind!r}")
     except BaseException:
@@ -183,7 +187,7 @@ class LateRunner:
         """Enqueue ``job``; False (nothing queued) when no detector applies to its tool and
         trust, when the queue is full or when the runner is closed. Never waits."""
         with self._lock:
-            if self._closed or not any(applies(d.rule, job.tool, job.trust) for d in self._detectors):
+            if self._closed or not any(applies(d.rule, job.tool, job.trust, job.tenant) for d in self._detectors):
                 self._counts["skipped"] += 1
                 return False
             try:
@@ -270,8 +274,8 @@ class LateRunner:
             rule = detector.rule
             if self._closed:
                 return
-            if not applies(rule, job.tool, job.trust):
-                continue
+            if not applies(rule, job.tool, job.trust, job.tenant):
+                continue  # not its tool or trust, or (a judge) not a tenant it may be shown
             try:
                 finding = _bounded(detector, truncate_utf8(job.text, rule.max_bytes), rule.timeout_s)
             except Exception as exc:  # noqa: BLE001 - reported, and the next detector still runs

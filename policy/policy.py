@@ -24,6 +24,7 @@ import blake3
 import rfc8785
 from pydantic import ValidationError
 
+from fak.policy.egress import CLOSED, SERVER_PREFIX, JudgeEgress, origin_of
 from fak.policy.errors import Located, PolicyError
 from fak.policy.schema import PolicyDocument, Spec
 from fak.policy.yamlsrc import Path as DocPath
@@ -81,14 +82,16 @@ def _message(err: dict) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def _validate(data: object, smap: SourceMap, known: set[str] | None = None) -> PolicyDocument:
+def _validate(data: object, smap: SourceMap, known: set[str] | None = None,
+              egress: JudgeEgress | None = None) -> PolicyDocument:
     """The document, or a PolicyError with every problem: schema errors and the cross checks
-    (``known``: the detector rule ids an exception may name; default those of ``data``)."""
+    (``known``: the detector rule ids an exception may name; default those of ``data``;
+    ``egress``: where judges may send results, default nowhere)."""
     if not isinstance(data, dict):
         raise PolicyError([*smap.problems, smap.error((), "a policy must be a mapping with apiVersion, kind, metadata, "
                                                           "spec")])
     problems = [*smap.problems, *_cross_checks(data, smap, _detector_ids(data) if known is None else known),
-                *_unrepresentable_numbers(data, smap)]
+                *_unrepresentable_numbers(data, smap), *_egress_checks(data, smap, egress or CLOSED)]
     document = None
     try:
         document = PolicyDocument.model_validate(data)
@@ -193,14 +196,46 @@ def _cross_checks(data: object, smap: SourceMap, known: set[str]) -> list[Locate
     return problems
 
 
-def parse_document(text: str, source: str = "<string>") -> PolicyDocument:
+def _egress_checks(data: object, smap: SourceMap, egress: JudgeEgress) -> list[Located]:
+    """Judges that would send results, or a variable's value, where the deployment's settings
+    do not allow (``fak.policy.egress``): each at the line of its ``url`` or ``api_key_env``."""
+    problems: list[Located] = []
+    for index, item in _items(data, ("late_detectors",)):
+        if item.get("kind") != "judge":
+            continue
+        where = ("spec", "late_detectors", index)
+        url, env = item.get("url"), item.get("api_key_env")
+        if isinstance(url, str) and not egress.allows_url(url):
+            problems.append(smap.error((*where, "url"), _refused_url(url)))
+        if isinstance(env, str) and not egress.allows_key_env(env):
+            if env.upper().startswith(SERVER_PREFIX):
+                why = (f"{env} is one of the server's own variables ({SERVER_PREFIX}*: its data dir, its master "
+                       "secret, …); they are never sent to a judge, whatever the settings' judge_key_envs say")
+            else:
+                why = (f"{env} is not in this deployment's judge_key_envs (settings judge_key_envs, "
+                       "FAK_JUDGE_KEY_ENVS): only the variables it lists may be sent to a judge")
+            problems.append(smap.error((*where, "api_key_env"), f"api_key_env: {why}"))
+    return problems
+
+
+def _refused_url(url: str) -> str:
+    try:
+        target = f"judge egress to {origin_of(url)}"
+    except ValueError as exc:
+        target = f"{exc}; judge egress"
+    return (f"url: {target} is not in this deployment's judge_egress (settings judge_egress, FAK_JUDGE_EGRESS): "
+            "where judges may send tool results is the deployment's setting, not the policy's")
+
+
+def parse_document(text: str, source: str = "<string>", egress: JudgeEgress | None = None) -> PolicyDocument:
     data, smap = read_yaml(text, source)
-    return _validate(data, smap)
+    return _validate(data, smap, egress=egress)
 
 
-def load_policy_text(text: str, source: str = "<string>") -> Policy:
-    """Validate one policy given as YAML text; errors name ``source``:line:col."""
-    return build(parse_document(text, source), source)
+def load_policy_text(text: str, source: str = "<string>", egress: JudgeEgress | None = None) -> Policy:
+    """Validate one policy given as YAML text; errors name ``source``:line:col. ``egress`` is
+    the deployment's judge allow-lists (None: no judge may send anything anywhere)."""
+    return build(parse_document(text, source, egress), source)
 
 
 def _read(path: Path) -> str:
@@ -252,9 +287,10 @@ def _merge(base: PolicyDocument, over: PolicyDocument) -> PolicyDocument:
     )
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policy(path: str | Path, egress: JudgeEgress | None = None) -> Policy:
     """Load a policy file, or a directory of base + overlay files (see module doc).
-    Every file is validated; all errors are reported together."""
+    Every file is validated; all errors are reported together. ``egress``: as for
+    ``load_policy_text``."""
     path = Path(path)
     if not path.exists():
         raise PolicyError([Located(str(path), 1, 1, "no such file or directory")])
@@ -269,7 +305,7 @@ def load_policy(path: str | Path) -> Policy:
     docs: list[PolicyDocument] = []
     for data, smap in parsed:
         try:
-            docs.append(_validate(data, smap, known))
+            docs.append(_validate(data, smap, known, egress))
         except PolicyError as exc:
             problems.extend(exc.problems)
     if problems:

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from fak.types import TENANT_PATTERN
+
 
 class VerdictKind(StrEnum):
     """Admission verdicts, least to most restrictive (see DESIGN.md, Verdicts)."""
@@ -246,12 +248,33 @@ class ToolCalls(_Strict):
     rules: list[ToolCallRule] = []
 
 
+def _check_tenants(value: object) -> object:
+    """A judge's tenant scope: ``all``, or a non-empty list of tenant names."""
+    if value is None or value == "all":
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"'tenants' is a list of tenant names or the word all, not {value!r:.80}")
+    if not value:
+        raise ValueError("'tenants' names no tenant: the judge would see nothing (remove the judge, name "
+                         "tenants, or write tenants: all)")
+    for name in value:
+        if name == "all":
+            raise ValueError("'all' in a list would be a tenant named all: write tenants: all (not a list) "
+                             "for every tenant")
+        if not isinstance(name, str) or not re.fullmatch(TENANT_PATTERN, name):
+            raise ValueError(f"{name!r:.80} is not a tenant name (1-64 letters, digits and . _ @ -)")
+    return value
+
+
 class LateDetectorRule(_Strict):
     """An asynchronous detector: runs after admission (it delays no prefill) and quarantines
     the ref when it fires. ``classifier``: a local Hugging Face sequence-classification model
     folder (``path``), firing when the probability of ``label`` reaches ``threshold``.
     ``judge``: an LLM behind an OpenAI-compatible ``url`` asked whether the text is an
-    injection; the key, if any, is read from the environment variable ``api_key_env``."""
+    injection; the key, if any, is read from the environment variable ``api_key_env``. A
+    judge sends tool results out of the process, so it must say whose: ``tenants`` (a list,
+    or ``all``), with no default; where it may send them (``url``) and which variable it may
+    send (``api_key_env``) are the deployment's allow-lists (``fak.policy.egress``)."""
 
     id: str = Field(pattern=_RULE_ID, max_length=128)
     kind: Literal["classifier", "judge"]
@@ -260,6 +283,7 @@ class LateDetectorRule(_Strict):
     url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    tenants: list[str] | Literal["all"] | None = None  # judge: whose results it may see (required)
     threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     tools: list[str] = ["*"]
     trust: list[Trust] = ["untrusted", "internal"]
@@ -275,6 +299,11 @@ class LateDetectorRule(_Strict):
                              f"not {value!r:.80}")
         return value
 
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants(cls, value: object) -> object:
+        return _check_tenants(value)
+
     @field_validator("api_key_env")
     @classmethod
     def _env(cls, value: str | None) -> str | None:
@@ -283,17 +312,27 @@ class LateDetectorRule(_Strict):
                              "the key itself never goes in a policy")
         return value
 
+    def sees(self, tenant: str) -> bool:
+        """Whether this detector may be shown ``tenant``'s tool results: a classifier runs in the
+        process (nothing leaves it); a judge only for the tenants of its scope."""
+        if self.kind != "judge":
+            return True
+        return self.tenants == "all" or (isinstance(self.tenants, list) and tenant in self.tenants)
+
     @model_validator(mode="after")
     def _consistent(self) -> LateDetectorRule:
         if self.kind == "classifier" and not self.path:
             raise ValueError("a classifier late detector needs 'path' (a Hugging Face model folder)")
         if self.kind == "judge" and not self.url:
             raise ValueError("a judge late detector needs 'url' (an OpenAI-compatible base URL)")
-        other = ("url", "model", "api_key_env") if self.kind == "classifier" else ("path", "label")
+        other = ("url", "model", "api_key_env", "tenants") if self.kind == "classifier" else ("path", "label")
         wrong = [name for name in other if getattr(self, name) is not None]
         if wrong:
             raise ValueError(f"{', '.join(repr(w) for w in wrong)} do{'es' if len(wrong) == 1 else ''} not apply to "
                              f"a {self.kind} late detector")
+        if self.kind == "judge" and self.tenants is None:
+            raise ValueError("a judge late detector needs 'tenants': the tenants whose tool results may be sent to "
+                             "it (a list such as [acme], or all); there is no default")
         return self
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fak.policy import GateContext, PolicyError, VerdictKind, gate, load_policy, load_policy_text, source_host
+from fak.policy.egress import JudgeEgress
 from fak.policy.gate import UNPARSABLE, tool_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,8 +300,8 @@ def test_duplicates_are_reported_with_the_other_problems_at_their_own_line():
             "      - {id: t, tools: [send_email], verdict: DENY}\n"        # 16
             "      - {id: t, tools: [pay], verdict: CONFIRM}\n"            # 17
             "  late_detectors:\n"                                           # 18
-            "    - {id: j, kind: judge, url: 'http://127.0.0.1:1'}\n"      # 19
-            "    - {id: j, kind: judge, url: 'http://127.0.0.1:2'}\n"      # 20
+            "    - {id: j, kind: classifier, path: /m/1}\n"               # 19
+            "    - {id: j, kind: classifier, path: /m/2}\n"               # 20
             "  exceptions:\n"                                               # 21
             "    - {id: x, rules: [a], tools: [docs]}\n"                   # 22
             "    - {id: x, rules: [a], tools: [wiki]}\n")                  # 23
@@ -352,7 +353,7 @@ def test_overlay_merges_tool_calls_late_detectors_and_exceptions_by_id(tmp_path)
         "  tool_calls:\n    unlisted: CONFIRM\n    rules:\n"
         "      - {id: mail, tools: [send_email], when_in_attention: {trust: [untrusted]}, verdict: DENY}\n"
         "      - {id: pay, tools: [transfer_money], verdict: CONFIRM}\n"
-        "  late_detectors:\n    - {id: judge, kind: judge, url: 'http://127.0.0.1:9'}\n"
+        "  late_detectors:\n    - {id: judge, kind: judge, url: 'http://127.0.0.1:9', tenants: all}\n"
         "  exceptions:\n    - {id: docs, rules: [injection], tools: [docs]}\n"))
     (tmp_path / "20-site.yaml").write_text(HEAD + (
         "  tool_calls:\n    rules:\n      - {id: mail, tools: [send_email], verdict: CONFIRM}\n"
@@ -360,7 +361,9 @@ def test_overlay_merges_tool_calls_late_detectors_and_exceptions_by_id(tmp_path)
         "  late_detectors:\n    - {id: clf, kind: classifier, path: /models/x}\n"
         "  exceptions:\n    - {id: docs, rules: [injection, secrets], tools: [docs, wiki]}\n"
         "    - {id: fixtures, rules: [secrets], tools: [read_file], pattern: EXAMPLE}\n"))
-    p = load_policy(tmp_path)
+    with pytest.raises(PolicyError, match=r"10-base.yaml:\d+:\d+: url: .*judge_egress"):
+        load_policy(tmp_path)  # the deployment allows no judge unless its settings say where
+    p = load_policy(tmp_path, JudgeEgress.of(["http://127.0.0.1:9"]))
     calls = p.spec.tool_calls
     assert calls.unlisted == "CONFIRM"  # the overlay's tool_calls did not set it: kept
     assert [(r.id, r.verdict) for r in calls.rules] == [("mail", "CONFIRM"), ("pay", "CONFIRM"), ("shell", "DENY")]
@@ -406,13 +409,17 @@ def test_shipped_policies_show_tool_call_rules(path):
         assert example in text, (path, example)
 
 
+# the settings the documented judge examples assume (FAK_JUDGE_EGRESS, FAK_JUDGE_KEY_ENVS)
+DOCUMENTED_EGRESS = JudgeEgress.of(["http://127.0.0.1:8000/v1"], ["JUDGE_API_KEY"])
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "examples/policies").glob("*.yaml")))
 def test_commented_examples_in_shipped_policies_are_valid(path):
     """Uncommenting every commented YAML line of a shipped policy gives a valid policy
     (prose comments start with a capital letter; commented YAML with a key or '- ')."""
     yaml_line = re.compile(r"^(\s*)# ( *(?:- )?[a-z_]+:(?: |$).*)$")
     lines = [yaml_line.sub(r"\1\2", line) for line in path.read_text().splitlines()]
-    p = load_policy_text("\n".join(lines) + "\n", str(path))
+    p = load_policy_text("\n".join(lines) + "\n", str(path), DOCUMENTED_EGRESS)
     assert p.spec.late_detectors and p.spec.exceptions
     assert any(t.expires is not None for t in p.spec.tools)
 
@@ -459,7 +466,7 @@ def test_the_documented_policy_file_is_valid():
     """docs/policy.md's policy-file example loads, and says what the gate does."""
     doc = (ROOT / "docs/policy.md").read_text()
     start = doc.index("```yaml\napiVersion") + len("```yaml\n")
-    p = load_policy_text(doc[start : doc.index("```", start)], "docs/policy.md")
+    p = load_policy_text(doc[start : doc.index("```", start)], "docs/policy.md", DOCUMENTED_EGRESS)
     assert [e.id for e in p.spec.exceptions] == ["our-docs", "fixtures"]
     assert gate(p, "web_fetch", ATTACK, GateContext(source="https://docs.example.com/x")).kind is VerdictKind.ALLOW
     v = gate(p, "web_fetch", ATTACK)

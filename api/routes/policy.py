@@ -69,12 +69,13 @@ def get_policy(who: Principal = Depends(READER), k: Kernel = Depends(kernel)) ->
 
 
 @router.post("/validate", response_model=ValidateOut)
-def validate(body: PolicyText, who: Principal = Depends(READER)) -> ValidateOut:  # noqa: B008
-    """Check a policy without loading it. A bad one is a 400 ``policy_invalid`` problem
-    whose ``errors`` are the ``file:line:col: message`` lines ``fak policy check`` prints."""
+def validate(body: PolicyText, who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> ValidateOut:  # noqa: B008
+    """Check a policy without loading it, as this server would load it (judges against its
+    allow-lists). A bad one is a 400 ``policy_invalid`` problem whose ``errors`` are the
+    ``file:line:col: message`` lines ``fak policy check`` prints."""
     from fak.policy import load_policy_text
 
-    p = load_policy_text(body.text, body.source)  # PolicyError -> 400 with located errors
+    p = load_policy_text(body.text, body.source, k.judge_egress)  # PolicyError -> 400 with located errors
     return ValidateOut(ok=True, name=p.name, digest=p.digest)
 
 
@@ -90,7 +91,9 @@ def replace(body: PolicyReplace, who: Principal = Depends(ADMIN), k: Kernel = De
                         "(setting operator_tenant, FAK_OPERATOR_TENANT) may replace it")
     path = k.policy_path
     _check_replaceable(path)
-    load_policy_text(body.text, str(path))  # validated before anything is written
+    # validated before anything is written, judges against the deployment's allow-lists (its
+    # settings, which no policy can change): a judge elsewhere is refused at its line
+    load_policy_text(body.text, str(path), k.judge_egress)
     with _replace_lock:
         before = k.policy
         old = path.read_bytes()
