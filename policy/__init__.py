@@ -2,8 +2,10 @@
 
 Public API::
 
-    load_policy(path) -> Policy            # file, or directory of base + overlays
-    load_policy_text(text, source) -> Policy
+    load_policy(path, egress=None) -> Policy      # file, or directory of base + overlays
+    load_policy_text(text, source, egress=None) -> Policy
+                                           # egress: the deployment's judge allow-lists
+                                           # (fak.policy.egress.JudgeEgress; None: no judge)
     gate(policy, tool, data, context=None) -> Verdict   # GateContext(media_type, source, ...)
     PolicyHolder(path).policy / .reload()
     normalize(text) -> str

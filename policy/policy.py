@@ -219,12 +219,13 @@ def _egress_checks(data: object, smap: SourceMap, egress: JudgeEgress) -> list[L
 
 
 def _refused_url(url: str) -> str:
+    where = "this deployment's judge_egress (settings judge_egress, FAK_JUDGE_EGRESS)"
     try:
-        target = f"judge egress to {origin_of(url)}"
+        origin = origin_of(url)
     except ValueError as exc:
-        target = f"{exc}; judge egress"
-    return (f"url: {target} is not in this deployment's judge_egress (settings judge_egress, FAK_JUDGE_EGRESS): "
-            "where judges may send tool results is the deployment's setting, not the policy's")
+        return f"url: {exc}; judges may send tool results only inside {where}"
+    return (f"url: judge egress to {origin} is not in {where}: where judges may send tool results is the "
+            "deployment's setting, not the policy's")
 
 
 def parse_document(text: str, source: str = "<string>", egress: JudgeEgress | None = None) -> PolicyDocument:
