@@ -116,6 +116,16 @@ class ForgetRequested(_Event):
     ref: Digest
     principal: Id | None = None
     reason: Id | None = None
+    # the other refs this forget erases with ``ref`` (a REDACTed result's other form); None: none
+    linked_refs: list[Digest] | None = Field(None, max_length=MAX_ITEMS)
+
+
+class LinkedRef(_Strict):
+    """A ref erased with the forgotten one (the other form of a REDACTed result) and its shred."""
+
+    ref: Digest
+    shredded_key_id: Id | None = None  # None: no data key was destroyed (already gone)
+    kek_version: Count | None = None
 
 
 class DroppedUnit(_Strict):
@@ -145,6 +155,7 @@ class ForgetCompleted(_Event):
     shredded_key_id: Id | None = None  # None: no data key was destroyed (see the receipt check)
     kek_version: Count | None = None  # KEK version that had wrapped the destroyed key
     shred_status: Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"] | None = None  # CAS ShredRecord
+    linked_refs: list[LinkedRef] | None = Field(None, max_length=MAX_ITEMS)  # erased with ``ref``; None: none
 
 
 class RefQuarantined(_Event):

@@ -37,6 +37,7 @@ from fak.audit.events import (
     ForgetCompleted,
     ForgetRequested,
     Id,
+    LinkedRef,
     SessionFingerprints,
     SystemOrTenant,
     parse_event,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 # receipt fields that repeat the logged ForgetCompleted event's
 MIRRORED = ("ref", "request_id", "tenant", "units_dropped", "sessions", "shredded_key_id", "kek_version",
-            "requested_index", "shred_status")  # fmt: skip
+            "requested_index", "shred_status", "linked_refs")  # fmt: skip
 
 
 class ForgetReceipt(BaseModel):
@@ -81,6 +82,8 @@ class ForgetReceipt(BaseModel):
     consistency_proof: dict | None = None
     # the CAS's word on the destroyed key (e.g. destroyed, pending_wal_checkpoint), when logged
     shred_status: Id | None = None
+    # the other refs erased with ``ref`` (a REDACTed result's other form) and their shredded keys
+    linked_refs: list[LinkedRef] | None = Field(None, max_length=MAX_ITEMS)
 
     @property
     def completed_index(self) -> int:
@@ -126,6 +129,7 @@ class ForgetReceipt(BaseModel):
             shredded_key_id=ev.shredded_key_id,
             kek_version=ev.kek_version,
             shred_status=getattr(ev, "shred_status", None),
+            linked_refs=ev.linked_refs,
             requested_index=ev.requested_index,
             log_index=completed_index,
             event=entry.body.decode(),
@@ -213,7 +217,9 @@ def verify_receipt(
     are canonical, the completion a forget_completed and the request the forget_requested of
     the same request id, ref and tenant at ``requested_index`` (before the completion); an
     admission_verdict of the same tenant naming the ref is logged before the request; the
-    receipt's fields equal the logged completion's; every inclusion proof leads to the signed
+    receipt's fields equal the logged completion's (``linked_refs`` included: the other form of a
+    REDACTed result, erased with it); the completion erases every linked ref the request named;
+    every inclusion proof leads to the signed
     root; the forget claims some erasure; every session's fingerprint after the drop equals
     that of the replay of its survivors, and every session that lost a segment has them.
     """
@@ -241,6 +247,7 @@ def verify_receipt(
             raise _Refused("the requested event is not the request of this forget (request id, ref or tenant)")
         if not r.requested_index < r.log_index:
             raise _Refused("the request is not logged before its completion")
+        _linked(asked, done)
         _included(r.inclusion_proof, r.event, r.log_index, cp, "completed event")
         _included(r.requested_inclusion_proof, r.requested_event, r.requested_index, cp, "requested event")
         _admitted(r, done, cp)
@@ -331,6 +338,17 @@ def _admitted(r: ForgetReceipt, done: ForgetCompleted, cp: SignedCheckpoint) -> 
     if not r.admitted_index < r.requested_index:
         raise _Refused("the admission is not logged before the request")
     _included(r.admitted_inclusion_proof, r.admitted_event, r.admitted_index, cp, "admission event")
+
+
+def _linked(asked: ForgetRequested, done: ForgetCompleted) -> None:
+    """Every ref the request said it would erase with the forgotten one is erased (the
+    completion may name more: a link recorded while the forget ran), each once, none the ref."""
+    erased = [x.ref for x in done.linked_refs or ()]
+    if len(set(erased)) != len(erased) or done.ref in erased:
+        raise _Refused("the completion's linked_refs repeat a ref or name the forgotten ref itself")
+    missing = set(asked.linked_refs or ()) - set(erased)
+    if missing:
+        raise _Refused(f"the request's linked_refs {sorted(missing)} are not erased by the completion")
 
 
 def _checkpoint(signed: str, pubkey: str) -> SignedCheckpoint:

@@ -13,9 +13,14 @@ Forget, in this order, each step durable before the next:
 4. drop the tenant's prefix-cache nodes that attended to the ref;
 5. shred the CAS data key and ciphertext;
 6. ``ForgetCompleted`` (units, per-session fingerprints, key id and KEK version, both
-   indexes), then the receipt (``ForgetReceipt.from_log``): the ref's admission, the
+   indexes, the linked refs and their keys), then the receipt (``ForgetReceipt.from_log``): the ref's admission, the
    request and the completion, each with its inclusion proof against one signed
    checkpoint carrying whatever witness cosignatures it has.
+
+A REDACTed result has two refs, the original and the redacted form (linked at admission,
+``fak_ref_links``): a forget of either erases both, steps 3 to 5 for each, and both
+events name the other (``linked_refs``; the row keeps them and their key ids, so a resumed
+forget erases the same). Forgetting the other form afterwards returns the same receipt.
 
 A crash anywhere leaves the row ``requested``; ``Kernel.open`` resumes it, and the
 steps above are idempotent. Forgetting a forgotten ref returns the first receipt.
@@ -65,7 +70,7 @@ def forget(
     principal = _ident(requested_by) if requested_by else None
     why = _ident(reason) if reason else None
     with k._forget_lock:
-        row = k.state.forget_row(tenant, ref)
+        row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = k.store.head(ref, tenant)
         if row is not None and row.state == "completed":
             if head is None or head.state == "forgotten":
@@ -78,12 +83,15 @@ def forget(
                 raise Conflict(f"ref {ref} was erased outside the kernel (fak cas forget): no receipt can "
                                "account for the sessions that held it")
             request_id = "fgt_" + uuid.uuid4().hex[:24]
-            ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why)
+            linked = _linked(k, tenant, ref, [])
+            ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why,
+                            linked_refs=[x["ref"] for x in linked] or None)
             key_id, kek_version = k.store.key_info(ref, tenant)
             row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, started_us=now_us(), state="requested",
                             principal=principal,
                             reason=why, requested_index=None, completed_index=None, key_id=key_id,
-                            kek_version=kek_version, units="[]", sessions="[]")  # fmt: skip
+                            kek_version=kek_version, units="[]", sessions="[]",
+                            linked=json.dumps(linked) if linked else None)  # fmt: skip
             k.state.start_forget(row)
         return _run(k, row)
 
@@ -95,27 +103,35 @@ def resume(k: Kernel, row: ForgetRow) -> ForgetReceipt:
 
 def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     from fak.audit import ForgetCompleted, ForgetRequested
+    from fak.audit.events import LinkedRef
     from fak.audit.receipt import ForgetReceipt
 
     tenant, ref = row.tenant, row.ref
     resumed = row.requested_index is not None  # ForgetRequested is in the log: this run continues a forget
+    known = json.loads(row.linked or "[]")
+    linked = _linked(k, tenant, ref, known)  # a link recorded since the request joins it
+    if linked != known:
+        row.linked = json.dumps(linked)
+        k.state.update_forget(row.request_id, linked=row.linked)
+    refs = [ref] + [x["ref"] for x in linked]
     if row.requested_index is None:
         row.requested_index = k.audit.append(ForgetRequested(
-            tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason))
+            tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason,
+            linked_refs=refs[1:] or None))
         k.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
     sessions: list[dict[str, str]] = json.loads(row.sessions)
     # chunks that attended to the ref go first, so no session is served one while this runs
-    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
+    units += [_unit("pic_chunk", c) for r in refs for c in k.pic.drop_ref(k.namespace(tenant), r)]
     # an admission checks for a pending forget inside its session lock, which this waits for
-    for sid in _holders(k, tenant, ref):
+    for sid in sorted(set().union(*(_holders(k, tenant, r) for r in refs))):
         ks = k.session(tenant, sid)
         with ks._locked() as s:
-            if not any(x.derived_from(ref) or ref in x.provenance for x in s.ledger.live()):
+            if not any(x.derived_from(r) or r in x.provenance for x in s.ledger.live() for r in refs):
                 continue
             try:
-                victims, nodes, chunks, after, replay = ks._drop_derived(ref, forget=True)
+                victims, nodes, chunks, after, replay = ks._drop_derived(refs, forget=True)
             except BaseException:
                 ks._discard()
                 raise
@@ -133,11 +149,15 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
                         fingerprint=after)
         fault_point("forget.after_session")
-    if k.prefix is not None:
-        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
+    for r in refs:
+        if k.prefix is not None:
+            units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), r)]
+        units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), r)]
     k.state.update_forget(row.request_id, units=json.dumps(units))
     fault_point("forget.before_shred")
+    for x in linked:  # the other forms first: the row keeps their key ids for a resumed run
+        if k.store.head(x["ref"], tenant) is not None:
+            k.store.forget(x["ref"], tenant)
     shred = k.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id
     kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version
@@ -150,6 +170,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
             units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
             shred_status=getattr(shred, "shred_status", None),
+            linked_refs=[LinkedRef(ref=x["ref"], shredded_key_id=x["key_id"], kek_version=x["kek_version"])
+                         for x in linked] or None,
         ))  # fmt: skip
     fault_point("forget.after_completed")
     k.state.update_forget(row.request_id, state="completed", completed_index=index)
@@ -185,6 +207,21 @@ def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
     if row.state == "completed" and row.completed_index is not None:
         receipt = ForgetReceipt.from_log(k.audit, row.completed_index)
     return ForgetState(row.request_id, row.ref, row.state, receipt)
+
+
+def _linked(k: Kernel, tenant: str, ref: str, known: list[dict]) -> list[dict]:
+    """The refs a forget of ``ref`` erases with it (``known``, then any other live ref linked
+    to it by a redaction, ``StateStore.linked_refs``), each with its data key id read before the
+    shred: [{ref, key_id, kek_version}]."""
+    out = list(known)
+    have = {x["ref"] for x in out}
+    for r in k.state.linked_refs(tenant, ref):
+        head = k.store.head(r, tenant)
+        if r in have or head is None or head.state != "live":
+            continue
+        key_id, kek_version = k.store.key_info(r, tenant)
+        out.append({"ref": r, "key_id": key_id, "kek_version": kek_version})
+    return out
 
 
 def _holders(k: Kernel, tenant: str, ref: str) -> list[str]:

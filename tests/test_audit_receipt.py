@@ -18,6 +18,7 @@ from fak.audit import (
     note,
     verify_receipt,
 )
+from fak.audit.events import LinkedRef
 from fak.audit.receipt import MIRRORED
 from fak.audit.signing import KEY_FILE
 from fak.cli import main
@@ -81,6 +82,7 @@ TAMPERED = {
     "kek_version": 2,
     "requested_index": 0,
     "shred_status": "pending_vacuum",
+    "linked_refs": [LinkedRef(ref=OTHER, shredded_key_id="dk-9", kek_version=1)],
 }
 
 
