@@ -5,12 +5,14 @@ leaves). Tests and ``bench/faults.py`` run a child with the variable set and che
 the next open finds.
 
 Points (``grep -rn fault_point``): ``cas.put.before_commit`` (blob renamed into place, its
-row not committed), ``cas.forget.after_key_commit`` (key row deleted, ciphertext not yet),
+row not committed), ``cas.forget.after_key_delete`` (data key deleted, the row still live),
+``cas.forget.after_key_commit`` (key row deleted, ciphertext not yet),
 ``cas.rotate.after_new_kek``, ``cas.rotate.after_first_batch``, ``cas.keyring.before_commit.<kind>``
 (a KEK, digest or check key being created), ``keyops.rotate.before_log``,
 ``keys.master.before_link`` and ``audit.signing_key.before_link`` (first-start key files),
 ``forget.after_requested``, ``forget.after_session``, ``forget.before_shred``,
-``forget.before_completed``, ``forget.after_completed``.
+``forget.before_completed``, ``forget.after_completed``, ``forget.before_replay`` and
+``forget.after_replay_verified`` (the replay that completes the receipt, after the forget returned).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ checker only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -51,6 +52,10 @@ class ContentStore(Protocol):
     def where_used(self, digest: str, tenant: str) -> list[Use]: ...
 
     def key_info(self, digest: str, tenant: str) -> tuple[str | None, int | None]: ...
+
+    def content_keys(self, tenant: str, digests: Iterable[str]) -> dict[str, bytes]:
+        """The data keys of live refs, to seal what derives from them (``fak.state.seal``)."""
+        ...
 
     def digest_of(self, data: bytes, tenant: str, *, keyed: bool = True) -> str: ...
 

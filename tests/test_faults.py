@@ -129,6 +129,26 @@ def test_killed_cas_forget_between_key_and_ciphertext(db_url, tmp_path) -> None:
     _check_stores(data_dir, db_url, refs, forgotten={victim})
 
 
+def test_killed_cas_forget_between_key_and_tombstone(db_url, tmp_path) -> None:
+    """The data key leaves the key database first, the tombstone comes second (CAS database):
+    a forget killed in between leaves a live row whose key is gone. It opens nothing, and the
+    next forget of the ref finishes the job and says the key is destroyed."""
+    from fak.cas import KeyDestroyed
+
+    data_dir = tmp_path / "d"
+    refs = _seed(data_dir, db_url)
+    victim = refs["acme"][0]
+    _child("cas.forget.after_key_delete", "forget", data_dir, db_url)
+    with CasStore.open(data_dir, db_url) as store:
+        assert store.head(victim, "acme").state == "live"
+        with pytest.raises(KeyDestroyed, match="not in the key database"):
+            store.get(victim, "acme")
+        again = store.forget(victim, "acme")
+        assert not again.already_forgotten and again.key_deleted and again.ciphertext_deleted
+        assert store.head(victim, "acme").state == "forgotten"
+    _check_stores(data_dir, db_url, refs, forgotten={victim})
+
+
 @pytest.mark.parametrize("point", ["cas.rotate.after_new_kek", "cas.rotate.after_batch", "keyops.rotate.before_log"])
 def test_killed_rotation_leaves_every_ref_readable(db_url, tmp_path, point) -> None:
     if point == "cas.rotate.after_new_kek" and not db_url.startswith("sqlite"):
