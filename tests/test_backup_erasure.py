@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from kernel_facade_helpers import WEATHER
 
-from fak.cas import CasStore
+from fak.cas import CasStore, KeyDestroyed
 from fak.errors import FakError
 
 SECRET = b"Booking reference QX7Y2Z for passenger Ada Lovelace, card ending 4242, seat 14C."
@@ -111,7 +111,7 @@ def test_backup_taken_before_forget_reveals_nothing(kernel, settings, tmp_path) 
     shutil.copy2(Path(settings.data_dir) / "master.key", restored / "master.key")
     store = CasStore.open(restored, f"sqlite:///{restored / 'fak.db'}")
     try:
-        with pytest.raises(FakError):
+        with pytest.raises(FakError):  # KeyDestroyed now; the bytes themselves before issue 25
             store.get(ref, "acme")
         engine = sa.create_engine(f"sqlite:///{restored / 'fak.db'}")
         with engine.connect() as conn:
@@ -120,7 +120,7 @@ def test_backup_taken_before_forget_reveals_nothing(kernel, settings, tmp_path) 
         assert len(rows) == 2
         for row in rows:
             assert row["tokens"] is None and row["message_text"] is None  # sealed, not in the clear
-            with pytest.raises(FakError):
+            with pytest.raises(KeyDestroyed):  # the ref's data key is gone: no key derives
                 open_segment(store, dict(row))
     finally:
         store.close()
