@@ -9,6 +9,13 @@ collapse, are reported here.
 A syntax error is explained in an operator's words at the place the problem began
 (``_explain``): where an unclosed quote or bracket opened, the line whose indentation
 does not fit, the tab used for indentation; not PyYAML's parser states.
+
+Reading costs time linear in the text, whatever the text (``_Loader``): an alias is refused
+where it stands and never composed (one alias is a shared subtree, a few hundred bytes of
+them expand to billions of nodes), collections nest at most ``MAX_DEPTH`` deep (the composer
+recurses), a document holds at most ``MAX_NODES`` values, an integer literal is at most
+``MAX_INT_CHARS`` long (decimal ones past 4,300 digits raise, sexagesimal ones cost time
+quadratic in their length), and a scalar that a tag cannot read is a located error.
 """
 
 from __future__ import annotations
@@ -22,6 +29,11 @@ from fak.policy.errors import Located, PolicyError
 
 Path = tuple[str | int, ...]
 _ALIASES = "YAML anchors and aliases are not allowed in a policy"
+
+MAX_DEPTH = 32  # collections inside collections; a policy needs fewer than 10
+MAX_NODES = 20_000  # values (scalars and collections) of one document; the default policy has about 400
+MAX_INT_CHARS = 100  # characters of an integer literal; a policy's numbers are below 2^53 (16 digits)
+MAX_ALIAS_REPORTS = 20  # aliases reported one by one; the rest are counted in one more line
 
 
 @dataclass
@@ -54,23 +66,93 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader whose composer never composes an alias, nests collections at most
+    ``MAX_DEPTH`` deep and composes at most ``MAX_NODES`` values, so that reading any text costs
+    time and memory linear in its length (module doc)."""
+
+    def __init__(self, text: str, source: str) -> None:
+        super().__init__(text)
+        self.source = source
+        self.depth = 0
+        self.nodes = 0
+        self.aliases: list[yaml.Mark] = []  # where each alias stands, refused after composing
+
+    def _refuse(self, mark: yaml.Mark, message: str) -> PolicyError:
+        line, col = _mark_at(mark)
+        return PolicyError([Located(self.source, line, col, message)])
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            self.aliases.append(event.start_mark)
+            # a fresh placeholder, never the anchored node: nothing can expand it
+            return yaml.ScalarNode("tag:yaml.org,2002:null", "", event.start_mark, event.end_mark)
+        event = self.peek_event()
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise self._refuse(event.start_mark, f"more than {MAX_NODES} values in one policy document")
+        if not isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise self._refuse(event.start_mark, f"lists and mappings nested deeper than {MAX_DEPTH} levels")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A scalar its tag cannot read (``!!int abc``, the date 2001-02-30) is a located YAML
+        error, not the constructor's ValueError."""
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{_short(node.value)} is not a valid {tag} ({exc})", node.start_mark) from None
+
+
+def _short(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else "this value"
+    return text if len(text) <= 40 else text[:30] + f"...' ({len(value)} characters)"
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    if len(node.value) > MAX_INT_CHARS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value)} characters (at most {MAX_INT_CHARS})", node.start_mark)
+    return loader.construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _mark_at(mark: yaml.Mark) -> tuple[int, int]:
+    return mark.line + 1, mark.column + 1
+
+
 def _walk(node: yaml.Node, path: Path, smap: SourceMap, problems: list[Located],
           seen: set[int] | None = None) -> None:
+    """Record marks; report duplicate keys. ``seen`` (ids of nodes walked) is a second guard
+    against a shared node: ``_Loader`` composes none."""
     seen = set() if seen is None else seen
-    if id(node) in seen:  # an alias: the composer shares the anchored node
+    if id(node) in seen:
         line, col = _mark(node)
         problems.append(Located(smap.source, line, col, _ALIASES))
-        return  # never expanded: a few hundred bytes of nested aliases would otherwise take minutes
+        return  # never expanded
     seen.add(id(node))
     smap.values[path] = _mark(node)
     if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
+        keys: set[Any] = set()  # this mapping's keys; not ``seen``, which the whole walk shares
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node.value)
-            if key in seen:
+            if key in keys:
                 line, col = _mark(key_node)
                 problems.append(Located(smap.source, line, col, f"duplicate key {key!r}"))
-            seen.add(key)
+            keys.add(key)
             smap.keys[path + (key,)] = _mark(key_node)
             _walk(value_node, path + (key,), smap, problems, seen)
     elif isinstance(node, yaml.SequenceNode):
@@ -82,7 +164,7 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
     """Parse one YAML document; return its data and the source map of its nodes."""
     smap = SourceMap(source)
     try:
-        loader = yaml.SafeLoader(text)  # the reader checks the characters here already
+        loader = _Loader(text, source)  # the reader checks the characters here already
     except yaml.reader.ReaderError as exc:
         before = text[: exc.position]
         line, col = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
@@ -93,8 +175,10 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
             node = loader.get_single_node()
             if node is None:
                 raise PolicyError([Located(source, 1, 1, "empty policy document")])
+            if loader.aliases:  # refused before anything is walked or constructed
+                raise PolicyError(_alias_problems(source, loader.aliases))
             problems: list[Located] = []
-            _walk(node, (), smap, problems)  # before constructing: it refuses aliases unexpanded
+            _walk(node, (), smap, problems)
             if any(p.message.startswith(_ALIASES) for p in problems):
                 raise PolicyError(problems)
             smap.problems = problems  # duplicate keys: the schema's problems are reported beside them
@@ -107,6 +191,14 @@ def read_yaml(text: str, source: str) -> tuple[Any, SourceMap]:
     finally:
         loader.dispose()
     return data, smap
+
+
+def _alias_problems(source: str, marks: list[yaml.Mark]) -> list[Located]:
+    problems = [Located(source, *_mark_at(m), _ALIASES) for m in marks[:MAX_ALIAS_REPORTS]]
+    if len(marks) > MAX_ALIAS_REPORTS:
+        more = marks[MAX_ALIAS_REPORTS]
+        problems.append(Located(source, *_mark_at(more), f"and {len(marks) - MAX_ALIAS_REPORTS} more aliases"))
+    return problems
 
 
 def _at(mark: yaml.Mark | None) -> tuple[int, int]:
@@ -141,8 +233,9 @@ def _key_column(line: str) -> int:
 
 
 def _previous_content_line(text: str, number: int) -> int | None:
-    for n in range(number - 1, 0, -1):
-        stripped = _line(text, n).strip()
+    lines = text.split("\n")  # once: per line it was quadratic in the blank lines above
+    for n in range(min(number, len(lines) + 1) - 1, 0, -1):
+        stripped = lines[n - 1].strip()
         if stripped and not stripped.startswith("#"):
             return n
     return None
@@ -209,8 +302,6 @@ def _explain(exc: yaml.MarkedYAMLError, loader: yaml.SafeLoader, text: str) -> t
                      "no block above it" + (f" (the keys of line {prev} start at column {_key_column(_line(text, prev))})"
                                             if prev else "")
         return pline, _indent(line) + 1, f"{detail}: indent it like the entries beside it"
-    if "undefined alias" in problem:
-        return pline, pcol, _ALIASES
     if "expected a single document" in context:
         return pline, pcol, "a second YAML document ('---'): a policy file holds one document"
     msg = problem or context or "invalid YAML"

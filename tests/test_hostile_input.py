@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import httpx
 import pytest
@@ -232,3 +233,32 @@ def test_fuzz_bench_runs_each_target_without_a_crash(tmp_path) -> None:
     for name in ("gate", "loader", "normalize"):
         assert not res["targets"][name]["crashed"], res["targets"][name].get("tail")
         assert res["targets"][name]["runs"] > 0
+
+
+def _mapping_alias_bomb(depth: int) -> str:
+    text = "apiVersion: fak.dev/v1\nkind: Policy\nx0: &x0 {a: 1}\ny0: &y0 {a: 1}\n"
+    for n in range(1, depth + 1):
+        text += f"x{n}: &x{n} {{a: *x{n - 1}, b: *y{n - 1}}}\ny{n}: &y{n} {{a: *x{n - 1}, b: *y{n - 1}}}\n"
+    return text
+
+
+@pytest.mark.parametrize("name", ["alias bomb under mappings", "deep nesting", "5001-digit integer"])
+def test_reported_policy_bombs_are_located_client_errors(name, live_server) -> None:  # noqa: F811
+    """Issue 25.5, as reported, through POST /v1/policy/validate with an auditor key: the
+    alias bomb (1 KB; 35 s and 3.7 GB before), ``'[' * 50000`` (a 500: RecursionError) and a
+    5,001-digit integer (a 500: Python's int-string limit) are each a 400 ``policy_invalid``
+    at a line, answered at once."""
+    import time
+
+    text = {"alias bomb under mappings": _mapping_alias_bomb(19),
+            "deep nesting": "[" * 50_000,
+            "5001-digit integer": "apiVersion: fak.dev/v1\nkind: Policy\nmetadata:\n  name: " + "7" * 5001 + "\n"}[name]
+    with live_server.client(live_server.key("acme", "auditor"), timeout=60) as c:
+        start = time.monotonic()
+        r = c.post("/v1/policy/validate", json={"text": text, "source": "p.yaml"})
+        elapsed = time.monotonic() - start
+        _check(r, name)
+        assert r.status_code == 400 and r.json()["type"].endswith("/policy_invalid"), r.text[:300]
+        assert all(re.match(r"^p\.yaml:\d+:\d+: ", e) for e in r.json()["errors"]), r.json()["errors"][:3]
+        assert elapsed < 5, elapsed  # a generous safety bound: milliseconds on a quiet machine
+        assert c.get("/v1/policy").status_code == 200  # still serving

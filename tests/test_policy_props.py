@@ -6,12 +6,13 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import time
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fak.policy import VerdictKind, gate, load_policy, normalize
+from fak.policy import PolicyError, VerdictKind, gate, load_policy, load_policy_text, normalize
 from fak.policy.normalize import fold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,3 +128,102 @@ def test_base64_of_hex_digits_cannot_spell_an_instruction():
     gibberish = "aF00" * 8  # hex digits that base64-decode to printable "h]4h]4…", and nothing more
     assert base64.b64decode(gibberish) == b"h]4" * 8
     assert payloads(f'"id": "{gibberish}"', [1 << 20]) == []  # tried as hex only
+
+
+# --- the policy loader against alias graphs and deep nesting (issue 25.5) ----------------------
+HEAD = "apiVersion: fak.dev/v1\nkind: Policy\nmetadata: {name: t}\n"
+BOUND_S = 5.0  # a generous safety bound of CPU time; each example answers in milliseconds
+
+
+def _mapping_alias_bomb(depth: int) -> str:
+    """The reported one: two anchors a level, each a mapping of aliases to both of the level
+    below (2^depth nodes once expanded); 35 s and 3.7 GB at depth 19 through the API."""
+    text = HEAD + "x0: &x0 {a: 1}\ny0: &y0 {a: 1}\n"
+    for n in range(1, depth + 1):
+        text += f"x{n}: &x{n} {{a: *x{n - 1}, b: *y{n - 1}}}\ny{n}: &y{n} {{a: *x{n - 1}, b: *y{n - 1}}}\n"
+    return text
+
+
+def _item(draw, earlier: list[str], depth: int = 0) -> str:
+    """A scalar, an alias to one of the last three anchors, or a flow collection of items."""
+    choice = draw(st.integers(0, 4 if depth < 3 else 1))
+    if choice <= 1 and earlier:
+        return "*" + earlier[-draw(st.integers(1, min(len(earlier), 3)))]
+    if choice == 2:
+        return "[" + ", ".join(_item(draw, earlier, depth + 1) for _ in range(draw(st.integers(0, 3)))) + "]"
+    if choice == 3:
+        return "{" + ", ".join(f"k{j}: {_item(draw, earlier, depth + 1)}" for j in range(draw(st.integers(0, 3)))) + "}"
+    return draw(st.sampled_from(["1", "x", "''", "null"]))
+
+
+@st.composite
+def alias_graphs(draw) -> str:
+    """A document of anchored values (lists and mappings, flow and block, nested), each made of
+    scalars, nested collections and aliases to earlier anchors (the last few, so chains form
+    and share): graphs whose expansion is exponential in their length."""
+    names = [f"n{i}" for i in range(draw(st.integers(1, 24)))]
+    under = draw(st.sampled_from(["", "spec:\n", "metadata:\n  labels:\n"]))
+    pad = "  " * under.count(":")
+    lines = []
+    for i, name in enumerate(names):
+        children = [_item(draw, names[:i]) for _ in range(draw(st.integers(1, 4)))]
+        style = draw(st.sampled_from(["flow-seq", "flow-map", "block-seq", "block-map"]))
+        if style == "flow-seq":
+            lines.append(f"{pad}{name}: &{name} [{', '.join(children)}]")
+        elif style == "flow-map":
+            lines.append(f"{pad}{name}: &{name} {{{', '.join(f'k{j}: {c}' for j, c in enumerate(children))}}}")
+        elif style == "block-seq":
+            lines.append(f"{pad}{name}: &{name}\n" + "\n".join(f"{pad}  - {c}" for c in children))
+        else:
+            lines.append(f"{pad}{name}: &{name}\n" + "\n".join(f"{pad}  k{j}: {c}" for j, c in enumerate(children)))
+    return HEAD + under + "\n".join(lines) + "\n"
+
+
+@st.composite
+def deep_nesting(draw) -> str:
+    """Collections nested up to 3,000 deep: flow lists and mappings, block lists and
+    mappings, closed or not."""
+    depth = draw(st.integers(1, 3000))
+    style = draw(st.sampled_from(["[", "{k: ", "block-seq", "block-map", "mixed"]))
+    closed = draw(st.booleans())
+    if style in ("[", "{k: "):
+        closer = "]" if style == "[" else "}"
+        body = style * depth + "1" + (closer * depth if closed else "")
+    elif style == "mixed":
+        body = "[{k: " * (depth // 2) + "1" + ("}]" * (depth // 2) if closed else "")
+    elif style == "block-seq":
+        body = "\n" + "".join(" " * (i + 1) + "-\n" for i in range(depth))
+    else:
+        body = "\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(depth))
+    return HEAD + "spec:\n  x: " + body + "\n"
+
+
+def _answered_in_bound(text: str) -> PolicyError | None:
+    """The loader's answer to ``text``: a policy, or a PolicyError whose every problem is
+    located in the file; never another exception, and within ``BOUND_S``."""
+    start = time.process_time()
+    try:
+        load_policy_text(text, "fuzz.yaml")
+        error = None
+    except PolicyError as exc:
+        assert exc.problems and all(str(p).startswith("fuzz.yaml:") for p in exc.problems), exc
+        error = exc
+    assert time.process_time() - start < BOUND_S
+    return error
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(_mapping_alias_bomb(19))
+@example(HEAD + "a: &a [1, 1]\n" + "".join(f"a{i}: &a{i} [*{'a' if i == 0 else f'a{i - 1}'}] \n" for i in range(40)))
+@given(alias_graphs())
+def test_alias_graphs_are_refused_at_once(text: str) -> None:
+    error = _answered_in_bound(text)
+    if "*" in text:  # every alias is refused where it stands, expanded never
+        assert error is not None and any("anchors and aliases are not allowed" in p.message for p in error.problems)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(HEAD + "[" * 50_000)
+@given(deep_nesting())
+def test_deep_nesting_is_answered_at_once(text: str) -> None:
+    _answered_in_bound(text)

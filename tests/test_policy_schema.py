@@ -157,3 +157,44 @@ def test_yaml_aliases_are_refused_unexpanded() -> None:
         bomb += f"{level}: &{level} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
     with pytest.raises(PolicyError, match="anchors and aliases are not allowed"):  # 10^10 nodes, never walked
         load_policy_text("apiVersion: fak.dev/v1\nkind: Policy\n" + bomb, "bomb.yaml")
+
+
+def _mapping_alias_bomb(depth: int) -> str:
+    """Issue 25.5: two anchors a level, each a mapping of aliases to both of the level below
+    (2^depth nodes once expanded from about 1 KB); it took 35 s and 3.7 GB at depth 19."""
+    text = "apiVersion: fak.dev/v1\nkind: Policy\nx0: &x0 {a: 1}\ny0: &y0 {a: 1}\n"
+    for n in range(1, depth + 1):
+        text += f"x{n}: &x{n} {{a: *x{n - 1}, b: *y{n - 1}}}\ny{n}: &y{n} {{a: *x{n - 1}, b: *y{n - 1}}}\n"
+    return text
+
+
+def test_alias_bomb_under_mappings_is_refused_unexpanded() -> None:
+    import time
+
+    start = time.process_time()
+    problems = errors_of(_mapping_alias_bomb(19))
+    assert time.process_time() - start < 5  # a generous safety bound: it answers in milliseconds
+    aliases = [(line, col) for line, col, msg in problems if "anchors and aliases are not allowed" in msg]
+    assert aliases and aliases[0] == (5, 13)  # the first alias, *x0 on line 5, where it stands
+
+
+def test_nesting_deeper_than_the_limit_is_a_located_error() -> None:
+    """``'[' * 50000`` overflowed the recursive composer (RecursionError, a 500 over the API)."""
+    for text, line in [("[" * 50_000, 1), ("a: 1\nb: " + "{k: " * 50_000, 2),
+                       ("spec:\n" + "".join(" " * i + "- \n" for i in range(1, 3000)), 2)]:
+        problems = errors_of(text)
+        assert len(problems) == 1 and problems[0][0] >= line and "nested deeper than" in problems[0][2], problems
+    nested = errors_of(HEAD + "  x: " + "[" * 30 + "]" * 30 + "\n")  # 30 levels are read, then judged
+    assert not any("nested deeper" in msg for _, _, msg in nested) and any("'spec.x'" in msg for _, _, msg in nested)
+
+
+@pytest.mark.parametrize("number", ["1" * 5001, "1" + ":0" * 400_000])
+def test_an_integer_too_long_to_read_is_a_located_error(number: str) -> None:
+    """A 5,001-digit integer raised Python's int-string limit (ValueError, a 500 over the API);
+    a sexagesimal one (1:0:0...) of 800 KB took many seconds, quadratic in its length."""
+    import time
+
+    start = time.process_time()
+    problems = errors_of(HEAD.replace("  name: t\n", f"  name: t\n  labels: {{n: {number}}}\n"))
+    assert time.process_time() - start < 5
+    assert [(line, col) for line, col, msg in problems if "integer" in msg] == [(5, 15)], problems
