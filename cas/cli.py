@@ -205,4 +205,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant", default=None)
     p.set_defaults(handler=_keks)
     p = cmd("fsck", _fsck, "check blob files against the database", digest=False)
-    p.add_argument("--remove-orphans", action="store_true", help="delete orphan blobs older than an hour")
+    p.add_argument("--remove-orphans", action="store_true", help="delete orphan blobs (and data keys no row names) older than an hour")

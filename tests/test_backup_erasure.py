@@ -207,3 +207,40 @@ def test_a_store_written_before_sealing_is_sealed_on_open(kernel, settings, tiny
         assert k2.session("acme", "old").fingerprint() == fp
     finally:
         k2.close()
+
+
+@pytest.mark.postgres
+def test_postgres_copy_taken_before_forget_reveals_nothing(pg_url, tmp_path, tiny_dir, tiny_lm) -> None:
+    """The same on PostgreSQL: every row of every table of the main database, read in one
+    transaction before the forget (what a dump holds), holds no plaintext and no token ids,
+    and names no data key that still exists afterwards."""
+    from fak import Kernel, Settings
+    from fak.state.seal import open_segment
+
+    settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, database_url=pg_url)
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        s = k.session("acme")
+        s.append("user", "What is my booking?")
+        ref = s.admit("booking", SECRET).ref
+        generated = list(s.generate(max_tokens=8, min_tokens=8))
+        quote = "Your booking: " + SECRET.decode()
+        s.append("assistant", quote)
+        needles = _needles([SECRET, quote.encode()], [k.tokenizer.encode(quote), generated])
+        engine = sa.create_engine(pg_url)
+        with engine.connect() as conn, conn.begin():
+            tables = sa.inspect(conn).get_table_names()
+            dump = {t: [dict(r._mapping) for r in conn.execute(sa.text(f'SELECT * FROM "{t}"'))] for t in tables}
+        engine.dispose()
+        k.forget("acme", ref)
+        values = [v if isinstance(v, bytes) else str(v).encode() for rows in dump.values() for r in rows
+                  for v in r.values() if v is not None]  # fmt: skip
+        for needle in needles:
+            assert not any(needle in v for v in values), f"the copy holds {needle[:40]!r}"
+        key_ids = [r["key_id"] for r in dump["cas_blobs"] if r["digest"] == ref]
+        assert key_ids and all(k.store.keys.data.row(x) is None for x in key_ids)  # its key is gone
+        assert dump.get("cas_keys", []) == []  # no data key was ever in the main database
+        sealed = [r for r in dump["fak_segments"] if r["kind"] == "assistant"]
+        assert len(sealed) == 2 and all(r["sealed"] and r["tokens"] is None for r in sealed)
+        for row in sealed:
+            with pytest.raises(FakError):
+                open_segment(k.store, row)
