@@ -20,10 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--tenant", required=True)
     c.add_argument("--role", required=True, choices=("agent", "auditor", "admin"))
     c.add_argument("--name", help="a label for the key")
+    c.add_argument("--expires", type=_duration, metavar="DURATION",
+                   help="refuse the key after this long: 90s, 15m, 12h, 30d (default: never)")
     c.add_argument("--config")
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=_create)
-    ls = ksub.add_parser("list", help="key ids, tenants, roles (never the keys)")
+    ls = ksub.add_parser("list", help="key ids, tenants, roles, state and expiry (never the keys); a row "
+                                      "edited in the database shows as tampered")
     ls.add_argument("--tenant")
     ls.add_argument("--config")
     ls.set_defaults(handler=_list)
@@ -34,52 +37,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     keys.set_defaults(handler=lambda _a: (keys.print_help(), 2)[1])
 
 
-def _key_store(config: str | None):  # noqa: ANN202
-    from fak.api.keys import HASH_LABEL, KeyStore
-    from fak.db import make_engine
-    from fak.keys import derive_key, load_master_secret
-    from fak.settings import Settings
-    from fak.state.store import upgrade
+def _duration(text: str) -> float:
+    from fak.cas.cli import duration
 
-    settings = Settings.load(config)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.resolved_database_url)
-    upgrade(engine)
-    return KeyStore(engine, derive_key(load_master_secret(settings.data_dir), HASH_LABEL)), engine
+    return duration(text)
+
+
+def _key_store(config: str | None, audited: bool):  # noqa: ANN202
+    """The deployment's key store; ``audited``: with its audit log (creating and revoking log)."""
+    from fak.api.keys import open_key_store
+    from fak.settings import Settings
+
+    return open_key_store(Settings.load(config), audited=audited)
+
+
+def _when(us: int | None) -> str:
+    import datetime as dt
+
+    return "never" if us is None else dt.datetime.fromtimestamp(us / 1e6, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _create(args: argparse.Namespace) -> int:
-    store, engine = _key_store(args.config)
-    try:
-        key, who = store.create(args.tenant, args.role, args.name)
-    finally:
-        engine.dispose()
+    with _key_store(args.config, audited=True) as store:
+        key, who = store.create(args.tenant, args.role, args.name, expires_in=args.expires, principal="cli")
     if args.json:
-        print(json.dumps({"key": key, "key_id": who.key_id, "tenant": who.tenant, "role": who.role.value}))
+        print(json.dumps({"key": key, "key_id": who.key_id, "tenant": who.tenant, "role": who.role.value,
+                          "expires_us": who.expires_us}))
     else:
         print(key)
-        print(f"(key id {who.key_id}, tenant {who.tenant}, role {who.role.value}; shown once, store it now)",
-              file=__import__("sys").stderr)
+        print(f"(key id {who.key_id}, tenant {who.tenant}, role {who.role.value}, expires {_when(who.expires_us)}; "
+              "shown once, store it now)", file=__import__("sys").stderr)
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    store, engine = _key_store(args.config)
-    try:
+    with _key_store(args.config, audited=False) as store:
         for row in store.list(args.tenant):
-            state = "revoked" if row.revoked_us else "active"
-            print(f"{row.key_id}  {row.tenant:<24} {row.role:<8} {state}  {row.name or ''}")
-    finally:
-        engine.dispose()
+            print(f"{row.key_id}  {row.tenant:<24} {row.role:<8} {store.state(row):<8} "
+                  f"expires {_when(row.expires_us):<20}  {row.name or ''}")
     return 0
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    store, engine = _key_store(args.config)
-    try:
-        store.revoke(args.key_id)
-    finally:
-        engine.dispose()
+    with _key_store(args.config, audited=True) as store:
+        store.revoke(args.key_id, principal="cli")
     print(f"revoked {args.key_id}")
     return 0
 

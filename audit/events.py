@@ -250,6 +250,44 @@ class KeysDestroyed(_Event):
     principal: Id | None = None
 
 
+ApiRole = Literal["agent", "auditor", "admin"]
+
+
+class KeyCreated(_Event):
+    """An API key created for ``tenant`` (its id, role and expiry; never the key or its hash).
+    Logged before the key's row is written: no key exists that the log does not name."""
+
+    type: Literal["key_created"] = "key_created"
+    key_id: Id
+    role: ApiRole
+    expires_ms: Count | None = None  # when it stops working, ms since the Unix epoch (None: never)
+    principal: Id | None = None
+
+
+class KeyRevoked(_Event):
+    """An API key revoked (logged before the row changes): its id, tenant, role and expiry."""
+
+    type: Literal["key_revoked"] = "key_revoked"
+    key_id: Id
+    role: ApiRole | None = None  # None: the row failed its MAC (then under the system tenant)
+    expires_ms: Count | None = None
+    principal: Id | None = None
+
+
+class KeyAlarm(_Event):
+    """A valid API key was presented whose database row fails its MAC (someone who can write
+    the database edited its tenant, role, revocation or expiry, or wrote the row): refused
+    as an unknown key. One event per key and window (``refusals``: the requests refused on
+    that row since the previous alarm for it, this one included), so a flood on one edited
+    row does not grow the log by an entry a request. Under the system tenant: the row's own
+    tenant is not to be believed."""
+
+    type: Literal["key_alarm"] = "key_alarm"
+    key_id: Id
+    kind: Literal["row_mac_mismatch"]
+    refusals: Count
+
+
 class AuthFailure(_Event):
     type: Literal["auth_failure"] = "auth_failure"
     reason: Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired"]
@@ -307,6 +345,9 @@ Event = Annotated[
     | KeyRotated
     | KeysDestroyed
     | AuthFailure
+    | KeyCreated
+    | KeyRevoked
+    | KeyAlarm
     | AuditAlarm
     | TenantEraseRequested
     | TenantErased,
@@ -326,6 +367,9 @@ EVENT_TYPES = (
     KeyRotated,
     KeysDestroyed,
     AuthFailure,
+    KeyCreated,
+    KeyRevoked,
+    KeyAlarm,
     AuditAlarm,
     TenantEraseRequested,
     TenantErased,

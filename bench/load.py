@@ -60,18 +60,11 @@ def pct(values: list[float], p: float) -> float:
 
 def create_keys(data_dir: Path, url: str) -> dict[tuple[str, str], str]:
     """API keys for every tenant and role, written straight into the server's database."""
-    from fak.api.keys import HASH_LABEL, KeyStore
-    from fak.db import make_engine
-    from fak.keys import derive_key, load_master_secret
-    from fak.state.store import upgrade
+    from fak.api.keys import open_key_store
+    from fak.settings import Settings
 
-    engine = make_engine(url)
-    try:
-        upgrade(engine)
-        store = KeyStore(engine, derive_key(load_master_secret(data_dir), HASH_LABEL))
-        return {(t, r): store.create(t, r, "load")[0] for t in TENANTS for r in ROLES}
-    finally:
-        engine.dispose()
+    with open_key_store(Settings(data_dir=data_dir, database_url=url)) as store:  # creations are logged
+        return {(t, r): store.create(t, r, "load", principal="bench")[0] for t in TENANTS for r in ROLES}
 
 
 @dataclass

@@ -209,3 +209,49 @@ def test_rows_from_before_the_upgrade_are_sealed_once(settings, tiny_lm) -> None
             _refused_like_unknown(live, old)
     finally:
         k.close()
+
+
+def test_cli_creates_expiring_keys_lists_tampered_rows_and_logs_both(db_url, monkeypatch, capsys) -> None:
+    """``fak keys create --expires``, ``list`` (state and expiry; an edited row shows as
+    tampered) and ``revoke``, in process, on both backends; creation and revocation logged."""
+    import json
+    import os
+    from pathlib import Path
+
+    from fak.audit import AuditLog
+    from fak.cli import main
+    from fak.db import make_engine
+
+    monkeypatch.setenv("FAK_DATABASE_URL", db_url)
+    assert main(["keys", "create", "--tenant", "acme", "--role", "agent", "--expires", "30d", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert 29.9 * 86400 < made["expires_us"] / 1e6 - time.time() <= 30 * 86400
+    assert main(["keys", "create", "--tenant", "acme", "--role", "admin", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["keys", "create", "--tenant", "acme", "--role", "agent", "--expires", "soon"])
+    assert main(["keys", "create", "--tenant", "acme", "--role", "agent", "--expires", "0"]) == 1
+    assert "expiry must be a positive number" in capsys.readouterr().err
+
+    engine = make_engine(db_url)
+    try:
+        with writing(engine) as conn:
+            conn.execute(sa.text("UPDATE fak_api_keys SET role = 'admin' WHERE key_id = :k"), {"k": made["key_id"]})
+    finally:
+        engine.dispose()
+    assert main(["keys", "list"]) == 0
+    listing = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "tampered" in listing[made["key_id"]] and "active" in listing[other["key_id"]]
+    assert "expires never" in listing[other["key_id"]]
+    assert main(["keys", "revoke", other["key_id"]]) == 0
+    assert main(["keys", "list"]) == 0
+    assert "revoked" in capsys.readouterr().out
+
+    with AuditLog.open(db_url, Path(os.environ["FAK_DATA_DIR"])) as log:
+        events = [e.event for e in log.entries()]
+    created = [e for e in events if e.type == "key_created"]
+    assert [(e.key_id, e.role, e.principal) for e in created] == [(made["key_id"], "agent", "cli"),
+                                                                 (other["key_id"], "admin", "cli")]
+    assert created[0].expires_ms == made["expires_us"] // 1000 and created[1].expires_ms is None
+    assert [(e.key_id, e.tenant, e.role) for e in events if e.type == "key_revoked"] == [
+        (other["key_id"], "acme", "admin")]

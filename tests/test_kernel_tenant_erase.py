@@ -12,11 +12,10 @@ from fak.errors import InvalidInput
 
 
 def test_erase_tenant_drops_everything_of_that_tenant_only(kernel) -> None:
-    from fak.api.app import HASH_LABEL
     from fak.api.keys import KeyStore
 
     k = kernel
-    keys = KeyStore(k.state.engine, k.derive_key(HASH_LABEL))
+    keys = KeyStore.of(k)
     acme_key, _ = keys.create("acme", "agent")
     other_key, _ = keys.create("globex", "agent")
     refs = []
