@@ -78,6 +78,9 @@ def install(app: FastAPI) -> None:
         problems = getattr(exc, "problems", None)
         if problems:  # a policy's located errors, as the CLI prints them
             extra["errors"] = [str(p) for p in problems]
+        members = getattr(exc, "problem_members", None)
+        if callable(members):  # an error's own extension members (e.g. the audit alarm's kind)
+            extra.update(members())
         status = exc.status if 400 <= exc.status < 600 else 500
         if status >= 500 and not getattr(exc, "public", False):  # says nothing about internals (a driver's
             # message, a path): logged instead; errors marked public say what the client can do (disk full)

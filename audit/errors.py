@@ -16,3 +16,23 @@ class VerificationError(AuditError):
 
     code = "verification_failed"
     status = 400
+
+
+class AuditUnverified(AuditError):
+    """The log's signer is in alarm: the database's history disagrees with what it signed, so
+    what the database holds is not presented as the log (entries, proofs, exports) until an
+    operator resolves it. 409, not 503: retrying does not help, the operator's reset does."""
+
+    code = "audit_unverified"
+    status = 409
+
+    def __init__(self, alarm: str, message: str, remembered_size: int | None = None,
+                 found_size: int | None = None) -> None:
+        super().__init__(message)
+        self.alarm = alarm  # the AuditAlarm kind: history_rewritten, signer_state_ahead, ...
+        self.remembered_size = remembered_size
+        self.found_size = found_size
+
+    def problem_members(self) -> dict[str, object]:
+        """Extension members of its problem+json answer (RFC 9457 section 3.2)."""
+        return {"alarm": self.alarm, "remembered_size": self.remembered_size, "found_size": self.found_size}

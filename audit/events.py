@@ -47,6 +47,10 @@ class _Strict(BaseModel):
 class _Event(_Strict):
     tenant: SystemOrTenant = ""  # "" is the system
     ts: Count = Field(default_factory=now_ms)  # milliseconds since the Unix epoch
+    # the tenant's gap-free sequence number (1, 2, ...; the system's own under ""), assigned by
+    # the log at append and hashed with the event: a tenant's export shows any omission.
+    # Absent in entries logged before it existed (they still verify); callers leave it unset.
+    tseq: Annotated[int, Field(strict=True, ge=1, le=MAX_INT)] | None = None
 
     @field_validator("tenant", mode="before")
     @classmethod

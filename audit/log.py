@@ -4,7 +4,9 @@ Why one writer thread: it makes group commit and gap-free indexes simple.
 Callers canonicalise their event and hand it over; the writer drains whatever
 is queued into ONE transaction (under the database writer lock), assigns the
 next indexes, stores the leaf and every subtree hash that became complete, and
-acknowledges each append only after the commit returned. A checkpoint is
+acknowledges each append only after the commit returned. The queue is bounded
+(``max_queue``): past it a decision waits for room and a countable event is dropped and
+counted, so a flood cannot grow memory without bound. A checkpoint is
 signed every N entries, every T ms while entries are pending, and on demand,
 always after checking it is consistent with the last one signed.
 
@@ -25,24 +27,26 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import queue
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import rfc8785
 from sqlalchemy.engine import Connection
 
-from fak.audit import merkle, store
-from fak.audit.checkpoint import SignedCheckpoint, from_note, sign_checkpoint
+from fak.audit import merkle, note, store
+from fak.audit.checkpoint import SignedCheckpoint, from_note, open_checkpoint, sign_checkpoint
 from fak.audit.cosignature import add_lines
-from fak.audit.errors import AuditError
-from fak.audit.events import AuditAlarm, Event, canonical, parse_event, to_event
+from fak.audit.errors import AuditError, AuditUnverified
+from fak.audit.events import MAX_INT, AuditAlarm, Event, parse_event, to_event
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signer_state import SignerMemory, SignerRefused, read_state, state_path
@@ -61,13 +65,31 @@ class LogEntry:
         return merkle.hash_leaf(self.body)
 
 
+# An event's canonical bytes are made by the caller with this placeholder as its ``tseq``
+# member; the writer puts the tenant's next sequence number in its place under the writer lock
+# (numbers are digits in canonical JSON, so the bytes stay canonical).
+_TSEQ_MARK = b'"tseq":%d' % MAX_INT
+
+
 @dataclass
 class _Append:
-    body: bytes
+    body: bytes  # canonical bytes holding _TSEQ_MARK once
     tenant: str
     type: str
     ts: int
     future: Future
+
+
+def _request(event: Event, future: Future) -> _Append:
+    """An append request: the event's canonical bytes with the ``tseq`` placeholder."""
+    if event.tseq is not None:
+        raise AuditError("tseq is assigned by the log at append; leave it unset")
+    fields = event.model_dump(mode="json", exclude_none=True)  # canonical(), with the placeholder in
+    fields["tseq"] = MAX_INT
+    body = rfc8785.dumps(fields)
+    if body.count(_TSEQ_MARK) != 1:  # only an event type with a nested "tseq" member could do this
+        raise AuditError(f"cannot number a {event.type} event: its bytes hold the tseq placeholder twice")
+    return _Append(body, event.tenant, event.type, event.ts, future)
 
 
 @dataclass
@@ -122,6 +144,21 @@ def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpo
     return from_note(add_lines(row[2], list(lines)) if lines else row[2])
 
 
+def _tenant_tail(conn: Connection, tenant: str, stop: int) -> tuple[int, int | None]:
+    """Among entries [0, stop): the tenant's last sequence number (its latest entry's ``tseq``,
+    or, when that entry was logged before tseq existed, how many entries it has) and the index
+    of its latest entry (None: it has none)."""
+    row = store.tenant_last(conn, tenant, stop)
+    if row is None:
+        return 0, None
+    seq = json.loads(row[1]).get("tseq")
+    return (seq if type(seq) is int else store.tenant_count(conn, tenant, stop)), row[0]
+
+
+def _last_tseq(conn: Connection, tenant: str, stop: int) -> int:
+    return _tenant_tail(conn, tenant, stop)[0]
+
+
 def _digest(root: bytes | None) -> str | None:
     return None if root is None else "sha256:" + root.hex()
 
@@ -140,6 +177,7 @@ class AuditLog:
         checkpoint_every: int = 1000,
         checkpoint_ms: int = 1000,
         max_batch: int = 4096,
+        max_queue: int = 16384,
         memory: SignerMemory | None = None,
         witnesses: Sequence[WitnessEndpoint | str] = (),
         witness_timeout: float = 5.0,
@@ -159,9 +197,17 @@ class AuditLog:
                 raise
             raise AuditError(f"cannot open the audit log at {url!r}: {exc}") from exc
         self._frontier: merkle.Frontier | None = None
+        self._tseq: dict[str, int] = {}  # tenant -> its last sequence number, exact at log size _tseq_size
+        self._tseq_size = -1
         self._last_cp: tuple[int, bytes, str] | None = None
         self._last_cp_time = time.monotonic()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # appends queued and not yet taken by the writer, at most max_queue: a flood cannot grow
+        # memory without bound. submit() waits for room (a decision is never dropped);
+        # try_submit() drops and counts (``dropped``) what may be counted instead of logged
+        self._room = threading.Semaphore(max(1, max_queue))
+        self.dropped = 0
+        self._closers: list[Callable[[], None]] = []  # run by close() while appends still work
         self._closed = False
         self._gate = threading.Lock()
         self._alarm: SignerRefused | None = None  # set: the signer refuses until its state changes
@@ -207,7 +253,8 @@ class AuditLog:
         The signer's memory is ``<data dir>/audit_signer.state`` for the data-dir key,
         ``audit_signer.<key id>.state`` for another. ``witnesses``: endpoints (or ``"<url>
         <vkey>"`` strings) asked to cosign each new checkpoint.
-        ``options``: checkpoint_every (entries), checkpoint_ms, max_batch."""
+        ``options``: checkpoint_every (entries), checkpoint_ms, max_batch, max_queue (appends
+        queued before ``submit`` waits and ``try_submit`` drops)."""
         from fak.config import data_dir as default_dir
         from fak.config import database_url
 
@@ -250,6 +297,9 @@ class AuditLog:
         """Enter the refusing state: stderr, an AuditAlarm appended (writer thread or __init__)."""
         self.alarms += 1
         self._alarm = exc
+        if self._memory is not None:
+            with contextlib.suppress(OSError):  # stderr and the log's AuditAlarm still say it
+                self._memory.record_alarm(exc)
         self._alarm_state = self._state_snapshot()
         print(f"fak audit: ALARM ({exc.kind}): {exc}", file=sys.stderr, flush=True)
         rem = exc.remembered
@@ -257,7 +307,7 @@ class AuditLog:
                            remembered_root=_digest(None if rem is None else rem.root),
                            found_size=exc.found_size, found_root=_digest(exc.found_root))
         fut: Future = Future()
-        self._commit([_Append(canonical(alarm), alarm.tenant, alarm.type, alarm.ts, fut)])
+        self._commit([_request(alarm, fut)])
         with contextlib.suppress(Exception):
             fut.result(timeout=0)
 
@@ -271,11 +321,13 @@ class AuditLog:
     def _check_alarm(self) -> None:
         """While refusing: raise again, unless the state file changed (an operator's reset),
         in which case signing is attempted afresh (the memory re-checks everything)."""
-        if self._alarm is None:
-            return
-        if self._state_snapshot() == self._alarm_state:
-            raise self._alarm
-        self._alarm = None
+        if self._alarm is None or self._state_snapshot() != self._alarm_state:
+            self._alarm = None
+            standing = None if self._memory is None else self._memory.standing_alarm()
+            if standing is None:
+                return
+            self._alarm, self._alarm_state = standing, self._state_snapshot()  # raised by another process
+        raise self._alarm
 
     def reset_signer(self, accept_size: int, principal: str | None = None) -> tuple[int, bytes]:
         """Operator action after an alarm: accept the entries [0, accept_size) (recomputed from
@@ -297,7 +349,7 @@ class AuditLog:
                            remembered_root=_digest(None if old is None else old.root), found_size=accept_size,
                            found_root=_digest(new.root), principal=principal)
         fut: Future = Future()
-        self._commit([_Append(canonical(event), event.tenant, event.type, event.ts, fut)])
+        self._commit([_request(event, fut)])
         fut.result()
         print(f"fak audit: signer reset by the operator: accepted size {accept_size}, root {_b64(new.root)}",
               file=sys.stderr, flush=True)
@@ -306,12 +358,38 @@ class AuditLog:
     # ------------------------------------------------------------------ writing
 
     def submit(self, event: object) -> Future:
-        """Queue an event; the future resolves to its index once the commit is durable."""
-        ev = to_event(event)
-        body = canonical(ev)
+        """Queue an event; the future resolves to its index once the commit is durable. With
+        ``max_queue`` appends already queued, wait for room (backpressure, never a drop)."""
         fut: Future = Future()
-        self._put(_Append(body, ev.tenant, ev.type, ev.ts, fut))
+        request = _request(to_event(event), fut)
+        while not self._room.acquire(timeout=0.5):
+            if self._closed:
+                raise AuditError("the audit log is closed")
+        self._queue_append(request)
         return fut
+
+    def try_submit(self, event: object) -> Future | None:
+        """Queue an event that may be counted instead of logged (an authentication failure):
+        None, counted in ``dropped``, when ``max_queue`` appends are already queued."""
+        fut: Future = Future()
+        request = _request(to_event(event), fut)
+        if not self._room.acquire(blocking=False):
+            with self._gate:
+                self.dropped += 1
+            return None
+        self._queue_append(request)
+        return fut
+
+    def _queue_append(self, request: _Append) -> None:
+        try:
+            self._put(request)
+        except BaseException:
+            self._room.release()
+            raise
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Have ``close()`` call ``fn`` first, while appends still work (a flush of counted events)."""
+        self._closers.append(fn)
 
     def _put(self, request: _Append | _Control) -> None:
         with self._gate:  # nothing is queued after the stop request
@@ -338,6 +416,9 @@ class AuditLog:
     def close(self) -> None:
         """Stop; with witnesses, first sign the entries not yet signed and wait (bounded) for
         their cosignatures, so no entry is left outside a cosigned checkpoint at shutdown."""
+        while self._closers and not self._closed:
+            with contextlib.suppress(Exception):  # a flush that fails must not keep the log open
+                self._closers.pop(0)()
         if self.witnesses and not self._closed:
             with contextlib.suppress(Exception):  # a refusing signer or a closed log: nothing to add
                 self.checkpoint()
@@ -374,6 +455,8 @@ class AuditLog:
                 while len(batch) < self._max_batch:
                     batch.append(self._queue.get_nowait())
             appends = [r for r in batch if isinstance(r, _Append)]
+            for _ in appends:  # taken: room for as many more
+                self._room.release()
             controls = [r for r in batch if isinstance(r, _Control)]
             if appends:
                 self._commit(appends)
@@ -407,6 +490,8 @@ class AuditLog:
             while True:
                 req = self._queue.get_nowait()
                 req.future.set_exception(AuditError("the audit log is closed"))
+                if isinstance(req, _Append):
+                    self._room.release()
 
     def _unsigned(self) -> int:
         """Entries appended since the last checkpoint this writer knows of."""
@@ -437,13 +522,23 @@ class AuditLog:
             with store.writing(self._engine) as conn:
                 frontier = self._sync(conn)
                 first = frontier.size
+                if self._tseq_size != first:  # another writer appended (or first use): ask the database
+                    self._tseq.clear()
+                seqs: dict[str, int] = {}  # numbered here, under the writer lock, like the indexes
                 entries, nodes = [], []
                 for k, req in enumerate(appends):
-                    nodes.extend(frontier.append(merkle.hash_leaf(req.body)))
-                    entries.append((first + k, req.tenant, req.type, req.ts, req.body))
+                    t = req.tenant
+                    if t not in seqs:
+                        seqs[t] = self._tseq[t] if t in self._tseq else _last_tseq(conn, t, first)
+                    seqs[t] += 1
+                    body = req.body.replace(_TSEQ_MARK, b'"tseq":%d' % seqs[t], 1)
+                    nodes.extend(frontier.append(merkle.hash_leaf(body)))
+                    entries.append((first + k, t, req.type, req.ts, body))
                 self._frontier = None  # stale until the commit has returned
                 store.insert(conn, entries, nodes)
             self._frontier = frontier
+            self._tseq.update(seqs)
+            self._tseq_size = first + len(appends)
         except Exception as exc:
             err = exc if isinstance(exc, AuditError) else AuditError(f"audit append failed: {exc}")
             for req in appends:
@@ -480,6 +575,9 @@ class AuditLog:
         self._check_alarm()
         with store.writing(self._engine) as conn:
             frontier = self._sync(conn)
+            if self._memory is not None:  # what the database stores, not this writer's copy of it:
+                # a rewrite made while this process runs is then found at its next signature
+                frontier = self._frontier = self._load_frontier(conn, frontier.size)
             size, root = frontier.size, frontier.root()
             last = store.latest_checkpoint(conn)
             if last is not None:
@@ -489,6 +587,12 @@ class AuditLog:
                 try:
                     merkle.verify_consistency(last[0], size, last[1], root, proof)
                 except merkle.ProofError as exc:
+                    if self._memory is not None and self._signed_here(last[2]):  # not a forged row: the tree
+                        raise SignerRefused("history_rewritten",
+                                            f"refusing to sign: the stored tree of size {size} (root {_b64(root)}) "
+                                            f"is inconsistent with the checkpoint of size {last[0]} this log signed: "
+                                            "the stored tree was rewritten", self._memory.remembered, size, root) \
+                            from exc
                     raise AuditError(f"refusing to sign a checkpoint inconsistent with size {last[0]}") from exc
                 if last[0] == size:
                     self._last_cp, self._last_cp_time = last, time.monotonic()
@@ -510,6 +614,14 @@ class AuditLog:
                 self._memory.remember(size, checked, signed_at)  # type: ignore[union-attr]
         self._last_cp, self._last_cp_time = (size, root, cp.note), time.monotonic()
         return (size, root, cp.note), bool(self.witnesses)
+
+    def _signed_here(self, signed: str) -> bool:
+        """Whether a stored checkpoint note carries this log's own valid signature."""
+        try:
+            open_checkpoint(signed, self._signer.verifier(), self.origin)
+        except AuditError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ witnesses
 
@@ -645,6 +757,45 @@ class AuditLog:
     def public_key(self) -> str:
         """The verifier key string ``<origin>+<key id>+<base64 key>`` auditors pin."""
         return self._signer.verifier().vkey()
+
+    @property
+    def alarm(self) -> SignerRefused | None:
+        """The signer's standing alarm, raised here or by another process sharing the key (None:
+        none, or resolved). If the signer's state file changed since it was raised (an operator's
+        reset from another process), signing is tried again first, which clears the alarm or
+        raises it anew."""
+        if self._memory is None:
+            return self._alarm
+        if self._alarm is not None and self._state_snapshot() != self._alarm_state:
+            with contextlib.suppress(AuditError):
+                self.checkpoint(wait_witnesses=False)
+        return self._alarm or self._memory.standing_alarm()
+
+    def require_verified(self) -> None:
+        """Raise AuditUnverified while the signer is in alarm: the database's history then
+        disagrees with what the log signed, and is not to be presented as the log."""
+        alarm = self.alarm
+        if alarm is None:
+            return
+        rem = alarm.remembered
+        raise AuditUnverified(alarm.kind, f"the audit log's signer is in alarm ({alarm.kind}): the database's "
+                              "history disagrees with what the log signed, so its entries and proofs are not "
+                              "served until an operator checks the log and runs 'fak audit signer-reset'",
+                              None if rem is None else rem.size, alarm.found_size)
+
+    def tenant_statement(self, tenant: str, cp: SignedCheckpoint) -> str:
+        """A note, signed with the log's key, stating how many entries ``tenant`` has in the tree
+        of the log's checkpoint ``cp`` and the index of its latest one: what lets a tenant's
+        export show that no line was removed (fak.audit.tenant_export)."""
+        from fak.audit.tenant_export import statement_text
+
+        self.require_verified()
+        with self._read() as conn:
+            row = store.checkpoint_at_least(conn, cp.size)
+            if row is None or (row[0], row[1]) != (cp.size, cp.root):
+                raise AuditError(f"this log signed no checkpoint of size {cp.size} with root {_b64(cp.root)}")
+            count, latest = _tenant_tail(conn, tenant, cp.size)
+        return note.sign(statement_text(self.origin, cp.size, cp.root, tenant, count, latest), self._signer)
 
     def _served(self, conn: Connection, row: tuple[int, bytes, str]) -> SignedCheckpoint:
         return _cp(row, [ln for _, ln in store.cosignature_lines(conn, row[0])] if self._cosigned(conn) else ())

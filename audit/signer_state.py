@@ -8,7 +8,9 @@ signed_at}), written atomically (tmp, fsync, rename, fsync of the directory) aft
 checkpoint is signed and stored, and before signing again it recomputes the tree *from
 the entries themselves* (never from stored nodes) and checks that the remembered tree is
 a prefix of it. A mismatch is refused with an ``AuditError`` naming the size and both
-roots, and the refusal lasts until an operator resets the state explicitly.
+roots, and the refusal lasts until an operator resets the state explicitly. The refusal is
+recorded beside the state (``<state>.alarm``), so every process sharing the key (a server and
+a CLI on one data dir) refuses, and serves no entries or proofs, until that reset.
 """
 
 from __future__ import annotations
@@ -236,8 +238,40 @@ class SignerMemory:
             write_state(self.path, state)
         self._verified, self._state = merkle.Frontier(frontier.size, list(frontier.hashes)), state
 
+    @property
+    def alarm_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".alarm")
+
+    def record_alarm(self, exc: SignerRefused) -> None:
+        """Make a refusal stand for every process sharing this key, until the operator's reset."""
+        rem = exc.remembered
+        data = {"kind": exc.kind, "message": str(exc), "remembered": None if rem is None else rem.to_json(),
+                "found_size": exc.found_size, "found_root": _hex_root(exc.found_root)}
+        with locked(self.path):
+            atomic_write(self.alarm_path, (json.dumps(data, sort_keys=True) + "\n").encode())
+
+    def standing_alarm(self) -> SignerRefused | None:
+        """The refusal recorded by any process with this key and not yet reset (one stat when
+        there is none); an unreadable record is itself a standing alarm."""
+        try:
+            text = self.alarm_path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return SignerRefused("history_rewritten", f"refusing: the signer's alarm record is unreadable "
+                                 f"({exc.strerror})", None, 0, None)
+        try:
+            obj = json.loads(text)
+            rem = None if obj["remembered"] is None else SignerState.from_json(obj["remembered"])
+            root = None if obj["found_root"] == "none" else base64.b64decode(obj["found_root"], validate=True)
+            return SignerRefused(str(obj["kind"]), str(obj["message"]), rem, int(obj["found_size"]), root)
+        except (ValueError, KeyError, TypeError, AuditError):
+            return SignerRefused("history_rewritten", "refusing: the signer's alarm record is malformed",
+                                 None, 0, None)
+
     def reset(self, size: int, read: BodyReader) -> tuple[SignerState | None, SignerState]:
-        """Operator action: accept the entries [0, size) as the new remembered tree."""
+        """Operator action: accept the entries [0, size) as the new remembered tree (and lift
+        the recorded alarm)."""
         with locked(self.path):
             try:
                 old = self._read()
@@ -248,5 +282,6 @@ class SignerMemory:
                 raise AuditError(f"cannot accept size {size}: the log has only {f.size} entries")
             new = SignerState(self.origin, self.key_id, size, f.root(), int(time.time()))
             write_state(self.path, new)
+            self.alarm_path.unlink(missing_ok=True)
         self._verified, self._state = f, new
         return old, new

@@ -136,6 +136,21 @@ def checkpoint_at_least(conn: Connection, size: int) -> tuple[int, bytes, str] |
     return _cp_row(conn.exec_driver_sql(q, (size,)).first())
 
 
+def tenant_last(conn: Connection, tenant: str, stop: int) -> tuple[int, bytes] | None:
+    """(index, body) of the tenant's latest entry below ``stop`` (one index probe)."""
+    m = _marks(conn, 1)
+    q = f"SELECT idx, body FROM audit_entries WHERE tenant = {m} AND idx < {m} ORDER BY idx DESC LIMIT 1"
+    row = conn.exec_driver_sql(q, (tenant, stop)).first()
+    return None if row is None else (int(row[0]), bytes(row[1]))
+
+
+def tenant_count(conn: Connection, tenant: str, stop: int) -> int:
+    """How many entries the tenant has below ``stop`` (a scan: for logs older than tseq)."""
+    m = _marks(conn, 1)
+    q = f"SELECT count(*) FROM audit_entries WHERE tenant = {m} AND idx < {m}"
+    return int(conn.exec_driver_sql(q, (tenant, stop)).scalar() or 0)
+
+
 def _marks(conn: Connection, n: int) -> str:
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     return ", ".join([mark] * n)

@@ -24,7 +24,7 @@ from pathlib import Path
 from fak.audit import cosignature, merkle, note
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
-from fak.audit.events import parse_event
+from fak.audit.events import Event, parse_event
 from fak.audit.export import MAGIC
 
 _ENTRY = re.compile(rb"^e (0|[1-9][0-9]{0,18}) ([0-9a-f]{64}) (\{.*\})$", re.S)
@@ -336,6 +336,7 @@ def verify_export(
     head_line = 0  # line of entry head.size, were there one
     last_check: WitnessCheck | None = None
     ref: _Since | None = None
+    tseqs: dict[str, int] = {}  # tenant -> entries seen (each numbered one must carry that + 1)
     try:
         try:
             origin, verifier, report.trusted_key = _header(lines[0], pubkey, trust_embedded_key)
@@ -357,8 +358,9 @@ def verify_export(
             if lineno == len(lines):
                 raise _Bad("export does not end with a newline", tree.size)
             if line.startswith(b"e "):
-                _entry(line, tree)
+                event = _entry(line, tree)
                 i = tree.size - 1
+                _tseq(event, i, tseqs)
                 known = ref.leaves if ref is not None and ref.leaves is not None else []
                 if i < len(known) and tree.nodes[merkle.node_id(0, i)] != known[i]:
                     raise _Bad(f"entry {i} differs from entry {i} of the --since export, which verified "
@@ -420,7 +422,16 @@ def verify_export(
     return report
 
 
-def _entry(line: bytes, tree: merkle.MemoryTree) -> None:
+def _tseq(event: Event, index: int, seen: dict[str, int]) -> None:
+    """Each tenant's entries carry 1, 2, 3 ... in log order (those logged before ``tseq``
+    existed carry none and count by position): a gap or repeat is a log that numbered wrong."""
+    n = seen[event.tenant] = seen.get(event.tenant, 0) + 1
+    if event.tseq is not None and event.tseq != n:
+        raise _Bad(f"entry {index}: tenant {event.tenant!r} sequence {event.tseq}, expected {n} (its sequence "
+                   "has a gap or a repeat)", index)
+
+
+def _entry(line: bytes, tree: merkle.MemoryTree) -> Event:
     index = tree.size
     m = _ENTRY.match(line)
     if not m:
@@ -432,10 +443,11 @@ def _entry(line: bytes, tree: merkle.MemoryTree) -> None:
     if leaf.hex().encode() != m.group(2):
         raise _Bad("entry bytes do not hash to the recorded leaf hash", index)
     try:
-        parse_event(body)
+        event = parse_event(body)
     except AuditError as exc:
         raise _Bad(str(exc), index) from None
     tree.append_leaf(leaf)
+    return event
 
 
 def _checkpoint(

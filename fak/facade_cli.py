@@ -1,5 +1,7 @@
 """``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine`` and ``fak erase-tenant``: the Kernel from a
-terminal (in process, on the data directory the settings name)."""
+terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
+pid, while ``fak serve`` (or another Kernel) runs on that data directory (``fak.owner``); ``fak sessions``
+only reads the database and works beside it."""
 
 from __future__ import annotations
 
@@ -77,8 +79,23 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    with _open(args.config) as k:
-        ids = k.sessions(args.tenant)
+    """Read from the state database alone (no Kernel, no model): safe while ``fak serve``
+    runs on the same data directory, which a second Kernel is not (``fak.owner``)."""
+    from fak.db import make_engine, release
+    from fak.keys import derive_key, load_master_secret
+    from fak.settings import Settings
+    from fak.state.apikeys import MAC_LABEL
+    from fak.state.store import StateStore
+    from fak.types import check_tenant
+
+    settings = Settings.load(args.config)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        mac = derive_key(load_master_secret(settings.data_dir), MAC_LABEL)
+        ids = StateStore(engine, api_key_mac=mac).session_ids(check_tenant(args.tenant))
+    finally:
+        release(engine)
     print(json.dumps(ids) if args.json else "\n".join(ids))
     return 0
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from fak.errors import Conflict
 
 LOCK_FILE = "fak.lock"
-RETRY_S = 2.0  # a claim waits this long before refusing (another claimant may be just leaving)
+RETRY_S = 0.5  # a claim waits this long before refusing (the previous owner may be just exiting)
 
 
 class DataDirBusy(Conflict):

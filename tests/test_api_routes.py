@@ -346,7 +346,7 @@ def test_audit_export_streams_own_rows_with_proofs(world) -> None:
         assert "content-length" not in r.headers  # streamed
         lines = [json.loads(line) for line in r.iter_lines() if line]
     head, rows = lines[0], lines[1:]
-    assert head["format"] == "fak-tenant-audit-export/v1" and head["tenant"] == "acme"
+    assert head["format"] == "fak-tenant-audit-export/v2" and head["tenant"] == "acme"
     cp = open_checkpoint(head["checkpoint"], note.Verifier.parse(head["public_key"]), head["origin"])
     assert (cp.size, cp.root.hex()) == (head["tree_size"], head["root_hash"])
     listed = ok(w("acme", "auditor").get("/v1/audit/entries", params={"limit": 1000}))["entries"]

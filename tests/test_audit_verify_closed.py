@@ -369,14 +369,9 @@ def test_live_witness_export_and_receipt(tmp_path, capsys):
 
 def _tenant_export(log: AuditLog, tenant: str, path) -> None:
     """A tenant's export as the API writes it (fak.api.routes.audit.export_lines)."""
-    cp = log.checkpoint()
-    lines = [{"format": "fak-tenant-audit-export/v1", "tenant": tenant, "origin": cp.origin, "tree_size": cp.size,
-              "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": log.public_key()}]
-    for e in log.entries(tenant, 0, cp.size):
-        proof = log.inclusion_proof(e.index, size=cp.size)
-        lines.append({"index": e.index, "type": e.event.type, "event": e.body.decode(),
-                      "leaf_hash": e.leaf_hash.hex(), "hashes": [h.hex() for h in proof.hashes]})
-    path.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+    from fak.audit.tenant_export import tenant_export_lines
+
+    path.write_bytes(b"".join(tenant_export_lines(log, tenant)))
 
 
 def test_tenant_export_fails_closed(exported, tmp_path, capsys):

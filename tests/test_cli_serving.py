@@ -167,6 +167,9 @@ def test_cli_while_serving_loses_nothing(tmp_path, tiny_dir) -> None:
         _ok(["cas", "fsck"], env)
         _ok(["cas", "scrub"], env)
         _ok(["witness", "pubkey"], env)
+        with server.client(key) as c:  # the operator's answer to a signer alarm works beside the server too
+            size = c.get("/v1/audit/checkpoint").json()["size"]
+        _ok(["audit", "signer-reset", "--accept-size", str(size), "--principal", "test"], env)
         # commands that would run a second Kernel (forget resumption, in-memory sessions): refused
         for args, stdin in ((["chat", "--tenant", "other"], ""),
                             (["forget", "blake3k:" + "0" * 64, "--tenant", "other"], ""),
