@@ -45,6 +45,10 @@ def _samples() -> list:
         ev.KeyRotated(key_kind="audit_signing", old_key_id="a1b2c3d4", new_key_id="e5f6a7b8"),
         ev.KeysDestroyed(key_kind="cas_kek", key_ids=["k-1", "k-2"], principal="cli", tenant="acme"),
         ev.AuthFailure(reason="unknown_key", key_fingerprint=P, route="/v1/forget"),
+        ev.KeyCreated(tenant="acme", key_id="0123456789abcdef", role="agent", expires_ms=1_800_000_000_000,
+                      principal="cli"),
+        ev.KeyRevoked(tenant="acme", key_id="0123456789abcdef", role="agent", principal="cli"),
+        ev.KeyAlarm(key_id="0123456789abcdef", kind="row_mac_mismatch", refusals=3),
         ev.AuditAlarm(kind="history_rewritten", remembered_size=5, remembered_root=P, found_size=9, found_root=P),
     ]
 
