@@ -257,7 +257,7 @@ def open_key_store(settings: Settings, *, audited: bool = True) -> Iterator[KeyS
     migrated (rows from before the MAC sealed once), keys derived from its master secret, and,
     when ``audited``, its audit log (creating and revoking keys need it)."""
     from fak.audit import AuditLog
-    from fak.db import make_engine
+    from fak.db import make_engine, release
     from fak.keys import derive_key, load_master_secret
     from fak.state.store import upgrade
 
@@ -274,4 +274,4 @@ def open_key_store(settings: Settings, *, audited: bool = True) -> Iterator[KeyS
                      if audited else None)
             yield KeyStore(engine, derive_key(master, HASH_LABEL), mac_key, audit)
     finally:
-        engine.dispose()
+        release(engine)  # the process's engine for this database (fak.db), shared with the audit log
