@@ -77,6 +77,22 @@ def test_forget_either_form_erases_both(kernel, which) -> None:
     assert any(x["ref"] == other_a.admitted_ref and x["state"] == "live" for x in other_s.ledger())
 
 
+@pytest.mark.postgres
+def test_forget_either_form_on_postgres(settings, tiny_lm, pg_url) -> None:
+    """The link table, the forget's linked refs and a resume across a reopen on PostgreSQL."""
+    pg = settings.model_copy(update={"database_url": pg_url})
+    with Kernel.open(pg, model=tiny_lm, progress=None) as k:
+        s, a, _ = _redacted(k, "acme")
+        sid = s.id
+    with Kernel.open(pg, model=tiny_lm, progress=None) as k:
+        receipt = k.forget("acme", a.admitted_ref)
+        _erased(k, "acme", a.ref, a.admitted_ref)
+        assert ("segment", sid, a.segment.id) in {(u.kind, u.session_id, u.id) for u in receipt.units_dropped}
+        assert [x.ref for x in receipt.linked_refs] == [a.ref]
+        assert verify_receipt(receipt, k.audit.public_key())
+        assert k.forget("acme", a.ref).request_id == receipt.request_id
+
+
 def test_receipt_linked_refs_are_signed(kernel) -> None:
     """A receipt whose linked refs were edited does not verify; nor does one that drops them."""
     k = kernel
