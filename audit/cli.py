@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--consistency-proof", metavar="FILE",
                    help="JSON consistency proof (oldSize, treeSize, hashes) between --last-checkpoint and the "
                    "receipt's checkpoint, when the receipt does not carry one")
+    r.add_argument("--require-replay", action="store_true",
+                   help="fail unless the receipt carries the logged independent replay of the survivors "
+                   "(a receipt fetched right after the forget has it pending)")
     _witness_args(r)
     r.set_defaults(handler=_verify_receipt)
 
@@ -157,7 +160,7 @@ def _verify_receipt(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise AuditError(f"cannot read consistency proof {args.consistency_proof}: {exc}") from None
     check = verify_receipt(data, _load_text(pubkey, "public key"), witnesses=policy, last_checkpoint=last,
-                           consistency_proof=proof)  # fmt: skip
+                           consistency_proof=proof, require_replay=args.require_replay)  # fmt: skip
     if check.ok:
         print(f"receipt OK: forget {data.get('request_id')} of {data.get('ref')} (tenant {data.get('tenant') or '-'}) "
               f"is logged at {data.get('log_index')} under the pinned key; {check.detail}")

@@ -142,11 +142,33 @@ class DroppedUnit(_Strict):
 
 class SessionFingerprints(_Strict):
     """A session's KV fingerprint after a drop, and that of an independent replay of
-    its surviving segments: equal when the drop left exactly what never-saw would."""
+    its surviving segments: equal when the drop left exactly what never-saw would.
+    ``fingerprint_replay`` is None when the replay runs after the forget (``ReplayVerified``)."""
 
     session_id: Id
     fingerprint_after: Digest
-    fingerprint_replay: Digest
+    fingerprint_replay: Digest | None = None
+
+
+class SessionReplay(_Strict):
+    """An independent replay of a session's survivors, after the forget that dropped the rest:
+    its fingerprint (None: a survivor was gone before a replay resumed after a crash could run)."""
+
+    session_id: Id
+    fingerprint_replay: Digest | None = None
+
+
+class ReplayVerified(_Event):
+    """The second half of a forget's receipt: each session's survivors replayed in a fresh
+    session after the forget returned; ``verified``: every replay equals the logged
+    ``fingerprint_after`` of ``ForgetCompleted`` at ``completed_index`` (false: an alarm too)."""
+
+    type: Literal["replay_verified"] = "replay_verified"
+    request_id: Id
+    ref: Digest
+    completed_index: Count
+    sessions: list[SessionReplay] = Field(default_factory=list, max_length=MAX_ITEMS)
+    verified: bool
 
 
 class ForgetCompleted(_Event):
@@ -292,11 +314,37 @@ class KeyAlarm(_Event):
     refusals: Count
 
 
+AuthReason = Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired"]
+MAX_FINGERPRINTS = 16  # fingerprints one ``auth_failures`` entry lists (the most frequent)
+
+
 class AuthFailure(_Event):
+    """A request refused for its key (the first of its reason in a window: ``AuthFailures``)."""
+
     type: Literal["auth_failure"] = "auth_failure"
-    reason: Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired"]
+    reason: AuthReason
     key_fingerprint: Digest | None = None  # a keyed digest of the presented key, never the key
     route: Id | None = None
+
+
+class AuthFailures(_Event):
+    """The authentication failures of one window after the first of each reason (an
+    ``auth_failure`` of its own), counted rather than logged one by one, so a flood of bogus
+    keys grows the log by a bounded number of entries (issue 25.5). Logged at the window's
+    end, or at shutdown. Fingerprints are HMAC-SHA256 digests under a server key of the
+    presented keys' first 21 characters (``fak_<key id>_``) and of the client addresses: they
+    tell one source from another without saying what it is."""
+
+    type: Literal["auth_failures"] = "auth_failures"
+    window_start_ms: Count
+    window_end_ms: Count
+    count: Count  # failures counted here (the first of each reason is not)
+    reasons: dict[AuthReason, Count]
+    key_fingerprints: list[Digest] = Field(default_factory=list, max_length=MAX_FINGERPRINTS)
+    more_keys: Count = 0  # distinct key fingerprints beyond those listed (exact up to 4,096)
+    client_fingerprints: list[Digest] = Field(default_factory=list, max_length=MAX_FINGERPRINTS)
+    more_clients: Count = 0
+    dropped: Count = 0  # first-of-reason entries the full audit queue did not take (counted here)
 
 
 class TenantEraseRequested(_Event):
@@ -327,12 +375,14 @@ class AuditAlarm(_Event):
     accepted as the new base)."""
 
     type: Literal["audit_alarm"] = "audit_alarm"
-    kind: Literal["history_rewritten", "signer_state_missing", "signer_state_ahead", "signer_reset"]
+    kind: Literal["history_rewritten", "signer_state_missing", "signer_state_ahead", "signer_reset",
+                  "forget_replay_mismatch"]  # the last: a forget's replay differs (``request_id``)
     remembered_size: Count | None = None  # the size the signer last signed (None: no state)
     remembered_root: Digest | None = None  # its root, ``sha256:<hex>``
     found_size: Count  # entries in the database when the check ran (reset: the accepted size)
     found_root: Digest | None = None  # root recomputed from the entries at remembered_size (or found_size)
     principal: Id | None = None  # reset: who resolved it
+    request_id: Id | None = None  # forget_replay_mismatch: the forget
 
 
 Event = Annotated[
@@ -341,6 +391,7 @@ Event = Annotated[
     | Materialisation
     | ForgetRequested
     | ForgetCompleted
+    | ReplayVerified
     | RefQuarantined
     | RefExpired
     | ToolCallDecision
@@ -349,6 +400,7 @@ Event = Annotated[
     | KeyRotated
     | KeysDestroyed
     | AuthFailure
+    | AuthFailures
     | KeyCreated
     | KeyRevoked
     | KeyAlarm
@@ -363,6 +415,7 @@ EVENT_TYPES = (
     Materialisation,
     ForgetRequested,
     ForgetCompleted,
+    ReplayVerified,
     RefQuarantined,
     RefExpired,
     ToolCallDecision,
@@ -371,6 +424,7 @@ EVENT_TYPES = (
     KeyRotated,
     KeysDestroyed,
     AuthFailure,
+    AuthFailures,
     KeyCreated,
     KeyRevoked,
     KeyAlarm,

@@ -38,6 +38,7 @@ from fak.audit.events import (
     ForgetRequested,
     Id,
     LinkedRef,
+    ReplayVerified,
     SessionFingerprints,
     SystemOrTenant,
     parse_event,
@@ -84,6 +85,26 @@ class ForgetReceipt(BaseModel):
     shred_status: Id | None = None
     # the other refs erased with ``ref`` (a REDACTed result's other form) and their shredded keys
     linked_refs: list[LinkedRef] | None = Field(None, max_length=MAX_ITEMS)
+    # the independent replay of each session's survivors, logged after the forget returned
+    # (``ReplayVerified``, in the same tree as the rest): None while it is pending
+    replay_index: Count | None = None
+    replay_event: str | None = None
+    replay_inclusion_proof: dict | None = None
+
+    @property
+    def replay(self) -> str:
+        """``verified`` (logged and equal), ``mismatch``, ``pending`` (not logged yet), ``none``
+        (no session held the ref) or ``inline`` (an older receipt: the replay's fingerprints are
+        in ``sessions``)."""
+        if self.replay_event is not None:
+            try:
+                ev = parse_event(self.replay_event.encode())
+            except AuditError:
+                return "mismatch"
+            return "verified" if isinstance(ev, ReplayVerified) and ev.verified else "mismatch"
+        if not self.sessions:
+            return "none"
+        return "inline" if all(s.fingerprint_replay for s in self.sessions) else "pending"
 
     @property
     def completed_index(self) -> int:
@@ -91,10 +112,12 @@ class ForgetReceipt(BaseModel):
         return self.log_index
 
     @classmethod
-    def from_log(cls, log: AuditLog, completed_index: int, *, since: int | None = None) -> ForgetReceipt:
-        """Build the receipt for the ForgetCompleted entry at ``completed_index``. Every proof
-        leads to the first signed checkpoint covering it (signed now if none does). ``since``:
-        the auditor's last known tree size; the receipt then carries a consistency proof from it."""
+    def from_log(cls, log: AuditLog, completed_index: int, *, since: int | None = None,
+                 replay_index: int | None = None) -> ForgetReceipt:
+        """Build the receipt for the ForgetCompleted entry at ``completed_index`` (and the
+        ReplayVerified at ``replay_index``, once logged). Every proof leads to the first signed
+        checkpoint covering both (signed now if none does). ``since``: the auditor's last known
+        tree size; the receipt then carries a consistency proof from it."""
         entry = log.entry(completed_index)
         ev = entry.event
         if not isinstance(ev, ForgetCompleted):
@@ -109,7 +132,18 @@ class ForgetReceipt(BaseModel):
             raise AuditError(
                 f"audit entry {ev.requested_index} is not the forget_requested of request {ev.request_id}"
             )
+        replay = None
+        if replay_index is not None:
+            replay = log.entry(replay_index)
+            rv = replay.event
+            if not isinstance(rv, ReplayVerified) or (rv.request_id, rv.completed_index) != (
+                ev.request_id, completed_index,
+            ):  # fmt: skip
+                raise AuditError(f"audit entry {replay_index} is not the replay of forget {ev.request_id}")
         proof = log.inclusion_proof(completed_index)
+        if replay is not None:
+            top = log.inclusion_proof(replay_index)  # the first checkpoint covering both
+            proof = log.inclusion_proof(completed_index, size=top.tree_size)
         if proof.checkpoint is None:  # pragma: no cover - inclusion_proof() always attaches one
             raise AuditError(f"no signed checkpoint covers audit entry {completed_index}")
         req_proof = log.inclusion_proof(ev.requested_index, size=proof.tree_size)
@@ -141,6 +175,10 @@ class ForgetReceipt(BaseModel):
             admitted_event=None if admitted is None else admitted[1].decode(),
             admitted_inclusion_proof=None if adm_proof is None else _bare(adm_proof),
             consistency_proof=consistency,
+            replay_index=replay_index,
+            replay_event=None if replay is None else replay.body.decode(),
+            replay_inclusion_proof=None if replay is None else _bare(log.inclusion_proof(replay_index,
+                                                                                         size=proof.tree_size)),
         )
 
 
@@ -171,6 +209,24 @@ def find_admission(log: AuditLog, tenant: str, ref: str, before: int) -> tuple[i
             pos = int(rows[-1][0])
 
 
+def find_replay(log: AuditLog, tenant: str, request_id: str, after: int) -> int | None:
+    """The index of the ReplayVerified of forget ``request_id`` (logged after its completion at
+    ``after``), or None while it is pending. Reads the tenant's replay events only."""
+    t = store.entries_t
+    needle = f'"request_id":"{request_id}"'.encode()
+    with log._engine.connect() as conn:
+        rows = conn.execute(sa.select(t.c.idx, t.c.body)
+                            .where(t.c.tenant == tenant, t.c.type == "replay_verified", t.c.idx > after)
+                            .order_by(t.c.idx))
+        for idx, body in rows:
+            raw = bytes(body)
+            if needle in raw:
+                ev = parse_event(raw)
+                if isinstance(ev, ReplayVerified) and ev.request_id == request_id and ev.completed_index == after:
+                    return int(idx)
+    return None
+
+
 def _is_admission_of(raw: bytes, tenant: str, ref: str) -> bool:
     try:
         ev = parse_event(raw)
@@ -190,6 +246,7 @@ class ReceiptCheck:
     ok: bool
     reason: str = ""
     detail: str = ""  # when ok: what beyond the log's signature backs it (witnesses, consistency)
+    replay: str = ""  # when ok: verified | pending (not logged yet) | none (no session) | inline (older)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -207,6 +264,7 @@ def verify_receipt(
     quorum: int | None = None,
     last_checkpoint: str | SignedCheckpoint | None = None,
     consistency_proof: dict | ConsistencyProof | None = None,
+    require_replay: bool = False,
 ) -> ReceiptCheck:
     """Check a receipt offline against the log's pinned verifier key (``public_key()``):
 
@@ -220,8 +278,12 @@ def verify_receipt(
     receipt's fields equal the logged completion's (``linked_refs`` included: the other form of a
     REDACTed result, erased with it); the completion erases every linked ref the request named;
     every inclusion proof leads to the signed
-    root; the forget claims some erasure; every session's fingerprint after the drop equals
-    that of the replay of its survivors, and every session that lost a segment has them.
+    root; the forget claims some erasure; every session that lost a segment has fingerprints;
+    every session's fingerprint after the drop equals that of the replay of its survivors:
+    in ``sessions`` (older receipts) or in the ``ReplayVerified`` event when present (same
+    forget, every session, its own inclusion proof). A receipt whose replay is not logged yet
+    verifies with ``replay == "pending"`` (the erasure is proven; the replay comes later),
+    unless ``require_replay``.
     """
     detail: list[str] = []
     try:
@@ -252,6 +314,10 @@ def verify_receipt(
         _included(r.requested_inclusion_proof, r.requested_event, r.requested_index, cp, "requested event")
         _admitted(r, done, cp)
         _claims(r)
+        replay = _replay(r, done, cp)
+        if replay == "pending" and require_replay:
+            raise _Refused("the independent replay of the survivors is not in this receipt yet (pending): "
+                           "fetch the receipt again once it is logged")
     except _Refused as exc:
         return ReceiptCheck(False, str(exc))
     except ValidationError as exc:
@@ -265,7 +331,10 @@ def verify_receipt(
         detail.append(f"checkpoint signed at {stamp}")
     if r.shred_status not in (None, "destroyed"):
         detail.append(f"the CAS says the destroyed key is not yet scrubbed from storage: {r.shred_status}")
-    return ReceiptCheck(True, detail="; ".join(detail) or "no witness policy or last checkpoint given")
+    if replay == "pending":
+        detail.append("the independent replay of the survivors is pending (not logged yet)")
+    return ReceiptCheck(True, detail="; ".join(detail) or "no witness policy or last checkpoint given",
+                        replay=replay)
 
 
 def _policy(witnesses: WitnessPolicy | Sequence[str] | None, quorum: int | None) -> WitnessPolicy | None:
@@ -351,6 +420,38 @@ def _linked(asked: ForgetRequested, done: ForgetCompleted) -> None:
         raise _Refused(f"the request's linked_refs {sorted(missing)} are not erased by the completion")
 
 
+def _replay(r: ForgetReceipt, done: ForgetCompleted, cp: SignedCheckpoint) -> str:
+    """The replay half: ``inline`` (older receipts: checked by ``_claims``), ``pending``, or the
+    logged ``ReplayVerified`` checked against the completion (refused unless every session's
+    replay equals its fingerprint after the drop)."""
+    if r.replay_event is None:
+        if r.replay_index is not None or r.replay_inclusion_proof is not None:
+            raise _Refused("the receipt names a replay without its event")
+        if not r.sessions:
+            return "none"  # no session held the ref: nothing to replay
+        return "inline" if all(s.fingerprint_replay for s in r.sessions) else "pending"
+    if r.replay_index is None or r.replay_inclusion_proof is None:
+        raise _Refused("the replay event comes without its index or inclusion proof")
+    rv = _event(r.replay_event, ReplayVerified, "replay")
+    if (rv.request_id, rv.ref, rv.tenant, rv.completed_index) != (done.request_id, done.ref, done.tenant, r.log_index):
+        raise _Refused("the replay event is not the replay of this forget (request id, ref, tenant or completion)")
+    if not r.log_index < r.replay_index:
+        raise _Refused("the replay is not logged after the completion")
+    _included(r.replay_inclusion_proof, r.replay_event, r.replay_index, cp, "replay event")
+    after = {s.session_id: s.fingerprint_after for s in done.sessions}
+    got = {s.session_id: s.fingerprint_replay for s in rv.sessions}
+    if set(got) != set(after) or len(got) != len(rv.sessions):
+        raise _Refused("the replay event does not cover exactly the sessions of the completion")
+    for sid, fp in sorted(got.items()):
+        if fp is None:
+            raise _Refused(f"session {sid}: its survivors could not be replayed (the replay is not verified)")
+        if fp != after[sid]:
+            raise _Refused(f"session {sid}: state after the drop differs from a replay of its survivors")
+    if not rv.verified:
+        raise _Refused("the replay event says the replay did not verify")
+    return "verified"
+
+
 def _checkpoint(signed: str, pubkey: str) -> SignedCheckpoint:
     verifier = note.Verifier.parse(pubkey.strip())
     try:
@@ -389,7 +490,7 @@ def _claims(r: ForgetReceipt) -> None:
             "a forget of a ref that was never stored or was already forgotten proves no erasure"
         )
     for s in r.sessions:
-        if s.fingerprint_after != s.fingerprint_replay:
+        if s.fingerprint_replay is not None and s.fingerprint_after != s.fingerprint_replay:
             raise _Refused(f"session {s.session_id}: state after the drop differs from a replay of its survivors")
     proved = {s.session_id for s in r.sessions}
     for u in r.units_dropped:
@@ -397,4 +498,5 @@ def _claims(r: ForgetReceipt) -> None:
             raise _Refused(f"session {u.session_id} lost {u.kind} {u.id} but the receipt has no fingerprints for it")
 
 
-__all__ = ["MIRRORED", "ForgetReceipt", "ReceiptCheck", "VerificationError", "find_admission", "verify_receipt"]
+__all__ = ["MIRRORED", "ForgetReceipt", "ReceiptCheck", "VerificationError", "find_admission", "find_replay",
+           "verify_receipt"]

@@ -6,10 +6,10 @@ Forget, in this order, each step durable before the next:
 2. ``ForgetRequested`` in the audit log;
 3. per session holding the ref (its own ref, content or attention provenance):
    evict every segment derived from it (tool segments of the ref and generated
-   segments produced while it was live), RECOMPUTE the survivors, compare the
-   fingerprint with an independent replay of the surviving ledger (unequal: the
-   forget stops loudly and stays pending), and write the ledger together with
-   the forget's progress in one transaction;
+   segments produced while it was live), RECOMPUTE the survivors, copy them for
+   the independent replay that runs after the forget returns (``fak.replay``: it
+   completes the receipt with ``ReplayVerified``; unequal raises an audit alarm), and
+   write the ledger together with the forget's progress in one transaction;
 4. drop the tenant's prefix-cache nodes that attended to the ref;
 5. shred the CAS data key and ciphertext;
 6. ``ForgetCompleted`` (units, per-session fingerprints, key id and KEK version, both
@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fak import replay
 from fak.errors import Conflict, FakError, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.ledger import SegmentKind
@@ -64,7 +65,6 @@ def forget(
     k: Kernel, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
 ) -> ForgetReceipt:
     from fak.audit import ForgetRequested
-    from fak.audit.receipt import ForgetReceipt
 
     tenant, ref = check_tenant(tenant), check_digest(ref)
     principal = _ident(requested_by) if requested_by else None
@@ -72,9 +72,9 @@ def forget(
     with k._forget_lock:
         row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = k.store.head(ref, tenant)
-        if row is not None and row.state == "completed":
+        if row is not None and row.state in replay.DONE:
             if head is None or head.state == "forgotten":
-                return ForgetReceipt.from_log(k.audit, row.completed_index)
+                return receipt_of(k, row)
             row = None  # the same bytes were admitted again since: this is a new forget
         if row is None:
             if head is None:
@@ -121,7 +121,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
         k.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
-    sessions: list[dict[str, str]] = json.loads(row.sessions)
+    sessions: list[dict] = json.loads(row.sessions)
+    fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
     # chunks that attended to the ref go first, so no session is served one while this runs
     units += [_unit("pic_chunk", c) for r in refs for c in k.pic.drop_ref(k.namespace(tenant), r)]
     # an admission checks for a pending forget inside its session lock, which this waits for
@@ -131,21 +132,19 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             if not any(x.derived_from(r) or r in x.provenance for x in s.ledger.live() for r in refs):
                 continue
             try:
-                victims, nodes, chunks, after, replay = ks._drop_derived(refs, forget=True)
+                victims, nodes, chunks, after, survivors = ks._drop_derived(refs, forget=True)
             except BaseException:
                 ks._discard()
                 raise
-            if after != replay:
-                ks._discard()
-                raise ForgetFailed(f"session {sid}: fingerprint after the drop {after} differs from an "
-                                   f"independent replay {replay}; the forget stays pending")
             units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
                       for x in victims]
             units += [_unit("prefix_node", n) for n in nodes]
             units += [_unit("pic_chunk", c) for c in chunks]
             sessions = [x for x in sessions if x["session_id"] != sid]
-            sessions.append({"session_id": sid, "fingerprint_after": k.audit_fingerprint(tenant, after),
-                             "fingerprint_replay": k.audit_fingerprint(tenant, replay)})  # keyed: no guess oracle
+            keyed = k.audit_fingerprint(tenant, after)  # keyed: no guess oracle
+            ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
+            sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids})
+            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, ks._loaded())
             ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
                         fingerprint=after)
         fault_point("forget.after_session")
@@ -168,13 +167,19 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     if index is None:
         index = k.audit.append(ForgetCompleted(
             tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
-            units_dropped=units, sessions=sessions, shredded_key_id=key_id, kek_version=kek_version,
+            units_dropped=units, sessions=replay.logged_sessions(sessions), shredded_key_id=key_id,
+            kek_version=kek_version,
             shred_status=getattr(shred, "shred_status", None),
             linked_refs=[LinkedRef(ref=x["ref"], shredded_key_id=x["key_id"], kek_version=x["kek_version"])
                          for x in linked] or None,
         ))  # fmt: skip
     fault_point("forget.after_completed")
-    k.state.update_forget(row.request_id, state="completed", completed_index=index)
+    # the independent replay of each session's survivors completes the receipt after this returns
+    k.state.update_forget(row.request_id, state="replaying" if sessions else "completed", completed_index=index)
+    if sessions:
+        row.sessions, row.completed_index = json.dumps(sessions), index
+        k.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
+                                          resumed=resumed))
     k._notify("forget", tenant=tenant)
     return ForgetReceipt.from_log(k.audit, index)
 
@@ -193,20 +198,27 @@ def _logged_completion(k: Kernel, row: ForgetRow) -> int | None:
 class ForgetState:
     request_id: str
     ref: str
-    state: str  # requested | completed
+    state: str  # requested | completed (the erasure; the receipt's ``replay`` says if its replay is logged)
     receipt: ForgetReceipt | None  # once completed
 
 
 def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
-    from fak.audit.receipt import ForgetReceipt
-
     row = k.state.forget_by_request(check_tenant(tenant), request_id)
     if row is None:  # unknown, or another tenant's: the same answer
         raise NotFound(f"no forget {request_id!r}")
-    receipt = None
-    if row.state == "completed" and row.completed_index is not None:
-        receipt = ForgetReceipt.from_log(k.audit, row.completed_index)
-    return ForgetState(row.request_id, row.ref, row.state, receipt)
+    if row.state in replay.DONE and row.completed_index is not None:
+        return ForgetState(row.request_id, row.ref, "completed", receipt_of(k, row))
+    return ForgetState(row.request_id, row.ref, row.state, None)
+
+
+def receipt_of(k: Kernel, row: ForgetRow) -> ForgetReceipt:
+    """The receipt of a forget whose erasure is done: with its ``ReplayVerified`` once logged."""
+    from fak.audit.receipt import ForgetReceipt, find_replay
+
+    assert row.completed_index is not None
+    found = None if row.state == "replaying" else find_replay(k.audit, row.tenant, row.request_id,
+                                                              row.completed_index)
+    return ForgetReceipt.from_log(k.audit, row.completed_index, replay_index=found)
 
 
 def _linked(k: Kernel, tenant: str, ref: str, known: list[dict]) -> list[dict]:

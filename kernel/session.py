@@ -532,11 +532,12 @@ class Session:
                 chunks += self.pic.registry.drop_ref(self.pic.namespace, ref)
         return nodes, chunks
 
-    def replay_fingerprint(self) -> str:
+    def replay_fingerprint(self, segments: Sequence[Segment] | None = None) -> str:
         """Fingerprint of an independent replay of the live ledger: a fresh cache, no
-        prefix cache, the same tokens and prefill chunks (what 'never saw' means)."""
+        prefix cache, the same tokens and prefill chunks (what 'never saw' means).
+        ``segments``: replay these instead (the survivors as they were at an earlier moment)."""
         fresh = Session(self.model, self.tokenizer, chunk_size=self.chunk_size, tenant=self.tenant)
-        for seg in self.ledger.live():
+        for seg in self.ledger.live() if segments is None else segments:
             fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks)
         return fresh.fingerprint()
 

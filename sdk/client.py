@@ -133,6 +133,7 @@ def _ref_info(r: httpx.Response) -> RefInfo:
 def _forget_status(body: dict[str, Any]) -> ForgetStatus:
     body = dict(body)
     state = body.pop("state", "completed")
+    body.pop("replay", None)  # the receipt says it too (``ForgetReceipt.replay``)
     if state != "completed":
         return ForgetStatus(request_id=body["request_id"], ref=body["ref"], state=state)
     receipt = ForgetReceipt.model_validate(body)

@@ -79,8 +79,12 @@ class World:
         gone = ok(agent.post(f"/v1/sessions/{self.sid}/tool-results",
                              json={"tool": "lounge", "content": LOUNGE.decode()}), 201)
         self.gone_ref = gone["ref"]
-        self.receipt = ok(self.c["acme", "admin"].post("/v1/forget", json={"ref": self.gone_ref, "reason": "gdpr"}))
-        self.request_id = self.receipt["request_id"]
+        first = ok(self.c["acme", "admin"].post("/v1/forget", json={"ref": self.gone_ref, "reason": "gdpr"}))
+        assert first["replay_event"] is None  # answered before the independent replay is logged
+        self.request_id = first["request_id"]
+        assert live.kernel.replays.wait(self.request_id, timeout=120)
+        self.receipt = ok(self.c["acme", "admin"].post("/v1/forget", json={"ref": self.gone_ref}))  # completed
+        assert self.receipt["request_id"] == self.request_id and self.receipt["replay_event"]
 
     def __call__(self, tenant: str, role: str) -> httpx.Client:
         return self.c[tenant, role]
@@ -376,7 +380,7 @@ def test_receipts_verify_and_forget_routes(world) -> None:
         assert_problem(w("acme", "agent").post("/v1/audit/receipts/verify", json=body), 400, "invalid_input")
     # the forget routes: the receipt by request id, the same receipt on repeat, the ref gone
     got = ok(w("acme", "auditor").get(f"/v1/forget/{w.request_id}"))
-    assert got.pop("state") == "completed" and got == receipt
+    assert got.pop("state") == "completed" and got.pop("replay") == "verified" and got == receipt
     assert ok(w("acme", "admin").post("/v1/forget", json={"ref": w.gone_ref})) == receipt
     assert_problem(w("acme", "agent").get(f"/v1/refs/{w.gone_ref}"), 410, "forgotten")
     q = ok(w("acme", "agent").post("/v1/quarantine", json={"ref": w.ref, "reason": "late_detection"}))

@@ -49,7 +49,11 @@ def _samples() -> list:
                       principal="cli"),
         ev.KeyRevoked(tenant="acme", key_id="0123456789abcdef", role="agent", principal="cli"),
         ev.KeyAlarm(key_id="0123456789abcdef", kind="row_mac_mismatch", refusals=3),
+        ev.AuthFailures(window_start_ms=1, window_end_ms=60_001, count=1999, reasons={"unknown_key": 1999},
+                        key_fingerprints=[P], more_keys=3, client_fingerprints=[P], dropped=0),
         ev.AuditAlarm(kind="history_rewritten", remembered_size=5, remembered_root=P, found_size=9, found_root=P),
+        ev.ReplayVerified(request_id="f-1", ref=D, completed_index=4, verified=True,
+                          sessions=[ev.SessionReplay(session_id="s-1", fingerprint_replay=D)]),
     ]
 
 
@@ -95,7 +99,10 @@ def test_content_like_fields_refused(bad):
          "units_dropped": [{"kind": "kv_page", "id": "x"}]},
         {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": True},  # strict: no bool
         {"type": "forget_completed", "request_id": "f", "ref": D, "requested_index": 0,
-         "sessions": [{"session_id": "s", "fingerprint_after": D}]},
+         "sessions": [{"session_id": "s"}]},
+        {"type": "replay_verified", "request_id": "f", "ref": D, "completed_index": 0, "verified": True,
+         "sessions": [{"session_id": "s", "fingerprint_replay": "x"}]},
+        {"type": "replay_verified", "request_id": "f", "ref": D, "completed_index": 0, "verified": 1},
         {"type": "materialisation", "session_id": "s", "policy_digest": P, "context_tokens": 1,
          "fingerprint_after": D, "pieces": [{"ref": D, "verdict": "MISS", "reason": "x", "tokens": 1}]},
         {"type": "materialisation", "session_id": "s", "policy_digest": P, "context_tokens": 1,

@@ -384,3 +384,72 @@ def test_receipt_witness_quorum(log, tmp_path, capsys):
     last.write_text(r.checkpoint)
     assert main(["audit", "verify-receipt", str(path), "--policy", str(pol), "--last-checkpoint", str(last)]) == 0
     assert "same tree" in capsys.readouterr().out
+
+
+def _deferred(log, *, request_id="f-1", replay=FP, verified=True, sessions=("s1",)):  # noqa: ANN001, ANN202
+    """A forget whose replay is logged after its completion (fak.replay): (completion, replay) indexes."""
+    from fak.audit import ReplayVerified
+    from fak.audit.events import SessionReplay
+
+    done = _forget(log, request_id=request_id,
+                   sessions=[SessionFingerprints(session_id="s1", fingerprint_after=FP)])  # fmt: skip
+    log.append(PolicyLoaded(policy_id="p2", policy_digest=P))  # the next request, meanwhile
+    rv = log.append(ReplayVerified(tenant="acme", request_id=request_id, ref=REF, completed_index=done,
+                                   sessions=[SessionReplay(session_id=s, fingerprint_replay=replay) for s in sessions],
+                                   verified=verified))  # fmt: skip
+    return done, rv
+
+
+def test_receipt_completed_by_a_replay_event_verifies(log):
+    done, rv = _deferred(log)
+    key = log.public_key()
+    pending = ForgetReceipt.from_log(log, done)  # what the forget returned
+    check = verify_receipt(pending, key)
+    assert check and check.replay == "pending" and pending.replay == "pending" and "pending" in check.detail
+    refused = verify_receipt(pending, key, require_replay=True)
+    assert not refused and "pending" in refused.reason
+    full = ForgetReceipt.from_log(log, done, replay_index=rv)
+    assert full.replay == "verified" and full.replay_index == rv
+    wire = json.loads(json.dumps(full.model_dump(mode="json")))
+    check = verify_receipt(wire, key, require_replay=True)
+    assert check and check.replay == "verified", check.reason
+    assert full.replay_inclusion_proof["treeSize"] == full.inclusion_proof["treeSize"] > rv  # one tree
+    # the replay event rewritten, moved, taken from another forget or without its proof: refused
+    body = json.loads(full.replay_event)
+    body["sessions"][0]["fingerprint_replay"] = FP2
+    forged = json.dumps(body, separators=(",", ":"), sort_keys=True)
+    assert "replay event" in verify_receipt(full.model_copy(update={"replay_event": forged}), key).reason
+    assert not verify_receipt(full.model_copy(update={"replay_index": rv + 1}), key)
+    assert not verify_receipt(full.model_copy(update={"replay_inclusion_proof": None}), key)
+    assert not verify_receipt(full.model_copy(update={"replay_event": None}), key)  # names a replay, has none
+    other_done, other_rv = _deferred(log, request_id="f-2")
+    swapped = full.model_copy(update={"replay_event": log.entry(other_rv).body.decode(), "replay_index": other_rv})
+    assert "not the replay of this forget" in verify_receipt(swapped, key).reason
+    with pytest.raises(Exception, match="not the replay"):
+        ForgetReceipt.from_log(log, done, replay_index=other_rv)
+
+
+def test_cli_verify_receipt_require_replay(log, tmp_path, capsys):
+    done, rv = _deferred(log)
+    pending, full = tmp_path / "pending.json", tmp_path / "full.json"
+    pending.write_text(ForgetReceipt.from_log(log, done).model_dump_json())
+    full.write_text(ForgetReceipt.from_log(log, done, replay_index=rv).model_dump_json())
+    key = log.public_key()
+    assert main(["audit", "verify-receipt", str(pending), "--pubkey", key]) == 0
+    assert "replay of the survivors is pending" in capsys.readouterr().out
+    assert main(["audit", "verify-receipt", str(pending), "--pubkey", key, "--require-replay"]) == 1
+    assert "pending" in capsys.readouterr().err
+    assert main(["audit", "verify-receipt", str(full), "--pubkey", key, "--require-replay"]) == 0
+
+
+@pytest.mark.parametrize(("replay", "verified", "sessions", "why"), [
+    (FP2, False, ("s1",), "differs from a replay"),  # a mismatch (the kernel alarms too)
+    (None, False, ("s1",), "could not be replayed"),  # a survivor gone before a resumed replay
+    (FP, True, ("s1", "s2"), "exactly the sessions"),
+    (FP, True, (), "exactly the sessions"),
+    (FP, False, ("s1",), "did not verify"),
+])  # fmt: skip
+def test_replay_event_that_does_not_prove_equality_fails(log, replay, verified, sessions, why):
+    done, rv = _deferred(log, replay=replay, verified=verified, sessions=sessions)
+    check = verify_receipt(ForgetReceipt.from_log(log, done, replay_index=rv), log.public_key())
+    assert not check and why in check.reason

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from kernel_facade_helpers import LOUNGE, WEATHER, events
 
 from fak import Kernel
+from fak.audit.events import parse_event
 from fak.audit.receipt import verify_receipt
 from fak.cas.errors import CasError
 from fak.errors import FakError, NotFound
@@ -70,7 +71,9 @@ def test_forget_is_transitive(kernel, tmp_path) -> None:
     assistant = [x for x in sessions[1].ledger() if x["kind"] == "assistant"][0]
     assert ref in assistant["content_provenance"]
 
-    receipt = k.forget("acme", ref, requested_by="dpo@acme", reason="gdpr_art17")
+    receipt = k.forget("acme", ref, requested_by="dpo@acme", reason="gdpr_art17", wait_replay=True)
+    assert receipt.replay == "verified"  # the independent replay, logged after the forget returned
+    replayed = {x.session_id: x.fingerprint_replay for x in parse_event(receipt.replay_event.encode()).sessions}
 
     dropped = {(u.kind, u.session_id, u.id) for u in receipt.units_dropped}
     assert ("generated_segment", sessions[1].id, assistant["id"]) in dropped
@@ -86,7 +89,7 @@ def test_forget_is_transitive(kernel, tmp_path) -> None:
         fp = s.fingerprint()
         assert fp == _replay(k, "acme", s)
         keyed = k.audit_fingerprint("acme", fp)  # the log carries fingerprints keyed per tenant
-        assert keyed == by_session[s.id].fingerprint_after == by_session[s.id].fingerprint_replay
+        assert keyed == by_session[s.id].fingerprint_after == replayed[s.id]
         assert keyed.startswith("blake3k:") and fp not in receipt.model_dump_json()
     assert not any(ref in n.prov for n in k.prefix.nodes(k.namespace("acme")))
     # the store no longer returns the bytes; the durable ledger holds no tokens of dropped segments
@@ -123,6 +126,7 @@ def test_forget_is_transitive(kernel, tmp_path) -> None:
     assert bad.returncode == 1
     types = [e.type for e in events(k)]
     assert types.count("forget_requested") == 1 and types.count("forget_completed") == 1
+    assert types.count("replay_verified") == 1
 
 
 SCRIPT = textwrap.dedent("""
@@ -133,11 +137,13 @@ SCRIPT = textwrap.dedent("""
     ref = json.load(open(data + "/ref.json"))["ref"]
     k.forget(tenant, ref, requested_by="ops", reason="crash_test")
     print("forget returned")
+    k.replays.wait()  # the replay runs after the forget returned (its own fault points)
 """)
 
 
 @pytest.mark.parametrize("point", ["forget.after_requested", "forget.after_session", "forget.before_shred",
-                                   "forget.before_completed", "forget.after_completed"])
+                                   "forget.before_completed", "forget.after_completed",
+                                   "forget.before_replay", "forget.after_replay_verified"])
 def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         held = _holding(k, "acme")
@@ -148,16 +154,18 @@ def test_forget_resumes_after_crash(settings, tiny_lm, tiny_dir, point) -> None:
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(settings.data_dir), str(tiny_dir), "acme"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == -9, run.stderr  # SIGKILL at the named point
-    with Kernel.open(settings, model=tiny_lm, progress=None) as k:  # resumes the forget
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:  # resumes the forget, then its replay
+        assert k.replays.wait(timeout=120)
         row = k.state.forget_row("acme", ref)
         assert row.state == "completed"
         receipt = k.forget("acme", ref)
-        assert receipt.request_id == row.request_id
-        assert verify_receipt(receipt, k.audit.public_key())
+        assert receipt.request_id == row.request_id and receipt.replay == "verified"
+        assert verify_receipt(receipt, k.audit.public_key(), require_replay=True)
         assert {x.session_id for x in receipt.sessions} == set(ids)
         assert sum(u.kind in ("segment", "generated_segment") for u in receipt.units_dropped) == 4
         types = [e.type for e in events(k)]
         assert types.count("forget_requested") == 1 and types.count("forget_completed") == 1
+        assert types.count("replay_verified") == 1 and "audit_alarm" not in types
         for sid in ids:
             s = k.session("acme", sid)
             assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint()
@@ -238,3 +246,42 @@ def test_quarantine_is_logged_before_it_acts(settings, tiny_lm) -> None:
     assert {s.id: (s.fingerprint(), s.ledger()) for s in held["sessions"]} == before
     assert not k.state.ref("acme", held["ref"]).quarantined
     k.close()
+
+
+def test_forget_returns_before_its_replay_and_a_mismatch_alarms(kernel, capsys) -> None:
+    from fak.replay import ReplayJob, SessionJob, run
+
+    k = kernel
+    held = _holding(k, "acme")
+    ref, sessions = held["ref"], held["sessions"]
+    receipt = k.forget("acme", ref)
+    key = k.audit.public_key()
+    # returned once the erasure is done: the receipt proves it already; its replay is pending
+    assert receipt.replay == "pending" and all(s.fingerprint_replay is None for s in receipt.sessions)
+    check = verify_receipt(receipt, key)
+    assert check and check.replay == "pending"
+    assert not verify_receipt(receipt, key, require_replay=True)
+    assert k.replays.wait(receipt.request_id, timeout=120)
+    done = k.forget_status("acme", receipt.request_id).receipt
+    assert done.replay == "verified" and done.replay_index > done.log_index == receipt.log_index
+    assert verify_receipt(done, key, require_replay=True)
+    assert k.forget("acme", ref) == done  # repeating it returns the completed receipt
+    # a drop that had left another state than never-saw: the replay differs from the logged
+    # fingerprint, which is logged as not verified, with an alarm, and the receipt stops verifying
+    s = sessions[0]
+    ids = [x["id"] for x in s.ledger() if x["state"] == "live"]
+    wrong = k.audit_fingerprint("acme", "blake3:" + "0" * 64)
+    others = [SessionJob(x.session_id, x.fingerprint_after, [y["id"] for y in k.session("acme", x.session_id)
+                                                            .ledger() if y["state"] == "live"])
+              for x in receipt.sessions if x.session_id != s.id]
+    index = run(k, ReplayJob("acme", receipt.request_id, ref, receipt.log_index,
+                             [SessionJob(s.id, wrong, ids), *others]))
+    assert "ALARM (forget_replay_mismatch)" in capsys.readouterr().err
+    (alarm,) = events(k, "audit_alarm")
+    assert alarm.kind == "forget_replay_mismatch" and alarm.request_id == receipt.request_id
+    logged = k.audit.entry(index).event
+    assert logged.type == "replay_verified" and not logged.verified
+    from fak.audit.receipt import ForgetReceipt
+
+    bad = ForgetReceipt.from_log(k.audit, receipt.log_index, replay_index=index)
+    assert bad.replay == "mismatch" and not verify_receipt(bad, key)

@@ -212,7 +212,6 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
         ref = s.admit("flight_status", b"LH123 is on time, gate B22.").ref
         s.append("user", "Is my flight on time?")
         assert len(list(s.generate(max_tokens=6, min_tokens=6))) == 6  # decode steps of the mode, the ref live
-        receipt = k.forget("acme", ref, requested_by="dpo", reason="test")
-        (after,) = receipt.sessions
-        assert after.fingerprint_after == after.fingerprint_replay
+        receipt = k.forget("acme", ref, requested_by="dpo", reason="test", wait_replay=True)
+        assert receipt.replay == "verified"  # each session's replay equals its fingerprint after the drop
         assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint()

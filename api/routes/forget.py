@@ -15,7 +15,10 @@ router = APIRouter(prefix="/v1", tags=["forget"])
 @router.post("/forget", response_model=dict)
 def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depends(kernel)) -> dict:  # noqa: B008
     """Erase a ref from every session, cache and store of the caller's tenant; the signed
-    receipt verifies offline (``fak audit verify-receipt``). Repeating it returns the same receipt."""
+    receipt verifies offline (``fak audit verify-receipt``). It answers once the erasure is done;
+    the independent replay of each session's survivors follows (``replay_event`` null until
+    then: ``GET /v1/forget/{request_id}`` serves the receipt with it). Repeating it returns
+    the receipt as it stands."""
     receipt = k.forget(who.tenant, body.ref, requested_by=f"key:{who.key_id}", reason=body.reason)
     return receipt.model_dump(mode="json")
 
@@ -25,7 +28,7 @@ def get_forget(request_id: str, who: Principal = Depends(AUDITOR), k: Kernel = D
     st = k.forget_status(who.tenant, request_id)
     if st.receipt is None:
         return {"request_id": st.request_id, "ref": st.ref, "state": st.state}
-    return st.receipt.model_dump(mode="json") | {"state": st.state}
+    return st.receipt.model_dump(mode="json") | {"state": st.state, "replay": st.receipt.replay}
 
 
 @router.post("/quarantine", response_model=m.QuarantineOut)
