@@ -9,7 +9,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak import __version__
-from fak.api import metrics, problems
+from fak.api import accesslog, metrics, problems
+from fak.api.authlog import LABEL as AUTH_FAILURE_LABEL
+from fak.api.authlog import AuthFailureWindow
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
 from fak.api.routes import audit, forget, openai, policy, refs, sessions
@@ -59,6 +61,11 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
     )
     app.state.kernel = kernel
     app.state.keys = keys or KeyStore.of(kernel)
+    # failures counted per window, fingerprinted under a server key (issue 25.5)
+    app.state.auth_failures = AuthFailureWindow(kernel.audit, kernel.derive_key(AUTH_FAILURE_LABEL),
+                                                kernel.settings.auth_failure_window_s)
+    app.router.on_shutdown.append(app.state.auth_failures.close)
+    accesslog.install()  # no key in the access log, wherever a client put it
     problems.install(app)
     app.add_middleware(BodyLimit, limit=max_body)
 

@@ -1,5 +1,6 @@
-"""Authentication and role checks as FastAPI dependencies. Every failure is an
-``AuthFailure`` audit event (a keyed fingerprint of the key, never the key)."""
+"""Authentication and role checks as FastAPI dependencies. Every failure is audited (keyed
+fingerprints of the key and client, never the key): the first of each reason in a window as an
+``AuthFailure`` event, the rest counted into one ``AuthFailures`` event (api/authlog.py)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ def _presented(request: Request) -> str | None:
 
 
 def _log_failure(request: Request, reason: str, fingerprint: str | None, tenant: str = "") -> None:
-    from fak.audit import AuthFailure
-
+    """Counted per window (api/authlog.py): the first of each reason logged, the rest summed,
+    so a flood of bogus keys cannot grow the log an entry a request. Never waits on the log."""
     route = request.scope.get("route")
     name = getattr(route, "name", None) or "unknown"
-    request.app.state.kernel.audit.submit(  # not awaited: a failure never waits on the log
-        AuthFailure(tenant=tenant, reason=reason, key_fingerprint=fingerprint, route=name[:128]))
+    request.app.state.auth_failures.record(
+        reason, tenant=tenant, route=name[:128], key_fingerprint=fingerprint,
+        presented=_presented(request) if tenant == "" else None,
+        client=request.client.host if request.client is not None else None)
 
 
 def principal(request: Request) -> Principal:

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     cas_key_url: str | None = Field(None, description="database of the tenants' keys (default: <data_dir>/keys/"
                                     "cas-keys.db); keep it out of the backups of the main database")
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
+    auth_failure_window_s: float = Field(60.0, gt=0, le=86400, description=(
+        "authentication failures after the first of each reason are counted for this long, then logged as "
+        "one auth_failures audit entry (a flood of bogus keys adds a bounded number of entries)"))
     late_workers: int = Field(1, ge=1, le=64, description="threads running the policy's late detectors")
     late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")
     judge_egress: list[str] = Field(
