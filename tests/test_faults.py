@@ -226,11 +226,12 @@ def test_interrupted_forget_completes_on_postgres(pg_url, tmp_path, tiny_dir, ti
     run = subprocess.run([sys.executable, "-c", script, str(settings.data_dir), str(tiny_dir), pg_url, ref],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == -9, run.stderr[-3000:]
-    with Kernel.open(settings, model=tiny_lm, progress=None) as k:  # resumes the forget
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:  # resumes the forget, then its replay
+        assert k.replays.wait(timeout=120)
         row = k.state.forget_row("acme", ref)
         assert row.state == "completed"
         receipt = k.forget("acme", ref)
-        assert verify_receipt(receipt, k.audit.public_key())
+        assert verify_receipt(receipt, k.audit.public_key(), require_replay=True)
         s = k.session("acme", sid)
         assert ref not in s.refs() and s.fingerprint() == s.replay_fingerprint() != before
         assert k.store.head(ref, "acme").state == "forgotten"
