@@ -104,7 +104,8 @@ def _forget(args: argparse.Namespace) -> int:
     from fak.audit.receipt import verify_receipt
 
     with _open(args.config) as k:
-        receipt = k.forget(args.tenant, args.ref, requested_by=args.by, reason=args.reason)
+        # a one-shot command: the receipt completed by the survivors' independent replay
+        receipt = k.forget(args.tenant, args.ref, requested_by=args.by, reason=args.reason, wait_replay=True)
         check = verify_receipt(receipt, k.audit.public_key())
         body = receipt.model_dump_json(indent=2)
         if args.out:
