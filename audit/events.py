@@ -376,7 +376,9 @@ class AuditAlarm(_Event):
 
     type: Literal["audit_alarm"] = "audit_alarm"
     kind: Literal["history_rewritten", "signer_state_missing", "signer_state_ahead", "signer_reset",
-                  "forget_replay_mismatch"]  # the last: a forget's replay differs (``request_id``)
+                  "forget_replay_mismatch",  # a forget's replay differs (``request_id``)
+                  "tenant_sequence_repeated",  # an entry numbered at or below its tenant's signed tail
+                  "tenant_column_changed"]  # a row's tenant column is not its body's (found_size: its index)
     remembered_size: Count | None = None  # the size the signer last signed (None: no state)
     remembered_root: Digest | None = None  # its root, ``sha256:<hex>``
     found_size: Count  # entries in the database when the check ran (reset: the accepted size)

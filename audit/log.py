@@ -49,7 +49,7 @@ from fak.audit.errors import AuditError, AuditUnverified
 from fak.audit.events import MAX_INT, AuditAlarm, Event, parse_event, to_event
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
-from fak.audit.signer_state import SignerMemory, SignerRefused, read_state, state_path
+from fak.audit.signer_state import CheckpointSuperseded, SignerMemory, SignerRefused, read_state, state_path
 from fak.audit.signing import ENV, load_signer
 from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
 
@@ -145,13 +145,18 @@ def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpo
 
 
 def _tenant_tail(conn: Connection, tenant: str, stop: int) -> tuple[int, int | None]:
-    """Among entries [0, stop): the tenant's last sequence number (its latest entry's ``tseq``,
-    or, when that entry was logged before tseq existed, how many entries it has) and the index
-    of its latest entry (None: it has none)."""
+    """Among entries [0, stop), as the ``tenant`` column finds them (which no hash covers: the
+    signer's remembered tails are what a statement states): the tenant's last sequence number
+    (its latest entry's ``tseq``, or, when that entry was logged before tseq existed, how many
+    entries it has) and the index of its latest entry (None: it has none). A latest row whose
+    body is another tenant's counts as none."""
     row = store.tenant_last(conn, tenant, stop)
     if row is None:
         return 0, None
-    seq = json.loads(row[1]).get("tseq")
+    obj = json.loads(row[1])
+    if obj.get("tenant") != tenant:
+        return 0, None
+    seq = obj.get("tseq")
     return (seq if type(seq) is int else store.tenant_count(conn, tenant, stop)), row[0]
 
 
@@ -223,6 +228,7 @@ class AuditLog:
         # (a flood of appends would otherwise hold a line back for the whole backlog)
         self._urgent: queue.SimpleQueue = queue.SimpleQueue()
         self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
+        self._moved: set[int] = set()  # indexes of rows found under another tenant's column (alarmed once)
         if self._memory is not None:
             try:
                 self._open_memory()
@@ -528,8 +534,9 @@ class AuditLog:
                 entries, nodes = [], []
                 for k, req in enumerate(appends):
                     t = req.tenant
-                    if t not in seqs:
-                        seqs[t] = self._tseq[t] if t in self._tseq else _last_tseq(conn, t, first)
+                    if t not in seqs:  # the column's count, never below the signer's (a moved row)
+                        seqs[t] = self._tseq[t] if t in self._tseq else max(
+                            _last_tseq(conn, t, first), 0 if self._memory is None else self._memory.remembered_tail(t))
                     seqs[t] += 1
                     body = req.body.replace(_TSEQ_MARK, b'"tseq":%d' % seqs[t], 1)
                     nodes.extend(frontier.append(merkle.hash_leaf(body)))
@@ -599,9 +606,9 @@ class AuditLog:
                     have = {w for w, _ in store.cosignature_lines(conn, size)} if explicit else set()
                     return last, explicit and any(w.vkey not in have for w in self.witnesses)
             signed_at = int(time.time())
-            checked = None
+            checked = tails = None
             if self._memory is not None:  # recomputed from entries, consistent with what it remembers
-                checked = self._memory.extend(size, lambda a, b: self._bodies(conn, a, b))
+                checked, tails = self._memory.extend(size, lambda a, b: self._bodies(conn, a, b))
                 if checked.root() != root:
                     rem = self._memory.remembered
                     raise SignerRefused("history_rewritten",
@@ -611,7 +618,7 @@ class AuditLog:
             cp = sign_checkpoint(self._signer, self.origin, size, root, signed_at)
             store.insert_checkpoint(conn, size, root, cp.note)
             if checked is not None:
-                self._memory.remember(size, checked, signed_at)  # type: ignore[union-attr]
+                self._memory.remember(size, checked, tails, signed_at)  # type: ignore[union-attr,arg-type]
         self._last_cp, self._last_cp_time = (size, root, cp.note), time.monotonic()
         return (size, root, cp.note), bool(self.witnesses)
 
@@ -786,7 +793,10 @@ class AuditLog:
     def tenant_statement(self, tenant: str, cp: SignedCheckpoint) -> str:
         """A note, signed with the log's key, stating how many entries ``tenant`` has in the tree
         of the log's checkpoint ``cp`` and the index of its latest one: what lets a tenant's
-        export show that no line was removed (fak.audit.tenant_export)."""
+        export show that no line was removed (fak.audit.tenant_export). The count is the one the
+        signer remembers at ``cp`` (from the entries' bodies, kept outside the database), so
+        ``cp`` must be its latest signature: otherwise CheckpointSuperseded (sign, then retry).
+        A log without a signer memory counts by the database's ``tenant`` column."""
         from fak.audit.tenant_export import statement_text
 
         self.require_verified()
@@ -794,7 +804,13 @@ class AuditLog:
             row = store.checkpoint_at_least(conn, cp.size)
             if row is None or (row[0], row[1]) != (cp.size, cp.root):
                 raise AuditError(f"this log signed no checkpoint of size {cp.size} with root {_b64(cp.root)}")
-            count, latest = _tenant_tail(conn, tenant, cp.size)
+            if self._memory is None:
+                count, latest = _tenant_tail(conn, tenant, cp.size)
+        if self._memory is not None:
+            tails = self._memory.tails_at(cp.size, cp.root)
+            if tails is None:
+                raise CheckpointSuperseded(f"the signer's latest signature is not the checkpoint of size {cp.size}")
+            count, latest = tails.get(tenant, (0, None))
         return note.sign(statement_text(self.origin, cp.size, cp.root, tenant, count, latest), self._signer)
 
     def _served(self, conn: Connection, row: tuple[int, bytes, str]) -> SignedCheckpoint:
@@ -833,9 +849,32 @@ class AuditLog:
         return self._entry_rows(start, stop, tenant)
 
     def _entry_rows(self, start: int, stop: int | None, tenant: str | None) -> Iterator[LogEntry]:
+        """With ``tenant``: rows found by the ``tenant`` column (which no hash covers) whose
+        body is another tenant's are skipped (never served as the column's) and alarmed."""
+        moved = []
         with self._read() as conn:
             for idx, body in store.entry_rows(conn, start, stop, tenant):
-                yield LogEntry(idx, parse_event(body), body)
+                event = parse_event(body)
+                if tenant is not None and event.tenant != tenant:
+                    moved.append(idx)
+                    continue
+                yield LogEntry(idx, event, body)
+        for idx in moved:
+            self._column_changed(idx, tenant)  # type: ignore[arg-type]
+
+    def _column_changed(self, index: int, column: str) -> None:
+        """A row stands under another tenant's column: say so once per row (stderr and an
+        AuditAlarm ``tenant_column_changed`` whose found_size is the row's index)."""
+        with self._gate:
+            if index in self._moved or len(self._moved) >= 100_000 or self._closed:
+                return
+            self._moved.add(index)
+        self.alarms += 1
+        print(f"fak audit: ALARM (tenant_column_changed): audit entry {index} is filed under tenant {column!r} "
+              "but its body is another tenant's: the database's tenant column was changed; the row is not "
+              "served as that tenant's", file=sys.stderr, flush=True)
+        with contextlib.suppress(AuditError):
+            self.try_submit(AuditAlarm(kind="tenant_column_changed", found_size=index))
 
     def inclusion_proof(self, index: int, size: int | None = None) -> InclusionProof:
         """Proof for ``index``; by default in the first signed checkpoint that covers it

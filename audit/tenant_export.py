@@ -101,9 +101,17 @@ def tenant_export_lines(log: AuditLog, tenant: str, page: int = PAGE) -> Iterato
     signed now, before the first line is produced (an error is raised here, not in the middle
     of a stream); the entries are read lazily, a page per database round trip, so no read
     connection is held while a client is slow."""
+    from fak.audit.signer_state import CheckpointSuperseded
+
     log.require_verified()
-    cp = log.checkpoint()  # covers everything logged so far
-    signed = log.tenant_statement(tenant, cp)
+    for attempt in range(10):  # the writer may sign again between the two: sign and ask again
+        cp = log.checkpoint()  # covers everything logged so far
+        try:
+            signed = log.tenant_statement(tenant, cp)
+            break
+        except CheckpointSuperseded:
+            if attempt == 9:
+                raise
     st = parse_statement(note.split(signed)[0])
     head = {"format": FORMAT, "tenant": tenant, "origin": cp.origin, "tree_size": cp.size,
             "root_hash": cp.root.hex(), "checkpoint": cp.note, "public_key": log.public_key(),
