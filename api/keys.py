@@ -8,7 +8,15 @@ second key derived from the master secret, which is not in the database. A row t
 its MAC is refused exactly as an unknown key is (401, nothing says the row exists) and
 raises a ``key_alarm`` audit event (one per key and window). Creating and revoking a key
 are audited too (``key_created``, ``key_revoked``: id, tenant, role, expiry; never the key),
-logged before the row changes."""
+logged before the row changes.
+
+The MAC binds a row's fields, not its history: a whole earlier row of the same key (a
+backup taken before its revocation) carries a valid MAC. The signed audit log holds that
+history (removing an entry from it is a history rewrite the signer detects), so a key whose
+row says active is refused all the same when the log holds its ``key_revoked``, or a
+``tenant_erased`` of its tenant logged after its ``key_created`` (``_LogRevocations``:
+read once, then the new entries at most every ``REFRESH_S``; another process's revocation
+is honoured by the row at once and by the log within that interval)."""
 
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -48,8 +56,11 @@ HASH_LABEL = "fak/api/key-hash"
 ALARM_WINDOW_S = 60.0  # at most one key_alarm per key in this many seconds
 ALARM_KEYS = 4096  # keys whose alarm window is remembered (oldest forgotten first)
 MAX_LIFETIME_S = 100 * 365 * 86400  # an expiry further out is a typo, not a policy
+REFRESH_S = 1.0  # revocations other processes log are read at most this long after (plus one query)
+LOG_TYPES = ("key_created", "key_revoked", "tenant_erased")  # the audit events that say what a key may do
 
-__all__ = ["HASH_LABEL", "MAC_LABEL", "PREFIX", "Check", "KeyStore", "Principal", "Role", "open_key_store"]
+__all__ = ["HASH_LABEL", "MAC_LABEL", "PREFIX", "REFRESH_S", "Check", "KeyStore", "Principal", "Role",
+           "open_key_store"]
 
 
 class Role(StrEnum):
@@ -114,6 +125,84 @@ class _AlarmWindow:
         return pending if due else None
 
 
+class _LogRevocations:
+    """What the signed audit log says about keys, kept in memory: the key ids it revoked,
+    the index of each key's ``key_created`` and of each tenant's latest ``tenant_erased``.
+
+    Why in memory: authentication is on every request, so it costs a set and two dict
+    lookups; the log is read once (one scan of its bodies in the database), then only its
+    entries past the last one read, at most every ``refresh_s``, or at once when a key's
+    tenant was erased and its creation is not known yet (created by another process since).
+    Entries are matched and parsed from their hashed bodies, never by the ``type`` column
+    (which nothing hashes: a writer could hide a revocation by renaming it there)."""
+
+    def __init__(self, engine: Engine, refresh_s: float = REFRESH_S) -> None:
+        self._engine, self._refresh_s = engine, refresh_s
+        self._lock = threading.Lock()
+        self._log_exists = False
+        self._next = 0  # the first log index not read yet
+        self._read_at = -math.inf  # time.monotonic() of the last read
+        self._revoked: set[str] = set()
+        self._created: dict[str, int] = {}  # key id -> index of its key_created
+        self._erased: dict[str, int] = {}  # tenant -> index of its latest tenant_erased
+
+    def note_created(self, key_id: str, index: int) -> None:
+        """This process logged ``key_created`` for ``key_id`` at ``index``."""
+        with self._lock:
+            self._created[key_id] = index
+
+    def note_revoked(self, key_id: str) -> None:
+        """This process logged ``key_revoked`` for ``key_id``."""
+        with self._lock:
+            self._revoked.add(key_id)
+
+    def revoked(self, key_id: str, tenant: str) -> bool:
+        """True when the log revokes the key (its id, or its tenant erased after its creation)."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self._refresh_s:
+                self._read()
+            says = self._says(key_id, tenant)
+            if says and key_id not in self._revoked and key_id not in self._created:
+                self._read()  # the miss path: a key created since the last read, e.g. by the CLI
+                says = self._says(key_id, tenant)
+            return says
+
+    def _says(self, key_id: str, tenant: str) -> bool:
+        if key_id in self._revoked:
+            return True
+        erased = self._erased.get(tenant)
+        # a key the log never saw created (from before key_created existed) predates every erase it can
+        # know of: refused if its tenant was erased at all (closed: its creation cannot be placed)
+        return erased is not None and self._created.get(key_id, -1) < erased
+
+    def _read(self) -> None:
+        """The entries past the last one read (the caller holds the lock)."""
+        from fak.audit import AuditError, parse_event
+        from fak.audit import store as log_store
+
+        with self._engine.connect() as conn:
+            if not self._log_exists:
+                self._log_exists = sa.inspect(conn).has_table("audit_entries")
+            if not self._log_exists:  # no log yet: nothing revoked
+                self._read_at = time.monotonic()
+                return
+            stop = log_store.size(conn)
+            rows = log_store.entries_of_types(conn, LOG_TYPES, self._next, stop) if stop > self._next else []
+        for index, body in rows:
+            try:
+                event = parse_event(body)
+            except AuditError:  # an edited body: the signer's alarm (history rewritten), not ours
+                continue
+            if event.type == "key_revoked":
+                self._revoked.add(event.key_id)
+            elif event.type == "key_created":
+                self._created[event.key_id] = index
+            elif event.type == "tenant_erased":
+                self._erased[event.tenant] = index
+        self._next = max(self._next, stop)
+        self._read_at = time.monotonic()
+
+
 def _lifetime_us(expires_in: float | timedelta) -> int:
     seconds = expires_in.total_seconds() if isinstance(expires_in, timedelta) else expires_in
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
@@ -131,6 +220,7 @@ class KeyStore:
         alarms are logged; without it keys can be checked and listed but not created or revoked."""
         self._hash_key, self._mac_key, self._audit = hash_key, mac_key, audit
         self._alarms = _AlarmWindow(alarm_window_s)
+        self._log_says = _LogRevocations(engine)
         self._session = sessionmaker(engine, expire_on_commit=False)
         self._writer = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
 
@@ -142,10 +232,10 @@ class KeyStore:
     def _hash(self, key: str) -> str:
         return hmac.new(self._hash_key, key.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
-    def _log(self, event: object) -> None:
+    def _log(self, event: object) -> int:
         if self._audit is None:
             raise FakError("API key changes are audited: open the key store with the deployment's audit log")
-        self._audit.append(event)
+        return self._audit.append(event)
 
     def create(self, tenant: str, role: str, name: str | None = None, *, expires_in: float | timedelta | None = None,
                principal: str | None = None) -> tuple[str, Principal]:
@@ -167,8 +257,9 @@ class KeyStore:
         row = ApiKeyRow(key_id=key_id, tenant=tenant, role=role.value, hash=self._hash(key),
                         name=(name or "")[:128] or None, created_us=created, revoked_us=None, expires_us=expires_us)
         row.mac = row_mac(self._mac_key, row)
-        self._log(KeyCreated(tenant=tenant, key_id=key_id, role=role.value, principal=who,
-                             expires_ms=None if expires_us is None else expires_us // 1000))
+        index = self._log(KeyCreated(tenant=tenant, key_id=key_id, role=role.value, principal=who,
+                                     expires_ms=None if expires_us is None else expires_us // 1000))
+        self._log_says.note_created(key_id, index)
         with self._writer() as s, s.begin():
             s.add(row)
         return key, Principal(key_id, tenant, role, expires_us)
@@ -190,6 +281,7 @@ class KeyStore:
         self._log(KeyRevoked(tenant=row.tenant if trusted else "", key_id=row.key_id,
                              role=row.role if trusted else None, principal=who,
                              expires_ms=None if row.expires_us is None or not trusted else row.expires_us // 1000))
+        self._log_says.note_revoked(row.key_id)
         with self._writer() as s, s.begin():
             row = s.get(ApiKeyRow, key_id)
             if row is not None and row.revoked_us is None:
@@ -204,11 +296,14 @@ class KeyStore:
             return list(s.scalars(q))
 
     def state(self, row: ApiKeyRow) -> str:
-        """``tampered`` (the row fails its MAC), ``revoked``, ``expired`` or ``active``."""
+        """``tampered`` (the row fails its MAC, or says active where the log revoked the key),
+        ``revoked``, ``expired`` or ``active``."""
         if not intact(self._mac_key, row, row.mac):
             return "tampered"
         if row.revoked_us is not None:
             return "revoked"
+        if self._log_says.revoked(row.key_id, row.tenant):
+            return "tampered"
         if row.expires_us is not None and now_us() >= row.expires_us:
             return "expired"
         return "active"
@@ -227,16 +322,20 @@ class KeyStore:
         if row is None or not hash_ok:
             return Check(None, "unknown_key", fingerprint)
         if not mac_ok:
-            self._alarm(row.key_id)
+            self._alarm(row.key_id, "row_mac_mismatch")
             return Check(None, "unknown_key", fingerprint)
         if row.revoked_us is not None:
             return Check(None, "revoked_key", fingerprint)
+        if self._log_says.revoked(row.key_id, row.tenant):  # an earlier row put back (e.g. from a backup)
+            self._alarm(row.key_id, "revoked_in_log")
+            return Check(None, "unknown_key", fingerprint)
         if row.expires_us is not None and now_us() >= row.expires_us:
             return Check(None, "expired", fingerprint)
         return Check(Principal(row.key_id, row.tenant, Role(row.role), row.expires_us), None, fingerprint)
 
-    def _alarm(self, key_id: str) -> None:
-        """A ``key_alarm`` for a presented key whose row fails its MAC, at most one per key and
+    def _alarm(self, key_id: str, kind: Literal["row_mac_mismatch", "revoked_in_log"]) -> None:
+        """A ``key_alarm`` for a presented key whose row fails its MAC (``row_mac_mismatch``) or
+        says active where the log revoked it (``revoked_in_log``), at most one per key and
         window; never blocks the request (submitted, not awaited)."""
         from fak.audit import KeyAlarm
         from fak.audit.errors import AuditError
@@ -244,11 +343,13 @@ class KeyStore:
         refusals = self._alarms.note(key_id)
         if refusals is None:
             return
-        print(f"fak: ALARM: API key {key_id}: its database row fails its MAC (edited outside fak); refused "
-              f"({refusals} refusal(s) since the last alarm for it)", file=sys.stderr, flush=True)
+        what = ("its database row fails its MAC (edited outside fak)" if kind == "row_mac_mismatch" else
+                "its database row says active but the audit log revoked it (an earlier row put back)")
+        print(f"fak: ALARM: API key {key_id}: {what}; refused ({refusals} refusal(s) since the last alarm for it)",
+              file=sys.stderr, flush=True)
         if self._audit is not None:
             with contextlib.suppress(AuditError):  # a closing log: the key is refused all the same
-                self._audit.submit(KeyAlarm(key_id=key_id, kind="row_mac_mismatch", refusals=refusals))
+                self._audit.submit(KeyAlarm(key_id=key_id, kind=kind, refusals=refusals))
 
 
 @contextlib.contextmanager

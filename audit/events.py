@@ -310,7 +310,9 @@ class KeyAlarm(_Event):
 
     type: Literal["key_alarm"] = "key_alarm"
     key_id: Id
-    kind: Literal["row_mac_mismatch"]
+    # row_mac_mismatch: the row fails its MAC; revoked_in_log: the row (its MAC valid) says active
+    # where the log holds its key_revoked or its tenant's tenant_erased: an earlier row put back
+    kind: Literal["row_mac_mismatch", "revoked_in_log"]
     refusals: Count
 
 

@@ -7,7 +7,9 @@ shell on the database host) moves a key to another tenant, makes an agent key an
 key or un-revokes a key, and the server honours it. With it, an edited row fails its
 MAC and the key is refused. What the MAC cannot stop: deleting a row (the key is then
 refused too) and replaying a whole earlier row of the same key (e.g. restoring the row
-as it was before a revocation); ``docs/api.md`` says so.
+as it was before a revocation); the signed audit log is the backstop for the latter
+(``fak.api.keys``: a key the log revoked is refused whatever its row says), and
+``docs/api.md`` says what remains.
 """
 
 from __future__ import annotations

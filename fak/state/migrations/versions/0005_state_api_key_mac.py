@@ -6,9 +6,18 @@ transaction: they are trusted once, at upgrade, and never again. Every later row
 a valid MAC is refused. The MAC key comes from the caller (``fak.state.store.upgrade``);
 a database with key rows cannot be upgraded without it.
 
+Trusted once means once per deployment: a database writer who rolls the state schema back
+(its version row, the dropped columns) must not get the rows sealed again. ``key_created``
+and ``key_revoked`` exist in the audit log only once this revision has run, so when the log
+(same database) holds any, the rows are left unsealed (refused, with a ``key_alarm`` when
+presented) and a line says why; the operator creates new keys. The log's entries are
+matched by their hashed bodies, not by their ``type`` column (which nothing hashes).
+
 Revision ID: state_0005
 Revises: state_0004
 """
+
+import sys
 
 import sqlalchemy as sa
 from alembic import context, op
@@ -35,12 +44,36 @@ def upgrade() -> None:
                                   keys.c.expires_us)).all()
     if not rows:
         return
+    sealed_before = _first_key_event(conn)
+    if sealed_before is not None:
+        print(f"fak: ALARM: the API key table was rolled back to before its MAC (state_0005 ran again), but the "
+              f"audit log shows this deployment sealed keys before (entry {sealed_before}): its {len(rows)} "
+              f"row(s) are not sealed again and every such key is refused; create new keys (fak keys create)",
+              file=sys.stderr, flush=True)
+        return
     mac_key = context.config.attributes.get(MAC_KEY)
     if not isinstance(mac_key, bytes):
         raise FakError("the API key table needs sealing (state_0005) and no MAC key was given: open the "
                        "database with fak itself (fak serve, fak keys list), which derives it from the master secret")
     for row in rows:
         conn.execute(keys.update().where(keys.c.key_id == row.key_id).values(mac=row_mac(mac_key, row)))
+
+
+def _first_key_event(conn: sa.Connection) -> int | None:
+    """The index of the first ``key_created``/``key_revoked`` in the audit log (its body
+    parsed, its type checked), or None (no log yet, or none)."""
+    from fak.audit import AuditError, parse_event
+    from fak.audit import store as log_store
+
+    if not sa.inspect(conn).has_table("audit_entries"):
+        return None
+    for index, body in log_store.entries_of_types(conn, ("key_created", "key_revoked"), 0):
+        try:
+            if parse_event(body).type in ("key_created", "key_revoked"):
+                return index
+        except AuditError:  # an edited body: the signer's alarm; closed here too (not sealed)
+            return index
+    return None
 
 
 def downgrade() -> None:
