@@ -1,5 +1,5 @@
-"""``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine`` and ``fak erase-tenant``: the Kernel from a
-terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
+"""``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine``, ``fak erase-tenant`` and ``fak demo``: the
+Kernel from a terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
 pid, while ``fak serve`` (or another Kernel) runs on that data directory (``fak.owner``); ``fak sessions``
 only reads the database and works beside it."""
 
@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--config")
     e.set_defaults(handler=_erase_tenant)
 
+    d = sub.add_parser("demo", help="the main job on embedded defaults")
+    d.add_argument("--model", default=None)
+    d.set_defaults(handler=_demo)
+
 
 def _open(config: str | None):  # noqa: ANN202
     from fak import Kernel
@@ -92,7 +96,7 @@ def _sessions(args: argparse.Namespace) -> int:
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     engine = make_engine(settings.resolved_database_url)
     try:
-        mac = derive_key(load_master_secret(settings.data_dir), MAC_LABEL)
+        mac = derive_key(load_master_secret(settings.data_dir, settings.master_secret_hex()), MAC_LABEL)
         ids = StateStore(engine, api_key_mac=mac).session_ids(check_tenant(args.tenant))
     finally:
         release(engine)
@@ -132,3 +136,9 @@ def _quarantine(args: argparse.Namespace) -> int:
     print(json.dumps({"ref": report.ref, "units": report.units, "mode": report.mode,
                       "audit_index": report.audit_index}))
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fak.demo import run_demo
+
+    return run_demo(args.model)

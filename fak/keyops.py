@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from fak.faults import fault_point
-from fak.ksession import _ident
+from fak.types import as_id
 
 if TYPE_CHECKING:
     from fak.audit import AuditLog
@@ -28,14 +28,14 @@ def rotate(store: CasStore, audit: AuditLog, tenant: str | None = None, *,
     """``CasStore.rotate`` and one ``KeyRotated`` event per tenant (old and new KEK ids)."""
     from fak.audit import KeyRotated
 
-    who = _ident(principal) if principal else None
+    who = as_id(principal) if principal else None
     before = _active(store, tenant)
     result = store.rotate(tenant)
     fault_point("keyops.rotate.before_log")
     after = _active(store, tenant)
     for t in sorted(result.versions):
-        audit.append(KeyRotated(tenant=t, key_kind="cas_kek", old_key_id=_ident(before[t]) if t in before else None,
-                                new_key_id=_ident(after[t]), principal=who))
+        audit.append(KeyRotated(tenant=t, key_kind="cas_kek", old_key_id=as_id(before[t]) if t in before else None,
+                                new_key_id=as_id(after[t]), principal=who))
     return result
 
 
@@ -49,8 +49,8 @@ def destroy_retired(store: CasStore, audit: AuditLog, older_than: float | timede
     doomed: dict[str, list[str]] = defaultdict(list)
     for info in store.kek_versions():
         if info.retired_at is not None and info.retired_at.timestamp() <= cutoff:
-            doomed[info.tenant].append(_ident(info.kek_id))
-    who = _ident(principal) if principal else None
+            doomed[info.tenant].append(as_id(info.kek_id))
+    who = as_id(principal) if principal else None
     for t in sorted(doomed):
         audit.append(KeysDestroyed(tenant=t, key_kind="cas_kek", key_ids=doomed[t], principal=who))
     return store.destroy_retired(seconds)

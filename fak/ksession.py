@@ -28,7 +28,7 @@ from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
-from fak.types import check_id
+from fak.types import as_id, check_id
 
 if TYPE_CHECKING:
     from fak.authorize import ToolCallDecision
@@ -98,9 +98,7 @@ def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
     return hashlib.blake2b(json.dumps(sorted(refs)).encode() + b"\x00" + plain.encode(), digest_size=32).digest()
 
 
-def _ident(value: str) -> str:
-    """Audit ids allow a restricted alphabet; map anything else to '_'."""
-    return "".join(c if (c.isascii() and c.isalnum()) or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
+_ident = as_id  # the name the façade, forget and withdraw modules still import from here
 
 
 class KernelSession:

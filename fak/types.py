@@ -84,6 +84,13 @@ def check_id(value: object) -> str:
     return _check(value, _ID, "id", "1-128 characters from letters, digits and . _ : @ / + = -", 128, _ID_CHAR)
 
 
+def as_id(value: str) -> str:
+    """``value`` made an Id for the audit log: a character outside the Id alphabet becomes '_',
+    the text is cut to 128 characters, and an empty value is '_'. For names the log records
+    (tools, rules, principals, reasons) that were never required to be Ids."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "._:@/+=-" else "_" for c in value)[:128] or "_"
+
+
 __all__ = [
     "DIGEST_PATTERN",
     "ID_PATTERN",
@@ -92,6 +99,7 @@ __all__ = [
     "Digest",
     "Id",
     "Tenant",
+    "as_id",
     "check_digest",
     "check_id",
     "check_tenant",

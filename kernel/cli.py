@@ -1,4 +1,5 @@
-"""``fak generate``, ``fak info`` and ``fak demo``."""
+"""``fak generate`` and ``fak info``: the model alone, without the Kernel (``fak demo`` is the
+façade's, in ``fak.facade_cli``)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     i = sub.add_parser("info", help="model, cache location and KV bytes per token")
     i.add_argument("--model", default=None)
     i.set_defaults(handler=_info)
-
-    d = sub.add_parser("demo", help="the main job on embedded defaults")
-    d.add_argument("--model", default=None)
-    d.set_defaults(handler=_demo)
 
 
 def _load(path: str | None):  # noqa: ANN202
@@ -72,7 +69,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from fak.config import cache_dir
+    from fak.settings import StorageSettings
 
     lm = _load(args.model)
     cfg = lm.model.cfg
@@ -89,16 +86,10 @@ def _info(args: argparse.Namespace) -> int:
         "attention": lm.model.attention,
         "decode": {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
         "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
-        "weight cache": str(cache_dir() / "weights"),
+        "weight cache": str(StorageSettings().cache_dir / "weights"),
         "tokenizer": lm.tokenizer.digest,
     }
     width = max(len(k) for k in rows)
     for k, v in rows.items():
         print(f"{k:<{width}}  {v}")
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from fak.demo import run_demo
-
-    return run_demo(args.model)

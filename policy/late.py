@@ -7,8 +7,8 @@ live session of the tenant (DESIGN.md, Policy). So a detector that takes a secon
 costs the admission path nothing: ``LateRunner.submit`` only enqueues, and a full
 queue refuses the job (the caller audits that) instead of making the caller wait.
 
-Nothing here imports torch: the classifier lives in ``fak.kernel.classifier`` and is
-imported only when a policy configures one.
+Nothing here imports torch: the classifier (``fak.policy.classifier``) is imported only
+when a policy configures one.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def build_detectors(rules: list[LateDetectorRule], egress: JudgeEgress | None = 
     try:
         for rule in rules:
             if rule.kind == "classifier":
-                from fak.kernel.classifier import ClassifierDetector
+                from fak.policy.classifier import ClassifierDetector
 
                 built.append(ClassifierDetector(rule))
             elif rule.kind == "judge":

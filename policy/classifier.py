@@ -1,9 +1,10 @@
 """The classifier late detector: a local Hugging Face sequence-classification model.
 
-It lives in ``fak.kernel`` rather than ``fak.policy`` because it needs torch (the policy
-layer stays torch-free); ``fak.policy.late.build_detectors`` imports it only when a
-policy configures ``kind: classifier``. ``transformers`` is imported lazily too (the
-optional extra ``fak[classifier]``). Nothing is ever downloaded: the model is a folder.
+A late detector is policy, so it lives in ``fak.policy``; it needs torch and
+``transformers`` (the optional extra ``fak[classifier]``), which are imported only when a
+classifier is built or scores, and ``fak.policy.late.build_detectors`` imports this module
+only when a policy configures ``kind: classifier``: importing ``fak.policy`` never loads
+torch. Nothing is ever downloaded: the model is a folder.
 
 Long texts are cut into windows of the model's maximum length that overlap by a
 quarter, and the text scores the maximum over its windows, so an instruction buried
@@ -15,8 +16,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from fak.policy.late import LateDetectorFailed, LateDetectorInvalid, LateFinding
 from fak.policy.schema import LateDetectorRule
@@ -134,6 +133,8 @@ class ClassifierDetector:
 
     def score(self, text: str) -> float:
         """Maximum probability of the injection label over the windows (0.0 for empty text)."""
+        import torch  # the optional dependency: fak.policy itself stays torch-free
+
         best = 0.0
         with torch.inference_mode():
             for ids in self.windows(text):
