@@ -1,0 +1,125 @@
+"""The layering the tree promises, read from its import graph (issue 26, "Layering"): every
+``import`` of the non-test packages parsed with ``ast``, function-local ones included, so a
+cycle cannot hide behind a local import.
+
+Not asserted here, because it is not true yet: that ``sdk/`` does not import ``fak.api``
+(``sdk/models.py`` re-exports ``fak.api.models`` at module level; issue 26 part 5)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# the source folders and the packages they install as (pyproject.toml, package-dir)
+PACKAGES = {"fak": "fak", "kernel": "fak.kernel", "cas": "fak.cas", "policy": "fak.policy", "audit": "fak.audit",
+            "api": "fak.api", "sdk": "fak.sdk"}
+# the façade and the agent kernel built on the model package: the model package never reaches up into them
+FACADE = ("fak.facade", "fak.ksession", "fak.forget", "fak.withdraw", "fak.materialise", "fak.keyops",
+          "fak.authorize", "fak.demo", "fak.facade_cli")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module (``from a.b import c`` gives ``a.b`` and ``a.b.c``)
+    line: int
+    module_level: bool  # outside any function (a ``TYPE_CHECKING`` block is not an import at all)
+
+
+def _module_name(folder: str, path: Path) -> str:
+    parts = [PACKAGES[folder], *path.relative_to(ROOT / folder).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, is_package: bool, tree: ast.Module) -> list[Import]:
+    found: list[Import] = []
+
+    def visit(node: ast.AST, module_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, module_level)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend(Import(module, a.name, child.lineno, module_level) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = module.split(".")[: len(module.split(".")) - child.level + (1 if is_package else 0)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                found.append(Import(module, base, child.lineno, module_level))
+                found.extend(Import(module, f"{base}.{a.name}", child.lineno, module_level) for a in child.names)
+            inner = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            visit(child, module_level and not inner)
+
+    visit(tree, True)
+    return found
+
+
+def _graph() -> list[Import]:
+    edges: list[Import] = []
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue  # Alembic scripts: loaded by Alembic, not imported
+            module = _module_name(folder, path)
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            edges += _imports(module, path.name == "__init__.py", tree)
+    return edges
+
+
+EDGES = _graph()
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _shown(edges: list[Import]) -> list[str]:
+    return sorted({f"{e.source}:{e.line} imports {e.target}" for e in edges})
+
+
+def test_the_graph_is_read() -> None:
+    """The parser sees the tree (a broken walk would make every other test here pass)."""
+    sources = {e.source for e in EDGES}
+    assert {"fak.facade", "fak.kernel.model", "fak.policy.late", "fak.cas.store", "fak.api.app"} <= sources
+    assert any(e.source == "fak.policy.late" and e.target == "fak.policy.classifier" and not e.module_level
+               for e in EDGES)  # a function-local import is seen, with its place
+
+
+def test_policy_never_imports_the_model_package_nor_torch_at_module_level() -> None:
+    """The late-detector classifier lives in ``fak.policy`` and loads torch itself, inside its
+    scoring function, so ``fak.policy`` needs nothing of ``fak.kernel`` (it imported
+    ``fak.kernel.classifier``, which imported ``fak.policy.late`` back: a cycle), and importing
+    it (gate, loader, judge) never loads torch."""
+    bad = [e for e in EDGES if _within(e.source, "fak.policy") and (
+        _within(e.target, "fak.kernel") or (_within(e.target, "torch") and e.module_level))]
+    assert not bad, _shown(bad)
+    assert any(e.source == "fak.policy.classifier" and e.target == "torch" and not e.module_level for e in EDGES)
+
+
+def test_model_package_does_not_reach_up() -> None:
+    """``fak.kernel`` (the model, its weights and KV mechanisms, and ``fak generate`` /
+    ``fak info``) imports neither the policy layer, the store, the log, the server, the SDK
+    nor the façade: ``fak demo`` is the façade's command (``fak.facade_cli``)."""
+    above = ("fak.policy", "fak.cas", "fak.audit", "fak.api", "fak.sdk", *FACADE)
+    bad = [e for e in EDGES if _within(e.source, "fak.kernel") and any(_within(e.target, p) for p in above)]
+    assert not bad, _shown(bad)
+
+
+def test_key_operations_do_not_import_the_model() -> None:
+    """``fak.keyops`` (KEK rotation and destruction, logged) and the ``fak cas`` / ``fak audit``
+    commands import no part of the model package, the session layer or torch, at any level
+    (``tests/test_cli_imports.py`` runs the commands and checks what they load)."""
+    heavy = ("fak.kernel", "fak.ksession", "fak.facade", "torch")
+    sources = ("fak.keyops", "fak.cas.cli", "fak.audit.cli")
+    bad = [e for e in EDGES if e.source in sources and any(_within(e.target, h) for h in heavy)]
+    assert not bad, _shown(bad)
