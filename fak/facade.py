@@ -156,7 +156,7 @@ class Kernel:
         policy = PolicyHolder(settings.policy_path or default_policy_path(), egress=settings.judge_allow_lists())
         import torch
 
-        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights,
+        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.resolved_weights,
                                  kv_dtype=getattr(torch, settings.kv_dtype))
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url)
         audit = None

