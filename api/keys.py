@@ -364,14 +364,14 @@ def open_key_store(settings: Settings, *, audited: bool = True) -> Iterator[KeyS
 
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     url = settings.resolved_database_url
-    master = load_master_secret(settings.data_dir)
+    master = load_master_secret(settings.data_dir, settings.master_secret_hex())
     mac_key = derive_key(master, MAC_LABEL)
     engine = make_engine(url)
     try:
         upgrade(engine, mac_key)
         with contextlib.ExitStack() as stack:
             audit = (stack.enter_context(AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
-                                                       witnesses=settings.audit_witnesses))
+                                                       witnesses=settings.audit_witnesses, settings=settings))
                      if audited else None)
             yield KeyStore(engine, derive_key(master, HASH_LABEL), mac_key, audit)
     finally:

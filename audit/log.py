@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import queue
 import sys
 import threading
@@ -50,8 +49,9 @@ from fak.audit.events import MAX_INT, AuditAlarm, Event, parse_event, to_event
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signer_state import CheckpointSuperseded, SignerMemory, SignerRefused, read_state, state_path
-from fak.audit.signing import ENV, load_signer
+from fak.audit.signing import load_signer
 from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
+from fak.settings import StorageSettings
 
 
 @dataclass(frozen=True)
@@ -251,25 +251,28 @@ class AuditLog:
         origin: str | None = None,
         signing_key: object = None,
         witnesses: Sequence[WitnessEndpoint | str] = (),
+        settings: StorageSettings | None = None,
         **options: int,
     ) -> AuditLog:
         """Open (creating if needed) the log at ``url`` (default: the shared fak database).
+        Defaults come from ``settings`` (when not given, ``StorageSettings()``: the environment).
         ``signing_key``: a Signer, a ``PRIVATE+KEY+...`` string or a path to one; default
-        ``$FAK_AUDIT_SIGNING_KEY`` or ``<data dir>/audit_signing.key`` (created, mode 0600).
+        ``audit_signing_key`` (``$FAK_AUDIT_SIGNING_KEY``) or ``<data dir>/audit_signing.key`` (created, mode 0600).
         The signer's memory is ``<data dir>/audit_signer.state`` for the data-dir key,
         ``audit_signer.<key id>.state`` for another. ``witnesses``: endpoints (or ``"<url>
         <vkey>"`` strings) asked to cosign each new checkpoint.
         ``options``: checkpoint_every (entries), checkpoint_ms, max_batch, max_queue (appends
         queued before ``submit`` waits and ``try_submit`` drops)."""
-        from fak.config import data_dir as default_dir
-        from fak.config import database_url
-
-        root = Path(data_dir) if data_dir is not None else default_dir()
-        signer = load_signer(root, origin, signing_key)
-        own_key = signing_key is None and not os.environ.get(ENV)
-        memory = SignerMemory(state_path(root, None if own_key else f"{signer.id:08x}"), signer.name,
+        conf = settings if settings is not None else StorageSettings()
+        root = Path(data_dir) if data_dir is not None else conf.data_dir
+        if data_dir is None:
+            root.mkdir(parents=True, exist_ok=True)
+        supplied = signing_key if signing_key is not None else (conf.audit_signing_key_text() or None)
+        signer = load_signer(root, origin, supplied)
+        memory = SignerMemory(state_path(root, None if supplied is None else f"{signer.id:08x}"), signer.name,
                               f"{signer.id:08x}")
-        return cls(url or database_url(root), signer, memory=memory, witnesses=witnesses, **options)
+        url = url or conf.database_url or f"sqlite:///{root / 'fak.db'}"
+        return cls(url, signer, memory=memory, witnesses=witnesses, **options)
 
     # ------------------------------------------------------------------ the remembering signer
 

@@ -1,8 +1,8 @@
 """The log's Ed25519 signing key: created on first start in the data directory
-(mode 0600, atomic), or supplied by argument, path or environment.
+(mode 0600, atomic), or supplied by argument or path.
 
-``FAK_AUDIT_SIGNING_KEY`` holds a signer key string (``PRIVATE+KEY+...``) or a
-path to a file holding one. The key name is the log's origin, as the
+``FAK_AUDIT_SIGNING_KEY`` (read by ``fak.settings``, passed down by ``AuditLog.open``) holds
+a signer key string (``PRIVATE+KEY+...``) or a path to a file holding one. The key name is the log's origin, as the
 tlog-checkpoint spec recommends.
 """
 
@@ -17,7 +17,6 @@ from fak.faults import fault_point
 from fak.keys import sweep_stale_temp
 
 KEY_FILE = "audit_signing.key"
-ENV = "FAK_AUDIT_SIGNING_KEY"
 DEFAULT_ORIGIN = "fak.local/audit"
 
 
@@ -56,13 +55,12 @@ def _create(path: Path, origin: str) -> None:
 
 
 def load_signer(data_dir: Path, origin: str | None, supplied: object = None) -> Signer:
-    """Resolve the signer: argument, then environment, then the data-dir key file."""
+    """Resolve the signer: ``supplied`` (the argument, or ``Settings.audit_signing_key``, i.e.
+    ``$FAK_AUDIT_SIGNING_KEY``, passed down by ``AuditLog.open``), else the data-dir key file."""
     if isinstance(supplied, Signer):
         signer = supplied
     elif supplied is not None:
         signer = _from_text_or_path(supplied)  # type: ignore[arg-type]
-    elif os.environ.get(ENV):
-        signer = _from_text_or_path(os.environ[ENV])
     else:
         path = Path(data_dir) / KEY_FILE
         if not path.exists():

@@ -38,9 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _dir(args: argparse.Namespace) -> Path:
-    from fak.config import data_dir
+    from fak.settings import StorageSettings
 
-    return Path(args.dir) if args.dir else data_dir() / "witness"
+    return Path(args.dir) if args.dir else StorageSettings().data_dir / "witness"
 
 
 def _pubkey(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """fak.cas — content-addressed store of tool results (see ../shared/DESIGN.md, CAS).
 
-    store = CasStore.open()                      # data dir, database URL, master secret from fak.config
+    store = CasStore.open()                      # data dir, database URL, master secret: StorageSettings()
     ref = store.put(b"...", "text/plain", "acme")  # keyed digest blake3k:..., sealed under its own key
     store.get(ref, "acme")                         # verified bytes
     record = store.forget(ref.digest, "acme")      # key + ciphertext destroyed -> ShredRecord (shred_status)

@@ -80,10 +80,10 @@ def _owned():  # noqa: ANN202
     """Claim the data directory (``fak.owner``) for a destructive command that bypasses the
     Kernel: a running server would keep what it erases in its sessions' KV, so while one
     runs this refuses, naming its pid, and the server's own forget is the way."""
-    from fak import config
     from fak.owner import claim
+    from fak.settings import StorageSettings
 
-    return claim(config.data_dir(), why="forget a ref through its API (POST /v1/forget), or stop it and use "
+    return claim(StorageSettings().data_dir, why="forget a ref through its API (POST /v1/forget), or stop it and use "
                  "'fak forget' / 'fak erase-tenant', which also drop the sessions' KV")
 
 
@@ -103,7 +103,7 @@ def _logged(args):  # noqa: ANN202
     settings = Settings.load()
     with _store(args) as store, AuditLog.open(args.url or settings.resolved_database_url, settings.data_dir,
                                               origin=settings.audit_origin,
-                                              witnesses=settings.audit_witnesses) as audit:
+                                              witnesses=settings.audit_witnesses, settings=settings) as audit:
         yield store, audit
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,7 +23,6 @@ from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from fak import config
 from fak.cas import crypto, db
 from fak.cas.backend import BlobBackend, FileBackend, new_blob_id
 from fak.cas.digest import Hasher, compute, is_keyed, parse_digest
@@ -61,8 +59,8 @@ from fak.cas.scrub import pg_xid, scrub
 from fak.db import WRITE
 from fak.faults import fault_point
 from fak.keys import derive_key, load_master_secret
+from fak.settings import StorageSettings
 
-KEY_URL_ENV = "FAK_CAS_KEY_URL"
 REWRAP_BATCH = 1000
 
 DEFAULT_MAX_BLOB = 256 * 1024 * 1024
@@ -171,22 +169,25 @@ class CasStore:
         max_blob_size: int = DEFAULT_MAX_BLOB,
         chunk_size: int = crypto.DEFAULT_CHUNK,
         fsync: bool = True,
+        settings: StorageSettings | None = None,
     ) -> CasStore:
-        """Open (creating and migrating as needed) the store. Defaults: the fak data
+        """Open (creating and migrating as needed) the store. Defaults, from ``settings``
+        (when not given, ``StorageSettings()``: the ``FAK_*`` environment): the data
         directory, its database URL and its master secret; tenant keys in the key
-        database ``key_url`` (``$FAK_CAS_KEY_URL``, else ``<data dir>/keys/cas-keys.db``),
+        database ``key_url`` (``cas_key_url``, else ``<data dir>/keys/cas-keys.db``),
         wrapped by ``kek_provider`` (default: the master secret). A format-1 store
         (KEKs derived from the master secret) is re-wrapped once, here."""
-        root = Path(data_dir) if data_dir is not None else config.data_dir()
+        conf = settings if settings is not None else StorageSettings()
+        root = Path(data_dir) if data_dir is not None else conf.data_dir
         _private_dir(root)
-        main_url = url or config.database_url(root)
-        key_url = key_url or os.environ.get(KEY_URL_ENV) or f"sqlite:///{_private_dir(root / 'keys') / 'cas-keys.db'}"
+        main_url = url or conf.database_url or f"sqlite:///{root / 'fak.db'}"
+        key_url = key_url or conf.cas_key_url or f"sqlite:///{_private_dir(root / 'keys') / 'cas-keys.db'}"
         _private_sqlite_file(main_url)
         _private_sqlite_file(key_url)
         engine = db.make_engine(main_url, durable=fsync)
         db.upgrade(engine)
         key_engine = db.make_engine(key_url, durable=True)  # key destruction is always fsynced
-        master = master_secret if master_secret is not None else load_master_secret(root)
+        master = master_secret if master_secret is not None else load_master_secret(root, conf.master_secret_hex())
         keys = KeyRing(key_engine, kek_provider if kek_provider is not None else MasterWrapper(master))
         keys.create_tables()
         _private_sqlite_file(main_url)  # the -wal and -shm files exist now

@@ -152,18 +152,20 @@ class Kernel:
 
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, blobs, database: owner only
         url = settings.resolved_database_url
-        master = load_master_secret(settings.data_dir)
+        master = load_master_secret(settings.data_dir, settings.master_secret_hex())
         policy = PolicyHolder(settings.policy_path or default_policy_path(), egress=settings.judge_allow_lists())
         import torch
 
         lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.resolved_weights,
-                                 kv_dtype=getattr(torch, settings.kv_dtype))
-        store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url)
+                                 kv_dtype=getattr(torch, settings.kv_dtype), cache_dir=settings.cache_dir)
+        store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url,
+                              settings=settings)
         audit = None
         try:
             audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
                                   checkpoint_every=settings.audit_checkpoint_every,
-                                  checkpoint_ms=settings.audit_checkpoint_ms, witnesses=settings.audit_witnesses)
+                                  checkpoint_ms=settings.audit_checkpoint_ms, witnesses=settings.audit_witnesses,
+                                  settings=settings)
             from fak.keys import derive_key
             from fak.state.apikeys import MAC_LABEL
 

@@ -1,7 +1,7 @@
 """The server master secret and the keys derived from it.
 
 One 32-byte secret per deployment, created on first use in the data directory
-with mode 0600 (or given as hex in ``FAK_MASTER_SECRET``). A secret file readable by
+with mode 0600 (or given as hex in ``FAK_MASTER_SECRET``, read by ``fak.settings``). A secret file readable by
 group or others, or owned by another user, is refused at start. Every layer derives
 its own keys from it with HKDF-SHA256 under a distinct label, so no two uses
 share key material and a client can never choose a derived value (tenant
@@ -23,12 +23,12 @@ from fak.faults import fault_point
 SECRET_FILE = "master.key"
 
 
-def load_master_secret(directory: Path) -> bytes:
-    """Read the master secret, creating it atomically (mode 0600) if absent."""
-    env = os.environ.get("FAK_MASTER_SECRET")
-    if env:
+def load_master_secret(directory: Path, given_hex: str | None = None) -> bytes:
+    """The master secret: ``given_hex`` (``Settings.master_secret``, i.e. ``FAK_MASTER_SECRET``)
+    when set, else the data directory's file, created atomically (mode 0600) if absent."""
+    if given_hex:
         try:
-            raw = bytes.fromhex(env)
+            raw = bytes.fromhex(given_hex)
         except ValueError as exc:
             raise FakError("FAK_MASTER_SECRET must be hex") from exc
         if len(raw) < 32:

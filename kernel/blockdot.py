@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fak.config import cache_dir
 from fak.kernel.config import ModelConfig, ModelError
 from fak.kernel.quant import cpu_flags
+from fak.settings import StorageSettings
 
 QK = 32
 Q4_1, Q8_0 = 0, 1
@@ -52,6 +52,8 @@ _lib_lock = threading.Lock()
 
 
 def _compiler() -> str:
+    # CC is the C toolchain's own variable (as make and setuptools read it), not a fak setting:
+    # an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise ModelError("weights='gguf' compiles a small C kernel on first use and found no C compiler (cc, gcc or clang)")
@@ -83,8 +85,10 @@ def check_owned(path: Path) -> None:
                              "(remove it, or make it yours and not group/world-writable)")
 
 
-def library() -> ctypes.CDLL:
-    """The compiled kernel, built once per source, compiler, flags and CPU (then a file open)."""
+def library(cache_dir: Path | None = None) -> ctypes.CDLL:
+    """The compiled kernel, built once per source, compiler, flags and CPU (then a file open),
+    under ``cache_dir`` (``Settings.cache_dir``, which ``load_model`` passes on first use; when
+    not given, ``StorageSettings()``'s). Loaded once per process: later calls return it."""
     global _lib
     with _lib_lock:
         if _lib is not None:
@@ -93,7 +97,8 @@ def library() -> ctypes.CDLL:
         # -march=native: a library built on another CPU (a shared cache folder) may not run here
         cpu = " ".join(sorted(cpu_flags())) + platform.machine()
         key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS, cpu)).encode()).hexdigest()[:16]
-        target = cache_dir() / "kernels" / f"blockdot-{key}.so"
+        root = cache_dir if cache_dir is not None else StorageSettings().cache_dir
+        target = root / "kernels" / f"blockdot-{key}.so"
         if not target.is_file():
             compile_library(cc, target)
         check_owned(target)

@@ -12,6 +12,7 @@ from fak.kernel.config import ModelError
 from fak.kernel.model import Llama, Weights
 from fak.kernel.tokenizer import ChatTokenizer
 from fak.kernel.weights import Progress, default_model_path, load_gguf, load_hf_folder
+from fak.settings import StorageSettings
 
 
 @dataclass
@@ -48,14 +49,17 @@ def load_model(
     progress: Progress | None = None,
     weight_format: str = "float32",
     kv_dtype: torch.dtype | None = None,
+    cache_dir: Path | None = None,
 ) -> LoadedModel:
     """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder.
 
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
     oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own
     blocks), faster modes: ``kernel/quant.py``);
-    ``kv_dtype`` that of the KV cache (default ``dtype``)."""
+    ``kv_dtype`` that of the KV cache (default ``dtype``); ``cache_dir`` holds the dequantised
+    weights and the compiled gguf kernel (``Settings.cache_dir``; default ``StorageSettings()``'s)."""
     src = Path(path).expanduser() if path is not None else default_model_path()
+    cache_dir = cache_dir if cache_dir is not None else StorageSettings().cache_dir
     if not src.exists():
         raise ModelError(f"model not found: {src}")
     if src.is_dir():
@@ -63,9 +67,12 @@ def load_model(
         tok_folder = src
         model_id = f"hf:{src.resolve()}"
     else:
-        cfg, weights, tok_folder = load_gguf(src, progress)
+        cfg, weights, tok_folder = load_gguf(src, progress, cache_dir=cache_dir)
         model_id = f"gguf:{tok_folder.name}"
     weights = _to(weights, torch.device(device), dtype)
-    blocks = blockdot.gguf_blocks(src, cfg) if weight_format == "gguf" and src.is_file() else None
+    blocks = None
+    if weight_format == "gguf" and src.is_file():
+        blockdot.library(cache_dir)  # built (or found) under the settings' cache dir before the layers load it
+        blocks = blockdot.gguf_blocks(src, cfg)
     model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype, blocks=blocks)
     return LoadedModel(model=model, tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from fak.config import cache_dir
 from fak.kernel.config import ModelConfig, ModelError, RopeScaling
 from fak.kernel.model import LayerWeights, Weights
 
@@ -247,11 +246,13 @@ def dequantise_gguf(path: Path, progress: Progress | None = None) -> tuple[Model
     return cfg, sd, reader
 
 
-def load_gguf(path: Path, progress: Progress | None = None) -> tuple[ModelConfig, Weights, Path]:
-    """Load a GGUF file through the safetensors cache; returns (config, weights, cache folder)."""
+def load_gguf(path: Path, progress: Progress | None = None, *,
+              cache_dir: Path) -> tuple[ModelConfig, Weights, Path]:
+    """Load a GGUF file through the safetensors cache under ``cache_dir`` (``Settings.cache_dir``,
+    passed down by ``load_model``); returns (config, weights, cache folder)."""
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
-    folder = cache_dir() / "weights" / file_digest(path)[:32]
+    folder = cache_dir / "weights" / file_digest(path)[:32]
     st, meta = folder / "model.safetensors", folder / "fak-model.json"
     if st.is_file() and meta.is_file():
         cfg = ModelConfig.from_dict(json.loads(meta.read_text())["config"])

@@ -42,6 +42,8 @@ from fak.policy.detectors import Finding
 from fak.policy.normalize import fold
 
 try:
+    # read at import, before any Settings exists: it picks the matcher for the whole process (the
+    # reference path's tests run it in a child); an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
     if os.environ.get("FAK_NO_HYPERSCAN") == "1":
         raise ImportError("disabled by FAK_NO_HYPERSCAN=1")
     import hyperscan

@@ -105,6 +105,8 @@ class JudgeDetector:
         if rule.api_key_env and not egress.allows_key_env(rule.api_key_env):
             raise LateDetectorInvalid(f"late detector {rule.id!r}: api_key_env {rule.api_key_env} is not in the "
                                       "deployment's judge_key_envs (FAK_* variables never are)")
+        # the variable the operator allow-listed (judge_key_envs) is read here, on purpose: its value is the
+        # judge's bearer key, which Settings must not hold; an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
         if rule.api_key_env and not os.environ.get(rule.api_key_env):
             raise LateDetectorInvalid(f"late detector {rule.id!r}: the environment variable "
                                       f"{rule.api_key_env} (api_key_env) is not set")
@@ -118,7 +120,7 @@ class JudgeDetector:
         """One judgement (blocking). Raises ``LateDetectorFailed`` when there is none."""
         headers = {"Content-Type": "application/json"}
         if self.rule.api_key_env:
-            key = os.environ.get(self.rule.api_key_env)
+            key = os.environ.get(self.rule.api_key_env)  # allow-listed api_key_env: see __init__
             if not key:
                 raise LateDetectorFailed(f"the environment variable {self.rule.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"

@@ -11,8 +11,8 @@ import select
 import signal
 import time
 
-from fak import config
 from fak.cas import CasStore
+from fak.settings import StorageSettings
 
 TRIALS = 50
 CHUNK = 4096
@@ -67,7 +67,7 @@ def _run_trial(data_dir: str, url: str, trial: int, rng: random.Random) -> list[
 
 
 def test_crash_during_put_leaves_store_consistent(db_url):
-    data_dir = str(config.data_dir())
+    data_dir = str(StorageSettings().data_dir)
     CasStore.open(data_dir, db_url).close()  # schema and KEK exist before the first kill
     rng = random.Random(int.from_bytes(os.urandom(4)))
     all_acked: set[str] = set()

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from fak import config
 from fak.cas import CasStore, KeyDestroyed, KeyMismatch
 from fak.cas.crypto import legacy_wrap_key
 from fak.cas.keyring import DIGEST
 from fak.cas.schema import Blob, DataKey, LegacyDataKey, LegacyKek, TenantKey
 from fak.errors import FakError
 from fak.keys import derive_key, load_master_secret
+from fak.settings import StorageSettings
 
 MASTER = bytes(range(32))
 
@@ -511,14 +511,14 @@ def test_wrong_provider_interface_is_a_clear_error(tmp_path):
 
 
 def test_default_store_keeps_keys_out_of_the_cas_database(tmp_path):
-    store = CasStore.open(config.data_dir())
+    store = CasStore.open(StorageSettings().data_dir)
     store.put(b"x", "text/plain", "acme")
     names = set(sa.inspect(store.engine).get_table_names())
     assert "cas_tenant_keys" not in names and "cas_data_keys" not in names
     assert {"cas_tenant_keys", "cas_data_keys"} <= set(sa.inspect(store.keys.engine).get_table_names())
     with store._session() as s:  # the table where data keys lived before issue 25 stays empty
         assert s.scalar(sa.select(sa.func.count()).select_from(LegacyDataKey)) == 0
-    assert Path(store.keys.engine.url.database).parent == config.data_dir() / "keys"
+    assert Path(store.keys.engine.url.database).parent == StorageSettings().data_dir / "keys"
     with store._session() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(Blob)) == 1
     store.close()

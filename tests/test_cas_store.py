@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from fak import config
 from fak.cas import (
     CasError,
     CasStore,
@@ -23,13 +22,14 @@ from fak.cas import (
     TooLarge,
 )
 from fak.cas.schema import DataKey
+from fak.settings import StorageSettings
 
 CHUNK = 1024  # small chunks so a few KiB exercise multi-chunk streams
 
 
 @pytest.fixture
 def store(db_url):
-    s = CasStore.open(config.data_dir(), db_url, chunk_size=CHUNK)
+    s = CasStore.open(StorageSettings().data_dir, db_url, chunk_size=CHUNK)
     yield s
     s.close()
 
@@ -158,7 +158,7 @@ def test_corruption_is_detected(store, where):
 
 
 def test_corruption_detected_without_encryption(db_url):
-    store = CasStore.open(config.data_dir(), db_url, encrypt=False, chunk_size=CHUNK)
+    store = CasStore.open(StorageSettings().data_dir, db_url, encrypt=False, chunk_size=CHUNK)
     ref = store.put(b"plain bytes " * 300, "text/plain", "acme")
     assert store.get(ref, "acme") == b"plain bytes " * 300
     _flip_byte(store, ref.digest, "acme", -1)
@@ -217,7 +217,7 @@ def test_stream_verifies_before_last_chunk(store):
 
 
 def test_too_large_is_clear_and_leaves_nothing(db_url):
-    store = CasStore.open(config.data_dir(), db_url, max_blob_size=3 * CHUNK, chunk_size=CHUNK)
+    store = CasStore.open(StorageSettings().data_dir, db_url, max_blob_size=3 * CHUNK, chunk_size=CHUNK)
     with pytest.raises(TooLarge, match="maximum"):
         store.put(b"x" * (3 * CHUNK + 1), "text/plain", "acme")
     with pytest.raises(TooLarge):
@@ -286,7 +286,7 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
         row = store._row(s, ref.digest, "acme")
         key_id, blob_id = row.key_id, row.blob_id
     wrapped = store.keys.data.row(key_id).wrapped
-    roots = (config.data_dir(), tmp_path)
+    roots = (StorageSettings().data_dir, tmp_path)
     assert marker not in _raw_bytes_under(*roots)  # encrypted at rest
     if db_url.startswith("sqlite"):
         assert wrapped in _raw_bytes_under(*roots)  # the scan does find key material in the db files
@@ -321,10 +321,10 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
 def test_forget_plaintext_scan_on_unencrypted_store(db_url, tmp_path):
     """Without encryption the scan finds the marker, so the scan itself can fail;
     after forget the file is gone and the marker with it."""
-    store = CasStore.open(config.data_dir(), db_url, encrypt=False)
+    store = CasStore.open(StorageSettings().data_dir, db_url, encrypt=False)
     marker = b"FAK-PLAIN-" + secrets.token_hex(12).encode()
     ref = store.put(marker * 20, "text/plain", "acme")
-    roots = (config.data_dir(), tmp_path)
+    roots = (StorageSettings().data_dir, tmp_path)
     assert marker in _raw_bytes_under(*roots)
     record = store.forget(ref.digest, "acme")
     assert record.ciphertext_deleted and not record.crypto_shredded and record.key_id is None
@@ -369,16 +369,16 @@ def test_kek_rotation_keeps_every_live_blob_readable(store):
 
 
 def test_wrong_master_secret_is_refused(db_url):
-    CasStore.open(config.data_dir(), db_url, master_secret=b"\x01" * 32).close()
+    CasStore.open(StorageSettings().data_dir, db_url, master_secret=b"\x01" * 32).close()
     with pytest.raises(KeyMismatch, match="master secret"):
-        CasStore.open(config.data_dir(), db_url, master_secret=b"\x02" * 32)
+        CasStore.open(StorageSettings().data_dir, db_url, master_secret=b"\x02" * 32)
 
 
 def test_reopen_reads_back(db_url):
-    store = CasStore.open(config.data_dir(), db_url)
+    store = CasStore.open(StorageSettings().data_dir, db_url)
     ref = store.put(b"durable", "text/plain", "acme")
     store.close()
-    reopened = CasStore.open(config.data_dir(), db_url)
+    reopened = CasStore.open(StorageSettings().data_dir, db_url)
     assert reopened.get(ref, "acme") == b"durable"
     reopened.close()
 

@@ -7,12 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fak import config, errors, types
+from fak import errors, types
 from fak.audit import AdmissionVerdict, AuditLog, PolicyLoaded
 from fak.audit.errors import AuditError
 from fak.audit.events import to_event
 from fak.cas import CasStore, InvalidInput
 from fak.cas.models import check_tenant
+from fak.settings import StorageSettings
 
 P = "sha256:" + "cd" * 32
 
@@ -22,7 +23,7 @@ near = st.from_regex(r"[A-Za-z0-9._@: -]{0,130}", fullmatch=True)
 
 @pytest.fixture
 def store(db_url):
-    s = CasStore.open(config.data_dir(), db_url, chunk_size=1024)
+    s = CasStore.open(StorageSettings().data_dir, db_url, chunk_size=1024)
     yield s
     s.close()
 

@@ -8,12 +8,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from fak import config, db, errors
+from fak import db, errors
 from fak.audit import AuditLog, PolicyLoaded
 from fak.audit import store as audit_store
 from fak.audit.errors import AuditError
 from fak.cas import CasError, CasStore
 from fak.cas import db as cas_db
+from fak.settings import StorageSettings
 
 P = "sha256:" + "cd" * 32
 
@@ -117,7 +118,7 @@ def test_cas_and_audit_share_one_database_under_concurrency(db_url, tmp_path):
     """Many threads putting, re-putting with a stricter taint, recording uses and forgetting
     in the CAS while the audit log appends into the same database: no 'database is locked',
     no lost update (a taint never loosens)."""
-    store = CasStore.open(config.data_dir(), db_url, chunk_size=1024)
+    store = CasStore.open(StorageSettings().data_dir, db_url, chunk_size=1024)
     log = AuditLog.open(url=db_url, data_dir=tmp_path)
     failures: list[BaseException] = []
 

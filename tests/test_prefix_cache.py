@@ -10,11 +10,11 @@ import pytest
 import torch
 from kernel_helpers import tiny_model
 
-from fak.config import data_dir
 from fak.errors import FakError
 from fak.kernel.kv_cache import KVBlock
 from fak.kernel.prefix_cache import PrefixCache, PrefixError, PrefixStats, namespace, shared_namespace
 from fak.keys import load_master_secret, tenant_salt
+from fak.settings import StorageSettings
 
 MODEL_ID = "tiny-0"
 
@@ -28,7 +28,7 @@ class Clock:
 
 
 def ns_for(tenant: str, model_id: str = MODEL_ID) -> bytes:
-    return namespace(tenant_salt(load_master_secret(data_dir()), tenant), model_id)
+    return namespace(tenant_salt(load_master_secret(StorageSettings().data_dir), tenant), model_id)
 
 
 def toks(seed: int, n: int, first: int | None = None) -> list[int]:

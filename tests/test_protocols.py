@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import inspect
 
-from fak import config
 from fak.audit import AuditLog
 from fak.cas import CasStore
 from fak.policy import gate
 from fak.protocols import AuditSink, ContentStore, Gate
+from fak.settings import StorageSettings
 
 
 def test_real_layers_satisfy_the_protocols(tmp_path):
     url = f"sqlite:///{tmp_path / 'fak.db'}"
-    with CasStore.open(config.data_dir(), url) as store, AuditLog.open(url=url, data_dir=tmp_path) as log:
+    with CasStore.open(StorageSettings().data_dir, url) as store, AuditLog.open(url=url, data_dir=tmp_path) as log:
         assert isinstance(store, ContentStore)
         assert isinstance(log, AuditSink)
         assert not isinstance(store, AuditSink) and not isinstance(log, ContentStore)
