@@ -107,3 +107,24 @@ def test_cache_dir_is_a_setting(tmp_path, monkeypatch) -> None:
     assert StorageSettings().cache_dir == tmp_path / "home" / ".cache" / "fak"
     monkeypatch.setenv("FAK_CACHE_DIR", str(tmp_path / "explicit"))
     assert StorageSettings().cache_dir == tmp_path / "explicit"
+
+
+def test_the_store_and_the_log_take_their_secrets_from_the_settings_they_are_given(tmp_path) -> None:
+    """Passed settings, not the environment (which the fixtures leave without these variables),
+    decide the master secret, the key database and the audit signer."""
+    from fak.audit import AuditLog
+    from fak.audit.note import Signer
+    from fak.cas import CasStore, KeyMismatch
+    from fak.settings import StorageSettings
+
+    key_url = f"sqlite:///{tmp_path / 'elsewhere-keys.db'}"
+    first = StorageSettings(data_dir=tmp_path / "d", master_secret="11" * 32, cas_key_url=key_url)
+    with CasStore.open(settings=first) as store:
+        store.put(b"x", "text/plain", "acme")
+    assert (tmp_path / "elsewhere-keys.db").is_file() and not (tmp_path / "d" / "master.key").exists()
+    with pytest.raises(KeyMismatch):
+        CasStore.open(settings=StorageSettings(data_dir=tmp_path / "d", master_secret="22" * 32, cas_key_url=key_url))
+    signer = Signer.generate("settings.test/log")
+    given = StorageSettings(data_dir=tmp_path / "d", audit_signing_key=signer.skey())
+    with AuditLog.open(settings=given) as log:
+        assert log.public_key() == signer.verifier().vkey()
