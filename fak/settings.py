@@ -212,6 +212,7 @@ def _default_weights() -> Literal["gguf", "float16", "float32"]:
 
 # --- the optional config file -------------------------------------------------
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("fak_config_file", default=None)
+SECRET_SETTINGS = frozenset({"master_secret", "audit_signing_key"})  # environment or key files only
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -234,4 +235,12 @@ class _FileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         path = _CONFIG_FILE.get()
-        return read_config_file(path) if path is not None else {}
+        if path is None:
+            return {}
+        data = read_config_file(path)
+        secrets = sorted(SECRET_SETTINGS & set(data))
+        if secrets:  # a config file is shared, copied and committed; its mode is nobody's check
+            raise SettingsError(f"{path}: {', '.join(secrets)} may not be set in a config file: set "
+                                f"FAK_{secrets[0].upper()} in the environment or keep the key file in the data "
+                                "directory (mode 0600)")
+        return data

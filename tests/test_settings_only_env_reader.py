@@ -128,3 +128,18 @@ def test_the_store_and_the_log_take_their_secrets_from_the_settings_they_are_giv
     given = StorageSettings(data_dir=tmp_path / "d", audit_signing_key=signer.skey())
     with AuditLog.open(settings=given) as log:
         assert log.public_key() == signer.verifier().vkey()
+
+
+@pytest.mark.parametrize("name", ["master_secret", "audit_signing_key"])
+def test_secrets_are_refused_in_a_config_file(tmp_path, monkeypatch, name) -> None:
+    """A config file is shared, copied and committed, and nothing checks its mode: the master
+    secret and the audit signing key come from the environment or their 0600 key files only."""
+    from fak.settings import Settings, SettingsError
+
+    config = tmp_path / "fak.yaml"
+    config.write_text(f"{name}: {'ab' * 32}\n")
+    with pytest.raises(SettingsError, match=f"{name} may not be set in a config file"):
+        Settings.load(config)
+    monkeypatch.delenv("FAK_DATA_DIR")  # the environment wins over the file
+    config.write_text(f"data_dir: {tmp_path / 'd'}\n")
+    assert Settings.load(config).data_dir == tmp_path / "d"
