@@ -33,11 +33,11 @@ from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_cache import namespace as prefix_namespace
 from fak.kernel.session import EvictMode
 from fak.keys import load_master_secret, tenant_salt
-from fak.ksession import KernelSession, _ident
+from fak.ksession import KernelSession
 from fak.protocols import ContentStore
 from fak.settings import Settings
 from fak.state.store import StateStore, now_us
-from fak.types import check_tenant
+from fak.types import as_id, check_tenant
 
 if TYPE_CHECKING:
     from fak.audit import AuditLog, TenantErased
@@ -274,8 +274,8 @@ class Kernel:
         p = self.policy
         if previous == p.digest:
             return
-        self.audit.append(PolicyLoaded(policy_id=_ident(p.name), policy_digest=p.digest, previous_digest=previous,
-                                       principal=_ident(principal) if principal else None,
+        self.audit.append(PolicyLoaded(policy_id=as_id(p.name), policy_digest=p.digest, previous_digest=previous,
+                                       principal=as_id(principal) if principal else None,
                                        judges=_judge_scopes(p)))
 
     def evict_mode(self) -> EvictMode:
@@ -591,7 +591,7 @@ class Kernel:
         tenant = check_tenant(tenant)
         if confirm != tenant:
             raise InvalidInput("erasing a tenant cannot be undone: pass confirm=<the tenant's name>")
-        who, why = (_ident(requested_by) if requested_by else None), (_ident(reason) if reason else None)
+        who, why = (as_id(requested_by) if requested_by else None), (as_id(reason) if reason else None)
         with self._forget_lock:
             requested = self.audit.append(TenantEraseRequested(tenant=tenant, principal=who, reason=why))
             sessions = self.sessions(tenant)
@@ -607,7 +607,7 @@ class Kernel:
             revoked = self.state.erase_tenant_records(tenant)
             event = TenantErased(tenant=tenant, requested_index=requested, sessions=len(sessions),
                                  refs_forgotten=erasure.refs_forgotten,
-                                 keys_destroyed=[_ident(x) for x in erasure.keys_destroyed],
+                                 keys_destroyed=[as_id(x) for x in erasure.keys_destroyed],
                                  api_keys_revoked=revoked, shred_status=erasure.shred_status)
             self.audit.append(event)
         return event
@@ -642,5 +642,5 @@ def _judge_scopes(policy: Policy) -> list[Any] | None:
     judges = [r for r in policy.spec.late_detectors if r.kind == "judge" and r.url]
     if not judges:
         return None
-    return [JudgeScope(detector_id=_ident(r.id), destination=origin_of(r.url), all_tenants=r.tenants == "all",
+    return [JudgeScope(detector_id=as_id(r.id), destination=origin_of(r.url), all_tenants=r.tenants == "all",
                        tenants=[] if r.tenants == "all" else list(r.tenants or ())) for r in judges]

@@ -37,10 +37,9 @@ from fak import replay
 from fak.errors import Conflict, FakError, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.ledger import SegmentKind
-from fak.ksession import _ident
 from fak.state.schema import ForgetRow
 from fak.state.store import now_us
-from fak.types import check_digest, check_tenant
+from fak.types import as_id, check_digest, check_tenant
 
 if TYPE_CHECKING:
     from fak.audit.receipt import ForgetReceipt
@@ -67,8 +66,8 @@ def forget(
     from fak.audit import ForgetRequested
 
     tenant, ref = check_tenant(tenant), check_digest(ref)
-    principal = _ident(requested_by) if requested_by else None
-    why = _ident(reason) if reason else None
+    principal = as_id(requested_by) if requested_by else None
+    why = as_id(reason) if reason else None
     with k._forget_lock:
         row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = k.store.head(ref, tenant)

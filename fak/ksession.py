@@ -98,7 +98,6 @@ def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
     return hashlib.blake2b(json.dumps(sorted(refs)).encode() + b"\x00" + plain.encode(), digest_size=32).digest()
 
 
-_ident = as_id  # the name the façade, forget and withdraw modules still import from here
 
 
 class KernelSession:
@@ -513,12 +512,12 @@ class KernelSession:
                 admitted_ref = k.store.put(body, media_type, self.tenant).digest
             segment_id = s.ledger.new_id()
             event = AdmissionVerdict(  # validated before anything changes
-                tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=_ident(tool), ref=ref,
-                size=len(data), verdict=verdict.kind.value, rule_id=_ident(verdict.rule_id),
+                tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=as_id(tool), ref=ref,
+                size=len(data), verdict=verdict.kind.value, rule_id=as_id(verdict.rule_id),
                 policy_digest=verdict.policy_digest,
                 admitted_ref=admitted_ref if admitted_ref != ref else None, trust=verdict.trust,
-                audited=[_ident(a.rule_id) for a in verdict.audited],
-                exempted=sorted({_ident(e.exception_id) for e in verdict.exempted}),
+                audited=[as_id(a.rule_id) for a in verdict.audited],
+                exempted=sorted({as_id(e.exception_id) for e in verdict.exempted}),
             )  # fmt: skip
             expires_us = None
             if admitted:
@@ -587,7 +586,7 @@ class KernelSession:
                 raise Forbidden("REROPE is approximate: the active policy allows exact eviction only "
                                 "(spec.eviction.mode: recompute)")
             probe = dict(tenant=self.tenant, session_id=self.id, segment_id=seg.id, ref=seg.ref,
-                         mode="RECOMPUTE", exact=True, tokens=seg.length, reason=_ident(reason))
+                         mode="RECOMPUTE", exact=True, tokens=seg.length, reason=as_id(reason))
             Eviction(**probe)  # a bad reason or id fails here, before the cache changes
             try:
                 report = s.evict(segment_id, mode)
@@ -620,11 +619,11 @@ class KernelSession:
             producers = self._attention(s)
             decision = k.authorizer().decide(name, producers)
             event = DecisionEvent(
-                tenant=self.tenant, session_id=self.id, tool=_ident(name), args_digest=digest,
-                verdict=decision.verdict, rule_id=_ident(decision.rule_id) if decision.rule_id else None,
+                tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
+                verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
                 offending=list(decision.offending), attention_refs=decision.attention_refs,
                 policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
-                audited=[_ident(r) for r in decision.audited], principal=_ident(principal) if principal else None,
+                audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
             )  # fmt: skip
             index = k.audit.append(event)
         k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
@@ -659,7 +658,7 @@ class KernelSession:
             if not victims:
                 return RefsEvicted([], "bit-exact", s.fingerprint(), [])
             events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="RECOMPUTE",
-                               exact=True, tokens=x.length, reason=_ident(reason)) for x in victims]
+                               exact=True, tokens=x.length, reason=as_id(reason)) for x in victims]
             try:
                 report = s.evict_many([x.id for x in victims])
                 assert report is not None

@@ -21,9 +21,9 @@ from fak.errors import NotFound
 from fak.forget import _holders, _unit
 from fak.kernel.ledger import SegmentKind, SegmentState
 from fak.kernel.session import EvictMode
-from fak.ksession import SessionBusy, _ident
+from fak.ksession import SessionBusy
 from fak.state.store import now_us
-from fak.types import check_digest, check_tenant
+from fak.types import as_id, check_digest, check_tenant
 
 if TYPE_CHECKING:
     from fak.facade import Kernel
@@ -55,7 +55,7 @@ def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str 
     head = k.store.head(ref, tenant)
     if head is None:
         raise NotFound(f"no ref {ref}")
-    who, why = (_ident(principal) if principal else None), _ident(reason)
+    who, why = (as_id(principal) if principal else None), as_id(reason)
 
     def log(planned: list[dict[str, str]]) -> int:
         return k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who, units=planned))
