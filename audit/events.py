@@ -204,7 +204,7 @@ class RefExpired(_Event):
 
 
 class ToolCallDecision(_Event):
-    """Tool-call authorization from the attention provenance (DESIGN.md, Verdicts). The call's
+    """Tool-call authorization from the attention provenance (docs/design.md, Verdicts). The call's
     arguments are recorded as a keyed digest only: they may carry what the call would leak."""
 
     type: Literal["tool_call_decision"] = "tool_call_decision"

@@ -1,4 +1,4 @@
-"""Shared helpers for benchmarks: machine facts and the JSON report shape of DESIGN.md."""
+"""Shared helpers for benchmarks: machine facts and the JSON report shape of docs/design.md."""
 
 from __future__ import annotations
 

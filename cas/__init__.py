@@ -1,4 +1,4 @@
-"""fak.cas — content-addressed store of tool results (see ../shared/DESIGN.md, CAS).
+"""fak.cas — content-addressed store of tool results (see docs/design.md, CAS).
 
     store = CasStore.open()                      # data dir, database URL, master secret: StorageSettings()
     ref = store.put(b"...", "text/plain", "acme")  # keyed digest blake3k:..., sealed under its own key

@@ -1,4 +1,4 @@
-"""Tool-call authorization from the attention provenance (DESIGN.md, Policy and Verdicts).
+"""Tool-call authorization from the attention provenance (docs/design.md, Policy and Verdicts).
 
 Guardrails judge text; the kernel knows which refs every live token attended to. A
 policy's ``tool_calls`` rules say, per callable tool, what may be in attention when the

@@ -1,4 +1,4 @@
-"""Forget and late quarantine across every session of a tenant (DESIGN.md, Forget).
+"""Forget and late quarantine across every session of a tenant (docs/design.md, Forget).
 
 Forget, in this order, each step durable before the next:
 

@@ -1,5 +1,5 @@
 """Materialisation: make a session's tool context a named working set, with a
-verdict and a reason for every piece (DESIGN.md, Verdicts).
+verdict and a reason for every piece (docs/design.md, Verdicts).
 
 A working set names refs, or tags (``tag:NAME``, ``tool:NAME``) that select the
 tenant's refs in admission order, minus ``exclude``, under a token budget. After

@@ -1,1 +1,1 @@
-"""fak.kernel — see ../shared/DESIGN.md."""
+"""fak.kernel — see docs/design.md."""

@@ -68,7 +68,7 @@ class EvictionReport:
     segment_id: str
     ref: str | None
     mode: EvictMode
-    exactness: str  # "bit-exact" or "approximate" (DESIGN.md vocabulary)
+    exactness: str  # "bit-exact" or "approximate" (docs/design.md vocabulary)
     rows_removed: int
     rows_replayed: int
     seconds: float

@@ -3,7 +3,7 @@
 The gate decides synchronously and cheaply; a late detector (a local classifier, an
 LLM judge) judges the admitted text on a worker thread while the session carries on,
 and when it fires the Kernel quarantines the ref, which evicts it exactly from every
-live session of the tenant (DESIGN.md, Policy). So a detector that takes a second
+live session of the tenant (docs/design.md, Policy). So a detector that takes a second
 costs the admission path nothing: ``LateRunner.submit`` only enqueues, and a full
 queue refuses the job (the caller audits that) instead of making the caller wait.
 

@@ -25,7 +25,7 @@ from fak.types import TENANT_PATTERN
 
 
 class VerdictKind(StrEnum):
-    """Admission verdicts, least to most restrictive (see DESIGN.md, Verdicts)."""
+    """Admission verdicts, least to most restrictive (see docs/design.md, Verdicts)."""
 
     ALLOW = "ALLOW"
     REDACT = "REDACT"
@@ -241,7 +241,7 @@ class ToolCallRule(_Strict):
 
 
 class ToolCalls(_Strict):
-    """Tool-call authorization (DESIGN.md, Policy): rules per callable tool; ``unlisted`` is
+    """Tool-call authorization (docs/design.md, Policy): rules per callable tool; ``unlisted`` is
     the verdict for a call no rule fires on."""
 
     unlisted: ToolCallVerdict = "ALLOW"

@@ -1,6 +1,6 @@
 """The forward pass against the HF transformers oracle (tiny random models).
 
-Words as in DESIGN.md: oracle-exact = max|Δlogits| = 0 against transformers
+Words as in docs/design.md: oracle-exact = max|Δlogits| = 0 against transformers
 eager float32; oracle-close = max|Δlogits| ≤ 1e-4 and the same argmax everywhere.
 """
 
