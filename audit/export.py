@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING
 
 from fak.audit import merkle, note, store
 from fak.audit.cosignature import add_lines
+from fak.audit.verify import MAGIC  # the format's first line, defined by its reader (no database)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from fak.audit.log import AuditLog
-
-MAGIC = "fak-audit-export/v1"
 
 
 def _with_stored_leaves(conn: Connection, rows: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes, bytes]]:

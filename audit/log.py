@@ -39,13 +39,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rfc8785
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fak.audit import merkle, note, store
 from fak.audit.checkpoint import SignedCheckpoint, from_note, open_checkpoint, sign_checkpoint
 from fak.audit.cosignature import add_lines
 from fak.audit.errors import AuditError, AuditUnverified
-from fak.audit.events import MAX_INT, AuditAlarm, Event, parse_event, to_event
+from fak.audit.events import (
+    MAX_INT,
+    AdmissionVerdict,
+    AuditAlarm,
+    Event,
+    ReplayVerified,
+    parse_event,
+    to_event,
+)
 from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signer_state import CheckpointSuperseded, SignerMemory, SignerRefused, read_state, state_path
@@ -851,6 +860,46 @@ class AuditLog:
         """Entries in index order; ``tenant=None`` means all, ``""`` the system's only."""
         return self._entry_rows(start, stop, tenant)
 
+    def find_admission(self, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
+        """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
+        logged before index ``before``: (index, canonical bytes), or None. Reads backwards from
+        ``before`` through the tenant's admissions only (index on tenant, idx). Here, not in
+        ``fak.audit.receipt``, so that a receipt's model loads no database code (the SDK's)."""
+        t = store.entries_t
+        pos = before
+        with self._read() as conn:
+            while True:
+                rows = conn.execute(
+                    sa.select(t.c.idx, t.c.body)
+                    .where(t.c.tenant == tenant, t.c.type == "admission_verdict", t.c.idx < pos)
+                    .order_by(t.c.idx.desc())
+                    .limit(500)
+                ).all()
+                for idx, body in rows:
+                    raw = bytes(body)
+                    if _names_ref(raw, ref) and _is_admission_of(raw, tenant, ref):
+                        return int(idx), raw
+                if len(rows) < 500:
+                    return None
+                pos = int(rows[-1][0])
+
+    def find_replay(self, tenant: str, request_id: str, after: int) -> int | None:
+        """The index of the ReplayVerified of forget ``request_id`` (logged after its completion at
+        ``after``), or None while it is pending. Reads the tenant's replay events only."""
+        t = store.entries_t
+        needle = f'"request_id":"{request_id}"'.encode()
+        with self._read() as conn:
+            rows = conn.execute(sa.select(t.c.idx, t.c.body)
+                                .where(t.c.tenant == tenant, t.c.type == "replay_verified", t.c.idx > after)
+                                .order_by(t.c.idx))
+            for idx, body in rows:
+                raw = bytes(body)
+                if needle in raw:
+                    ev = parse_event(raw)
+                    if isinstance(ev, ReplayVerified) and ev.request_id == request_id and ev.completed_index == after:
+                        return int(idx)
+        return None
+
     def _entry_rows(self, start: int, stop: int | None, tenant: str | None) -> Iterator[LogEntry]:
         """With ``tenant``: rows found by the ``tenant`` column (which no hash covers) whose
         body is another tenant's are skipped (never served as the column's) and alarmed."""
@@ -943,3 +992,15 @@ class AuditLog:
         from fak.audit.verify import verify_export
 
         return verify_export(path, pubkey=pubkey, since=since)
+
+
+def _names_ref(body: bytes, ref: str) -> bool:
+    return f'"ref":"{ref}"'.encode() in body or f'"admitted_ref":"{ref}"'.encode() in body
+
+
+def _is_admission_of(raw: bytes, tenant: str, ref: str) -> bool:
+    try:
+        ev = parse_event(raw)
+    except AuditError:
+        return False
+    return isinstance(ev, AdmissionVerdict) and ev.tenant == tenant and ref in (ev.ref, ev.admitted_ref)

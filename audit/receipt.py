@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fak.audit import merkle, note, store
+from fak.audit import merkle, note
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import (
@@ -182,57 +181,14 @@ class ForgetReceipt(BaseModel):
         )
 
 
-def _names_ref(body: bytes, ref: str) -> bool:
-    return f'"ref":"{ref}"'.encode() in body or f'"admitted_ref":"{ref}"'.encode() in body
-
-
 def find_admission(log: AuditLog, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
-    """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
-    logged before index ``before``: (index, canonical bytes), or None. Reads backwards from
-    ``before`` through the tenant's admissions only (index on tenant, idx)."""
-    t = store.entries_t
-    pos = before
-    with log._engine.connect() as conn:
-        while True:
-            rows = conn.execute(
-                sa.select(t.c.idx, t.c.body)
-                .where(t.c.tenant == tenant, t.c.type == "admission_verdict", t.c.idx < pos)
-                .order_by(t.c.idx.desc())
-                .limit(500)
-            ).all()
-            for idx, body in rows:
-                raw = bytes(body)
-                if _names_ref(raw, ref) and _is_admission_of(raw, tenant, ref):
-                    return int(idx), raw
-            if len(rows) < 500:
-                return None
-            pos = int(rows[-1][0])
+    """``AuditLog.find_admission`` (the query lives with the log's storage)."""
+    return log.find_admission(tenant, ref, before)
 
 
 def find_replay(log: AuditLog, tenant: str, request_id: str, after: int) -> int | None:
-    """The index of the ReplayVerified of forget ``request_id`` (logged after its completion at
-    ``after``), or None while it is pending. Reads the tenant's replay events only."""
-    t = store.entries_t
-    needle = f'"request_id":"{request_id}"'.encode()
-    with log._engine.connect() as conn:
-        rows = conn.execute(sa.select(t.c.idx, t.c.body)
-                            .where(t.c.tenant == tenant, t.c.type == "replay_verified", t.c.idx > after)
-                            .order_by(t.c.idx))
-        for idx, body in rows:
-            raw = bytes(body)
-            if needle in raw:
-                ev = parse_event(raw)
-                if isinstance(ev, ReplayVerified) and ev.request_id == request_id and ev.completed_index == after:
-                    return int(idx)
-    return None
-
-
-def _is_admission_of(raw: bytes, tenant: str, ref: str) -> bool:
-    try:
-        ev = parse_event(raw)
-    except AuditError:
-        return False
-    return isinstance(ev, AdmissionVerdict) and ev.tenant == tenant and ref in (ev.ref, ev.admitted_ref)
+    """``AuditLog.find_replay`` (the query lives with the log's storage)."""
+    return log.find_replay(tenant, request_id, after)
 
 
 def _bare(proof: InclusionProof) -> dict:

@@ -25,8 +25,8 @@ from fak.audit import cosignature, merkle, note
 from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, VerificationError
 from fak.audit.events import Event, parse_event
-from fak.audit.export import MAGIC
 
+MAGIC = "fak-audit-export/v1"  # an export's first line: MAGIC <origin> <vkey> (written by fak.audit.export)
 _ENTRY = re.compile(rb"^e (0|[1-9][0-9]{0,18}) ([0-9a-f]{64}) (\{.*\})$", re.S)
 _EXT_TIME = re.compile(r"^timestamp (0|[1-9][0-9]{0,18})$")  # the checkpoint's extension line
 NO_KEY = ("no pinned key: pass --pubkey (the log's verifier key, from 'fak audit pubkey' or your "

@@ -40,6 +40,17 @@ from fak.sdk.models import (
     SessionOut,
     ToolCallDecisionOut,
 )
+from fak.wire import (
+    EvictIn,
+    EvictRefsIn,
+    ForgetIn,
+    GenerateIn,
+    MessageIn,
+    QuarantineIn,
+    SessionCreate,
+    ToolCallIn,
+    ToolResultIn,
+)
 
 if TYPE_CHECKING:
     from fak.facade import Kernel
@@ -117,14 +128,12 @@ class LocalSession:
         return self._run(lambda ks: ks.fingerprint())
 
     def append(self, role: str, content: str) -> SegmentOut:
-        from fak.api.models import MessageIn
 
         body = _validate(MessageIn, {"role": role, "content": content})
         return self._run(lambda ks: SegmentOut(**ks.append(body.role, body.content).summary()))
 
     def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
               tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
-        from fak.api.models import ToolResultIn
         from fak.api.routes.sessions import admission_out
         from fak.errors import InvalidInput
 
@@ -141,7 +150,6 @@ class LocalSession:
         return self._run(run)
 
     def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
-        from fak.api.models import EvictIn
 
         body = _validate(EvictIn, {"segment_id": segment_id, "mode": mode, "reason": reason})
 
@@ -154,7 +162,6 @@ class LocalSession:
         return self._run(run)
 
     def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
-        from fak.api.models import ToolCallIn
         from fak.api.routes.sessions import decision_out
 
         body = _validate(ToolCallIn, {"name": name, "arguments": arguments})
@@ -163,7 +170,6 @@ class LocalSession:
 
     def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
                    reason: str = "tool_call") -> RefsEvictedOut:
-        from fak.api.models import EvictRefsIn
 
         body = _validate(EvictRefsIn, {"refs": list(refs), "drop_generated": drop_generated, "reason": reason})
 
@@ -189,7 +195,6 @@ class LocalSession:
     @staticmethod
     def _params(max_tokens: int, min_tokens: int, temperature: float, top_p: float,
                 seed: int | None) -> dict[str, Any]:
-        from fak.api.models import GenerateIn
 
         b = _validate(GenerateIn, {"max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature,
                                    "top_p": top_p, "seed": seed})
@@ -270,7 +275,6 @@ class LocalClient:
         return {"status": "ok"}
 
     def create_session(self, id: str | None = None) -> LocalSession:  # noqa: A002
-        from fak.api.models import SessionCreate
 
         body = _validate(SessionCreate, {"id": id})
         with _errors():
@@ -288,7 +292,6 @@ class LocalClient:
             return self.kernel.sessions(self.tenant)
 
     def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
-        from fak.api.models import ForgetIn
 
         body = _validate(ForgetIn, {"ref": ref, "reason": reason})
         with _errors():
@@ -301,7 +304,6 @@ class LocalClient:
         return ForgetStatus(request_id=st.request_id, ref=st.ref, state=st.state, receipt=st.receipt)
 
     def quarantine(self, ref: str, reason: str) -> QuarantineOut:
-        from fak.api.models import QuarantineIn
 
         body = _validate(QuarantineIn, {"ref": ref, "reason": reason})
         with _errors():

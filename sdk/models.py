@@ -1,6 +1,7 @@
-"""Typed results of the SDK: the API's own response bodies (``fak.api.models``),
-re-exported, plus the few shapes only the SDK has. Both modes (HTTP and in-process)
-return these classes, so results compare equal across modes."""
+"""Typed results of the SDK: the API's own response bodies (the wire models of
+``fak.wire``, which the server declares too), re-exported, plus the few shapes only the
+SDK has. Both modes (HTTP and in-process) return these classes, so results compare equal
+across modes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from fak.api.models import (
+from fak.audit.receipt import ForgetReceipt, ReceiptCheck
+from fak.wire import (
     AdmissionOut,
     CheckpointOut,
     EntriesOut,
@@ -27,7 +29,6 @@ from fak.api.models import (
     SessionOut,
     ToolCallDecisionOut,
 )
-from fak.audit.receipt import ForgetReceipt, ReceiptCheck
 
 Verdict = Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
 

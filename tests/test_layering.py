@@ -1,9 +1,6 @@
 """The layering the tree promises, read from its import graph (issue 26, "Layering"): every
 ``import`` of the non-test packages parsed with ``ast``, function-local ones included, so a
-cycle cannot hide behind a local import.
-
-Not asserted here, because it is not true yet: that ``sdk/`` does not import ``fak.api``
-(``sdk/models.py`` re-exports ``fak.api.models`` at module level; issue 26 part 5)."""
+cycle cannot hide behind a local import."""
 
 from __future__ import annotations
 
@@ -123,3 +120,18 @@ def test_key_operations_do_not_import_the_model() -> None:
     sources = ("fak.keyops", "fak.cas.cli", "fak.audit.cli")
     bad = [e for e in EDGES if e.source in sources and any(_within(e.target, h) for h in heavy)]
     assert not bad, _shown(bad)
+
+
+def test_sdk_does_not_import_the_server() -> None:
+    """The SDK's wire models come from ``fak.wire`` (pydantic and ``fak.types`` only), which the
+    server re-exports as ``fak.api.models``: no module of ``fak.sdk`` imports ``fak.api`` at
+    module level, and only the in-process mode (``fak.sdk.local``, which still calls the route
+    functions: issue 26 part 5) imports it at all, inside its functions.
+    ``tests/test_sdk_imports.py`` checks what an import of the HTTP client loads."""
+    to_api = [e for e in EDGES if _within(e.source, "fak.sdk") and _within(e.target, "fak.api")]
+    assert not [e for e in to_api if e.module_level], _shown([e for e in to_api if e.module_level])
+    assert {e.source for e in to_api} <= {"fak.sdk.inprocess"}, _shown(to_api)
+    wire = {e.target.split(".")[0] if not e.target.startswith("fak.") else e.target
+            for e in EDGES if e.source == "fak.wire"}
+    assert {t for t in wire if t.startswith("fak.")} <= {"fak.types", "fak.types.Digest", "fak.types.Id"}, wire
+    assert {t for t in wire if not t.startswith("fak.")} <= {"__future__", "base64", "typing", "pydantic"}, wire

@@ -1,0 +1,243 @@
+"""The wire models: request and response bodies of the REST API (pydantic), shared by the
+server (``fak.api``, which declares them on its routes and in its OpenAPI document) and the
+SDK (``fak.sdk``, which sends and parses them). Ids and digests are the shared ``fak.types``
+grammar, sizes are bounded, unknown fields are refused.
+
+Import-light on purpose: pydantic and ``fak.types`` only, so that the HTTP client loads no
+part of the server, the database or the kernel (``tests/test_sdk_imports.py``)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fak.types import Digest, Id
+
+MAX_TEXT = 1 << 20  # characters of one message
+MAX_TOOL_BYTES = 8 << 20  # a tool result as sent (the policy's max_bytes decides what enters)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(Strict):
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="default: generated")
+
+
+class SegmentOut(BaseModel):
+    id: str
+    kind: str
+    ref: str | None
+    start: int | None
+    length: int
+    state: str
+    verdict: str | None
+    rule: str | None
+    provenance: list[str]
+    content_provenance: list[str]
+    protected: bool
+
+
+class SessionOut(BaseModel):
+    id: str
+    tokens: int
+    fingerprint: str
+    segments: list[SegmentOut]
+
+
+class SessionList(BaseModel):
+    sessions: list[str]
+
+
+class MessageIn(Strict):
+    role: Literal["system", "user"]
+    content: str = Field(max_length=MAX_TEXT)
+
+
+class ToolResultIn(Strict):
+    tool: str = Field(min_length=1, max_length=128)
+    content: str | None = Field(None, description="the result as text (UTF-8)")
+    content_b64: str | None = Field(None, description="the result as base64 bytes (any bytes)")
+    media_type: str = "text/plain"
+    tags: list[Id] = Field(default_factory=list, max_length=64)
+    source: str | None = Field(None, max_length=2048, description="the URL the result came from (policy rules, "
+                               "exceptions and trust may depend on its host)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ToolResultIn:
+        if (self.content is None) == (self.content_b64 is None):
+            raise ValueError("give exactly one of content or content_b64")
+        return self
+
+    def data(self) -> bytes:
+        if self.content is not None:
+            raw = self.content.encode("utf-8", "surrogatepass")
+        else:
+            try:
+                raw = base64.b64decode(self.content_b64 or "", validate=True)
+            except ValueError:
+                raise ValueError("content_b64 is not base64") from None
+        if len(raw) > MAX_TOOL_BYTES:
+            raise ValueError(f"a tool result is at most {MAX_TOOL_BYTES} bytes")
+        return raw
+
+
+class MatchOut(BaseModel):
+    detector: str
+    rule_id: str
+    score: float
+
+
+class AdmissionOut(BaseModel):
+    verdict: Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
+    enforced: bool
+    rule_id: str
+    policy_digest: str
+    ref: str
+    admitted_ref: str | None
+    admitted: bool
+    segment: SegmentOut
+    audit_index: int
+
+
+class EvictIn(Strict):
+    segment_id: Id
+    mode: Literal["auto", "write_time", "recompute", "rerope"] | None = None
+    reason: Id = "manual"
+
+
+class EvictionOut(BaseModel):
+    segment_id: str
+    ref: str | None
+    mode: str
+    exactness: str
+    rows_removed: int
+    rows_replayed: int
+    seconds: float
+    fingerprint: str
+
+
+class ToolCallIn(Strict):
+    """A tool call the agent is about to make (whoever's model produced it)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    arguments: dict[str, Any] | str | None = Field(
+        None, description="the call's arguments (an object, or a JSON string as OpenAI sends it); logged as a "
+                          "keyed digest only")
+
+
+class ToolCallDecisionOut(BaseModel):
+    tool: str
+    verdict: Literal["ALLOW", "CONFIRM", "DENY"]
+    rule_id: str | None = Field(description="the deciding rule; 'unlisted' when no rule names the tool")
+    offending: list[str] = Field(description="refs in attention that made a rule fire: evict them to remedy")
+    attention_refs: int
+    policy_digest: str
+    enforced: bool
+    would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None
+    audited: list[str]
+    audit_index: int
+
+
+class EvictRefsIn(Strict):
+    refs: list[Digest] = Field(min_length=1, max_length=4096)
+    drop_generated: bool = Field(True, description="also drop assistant turns produced while a ref was in attention")
+    reason: Id = "tool_call"
+
+
+class RefsEvictedOut(BaseModel):
+    segment_ids: list[str]
+    exactness: str
+    fingerprint: str
+    audit_indexes: list[int]
+
+
+class GenerateIn(Strict):
+    max_tokens: int = Field(128, ge=0, le=4096)
+    min_tokens: int = Field(0, ge=0, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stream: bool = False
+
+
+class GenerateOut(BaseModel):
+    text: str
+    tokens: list[int]
+    segment: SegmentOut | None
+    fingerprint: str
+
+
+class PieceOut(BaseModel):
+    selector: str
+    ref: str | None
+    verdict: Literal["HIT", "FAULT", "RECOMPUTE", "REFUSE", "ABSTAIN"]
+    reason: str
+    exact: bool | None
+    tokens: int
+    segment_id: str | None
+    pic_tokens: int = 0
+    source_positions: list[int] = []
+
+
+class MaterialiseOut(BaseModel):
+    pieces: list[PieceOut]
+    evicted: list[str]
+    segments: list[SegmentOut]
+    context_tokens: int
+    fingerprint: str
+    audit_index: int
+
+
+class ForgetIn(Strict):
+    ref: Digest
+    reason: Id | None = None
+
+
+class QuarantineIn(Strict):
+    ref: Digest
+    reason: Id
+
+
+class QuarantineOut(BaseModel):
+    ref: str
+    units: list[dict[str, str]]
+    mode: str
+    audit_index: int
+    pending: list[str] = Field(default_factory=list,
+                               description="sessions busy at the time: they evict the ref before their next use")
+
+
+# --- audit -------------------------------------------------------------------------
+class EntryOut(BaseModel):
+    index: int
+    type: str
+    event: str  # the canonical JSON (RFC 8785) that was hashed: leaf hash = SHA-256(0x00 || event)
+    leaf_hash: str  # hex
+
+
+class EntriesOut(BaseModel):
+    entries: list[EntryOut]
+    next_start: int | None  # pass as ``start`` for the next page; None at the end of the log
+
+
+class CheckpointOut(BaseModel):
+    origin: str
+    size: int
+    root_hash: str  # hex
+    checkpoint: str  # the C2SP signed note (tlog-checkpoint body + Ed25519 signature lines)
+    public_key: str  # the verifier key ``<origin>+<key id>+<base64>`` to pin
+
+
+class InclusionOut(BaseModel):
+    index: int
+    leaf_hash: str
+    proof: dict  # Rekor-like: logIndex, treeSize, rootHash, hashes (hex), checkpoint (signed note)
+
+
+class ReceiptCheckOut(BaseModel):
+    ok: bool
+    reason: str
