@@ -9,7 +9,8 @@ figure is the audit log size, which every signed checkpoint publishes anyway.
 
 Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
 ids do not multiply series. Counters the middleware cannot see are fed by hooks the
-routes call: ``record_verdict``, ``record_eviction``, ``record_forget``, ``record_decode``.
+routes call and typed Kernel events feed (``fak.kernel_events``): ``record_verdict``, ``record_eviction``,
+``record_forget``, ``record_decode``, ``record_tool_call``, ``record_late``.
 Kernel figures (prefix cache, PIC registry, loaded sessions, KV bytes) are read at scrape time.
 """
 
@@ -24,6 +25,15 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak.api.keys import Principal
+from fak.kernel_events import (
+    AdmissionDecided,
+    EventBus,
+    ForgetDone,
+    LateOutcome,
+    SpanEvicted,
+    TokensDecoded,
+    ToolCallDecided,
+)
 
 UNMATCHED = "<unmatched>"  # requests no route matched (404 and the like)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -154,7 +164,7 @@ def install(app: FastAPI) -> None:
 
     metrics = app.state.metrics = Metrics()
     app.add_middleware(_Middleware, metrics=metrics)
-    app.state.kernel.observe(lambda kind, data: _observe(app, kind, data))
+    _subscribe(app, app.state.kernel.events)
 
     @app.get("/metrics", tags=["health"], response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}})
@@ -165,22 +175,14 @@ def install(app: FastAPI) -> None:
 
 
 # --- the Kernel's decisions, observed ------------------------------------------------------
-def _observe(app: object, kind: str, data: dict) -> None:
-    tenant = data.get("tenant", "")
-    if kind == "admission":
-        record_verdict(app, data["verdict"], tenant=tenant)
-    elif kind == "eviction":
-        record_eviction(app, data["mode"], tenant=tenant)
-    elif kind == "forget":
-        record_forget(app, tenant=tenant)
-    elif kind == "decode":
-        record_decode(app, data["tokens"], data["seconds"], tenant=tenant)
-    elif kind in ("tool_call", "late"):
-        m = _metrics(app)
-        value, allowed = (data["verdict"], CALL_VERDICTS) if kind == "tool_call" else (data["outcome"], LATE_OUTCOMES)
-        if m is not None:
-            counter = m.tool_calls if kind == "tool_call" else m.late
-            counter.labels(tenant, value if value in allowed else "other").inc()
+def _subscribe(app: object, bus: EventBus) -> None:
+    """One typed subscription per counter the Kernel feeds (fak.kernel_events)."""
+    bus.subscribe(AdmissionDecided, lambda e: record_verdict(app, e.verdict, tenant=e.tenant))
+    bus.subscribe(SpanEvicted, lambda e: record_eviction(app, e.mode, tenant=e.tenant))
+    bus.subscribe(ForgetDone, lambda e: record_forget(app, tenant=e.tenant))
+    bus.subscribe(TokensDecoded, lambda e: record_decode(app, e.tokens, e.seconds, tenant=e.tenant))
+    bus.subscribe(ToolCallDecided, lambda e: record_tool_call(app, e.verdict, tenant=e.tenant))
+    bus.subscribe(LateOutcome, lambda e: record_late(app, e.outcome, tenant=e.tenant))
 
 
 # --- recorders ----------------------------------------------------------------------------
@@ -221,3 +223,17 @@ def record_decode(app: object, tokens: int, seconds: float, *, tenant: str) -> N
     if m is not None and tokens >= 0 and seconds >= 0:
         m.decode_tokens.labels(tenant).inc(tokens)
         m.decode_seconds.labels(tenant).inc(seconds)
+
+
+def record_tool_call(app: object, verdict: str, *, tenant: str) -> None:
+    """One tool-call authorization (``ALLOW | CONFIRM | DENY``)."""
+    m = _metrics(app)
+    if m is not None:
+        m.tool_calls.labels(tenant, verdict if verdict in CALL_VERDICTS else "other").inc()
+
+
+def record_late(app: object, outcome: str, *, tenant: str) -> None:
+    """One late-detector job's end (``fired | error | dropped``)."""
+    m = _metrics(app)
+    if m is not None:
+        m.late.labels(tenant, outcome if outcome in LATE_OUTCOMES else "other").inc()

@@ -32,6 +32,7 @@ from fak.kernel.pic import PicRegistry
 from fak.kernel.prefix_cache import PrefixCache
 from fak.kernel.prefix_cache import namespace as prefix_namespace
 from fak.kernel.session import EvictMode
+from fak.kernel_events import EventBus, LateOutcome
 from fak.keys import load_master_secret, tenant_salt
 from fak.ksession import KernelSession
 from fak.protocols import ContentStore
@@ -99,7 +100,7 @@ class Kernel:
 
         self.replays = Replayer(self)  # forgets' independent replays, after each forget returns
         self._namespaces: dict[str, bytes] = {}
-        self._observers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.events = EventBus()  # typed decisions for metrics and benches (fak.kernel_events)
         self._closed = False
         self._owned: Claim | None = None  # this process's claim on the data directory (fak.owner)
         # refs whose quarantine or expiry a busy session has still to apply (see fak.withdraw)
@@ -281,17 +282,6 @@ class Kernel:
     def evict_mode(self) -> EvictMode:
         """The active policy's eviction mode for a span in the middle of the cache."""
         return EvictMode.REROPE if self.policy.spec.eviction.mode == "rerope" else EvictMode.AUTO
-
-    def observe(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
-        """Call ``callback(kind, data)`` after each decision (metrics): ``admission``
-        {tenant, verdict}, ``eviction`` {tenant, mode}, ``forget`` {tenant} (completed only),
-        ``decode`` {tenant, tokens, seconds}. A failing observer never fails the operation."""
-        self._observers.append(callback)
-
-    def _notify(self, kind: str, **data: Any) -> None:
-        for callback in self._observers:
-            with contextlib.suppress(Exception):  # metrics must never break a decision
-                callback(kind, data)
 
     def derive_key(self, label: str) -> bytes:
         """A 32-byte key derived from the master secret for one use (HKDF, ``label`` names the use)."""
@@ -503,10 +493,10 @@ class Kernel:
         dropped = self._late.stats["dropped"]
         if not self._late.submit(job) and self._late.stats["dropped"] > dropped:  # not: closed, or reloaded
             _stderr(f"late detection queue full: {job.ref[:24]}… of {job.tool} not checked")
-            self._notify("late", tenant=job.tenant, outcome="dropped")
+            self.events.publish(LateOutcome(job.tenant, "dropped"))
 
     def _late_fired(self, job: LateJob, finding: LateFinding) -> None:
-        self._notify("late", tenant=job.tenant, outcome="fired")
+        self.events.publish(LateOutcome(job.tenant, "fired"))
         reason = f"late:{finding.detector_id}:{finding.label}"
         try:
             self.quarantine(job.tenant, job.ref, reason=reason, principal=f"detector:{finding.detector_id}")
@@ -514,7 +504,7 @@ class Kernel:
             _stderr(f"late detector {finding.detector_id} fired on {job.ref[:24]}…, quarantine failed: {exc}")
 
     def _late_failed(self, job: LateJob, detector_id: str, exc: BaseException) -> None:
-        self._notify("late", tenant=job.tenant, outcome="error")
+        self.events.publish(LateOutcome(job.tenant, "error"))
         _stderr(f"late detector {detector_id} failed on {job.ref[:24]}…: {type(exc).__name__}: {exc}")
 
     def wait_late(self, timeout: float = 30.0) -> bool:

@@ -37,6 +37,7 @@ from fak import replay
 from fak.errors import Conflict, FakError, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.ledger import SegmentKind
+from fak.kernel_events import ForgetDone
 from fak.state.schema import ForgetRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
@@ -179,7 +180,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
         row.sessions, row.completed_index = json.dumps(sessions), index
         k.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
                                           resumed=resumed))
-    k._notify("forget", tenant=tenant)
+    k.events.publish(ForgetDone(tenant))
     return ForgetReceipt.from_log(k.audit, index)
 
 

@@ -25,6 +25,7 @@ from fak.kernel.generate import SamplingParams
 from fak.kernel.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.pic_serve import PicBinding
 from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
+from fak.kernel_events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
@@ -558,7 +559,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
-            k._notify("admission", tenant=self.tenant, verdict=verdict.kind.value)
+            k.events.publish(AdmissionDecided(self.tenant, verdict.kind))
             if admitted and admitted_ref is not None:
                 self._late_check(tool, admitted_ref, body, verdict.trust or "untrusted")
             return Admission(verdict, ref, admitted_ref, segment, index)
@@ -598,7 +599,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
-            self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
+            self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return report
 
     # --- tool-call authorization ---------------------------------------------------
@@ -626,7 +627,7 @@ class KernelSession:
                 audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
             )  # fmt: skip
             index = k.audit.append(event)
-        k._notify("tool_call", tenant=self.tenant, verdict=decision.verdict)
+        k.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return replace(decision, audit_index=index)
 
     def _attention(self, s: Session) -> dict[str, tuple[str, str | None]]:
@@ -670,7 +671,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
-            self.kernel._notify("eviction", tenant=self.tenant, mode=report.mode.value)
+            self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
@@ -716,7 +717,7 @@ class KernelSession:
             except BaseException:
                 self._discard()
                 raise
-            self.kernel._notify("decode", tenant=self.tenant, tokens=count, seconds=time.perf_counter() - t0)
+            self.kernel.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
         finally:
             if inner is not None:
                 inner.close()  # rolls the partial turn back if the consumer stopped early

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fak.errors import InvalidInput
 from fak.kernel.ledger import Segment, SegmentKind
+from fak.kernel_events import SpanEvicted
 from fak.types import check_digest, check_id
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
                 for p in table],
     ))  # fmt: skip  one event for the whole decision: it is logged whole or not at all
     for _ in leaving:
-        k._notify("eviction", tenant=tenant, mode="recompute")
+        k.events.publish(SpanEvicted(tenant, "recompute"))
     return MaterialiseResult(
         pieces=table, evicted=[x.id for x in leaving], ledger=[x.summary() for x in s.ledger.segments],
         context_tokens=s.cache.length, fingerprint=fingerprint, audit_index=index,

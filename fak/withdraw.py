@@ -21,6 +21,7 @@ from fak.errors import NotFound
 from fak.forget import _holders, _unit
 from fak.kernel.ledger import SegmentKind, SegmentState
 from fak.kernel.session import EvictMode
+from fak.kernel_events import SpanEvicted
 from fak.ksession import SessionBusy
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
@@ -118,7 +119,7 @@ def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, Seg
         ks._discard()
         raise
     for _ in victims:
-        k._notify("eviction", tenant=ks.tenant, mode="recompute" if mode is EvictMode.AUTO else mode.value)
+        k.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
     return [_unit("segment", x.id, ks.id) for x in victims] + units
 
 

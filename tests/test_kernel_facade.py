@@ -13,6 +13,7 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 from fak import Kernel, Settings
 from fak.audit.errors import AuditError
 from fak.errors import InvalidInput, NotFound
+from fak.kernel_events import AdmissionDecided, ForgetDone, KernelEvent, SpanEvicted, TokensDecoded
 from fak.ksession import SessionBusy
 from fak.settings import SettingsError
 from fak.state.store import StateError
@@ -235,9 +236,9 @@ def test_context_limit(settings, tiny_lm) -> None:
 
 
 def test_observers_see_each_decision_once(kernel) -> None:
-    seen: list[tuple[str, dict]] = []
-    kernel.observe(lambda kind, data: seen.append((kind, data)))
-    kernel.observe(lambda kind, data: 1 / 0)  # a failing observer never fails the operation
+    seen: list[KernelEvent] = []
+    kernel.events.subscribe(KernelEvent, seen.append)
+    kernel.events.subscribe(KernelEvent, lambda e: 1 / 0)  # a failing observer never fails the operation
     s = _conversation(kernel)
     a = s.admit("flight_status", CLEAN)
     s.admit("web_search", POISON)
@@ -246,10 +247,11 @@ def test_observers_see_each_decision_once(kernel) -> None:
     list(s.generate(max_tokens=3, min_tokens=3))
     kernel.forget("acme", a.ref)
     kernel.forget("acme", a.ref)  # a repeat returns the receipt: no second forget
-    assert [(k, d.get("verdict") or d.get("mode") or d.get("tokens")) for k, d in seen] == [
-        ("admission", "ALLOW"), ("admission", "QUARANTINE"), ("eviction", "recompute"), ("decode", 3),
-        ("forget", None)]
-    assert all(d["tenant"] == "acme" for _, d in seen)
+    assert [(type(e), getattr(e, "verdict", None) or getattr(e, "mode", None) or getattr(e, "tokens", None))
+            for e in seen] == [
+        (AdmissionDecided, "ALLOW"), (AdmissionDecided, "QUARANTINE"), (SpanEvicted, "recompute"),
+        (TokensDecoded, 3), (ForgetDone, None)]  # fmt: skip
+    assert all(e.tenant == "acme" for e in seen)
 
 
 def test_a_policy_reload_the_log_cannot_record_is_not_enforced(tmp_path, settings, tiny_lm) -> None:
