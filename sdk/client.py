@@ -477,7 +477,7 @@ class Session:
 
     def info(self) -> SessionOut:
         """The session: token count, fingerprint, ledger."""
-        return self.client._call(Calls.get_session(self.id))
+        return self.client.call(Calls.get_session(self.id))
 
     def ledger(self) -> list[SegmentOut]:
         """Every segment with its state, verdict, rule and provenance."""
@@ -489,46 +489,46 @@ class Session:
 
     def append(self, role: str, content: str) -> SegmentOut:
         """Append a ``system`` or ``user`` message."""
-        return self.client._call(Calls.append(self.id, role, content))
+        return self.client.call(Calls.append(self.id, role, content))
 
     def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
               tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
         """Send a tool result through the admission gate: the verdict, the ref, the segment.
         ``source``: the URL it came from (policy rules and trust may depend on its host)."""
-        return self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
+        return self.client.call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
     def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
         """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
-        return self.client._call(Calls.evict(self.id, segment_id, mode, reason))
+        return self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
     def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
         """May the agent call ``name`` now? ALLOW, CONFIRM (a person approves) or DENY, from what
         is in attention; ``offending`` names the refs to evict (``evict_refs``) before asking again."""
-        return self.client._call(Calls.authorize_tool_call(self.id, name, arguments))
+        return self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
 
     def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
                    reason: str = "tool_call") -> RefsEvictedOut:
         """Evict these refs exactly (RECOMPUTE), and the assistant turns produced while they were
         in attention unless ``drop_generated`` is false."""
-        return self.client._call(Calls.evict_refs(self.id, refs, drop_generated, reason))
+        return self.client.call(Calls.evict_refs(self.id, refs, drop_generated, reason))
 
     def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (), budget_tokens: int | None = None,
                     *, model_id: str | None = None, tokenizer_id: str | None = None) -> MaterialiseOut:
         """Make the session's tool context this working set (refs or ``tag:``/``tool:`` selectors)."""
-        return self.client._call(Calls.materialise(
+        return self.client.call(Calls.materialise(
             self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
 
     def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
         """Generate an assistant turn (appended to the session)."""
         body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
-        return self.client._call(Calls.generate(self.id, body))
+        return self.client.call(Calls.generate(self.id, body))
 
     def stream(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
                top_p: float = 1.0, seed: int | None = None) -> TextStream:
         """``generate`` as server-sent events: a ``TextStream`` of text pieces."""
         body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, True)
-        return self.client._stream(f"/v1/sessions/{self.id}/generate", body)
+        return self.client.stream_text(f"/v1/sessions/{self.id}/generate", body)
 
     def chat(self, text: str, **sampling: Any) -> str:
         """Append a user message and return the generated answer's text."""
@@ -580,7 +580,9 @@ class Client:
             return r
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _call(self, call: Call[T]) -> T:
+    def call(self, call: Call[T]) -> T:
+        """Send one typed ``Call`` (retried per the options) and read its typed answer; the
+        building block ``Session`` methods share with the client's own."""
         r = self._send(call.method, call.path, json=call.json, params=call.params)
         return _read(r, call)
 
@@ -607,7 +609,9 @@ class Client:
             return r
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _stream(self, path: str, body: dict[str, Any]) -> TextStream:
+    def stream_text(self, path: str, body: dict[str, Any]) -> TextStream:
+        """POST ``body`` to ``path`` and read the server-sent events as a ``TextStream``
+        (``Session.stream`` uses it)."""
         request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
         try:
             r = self._http.send(request, stream=True)
@@ -636,47 +640,47 @@ class Client:
     # the API
     def health(self) -> dict:
         """``GET /healthz`` (no key needed)."""
-        return self._call(Calls.health())
+        return self.call(Calls.health())
 
     def create_session(self, id: str | None = None) -> Session:  # noqa: A002
         """A new session (``id`` chosen, or generated by the server)."""
-        return Session(self, self._call(Calls.create_session(id)).id)
+        return Session(self, self.call(Calls.create_session(id)).id)
 
     def session(self, id: str) -> Session:  # noqa: A002
         """A handle on an existing session (no request is made)."""
         return Session(self, id)
 
     def get_session(self, id: str) -> SessionOut:  # noqa: A002
-        return self._call(Calls.get_session(id))
+        return self.call(Calls.get_session(id))
 
     def sessions(self) -> list[str]:
         """Ids of the tenant's sessions, oldest first."""
-        return self._call(Calls.sessions())
+        return self.call(Calls.sessions())
 
     def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
         """Erase ``ref`` everywhere in the tenant (admin key); the signed receipt."""
-        return self._call(Calls.forget(ref, reason))
+        return self.call(Calls.forget(ref, reason))
 
     def forget_status(self, request_id: str) -> ForgetStatus:
         """A forget by request id (auditor or admin key)."""
-        return self._call(Calls.forget_status(request_id))
+        return self.call(Calls.forget_status(request_id))
 
     def quarantine(self, ref: str, reason: str) -> QuarantineOut:
         """Late detection: evict ``ref`` from every live session of the tenant."""
-        return self._call(Calls.quarantine(ref, reason))
+        return self.call(Calls.quarantine(ref, reason))
 
     # refs
     def ref_content(self, ref: str) -> bytes:
         """A ref's bytes (the tenant's own; verified by the server before sending)."""
-        return self._call(Calls.ref_content(ref))
+        return self.call(Calls.ref_content(ref))
 
     def ref_head(self, ref: str) -> RefInfo:
-        return self._call(Calls.ref_head(ref))
+        return self.call(Calls.ref_head(ref))
 
     # audit (auditor or admin key)
     def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
         """One page of the tenant's audit entries from index ``start`` (``next_start`` for the next)."""
-        return self._call(Calls.audit_entries(start, limit))
+        return self.call(Calls.audit_entries(start, limit))
 
     def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[EntryOut]:
         """Every audit entry of the tenant from ``start``, page by page."""
@@ -688,19 +692,19 @@ class Client:
 
     def audit_checkpoint(self) -> CheckpointOut:
         """The latest signed checkpoint and the log's verifier key."""
-        return self._call(Calls.audit_checkpoint())
+        return self.call(Calls.audit_checkpoint())
 
     def audit_inclusion(self, index: int) -> InclusionOut:
         """Inclusion proof of the tenant's entry ``index`` against a signed checkpoint."""
-        return self._call(Calls.audit_inclusion(index))
+        return self.call(Calls.audit_inclusion(index))
 
     def audit_inclusion_tlog(self, index: int) -> str:
         """The same proof in the C2SP tlog-proof text form."""
-        return self._call(Calls.audit_inclusion_tlog(index))
+        return self.call(Calls.audit_inclusion_tlog(index))
 
     def audit_consistency(self, first: int, second: int | None = None) -> dict:
         """RFC 9162 consistency proof between tree sizes ``first`` and ``second`` (default: now)."""
-        return self._call(Calls.audit_consistency(first, second))
+        return self.call(Calls.audit_consistency(first, second))
 
     def iter_audit_export(self) -> Iterator[dict]:
         """The tenant's export, line by line: a head (checkpoint, key) then one entry with proof per line."""
@@ -733,7 +737,7 @@ class Client:
         """Ask the server to check a receipt with its own log key. For an independent check,
         pin the key once (``audit_checkpoint().public_key``) and use
         ``fak.audit.receipt.verify_receipt(receipt, pinned_key)`` offline."""
-        return self._call(Calls.verify_receipt(receipt))
+        return self.call(Calls.verify_receipt(receipt))
 
 
 # --- the asyncio client -----------------------------------------------------------
@@ -748,7 +752,7 @@ class AsyncSession:
         return f"AsyncSession({self.id!r})"
 
     async def info(self) -> SessionOut:
-        return await self.client._call(Calls.get_session(self.id))
+        return await self.client.call(Calls.get_session(self.id))
 
     async def ledger(self) -> list[SegmentOut]:
         return (await self.info()).segments
@@ -757,38 +761,38 @@ class AsyncSession:
         return (await self.info()).fingerprint
 
     async def append(self, role: str, content: str) -> SegmentOut:
-        return await self.client._call(Calls.append(self.id, role, content))
+        return await self.client.call(Calls.append(self.id, role, content))
 
     async def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
                     tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
-        return await self.client._call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
+        return await self.client.call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
     async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
-        return await self.client._call(Calls.evict(self.id, segment_id, mode, reason))
+        return await self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
     async def authorize_tool_call(self, name: str,
                                   arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
-        return await self.client._call(Calls.authorize_tool_call(self.id, name, arguments))
+        return await self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
 
     async def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
                          reason: str = "tool_call") -> RefsEvictedOut:
-        return await self.client._call(Calls.evict_refs(self.id, refs, drop_generated, reason))
+        return await self.client.call(Calls.evict_refs(self.id, refs, drop_generated, reason))
 
     async def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (),
                           budget_tokens: int | None = None, *, model_id: str | None = None,
                           tokenizer_id: str | None = None) -> MaterialiseOut:
-        return await self.client._call(Calls.materialise(
+        return await self.client.call(Calls.materialise(
             self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
 
     async def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
                        top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
         body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
-        return await self.client._call(Calls.generate(self.id, body))
+        return await self.client.call(Calls.generate(self.id, body))
 
     async def stream(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
                      top_p: float = 1.0, seed: int | None = None) -> AsyncTextStream:
         body = _sampling(max_tokens, min_tokens, temperature, top_p, seed, True)
-        return await self.client._stream(f"/v1/sessions/{self.id}/generate", body)
+        return await self.client.stream_text(f"/v1/sessions/{self.id}/generate", body)
 
     async def chat(self, text: str, **sampling: Any) -> str:
         await self.append("user", text)
@@ -836,7 +840,9 @@ class AsyncClient:
             return r
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _call(self, call: Call[T]) -> T:
+    async def call(self, call: Call[T]) -> T:
+        """Send one typed ``Call`` (retried per the options) and read its typed answer; the
+        building block ``AsyncSession`` methods share with the client's own."""
         r = await self._send(call.method, call.path, json=call.json, params=call.params)
         return _read(r, call)
 
@@ -862,7 +868,9 @@ class AsyncClient:
             return r
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncTextStream:
+    async def stream_text(self, path: str, body: dict[str, Any]) -> AsyncTextStream:
+        """POST ``body`` to ``path`` and read the server-sent events as an ``AsyncTextStream``
+        (``AsyncSession.stream`` uses it)."""
         request = self._http.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})
         try:
             r = await self._http.send(request, stream=True)
@@ -889,37 +897,37 @@ class AsyncClient:
         return AsyncTextStream(events(), r.aclose)
 
     async def health(self) -> dict:
-        return await self._call(Calls.health())
+        return await self.call(Calls.health())
 
     async def create_session(self, id: str | None = None) -> AsyncSession:  # noqa: A002
-        return AsyncSession(self, (await self._call(Calls.create_session(id))).id)
+        return AsyncSession(self, (await self.call(Calls.create_session(id))).id)
 
     def session(self, id: str) -> AsyncSession:  # noqa: A002
         return AsyncSession(self, id)
 
     async def get_session(self, id: str) -> SessionOut:  # noqa: A002
-        return await self._call(Calls.get_session(id))
+        return await self.call(Calls.get_session(id))
 
     async def sessions(self) -> list[str]:
-        return await self._call(Calls.sessions())
+        return await self.call(Calls.sessions())
 
     async def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
-        return await self._call(Calls.forget(ref, reason))
+        return await self.call(Calls.forget(ref, reason))
 
     async def forget_status(self, request_id: str) -> ForgetStatus:
-        return await self._call(Calls.forget_status(request_id))
+        return await self.call(Calls.forget_status(request_id))
 
     async def quarantine(self, ref: str, reason: str) -> QuarantineOut:
-        return await self._call(Calls.quarantine(ref, reason))
+        return await self.call(Calls.quarantine(ref, reason))
 
     async def ref_content(self, ref: str) -> bytes:
-        return await self._call(Calls.ref_content(ref))
+        return await self.call(Calls.ref_content(ref))
 
     async def ref_head(self, ref: str) -> RefInfo:
-        return await self._call(Calls.ref_head(ref))
+        return await self.call(Calls.ref_head(ref))
 
     async def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
-        return await self._call(Calls.audit_entries(start, limit))
+        return await self.call(Calls.audit_entries(start, limit))
 
     async def iter_audit_entries(self, start: int = 0, page: int = 500) -> AsyncIterator[EntryOut]:
         cursor: int | None = start
@@ -930,16 +938,16 @@ class AsyncClient:
             cursor = out.next_start
 
     async def audit_checkpoint(self) -> CheckpointOut:
-        return await self._call(Calls.audit_checkpoint())
+        return await self.call(Calls.audit_checkpoint())
 
     async def audit_inclusion(self, index: int) -> InclusionOut:
-        return await self._call(Calls.audit_inclusion(index))
+        return await self.call(Calls.audit_inclusion(index))
 
     async def audit_inclusion_tlog(self, index: int) -> str:
-        return await self._call(Calls.audit_inclusion_tlog(index))
+        return await self.call(Calls.audit_inclusion_tlog(index))
 
     async def audit_consistency(self, first: int, second: int | None = None) -> dict:
-        return await self._call(Calls.audit_consistency(first, second))
+        return await self.call(Calls.audit_consistency(first, second))
 
     async def iter_audit_export(self) -> AsyncIterator[dict]:
         r = await self._open_stream("GET", "/v1/audit/export")
@@ -953,4 +961,4 @@ class AsyncClient:
             await r.aclose()
 
     async def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
-        return await self._call(Calls.verify_receipt(receipt))
+        return await self.call(Calls.verify_receipt(receipt))
