@@ -43,7 +43,7 @@ def _with_stored_leaves(conn: Connection, rows: Iterable[tuple[int, bytes]]) -> 
 def write_export(log: AuditLog, path: Path) -> int:
     """Write entries [0, S) and the checkpoints up to S, S = latest checkpoint size; atomic."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with log._engine.connect() as conn:  # one read snapshot for the whole export
+    with log.read_snapshot() as conn:  # one read snapshot for the whole export
         cps = [c for c in store.all_checkpoints(conn)]
         cosigs = store.all_cosignatures(conn)
         size = cps[-1][0] if cps else 0

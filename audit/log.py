@@ -298,6 +298,11 @@ class AuditLog:
             raise SignerRefused("history_rewritten", f"refusing to sign: audit entry {expect} is missing",
                                 None, stop, None)
 
+    def read_snapshot(self) -> contextlib.AbstractContextManager[Connection]:
+        """A read connection (one snapshot) on the log's database: the export reads entries,
+        checkpoints and cosignatures consistently through it."""
+        return self._engine.connect()
+
     def _open_memory(self) -> None:
         """Check the database against the signer's memory (one full recomputation); on a
         mismatch, refuse to sign and put an AuditAlarm in the log (appends go on)."""

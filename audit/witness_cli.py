@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.set_defaults(handler=lambda _args: (w.print_help(), 2)[1])
 
     audit = subparsers.choices.get("audit")
-    actions = [a for a in getattr(audit, "_actions", []) if isinstance(a, argparse._SubParsersAction)]
+    # argparse has no public handle on an existing parser's subcommands: find its subparsers action
+    actions = [a for a in getattr(audit, "_actions", []) if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
     if actions:
         r = actions[0].add_parser("signer-reset", help="OPERATOR ACTION: accept the log's current history after "
                                   "a signer alarm (logged as an AuditAlarm of kind signer_reset)")

@@ -137,14 +137,15 @@ class LlamaCpp:
         self.n_vocab = self.llm.n_vocab()
         self.version = getattr(llama_cpp, "__version__", "?")
 
-    def _argmax(self) -> int:
+    def argmax(self) -> int:
+        """The argmax of the last evaluated position's logits (the decode loop reads it per token)."""
         ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
         return int(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
 
     def prefill(self, ids: list[int]) -> int:
         self.llm.reset()
         self.llm.eval(ids)
-        return self._argmax()
+        return self.argmax()
 
 
 def profile_decode(model: Llama, ids: list[int], steps: int = 32) -> None:
@@ -239,7 +240,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for _ in range(n - 1):
             llama.llm.eval([out[-1]])
-            out.append(llama._argmax())
+            out.append(llama.argmax())
         return out, time.perf_counter() - t0
 
     # every peer: (prefill of the long prompt, decode of new_tokens after the short one)
@@ -283,7 +284,8 @@ def main() -> None:
         "prefill_tokens": len(long_ids), "prompt_tokens": len(short_ids), "new_tokens": args.new_tokens,
         "repeat": args.repeat, "peers": rows, "quality_vs_float32": quality,
         "llama_cpp": llama.version if llama else None,
-        "hf_attn_implementation": hf.config._attn_implementation,
+        # transformers exposes the resolved attention backend only as this attribute
+        "hf_attn_implementation": hf.config._attn_implementation,  # noqa: SLF001
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     for name in rows:

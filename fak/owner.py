@@ -49,7 +49,12 @@ class Claim:
     """This process's hold on a data directory; ``release()`` once per ``claim()``."""
 
     def __init__(self, key: str, fd: int) -> None:
-        self._key, self._fd, self._count = key, fd, 0
+        self._key, self._fd, self._count = key, fd, 1
+
+    def hold(self) -> Claim:
+        """Count one more ``claim()`` of this directory by this process (each one ``release()``s)."""
+        self._count += 1
+        return self
 
     def release(self) -> None:
         with _lock:
@@ -80,8 +85,7 @@ def claim(data_dir: Path, *, why: str = "") -> Claim:
     with _lock:
         held = _held.get(key)
         if held is not None:
-            held._count += 1
-            return held
+            return held.hold()
         fd = os.open(os.path.join(key, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             _flock(fd, key, why)
@@ -91,7 +95,6 @@ def claim(data_dir: Path, *, why: str = "") -> Claim:
             os.close(fd)
             raise
         held = _held[key] = Claim(key, fd)
-        held._count = 1
         return held
 
 

@@ -260,6 +260,11 @@ class BlockLinear:
         self._struct = w.struct()
         self._lib = library()
 
+    @property
+    def struct(self) -> ctypes.Structure:
+        """The C descriptor of these blocks: the block decoder's layer table points at it."""
+        return self._struct
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise TypeError(f"block products take float32 inputs, not {x.dtype}")
@@ -362,14 +367,14 @@ class BlockDecoder:
         layers = (_Layer * cfg.num_layers)()
         for i, (lw, ln) in enumerate(zip(weights.layers, linears, strict=True)):
             layers[i] = _Layer(
-                lw.attn_norm.data_ptr(), lw.mlp_norm.data_ptr(), ln.qkv._struct, ln.o._struct,
-                ln.gate_up._struct, ln.down._struct,
+                lw.attn_norm.data_ptr(), lw.mlp_norm.data_ptr(), ln.qkv.struct, ln.o.struct,
+                ln.gate_up.struct, ln.down.struct,
             )  # fmt: skip
         self._layers = layers
         self._model = _Model(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             head.out_features, cfg.rms_norm_eps, cfg.head_dim**-0.5, weights.embed.data_ptr(),
-            weights.norm.data_ptr(), head._struct, ctypes.addressof(layers),
+            weights.norm.data_ptr(), head.struct, ctypes.addressof(layers),
         )  # fmt: skip
         self._local = threading.local()  # scratch per calling thread: sessions decode concurrently
         self.vocab = head.out_features

@@ -120,6 +120,15 @@ class Ledger:
         self._next_id += 1
         return sid
 
+    @property
+    def next_number(self) -> int:
+        """The number the next new segment id gets: persisted so a rebuilt session continues it."""
+        return self._next_id
+
+    def continue_from(self, number: int) -> None:
+        """Number new segments from ``number`` on (a rebuild or replay keeps the original's ids)."""
+        self._next_id = number
+
     def __iter__(self) -> Iterator[Segment]:
         return iter(self.segments)
 

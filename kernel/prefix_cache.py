@@ -163,7 +163,7 @@ class PrefixMatch:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._cache._release(self.ns, self.nodes[-1])
+            self._cache.unpin(self.ns, self.nodes[-1])
 
     def __del__(self) -> None:  # safety net: a forgotten match must not pin its path forever
         with contextlib.suppress(Exception):  # e.g. at interpreter shutdown
@@ -220,7 +220,8 @@ class PrefixCache:
                 c.miss_tokens += len(ids) - length
             return PrefixMatch(self, ns, length, nodes)
 
-    def _release(self, ns: bytes, node: Node) -> None:
+    def unpin(self, ns: bytes, node: Node) -> None:
+        """Unlock a matched path (``PrefixMatch.release`` calls it) so the budget may evict it again."""
         with self._lock:
             RadixTree.unlock(node)
             self._enforce_budget(ns)  # what the lock kept may go now, but only this namespace's

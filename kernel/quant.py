@@ -149,7 +149,9 @@ class Int8Linear:
         q, scale = quantise_int8(w * smooth[None, :])
         with warnings.catch_warnings():  # torch marks quantized tensor creation as deprecated
             warnings.simplefilter("ignore")
-            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.int64), 0)
+            # torch has no public constructor from already-rounded int8 values (quantize_per_channel re-rounds)
+            qw = torch._make_per_channel_quantized_tensor(  # noqa: SLF001
+                q, scale.double(), torch.zeros_like(scale, dtype=torch.int64), 0)
             self.packed = torch.ops.quantized.linear_prepack(qw, None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

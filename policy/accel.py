@@ -201,7 +201,7 @@ def width(rx: re.Pattern[str]) -> int:
 _PAYLOAD_TRIGGERS = {3, 4}  # indexes in _TRIGGERS of the base64 and hex runs
 _CHAR = rb"(?:[\x00-\x08\x0e-\x1b\x21-\x7f]|[\x80-\xff]{1,4})"  # one character that is not white space (\S)
 _TRIGGERS = [rb"(?:^|[^A-Za-z0-9_]|\\[nrt])(?:" + _CHAR + rb"[ \t]{1,6}){3}" + _CHAR + rb"(?:[^A-Za-z0-9_]|$)",
-             superset(normalize._PCT), superset(normalize._ENT),
+             superset(normalize.PERCENT_RUN), superset(normalize.HTML_ENTITY),
              rb"(?:^|[^A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{24}", rb"(?:^|[^0-9a-fA-F])(?:[0-9a-fA-F]{2}[ :]?){12}",
              rb"(?:^|[\x00-\x7f])[\x80-\xff]"]  # the first byte of a non-ASCII run
 _NON_ASCII_TRIGGER = 5

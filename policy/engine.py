@@ -41,7 +41,7 @@ def findings(policy: Policy, data: bytes, rules: list[DetectorRule], accelerated
     return reference.findings(data, wanted, norm.max_decode_depth, norm.max_decoded_bytes)
 
 
-def _score(found: list[Finding]) -> float:
+def score(found: list[Finding]) -> float:
     """The score of the most suspicious stretch of ``SCORE_WINDOW`` bytes: within it, the
     strongest finding per family, families combined as independent evidence. A long
     document that mentions several families far apart does not add them up.

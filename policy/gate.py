@@ -292,7 +292,7 @@ def _apply_exceptions(policy: Policy, rule: DetectorRule, found: list[Finding], 
         else:
             taken[exc.id] = taken.get(exc.id, 0) + 1
     if taken:
-        score = engine._score(found)
+        score = engine.score(found)
         would_fire = score >= rule.threshold and score > 0.0
         notes.exempted.extend(Exempted(exception_id=eid, rule_id=rule.id, findings=n, would_fire=would_fire)
                               for eid, n in taken.items())
@@ -325,7 +325,7 @@ def _decide(settings: ToolSettings, rules: list[DetectorRule], data: bytes, foun
             found = _apply_exceptions(policy, rule, found, excs, data, text, notes)
             if not found:
                 continue
-        score = engine._score(found)
+        score = engine.score(found)
         if score < rule.threshold or score == 0.0:
             continue
         audit = rule.action == "audit"

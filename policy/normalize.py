@@ -217,10 +217,11 @@ def normalize(text: str) -> str:
     return out
 
 
-_PCT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+# a run of percent escapes; public because policy.accel builds its prefilter from it
+PERCENT_RUN = re.compile(r"(?:%[0-9a-fA-F]{2})+")
 # Numeric references, and the named ones of the punctuation markers are made of (``&lt;|im_start|&gt;``);
 # ``&amp;``, ``&nbsp;`` and the like, everywhere in HTML, hide nothing a signature looks for.
-_ENT = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|(?i:lt|gt|quot|apos|vert|verbar|lsqb|rsqb|lbrack|rbrack"
+HTML_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|(?i:lt|gt|quot|apos|vert|verbar|lsqb|rsqb|lbrack|rbrack"
                   r"|lcub|rcub|lbrace|rbrace|colon|sol|bsol|num|excl|lpar|rpar|lowbar|dollar|commat|equals|newline));")
 
 
@@ -228,9 +229,9 @@ def unescape_view(parent: View) -> View | None:
     """Percent escapes and HTML character references decoded in place, then folded again."""
     view = parent
     if "%" in view.text:
-        view = piecewise(view, _PCT, lambda m: unquote(m.group(), errors="replace"), "percent") or view
+        view = piecewise(view, PERCENT_RUN, lambda m: unquote(m.group(), errors="replace"), "percent") or view
     if "&" in view.text:
-        view = piecewise(view, _ENT, lambda m: html.unescape(m.group()), "html") or view
+        view = piecewise(view, HTML_ENTITY, lambda m: html.unescape(m.group()), "html") or view
     if view is parent:
         return None
     return fold_view(view)

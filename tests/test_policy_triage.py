@@ -162,11 +162,11 @@ def _score_by_definition(found: list, window: int) -> float:
                 min_size=1, max_size=40))
 def test_windowed_score_is_linear_and_matches_its_definition(rows):
     found = [det.Finding("injection", fam, "x", score, start, start + 1, True, "text") for fam, score, start in rows]
-    assert engine._score(found) == pytest.approx(_score_by_definition(found, engine.SCORE_WINDOW), abs=1e-12)
+    assert engine.score(found) == pytest.approx(_score_by_definition(found, engine.SCORE_WINDOW), abs=1e-12)
 
 
 def test_findings_far_apart_do_not_add_up():
     a = det.Finding("injection", "override", "a", 0.5, 0, 10, True, "text")
     b = det.Finding("injection", "role_header", "b", 0.5, 5000, 5010, True, "text")
-    assert engine._score([a, b]) == 0.5
-    assert engine._score([a, det.Finding("injection", "role_header", "b", 0.5, 100, 110, True, "text")]) == 0.75
+    assert engine.score([a, b]) == 0.5
+    assert engine.score([a, det.Finding("injection", "role_header", "b", 0.5, 100, 110, True, "text")]) == 0.75
