@@ -56,7 +56,7 @@ def kshift_remove(session: Session, seg_id: str) -> None:
 
     seg.state = SegmentState.EVICTED
     session.ledger.renumber()
-    session._last_logits = None
+    session.drop_logits()
 
 
 def drift(model, never: Session, other: Session, probe: list[int], n: int = 32) -> dict:  # noqa: ANN001

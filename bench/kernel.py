@@ -156,9 +156,9 @@ def admission(lm: LoadedModel, tmp: Path, repeat: int) -> dict:
         t_ref, _ = timed(k.state.record_ref, TENANT, blob.digest, TOOL, [], verdict.kind.value, verdict.policy_digest)
         t_use, _ = timed(k.store.record_use, blob.digest, TENANT, "segment", f"{ks.id}/seg_bench")
         parts["ref_records"].append(t_ref + t_use)
-        with ks._locked():  # what admit writes at its end: the session row and its segments
-            parts["ledger_write"].append(timed(ks._persist)[0])
-            parts["fingerprint"].append(timed(ks._mech.fingerprint)[0])
+        with ks.locked() as s:  # what admit writes at its end: the session row and its segments
+            parts["ledger_write"].append(timed(ks.persist)[0])
+            parts["fingerprint"].append(timed(s.fingerprint)[0])
     k.close()
     ma, mp = median(t_admit), median(t_peer)
     breakdown = {name: median(xs) for name, xs in parts.items()}
@@ -243,8 +243,8 @@ def meter_forget(k: Kernel, sessions: list[tuple[object, str, str]]) -> Meter:
     appends and the forget's progress rows."""
     m = Meter()
     for ks, _, _ in sessions:
-        m.wrap(ks._mech, "evict_many", "recompute_evictions")
-        m.wrap(ks._mech, "replay_fingerprint", "replay_checks")
+        m.wrap(ks.live_session, "evict_many", "recompute_evictions")
+        m.wrap(ks.live_session, "replay_fingerprint", "replay_checks")
         m.wrap(ks, "_persist", "ledger_writes")
     m.wrap(k.store, "forget", "cas_shred")
     m.wrap(k.audit, "append", "audit_appends")

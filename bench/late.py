@@ -105,7 +105,7 @@ def fresh_session(k: Kernel):  # noqa: ANN201
 def never_saw(k: Kernel, ks) -> str:  # noqa: ANN001
     """Fingerprint of an independent session prefilled with the surviving segments only."""
     fresh = Session(k.model, k.tokenizer, tenant=ks.tenant, chunk_size=k.settings.chunk_size)
-    for seg in ks._loaded().ledger.live():
+    for seg in ks.loaded_session().ledger.live():
         fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks)
     return fresh.fingerprint()
 
@@ -134,7 +134,7 @@ def admission(lm: LoadedModel, tmp: Path, classifier: Path, stub: JudgeStub, rep
             for name, k in order:
                 times[name].append(one(k, 100 + 2 * i + (name == "with")))
         late.wait_late(60)
-        stats = late._late.stats if late._late is not None else {}
+        stats = late.late_runner.stats if late.late_runner is not None else {}
     finally:
         plain.close()
         late.close()

@@ -138,7 +138,7 @@ class Kernel:
         except BaseException:
             owned.release()
             raise
-        kernel._owned = owned
+        kernel._owned = owned  # noqa: SLF001 - same class: set once the claim is known to be kept
         return kernel
 
     @classmethod
@@ -332,7 +332,7 @@ class Kernel:
         """Drop a session: its KV, its durable ledger. Its refs stay in the CAS (forget erases)."""
         tenant = check_tenant(tenant)
         ks = self.session(tenant, id)  # NotFound for unknown or another tenant's
-        with self._registry, ks._locked():
+        with self._registry, ks.locked():
             found = self.state.session(tenant, id)
             for row in found[1] if found else []:
                 if row.ref and row.kind == "tool":  # the CAS's record of where the ref is used
@@ -340,13 +340,15 @@ class Kernel:
                         self.store.release_use(row.ref, tenant, "segment", f"{id}/{row.id}")
             self.state.delete_session(tenant, id)
             self._sessions.pop((tenant, id), None)
-            ks._mech = None
+            ks.unload()
 
     def sessions(self, tenant: str) -> list[str]:
         """Ids of the tenant's sessions, loaded or not, oldest first."""
         return self.state.session_ids(check_tenant(tenant))
 
-    def _loaded_ids(self, tenant: str) -> set[str]:
+    def loaded_session_ids(self, tenant: str) -> set[str]:
+        """Ids of the tenant's sessions whose KV is in memory: a withdrawal visits them even
+        when their latest change is not written yet."""
         with self._registry:
             return {sid for (t, sid), ks in self._sessions.items() if t == tenant and ks.loaded}
 
@@ -354,8 +356,9 @@ class Kernel:
         with self._registry:
             return list(self._sessions.values())
 
-    def _enforce_kv_budget(self, keep: KernelSession | None = None) -> None:
-        """Offload idle sessions' KV, least recently used first, until the loaded KV fits."""
+    def enforce_kv_budget(self, keep: KernelSession | None = None) -> None:
+        """Offload idle sessions' KV, least recently used first, until the loaded KV fits
+        (a session calls it when it releases its lock, keeping itself)."""
         budget = self.settings.session_kv_budget_bytes
         if budget is None:
             return
@@ -370,12 +373,35 @@ class Kernel:
             if ks.offload():
                 total -= size
 
-    def _audit_rebuild(self, ks: KernelSession, s: Session, cause: str, fingerprint: str) -> None:
+    def audit_rebuild(self, ks: KernelSession, s: Session, cause: str, fingerprint: str) -> None:
+        """Log that ``ks`` was rebuilt from its durable ledger (``cause``: restart, offload...)."""
         from fak.audit import SessionRebuilt
 
         self.audit.append(SessionRebuilt(tenant=ks.tenant, session_id=ks.id, segments=len(s.ledger.live()),
                                          tokens=s.cache.length, fingerprint=self.audit_fingerprint(ks.tenant, fingerprint),
                                          cause=cause))
+
+    # --- withdrawal bookkeeping (fak.forget, fak.withdraw, KernelSession) --------
+    @property
+    def forget_lock(self) -> threading.Lock:
+        """Serialises forgets (and their resumption): fak.forget runs one at a time under it."""
+        return self._forget_lock
+
+    def pending_withdrawals(self, tenant: str) -> dict[str, SegmentState]:
+        """Refs whose quarantine or expiry a busy session of ``tenant`` has still to apply (a
+        copy): a session settles them when it next takes its lock."""
+        return dict(self._pending_withdrawals.get(tenant, {}))
+
+    def defer_withdrawal(self, tenant: str, ref: str, state: SegmentState) -> None:
+        """Record that ``ref`` is withdrawn (``state``) for sessions busy now to apply later."""
+        self._pending_withdrawals.setdefault(tenant, {})[ref] = state
+
+    def clear_withdrawal(self, tenant: str, ref: str, state: SegmentState) -> None:
+        """Drop the pending withdrawal of ``ref`` if it is still ``state`` (applied everywhere,
+        or admitted again after an expiry)."""
+        table = self._pending_withdrawals.get(tenant)
+        if table and table.get(ref) is state:
+            table.pop(ref, None)
 
     # --- refs ------------------------------------------------------------------
     def tool_text(self, tenant: str, ref: str) -> str:
@@ -385,7 +411,7 @@ class Kernel:
     def kv_exists_elsewhere(self, tenant: str, ref: str, session_id: str) -> bool:
         """Whether KV of ``ref`` is held by another of the tenant's loaded sessions or its prefix cache."""
         for ks in self._loaded_sessions():
-            mech = ks._mech
+            mech = ks.live_session
             if ks.tenant == tenant and ks.id != session_id and mech is not None and any(
                 x.ref == ref and x.kind is SegmentKind.TOOL for x in mech.ledger.live()
             ):
@@ -444,11 +470,13 @@ class Kernel:
                 self._next_expiry_us = self.state.next_expiry()
         return reports
 
-    def _expiry_due(self) -> bool:
+    def expiry_due(self) -> bool:
+        """Whether some ref's expiry time has passed: a session runs the expiries before use."""
         nxt = self._next_expiry_us
         return nxt is not None and nxt <= now_us()
 
-    def _note_expiry(self, expires_us: int | None) -> None:
+    def note_expiry(self, expires_us: int | None) -> None:
+        """Bring the next expiry forward to ``expires_us`` (an admission with a lifetime)."""
         if expires_us is not None and (self._next_expiry_us is None or expires_us < self._next_expiry_us):
             self._next_expiry_us = expires_us
 
@@ -457,7 +485,7 @@ class Kernel:
 
         def sweep() -> None:
             while not self._stop.wait(self.settings.expiry_sweep_s):
-                if self._expiry_due():
+                if self.expiry_due():
                     try:
                         self.expire_due()
                     except Exception as exc:  # noqa: BLE001 - retried on the next sweep; said loudly
@@ -482,7 +510,13 @@ class Kernel:
                                     queue_max=self.settings.late_queue)
         self._late.set_detectors(detectors)
 
-    def _submit_late(self, job: LateJob) -> None:
+    @property
+    def late_runner(self) -> LateRunner | None:
+        """The late-detector runner, None until a policy with late detectors loads: an
+        admission builds a job only when there is one; benches read its stats."""
+        return self._late
+
+    def submit_late(self, job: LateJob) -> None:
         """Hand an admitted result to the late detectors; never waits (a full queue drops the
         job, loudly: the result stays admitted, as it would without late detectors)."""
         from fak.policy.late import applies
@@ -533,7 +567,8 @@ class Kernel:
             key = self._fp_keys[tenant] = self.derive_key(f"fak/audit/fingerprint:{tenant}")
         return "blake3k:" + blake3.blake3(fingerprint.encode(), key=key).hexdigest()
 
-    def _args_key(self) -> bytes:
+    def tool_args_key(self) -> bytes:
+        """The derived key that hashes tool-call arguments into their audited digest."""
         key = getattr(self, "_args_key_bytes", None)
         if key is None:
             key = self._args_key_bytes = self.derive_key("tool-call-args")
@@ -549,10 +584,11 @@ class Kernel:
         if found is None:
             meta = self.state.ref(tenant, ref)
             found = (meta.tool, meta.source) if meta is not None else (UNKNOWN_TOOL, None)
-            self._note_producer(tenant, ref, found)
+            self.note_producer(tenant, ref, found)
         return found
 
-    def _note_producer(self, tenant: str, ref: str, producer: Producer) -> None:
+    def note_producer(self, tenant: str, ref: str, producer: Producer) -> None:
+        """Remember which tool (and URL) produced ``ref``: authorization asks per call."""
         if len(self._producers) >= 65536:
             self._producers.clear()
         self._producers[(tenant, ref)] = producer

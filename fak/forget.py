@@ -69,7 +69,7 @@ def forget(
     tenant, ref = check_tenant(tenant), check_digest(ref)
     principal = as_id(requested_by) if requested_by else None
     why = as_id(reason) if reason else None
-    with k._forget_lock:
+    with k.forget_lock:
         row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = k.store.head(ref, tenant)
         if row is not None and row.state in replay.DONE:
@@ -97,7 +97,7 @@ def forget(
 
 
 def resume(k: Kernel, row: ForgetRow) -> ForgetReceipt:
-    with k._forget_lock:
+    with k.forget_lock:
         return _run(k, row)
 
 
@@ -128,13 +128,13 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     # an admission checks for a pending forget inside its session lock, which this waits for
     for sid in sorted(set().union(*(_holders(k, tenant, r) for r in refs))):
         ks = k.session(tenant, sid)
-        with ks._locked() as s:
+        with ks.locked() as s:
             if not any(x.derived_from(r) or r in x.provenance for x in s.ledger.live() for r in refs):
                 continue
             try:
-                victims, nodes, chunks, after, survivors = ks._drop_derived(refs, forget=True)
+                victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
             except BaseException:
-                ks._discard()
+                ks.discard()
                 raise
             units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
                       for x in victims]
@@ -144,8 +144,8 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
             keyed = k.audit_fingerprint(tenant, after)  # keyed: no guess oracle
             ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
             sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids})
-            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, ks._loaded())
-            ks._persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
+            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, ks.loaded_session())
+            ks.persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
                         fingerprint=after)
         fault_point("forget.after_session")
     for r in refs:
@@ -239,4 +239,4 @@ def _linked(k: Kernel, tenant: str, ref: str, known: list[dict]) -> list[dict]:
 def _holders(k: Kernel, tenant: str, ref: str) -> list[str]:
     """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
     change may not be written yet (the caller takes each one's lock)."""
-    return sorted(set(k.state.sessions_holding(tenant, ref)) | k._loaded_ids(tenant))
+    return sorted(set(k.state.sessions_holding(tenant, ref)) | k.loaded_session_ids(tenant))

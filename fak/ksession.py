@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +146,7 @@ class KernelSession:
         from fak.withdraw import evict_in_place, expire
 
         k = self.kernel
-        pending = k._pending_withdrawals.get(self.tenant)
+        pending = k.pending_withdrawals(self.tenant)
         live = s.ledger.live()
         if pending:
             # its own segments of a pending ref, or rows that attended to one (PIC chunks)
@@ -162,13 +162,13 @@ class KernelSession:
 
     def _before_use(self) -> None:
         """Execute expiries whose time has come before attention is used (outside any lock)."""
-        if self.kernel._expiry_due():
+        if self.kernel.expiry_due():
             self.kernel.expire_due(tenant=self.tenant)
 
     def _release(self) -> None:
         self.last_used = time.monotonic()
         self._lock.release()
-        self.kernel._enforce_kv_budget(keep=self)
+        self.kernel.enforce_kv_budget(keep=self)
 
     def _loaded(self) -> Session:
         if self._mech is None:
@@ -194,6 +194,62 @@ class KernelSession:
     @property
     def loaded(self) -> bool:
         return self._mech is not None
+
+    # --- for the withdrawal paths (fak.forget, fak.withdraw) and the façade ------
+    def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
+        """The session under its lock, loaded and with pending withdrawals settled: what a
+        forget or a delete holds while it changes the session from outside."""
+        return self._locked(wait)
+
+    def acquire(self, wait: bool = True) -> None:
+        """Take the lock without settling (a withdrawal applies its own ref); ``release()`` after."""
+        self._acquire(wait)
+
+    def release(self) -> None:
+        """Give back the lock ``acquire`` took (and let the KV budget offload idle sessions)."""
+        self._release()
+
+    @property
+    def live_session(self) -> Session | None:
+        """The in-memory session, None if offloaded (no rebuild); read without the lock it is a
+        snapshot, enough to plan a withdrawal or read a counter."""
+        return self._mech
+
+    def loaded_session(self) -> Session:
+        """The in-memory session, rebuilt from the durable ledger if offloaded (hold the lock)."""
+        return self._loaded()
+
+    def loaded_if_idle(self) -> Session | None:
+        """The loaded session if nobody holds the lock (taken only to load it), else None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._loaded()
+        finally:
+            self._lock.release()
+
+    def persist(self, forget: tuple[str, dict[str, Any]] | None = None, fingerprint: str | None = None) -> None:
+        """Write the ledger (``forget``: the forget's progress row in the same transaction)."""
+        self._persist(forget, fingerprint)
+
+    def discard(self) -> None:
+        """Drop the in-memory session after a failed change; the durable ledger rebuilds it."""
+        self._discard()
+
+    def unload(self) -> None:
+        """Drop the in-memory session of a deleted session (its lock is held)."""
+        self._mech = None
+
+    def replace_with_replay(self, s: Session) -> Session:
+        """Swap ``s`` for an exact replay of its ledger (rows attended to a withdrawn ref)."""
+        self._mech = self._replayed(s)
+        return self._mech
+
+    def drop_derived(
+        self, ref: str | Collection[str], *, forget: bool
+    ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]:
+        """Evict what derives from ``ref`` (forget) or carries it (quarantine); see ``_drop_derived``."""
+        return self._drop_derived(ref, forget=forget)
 
     @property
     def kv_bytes(self) -> int:
@@ -241,13 +297,13 @@ class KernelSession:
         k = self.kernel
         head = SessionRow(
             tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
-            tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger._next_id,
+            tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger.next_number,
             fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
         )  # fmt: skip
         segs = []
         sealed = self._seal_all(s)
         for i, seg in enumerate(s.ledger.segments):
-            message = s._messages.get(seg.id)
+            message = s.message(seg.id)
             keep = seg.live and seg.kind is not SegmentKind.TOOL  # tool tokens come back from the CAS
             ciphertext = sealed.get(seg.id)
             clear = keep and ciphertext is None  # trusted text (no content provenance): in the clear
@@ -274,7 +330,7 @@ class KernelSession:
         for seg in s.ledger.live():
             if seg.kind is SegmentKind.TOOL or not seg.content:
                 continue
-            message = s._messages.get(seg.id)
+            message = s.message(seg.id)
             plain = Plain(list(seg.tokens), message["role"] if message else None, message["content"] if message else None)
             mark = _seal_mark(seg.content, plain)
             cached = self._sealed.get(seg.id)
@@ -325,7 +381,7 @@ class KernelSession:
         s = self._new_mech()
         pic, s.pic = s.pic, None  # the replay is exact (the fingerprint check needs it); later appends may use PIC
         s.chunk_size = head.chunk_size
-        s.ledger._next_id = head.next_segment
+        s.ledger.continue_from(head.next_segment)
         for row in rows:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
             chunks = json.loads(row.chunks)
@@ -342,7 +398,7 @@ class KernelSession:
                 if not row.ref:
                     raise StateError(f"session {self.id}: tool segment {row.id} has no ref")
                 message = {"role": "tool", "content": k.tool_text(self.tenant, row.ref)}
-                history = [s._messages[x.id] for x in s.ledger.live() if x.id in s._messages]
+                history = s.live_messages()
                 tokens = k.tokenizer.encode_message(history, message)
             elif row.id in opened:
                 plain = opened[row.id]
@@ -375,7 +431,7 @@ class KernelSession:
             raise StateError(f"session {self.id} rebuilt to fingerprint {fingerprint}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
         if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
-            k._audit_rebuild(self, s, self._cause, fingerprint)
+            k.audit_rebuild(self, s, self._cause, fingerprint)
         self._cause = "restart"
         return s
 
@@ -544,15 +600,13 @@ class KernelSession:
                     k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
                                        expires_us=expires_us, source=source)
                     k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                    k._note_producer(self.tenant, admitted_ref, (tool, source))
-                    k._note_expiry(expires_us)
-                    pending = k._pending_withdrawals.get(self.tenant)
-                    if pending and pending.get(admitted_ref) is SegmentState.EXPIRED:
-                        pending.pop(admitted_ref, None)  # admitted again: a new lifetime
+                    k.note_producer(self.tenant, admitted_ref, (tool, source))
+                    k.note_expiry(expires_us)
+                    k.clear_withdrawal(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
                 if admitted_ref != ref:
                     k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
                                        source=source)
-                    k._note_producer(self.tenant, ref, (tool, source))
+                    k.note_producer(self.tenant, ref, (tool, source))
                 if not admitted:
                     k.store.set_taint(ref, self.tenant, "quarantined")
                 self._persist()
@@ -567,11 +621,11 @@ class KernelSession:
     def _late_check(self, tool: str, ref: str, body: bytes, trust: str) -> None:
         """Hand an admitted result to the late detectors, with the trust the gate applied."""
         k = self.kernel
-        if k._late is None:
+        if k.late_runner is None:
             return
         from fak.policy.late import LateJob
 
-        k._submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
+        k.submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
                                text=body.decode("utf-8", errors="replace"), admitted_at=time.time()))
 
     # --- eviction -------------------------------------------------------------
@@ -614,7 +668,7 @@ class KernelSession:
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         k = self.kernel
-        digest = args_digest(k._args_key(), args)
+        digest = args_digest(k.tool_args_key(), args)
         self._before_use()
         with self._locked() as s:
             producers = self._attention(s)
@@ -796,12 +850,12 @@ class KernelSession:
         """A fresh exact session with the same ledger (live segments replayed)."""
         fresh = self._new_mech()
         pic, fresh.pic = fresh.pic, None  # exact: nothing served from chunks computed elsewhere
-        fresh.ledger._next_id = s.ledger._next_id
+        fresh.ledger.continue_from(s.ledger.next_number)
         for seg in s.ledger.segments:
             if not seg.live:
                 fresh.ledger.append(seg)
                 continue
-            copy = fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s._messages.get(seg.id),
+            copy = fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s.message(seg.id),
                          ref=seg.ref, verdict=seg.verdict, rule=seg.rule, content=seg.content,
                          policy_digest=seg.policy_digest, segment_id=seg.id)
             copy.protected, copy.expires_turn = seg.protected, seg.expires_turn

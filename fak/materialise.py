@@ -218,7 +218,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
     for i in sorted(place):
         d, text, drifted = place[i]
         message = {"role": "tool", "content": text}
-        history = [s._messages[x.id] for x in s.ledger.live() if x.id in s._messages]
+        history = s.live_messages()
         ids = tok.encode_message(history, message)
         if budget is not None and used + len(ids) > budget:
             pieces[i] = Piece(order[i][0], d, PieceVerdict.REFUSE, "over_budget")

@@ -113,10 +113,10 @@ def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, Seg
         for x in victims:
             x.mark(refs[x.ref])
         if any(r in x.provenance for x in s.ledger.live() for r in refs):
-            ks._mech = ks._replayed(s)
-        ks._persist()
+            ks.replace_with_replay(s)
+        ks.persist()
     except BaseException:
-        ks._discard()
+        ks.discard()
         raise
     for _ in victims:
         k.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
@@ -129,39 +129,35 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
     holders = _holders(k, tenant, ref)
     for sid in holders:
         ks = k.session(tenant, sid)
-        mech = ks._mech if ks is held else None
-        if mech is None and ks._lock.acquire(blocking=False):
-            try:
-                mech = ks._loaded()
-            finally:
-                ks._lock.release()
-        elif mech is None:
-            mech = ks._mech  # busy: a snapshot of its live segments names what it will evict
+        mech = ks.live_session if ks is held else None
+        if mech is None:
+            mech = ks.loaded_if_idle()
+            if mech is None:
+                mech = ks.live_session  # busy: a snapshot of its live segments names what it will evict
         if mech is not None:
             planned += [_unit("segment", x.id, sid) for x in _victims(mech, ref)]
     index = log(planned)
     mark()
     # from here on, whoever takes a holder's lock first evicts the ref (KernelSession._settle)
-    table = k._pending_withdrawals.setdefault(tenant, {})
-    table[ref] = state
+    k.defer_withdrawal(tenant, ref, state)
     units: list[dict[str, str]] = []
     pending: list[str] = []
     for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
         ks = k.session(tenant, sid)
         if ks is held:
-            units += evict_in_place(k, ks, ks._loaded(), {ref: state})
+            units += evict_in_place(k, ks, ks.loaded_session(), {ref: state})
             continue
         try:
-            ks._acquire(wait=False)
+            ks.acquire(wait=False)
         except SessionBusy:
             pending.append(sid)
             continue
         try:
-            units += evict_in_place(k, ks, ks._loaded(), {ref: state})
+            units += evict_in_place(k, ks, ks.loaded_session(), {ref: state})
         finally:
-            ks._release()
-    if not pending and table.get(ref) is state:
-        table.pop(ref, None)
+            ks.release()
+    if not pending:
+        k.clear_withdrawal(tenant, ref, state)
     if k.prefix is not None:
         units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
     units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]

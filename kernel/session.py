@@ -570,8 +570,21 @@ class Session:
         other.id = session_id or "sess_" + uuid.uuid4().hex[:16]
         other.cache = self.cache.clone()
         other.ledger = copy.deepcopy(self.ledger)
-        other._messages = dict(self._messages)
+        other._messages = dict(self._messages)  # noqa: SLF001  (same class: the copy gets its own dict)
         return other
+
+    def message(self, segment_id: str) -> dict[str, str] | None:
+        """The chat message a text segment was appended with (a rebuild or persist carries it)."""
+        return self._messages.get(segment_id)
+
+    def live_messages(self) -> list[dict[str, str]]:
+        """The chat messages of the live segments in order: the history a new message is encoded after."""
+        return [self._messages[s.id] for s in self.ledger.live() if s.id in self._messages]
+
+    def drop_logits(self) -> None:
+        """Forget the last logits after an edit of the cache made outside this class (the next
+        forward computes fresh ones)."""
+        self._last_logits = None
 
     # --- identity ----------------------------------------------------------------
     def fingerprint(self) -> str:

@@ -416,7 +416,7 @@ def _check(body: ChatCompletionRequest) -> tuple[dict[str, Any], list[str]]:
 
 # --- running a request ---------------------------------------------------------------
 def _hits(ks: KernelSession) -> tuple[object, int]:
-    mech = ks._mech  # the kernel.session.Session; its prefix-cache counter is read only
+    mech = ks.live_session  # the kernel.session.Session; its prefix-cache counter is read only
     return mech, (mech.prefix_hit_tokens if mech is not None else 0)
 
 
