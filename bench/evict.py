@@ -156,7 +156,7 @@ def _time_evict(base: Session, seg_id: str, mode: EvictMode, repeat: int) -> tup
     best, last = float("inf"), base
     for _ in range(repeat):
         s = base.fork()
-        report = s.evict(seg_id, mode)
+        report = s.evict([seg_id], mode)
         best, last = min(best, report.seconds), s
     return best, last
 

@@ -238,12 +238,12 @@ class Meter:
 
 
 def meter_forget(k: Kernel, sessions: list[tuple[object, str, str]]) -> Meter:
-    """Time the parts a forget calls: per session the RECOMPUTE (``Session.evict_many``), the
+    """Time the parts a forget calls: per session the RECOMPUTE (``Session.evict``), the
     replay check (``Session.replay_fingerprint``) and the ledger write; the CAS shred, audit
     appends and the forget's progress rows."""
     m = Meter()
     for ks, _, _ in sessions:
-        m.wrap(ks.live_session, "evict_many", "recompute_evictions")
+        m.wrap(ks.live_session, "evict", "recompute_evictions")
         m.wrap(ks.live_session, "replay_fingerprint", "replay_checks")
         m.wrap(ks, "_persist", "ledger_writes")
     m.wrap(k.store, "forget", "cas_shred")
@@ -363,7 +363,7 @@ def forget_and_restart(lm: LoadedModel, tmp: Path, n: int, repeat: int) -> tuple
         "all_sessions_loaded": all(x["all_sessions_loaded"] for x in reps),
         "per_repetition": reps,
         "breakdown_note": "inside_forget: Σ time of the calls forget makes before it returns, each wrapped on "
-        "its object (recompute_evictions = Session.evict_many per session, ledger_writes = KernelSession._persist, "
+        "its object (recompute_evictions = Session.evict per session, ledger_writes = KernelSession._persist, "
         "cas_shred = CasStore.forget, audit_appends = ForgetRequested + ForgetCompleted, forget_progress_rows); "
         "rest = the receipt (signed checkpoint, inclusion proofs), lookups, locks. replay_check_sum_ms is the "
         "same replay timed again apart (replay_fingerprint on the sessions after the forget). The replay "

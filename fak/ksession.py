@@ -24,7 +24,7 @@ from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
 from fak.kernel.generate import SamplingParams
 from fak.kernel.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.pic_serve import PicBinding
-from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session
+from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
 from fak.kernel_events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
@@ -279,11 +279,11 @@ class KernelSession:
         return PicBinding(k.pic, k.namespace(self.tenant), recompute_first=k.settings.pic_recompute_first,
                           blend_fraction=k.settings.pic_blend_fraction)
 
-    def _new_mech(self) -> Session:
+    def _mech_options(self) -> SessionOptions:
+        """What this conversation's ``Session`` is built with besides the model."""
         k = self.kernel
-        return Session(
-            k.model,
-            k.tokenizer,
+        return SessionOptions(
+            tokenizer=k.tokenizer,
             session_id=self.id,
             tenant=self.tenant,
             chunk_size=k.settings.chunk_size,
@@ -291,6 +291,9 @@ class KernelSession:
             prefix=self._binding(),
             pic=self._pic_binding(),
         )
+
+    def _new_mech(self) -> Session:
+        return Session(self.kernel.model, **self._mech_options())
 
     # --- durable ledger -------------------------------------------------------
     def _rows(self, s: Session, fingerprint: str | None = None) -> tuple[SessionRow, list[SegmentRow]]:
@@ -378,28 +381,24 @@ class KernelSession:
             raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
         head, rows = found
         opened = self._open_sealed(rows)
-        s = self._new_mech()
-        pic, s.pic = s.pic, None  # the replay is exact (the fingerprint check needs it); later appends may use PIC
-        s.chunk_size = head.chunk_size
-        s.ledger.continue_from(head.next_segment)
+        segments: list[Segment] = []
+        messages: dict[str, dict[str, str]] = {}  # of the live segments, in ledger order
         for row in rows:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
             chunks = json.loads(row.chunks)
-            content = json.loads(row.content)
+            content = frozenset(json.loads(row.content))
             if state is not SegmentState.LIVE:
-                seg = Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
-                              verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
-                              content=frozenset(content), protected=row.protected,
-                              provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                              expires_turn=row.expires_turn)
-                s.ledger.append(seg)
+                segments.append(Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
+                                        verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
+                                        content=content, protected=row.protected,
+                                        provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
+                                        expires_turn=row.expires_turn))
                 continue
             if kind is SegmentKind.TOOL:
                 if not row.ref:
                     raise StateError(f"session {self.id}: tool segment {row.id} has no ref")
                 message = {"role": "tool", "content": k.tool_text(self.tenant, row.ref)}
-                history = s.live_messages()
-                tokens = k.tokenizer.encode_message(history, message)
+                tokens = k.tokenizer.encode_message(list(messages.values()), message)
             elif row.id in opened:
                 plain = opened[row.id]
                 tokens = plain.tokens
@@ -410,11 +409,17 @@ class KernelSession:
             if len(tokens) != row.ntokens:
                 raise StateError(f"session {self.id}: segment {row.id} rebuilt to {len(tokens)} tokens, "
                                  f"the ledger says {row.ntokens}")
-            seg = s.append(kind, tokens=tokens, chunks=chunks, message=message, ref=row.ref, verdict=row.verdict,
-                           rule=row.rule, content=content, policy_digest=row.policy_digest, segment_id=row.id)
-            seg.protected = row.protected
-            seg.expires_turn = row.expires_turn
-        s.pic = pic
+            if message is not None:
+                messages[row.id] = message
+            segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
+                                    verdict=row.verdict, rule=row.rule, content=content,
+                                    policy_digest=row.policy_digest, protected=row.protected,
+                                    expires_turn=row.expires_turn))
+        options = self._mech_options()
+        options["chunk_size"] = head.chunk_size
+        # exact (the fingerprint check needs it); later appends may use PIC
+        s = replay(k.model, segments, messages=messages, **options)
+        s.ledger.continue_from(head.next_segment)
         fingerprint = s.fingerprint()
         if head.model_id != k.model_id:
             # recorded under another model or weight format (FAK_WEIGHTS changed): the same
@@ -644,7 +649,7 @@ class KernelSession:
                          mode="RECOMPUTE", exact=True, tokens=seg.length, reason=as_id(reason))
             Eviction(**probe)  # a bad reason or id fails here, before the cache changes
             try:
-                report = s.evict(segment_id, mode)
+                report = s.evict([segment_id], mode)
                 self.kernel.audit.append(Eviction(**probe | dict(
                     mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
                     exact=report.exactness == "bit-exact",
@@ -715,8 +720,7 @@ class KernelSession:
             events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="RECOMPUTE",
                                exact=True, tokens=x.length, reason=as_id(reason)) for x in victims]
             try:
-                report = s.evict_many([x.id for x in victims])
-                assert report is not None
+                report = s.evict([x.id for x in victims])
                 mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
                 indexes = [self.kernel.audit.append(ev.model_copy(update={
                     "mode": mode, "fingerprint_after": self.kernel.audit_fingerprint(self.tenant, report.fingerprint)}))
@@ -825,9 +829,9 @@ class KernelSession:
         nodes: list[str] = []
         chunks: list[str] = []
         if victims:
-            report = s.evict_many([x.id for x in victims], force=True)
-            nodes = list(report.prefix_nodes_dropped) if report else []
-            chunks = list(report.pic_chunks_dropped) if report else []
+            report = s.evict([x.id for x in victims], force=True)
+            nodes = list(report.prefix_nodes_dropped)
+            chunks = list(report.pic_chunks_dropped)
             if forget:
                 for x in victims:
                     x.mark(SegmentState.FORGOTTEN)
@@ -848,16 +852,7 @@ class KernelSession:
 
     def _replayed(self, s: Session) -> Session:
         """A fresh exact session with the same ledger (live segments replayed)."""
-        fresh = self._new_mech()
-        pic, fresh.pic = fresh.pic, None  # exact: nothing served from chunks computed elsewhere
+        messages = {x.id: m for x in s.ledger.live() if (m := s.message(x.id)) is not None}
+        fresh = replay(self.kernel.model, s.ledger.segments, messages=messages, **self._mech_options())
         fresh.ledger.continue_from(s.ledger.next_number)
-        for seg in s.ledger.segments:
-            if not seg.live:
-                fresh.ledger.append(seg)
-                continue
-            copy = fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, message=s.message(seg.id),
-                         ref=seg.ref, verdict=seg.verdict, rule=seg.rule, content=seg.content,
-                         policy_digest=seg.policy_digest, segment_id=seg.id)
-            copy.protected, copy.expires_turn = seg.protected, seg.expires_turn
-        fresh.pic = pic
         return fresh

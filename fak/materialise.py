@@ -208,7 +208,7 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
     first_gone = min((x.start for x in leaving), default=None)
     earlier_places = {x.ref for x in s.ledger.segments if not x.live and x.kind is SegmentKind.TOOL}
     if leaving:
-        s.evict_many([x.id for x in leaving], force=True)
+        s.evict([x.id for x in leaving], force=True)
     for i, seg in keep.items():
         moved = first_gone is not None and seg.start >= first_gone
         exact = not s.reroped and (s.pic_row is None or seg.end <= s.pic_row)

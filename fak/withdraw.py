@@ -105,11 +105,11 @@ def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, Seg
     try:
         if mode is EvictMode.REROPE:
             for x in victims:
-                report = s.evict(x.id, EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
+                report = s.evict([x.id], EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
                 units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped]
         elif victims:
-            report = s.evict_many([x.id for x in victims], force=True)
-            units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped] if report else []
+            report = s.evict([x.id for x in victims], force=True)
+            units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped]
         for x in victims:
             x.mark(refs[x.ref])
         if any(r in x.provenance for x in s.ledger.live() for r in refs):

@@ -1,7 +1,7 @@
 """A session: one conversation's KV cache plus the ledger of what is in it.
 
 ``append`` prefills a segment (chat-rendered text or raw tokens) in recorded
-chunks; ``evict`` removes any live segment:
+chunks; ``evict`` removes any live segments (one is a list of one) in one step:
 
 - write-time (the segment is the tail): truncate. Bit-exact to never-saw.
 - ``RECOMPUTE``: truncate at the segment and replay every later live segment
@@ -11,15 +11,19 @@ chunks; ``evict`` removes any live segment:
   their new positions. Exact at layer 0 only (deeper layers keep what the
   survivors attended to), so it is reported as approximate and the survivors
   keep the evicted ref in their provenance.
+
+``replay`` is the one ledger replay: a rebuild from the durable ledger, the exact rebuild a
+forget ends with and the "never saw" fingerprint all prefill the same recorded chunks with it.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypedDict, Unpack
 
 import torch
 
@@ -425,92 +429,59 @@ class Session:
         return self._last_logits
 
     # --- eviction ----------------------------------------------------------------
-    def evict(self, segment_id: str, mode: EvictMode | str = EvictMode.AUTO, *, force: bool = False) -> EvictionReport:
-        seg = self.ledger.get(segment_id)
-        mode = EvictMode(mode)
-        if not seg.live:
-            raise EvictionError(f"segment {seg.id} is already {seg.state.value}")
-        if seg.protected and not force:
-            raise EvictionError(f"segment {seg.id} ({seg.kind.value}) is protected from eviction")
-        t0 = time.perf_counter()
-        later = self.ledger.later_live(seg)
-        if mode is EvictMode.AUTO:
-            mode = EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME
-        if mode is EvictMode.WRITE_TIME and later:
-            raise EvictionError(f"segment {seg.id} is not the tail; use recompute or rerope")
-        replayed = 0
-        if mode in (EvictMode.WRITE_TIME, EvictMode.RECOMPUTE):
-            self._truncate(seg.start)
-            seg.mark(SegmentState.EVICTED)
-            self.ledger.renumber()
-            for s in later:
-                s.provenance = self._provenance_before(self.ledger.index(s)) | ({s.ref} if s.ref else set())
-                self._prefill(s, pic=False)
-                replayed += s.length
-            if not later:
-                self._last_logits = None
-            # exact replay; rows PIC served before the span stay approximate
-            exactness = "approximate" if self.approximate else "bit-exact"
-        else:
-            self._rerope_remove(seg)
-            self.reroped = True
-            seg.mark(SegmentState.EVICTED)
-            self.ledger.renumber()
-            exactness = "approximate"
-        self._messages.pop(seg.id, None)
-        # nobody may be served KV that attended to an evicted span
-        dropped, chunks = self._drop_shared([seg.ref] if seg.ref else [])
-        report = EvictionReport(
-            segment_id=seg.id,
-            ref=seg.ref,
-            mode=mode,
-            exactness=exactness,
-            rows_removed=seg.length,
-            rows_replayed=replayed,
-            seconds=time.perf_counter() - t0,
-            fingerprint=self.cache.fingerprint(),
-            prefix_nodes_dropped=tuple(dropped),
-            pic_chunks_dropped=tuple(chunks),
-        )
-        self._emit("evict", seg, report=report)
-        return report
-
-    def evict_many(self, segment_ids: Sequence[str], *, force: bool = False) -> EvictionReport | None:
-        """Evict several live segments with one truncation at the earliest and one
-        replay of the survivors after it (RECOMPUTE; write-time if nothing live
-        follows). Bit-exact to a session that never saw any of them."""
+    def evict(
+        self, segment_ids: Sequence[str], mode: EvictMode | str = EvictMode.AUTO, *, force: bool = False
+    ) -> EvictionReport:
+        """Evict live segments (one is a list of one) in one step: write-time and RECOMPUTE cut
+        the cache once at the earliest and replay the survivors after it once (bit-exact to a
+        session that never saw any of them); REROPE cuts each span and re-rotates the survivors
+        (approximate). ``AUTO``: write-time when nothing live follows, else RECOMPUTE."""
+        if isinstance(segment_ids, str):
+            raise TypeError("evict takes a sequence of segment ids: a single one is a list of one")
         segs = [self.ledger.get(i) for i in dict.fromkeys(segment_ids)]
+        if not segs:
+            raise EvictionError("no segment to evict")
+        mode = EvictMode(mode)
         for seg in segs:
             if not seg.live:
                 raise EvictionError(f"segment {seg.id} is already {seg.state.value}")
             if seg.protected and not force:
                 raise EvictionError(f"segment {seg.id} ({seg.kind.value}) is protected from eviction")
-        if not segs:
-            return None
         t0 = time.perf_counter()
         first = min(segs, key=lambda x: x.start)
         gone = {id(x) for x in segs}
         later = [x for x in self.ledger.later_live(first) if id(x) not in gone]
-        removed = sum(x.length for x in segs)
-        self._truncate(first.start)
+        if mode is EvictMode.AUTO:
+            mode = EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME
+        if mode is EvictMode.WRITE_TIME and later:
+            raise EvictionError(f"segment {first.id} is not the tail; use recompute or rerope")
+        replayed = 0
+        if mode is EvictMode.REROPE:
+            for seg in sorted(segs, key=lambda x: x.start, reverse=True):  # later cuts keep earlier starts
+                self._rerope_remove(seg)
+            self.reroped = True
+        else:
+            self._truncate(first.start)
         for seg in segs:
             seg.mark(SegmentState.EVICTED)
             self._messages.pop(seg.id, None)
         self.ledger.renumber()
-        replayed = 0
-        for x in later:
-            x.provenance = self._provenance_before(self.ledger.index(x)) | ({x.ref} if x.ref else set())
-            self._prefill(x, pic=False)
-            replayed += x.length
-        if not later:
-            self._last_logits = None
+        if mode is not EvictMode.REROPE:
+            for x in later:
+                x.provenance = self._provenance_before(self.ledger.index(x)) | ({x.ref} if x.ref else set())
+                self._prefill(x, pic=False)
+                replayed += x.length
+            if not later:
+                self._last_logits = None
+        # nobody may be served KV that attended to an evicted span
         dropped, chunks = self._drop_shared(sorted({x.ref for x in segs if x.ref}))
         report = EvictionReport(
             segment_id=",".join(x.id for x in segs),
             ref=first.ref if len(segs) == 1 else None,
-            mode=EvictMode.RECOMPUTE if later else EvictMode.WRITE_TIME,
+            mode=mode,
+            # an exact replay; rows PIC served before the span (and REROPE) stay approximate
             exactness="approximate" if self.approximate else "bit-exact",
-            rows_removed=removed,
+            rows_removed=sum(x.length for x in segs),
             rows_replayed=replayed,
             seconds=time.perf_counter() - t0,
             fingerprint=self.cache.fingerprint(),
@@ -536,14 +507,13 @@ class Session:
         """Fingerprint of an independent replay of the live ledger: a fresh cache, no
         prefix cache, the same tokens and prefill chunks (what 'never saw' means).
         ``segments``: replay these instead (the survivors as they were at an earlier moment)."""
-        fresh = Session(self.model, self.tokenizer, chunk_size=self.chunk_size, tenant=self.tenant)
-        for seg in self.ledger.live() if segments is None else segments:
-            fresh.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks)
-        return fresh.fingerprint()
+        live = self.ledger.live() if segments is None else segments
+        return replay(self.model, live, tokenizer=self.tokenizer, chunk_size=self.chunk_size,
+                      tenant=self.tenant).fingerprint()
 
     def evict_rows(self, start: int, end: int, mode: EvictMode | str = EvictMode.AUTO) -> EvictionReport:
         """Evict by row range; the range must be exactly one live segment."""
-        return self.evict(self.ledger.at_rows(start, end).id, mode)
+        return self.evict([self.ledger.at_rows(start, end).id], mode)
 
     def _rerope_remove(self, seg: Segment) -> None:
         cache = self.cache
@@ -600,6 +570,49 @@ class Session:
     def _emit(self, what: str, seg: Segment, **extra: object) -> None:
         if self._on_event:
             self._on_event(what, {"session": self.id, "tenant": self.tenant, "segment": seg.summary(), **extra})
+
+
+class SessionOptions(TypedDict, total=False):
+    """What a ``Session`` is built with besides its model (its constructor's keywords)."""
+
+    tokenizer: ChatTokenizer | None
+    session_id: str | None
+    tenant: str
+    chunk_size: int
+    protected_kinds: Sequence[SegmentKind | str]
+    on_event: Callable[[str, dict], None] | None
+    prefix: PrefixBinding | None
+    pic: PicBinding | None
+
+
+def replay(
+    model: Llama,
+    segments: Iterable[Segment],
+    *,
+    messages: Mapping[str, dict[str, str]] | None = None,
+    **options: Unpack[SessionOptions],
+) -> Session:
+    """The one ledger replay (a rebuild after a restart or a rollback, the exact rebuild a
+    forget or quarantine ends with, the 'never saw' fingerprint): a new ``Session`` built with
+    ``options`` in which every live segment of ``segments``, in order, is prefilled from its
+    tokens in its recorded chunks, so the KV is the bytes the recorded calls computed. PIC is
+    off while it runs (nothing served from chunks computed elsewhere) and bound after; a bound
+    prefix cache serves only whole recorded calls (the same bytes). Each segment keeps its id,
+    ref, verdict, content, protection and expiry, and gets its ``messages`` entry; attention
+    provenance is derived again. Segments that are not live are kept as ledger records (the
+    objects themselves)."""
+    s = Session(model, **options)
+    pic, s.pic = s.pic, None
+    for seg in segments:
+        if not seg.live:
+            s.ledger.append(seg)
+            continue
+        copy = s.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, ref=seg.ref, verdict=seg.verdict,
+                        rule=seg.rule, content=seg.content, policy_digest=seg.policy_digest, segment_id=seg.id,
+                        message=messages.get(seg.id) if messages else None)
+        copy.protected, copy.expires_turn = seg.protected, seg.expires_turn
+    s.pic = pic
+    return s
 
 
 def _chunk(n: int, size: int) -> list[int]:

@@ -63,7 +63,7 @@ def test_write_time_evict_equals_never_saw(mode) -> None:
     seen = Session(model)
     seen.append("system", tokens=sys_)
     tool = seen.append("tool", tokens=poison, ref="blake3k:" + "ab" * 32)
-    assert seen.evict(tool.id).exactness == "bit-exact"
+    assert seen.evict([tool.id]).exactness == "bit-exact"
     seen.append("user", tokens=question)
     never = Session(model)
     never.append("system", tokens=sys_)
@@ -81,7 +81,7 @@ def test_recompute_equals_never_saw(mode, chunk_size: int) -> None:
     poison = seen.append("tool", tokens=b, ref="blake3k:" + "cd" * 32)
     seen.append("user", tokens=c)
     seen.append("tool", tokens=d)
-    report = seen.evict(poison.id, EvictMode.RECOMPUTE)
+    report = seen.evict([poison.id], EvictMode.RECOMPUTE)
     assert report.exactness == "bit-exact"
     never = Session(model, chunk_size=chunk_size)
     for kind, t in (("system", a), ("user", c), ("tool", d)):
@@ -135,7 +135,7 @@ def test_forget_style_replay_is_bit_exact(tiny_dir, fmt: str) -> None:
     assistant = s.ledger.segments[-1]
     assert tool.ref in assistant.content
     s.append("user", "Thanks. And the weather?")
-    s.evict_many([tool.id, assistant.id])
+    s.evict([tool.id, assistant.id])
     assert tool.ref not in s.refs()
     assert s.fingerprint() == s.replay_fingerprint()
 

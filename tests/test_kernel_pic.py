@@ -226,7 +226,7 @@ def test_eviction_drops_pic_chunks_and_replays_exactly() -> None:
     bad = first.append("tool", tokens=DOC, ref="bad")
     first.append("user", tokens=Q)
     assert reg.holds_ref(ns("acme"), "bad")
-    report = first.evict(bad.id)
+    report = first.evict([bad.id])
     assert report.pic_chunks_dropped and not reg.holds_ref(ns("acme"), "bad")
     assert report.exactness == "bit-exact"
     assert first.fingerprint() == first.replay_fingerprint()

@@ -66,7 +66,7 @@ def test_evicted_tool_result_not_served_to_later_sessions() -> None:
     first.append("system", tokens=SYS)
     poison = first.append("tool", tokens=TOOL, ref=ref)
     first.append("user", tokens=Q)
-    first.evict(poison.id, EvictMode.RECOMPUTE)
+    first.evict([poison.id], EvictMode.RECOMPUTE)
     later = Session(model, prefix=binding(pc, model, "acme"))
     later.append("system", tokens=SYS)
     later.append("tool", tokens=TOOL, ref=ref)  # it sends the tokens itself: prefilled, not served
@@ -86,7 +86,7 @@ def test_rerope_session_never_feeds_the_cache() -> None:
     s.append("system", tokens=SYS)
     t = s.append("tool", tokens=TOOL, ref="blake3k:" + "7b" * 32)
     s.append("user", tokens=Q)
-    s.evict(t.id, EvictMode.REROPE)
+    s.evict([t.id], EvictMode.REROPE)
     s.append("user", tokens=USER)
     later = Session(model, prefix=binding(pc, model, "acme"))
     later.append("system", tokens=SYS)

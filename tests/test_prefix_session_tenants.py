@@ -42,7 +42,7 @@ def test_eviction_in_one_tenant_keeps_the_other_tenants_cache() -> None:
     globex_ns = binding(pc, model, "globex").namespace
     globex_before = {n.id for n in pc.nodes(globex_ns)}
 
-    acme.evict(next(s for s in acme.ledger.live() if s.ref == REF).id, EvictMode.RECOMPUTE)
+    acme.evict([next(s for s in acme.ledger.live() if s.ref == REF).id], EvictMode.RECOMPUTE)
     assert {n.id for n in pc.nodes(globex_ns)} == globex_before
     later_acme = session(pc, model, "acme", ("system", SYS, None), ("tool", TOOL, REF))
     later_globex = session(pc, model, "globex", ("system", SYS, None), ("tool", TOOL, REF))
