@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fak import replay
-from fak.errors import Conflict, FakError, NotFound
+from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.ledger import SegmentKind
 from fak.kernel_events import ForgetDone
@@ -45,13 +45,6 @@ from fak.types import as_id, check_digest, check_tenant
 if TYPE_CHECKING:
     from fak.audit.receipt import ForgetReceipt
     from fak.facade import Kernel
-
-
-class ForgetFailed(FakError):
-    """A session did not reach the state of an independent replay of its survivors."""
-
-    code = "forget_failed"
-    status = 500
 
 
 def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:
