@@ -169,10 +169,6 @@ def _tenant_tail(conn: Connection, tenant: str, stop: int) -> tuple[int, int | N
     return (seq if type(seq) is int else store.tenant_count(conn, tenant, stop)), row[0]
 
 
-def _last_tseq(conn: Connection, tenant: str, stop: int) -> int:
-    return _tenant_tail(conn, tenant, stop)[0]
-
-
 def _digest(root: bytes | None) -> str | None:
     return None if root is None else "sha256:" + root.hex()
 
@@ -553,7 +549,7 @@ class AuditLog:
                     t = req.tenant
                     if t not in seqs:  # the column's count, never below the signer's (a moved row)
                         seqs[t] = self._tseq[t] if t in self._tseq else max(
-                            _last_tseq(conn, t, first), 0 if self._memory is None else self._memory.remembered_tail(t))
+                            _tenant_tail(conn, t, first)[0], 0 if self._memory is None else self._memory.remembered_tail(t))
                     seqs[t] += 1
                     body = req.body.replace(_TSEQ_MARK, b'"tseq":%d' % seqs[t], 1)
                     nodes.extend(frontier.append(merkle.hash_leaf(body)))
@@ -909,15 +905,17 @@ class AuditLog:
         """With ``tenant``: rows found by the ``tenant`` column (which no hash covers) whose
         body is another tenant's are skipped (never served as the column's) and alarmed."""
         moved = []
-        with self._read() as conn:
-            for idx, body in store.entry_rows(conn, start, stop, tenant):
-                event = parse_event(body)
-                if tenant is not None and event.tenant != tenant:
-                    moved.append(idx)
-                    continue
-                yield LogEntry(idx, event, body)
-        for idx in moved:
-            self._column_changed(idx, tenant)  # type: ignore[arg-type]
+        try:
+            with self._read() as conn:
+                for idx, body in store.entry_rows(conn, start, stop, tenant):
+                    event = parse_event(body)
+                    if tenant is not None and event.tenant != tenant:
+                        moved.append(idx)
+                        continue
+                    yield LogEntry(idx, event, body)
+        finally:  # also when a page (islice, then close()) stops the iteration early
+            for idx in moved:
+                self._column_changed(idx, tenant)  # type: ignore[arg-type]
 
     def _column_changed(self, index: int, column: str) -> None:
         """A row stands under another tenant's column: say so once per row (stderr and an

@@ -163,3 +163,21 @@ def test_writer_numbering_from_the_column_is_refused(tmp_path):
             log.checkpoint()
         assert log.alarm is not None and log.alarm.kind == "tenant_sequence_repeated"
         assert [e.event.kind for e in log.entries("") if e.event.type == "audit_alarm"] == ["tenant_sequence_repeated"]
+
+
+def test_moved_row_is_alarmed_when_a_page_stops_early(db_url, tmp_path):
+    """A page of entries (islice, then close(), as the entries route and the export read them)
+    that skipped a moved row still raises its alarm, although the iteration ended early."""
+    import itertools
+
+    with AuditLog.open(url=db_url, data_dir=tmp_path) as log:
+        for i in range(6):
+            log.append(ev(i, f"t{i % 2 + 1}"))  # t1 at 0, 2, 4; t2 at 1, 3, 5
+        move_rows(db_url, [0], "t2")
+        it = log.entries("t2")
+        page = list(itertools.islice(it, 1))
+        it.close()
+        assert [e.index for e in page] == [1]
+        assert log.alarms == 1
+        log.checkpoint()
+        assert [e.event.kind for e in log.entries("") if e.event.type == "audit_alarm"] == ["tenant_column_changed"]
