@@ -98,3 +98,13 @@ def kernel(settings, tiny_lm):
     k = Kernel.open(settings, model=tiny_lm, progress=None)
     yield k
     k.close()
+
+
+@pytest.fixture
+def judge_stub():
+    """A real OpenAI-compatible judge on loopback (``tests/late_models.JudgeStub``)."""
+    from late_models import JudgeStub
+
+    stub = JudgeStub()
+    yield stub
+    stub.close()
