@@ -52,6 +52,14 @@ def _copy_row(engine, key: str) -> dict:  # noqa: ANN001
     return dict(row)
 
 
+def _backed_up_key(live) -> tuple[str, dict]:  # noqa: ANN001
+    """A new key of acme's, seen working (the server has built its view of the log), and its
+    row as a backup holds it now."""
+    key = live.key("acme", "agent")
+    assert _status(live, key) == 200
+    return key, _copy_row(live.kernel.state.engine, key)
+
+
 def _restore_row(engine, row: dict) -> None:  # noqa: ANN001
     """What a database writer does with that backup: the row put back as it was."""
     with writing(engine) as conn:
@@ -94,13 +102,11 @@ def _refused_within(live, key: str, bound_s: float) -> float:  # noqa: ANN001
 
 def test_a_restored_pre_revocation_row_is_refused_and_alarmed(live_server) -> None:  # noqa: F811
     live = live_server
-    engine = live.kernel.state.engine
-    key, other = live.key("acme", "agent"), live.key("acme", "agent")
-    assert _status(live, key) == 200
-    before = _copy_row(engine, key)
+    key, before = _backed_up_key(live)
+    other = live.key("acme", "agent")
     live.app.state.keys.revoke(_key_id(key))
     assert _status(live, key) == 401
-    _restore_row(engine, before)  # the row as it was, MAC and all: the MAC alone takes it
+    _restore_row(live.kernel.state.engine, before)  # the row as it was, MAC and all: the MAC alone takes it
     _refused_like_unknown(live, key)
     (alarm,) = _alarms(live.kernel)
     assert (alarm.key_id, alarm.kind, alarm.tenant) == (_key_id(key), "revoked_in_log", "")
@@ -110,13 +116,11 @@ def test_a_restored_pre_revocation_row_is_refused_and_alarmed(live_server) -> No
 
 def test_a_restored_row_of_an_erased_tenant_is_refused(live_server) -> None:  # noqa: F811
     live = live_server
-    engine = live.kernel.state.engine
-    key, theirs = live.key("acme", "agent"), live.key("globex", "agent")
-    assert _status(live, key) == 200
-    before = _copy_row(engine, key)
+    key, before = _backed_up_key(live)
+    theirs = live.key("globex", "agent")
     event = live.kernel.erase_tenant("acme", confirm="acme")
     assert event.api_keys_revoked == 1 and _status(live, key) == 401
-    _restore_row(engine, before)
+    _restore_row(live.kernel.state.engine, before)
     _refused_within(live, key, 3.0)  # the erase was logged by the kernel, not the key store: one refresh
     assert [(a.key_id, a.kind) for a in _alarms(live.kernel)] == [(_key_id(key), "revoked_in_log")]
     fresh = live.key("acme", "agent")  # the tenant's name is used again: its new keys work
@@ -130,17 +134,14 @@ def test_a_revocation_by_another_process_is_honoured_within_the_refresh_bound(li
     from fak.api.keys import REFRESH_S
 
     live = live_server
-    engine = live.kernel.state.engine
-    key = live.key("acme", "agent")
-    assert _status(live, key) == 200  # the server has built its view of the log
-    before = _copy_row(engine, key)
+    key, before = _backed_up_key(live)
     env = {**os.environ, "FAK_DATA_DIR": str(settings.data_dir), "FAK_DATABASE_URL": settings.resolved_database_url}
     done = subprocess.run([FAK, "keys", "revoke", _key_id(key)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     revoked_at = time.monotonic()
     assert _status(live, key) == 401  # the row: at once
-    _restore_row(engine, before)
+    _restore_row(live.kernel.state.engine, before)
     _refused_within(live, key, REFRESH_S + 1.0)  # the log: within the refresh interval (+ slack for a loaded CI)
     took = time.monotonic() - revoked_at
     assert took < REFRESH_S + 1.0, took
