@@ -138,7 +138,8 @@ class _LogRevocations:
 
     def __init__(self, engine: Engine, refresh_s: float = REFRESH_S) -> None:
         self._engine, self._refresh_s = engine, refresh_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the sets below (held for lookups, never across a query)
+        self._reading = threading.Lock()  # one reader of the log at a time (held across its query)
         self._log_exists = False
         self._next = 0  # the first log index not read yet
         self._read_at = -math.inf  # time.monotonic() of the last read
@@ -156,16 +157,35 @@ class _LogRevocations:
         with self._lock:
             self._revoked.add(key_id)
 
+    def load(self) -> None:
+        """Read the log up to its end now (the server does this at startup, so the first full
+        scan is not a request's to wait for)."""
+        with self._reading:
+            self._read()
+
     def revoked(self, key_id: str, tenant: str) -> bool:
-        """True when the log revokes the key (its id, or its tenant erased after its creation)."""
-        with self._lock:
-            if time.monotonic() - self._read_at >= self._refresh_s:
+        """True when the log revokes the key (its id, or its tenant erased after its creation).
+        Until the log was read once every caller waits for that read; after it, a due refresh
+        is made by one caller while the others answer from what was read (at most one query
+        older), so a slow query never holds up every authentication."""
+        if self._read_at == -math.inf:
+            with self._reading:
+                if self._read_at == -math.inf:
+                    self._read()
+        elif time.monotonic() - self._read_at >= self._refresh_s and self._reading.acquire(blocking=False):
+            try:
                 self._read()
+            finally:
+                self._reading.release()
+        with self._lock:
             says = self._says(key_id, tenant)
-            if says and key_id not in self._revoked and key_id not in self._created:
-                self._read()  # the miss path: a key created since the last read, e.g. by the CLI
+            known = key_id in self._revoked or key_id in self._created
+        if says and not known:  # the miss path: a key created since the last read, e.g. by the CLI
+            with self._reading:
+                self._read()
+            with self._lock:
                 says = self._says(key_id, tenant)
-            return says
+        return says
 
     def _says(self, key_id: str, tenant: str) -> bool:
         if key_id in self._revoked:
@@ -176,7 +196,8 @@ class _LogRevocations:
         return erased is not None and self._created.get(key_id, -1) < erased
 
     def _read(self) -> None:
-        """The entries past the last one read (the caller holds the lock)."""
+        """The entries past the last one read (the caller holds ``_reading``; ``_lock`` is
+        taken only to apply them)."""
         from fak.audit import AuditError, parse_event
         from fak.audit import store as log_store
 
@@ -188,17 +209,20 @@ class _LogRevocations:
                 return
             stop = log_store.size(conn)
             rows = log_store.entries_of_types(conn, LOG_TYPES, self._next, stop) if stop > self._next else []
+        events = []
         for index, body in rows:
             try:
-                event = parse_event(body)
+                events.append((index, parse_event(body)))
             except AuditError:  # an edited body: the signer's alarm (history rewritten), not ours
                 continue
-            if event.type == "key_revoked":
-                self._revoked.add(event.key_id)
-            elif event.type == "key_created":
-                self._created[event.key_id] = index
-            elif event.type == "tenant_erased":
-                self._erased[event.tenant] = index
+        with self._lock:
+            for index, event in events:
+                if event.type == "key_revoked":
+                    self._revoked.add(event.key_id)
+                elif event.type == "key_created":
+                    self._created[event.key_id] = index
+                elif event.type == "tenant_erased":
+                    self._erased[event.tenant] = index
         self._next = max(self._next, stop)
         self._read_at = time.monotonic()
 
@@ -227,7 +251,13 @@ class KeyStore:
     @classmethod
     def of(cls, kernel: Kernel) -> KeyStore:
         """The key store of a kernel's deployment: its database, keys from its master secret, its log."""
-        return cls(kernel.state.engine, kernel.derive_key(HASH_LABEL), kernel.derive_key(MAC_LABEL), kernel.audit)
+        store = cls(kernel.state.engine, kernel.derive_key(HASH_LABEL), kernel.derive_key(MAC_LABEL), kernel.audit)
+        store.load_log()  # the first full scan of the log at startup, not on a request
+        return store
+
+    def load_log(self) -> None:
+        """Read what the audit log says about keys now (else the first check reads it)."""
+        self._log_says.load()
 
     def _hash(self, key: str) -> str:
         return hmac.new(self._hash_key, key.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()

@@ -264,3 +264,42 @@ def test_renaming_the_revocation_in_the_type_column_hides_nothing(live_server) -
     _refused_like_unknown(live, key)
     fresh = KeyStore.of(live.kernel)  # what a restarted server builds: the log read from its bodies
     assert fresh.check(key).principal is None and fresh.state(fresh.list("acme")[0]) == "tampered"
+
+
+def test_a_slow_log_refresh_does_not_hold_up_other_authentications(tmp_path, monkeypatch) -> None:
+    """The backstop's refresh queries the database; while one caller makes it, the others
+    answer from what was read instead of queueing behind it (fails when the refresh ran
+    under the lock every lookup takes)."""
+    import threading
+
+    from fak.api.keys import _LogRevocations
+    from fak.audit import store as log_store
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'log.db'}")
+    log_store.Base.metadata.create_all(engine, tables=[log_store.entries_t])
+    log = _LogRevocations(engine, refresh_s=0.0)
+    log.revoked("c" * 16, "t0")  # the first read
+    entered, release = threading.Event(), threading.Event()
+    real = log_store.entries_of_types
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        entered.set()
+        release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(log_store, "entries_of_types", slow)
+    with engine.begin() as conn:  # one entry, so the refresh has a range to read
+        conn.execute(log_store.entries_t.insert().values(idx=0, tenant="", type="x", ts=0, body=b"{}"))
+    first = threading.Thread(target=log.revoked, args=("a" * 16, "t1"))
+    first.start()
+    try:
+        assert entered.wait(5)
+        answered = []
+        other = threading.Thread(target=lambda: answered.append(log.revoked("b" * 16, "t2")))
+        other.start()
+        other.join(2)
+        assert answered == [False]
+    finally:
+        release.set()
+        first.join(10)
+    engine.dispose()
