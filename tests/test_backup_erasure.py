@@ -244,3 +244,35 @@ def test_postgres_copy_taken_before_forget_reveals_nothing(pg_url, tmp_path, tin
         for row in sealed:
             with pytest.raises(FakError):
                 open_segment(k.store, row)
+
+
+def test_sealing_clear_rows_reads_the_keys_once_per_tenant(kernel, settings) -> None:
+    """The open-time migration of clear rows reads a tenant's data keys once, not once per row."""
+    from fak.state.seal import open_segment
+    from fak.state.store import pack_tokens
+
+    k = kernel
+    s = k.create_session("acme", "many")
+    s.append("user", "What is my booking?")
+    s.admit("booking", SECRET)
+    for i in range(3):
+        s.append("assistant", f"turn {i}")
+    engine = sa.create_engine(f"sqlite:///{Path(settings.data_dir) / 'fak.db'}")
+    with engine.begin() as conn:
+        rows = conn.execute(sa.text("SELECT * FROM fak_segments WHERE kind = 'assistant'")).mappings().all()
+        assert len(rows) == 3
+        for row in rows:
+            plain = open_segment(k.store, dict(row))
+            conn.execute(sa.text("UPDATE fak_segments SET sealed = NULL, tokens = :t, message_role = :r, "
+                                 "message_text = :m WHERE id = :id"),
+                         {"t": pack_tokens(plain.tokens), "r": plain.role, "m": plain.text, "id": row["id"]})
+    engine.dispose()
+    calls = []
+
+    class Counting:
+        def content_keys(self, tenant, digests):
+            calls.append(tenant)
+            return k.store.content_keys(tenant, digests)
+
+    assert k.state.seal_clear_segments(Counting()) == (3, 0)
+    assert calls == ["acme"]

@@ -149,10 +149,17 @@ class StateStore:
                                             SegmentRow.tokens.is_not(None), SegmentRow.content != "[]")
             rows = list(s.scalars(q))
         done = skipped = 0
+        by_tenant: dict[str, dict[str, bytes] | None] = {}  # one key-database read per tenant, not per row
+        for t in {r.tenant for r in rows}:
+            try:
+                by_tenant[t] = keys.content_keys(t, {x for r in rows if r.tenant == t for x in json.loads(r.content)})
+            except CasError:  # some ref is gone: rows are read one at a time below
+                by_tenant[t] = None
         for row in rows:
             refs = json.loads(row.content)
+            known = by_tenant[row.tenant]
             try:
-                mine = keys.content_keys(row.tenant, refs)
+                mine = {x: known[x] for x in refs} if known is not None else keys.content_keys(row.tenant, refs)
             except CasError:
                 skipped += 1
                 continue
