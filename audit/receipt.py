@@ -139,10 +139,8 @@ class ForgetReceipt(BaseModel):
                 ev.request_id, completed_index,
             ):  # fmt: skip
                 raise AuditError(f"audit entry {replay_index} is not the replay of forget {ev.request_id}")
-        proof = log.inclusion_proof(completed_index)
-        if replay is not None:
-            top = log.inclusion_proof(replay_index)  # the first checkpoint covering both
-            proof = log.inclusion_proof(completed_index, size=top.tree_size)
+        top = None if replay is None else log.inclusion_proof(replay_index)  # the first checkpoint covering both
+        proof = log.inclusion_proof(completed_index, size=None if top is None else top.tree_size)
         if proof.checkpoint is None:  # pragma: no cover - inclusion_proof() always attaches one
             raise AuditError(f"no signed checkpoint covers audit entry {completed_index}")
         req_proof = log.inclusion_proof(ev.requested_index, size=proof.tree_size)
@@ -176,8 +174,7 @@ class ForgetReceipt(BaseModel):
             consistency_proof=consistency,
             replay_index=replay_index,
             replay_event=None if replay is None else replay.body.decode(),
-            replay_inclusion_proof=None if replay is None else _bare(log.inclusion_proof(replay_index,
-                                                                                         size=proof.tree_size)),
+            replay_inclusion_proof=None if top is None else _bare(top),
         )
 
 
