@@ -14,11 +14,12 @@ entry was appended, so an entry edited in the database afterwards fails at its i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fak.audit import merkle, note, store
 from fak.audit.cosignature import add_lines
@@ -27,7 +28,17 @@ from fak.audit.verify import MAGIC  # the format's first line, defined by its re
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from fak.audit.log import AuditLog
+
+class Exportable(Protocol):
+    """What an export reads from the log (``AuditLog`` is one): its name, its verifier key and
+    one read snapshot of its database. A protocol, not ``AuditLog``, so this module does not
+    import the log that calls it (``AuditLog.export``)."""
+
+    origin: str
+
+    def public_key(self) -> str: ...
+
+    def read_snapshot(self) -> contextlib.AbstractContextManager[Connection]: ...
 
 
 def _with_stored_leaves(conn: Connection, rows: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes, bytes]]:
@@ -40,7 +51,7 @@ def _with_stored_leaves(conn: Connection, rows: Iterable[tuple[int, bytes]]) -> 
             yield idx, body, stored.get(merkle.node_id(0, idx)) or merkle.hash_leaf(body)
 
 
-def write_export(log: AuditLog, path: Path) -> int:
+def write_export(log: Exportable, path: Path) -> int:
     """Write entries [0, S) and the checkpoints up to S, S = latest checkpoint size; atomic."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with log.read_snapshot() as conn:  # one read snapshot for the whole export

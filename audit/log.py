@@ -59,6 +59,7 @@ from fak.audit.note import Signer
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signer_state import CheckpointSuperseded, SignerMemory, SignerRefused, read_state, state_path
 from fak.audit.signing import load_signer
+from fak.audit.statement import statement_text
 from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
 from fak.settings import StorageSettings
 
@@ -810,8 +811,6 @@ class AuditLog:
         signer remembers at ``cp`` (from the entries' bodies, kept outside the database), so
         ``cp`` must be its latest signature: otherwise CheckpointSuperseded (sign, then retry).
         A log without a signer memory counts by the database's ``tenant`` column."""
-        from fak.audit.tenant_export import statement_text
-
         self.require_verified()
         with self._read() as conn:
             row = store.checkpoint_at_least(conn, cp.size)

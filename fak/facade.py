@@ -148,6 +148,7 @@ class Kernel:
         from fak.audit import AuditLog
         from fak.cas import CasStore
         from fak.db import make_engine
+        from fak.kernel.blockdot import default_weights
         from fak.kernel.loader import load_model
         from fak.policy import PolicyHolder
 
@@ -157,7 +158,7 @@ class Kernel:
         policy = PolicyHolder(settings.policy_path or default_policy_path(), egress=settings.judge_allow_lists())
         import torch
 
-        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.resolved_weights,
+        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights or default_weights(),
                                  kv_dtype=getattr(torch, settings.kv_dtype), cache_dir=settings.cache_dir)
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url,
                               settings=settings)

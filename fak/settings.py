@@ -112,7 +112,7 @@ class Settings(StorageSettings):
                     "reference; gguf (the model file's own quantised blocks, products in C), the default where "
                     "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
                     "prompt set; float16 keeps float32's argmax too; int8 prefills fastest and is approximate; "
-                    "unset: the serving default (resolved_weights), decided when a model is loaded")
+                    "unset: the serving default (fak.kernel.blockdot.default_weights), decided when a model is loaded")
     kv_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
                                "reference's")
@@ -181,13 +181,6 @@ class Settings(StorageSettings):
     def _expand(cls, v: Path | None) -> Path | None:
         return v.expanduser() if v is not None else None
 
-    @property
-    def resolved_weights(self) -> Literal["gguf", "float16", "int8", "bfloat16", "float32"]:
-        """``weights``, else the serving default. Resolved here, when a model is about to load, not
-        as the field's default: deciding asks torch (fbgemm), and commands that read settings but
-        load no model (``fak cas rotate``, ``fak keys``, ``fak audit``) must not import it."""
-        return self.weights or _default_weights()
-
     def judge_allow_lists(self) -> JudgeEgress:
         """``judge_egress`` and ``judge_key_envs`` as the policy loader takes them: where a policy's
         judges may send tool results and which variables they may send (issue 25.6)."""
@@ -197,17 +190,6 @@ class Settings(StorageSettings):
             return JudgeEgress.of(self.judge_egress, self.judge_key_envs)
         except ValueError as exc:  # a Settings built without validation (model_copy) can still hold one
             raise SettingsError(f"setting judge_egress / judge_key_envs: {exc}") from None
-
-
-def _default_weights() -> Literal["gguf", "float16", "float32"]:
-    """The serving default: gguf where its C kernel has its fast path (a C compiler and an
-    AVX2 CPU), else float16 where torch has fbgemm (x86-64 CPU builds), else float32."""
-    from fak.kernel import blockdot
-    from fak.kernel.quant import fbgemm_supported
-
-    if blockdot.fast_path_possible():
-        return "gguf"
-    return "float16" if fbgemm_supported() else "float32"
 
 
 # --- the optional config file -------------------------------------------------

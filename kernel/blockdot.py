@@ -31,12 +31,13 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from fak.kernel.config import ModelConfig, ModelError
-from fak.kernel.quant import cpu_flags
+from fak.kernel.quant import cpu_flags, fbgemm_supported
 from fak.settings import StorageSettings
 
 QK = 32
@@ -123,6 +124,17 @@ def fast_path_possible() -> bool:
     except ModelError:
         return False
     return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+def default_weights() -> Literal["gguf", "float16", "float32"]:
+    """The serving default weight format, for ``Settings.weights`` unset (``Kernel.open``, ``fak
+    serve``): gguf where its C kernel has its fast path (a C compiler and an AVX2 CPU), else
+    float16 where torch has fbgemm (x86-64 CPU builds), else float32. Decided here, when a model
+    is about to load, not in ``fak.settings``: deciding asks torch, and commands that read
+    settings but load no model (``fak cas rotate``, ``fak keys``, ``fak audit``) must not import it."""
+    if fast_path_possible():
+        return "gguf"
+    return "float16" if fbgemm_supported() else "float32"
 
 
 # --- ctypes mirrors of the C structs ---------------------------------------------------

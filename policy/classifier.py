@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fak.policy.late import LateDetectorFailed, LateDetectorInvalid, LateFinding
+from fak.policy.late_detector import LateDetectorFailed, LateDetectorInvalid, LateFinding
 from fak.policy.schema import LateDetectorRule
 
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the config says

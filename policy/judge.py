@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from fak.policy.egress import JudgeEgress
-from fak.policy.late import LateDetectorFailed, LateDetectorInvalid, LateFinding
+from fak.policy.late_detector import LateDetectorFailed, LateDetectorInvalid, LateFinding
 from fak.policy.schema import LateDetectorRule
 
 DEFAULT_MODEL = "fak"

@@ -200,7 +200,7 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
     from fak.kernel.quant import fbgemm_supported
 
     default = "gguf" if blockdot.fast_path_possible() else ("float16" if fbgemm_supported() else "float32")
-    assert Settings().weights is None and Settings().resolved_weights == default  # the serving default
+    assert Settings().weights is None and blockdot.default_weights() == default  # the serving default
     assert Settings().kv_dtype == "float32"
     settings = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, weights=fmt, kv_dtype=kv)
     with Kernel.open(settings, progress=None) as k:

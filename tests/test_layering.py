@@ -122,6 +122,20 @@ def test_key_operations_do_not_import_the_model() -> None:
     assert not bad, _shown(bad)
 
 
+def test_shared_ground_does_not_import_what_builds_on_it() -> None:
+    """Cycles issue 26 removed stay removed: ``fak.settings`` imports no part of the model
+    package (the serving default weight format is ``fak.kernel.blockdot.default_weights``,
+    asked by ``Kernel.open``); a late detector imports what it returns and raises from
+    ``fak.policy.late_detector``, not the module that builds it; the log signs a tenant
+    statement from ``fak.audit.statement`` without importing the export that reads it."""
+    below = {"fak.settings": ("fak.kernel",), "fak.policy.classifier": ("fak.policy.late",),
+             "fak.policy.judge": ("fak.policy.late",), "fak.policy.late_detector": ("fak.policy.late",),
+             "fak.audit.log": ("fak.audit.tenant_export",), "fak.audit.statement": ("fak.audit.log",)}
+    bad = [e for e in EDGES if e.source in below and e.target in below[e.source] or (
+        e.source == "fak.settings" and _within(e.target, "fak.kernel"))]
+    assert not bad, _shown(bad)
+
+
 def test_sdk_does_not_import_the_server() -> None:
     """The SDK's wire models come from ``fak.wire`` (pydantic and ``fak.types`` only), which the
     server re-exports as ``fak.api.models``: no module of ``fak.sdk`` imports ``fak.api`` at
