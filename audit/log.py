@@ -863,7 +863,8 @@ class AuditLog:
     def find_admission(self, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
         """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
         logged before index ``before``: (index, canonical bytes), or None. Reads backwards from
-        ``before`` through the tenant's admissions only (index on tenant, idx). Here, not in
+        ``before`` through the tenant's entries (index on tenant, idx) whose hashed body is an
+        admission (the ``type`` column, which nothing hashes, is not trusted). Here, not in
         ``fak.audit.receipt``, so that a receipt's model loads no database code (the SDK's)."""
         t = store.entries_t
         pos = before
@@ -871,7 +872,7 @@ class AuditLog:
             while True:
                 rows = conn.execute(
                     sa.select(t.c.idx, t.c.body)
-                    .where(t.c.tenant == tenant, t.c.type == "admission_verdict", t.c.idx < pos)
+                    .where(t.c.tenant == tenant, store.body_type_match(conn, ["admission_verdict"]), t.c.idx < pos)
                     .order_by(t.c.idx.desc())
                     .limit(500)
                 ).all()
@@ -889,8 +890,9 @@ class AuditLog:
         t = store.entries_t
         needle = f'"request_id":"{request_id}"'.encode()
         with self._read() as conn:
-            rows = conn.execute(sa.select(t.c.idx, t.c.body)
-                                .where(t.c.tenant == tenant, t.c.type == "replay_verified", t.c.idx > after)
+            rows = conn.execute(sa.select(t.c.idx, t.c.body)  # by the hashed body, never the unhashed type column
+                                .where(t.c.tenant == tenant, store.body_type_match(conn, ["replay_verified"]),
+                                       t.c.idx > after)
                                 .order_by(t.c.idx))
             for idx, body in rows:
                 raw = bytes(body)

@@ -285,3 +285,26 @@ def test_forget_returns_before_its_replay_and_a_mismatch_alarms(kernel, capsys) 
 
     bad = ForgetReceipt.from_log(k.audit, receipt.log_index, replay_index=index)
     assert bad.replay == "mismatch" and not verify_receipt(bad, key)
+
+
+def test_receipt_lookups_read_hashed_bodies_not_the_type_column(kernel) -> None:
+    """A database writer who retypes the admission's and the replay's rows (the ``type``
+    column, which no hash covers) changes nothing the receipt says: both are found by their
+    hashed bodies."""
+    k = kernel
+    ref = _holding(k, "acme")["ref"]
+    first = k.forget("acme", ref, wait_replay=True)
+    assert first.replay == "verified"
+    url = k.state.engine.url.render_as_string(hide_password=False)
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:  # the attack: drop the append-only triggers, retype the rows
+            for name in conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars():
+                conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
+            conn.execute(sa.text("UPDATE audit_entries SET type = 'policy_loaded' "
+                                 "WHERE type IN ('replay_verified', 'admission_verdict')"))
+    finally:
+        engine.dispose()
+    again = k.forget("acme", ref)
+    assert again.replay == "verified" and first.admitted_index is not None and again.admitted_index == first.admitted_index
+    assert verify_receipt(again, k.audit.public_key(), require_replay=True)
