@@ -5,8 +5,6 @@ the same classes without importing the server (issue 26 part 5)."""
 from __future__ import annotations
 
 from fak.wire import (
-    MAX_TEXT,
-    MAX_TOOL_BYTES,
     AdmissionOut,
     CheckpointOut,
     EntriesOut,
@@ -18,7 +16,6 @@ from fak.wire import (
     GenerateIn,
     GenerateOut,
     InclusionOut,
-    MatchOut,
     MaterialiseOut,
     MessageIn,
     PieceOut,
@@ -30,15 +27,14 @@ from fak.wire import (
     SessionCreate,
     SessionList,
     SessionOut,
-    Strict,
     ToolCallDecisionOut,
     ToolCallIn,
     ToolResultIn,
 )
 
 __all__ = [
-    "MAX_TEXT", "MAX_TOOL_BYTES", "AdmissionOut", "CheckpointOut", "EntriesOut", "EntryOut", "EvictIn", "EvictRefsIn",
-    "EvictionOut", "ForgetIn", "GenerateIn", "GenerateOut", "InclusionOut", "MatchOut", "MaterialiseOut", "MessageIn",
-    "PieceOut", "QuarantineIn", "QuarantineOut", "ReceiptCheckOut", "RefsEvictedOut", "SegmentOut", "SessionCreate",
-    "SessionList", "SessionOut", "Strict", "ToolCallDecisionOut", "ToolCallIn", "ToolResultIn",
+    "AdmissionOut", "CheckpointOut", "EntriesOut", "EntryOut", "EvictIn", "EvictRefsIn", "EvictionOut", "ForgetIn",
+    "GenerateIn", "GenerateOut", "InclusionOut", "MaterialiseOut", "MessageIn", "PieceOut", "QuarantineIn",
+    "QuarantineOut", "ReceiptCheckOut", "RefsEvictedOut", "SegmentOut", "SessionCreate", "SessionList", "SessionOut",
+    "ToolCallDecisionOut", "ToolCallIn", "ToolResultIn",
 ]
