@@ -68,6 +68,21 @@ def _restore_row(engine, row: dict) -> None:  # noqa: ANN001
                              f"VALUES ({', '.join(':' + c for c in COLUMNS)})"), row)
 
 
+def _state_schema_to(engine, revision: str, *, down: bool = False) -> None:  # noqa: ANN001
+    """Alembic on the state schema, up or down to ``revision`` (what a writer holding the
+    migrations can do)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from fak.state.store import MIGRATIONS
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with writing(engine) as conn:
+        cfg.attributes["connection"] = conn
+        (command.downgrade if down else command.upgrade)(cfg, revision)
+
+
 def _status(live, key: str) -> int:  # noqa: ANN001
     with live.client(key) as c:
         return c.get("/v1/sessions").status_code
@@ -152,14 +167,10 @@ def test_a_schema_rollback_does_not_reseal_the_rows(settings, tiny_lm, capfd) ->
     """A writer rolls the state schema back to before the MAC (drops the column) and
     un-revokes a key: the next open's upgrade does not seal the rows again (the log shows
     this deployment sealed keys before), says so, and every such row is refused."""
-    from alembic import command
-    from alembic.config import Config
-
     from fak import Kernel
     from fak.api.keys import KeyStore
     from fak.api.server import serve
     from fak.db import make_engine
-    from fak.state.store import MIGRATIONS
 
     k = Kernel.open(settings, model=tiny_lm, progress=None)
     try:
@@ -172,11 +183,7 @@ def test_a_schema_rollback_does_not_reseal_the_rows(settings, tiny_lm, capfd) ->
 
     engine = make_engine(settings.resolved_database_url)
     try:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        with writing(engine) as conn:
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "state_0004")  # the mac and expires_us columns dropped
+        _state_schema_to(engine, "state_0004", down=True)  # the mac and expires_us columns dropped
         with writing(engine) as conn:
             conn.execute(sa.text("UPDATE fak_api_keys SET revoked_us = NULL"))
     finally:
@@ -201,16 +208,12 @@ def test_a_schema_rollback_does_not_reseal_the_rows(settings, tiny_lm, capfd) ->
 def test_a_fresh_deployment_and_a_first_upgrade_still_seal(settings, tiny_lm) -> None:
     """The refusal to seal is for a rolled-back table only: a database whose log holds no
     key event (never upgraded before) is sealed at its upgrade as before."""
-    from alembic import command
-    from alembic.config import Config
-
     from fak import Kernel
     from fak.api.keys import HASH_LABEL
     from fak.api.server import serve
     from fak.audit import AuditLog
     from fak.db import make_engine
     from fak.keys import derive_key, load_master_secret
-    from fak.state.store import MIGRATIONS
 
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with AuditLog.open(settings.resolved_database_url, settings.data_dir,
@@ -220,11 +223,7 @@ def test_a_fresh_deployment_and_a_first_upgrade_still_seal(settings, tiny_lm) ->
     old = f"fak_0123456789abcdef_{'s' * 43}"
     engine = make_engine(settings.resolved_database_url)
     try:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        with writing(engine) as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "state_0004")
+        _state_schema_to(engine, "state_0004")
         with writing(engine) as conn:  # a row as the code before the MAC wrote it
             conn.execute(sa.text("INSERT INTO fak_api_keys (key_id, tenant, role, hash, created_us) "
                                  "VALUES ('0123456789abcdef', 'acme', 'agent', :h, 1)"),
