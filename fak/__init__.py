@@ -1,6 +1,6 @@
 """fak: an agent-runtime security kernel.
 
-Start with ``from fak import Kernel`` (``fak.facade``): one object that owns the
+Start with ``from fak import Kernel`` (``fak.kernel.facade``): one object that owns the
 model, the policy, the CAS, the audit log, the prefix cache and the sessions.
 The top-level package also holds what every layer shares: settings, the server
 secret and its derived keys, the shared id types, the error classes and the CLI. Each layer lives
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fak.facade import Kernel
-    from fak.materialise import WorkingSet
+    from fak.kernel.facade import Kernel
+    from fak.kernel.materialise import WorkingSet
     from fak.settings import Settings
 
-_LAZY = {"Kernel": "fak.facade", "Settings": "fak.settings", "WorkingSet": "fak.materialise"}
+_LAZY = {"Kernel": "fak.kernel.facade", "Settings": "fak.settings", "WorkingSet": "fak.kernel.materialise"}
 __all__ = ["Kernel", "Settings", "WorkingSet", "__version__"]
 
 

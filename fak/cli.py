@@ -13,7 +13,7 @@ import sys
 from fak.errors import FakError
 
 # Modules that may contribute subcommands; a layer that does not exist yet is skipped.
-LAYER_CLIS = ("fak.kernel.cli", "fak.facade_cli", "fak.cas.cli", "fak.policy.cli", "fak.audit.cli",
+LAYER_CLIS = ("fak.kernel.model.cli", "fak.kernel.cli", "fak.cas.cli", "fak.policy.cli", "fak.audit.cli",
               "fak.audit.witness_cli", "fak.api.cli")
 
 

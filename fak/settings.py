@@ -112,7 +112,7 @@ class Settings(StorageSettings):
                     "reference; gguf (the model file's own quantised blocks, products in C), the default where "
                     "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
                     "prompt set; float16 keeps float32's argmax too; int8 prefills fastest and is approximate; "
-                    "unset: the serving default (fak.kernel.blockdot.default_weights), decided when a model is loaded")
+                    "unset: the serving default (fak.kernel.model.blockdot.default_weights), decided when a model is loaded")
     kv_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
                                "reference's")

@@ -1,95 +1,144 @@
-"""``fak generate`` and ``fak info``: the model alone, without the Kernel (``fak demo`` is the
-façade's, in ``fak.facade_cli``)."""
+"""``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine``, ``fak erase-tenant`` and ``fak demo``: the
+Kernel from a terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
+pid, while ``fak serve`` (or another Kernel) runs on that data directory (``fak.owner``); ``fak sessions``
+only reads the database and works beside it."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("generate", help="chat with the model (streams to the terminal)")
-    g.add_argument("--prompt", required=True, help="user message")
-    g.add_argument("--system", default=None, help="system message (default: the model's own)")
-    g.add_argument("--model", default=None, help="GGUF file or HF Llama folder (default: SmolLM2-135M)")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
-    g.set_defaults(handler=_generate)
+    c = sub.add_parser("chat", help="a chat session through the Kernel (persisted; resume with --session)")
+    c.add_argument("--tenant", default="local")
+    c.add_argument("--session", help="continue this session id")
+    c.add_argument("--system", help="system message for a new session")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--config", help="settings file; FAK_* variables override it")
+    c.set_defaults(handler=_chat)
 
-    i = sub.add_parser("info", help="model, cache location and KV bytes per token")
-    i.add_argument("--model", default=None)
-    i.set_defaults(handler=_info)
+    s = sub.add_parser("sessions", help="a tenant's sessions")
+    s.add_argument("--tenant", default="local")
+    s.add_argument("--config")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=_sessions)
+
+    f = sub.add_parser("forget", help="erase a ref from every session, cache and store; prints the receipt")
+    f.add_argument("ref")
+    f.add_argument("--tenant", required=True)
+    f.add_argument("--reason")
+    f.add_argument("--by", help="who asked (recorded in the log)")
+    f.add_argument("--config")
+    f.add_argument("--out", help="write the receipt JSON here (default: stdout)")
+    f.set_defaults(handler=_forget)
+
+    q = sub.add_parser("quarantine", help="late detection: evict a ref from every session of the tenant")
+    q.add_argument("ref")
+    q.add_argument("--tenant", required=True)
+    q.add_argument("--reason", required=True)
+    q.add_argument("--config")
+    q.set_defaults(handler=_quarantine)
+
+    e = sub.add_parser("erase-tenant", help="crypto-erase a whole tenant: sessions, KV, keys, refs, API keys")
+    e.add_argument("tenant")
+    e.add_argument("--confirm", required=True, help="the tenant's name again: this cannot be undone")
+    e.add_argument("--reason")
+    e.add_argument("--by", help="who asked (recorded in the log)")
+    e.add_argument("--config")
+    e.set_defaults(handler=_erase_tenant)
+
+    d = sub.add_parser("demo", help="the main job on embedded defaults")
+    d.add_argument("--model", default=None)
+    d.set_defaults(handler=_demo)
 
 
-def _load(path: str | None):  # noqa: ANN202
-    from fak.kernel.loader import load_model
+def _open(config: str | None):  # noqa: ANN202
+    from fak import Kernel
+    from fak.settings import Settings
 
-    return load_model(path, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
+    return Kernel.open(Settings.load(config))
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from fak.kernel.generate import SamplingParams, generate
-
-    lm = _load(args.model)
-    tok = lm.tokenizer
-    if args.raw:
-        ids = tok.encode(args.prompt)
-    else:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
-        ]
-        ids = tok.encode(tok.render(messages, add_generation_prompt=True))
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop_token_ids=frozenset(tok.stop_token_ids),
-    )
-    cache = lm.model.new_cache(len(ids) + args.max_tokens)
-    t0 = time.perf_counter()
-    n = 0
-
-    def counted():  # noqa: ANN202
-        nonlocal n
-        for t in generate(lm.model, cache, ids, params):
-            n += 1
-            yield t
-
-    for piece in tok.stream_text(counted()):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    dt = time.perf_counter() - t0
-    print(f"\n[fak] {len(ids)} prompt + {n} generated tokens in {dt:.2f}s", file=sys.stderr)
+def _chat(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        s = k.session(args.tenant, args.session) if args.session else k.session(args.tenant)
+        if args.system and not args.session:
+            s.append("system", args.system)
+        print(f"session {s.id} (tenant {args.tenant}); an empty line or Ctrl-D ends", file=sys.stderr)
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            s.append("user", line)
+            print("assistant> ", end="", flush=True)
+            for piece in k.tokenizer.stream_text(s.generate(max_tokens=args.max_tokens)):
+                print(piece, end="", flush=True)
+            print()
     return 0
 
 
-def _info(args: argparse.Namespace) -> int:
-    from fak.settings import StorageSettings
+def _sessions(args: argparse.Namespace) -> int:
+    """Read from the state database alone (no Kernel, no model): safe while ``fak serve``
+    runs on the same data directory, which a second Kernel is not (``fak.owner``)."""
+    from fak.db import make_engine, release
+    from fak.keys import derive_key, load_master_secret
+    from fak.settings import Settings
+    from fak.state.apikeys import MAC_LABEL
+    from fak.state.store import StateStore
+    from fak.types import check_tenant
 
-    lm = _load(args.model)
-    cfg = lm.model.cfg
-    rows = {
-        "model": cfg.name,
-        "model_id": lm.model_id,
-        "source": str(lm.source),
-        "parameters": f"{lm.model.w.parameters():,}",
-        "layers / heads / kv heads / head dim": f"{cfg.num_layers} / {cfg.num_heads} / {cfg.num_kv_heads} / {cfg.head_dim}",
-        "vocab": cfg.vocab_size,
-        "context": cfg.max_position_embeddings,
-        "rope": f"theta={cfg.rope_theta:g} scaling={cfg.rope_scaling.kind}",
-        "dtype / device": f"{lm.model.dtype} / {lm.model.device}",
-        "attention": lm.model.attention,
-        "decode": {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
-        "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
-        "weight cache": str(StorageSettings().cache_dir / "weights"),
-        "tokenizer": lm.tokenizer.digest,
-    }
-    width = max(len(k) for k in rows)
-    for k, v in rows.items():
-        print(f"{k:<{width}}  {v}")
+    settings = Settings.load(args.config)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        mac = derive_key(load_master_secret(settings.data_dir, settings.master_secret_hex()), MAC_LABEL)
+        ids = StateStore(engine, api_key_mac=mac).session_ids(check_tenant(args.tenant))
+    finally:
+        release(engine)
+    print(json.dumps(ids) if args.json else "\n".join(ids))
     return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from fak.audit.receipt import verify_receipt
+
+    with _open(args.config) as k:
+        # a one-shot command: the receipt completed by the survivors' independent replay
+        receipt = k.forget(args.tenant, args.ref, requested_by=args.by, reason=args.reason, wait_replay=True)
+        check = verify_receipt(receipt, k.audit.public_key())
+        body = receipt.model_dump_json(indent=2)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                fh.write(body + "\n")
+        else:
+            print(body)
+        print(f"forgot {args.ref}: {len(receipt.units_dropped)} units dropped in {len(receipt.sessions)} "
+              f"sessions; receipt verifies: {check.ok}; check it offline with: fak audit verify-receipt "
+              f"RECEIPT --pubkey '{k.audit.public_key()}'", file=sys.stderr)
+        return 0 if check.ok else 1
+
+
+def _erase_tenant(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        event = k.erase_tenant(args.tenant, confirm=args.confirm, requested_by=args.by or "cli", reason=args.reason)
+    print(json.dumps(event.model_dump(mode="json")))
+    return 0 if event.shred_status == "destroyed" else 3
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    with _open(args.config) as k:
+        report = k.quarantine(args.tenant, args.ref, reason=args.reason, principal="cli")
+    print(json.dumps({"ref": report.ref, "units": report.units, "mode": report.mode,
+                      "audit_index": report.audit_index}))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fak.kernel.demo import run_demo
+
+    return run_demo(args.model)

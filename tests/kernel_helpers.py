@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from fak.kernel.config import ModelConfig, RopeScaling
-from fak.kernel.model import Llama
-from fak.kernel.weights import random_weights, state_dict_from_weights
+from fak.kernel.model.config import ModelConfig, RopeScaling
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.weights import random_weights, state_dict_from_weights
 
 TINY = dict(
     vocab_size=257,

@@ -20,7 +20,7 @@ from fak.audit import merkle, note
 from fak.audit.checkpoint import open_checkpoint
 from fak.audit.proofs import InclusionProof, verify_tlog_proof
 from fak.audit.receipt import verify_receipt
-from fak.facade import default_policy_path
+from fak.kernel.facade import default_policy_path
 
 PROBLEM = "application/problem+json"
 TYPES = "https://fak.dev/problems/"

@@ -17,14 +17,16 @@ SCRIPT = r"""
 import contextlib, io, json, sys
 from fak.cli import main
 
-MODEL = ("torch", "fak.ksession", "fak.facade", "fak.demo")
+MODEL = ("torch", "fak.kernel.agent_session", "fak.kernel.facade", "fak.kernel.demo")
+# the packages and command registrations every ``fak`` command imports to build its parser
+REGISTRATIONS = ("fak.kernel.model", "fak.kernel.model.cli")
 report = []
 for argv in json.loads(sys.argv[1]):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(argv)
     loaded = sorted(m for m in sys.modules if m in MODEL or m.startswith("torch.")
-                    or (m.startswith("fak.kernel.") and m != "fak.kernel.cli"))
+                    or (m.startswith(("fak.kernel.model.", "fak.kernel.kv")) and m not in REGISTRATIONS))
     report.append({"argv": argv, "rc": rc, "loaded": loaded[:8], "out": buf.getvalue()})
 print(json.dumps(report))
 """

@@ -13,7 +13,7 @@ from fak import errors
 from fak.errors import FakError, error_codes
 
 PACKAGES = ("fak.cas", "fak.audit", "fak.policy")
-MODULES = ("fak.kernel.config", "fak.errors", "fak.types", "fak.db")
+MODULES = ("fak.kernel.model.config", "fak.errors", "fak.types", "fak.db")
 
 
 def _modules():
@@ -41,7 +41,7 @@ CLASSES = _error_classes()
 
 def test_the_walk_finds_every_layer():
     modules = {c.__module__.rsplit(".", 1)[0] for c in CLASSES} | {c.__module__ for c in CLASSES}
-    for expected in ("fak.cas", "fak.audit", "fak.policy", "fak.kernel.config", "fak.errors"):
+    for expected in ("fak.cas", "fak.audit", "fak.policy", "fak.kernel.model.config", "fak.errors"):
         assert expected in modules
     assert len(CLASSES) >= 15
 
@@ -71,7 +71,7 @@ def test_shared_errors_and_their_layer_subclasses():
     from fak.audit.errors import AuditError, VerificationError
     from fak.audit.merkle import ProofError
     from fak.cas import CasError, Forgotten, InvalidDigest, InvalidInput, NotFound
-    from fak.kernel.config import ModelError
+    from fak.kernel.model.config import ModelError
     from fak.policy.errors import PolicyError
 
     assert error_codes() | {

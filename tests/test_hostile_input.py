@@ -189,7 +189,7 @@ def _mutate(rng: random.Random, seed: bytes, n: int) -> bytes:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32), st.integers(1, 12))
 def test_policy_loader_raises_only_located_policy_errors(seed, n) -> None:
-    from fak.facade import default_policy_path
+    from fak.kernel.facade import default_policy_path
     from fak.policy import PolicyError, load_policy_text
 
     text = _mutate(random.Random(seed), default_policy_path().read_bytes(), n).decode("utf-8", "replace")
@@ -205,7 +205,7 @@ def test_policy_loader_raises_only_located_policy_errors(seed, n) -> None:
 def test_numbers_a_digest_cannot_carry_are_located_policy_errors(value, hostile) -> None:
     """Found by bench/fuzz.py: an integer of 2^53 or more (or NaN, infinity) in a policy raised
     out of the loader (RFC 8785 cannot encode it) and was a 500 from /v1/policy/validate."""
-    from fak.facade import default_policy_path
+    from fak.kernel.facade import default_policy_path
     from fak.policy import PolicyError, load_policy_text
 
     text = default_policy_path().read_text().replace("max_bytes: 1048576", f"max_bytes: {value}", 1)

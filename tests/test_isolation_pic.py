@@ -10,7 +10,7 @@ import re
 import pytest
 from api_server import live_server  # noqa: F401  (fixture)
 
-from fak.facade import default_policy_path
+from fak.kernel.facade import default_policy_path
 
 DOC = ("Release notes 4.2: the scheduler now retries failed jobs three times with exponential "
        "backoff; the web console shows per-queue latency; exports to Parquet keep column types; "

@@ -18,7 +18,7 @@ from api_server import live_server  # noqa: F401 - the fixture
 from kernel_facade_helpers import events
 from late_models import JudgeStub
 
-from fak.facade import default_policy_path
+from fak.kernel.facade import default_policy_path
 
 ACME_TEXT = "Flight LH123 on time, acme's itinerary 7f3a."
 GLOBEX_TEXT = "Payroll run for globex: account 0042-9917, approved."

@@ -12,7 +12,7 @@ import pytest
 
 from fak import Kernel, Settings
 from fak.audit import AuditLog
-from fak.kernel.ledger import SegmentState
+from fak.kernel.kv.ledger import SegmentState
 
 pytestmark = pytest.mark.real_model
 

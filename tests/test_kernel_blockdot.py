@@ -1,4 +1,4 @@
-"""The ``gguf`` weight format (``kernel/blockdot.py``, ``kernel/csrc/blockdot.c``): block
+"""The ``gguf`` weight format (``kernel/model/blockdot.py``, ``kernel/model/csrc/blockdot.c``): block
 products against their dequantised float products, rows independent of their call and of
 the thread count, the C decode step against torch ops over the same products, and on the
 real model: the blocks are exactly the weights the float32 reference computes with."""
@@ -12,13 +12,13 @@ import pytest
 import torch
 from kernel_helpers import tiny_config
 
-from fak.kernel import blockdot
-from fak.kernel.blockdot import Q4_1, QK, BlockLinear, BlockMatrix
-from fak.kernel.config import ModelError
-from fak.kernel.fast_decode import FastDecoder
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.model import Llama
-from fak.kernel.weights import random_weights
+from fak.kernel.model import blockdot
+from fak.kernel.model.blockdot import Q4_1, QK, BlockLinear, BlockMatrix
+from fak.kernel.model.config import ModelError
+from fak.kernel.model.fast_decode import FastDecoder
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.weights import random_weights
 
 
 def dequantise(bm: BlockMatrix) -> torch.Tensor:
@@ -202,7 +202,7 @@ def test_smollm2_s_blocks_are_exactly_the_reference_weights(smollm2) -> None:
     """The float32 reference computes with the GGUF's dequantised Q4_1/Q8_0 blocks; the
     gguf format keeps those blocks (Q/K rows in the reference's order), so its weights are
     the reference's to the bit."""
-    from fak.kernel.weights import default_model_path
+    from fak.kernel.model.weights import default_model_path
 
     ref = smollm2.model
     blocks = blockdot.gguf_blocks(default_model_path(), ref.cfg)

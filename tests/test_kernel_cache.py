@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_helpers import tiny_model
 
-from fak.kernel.generate import SamplingParams, _nucleus, generate, sample
-from fak.kernel.kv_cache import KVCache
+from fak.kernel.model.generate import SamplingParams, _nucleus, generate, sample
+from fak.kernel.model.kv_cache import KVCache
 
 
 def _ids(n: int, seed: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Typed Kernel events (fak.kernel_events): each kind the Kernel publishes reaches a subscriber
+"""Typed Kernel events (fak.kernel.events): each kind the Kernel publishes reaches a subscriber
 of its type through the real decisions (tiny model, a real judge on loopback for the late one),
 a subscriber that raises never fails the decision, and no string-keyed ``_notify`` is left."""
 
@@ -12,7 +12,7 @@ from kernel_facade_helpers import CLEAN, WEATHER, events
 from late_models import POLITE, JudgeStub, open_late_kernel
 
 from fak import Kernel
-from fak.kernel_events import (
+from fak.kernel.events import (
     EVENT_TYPES,
     AdmissionDecided,
     EventBus,

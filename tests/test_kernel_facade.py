@@ -13,8 +13,8 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 from fak import Kernel, Settings
 from fak.audit.errors import AuditError
 from fak.errors import InvalidInput, NotFound
-from fak.kernel_events import AdmissionDecided, ForgetDone, KernelEvent, SpanEvicted, TokensDecoded
-from fak.ksession import SessionBusy
+from fak.kernel.agent_session import SessionBusy
+from fak.kernel.events import AdmissionDecided, ForgetDone, KernelEvent, SpanEvicted, TokensDecoded
 from fak.settings import SettingsError
 from fak.state.store import StateError
 
@@ -192,7 +192,7 @@ def test_rerope_needs_the_policy_and_rebuilds_exact(tmp_path, settings, tiny_lm)
     import shutil
 
     from fak.errors import Forbidden
-    from fak.facade import default_policy_path
+    from fak.kernel.facade import default_policy_path
 
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         s = _conversation(k)
@@ -217,7 +217,7 @@ def test_rerope_needs_the_policy_and_rebuilds_exact(tmp_path, settings, tiny_lm)
 
 
 def test_context_limit(settings, tiny_lm) -> None:
-    from fak.ksession import GENERATION_OVERHEAD, ContextFull
+    from fak.kernel.agent_session import GENERATION_OVERHEAD, ContextFull
 
     settings.max_context_tokens = 120
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
@@ -258,7 +258,7 @@ def test_a_policy_reload_the_log_cannot_record_is_not_enforced(tmp_path, setting
     import shutil
 
     from fak.audit.errors import AuditError
-    from fak.facade import default_policy_path
+    from fak.kernel.facade import default_policy_path
 
     policy = tmp_path / "policy.yaml"
     shutil.copy(default_policy_path(), policy)

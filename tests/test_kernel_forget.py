@@ -19,7 +19,7 @@ from fak.audit.events import parse_event
 from fak.audit.receipt import verify_receipt
 from fak.cas.errors import CasError
 from fak.errors import FakError, NotFound
-from fak.kernel.ledger import SegmentKind
+from fak.kernel.kv.ledger import SegmentKind
 
 FAK = str(Path(sys.executable).with_name("fak"))
 SECRET = b"Booking reference QX7Y2Z for passenger Ada Lovelace, card ending 4242, seat 14C."
@@ -48,7 +48,7 @@ def _holding(k: Kernel, tenant: str) -> dict[str, object]:
 
 def _replay(k: Kernel, tenant: str, s) -> str:  # noqa: ANN001
     """An independent never-saw session: the survivors' tokens only, no prefix cache."""
-    from fak.kernel.session import Session
+    from fak.kernel.kv.session import Session
 
     fresh = Session(k.model, k.tokenizer, tenant=tenant, chunk_size=k.settings.chunk_size)
     for seg in s._loaded().ledger.live():
@@ -202,8 +202,8 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
 
 
 def test_forget_again_after_readmission_and_no_admission_during_a_forget(kernel) -> None:
-    from fak.forget import resume
-    from fak.ksession import RefBeingForgotten
+    from fak.kernel.agent_session import RefBeingForgotten
+    from fak.kernel.forget import resume
     from fak.state.schema import ForgetRow
     from fak.state.store import now_us
 
@@ -249,7 +249,7 @@ def test_quarantine_is_logged_before_it_acts(settings, tiny_lm) -> None:
 
 
 def test_forget_returns_before_its_replay_and_a_mismatch_alarms(kernel, capsys) -> None:
-    from fak.replay import ReplayJob, SessionJob, run
+    from fak.kernel.replay import ReplayJob, SessionJob, run
 
     k = kernel
     held = _holding(k, "acme")

@@ -11,8 +11,8 @@ import pytest
 from kernel_facade_helpers import WEATHER, events
 
 from fak import Kernel, Settings
-from fak.kernel.ledger import SegmentKind
-from fak.kernel.session import Session
+from fak.kernel.kv.ledger import SegmentKind
+from fak.kernel.kv.session import Session
 from fak.state.store import now_us
 
 POLICY = """\

@@ -12,9 +12,9 @@ import torch
 from kernel_helpers import tiny_model
 from safetensors.torch import save_file
 
-from fak.kernel.config import ModelError
-from fak.kernel.loader import load_model
-from fak.kernel.weights import state_dict_from_weights
+from fak.kernel.model.config import ModelError
+from fak.kernel.model.loader import load_model
+from fak.kernel.model.weights import state_dict_from_weights
 
 
 def _hf_folder(tmp_path, model) -> None:  # noqa: ANN001

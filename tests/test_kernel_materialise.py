@@ -10,7 +10,7 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 
 from fak import Kernel, WorkingSet
 from fak.errors import InvalidInput
-from fak.facade import default_policy_path
+from fak.kernel.facade import default_policy_path
 
 GATE = b"Gate change: LH123 now departs from gate B44, boarding at 13:35."
 BIG = b"Timetable: " + b"LH400 Frankfurt-New York 10:15; " * 40

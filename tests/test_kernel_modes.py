@@ -1,4 +1,4 @@
-"""Weight formats and KV dtypes (``kernel/quant.py``): every exactness witness holds
+"""Weight formats and KV dtypes (``kernel/model/quant.py``): every exactness witness holds
 bit-exactly *within* each mode, because each compares the kernel with itself —
 write-time eviction, RECOMPUTE, prefix reuse, forget-style replay, decode. Only
 float32 is compared with the oracle (tests/test_kernel_oracle.py); for the other
@@ -10,14 +10,14 @@ import pytest
 import torch
 from kernel_helpers import tiny_config
 
-from fak.kernel import blockdot
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.loader import load_model
-from fak.kernel.model import Llama
-from fak.kernel.prefix_cache import PrefixCache, namespace
-from fak.kernel.quant import WEIGHT_FORMATS
-from fak.kernel.session import EvictMode, PrefixBinding, Session
-from fak.kernel.weights import default_model_path, random_weights
+from fak.kernel.kv.prefix_cache import PrefixCache, namespace
+from fak.kernel.kv.session import EvictMode, PrefixBinding, Session
+from fak.kernel.model import blockdot
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.loader import load_model
+from fak.kernel.model.quant import WEIGHT_FORMATS
+from fak.kernel.model.weights import default_model_path, random_weights
 from fak.keys import tenant_salt
 
 # (weight format, KV dtype): every format, and a bfloat16 KV cache under two of them
@@ -197,7 +197,7 @@ def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp
     from fak import Kernel, Settings
 
     monkeypatch.delenv("FAK_WEIGHTS")
-    from fak.kernel.quant import fbgemm_supported
+    from fak.kernel.model.quant import fbgemm_supported
 
     default = "gguf" if blockdot.fast_path_possible() else ("float16" if fbgemm_supported() else "float32")
     assert Settings().weights is None and blockdot.default_weights() == default  # the serving default

@@ -10,7 +10,7 @@ import pytest
 import torch
 from kernel_helpers import LLAMA3, hf_logits, hf_oracle, tiny_model
 
-from fak.kernel.generate import SamplingParams, generate
+from fak.kernel.model.generate import SamplingParams, generate
 
 CONFIGS = {
     "gqa_tied": {},
@@ -93,8 +93,8 @@ def test_blas_decode_is_bit_exact_between_runs_and_close_to_torch_decode() -> No
 
 def test_decode_backend_choice() -> None:
     """auto = blas on CPU float32, torch elsewhere; blas refuses what numpy cannot run."""
-    from fak.kernel.loader import _to
-    from fak.kernel.model import Llama
+    from fak.kernel.model.llama import Llama
+    from fak.kernel.model.loader import _to
 
     model = tiny_model()
     assert model.decode == "blas"

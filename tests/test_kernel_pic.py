@@ -9,11 +9,11 @@ import pytest
 import torch
 from kernel_helpers import tiny_model
 
-from fak.kernel.chunking import ChunkParams, chunk_bounds
-from fak.kernel.pic import PicError, PicRegistry
-from fak.kernel.pic_serve import PicBinding
-from fak.kernel.prefix_cache import PrefixCache, namespace
-from fak.kernel.session import PrefixBinding, Session
+from fak.kernel.kv.chunking import ChunkParams, chunk_bounds
+from fak.kernel.kv.pic import PicError, PicRegistry
+from fak.kernel.kv.pic_serve import PicBinding
+from fak.kernel.kv.prefix_cache import PrefixCache, namespace
+from fak.kernel.kv.session import PrefixBinding, Session
 from fak.keys import tenant_salt
 
 MASTER = bytes(range(32))

@@ -10,7 +10,7 @@ import pytest
 from kernel_facade_helpers import events
 
 from fak import Kernel
-from fak.facade import default_policy_path
+from fak.kernel.facade import default_policy_path
 
 DOC = (b"Release notes 4.2: the scheduler now retries failed jobs three times with exponential "
        b"backoff; the web console shows per-queue latency; exports to Parquet keep column types; "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from kernel_helpers import tiny_model
 
-from fak.kernel.prefix_cache import PrefixCache, namespace
-from fak.kernel.session import EvictMode, PrefixBinding, Session
+from fak.kernel.kv.prefix_cache import PrefixCache, namespace
+from fak.kernel.kv.session import EvictMode, PrefixBinding, Session
 from fak.keys import tenant_salt
 
 MASTER = bytes(range(32))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.model import Llama
-from fak.kernel.session import Session
-from fak.kernel.weights import default_model_path
+from fak.kernel.kv.session import Session
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.weights import default_model_path
 
 pytestmark = pytest.mark.real_model
 
@@ -115,8 +115,8 @@ def test_content_cannot_forge_special_tokens(smollm2) -> None:
 
 
 def test_missing_model_file_is_a_clear_error(tmp_path) -> None:
-    from fak.kernel.config import ModelError
-    from fak.kernel.loader import load_model
+    from fak.kernel.model.config import ModelError
+    from fak.kernel.model.loader import load_model
 
     with pytest.raises(ModelError, match="not found"):
         load_model(tmp_path / "nope.gguf")

@@ -12,7 +12,7 @@ from fak import Kernel
 def test_a_session_recorded_under_other_weights_rebuilds_and_says_so(settings) -> None:
     """FAK_WEIGHTS changed between two starts: the same ledger computes other bytes, so the
     replay becomes the session's state (audited as model_changed), not a refusal."""
-    from fak.kernel.quant import fbgemm_supported
+    from fak.kernel.model.quant import fbgemm_supported
 
     if not fbgemm_supported():
         pytest.skip("float16 weights need fbgemm (x86-64 torch)")

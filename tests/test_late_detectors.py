@@ -521,7 +521,7 @@ def test_parse_verdict() -> None:
 def test_late_detector_evicts_exactly(tmp_path: Path, tiny_dir: Path, tiny_lm, judge_stub: JudgeStub) -> None:
     from kernel_facade_helpers import events
 
-    from fak.kernel.session import Session
+    from fak.kernel.kv.session import Session
 
     judge_stub.release = threading.Event()  # the judge answers only when the test says so
     k = open_late_kernel(tmp_path, tiny_dir, tiny_lm, judge_stub.url)

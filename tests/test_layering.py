@@ -12,9 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # the source folders and the packages they install as (pyproject.toml, package-dir)
 PACKAGES = {"fak": "fak", "kernel": "fak.kernel", "cas": "fak.cas", "policy": "fak.policy", "audit": "fak.audit",
             "api": "fak.api", "sdk": "fak.sdk"}
-# the façade and the agent kernel built on the model package: the model package never reaches up into them
-FACADE = ("fak.facade", "fak.ksession", "fak.forget", "fak.withdraw", "fak.materialise", "fak.keyops",
-          "fak.authorize", "fak.demo", "fak.facade_cli")
+# the mechanisms under the agent kernel: the model forward and the KV structures (``kernel/model``, ``kernel/kv``)
+MECHANISMS = ("fak.kernel.model", "fak.kernel.kv")
+# the agent kernel built on them (``kernel/*.py``): the mechanisms never reach up into it
+AGENT_KERNEL = ("fak.kernel.facade", "fak.kernel.agent_session", "fak.kernel.forget", "fak.kernel.withdraw",
+                "fak.kernel.materialise", "fak.kernel.keyops", "fak.kernel.authorize", "fak.kernel.replay",
+                "fak.kernel.events", "fak.kernel.demo", "fak.kernel.cli")
+# the shared ground (``fak/``): types, errors, settings, database, keys, wire models; every layer builds on it
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def _shown(edges: list[Import]) -> list[str]:
 def test_the_graph_is_read() -> None:
     """The parser sees the tree (a broken walk would make every other test here pass)."""
     sources = {e.source for e in EDGES}
-    assert {"fak.facade", "fak.kernel.model", "fak.policy.late", "fak.cas.store", "fak.api.app"} <= sources
+    assert {"fak.kernel.facade", "fak.kernel.model.llama", "fak.policy.late", "fak.cas.store", "fak.api.app"} <= sources
     assert any(e.source == "fak.policy.late" and e.target == "fak.policy.classifier" and not e.module_level
                for e in EDGES)  # a function-local import is seen, with its place
 
@@ -103,28 +107,49 @@ def test_policy_never_imports_the_model_package_nor_torch_at_module_level() -> N
     assert any(e.source == "fak.policy.classifier" and e.target == "torch" and not e.module_level for e in EDGES)
 
 
-def test_model_package_does_not_reach_up() -> None:
-    """``fak.kernel`` (the model, its weights and KV mechanisms, and ``fak generate`` /
-    ``fak info``) imports neither the policy layer, the store, the log, the server, the SDK
-    nor the façade: ``fak demo`` is the façade's command (``fak.facade_cli``)."""
-    above = ("fak.policy", "fak.cas", "fak.audit", "fak.api", "fak.sdk", *FACADE)
-    bad = [e for e in EDGES if _within(e.source, "fak.kernel") and any(_within(e.target, p) for p in above)]
+def test_mechanisms_do_not_reach_up() -> None:
+    """``fak.kernel.model`` (the forward, its weight formats, ``fak generate`` / ``fak info``) and
+    ``fak.kernel.kv`` (the KV cache, ledger, prefix and PIC reuse, the model session) import
+    neither the policy layer, the store, the log, the server, the SDK nor the agent kernel
+    above them: ``fak demo`` is the agent kernel's command (``fak.kernel.cli``)."""
+    above = ("fak.policy", "fak.cas", "fak.audit", "fak.api", "fak.sdk", *AGENT_KERNEL)
+    bad = [e for e in EDGES if any(_within(e.source, m) for m in MECHANISMS)
+           and any(_within(e.target, p) for p in above)]
+    assert not bad, _shown(bad)
+    # the forward owns only its cache tensors (``model.kv_cache``); segments and reuse build on it
+    model_up = [e for e in EDGES if _within(e.source, "fak.kernel.model") and _within(e.target, "fak.kernel.kv")]
+    assert not model_up, _shown(model_up)
+
+
+def test_the_tree_shows_the_architecture() -> None:
+    """Issue 26 part 7: the agent kernel lives in ``kernel/`` over its two mechanism subpackages,
+    and ``fak/`` keeps only the shared ground, which imports no layer built on it (the lazy
+    ``from fak import Kernel`` is a name lookup, not an import edge)."""
+    for name in AGENT_KERNEL:
+        assert (ROOT / "kernel" / (name.rsplit(".", 1)[1] + ".py")).is_file(), name
+    assert {p.stem for p in (ROOT / "fak").glob("*.py")} <= {
+        "__init__", "cli", "db", "errors", "faults", "keys", "owner", "protocols", "settings", "types", "wire"}
+    layers = ("fak.kernel", "fak.cas", "fak.policy", "fak.audit", "fak.api", "fak.sdk")
+    bad = [e for e in EDGES if (e.source == "fak" or (_within(e.source, "fak") and e.source.count(".") >= 1
+                                and e.source.split(".")[1] in {"db", "errors", "faults", "keys", "owner",
+                                                              "protocols", "settings", "types", "wire", "state"}))
+           and e.module_level and any(_within(e.target, lay) for lay in layers)]
     assert not bad, _shown(bad)
 
 
 def test_key_operations_do_not_import_the_model() -> None:
-    """``fak.keyops`` (KEK rotation and destruction, logged) and the ``fak cas`` / ``fak audit``
+    """``fak.kernel.keyops`` (KEK rotation and destruction, logged) and the ``fak cas`` / ``fak audit``
     commands import no part of the model package, the session layer or torch, at any level
     (``tests/test_cli_imports.py`` runs the commands and checks what they load)."""
-    heavy = ("fak.kernel", "fak.ksession", "fak.facade", "torch")
-    sources = ("fak.keyops", "fak.cas.cli", "fak.audit.cli")
+    heavy = (*MECHANISMS, "fak.kernel.agent_session", "fak.kernel.facade", "torch")
+    sources = ("fak.kernel.keyops", "fak.cas.cli", "fak.audit.cli")
     bad = [e for e in EDGES if e.source in sources and any(_within(e.target, h) for h in heavy)]
     assert not bad, _shown(bad)
 
 
 def test_shared_ground_does_not_import_what_builds_on_it() -> None:
     """Cycles issue 26 removed stay removed: ``fak.settings`` imports no part of the model
-    package (the serving default weight format is ``fak.kernel.blockdot.default_weights``,
+    package (the serving default weight format is ``fak.kernel.model.blockdot.default_weights``,
     asked by ``Kernel.open``); a late detector imports what it returns and raises from
     ``fak.policy.late_detector``, not the module that builds it; the log signs a tenant
     statement from ``fak.audit.statement`` without importing the export that reads it."""

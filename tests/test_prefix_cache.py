@@ -11,8 +11,8 @@ import torch
 from kernel_helpers import tiny_model
 
 from fak.errors import FakError
-from fak.kernel.kv_cache import KVBlock
-from fak.kernel.prefix_cache import PrefixCache, PrefixError, PrefixStats, namespace, shared_namespace
+from fak.kernel.kv.prefix_cache import PrefixCache, PrefixError, PrefixStats, namespace, shared_namespace
+from fak.kernel.model.kv_cache import KVBlock
 from fak.keys import load_master_secret, tenant_salt
 from fak.settings import StorageSettings
 

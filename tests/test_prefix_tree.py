@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fak.kernel.kv_cache import KVBlock
-from fak.kernel.prefix_tree import RadixTree, concat_rows, node_id
+from fak.kernel.kv.prefix_tree import RadixTree, concat_rows, node_id
+from fak.kernel.model.kv_cache import KVBlock
 
 LAYERS, HEADS, DIM = 2, 1, 4
 NS = b"t" + bytes(32)

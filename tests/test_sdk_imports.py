@@ -21,8 +21,8 @@ from fak.sdk.models import ForgetReceipt, ReceiptCheck, SessionOut
 with Client("http://127.0.0.1:9", api_key="fak_x") as c:  # built, never sent
     pass
 SessionOut.model_validate({"id": "s", "tokens": 0, "fingerprint": "f", "segments": []})
-HEAVY = ("fak.api", "fastapi", "starlette", "uvicorn", "sqlalchemy", "torch", "fak.kernel", "fak.facade",
-         "fak.ksession", "fak.db", "fak.sdk.inprocess")
+HEAVY = ("fak.api", "fastapi", "starlette", "uvicorn", "sqlalchemy", "torch", "fak.kernel", "fak.kernel.facade",
+         "fak.kernel.agent_session", "fak.db", "fak.sdk.inprocess")
 print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in HEAVY))))
 """
 

@@ -24,7 +24,7 @@ ALLOWED = {
     ("api/malloc.py", "'MALLOC_ARENA_MAX'"): "glibc's own variable: the operator's choice wins over the server's cap",
     ("policy/judge.py", "rule.api_key_env"): "the judge's key: the variable the operator allow-listed (judge_key_envs)",
     ("policy/judge.py", "self.rule.api_key_env"): "the same, read at each judgement",
-    ("kernel/blockdot.py", "'CC'"): "the C toolchain's own variable (as make and setuptools read it)",
+    ("kernel/model/blockdot.py", "'CC'"): "the C toolchain's own variable (as make and setuptools read it)",
     ("policy/accel.py", "'FAK_NO_HYPERSCAN'"): "picks the matcher at import, before any Settings exists",
 }
 

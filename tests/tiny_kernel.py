@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from fak.kernel.config import ModelConfig
-from fak.kernel.weights import random_weights, state_dict_from_weights
+from fak.kernel.model.config import ModelConfig
+from fak.kernel.model.weights import random_weights, state_dict_from_weights
 
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 CHATML = (

@@ -81,7 +81,7 @@ class ForgetRow(Base):
     tenant: Mapped[str] = mapped_column(String(64))
     ref: Mapped[str] = mapped_column(String(80))
     started_us: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16))  # requested | replaying (fak.replay) | completed
+    state: Mapped[str] = mapped_column(String(16))  # requested | replaying (fak.kernel.replay) | completed
     principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
     reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
     requested_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -334,7 +334,7 @@ class StateStore:
             return list(s.scalars(q))
 
     def forgets_replaying(self) -> list[ForgetRow]:
-        """Forgets whose erasure is done and whose independent replay is not logged yet (``fak.replay``)."""
+        """Forgets whose erasure is done and whose independent replay is not logged yet (``fak.kernel.replay``)."""
         with self._session() as s:
             q = sa.select(ForgetRow).where(ForgetRow.state == "replaying").order_by(ForgetRow.started_us)
             return list(s.scalars(q))

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fak.kernel.config import ModelConfig
-from fak.kernel.kv_cache import KVCache
+from fak.kernel.model.config import ModelConfig
+from fak.kernel.model.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from fak.kernel.model import Weights
+    from fak.kernel.model.llama import Weights
 
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from fak.kernel import blockdot
-from fak.kernel.config import ModelError
-from fak.kernel.model import Llama, Weights
-from fak.kernel.tokenizer import ChatTokenizer
-from fak.kernel.weights import Progress, default_model_path, load_gguf, load_hf_folder
+from fak.kernel.model import blockdot
+from fak.kernel.model.config import ModelError
+from fak.kernel.model.llama import Llama, Weights
+from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.model.weights import Progress, default_model_path, load_gguf, load_hf_folder
 from fak.settings import StorageSettings
 
 
@@ -55,7 +55,7 @@ def load_model(
 
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
     oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own
-    blocks), faster modes: ``kernel/quant.py``);
+    blocks), faster modes: ``kernel/model/quant.py``);
     ``kv_dtype`` that of the KV cache (default ``dtype``); ``cache_dir`` holds the dequantised
     weights and the compiled gguf kernel (``Settings.cache_dir``; default ``StorageSettings()``'s)."""
     src = Path(path).expanduser() if path is not None else default_model_path()

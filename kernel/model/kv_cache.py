@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import blake3
 import torch
 
-from fak.kernel.config import ModelConfig
+from fak.kernel.model.config import ModelConfig
 
 MIN_CAPACITY = 64
 

@@ -13,7 +13,7 @@ memory bandwidth (docs/decode.md has the measurements):
 - ``bfloat16``: torch bfloat16 matmuls (slower than float32 for matrix-vector
   products on the project's CPU; kept because it runs on any device).
 - ``gguf``: the model file's own quantised blocks (Q4_1 / Q8_0), products in C
-  as llama.cpp computes them (``kernel/blockdot.py``); the fastest decode.
+  as llama.cpp computes them (``kernel/model/blockdot.py``); the fastest decode.
 
 Every format is deterministic: the same input bytes give the same output bytes,
 so two runs that make the same calls are bit-exact within a format. A row's
@@ -30,7 +30,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FORMATS = ("float32", "float16", "bfloat16", "int8", "gguf")  # gguf: kernel/blockdot.py
+WEIGHT_FORMATS = ("float32", "float16", "bfloat16", "int8", "gguf")  # gguf: kernel/model/blockdot.py
 
 
 class Linear(Protocol):

@@ -1,4 +1,4 @@
-"""One-token decode in torch over any weight format (``kernel/quant.py``) and KV dtype.
+"""One-token decode in torch over any weight format (``kernel/model/quant.py``) and KV dtype.
 
 A decode step reads every weight once; with int8 weights that read is a quarter
 of float32's, so the ~15 small ops per layer around the four products (norms,
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fak.kernel import rope
-from fak.kernel.config import ModelConfig
-from fak.kernel.kv_cache import KVCache
-from fak.kernel.quant import DenseLinear, Linear, make_linear
+from fak.kernel.model import rope
+from fak.kernel.model.config import ModelConfig
+from fak.kernel.model.kv_cache import KVCache
+from fak.kernel.model.quant import DenseLinear, Linear, make_linear
 
 if TYPE_CHECKING:
-    from fak.kernel.model import Weights
+    from fak.kernel.model.llama import Weights
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def calibrate(cfg: ModelConfig, weights: Weights) -> tuple[list[list[torch.Tenso
     prefill of a fixed pseudo-random token sequence. Outlier channels are a property of
     the weights (they appear on any text, strongest on the first token), so no corpus or
     tokenizer is needed, and the result is the same on every load."""
-    from fak.kernel.model import Llama  # model imports this module
+    from fak.kernel.model.llama import Llama  # model imports this module
 
     ref = Llama(cfg, weights, decode="torch")
     ref.lin = [LayerLinears(*(_AbsMax(t) for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))) for lw in weights.layers]

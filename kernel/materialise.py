@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fak.errors import InvalidInput
-from fak.kernel.ledger import Segment, SegmentKind
-from fak.kernel_events import SpanEvicted
+from fak.kernel.events import SpanEvicted
+from fak.kernel.kv.ledger import Segment, SegmentKind
 from fak.types import check_digest, check_id
 
 if TYPE_CHECKING:
-    from fak.kernel.session import Session
-    from fak.ksession import KernelSession
+    from fak.kernel.agent_session import KernelSession
+    from fak.kernel.kv.session import Session
 
 MAX_PIECES = 4096
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import blake3
 import torch
 
-from fak.kernel.kv_cache import KVBlock
+from fak.kernel.model.kv_cache import KVBlock
 
 _LEN_SHIFT = 40  # token ids stay below 2**40
 _MAX_CALL = 1 << 21  # call lengths stay below this (bits 40-60)

@@ -7,7 +7,7 @@ Forget, in this order, each step durable before the next:
 3. per session holding the ref (its own ref, content or attention provenance):
    evict every segment derived from it (tool segments of the ref and generated
    segments produced while it was live), RECOMPUTE the survivors, copy them for
-   the independent replay that runs after the forget returns (``fak.replay``: it
+   the independent replay that runs after the forget returns (``fak.kernel.replay``: it
    completes the receipt with ``ReplayVerified``; unequal raises an audit alarm), and
    write the ledger together with the forget's progress in one transaction;
 4. drop the tenant's prefix-cache nodes that attended to the ref;
@@ -33,18 +33,18 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fak import replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
-from fak.kernel.ledger import SegmentKind
-from fak.kernel_events import ForgetDone
+from fak.kernel import replay
+from fak.kernel.events import ForgetDone
+from fak.kernel.kv.ledger import SegmentKind
 from fak.state.schema import ForgetRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
 
 if TYPE_CHECKING:
     from fak.audit.receipt import ForgetReceipt
-    from fak.facade import Kernel
+    from fak.kernel.facade import Kernel
 
 
 def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:

@@ -31,9 +31,9 @@ from fak.errors import NotFound
 from fak.faults import fault_point
 
 if TYPE_CHECKING:
-    from fak.facade import Kernel
-    from fak.kernel.ledger import Segment
-    from fak.kernel.session import Session
+    from fak.kernel.facade import Kernel
+    from fak.kernel.kv.ledger import Segment
+    from fak.kernel.kv.session import Session
     from fak.state.schema import ForgetRow
 
 DONE = ("replaying", "completed")  # forget row states once the erasure is done (the receipt exists)

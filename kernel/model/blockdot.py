@@ -36,8 +36,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fak.kernel.config import ModelConfig, ModelError
-from fak.kernel.quant import cpu_flags, fbgemm_supported
+from fak.kernel.model.config import ModelConfig, ModelError
+from fak.kernel.model.quant import cpu_flags, fbgemm_supported
 from fak.settings import StorageSettings
 
 QK = 32
@@ -255,7 +255,7 @@ class BlockMatrix:
 
 
 class BlockLinear:
-    """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/quant.py``).
+    """``y = x @ W.T`` over a block matrix (the ``Linear`` protocol of ``kernel/model/quant.py``).
 
     One input row (a decode step, bound by reading the weights) runs the block kernel.
     Several rows (a prefill, bound by arithmetic) run ``F.linear`` on ``dense``, the float32
@@ -304,7 +304,7 @@ def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
     (llama.cpp stores them rotary-permuted, as ``weights._unpermute`` undoes for floats)."""
     from gguf import GGUFReader
 
-    from fak.kernel.weights import GGUF_TO_HF, _unpermute
+    from fak.kernel.model.weights import GGUF_TO_HF, _unpermute
 
     reader = GGUFReader(str(path))
     out: dict[str, BlockMatrix] = {}
@@ -336,7 +336,7 @@ def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix
     """Every layer's four products and the LM head as block matrices: the file's own blocks
     where ``blocks`` has them, Q8_0 of the float weights elsewhere. Prefill calls run on the
     float weights (``BlockLinear``), which are the blocks' dequantisation for a GGUF model."""
-    from fak.kernel.fast_decode import LayerLinears
+    from fak.kernel.model.fast_decode import LayerLinears
 
     blocks = blocks or {}
 

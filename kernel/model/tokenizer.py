@@ -18,7 +18,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from fak.kernel.config import ModelError
+from fak.kernel.model.config import ModelError
 
 CONTROL = 3
 LLAMA3_SPLIT = (

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from fak.kernel.config import ModelConfig
+from fak.kernel.model.config import ModelConfig
 
 
 def inv_freq(cfg: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fak.kernel.kv_cache import KVCache
-from fak.kernel.model import Llama
+from fak.kernel.model.kv_cache import KVCache
+from fak.kernel.model.llama import Llama
 
 
 @dataclass(frozen=True)

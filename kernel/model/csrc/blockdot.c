@@ -9,7 +9,7 @@
  * inputs give the same bytes, whatever the thread count (rows are split between
  * threads, and a row's sum is never split).
  *
- * Built on first use by fak.kernel.blockdot (cc -O3 -march=native -fopenmp), loaded
+ * Built on first use by fak.kernel.model.blockdot (cc -O3 -march=native -fopenmp), loaded
  * through ctypes: no Python or torch headers, no build-time dependency.
  */
 #include <math.h>

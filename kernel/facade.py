@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from fak.db import release
 from fak.errors import FakError, InvalidInput, NotFound
-from fak.kernel.ledger import SegmentKind, SegmentState
-from fak.kernel.pic import PicRegistry
-from fak.kernel.prefix_cache import PrefixCache
-from fak.kernel.prefix_cache import namespace as prefix_namespace
-from fak.kernel.session import EvictMode
-from fak.kernel_events import EventBus, LateOutcome
+from fak.kernel.agent_session import KernelSession
+from fak.kernel.events import EventBus, LateOutcome
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.kv.pic import PicRegistry
+from fak.kernel.kv.prefix_cache import PrefixCache
+from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
+from fak.kernel.kv.session import EvictMode
 from fak.keys import load_master_secret, tenant_salt
-from fak.ksession import KernelSession
 from fak.protocols import ContentStore
 from fak.settings import Settings
 from fak.state.store import StateStore, now_us
@@ -43,15 +43,15 @@ from fak.types import as_id, check_tenant
 if TYPE_CHECKING:
     from fak.audit import AuditLog, TenantErased
     from fak.audit.receipt import ForgetReceipt
-    from fak.authorize import Authorizer
-    from fak.forget import ForgetState
-    from fak.kernel.loader import LoadedModel
-    from fak.kernel.session import Session
+    from fak.kernel.authorize import Authorizer
+    from fak.kernel.forget import ForgetState
+    from fak.kernel.kv.session import Session
+    from fak.kernel.model.loader import LoadedModel
+    from fak.kernel.withdraw import QuarantineReport
     from fak.owner import Claim
     from fak.policy import Policy, PolicyHolder
     from fak.policy.egress import JudgeEgress
     from fak.policy.late import LateFinding, LateJob, LateRunner
-    from fak.withdraw import QuarantineReport
 
 Producer = tuple[str, "str | None"]  # (tool name, source URL) of an admitted ref
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -96,14 +96,14 @@ class Kernel:
         self._sessions: dict[tuple[str, str], KernelSession] = {}
         self._registry = threading.RLock()
         self._forget_lock = threading.Lock()
-        from fak.replay import Replayer
+        from fak.kernel.replay import Replayer
 
         self.replays = Replayer(self)  # forgets' independent replays, after each forget returns
         self._namespaces: dict[str, bytes] = {}
-        self.events = EventBus()  # typed decisions for metrics and benches (fak.kernel_events)
+        self.events = EventBus()  # typed decisions for metrics and benches (fak.kernel.events)
         self._closed = False
         self._owned: Claim | None = None  # this process's claim on the data directory (fak.owner)
-        # refs whose quarantine or expiry a busy session has still to apply (see fak.withdraw)
+        # refs whose quarantine or expiry a busy session has still to apply (see fak.kernel.withdraw)
         self._pending_withdrawals: dict[str, dict[str, SegmentState]] = {}
         self._producers: dict[tuple[str, str], Producer] = {}  # (tenant, ref) → (tool, source URL)
         self._authorizer: Authorizer | None = None
@@ -148,8 +148,8 @@ class Kernel:
         from fak.audit import AuditLog
         from fak.cas import CasStore
         from fak.db import make_engine
-        from fak.kernel.blockdot import default_weights
-        from fak.kernel.loader import load_model
+        from fak.kernel.model.blockdot import default_weights
+        from fak.kernel.model.loader import load_model
         from fak.policy import PolicyHolder
 
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # keys, blobs, database: owner only
@@ -211,11 +211,11 @@ class Kernel:
 
     # --- what the kernel runs ---------------------------------------------------
     @property
-    def model(self):  # noqa: ANN201 - fak.kernel.model.Llama
+    def model(self):  # noqa: ANN201 - fak.kernel.model.llama.Llama
         return self._lm.model
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - fak.kernel.tokenizer.ChatTokenizer
+    def tokenizer(self):  # noqa: ANN201 - fak.kernel.model.tokenizer.ChatTokenizer
         return self._lm.tokenizer
 
     @property
@@ -382,10 +382,10 @@ class Kernel:
                                          tokens=s.cache.length, fingerprint=self.audit_fingerprint(ks.tenant, fingerprint),
                                          cause=cause))
 
-    # --- withdrawal bookkeeping (fak.forget, fak.withdraw, KernelSession) --------
+    # --- withdrawal bookkeeping (fak.kernel.forget, fak.kernel.withdraw, KernelSession) --------
     @property
     def forget_lock(self) -> threading.Lock:
-        """Serialises forgets (and their resumption): fak.forget runs one at a time under it."""
+        """Serialises forgets (and their resumption): fak.kernel.forget runs one at a time under it."""
         return self._forget_lock
 
     def pending_withdrawals(self, tenant: str) -> dict[str, SegmentState]:
@@ -432,7 +432,7 @@ class Kernel:
         It returns once the erasure is done; the independent replay of each session's
         survivors completes the receipt afterwards (``receipt.replay``: pending, then
         verified; ``forget_status`` serves it). ``wait_replay``: return the completed one."""
-        from fak.forget import forget
+        from fak.kernel.forget import forget
 
         receipt = forget(self, tenant, ref, requested_by=requested_by, reason=reason)
         if wait_replay and receipt.replay == "pending":
@@ -443,7 +443,7 @@ class Kernel:
 
     def forget_status(self, tenant: str, request_id: str) -> ForgetState:
         """A forget of the tenant by request id: its state, and its receipt once completed."""
-        from fak.forget import status
+        from fak.kernel.forget import status
 
         return status(self, tenant, request_id)
 
@@ -451,7 +451,7 @@ class Kernel:
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None
     ) -> QuarantineReport:
         """A late detection: evict ``ref`` from every live session of the tenant, refuse it after."""
-        from fak.withdraw import quarantine
+        from fak.kernel.withdraw import quarantine
 
         return quarantine(self, tenant, ref, reason=reason, principal=principal)
 
@@ -460,7 +460,7 @@ class Kernel:
         """Execute every expiry whose time has come: all tenants' (the sweeper, every
         ``settings.expiry_sweep_s``), or one tenant's (its sessions, before they use attention,
         so another tenant's expiries never run on its requests)."""
-        from fak.withdraw import expire
+        from fak.kernel.withdraw import expire
 
         now = now_us_ if now_us_ is not None else now_us()
         reports = []
@@ -549,7 +549,7 @@ class Kernel:
     # --- tool-call authorization ------------------------------------------------------
     def authorizer(self) -> Authorizer:
         """The tool-call authorizer of the active policy (rebuilt when the policy changes)."""
-        from fak.authorize import Authorizer
+        from fak.kernel.authorize import Authorizer
 
         policy = self.policy
         found = self._authorizer
@@ -578,7 +578,7 @@ class Kernel:
     def producer_of(self, tenant: str, ref: str) -> Producer:
         """The tool that produced ``ref`` and the URL it came from (``?``, None if the kernel
         has no record: judged untrusted)."""
-        from fak.authorize import UNKNOWN_TOOL
+        from fak.kernel.authorize import UNKNOWN_TOOL
 
         key = (tenant, ref)
         found = self._producers.get(key)
@@ -596,13 +596,13 @@ class Kernel:
 
     def rotate_keys(self, tenant: str | None = None, *, principal: str | None = None):  # noqa: ANN201
         """New random KEK versions (one tenant or all), live data keys re-wrapped, logged."""
-        from fak.keyops import rotate
+        from fak.kernel.keyops import rotate
 
         return rotate(self.store, self.audit, tenant, principal=principal)
 
     def destroy_retired_keys(self, older_than: float, *, principal: str | None = None):  # noqa: ANN201
         """Destroy KEKs retired at least ``older_than`` seconds ago, logged before they go."""
-        from fak.keyops import destroy_retired
+        from fak.kernel.keyops import destroy_retired
 
         return destroy_retired(self.store, self.audit, older_than, principal=principal)
 
@@ -640,13 +640,13 @@ class Kernel:
         return event
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
-        from fak.forget import resume
+        from fak.kernel.forget import resume
 
         for row in self.state.pending_forgets():
             if progress:
                 progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
             resume(self, row)
-        from fak.replay import resume as resume_replays
+        from fak.kernel.replay import resume as resume_replays
 
         resume_replays(self)  # replays a crash interrupted: run again, in the background
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fak.kernel import blas_decode, blockdot, rope
-from fak.kernel.config import ModelConfig
-from fak.kernel.fast_decode import FastDecoder, build_linears
-from fak.kernel.kv_cache import KVCache
-from fak.kernel.quant import WEIGHT_FORMATS, fbgemm_supported, int8_supported
+from fak.kernel.model import blas_decode, blockdot, rope
+from fak.kernel.model.config import ModelConfig
+from fak.kernel.model.fast_decode import FastDecoder, build_linears
+from fak.kernel.model.kv_cache import KVCache
+from fak.kernel.model.quant import WEIGHT_FORMATS, fbgemm_supported, int8_supported
 
 
 @dataclass
@@ -135,12 +135,12 @@ class Llama:
         ``torch``, or ``auto`` (``blas`` where supported). Keep one choice for a
         model's lifetime: rows decoded by the two paths are close, not equal.
 
-        ``weight_format`` (``float32``, ``bfloat16``, ``int8``; ``kernel/quant.py``)
+        ``weight_format`` (``float32``, ``bfloat16``, ``int8``; ``kernel/model/quant.py``)
         is that of the linear layers and the LM head; only ``float32`` is oracle-close,
         the others are their own modes, bit-exact within themselves, and carry it in
         ``model_id`` so no cache mixes rows of two modes. ``kv_dtype`` is the cache's
         (default: the weights' dtype). ``blocks`` are the model file's quantised blocks,
-        used by ``gguf`` (``kernel/blockdot.py``; without them its products are Q8_0)."""
+        used by ``gguf`` (``kernel/model/blockdot.py``; without them its products are Q8_0)."""
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, not {attention!r}")
         if decode not in DECODE_BACKENDS:

@@ -1,4 +1,4 @@
-"""A kernel session: one conversation's KV (``fak.kernel.session.Session``), its
+"""A kernel session: one conversation's KV (``fak.kernel.kv.session.Session``), its
 lock, its durable ledger, and the audited operations on it.
 
 Every operation is all or nothing. It validates its audit event before it
@@ -21,20 +21,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
-from fak.kernel.generate import SamplingParams
-from fak.kernel.ledger import Segment, SegmentKind, SegmentState
-from fak.kernel.pic_serve import PicBinding
-from fak.kernel.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
-from fak.kernel_events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
+from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
+from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
+from fak.kernel.kv.pic_serve import PicBinding
+from fak.kernel.kv.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
+from fak.kernel.model.generate import SamplingParams
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import as_id, check_id
 
 if TYPE_CHECKING:
-    from fak.authorize import ToolCallDecision
-    from fak.facade import Kernel
-    from fak.materialise import MaterialiseResult, WorkingSet
+    from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.facade import Kernel
+    from fak.kernel.materialise import MaterialiseResult, WorkingSet
     from fak.policy import Verdict
 
 MAX_TEXT_BYTES = 1 << 20
@@ -143,7 +143,7 @@ class KernelSession:
     def _settle(self, s: Session) -> None:
         """Apply, before anything else, what was decided while the session was busy: a
         quarantine or expiry still pending here, and refs whose lifetime in turns has ended."""
-        from fak.withdraw import evict_in_place, expire
+        from fak.kernel.withdraw import evict_in_place, expire
 
         k = self.kernel
         pending = k.pending_withdrawals(self.tenant)
@@ -195,7 +195,7 @@ class KernelSession:
     def loaded(self) -> bool:
         return self._mech is not None
 
-    # --- for the withdrawal paths (fak.forget, fak.withdraw) and the façade ------
+    # --- for the withdrawal paths (fak.kernel.forget, fak.kernel.withdraw) and the façade ------
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
         """The session under its lock, loaded and with pending withdrawals settled: what a
         forget or a delete holds while it changes the session from outside."""
@@ -532,8 +532,8 @@ class KernelSession:
         are admitted and the event records what the policy would have done. ``source``: the URL
         the result came from (rules, exceptions and trust may depend on its host)."""
         from fak.audit import AdmissionVerdict
+        from fak.kernel.withdraw import lifetime
         from fak.policy import GateContext, Verdict, VerdictKind, gate
-        from fak.withdraw import lifetime
 
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidInput("a tool result is bytes")
@@ -668,7 +668,7 @@ class KernelSession:
         with the offending refs and the rule; logged (the arguments as a keyed digest only).
         Whoever generated the call: this session's model, or a framework's model reporting it."""
         from fak.audit import ToolCallDecision as DecisionEvent
-        from fak.authorize import args_digest
+        from fak.kernel.authorize import args_digest
 
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
@@ -790,10 +790,10 @@ class KernelSession:
 
     # --- working sets ---------------------------------------------------------
     def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:
-        """Make the session's tool context the working set; see ``fak.materialise``."""
+        """Make the session's tool context the working set; see ``fak.kernel.materialise``."""
         from pydantic import ValidationError
 
-        from fak.materialise import WorkingSet, materialise
+        from fak.kernel.materialise import WorkingSet, materialise
 
         try:
             ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
@@ -819,7 +819,7 @@ class KernelSession:
         then, if any survivor still attended to it (a REROPE trace, a PIC chunk computed
         beside it), rebuild exactly. Returns the dropped segments, the prefix-cache nodes and
         PIC chunks dropped with them, the fingerprint after and a copy of the survivors (what
-        the forget's independent replay, ``fak.replay``, replays once the forget returned).
+        the forget's independent replay, ``fak.kernel.replay``, replays once the forget returned).
         ``ref`` may be several refs (a REDACTed result's two forms): one drop, one replay.
         The caller holds the lock."""
         s = self._loaded()

@@ -53,8 +53,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from fak.errors import FakError
-from fak.kernel.kv_cache import KVBlock, KVCache
-from fak.kernel.prefix_tree import Node, RadixTree, concat_rows, same_layout, token_of
+from fak.kernel.kv.prefix_tree import Node, RadixTree, concat_rows, same_layout, token_of
+from fak.kernel.model.kv_cache import KVBlock, KVCache
 
 DEFAULT_PRIORITY = 35
 _TENANT, _SHARED = b"t", b"s"

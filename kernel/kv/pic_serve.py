@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fak.kernel import rope
-from fak.kernel.chunking import ChunkParams
-from fak.kernel.kv_cache import KVCache
-from fak.kernel.model import Llama
-from fak.kernel.pic import PicEntry, PicRegistry
+from fak.kernel.kv.chunking import ChunkParams
+from fak.kernel.kv.pic import PicEntry, PicRegistry
+from fak.kernel.model import rope
+from fak.kernel.model.kv_cache import KVCache
+from fak.kernel.model.llama import Llama
 
 FIRST_CHUNK_POSITIONS = 32  # a chunk starting below this position is always prefilled
 

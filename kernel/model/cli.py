@@ -1,0 +1,95 @@
+"""``fak generate`` and ``fak info``: the model alone, without the Kernel (``fak demo`` is the
+façade's, in ``fak.kernel.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="chat with the model (streams to the terminal)")
+    g.add_argument("--prompt", required=True, help="user message")
+    g.add_argument("--system", default=None, help="system message (default: the model's own)")
+    g.add_argument("--model", default=None, help="GGUF file or HF Llama folder (default: SmolLM2-135M)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
+    g.set_defaults(handler=_generate)
+
+    i = sub.add_parser("info", help="model, cache location and KV bytes per token")
+    i.add_argument("--model", default=None)
+    i.set_defaults(handler=_info)
+
+
+def _load(path: str | None):  # noqa: ANN202
+    from fak.kernel.model.loader import load_model
+
+    return load_model(path, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from fak.kernel.model.generate import SamplingParams, generate
+
+    lm = _load(args.model)
+    tok = lm.tokenizer
+    if args.raw:
+        ids = tok.encode(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        ids = tok.encode(tok.render(messages, add_generation_prompt=True))
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_token_ids=frozenset(tok.stop_token_ids),
+    )
+    cache = lm.model.new_cache(len(ids) + args.max_tokens)
+    t0 = time.perf_counter()
+    n = 0
+
+    def counted():  # noqa: ANN202
+        nonlocal n
+        for t in generate(lm.model, cache, ids, params):
+            n += 1
+            yield t
+
+    for piece in tok.stream_text(counted()):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    dt = time.perf_counter() - t0
+    print(f"\n[fak] {len(ids)} prompt + {n} generated tokens in {dt:.2f}s", file=sys.stderr)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from fak.settings import StorageSettings
+
+    lm = _load(args.model)
+    cfg = lm.model.cfg
+    rows = {
+        "model": cfg.name,
+        "model_id": lm.model_id,
+        "source": str(lm.source),
+        "parameters": f"{lm.model.w.parameters():,}",
+        "layers / heads / kv heads / head dim": f"{cfg.num_layers} / {cfg.num_heads} / {cfg.num_kv_heads} / {cfg.head_dim}",
+        "vocab": cfg.vocab_size,
+        "context": cfg.max_position_embeddings,
+        "rope": f"theta={cfg.rope_theta:g} scaling={cfg.rope_scaling.kind}",
+        "dtype / device": f"{lm.model.dtype} / {lm.model.device}",
+        "attention": lm.model.attention,
+        "decode": {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
+        "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
+        "weight cache": str(StorageSettings().cache_dir / "weights"),
+        "tokenizer": lm.tokenizer.digest,
+    }
+    width = max(len(k) for k in rows)
+    for k, v in rows.items():
+        print(f"{k:<{width}}  {v}")
+    return 0
