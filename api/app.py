@@ -15,7 +15,7 @@ from fak.api.authlog import AuthFailureWindow
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
 from fak.api.routes import audit, forget, openai, policy, refs, sessions
-from fak.facade import Kernel
+from fak.kernel.facade import Kernel
 
 MAX_BODY = 16 << 20  # bytes of one request body
 

@@ -90,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from fak.api.app import create_app
     from fak.api.malloc import limit_arenas
-    from fak.facade import Kernel
+    from fak.kernel.facade import Kernel
     from fak.settings import Settings
 
     limit_arenas()  # before any worker thread allocates (api/malloc.py says why)

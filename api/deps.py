@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 from fak.api.keys import Principal, Role
 from fak.api.problems import Unauthorized
 from fak.errors import Forbidden
-from fak.facade import Kernel
+from fak.kernel.facade import Kernel
 
 
 def kernel(request: Request) -> Kernel:
@@ -70,7 +70,7 @@ def check_context(k: Kernel, texts: list[str], what: str) -> None:
     prefill; without this a 1 MiB message would be prefilled in full (minutes of CPU)
     only to be refused. A text of n UTF-8 bytes has at most n tokens, so short texts are
     not tokenised here."""
-    from fak.ksession import ContextFull
+    from fak.kernel.agent_session import ContextFull
 
     limit = k.context_limit
     if sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:

@@ -47,7 +47,7 @@ from fak.state.store import now_us
 from fak.types import check_id, check_tenant
 
 if TYPE_CHECKING:
-    from fak.facade import Kernel
+    from fak.kernel.facade import Kernel
     from fak.protocols import AuditSink
     from fak.settings import Settings
 

@@ -9,7 +9,7 @@ figure is the audit log size, which every signed checkpoint publishes anyway.
 
 Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
 ids do not multiply series. Counters the middleware cannot see are fed by hooks the
-routes call and typed Kernel events feed (``fak.kernel_events``): ``record_verdict``, ``record_eviction``,
+routes call and typed Kernel events feed (``fak.kernel.events``): ``record_verdict``, ``record_eviction``,
 ``record_forget``, ``record_decode``, ``record_tool_call``, ``record_late``.
 Kernel figures (prefix cache, PIC registry, loaded sessions, KV bytes) are read at scrape time.
 """
@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak.api.keys import Principal
-from fak.kernel_events import (
+from fak.kernel.events import (
     AdmissionDecided,
     EventBus,
     ForgetDone,
@@ -176,7 +176,7 @@ def install(app: FastAPI) -> None:
 
 # --- the Kernel's decisions, observed ------------------------------------------------------
 def _subscribe(app: object, bus: EventBus) -> None:
-    """One typed subscription per counter the Kernel feeds (fak.kernel_events)."""
+    """One typed subscription per counter the Kernel feeds (fak.kernel.events)."""
     bus.subscribe(AdmissionDecided, lambda e: record_verdict(app, e.verdict, tenant=e.tenant))
     bus.subscribe(SpanEvicted, lambda e: record_eviction(app, e.mode, tenant=e.tenant))
     bus.subscribe(ForgetDone, lambda e: record_forget(app, tenant=e.tenant))

@@ -30,7 +30,7 @@ from common import log, parser, report, target
 
 from fak import Kernel, Settings
 from fak.audit import ToolCallDecision
-from fak.kernel.loader import load_model
+from fak.kernel.model.loader import load_model
 
 POLICY = """\
 apiVersion: fak.dev/v1

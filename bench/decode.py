@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from common import log, parser, report, target
 
-from fak.kernel import blockdot
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.loader import load_model
-from fak.kernel.model import Llama
-from fak.kernel.quant import WEIGHT_FORMATS
-from fak.kernel.weights import default_model_path
+from fak.kernel.model import blockdot
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.loader import load_model
+from fak.kernel.model.quant import WEIGHT_FORMATS
+from fak.kernel.model.weights import default_model_path
 
 WORDS = ["agent", "tool", "result", "cache", "policy", "kernel", "token", "model", "span", "audit", "reference", "session", "tenant", "the", "a", "of", "and", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "were", "has", "have", "search", "web", "page", "email", "file", "shell", "output", "request", "response", "server", "client", "data", "value", "error"]
 

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from common import best_of, log, parser, report, target
 
-from fak.kernel import rope
-from fak.kernel.generate import SamplingParams, generate
-from fak.kernel.loader import load_model
-from fak.kernel.session import EvictMode, Session
+from fak.kernel.kv.session import EvictMode, Session
+from fak.kernel.model import rope
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.model.loader import load_model
 
 TOPICS = ["flight", "hotel", "weather", "invoice", "repository", "deployment", "meeting", "recipe", "train"]
 WORDS = ["the", "a", "status", "update", "result", "found", "page", "item", "value", "report", "customer"]
@@ -52,7 +52,7 @@ def kshift_remove(session: Session, seg_id: str) -> None:
         for layer in range(cache.cfg.num_layers):
             cache.k[layer, start:n] = rope.apply(cache.k[layer, start:n], cos[:, None], sin[:, None])
         cache.positions[start:n] -= n_removed
-    from fak.kernel.ledger import SegmentState
+    from fak.kernel.kv.ledger import SegmentState
 
     seg.state = SegmentState.EVICTED
     session.ledger.renumber()

@@ -97,7 +97,7 @@ def main() -> None:
 
     from fak import Kernel, Settings
     from fak.api.server import serve
-    from fak.facade import default_policy_path
+    from fak.kernel.facade import default_policy_path
 
     metric = "fak_pic_hit_tokens_total " if args.pic else "fak_prefix_cache_hit_tokens_total "
 

@@ -37,13 +37,13 @@ from common import log, parser, report, target
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
 import agent_traces as workloads  # noqa: E402
 
-from fak.kernel.generate import SamplingParams, generate  # noqa: E402
-from fak.kernel.loader import load_model  # noqa: E402
-from fak.kernel.pic import PicRegistry  # noqa: E402
-from fak.kernel.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding  # noqa: E402
-from fak.kernel.prefix_cache import PrefixCache, namespace  # noqa: E402
-from fak.kernel.prefix_tree import call_keys  # noqa: E402
-from fak.kernel.session import PrefixBinding, Session  # noqa: E402
+from fak.kernel.kv.pic import PicRegistry  # noqa: E402
+from fak.kernel.kv.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding  # noqa: E402
+from fak.kernel.kv.prefix_cache import PrefixCache, namespace  # noqa: E402
+from fak.kernel.kv.prefix_tree import call_keys  # noqa: E402
+from fak.kernel.kv.session import PrefixBinding, Session  # noqa: E402
+from fak.kernel.model.generate import SamplingParams, generate  # noqa: E402
+from fak.kernel.model.loader import load_model  # noqa: E402
 from fak.keys import tenant_salt  # noqa: E402
 
 NGRAM = 32

@@ -24,8 +24,8 @@ import time
 import torch
 from common import best_of, log, parser, report, target
 
-from fak.kernel.loader import load_model
-from fak.kernel.prefix_cache import PrefixCache, namespace
+from fak.kernel.kv.prefix_cache import PrefixCache, namespace
+from fak.kernel.model.loader import load_model
 from fak.keys import tenant_salt
 
 WORDS = ["agent", "tool", "result", "cache", "policy", "kernel", "token", "model", "span", "audit", "reference", "session", "tenant", "search", "web", "page", "email", "file", "shell", "output", "request", "response", "server", "client", "data", "value", "error", "string", "number", "boolean", "array", "object", "required", "description", "parameters", "returns", "query", "limit", "offset", "path", "content", "encoding", "timeout"]

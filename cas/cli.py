@@ -96,7 +96,7 @@ def _forget(args) -> int:
 @contextlib.contextmanager
 def _logged(args):  # noqa: ANN202
     """The store and the audit log of the same deployment: key rotations and destructions
-    are decisions, logged like every other (``fak.keyops``)."""
+    are decisions, logged like every other (``fak.kernel.keyops``)."""
     from fak.audit import AuditLog
     from fak.settings import Settings
 
@@ -108,7 +108,7 @@ def _logged(args):  # noqa: ANN202
 
 
 def _rotate(args) -> int:
-    from fak import keyops
+    from fak.kernel import keyops
 
     with _logged(args) as (store, audit):
         result = keyops.rotate(store, audit, args.tenant, principal="cli")
@@ -123,7 +123,7 @@ def _rotate(args) -> int:
 
 
 def _destroy(args) -> int:
-    from fak import keyops
+    from fak.kernel import keyops
 
     with _logged(args) as (store, audit):
         print(keyops.destroy_retired(store, audit, args.older_than, principal="cli").model_dump_json())

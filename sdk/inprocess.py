@@ -53,8 +53,8 @@ from fak.wire import (
 )
 
 if TYPE_CHECKING:
-    from fak.facade import Kernel
-    from fak.ksession import KernelSession
+    from fak.kernel.agent_session import KernelSession
+    from fak.kernel.facade import Kernel
     from fak.sdk.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, ReceiptCheckOut
     from fak.settings import Settings
 
@@ -395,7 +395,7 @@ def local(settings: Settings | None = None, *, kernel: Kernel | None = None, ten
     else ``Kernel.open(settings or Settings.load(), model=model)`` (closed on ``close``)."""
     if kernel is not None:
         return LocalClient(kernel, tenant)
-    from fak.facade import Kernel
+    from fak.kernel.facade import Kernel
     from fak.settings import Settings
 
     with _errors():

@@ -28,7 +28,7 @@ from fak.api.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, Re
 from fak.audit.signer_state import SignerRefused
 from fak.audit.tenant_export import FORMAT, tenant_export_lines
 from fak.errors import InvalidInput, NotFound
-from fak.facade import Kernel
+from fak.kernel.facade import Kernel
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 

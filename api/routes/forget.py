@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends
 from fak.api import models as m
 from fak.api.deps import ADMIN, AGENT, AUDITOR, kernel
 from fak.api.keys import Principal
-from fak.facade import Kernel
+from fak.kernel.facade import Kernel
 
 router = APIRouter(prefix="/v1", tags=["forget"])
 

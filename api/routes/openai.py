@@ -109,8 +109,8 @@ from fak.api.deps import AGENT, READER, check_context, kernel
 from fak.api.keys import Principal
 from fak.api.routes.sessions import Stepper, TextDecoder
 from fak.errors import Conflict, InvalidInput, NotFound
-from fak.facade import Kernel
-from fak.ksession import MAX_TEXT_BYTES, KernelSession
+from fak.kernel.agent_session import MAX_TEXT_BYTES, KernelSession
+from fak.kernel.facade import Kernel
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from fak.api.deps import ADMIN, READER, kernel
 from fak.api.keys import Principal
 from fak.errors import Conflict
-from fak.facade import Kernel, default_policy_path
+from fak.kernel.facade import Kernel, default_policy_path
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 

@@ -15,7 +15,7 @@ from fak.api.keys import Principal
 from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
 from fak.errors import NotFound
-from fak.facade import Kernel
+from fak.kernel.facade import Kernel
 
 router = APIRouter(prefix="/v1/refs", tags=["refs"])
 

@@ -14,8 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from fak.api import models as m
 from fak.api.deps import AGENT, READER, check_context, kernel
 from fak.api.keys import Principal
-from fak.facade import Kernel
-from fak.ksession import KernelSession
+from fak.kernel.agent_session import KernelSession
+from fak.kernel.facade import Kernel
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -75,7 +75,7 @@ def admit_tool_result(sid: str, body: m.ToolResultIn, who: Principal = Depends(A
     return admission_out(a)
 
 
-def admission_out(a) -> m.AdmissionOut:  # noqa: ANN001 - fak.ksession.Admission
+def admission_out(a) -> m.AdmissionOut:  # noqa: ANN001 - fak.kernel.agent_session.Admission
     return m.AdmissionOut(verdict=a.verdict.kind.value, enforced=a.verdict.enforced, rule_id=a.verdict.rule_id,
                           policy_digest=a.verdict.policy_digest, ref=a.ref, admitted_ref=a.admitted_ref,
                           admitted=a.admitted, segment=m.SegmentOut(**a.segment.summary()),
@@ -99,7 +99,7 @@ def authorize_tool_call(sid: str, body: m.ToolCallIn, who: Principal = Depends(A
     return decision_out(d)
 
 
-def decision_out(d) -> m.ToolCallDecisionOut:  # noqa: ANN001 - fak.authorize.ToolCallDecision
+def decision_out(d) -> m.ToolCallDecisionOut:  # noqa: ANN001 - fak.kernel.authorize.ToolCallDecision
     return m.ToolCallDecisionOut(tool=d.tool, verdict=d.verdict, rule_id=d.rule_id, offending=list(d.offending),
                                  attention_refs=d.attention_refs, policy_digest=d.policy_digest,
                                  enforced=d.enforced, would_be=d.would_be, audited=list(d.audited),
