@@ -4,27 +4,18 @@ with a stable ``code`` (see ``fak.errors``)."""
 from fak.errors import FakError
 
 
-class AuditError(FakError):
+class AuditError(FakError, code="audit_error", status=500):
     """Bad input to the audit log or a refused operation."""
 
-    code = "audit_error"
-    status = 500
 
-
-class VerificationError(AuditError):
+class VerificationError(AuditError, code="verification_failed", status=400):
     """A signature, proof, checkpoint or export does not verify."""
 
-    code = "verification_failed"
-    status = 400
 
-
-class AuditUnverified(AuditError):
+class AuditUnverified(AuditError, code="audit_unverified", status=409):
     """The log's signer is in alarm: the database's history disagrees with what it signed, so
     what the database holds is not presented as the log (entries, proofs, exports) until an
     operator resolves it. 409, not 503: retrying does not help, the operator's reset does."""
-
-    code = "audit_unverified"
-    status = 409
 
     def __init__(self, alarm: str, message: str, remembered_size: int | None = None,
                  found_size: int | None = None) -> None:

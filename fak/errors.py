@@ -20,13 +20,20 @@ _REGISTRY: dict[str, type[FakError]] = {}  # code -> the class that defined it
 
 
 class FakError(Exception):
-    """A clear, user-facing error. Subclass per layer (set ``code`` and ``status``)."""
+    """A clear, user-facing error. Subclass per layer, naming its ``code`` and ``status`` in the
+    class header: ``class Gone(FakError, code="gone", status=410)`` (or as class attributes)."""
 
     code: str = "internal"
     status: int = 500
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
+    def __init_subclass__(cls, *, code: str | None = None, status: int | None = None,
+                          **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
+        for name, value in (("code", code), ("status", status)):
+            if value is not None:
+                if name in cls.__dict__:
+                    raise TypeError(f"{cls.__qualname__} names its {name} twice (header and body)")
+                setattr(cls, name, value)
         _register(cls)
 
 
@@ -67,40 +74,25 @@ def error_class(code: str) -> type[FakError] | None:
     return _REGISTRY.get(code)
 
 
-class InvalidInput(FakError, ValueError):
+class InvalidInput(FakError, ValueError, code="invalid_input", status=400):
     """A malformed argument: a bad tenant, id, digest, URL, media type ..."""
 
-    code = "invalid_input"
-    status = 400
 
-
-class NotFound(FakError):
+class NotFound(FakError, code="not_found", status=404):
     """No such thing for this caller (also: it belongs to another tenant, so that the
     answer is no existence oracle)."""
 
-    code = "not_found"
-    status = 404
 
-
-class Conflict(FakError):
+class Conflict(FakError, code="conflict", status=409):
     """The operation contradicts the current state (a concurrent change, a duplicate)."""
 
-    code = "conflict"
-    status = 409
 
-
-class Forbidden(FakError):
+class Forbidden(FakError, code="forbidden", status=403):
     """The caller may not do this (policy, role or tenant)."""
 
-    code = "forbidden"
-    status = 403
 
-
-class Unavailable(FakError):
+class Unavailable(FakError, code="unavailable", status=503):
     """A dependency (database, model, audit log) cannot serve now; retrying may help."""
-
-    code = "unavailable"
-    status = 503
 
 
 def shown(value: object, limit: int = 80) -> str:

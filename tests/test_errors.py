@@ -102,4 +102,15 @@ def test_registry_refuses_clashes_and_bad_codes():
         type("Bad", (FakError,), {"code": "bad_status_x", "status": "404"})
     with pytest.raises(TypeError, match="code of its own"):
         type("Quiet", (errors.NotFound,), {"status": 410})
+    with pytest.raises(TypeError, match="twice"):  # the class header and its body both name it
+        type("Twice", (FakError,), {"code": "twice_x"}, code="twice_x", status=400)
+    with pytest.raises(TypeError, match="code of its own"):  # the header form is checked alike
+        type("Quiet", (errors.NotFound,), {}, status=410)
     assert error_codes() == before
+
+
+def test_the_header_form_registers_like_the_body_form(monkeypatch):
+    monkeypatch.setattr(errors, "_REGISTRY", dict(errors._REGISTRY))  # the test class leaves no trace
+    header = type("HeaderForm", (errors.Conflict,), {}, code="header_form_x", status=409)
+    assert "code" in header.__dict__ and (header.code, header.status) == ("header_form_x", 409)
+    assert errors.error_class("header_form_x") is header and error_codes()["header_form_x"] == 409
