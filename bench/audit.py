@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fak.audit import AuditLog, PolicyLoaded, WitnessEndpoint, merkle, verify_export
@@ -43,38 +44,37 @@ def events(n: int, offset: int = 0) -> list[PolicyLoaded]:
     return [PolicyLoaded(policy_id=f"p{offset + i}", policy_digest=P, tenant=f"t{i % 7}") for i in range(n)]
 
 
-def pipelined(log: AuditLog, evs: list, producers: int = 4) -> float:
-    """Producers submit without waiting (many appends in flight), then wait for every ack."""
-    share = len(evs) // producers
-
-    def run(k: int) -> None:
-        futs = [log.submit(e) for e in evs[k * share : (k + 1) * share]]
-        for f in futs:
-            f.result()
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(producers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return share * producers / (time.perf_counter() - t0)
-
-
-def blocking(log: AuditLog, evs: list, threads_n: int) -> float:
+def _rate(evs: list, threads_n: int, run_share: Callable[[list], None]) -> float:
+    """Events per second with ``threads_n`` threads, each running ``run_share`` on its equal share."""
     share = len(evs) // threads_n
-
-    def run(k: int) -> None:
-        for e in evs[k * share : (k + 1) * share]:
-            log.append(e)
-
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(threads_n)]
+    threads = [threading.Thread(target=run_share, args=(evs[k * share : (k + 1) * share],)) for k in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return share * threads_n / (time.perf_counter() - t0)
+
+
+def pipelined(log: AuditLog, evs: list, producers: int = 4) -> float:
+    """Producers submit without waiting (many appends in flight), then wait for every ack."""
+
+    def run(mine: list) -> None:
+        futs = [log.submit(e) for e in mine]
+        for f in futs:
+            f.result()
+
+    return _rate(evs, producers, run)
+
+
+def blocking(log: AuditLog, evs: list, threads_n: int) -> float:
+    """Each thread appends and waits for the ack before the next."""
+
+    def run(mine: list) -> None:
+        for e in mine:
+            log.append(e)
+
+    return _rate(evs, threads_n, run)
 
 
 def start_witness(work: Path, log_vkeys: list[str]) -> tuple[subprocess.Popen, WitnessEndpoint]:

@@ -27,7 +27,7 @@ if "--threads" in sys.argv[:-1]:  # numpy's OpenBLAS (fak's float32 decode) read
 
 import numpy as np
 import torch
-from common import log, parser, report, target
+from common import best_of, log, parser, report, target
 
 from fak.kernel.model import blockdot
 from fak.kernel.model.generate import SamplingParams, generate
@@ -79,15 +79,6 @@ def bare_passes(model: Llama, repeat: int) -> dict[str, float]:
     t_read, _ = best_of(lambda: float(flat.sum()), repeat * 5)
     return {"bytes": float(flat.numel() * flat.element_size()), "torch_mv": t_torch, "numpy_mv": t_numpy,
             "read": t_read, "float16_mv": fmt_passes["float16"], "int8_mv": fmt_passes["int8"]}
-
-
-def best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, result
 
 
 def _gap(a: torch.Tensor, b: torch.Tensor) -> tuple[int, torch.Tensor]:
