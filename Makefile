@@ -30,6 +30,8 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	# mypy, strict, over the installed layout of the packages (see .ci/typecheck)
+	$(BIN)/python .ci/typecheck
 
 bench: $(STAMP)
 	@mkdir -p bench/out
