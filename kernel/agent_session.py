@@ -1,13 +1,14 @@
 """A kernel session: one conversation's KV (``fak.kernel.kv.session.Session``), its
 lock, its durable ledger, and the audited operations on it.
 
-Every operation is all or nothing. It validates its audit event before it
-changes anything, changes the in-memory session, appends the event, and only
-then writes the ledger to the database. If the append or the write fails, the
-in-memory session is discarded and rebuilt from the durable ledger on next use
-(bit-exact: replay makes the same prefill calls), so no failure leaves a
-half-applied change behind. A generated turn is kept only when its iterator is
-exhausted; a consumer that stops early leaves cache and ledger as they were.
+Every operation is all or nothing: each change runs in one ``transaction()``
+(``fak.kernel.transaction``), which validates the audit event before anything changes,
+changes the in-memory session, appends the event, and only then writes the ledger to
+the database. If the append or the write fails, the in-memory session is discarded and
+rebuilt from the durable ledger on next use (bit-exact: replay makes the same prefill
+calls), so no failure leaves a half-applied change behind. A generated turn is kept only
+when its iterator is exhausted; a consumer that stops early leaves cache and ledger as
+they were.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.pic_serve import PicBinding
 from fak.kernel.kv.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
 from fak.kernel.model.generate import SamplingParams
+from fak.kernel.transaction import ForgetProgress, Transaction
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
@@ -175,11 +177,6 @@ class KernelSession:
             self._mech = self._rebuild()
         return self._mech
 
-    def _discard(self) -> None:
-        """Drop the in-memory session after a failed operation; the durable ledger rebuilds it."""
-        self._mech = None
-        self._cause = "rollback"
-
     def offload(self) -> bool:
         """Drop this session's KV (ledger kept) if nobody is using it; True if dropped."""
         if self._mech is None or not self._lock.acquire(blocking=False):
@@ -195,10 +192,22 @@ class KernelSession:
     def loaded(self) -> bool:
         return self._mech is not None
 
+    # --- transactions -----------------------------------------------------------
+    @contextmanager
+    def transaction(self, wait: bool = True) -> Iterator[Transaction]:
+        """One audited change: the lock taken, the session loaded, pending withdrawals settled;
+        a failure once ``tx.change()`` was called rolls back (``fak.kernel.transaction``)."""
+        with self._locked(wait), Transaction(self, self.kernel.audit.append) as tx:
+            yield tx
+
+    def held_transaction(self) -> Transaction:
+        """A transaction for a caller that already holds the lock (a settle, a withdrawal)."""
+        return Transaction(self, self.kernel.audit.append)
+
     # --- for the withdrawal paths (fak.kernel.forget, fak.kernel.withdraw) and the façade ------
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
         """The session under its lock, loaded and with pending withdrawals settled: what a
-        forget or a delete holds while it changes the session from outside."""
+        delete holds while it removes the session (a change goes through ``transaction``)."""
         return self._locked(wait)
 
     def acquire(self, wait: bool = True) -> None:
@@ -228,13 +237,16 @@ class KernelSession:
         finally:
             self._lock.release()
 
-    def persist(self, forget: tuple[str, dict[str, Any]] | None = None, fingerprint: str | None = None) -> None:
-        """Write the ledger (``forget``: the forget's progress row in the same transaction)."""
+    def persist(self, forget: ForgetProgress | None = None, fingerprint: str | None = None) -> None:
+        """Write the ledger (``forget``: the forget's progress row in the same transaction);
+        called by a ``Transaction``'s commit."""
         self._persist(forget, fingerprint)
 
     def discard(self) -> None:
-        """Drop the in-memory session after a failed change; the durable ledger rebuilds it."""
-        self._discard()
+        """Drop the in-memory session after a failed change; the durable ledger rebuilds it.
+        The rollback primitive: only ``fak.kernel.transaction`` calls it."""
+        self._mech = None
+        self._cause = "rollback"
 
     def unload(self) -> None:
         """Drop the in-memory session of a deleted session (its lock is held)."""
@@ -366,7 +378,7 @@ class KernelSession:
                              "was it erased outside the kernel (fak cas forget)? Forget it through the kernel "
                              "to drop what derives from it") from exc
 
-    def _persist(self, forget: tuple[str, dict[str, Any]] | None = None, fingerprint: str | None = None) -> None:
+    def _persist(self, forget: ForgetProgress | None = None, fingerprint: str | None = None) -> None:
         """Write the ledger; ``fingerprint``: the KV's, when the caller has just computed it
         (hashing the whole KV again is the costliest part of a write)."""
         head, segs = self._rows(self._loaded(), fingerprint)
@@ -506,17 +518,14 @@ class KernelSession:
         if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
             raise InvalidInput(f"text is larger than {MAX_TEXT_BYTES} bytes")
         self._before_use()
-        with self._locked() as s:
-            try:
-                content: frozenset[str] = frozenset()
-                if kind is SegmentKind.ASSISTANT:
-                    content = frozenset().union(*(x.provenance | x.content for x in s.ledger.live()))
-                seg = s.append(kind, text, content=content)
-                self._check_room(s, f"this {kind.value} message")
-                self._persist()
-            except BaseException:
-                self._discard()
-                raise
+        with self.transaction() as tx:
+            s = tx.change()
+            content: frozenset[str] = frozenset()
+            if kind is SegmentKind.ASSISTANT:
+                content = frozenset().union(*(x.provenance | x.content for x in s.ledger.live()))
+            seg = s.append(kind, text, content=content)
+            self._check_room(s, f"this {kind.value} message")
+            tx.commit()
             return seg
 
     # --- tool results ---------------------------------------------------------
@@ -545,7 +554,8 @@ class KernelSession:
             raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
         k = self.kernel
         self._before_use()
-        with self._locked() as s:
+        with self.transaction() as tx:
+            s = tx.session
             policy = k.policy
             if k.state.forget_pending(self.tenant, k.store.digest_of(data, self.tenant)):
                 raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
@@ -585,39 +595,32 @@ class KernelSession:
             if admitted:
                 seconds, turns = lifetime(policy, tool, verdict, source)
                 expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
-            try:
-                if admitted:
-                    segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
-                                       verdict=verdict.kind.value, rule=verdict.rule_id,
-                                       policy_digest=policy.digest, segment_id=segment_id)
-                    segment.expires_turn = _turns(s) + turns if turns is not None else None
-                    self._check_room(s, "this tool result")
-                else:
-                    segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
-                                                   rule=verdict.rule_id, policy_digest=policy.digest,
-                                                   segment_id=segment_id)
-                index = k.audit.append(event)
-            except BaseException:
-                self._discard()
-                raise
-            try:
-                if admitted and admitted_ref is not None:
-                    k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
-                                       expires_us=expires_us, source=source)
-                    k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                    k.note_producer(self.tenant, admitted_ref, (tool, source))
-                    k.note_expiry(expires_us)
-                    k.clear_withdrawal(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
-                if admitted_ref != ref:
-                    k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
-                                       source=source)
-                    k.note_producer(self.tenant, ref, (tool, source))
-                if not admitted:
-                    k.store.set_taint(ref, self.tenant, "quarantined")
-                self._persist()
-            except BaseException:
-                self._discard()
-                raise
+            tx.change()
+            if admitted:
+                segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
+                                   verdict=verdict.kind.value, rule=verdict.rule_id,
+                                   policy_digest=policy.digest, segment_id=segment_id)
+                segment.expires_turn = _turns(s) + turns if turns is not None else None
+                self._check_room(s, "this tool result")
+            else:
+                segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
+                                               rule=verdict.rule_id, policy_digest=policy.digest,
+                                               segment_id=segment_id)
+            index = tx.audit(event)
+            if admitted and admitted_ref is not None:
+                k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
+                                   expires_us=expires_us, source=source)
+                k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
+                k.note_producer(self.tenant, admitted_ref, (tool, source))
+                k.note_expiry(expires_us)
+                k.clear_withdrawal(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
+            if admitted_ref != ref:
+                k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
+                                   source=source)
+                k.note_producer(self.tenant, ref, (tool, source))
+            if not admitted:
+                k.store.set_taint(ref, self.tenant, "quarantined")
+            tx.commit()
             k.events.publish(AdmissionDecided(self.tenant, verdict.kind))
             if admitted and admitted_ref is not None:
                 self._late_check(tool, admitted_ref, body, verdict.trust or "untrusted")
@@ -639,8 +642,8 @@ class KernelSession:
         write-time when the segment is the tail)."""
         from fak.audit import Eviction
 
-        with self._locked() as s:
-            seg = s.ledger.get(segment_id)
+        with self.transaction() as tx:
+            seg = tx.session.ledger.get(segment_id)
             mode = EvictMode(mode) if mode is not None else self.kernel.evict_mode()
             if mode is EvictMode.REROPE and self.kernel.policy.spec.eviction.mode != "rerope":
                 raise Forbidden("REROPE is approximate: the active policy allows exact eviction only "
@@ -648,16 +651,12 @@ class KernelSession:
             probe = dict(tenant=self.tenant, session_id=self.id, segment_id=seg.id, ref=seg.ref,
                          mode="RECOMPUTE", exact=True, tokens=seg.length, reason=as_id(reason))
             Eviction(**probe)  # a bad reason or id fails here, before the cache changes
-            try:
-                report = s.evict([segment_id], mode)
-                self.kernel.audit.append(Eviction(**probe | dict(
-                    mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
-                    exact=report.exactness == "bit-exact",
-                    fingerprint_after=self.kernel.audit_fingerprint(self.tenant, report.fingerprint))))
-                self._persist(fingerprint=report.fingerprint)
-            except BaseException:
-                self._discard()
-                raise
+            report = tx.change().evict([segment_id], mode)
+            tx.audit(Eviction(**probe | dict(
+                mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
+                exact=report.exactness == "bit-exact",
+                fingerprint_after=self.kernel.audit_fingerprint(self.tenant, report.fingerprint))))
+            tx.commit(fingerprint=report.fingerprint)
             self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return report
 
@@ -711,7 +710,8 @@ class KernelSession:
         from fak.audit import Eviction
 
         wanted = frozenset(refs)
-        with self._locked() as s:
+        with self.transaction() as tx:
+            s = tx.session
             victims = [x for x in s.ledger.live()
                        if (x.kind is SegmentKind.TOOL and x.ref in wanted)
                        or (drop_generated and x.kind is SegmentKind.ASSISTANT and x.content & wanted)]
@@ -719,16 +719,12 @@ class KernelSession:
                 return RefsEvicted([], "bit-exact", s.fingerprint(), [])
             events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="RECOMPUTE",
                                exact=True, tokens=x.length, reason=as_id(reason)) for x in victims]
-            try:
-                report = s.evict([x.id for x in victims])
-                mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
-                indexes = [self.kernel.audit.append(ev.model_copy(update={
-                    "mode": mode, "fingerprint_after": self.kernel.audit_fingerprint(self.tenant, report.fingerprint)}))
-                    for ev in events]
-                self._persist(fingerprint=report.fingerprint)
-            except BaseException:
-                self._discard()
-                raise
+            report = tx.change().evict([x.id for x in victims])
+            mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
+            indexes = [tx.audit(ev.model_copy(update={
+                "mode": mode, "fingerprint_after": self.kernel.audit_fingerprint(self.tenant, report.fingerprint)}))
+                for ev in events]
+            tx.commit(fingerprint=report.fingerprint)
             self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
@@ -753,33 +749,26 @@ class KernelSession:
 
     def _generate(self, params: SamplingParams) -> Iterator[int]:
         self._before_use()
-        self._acquire()
-        inner: Iterator[int] | None = None
-        try:
-            s = self._loaded()
-            self._settle(s)
-            s = self._loaded()
+        with self.transaction() as tx:
+            s = tx.session
             room = self.kernel.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
                 raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "
                                   f"{self.kernel.context_limit}-token context for an answer")
             if params.max_tokens > room:
                 params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
+            # the turn undoes itself unless exhausted (a consumer that stops early, an error
+            # mid-way), so only the write is the transaction's to roll back: commit, no change()
             inner = s.generate(params)
-            t0, count = time.perf_counter(), 0
-            for token in inner:
-                count += 1
-                yield token
             try:
-                self._persist()
-            except BaseException:
-                self._discard()
-                raise
-            self.kernel.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
-        finally:
-            if inner is not None:
+                t0, count = time.perf_counter(), 0
+                for token in inner:
+                    count += 1
+                    yield token
+            finally:
                 inner.close()  # rolls the partial turn back if the consumer stopped early
-            self._release()
+            tx.commit()
+            self.kernel.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
 
     def chat(self, text: str, **sampling: Any) -> str:
         """Append a user message and return the assistant's answer as text."""
@@ -802,13 +791,9 @@ class KernelSession:
             where = ".".join(str(p) for p in err["loc"]) or "working set"
             raise InvalidInput(f"working set {where}: {err['msg']}") from None
         self._before_use()
-        with self._locked() as s:
-            try:
-                result = materialise(self, s, ws)
-                self._persist(fingerprint=result.fingerprint)
-            except BaseException:
-                self._discard()
-                raise
+        with self.transaction() as tx:
+            result = materialise(self, tx.change(), ws)
+            tx.commit(fingerprint=result.fingerprint)
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------

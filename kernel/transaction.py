@@ -1,0 +1,110 @@
+"""The audited transaction: the one way a kernel session changes (docs/architecture.md,
+"The audited transaction").
+
+Every change of a session follows one rule: under the session's lock, with pending
+withdrawals settled, validate the audit event, change the in-memory session, append the
+event, write the ledger. If anything fails once the change has begun, the in-memory
+session is discarded and rebuilt from the durable ledger on next use (bit-exact: the
+replay makes the same prefill calls), and the error propagates. Written by hand in each
+operation, the rollback is one ``except`` a new operation can forget; here it is the
+exit of a ``with`` block::
+
+    with ks.transaction() as tx:          # lock, load, settle pending withdrawals
+        seg = tx.session.ledger.get(id)   # reads and validation: a failure changes nothing
+        event = Eviction(...)             # the audit event, validated before any change
+        s = tx.change()                   # from here, any failure rolls back
+        report = s.evict([id])
+        tx.audit(event)
+        tx.commit(fingerprint=report.fingerprint)
+
+A block that changed the session and leaves without ``commit`` is a bug: the transaction
+rolls back and raises ``TransactionError``. ``commit`` alone (no ``change``) covers a
+change the session makes and undoes itself when it fails (a generated turn is kept only
+once its iterator is exhausted): then only a failed write rolls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fak.kernel.kv.session import Session
+
+ForgetProgress = tuple[str, dict[str, Any]]  # (forget request id, its progress row's new values)
+
+
+class TransactionError(RuntimeError):
+    """A transaction used out of order (a programming error, never a client's)."""
+
+
+class Ledgered(Protocol):
+    """What a transaction needs of a kernel session (``fak.kernel.agent_session.KernelSession``)."""
+
+    def loaded_session(self) -> Session:
+        """The in-memory session (rebuilt from the durable ledger if offloaded)."""
+        ...
+
+    def persist(self, forget: ForgetProgress | None = None, fingerprint: str | None = None) -> None:
+        """Write the ledger (with the forget's progress row, in one database transaction)."""
+        ...
+
+    def discard(self) -> None:
+        """Drop the in-memory session; the next use rebuilds it from the durable ledger."""
+        ...
+
+
+class Transaction:
+    """One audited change of one session; the caller holds the session's lock. Get one from
+    ``KernelSession.transaction()`` (takes the lock) or ``held_transaction()`` (lock held)."""
+
+    def __init__(self, ks: Ledgered, audit: Callable[[Any], int]) -> None:
+        self._ks = ks
+        self._audit = audit
+        self._changed = False
+        self._committed = False
+
+    @property
+    def session(self) -> Session:
+        """The in-memory session as it is now (an exact replay may have replaced it)."""
+        return self._ks.loaded_session()
+
+    def change(self) -> Session:
+        """Say that the in-memory session is about to change; from here until ``commit``, a
+        failure discards it. Returns it."""
+        self._open("change")
+        self._changed = True
+        return self._ks.loaded_session()
+
+    def audit(self, event: Any) -> int:
+        """Append ``event`` (validated when it was built) to the audit log; its index."""
+        self._open("audit")
+        if not self._changed:
+            raise TransactionError("an event is appended after the change it records (call change() first)")
+        return self._audit(event)
+
+    def commit(self, *, fingerprint: str | None = None, forget: ForgetProgress | None = None) -> None:
+        """Write the ledger; a failure rolls back. ``fingerprint``: the KV's, when just computed
+        (hashing the KV again is the costliest part of a write); ``forget``: the forget's
+        progress, written in the same database transaction."""
+        self._open("commit")
+        self._changed = True  # a failed write leaves memory ahead of the ledger
+        self._ks.persist(forget, fingerprint)
+        self._committed = True
+
+    def _open(self, what: str) -> None:
+        if self._committed:
+            raise TransactionError(f"{what} after commit")
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._changed or self._committed:
+            return
+        self._ks.discard()  # the durable ledger is the state: the next use rebuilds from it
+        if exc is None:
+            raise TransactionError("the session was changed and the transaction left without commit: rolled back")
