@@ -1,9 +1,13 @@
-"""Shared helpers for kernel tests: tiny random Llama configs and the HF oracle."""
+"""Shared helpers for kernel tests: tiny random Llama configs, token ids, the HF oracle and the
+never-saw witness of an eviction."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from fak.kernel.kv.session import Session
 from fak.kernel.model.config import ModelConfig, RopeScaling
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.weights import random_weights, state_dict_from_weights
@@ -34,6 +38,30 @@ def tiny_config(**overrides) -> ModelConfig:
 def tiny_model(seed: int = 0, attention: str = "sdpa", decode: str = "auto", **overrides) -> Llama:
     cfg = tiny_config(**overrides)
     return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", attention=attention, decode=decode)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    """``n`` random token ids of the tiny vocabulary, the same for the same seed."""
+    return torch.randint(0, 257, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_same_state(a: Session, b: Session) -> None:
+    """The same cache length, fingerprint and raw key rows, bit for bit."""
+    n = a.cache.length
+    assert n == b.cache.length
+    assert a.fingerprint() == b.fingerprint()
+    assert torch.equal(a.cache.kraw[:, :n], b.cache.kraw[:, :n])
+
+
+def assert_never_saw(seen: Session, parts: Iterable[tuple[str, list[int]]], **options) -> Session:
+    """The witness of an eviction: a session (``options``) that only ever read ``parts``
+    ((kind, tokens), in order) has ``seen``'s last logits and state, bit for bit. Returns it."""
+    never = Session(seen.model, **options)
+    for kind, tokens in parts:
+        never.append(kind, tokens=tokens)
+    assert torch.equal(seen.last_logits, never.last_logits)
+    assert_same_state(seen, never)
+    return never
 
 
 def hf_oracle(model: Llama):

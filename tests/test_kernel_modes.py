@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import tiny_config
+from kernel_helpers import assert_never_saw, assert_same_state, ids, tiny_config
 
 from fak.kernel.kv.prefix_cache import PrefixCache, namespace
 from fak.kernel.kv.session import EvictMode, PrefixBinding, Session
@@ -29,17 +29,6 @@ MASTER = bytes(range(32))
 def mode_model(fmt: str, kv: torch.dtype | None, seed: int = 0) -> Llama:
     cfg = tiny_config()
     return Llama(cfg, random_weights(cfg, seed=seed), model_id=f"tiny-{seed}", weight_format=fmt, kv_dtype=kv)
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 257, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def same_state(a: Session, b: Session) -> None:
-    n = a.cache.length
-    assert n == b.cache.length
-    assert a.fingerprint() == b.fingerprint()
-    assert torch.equal(a.cache.kraw[:, :n], b.cache.kraw[:, :n])
 
 
 @pytest.fixture(params=MODES, ids=MODE_IDS)
@@ -65,11 +54,7 @@ def test_write_time_evict_equals_never_saw(mode) -> None:
     tool = seen.append("tool", tokens=poison, ref="blake3k:" + "ab" * 32)
     assert seen.evict([tool.id]).exactness == "bit-exact"
     seen.append("user", tokens=question)
-    never = Session(model)
-    never.append("system", tokens=sys_)
-    never.append("user", tokens=question)
-    assert torch.equal(seen.last_logits, never.last_logits)
-    same_state(seen, never)
+    assert_never_saw(seen, [("system", sys_), ("user", question)])
 
 
 @pytest.mark.parametrize("chunk_size", [512, 7])
@@ -83,14 +68,10 @@ def test_recompute_equals_never_saw(mode, chunk_size: int) -> None:
     seen.append("tool", tokens=d)
     report = seen.evict([poison.id], EvictMode.RECOMPUTE)
     assert report.exactness == "bit-exact"
-    never = Session(model, chunk_size=chunk_size)
-    for kind, t in (("system", a), ("user", c), ("tool", d)):
-        never.append(kind, tokens=t)
-    assert torch.equal(seen.last_logits, never.last_logits)
-    same_state(seen, never)
+    never = assert_never_saw(seen, [("system", a), ("user", c), ("tool", d)], chunk_size=chunk_size)
     params = SamplingParams(max_tokens=10)  # decoding on from both continues identically
     assert list(generate(model, seen.cache, ids(3, 8), params)) == list(generate(model, never.cache, ids(3, 8), params))
-    same_state(seen, never)
+    assert_same_state(seen, never)
 
 
 def test_prefix_reuse_is_bit_exact(mode) -> None:

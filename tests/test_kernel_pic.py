@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import tiny_model
+from kernel_helpers import ids, tiny_model
 
 from fak.kernel.kv.chunking import ChunkParams, chunk_bounds
+from fak.kernel.kv.ledger import Segment
 from fak.kernel.kv.pic import PicError, PicRegistry
 from fak.kernel.kv.pic_serve import PicBinding
 from fak.kernel.kv.prefix_cache import PrefixCache, namespace
 from fak.kernel.kv.session import PrefixBinding, Session
+from fak.kernel.model.llama import Llama
 from fak.keys import tenant_salt
 
 MASTER = bytes(range(32))
 SMALL = ChunkParams(bits=3, min_size=8, max_size=32)
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 257, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def ns(tenant: str, model_id: str = "tiny-0") -> bytes:
@@ -111,36 +109,45 @@ def test_drop_ref_removes_exactly_what_attended_to_it() -> None:
 SYS, DOC, Q = ids(40, 11), ids(150, 12), ids(12, 13)
 
 
-def test_a_chunk_at_its_source_position_in_the_same_context_is_bit_exact() -> None:
+def read_doc(session: Session, header: list[int], ref: str | None = None) -> Segment:
+    """``header`` as the system prompt, then DOC as a tool result; DOC's segment."""
+    session.append("system", tokens=header)
+    return session.append("tool", tokens=DOC, ref=ref)
+
+
+def primed(ref: str | None = None) -> tuple[Llama, PicRegistry, Session]:
+    """A tiny model, a PIC registry, and the first session, which read SYS then DOC into it."""
     model = tiny_model()
     reg = PicRegistry(model.model_id, "tok")
     first = pic_session(model, reg)
-    first.append("system", tokens=SYS)
-    first.append("tool", tokens=DOC, ref="doc")
-    again = pic_session(model, reg)
-    again.append("system", tokens=SYS)
-    seg = again.append("tool", tokens=DOC, ref="doc")
-    assert again.pic_hit_tokens > 0 and again.approximate
+    read_doc(first, SYS, ref)
+    return model, reg, first
+
+
+def exact_replay(model: Llama, header: list[int], header_chunks: list[int], doc_chunks: list[int]) -> Session:
+    """A plain session (no reuse) that prefilled ``header`` then DOC in the given chunks."""
     exact = Session(model)
-    exact.append("system", tokens=SYS, chunks=first.ledger.segments[0].chunks)
-    exact.append("tool", tokens=DOC, chunks=seg.chunks)
+    exact.append("system", tokens=header, chunks=header_chunks)
+    exact.append("tool", tokens=DOC, chunks=doc_chunks)
+    return exact
+
+
+def test_a_chunk_at_its_source_position_in_the_same_context_is_bit_exact() -> None:
+    model, reg, first = primed("doc")
+    again = pic_session(model, reg)
+    seg = read_doc(again, SYS, "doc")
+    assert again.pic_hit_tokens > 0 and again.approximate
+    exact = exact_replay(model, SYS, first.ledger.segments[0].chunks, seg.chunks)
     assert again.fingerprint() == exact.fingerprint()
 
 
 def test_a_shifted_chunk_is_re_rotated_and_exact_at_layer_zero() -> None:
-    model = tiny_model()
-    reg = PicRegistry(model.model_id, "tok")
-    first = pic_session(model, reg)
-    first.append("system", tokens=SYS)
-    first.append("tool", tokens=DOC, ref="doc")
+    model, reg, _ = primed("doc")
     shifted = pic_session(model, reg)
-    shifted.append("system", tokens=ids(57, 14))
-    seg = shifted.append("tool", tokens=DOC, ref="doc")
+    seg = read_doc(shifted, ids(57, 14), "doc")
     served = shifted.last_pic
     assert served and all(s.position != s.source_position for s in served)
-    exact = Session(model)
-    exact.append("system", tokens=ids(57, 14), chunks=shifted.ledger.segments[0].chunks)
-    exact.append("tool", tokens=DOC, chunks=seg.chunks)
+    exact = exact_replay(model, ids(57, 14), shifted.ledger.segments[0].chunks, seg.chunks)
     rows = slice(seg.start, seg.end)
     # layer 0 keys and values depend on the token alone: identical bytes after re-rotation
     assert torch.equal(shifted.cache.k[0, rows], exact.cache.k[0, rows])
@@ -152,14 +159,9 @@ def test_a_shifted_chunk_is_re_rotated_and_exact_at_layer_zero() -> None:
 
 
 def test_naive_reuse_keeps_the_source_rotation() -> None:
-    model = tiny_model()
-    reg = PicRegistry(model.model_id, "tok")
-    first = pic_session(model, reg)
-    first.append("system", tokens=SYS)
-    first.append("tool", tokens=DOC)
+    model, reg, first = primed()
     naive = pic_session(model, reg, naive=True)
-    naive.append("system", tokens=ids(57, 14))
-    seg = naive.append("tool", tokens=DOC)
+    seg = read_doc(naive, ids(57, 14))
     src = first.ledger.segments[1]
     hit = naive.last_pic[0]
     off_src, off_new = hit.row - seg.start + src.start, hit.row
@@ -167,32 +169,20 @@ def test_naive_reuse_keeps_the_source_rotation() -> None:
 
 
 def test_blend_of_every_row_equals_a_fresh_prefill() -> None:
-    model = tiny_model()
-    reg = PicRegistry(model.model_id, "tok")
-    first = pic_session(model, reg)
-    first.append("system", tokens=SYS)
-    first.append("tool", tokens=DOC)
+    model, reg, _ = primed()
     blended = pic_session(model, reg, blend_fraction=1.0)
-    blended.append("system", tokens=ids(57, 14))
-    seg = blended.append("tool", tokens=DOC)
+    seg = read_doc(blended, ids(57, 14))
     assert blended.last_pic and all(s.recomputed == s.tokens for s in blended.last_pic)
     assert sum(s.tokens for s in blended.last_pic) == seg.length  # one run: recomputed in one call
-    exact = Session(model)
-    exact.append("system", tokens=ids(57, 14), chunks=blended.ledger.segments[0].chunks)
-    exact.append("tool", tokens=DOC, chunks=[len(DOC)])
+    exact = exact_replay(model, ids(57, 14), blended.ledger.segments[0].chunks, [len(DOC)])
     assert blended.fingerprint() == exact.fingerprint()
 
 
 @pytest.mark.parametrize("kw", [{"recompute_first": 4}, {"blend_fraction": 0.15}])
 def test_partial_recompute_keeps_rows_in_token_order(kw: dict) -> None:
-    model = tiny_model()
-    reg = PicRegistry(model.model_id, "tok")
-    first = pic_session(model, reg)
-    first.append("system", tokens=SYS)
-    first.append("tool", tokens=DOC)
+    model, reg, _ = primed()
     s = pic_session(model, reg, **kw)
-    s.append("system", tokens=ids(57, 14))
-    seg = s.append("tool", tokens=DOC)
+    seg = read_doc(s, ids(57, 14))
     assert s.cache.token_list()[seg.start : seg.end] == DOC
     assert s.cache.positions[: s.cache.length].tolist() == list(range(s.cache.length))
     assert all(x.recomputed <= x.tokens for x in s.last_pic)
@@ -209,12 +199,9 @@ def test_partial_recompute_keeps_rows_in_token_order(kw: dict) -> None:
 def test_other_tenants_never_get_pic_hits() -> None:
     model = tiny_model()
     reg = PicRegistry(model.model_id, "tok")
-    a = pic_session(model, reg, "acme")
-    a.append("system", tokens=SYS)
-    a.append("tool", tokens=DOC)
+    read_doc(pic_session(model, reg, "acme"), SYS)
     b = pic_session(model, reg, "globex")
-    b.append("system", tokens=ids(57, 14))
-    b.append("tool", tokens=DOC)
+    read_doc(b, ids(57, 14))
     assert b.pic_hit_tokens == 0 and not b.approximate
 
 
