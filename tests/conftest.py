@@ -6,6 +6,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -31,26 +32,39 @@ def _pg_answers() -> bool:
         return False
 
 
+def pg_server_url(database: str = PG_DB) -> str:
+    """The URL of ``database`` on the local PostgreSQL server; skips (saying why) only when
+    no server answers."""
+    if not _pg_answers():
+        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
+    user = os.environ.get("FAK_PG_USER", "postgres")
+    return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{database}"
+
+
+@contextmanager
+def pg_scratch(create: str, drop: str) -> Iterator[None]:
+    """Runs ``create`` (DDL: a schema, a database) on the server's ``test`` database, and ``drop``
+    afterwards; autocommit, as ``CREATE DATABASE`` needs."""
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(pg_server_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(create))
+    try:
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(drop))
+        admin.dispose()
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A SQLAlchemy URL for a fresh, private schema in the local PostgreSQL ``test``
     database, dropped afterwards. Skips (saying why) only when no server answers."""
-    if not _pg_answers():
-        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
-    import sqlalchemy as sa
-
-    user = os.environ.get("FAK_PG_USER", "postgres")
-    base = f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}"
     schema = f"fak_t_{secrets.token_hex(6)}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{base}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with pg_scratch(f'CREATE SCHEMA "{schema}"', f'DROP SCHEMA "{schema}" CASCADE'):
+        yield f"{pg_server_url()}?options=-csearch_path%3D{schema}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from at_rest import raw_bytes_under
 
 from fak.cas import CasStore, KeyDestroyed, KeyMismatch
 from fak.cas.crypto import legacy_wrap_key
@@ -51,15 +52,6 @@ def _set_key(store: CasStore, key_id: str, **values) -> None:  # noqa: ANN003
         conn.execute(sa.update(DataKey).where(DataKey.key_id == key_id).values(**values))
 
 
-def _raw(*roots: Path) -> bytes:
-    out = bytearray()
-    for root in roots:
-        for p in Path(root).rglob("*"):
-            if p.is_file():
-                out += p.read_bytes()
-    return bytes(out)
-
-
 # ------------------------------------------------------------- backends
 
 
@@ -67,21 +59,11 @@ def _private_pg_database() -> Iterator[str]:
     """A fresh PostgreSQL database of its own: the VACUUM horizon is per database, so
     other suites' open transactions in ``test`` cannot keep our dead tuples alive (the
     store would rightly report ``pending_vacuum``)."""
-    from conftest import PG_DB, PG_HOST, PG_PORT, _pg_answers
+    from conftest import pg_scratch, pg_server_url
 
-    if not _pg_answers():
-        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
-    user = os.environ.get("FAK_PG_USER", "postgres")
     name = f"fak_erase_{secrets.token_hex(6)}"
-    admin = sa.create_engine(f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with pg_scratch(f'CREATE DATABASE "{name}"', f'DROP DATABASE "{name}" WITH (FORCE)'):
+        yield pg_server_url(name)
 
 
 @pytest.fixture
@@ -328,7 +310,7 @@ def test_sqlite_forget_with_an_open_reader_reports_pending_checkpoint(tmp_path):
     reader.execute("COMMIT")
     reader.close()
     assert store.scrub() == "destroyed"
-    assert wrapped not in _raw(tmp_path)
+    assert wrapped not in raw_bytes_under(tmp_path)
     store.close()
 
 

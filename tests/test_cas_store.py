@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import os
 import secrets
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from at_rest import raw_bytes_under
 
 from fak.cas import (
     CasError,
@@ -45,15 +45,6 @@ def _flip_byte(store: CasStore, digest: str, tenant: str, offset: int) -> None:
     raw = bytearray(path.read_bytes())
     raw[offset] ^= 0x01
     path.write_bytes(bytes(raw))
-
-
-def _raw_bytes_under(*roots: Path) -> bytes:
-    out = bytearray()
-    for root in roots:
-        for p in Path(root).rglob("*"):
-            if p.is_file():
-                out += p.read_bytes()
-    return bytes(out)
 
 
 # ---------------------------------------------------------------- round trip
@@ -287,9 +278,9 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
         key_id, blob_id = row.key_id, row.blob_id
     wrapped = store.keys.data.row(key_id).wrapped
     roots = (StorageSettings().data_dir, tmp_path)
-    assert marker not in _raw_bytes_under(*roots)  # encrypted at rest
+    assert marker not in raw_bytes_under(*roots)  # encrypted at rest
     if db_url.startswith("sqlite"):
-        assert wrapped in _raw_bytes_under(*roots)  # the scan does find key material in the db files
+        assert wrapped in raw_bytes_under(*roots)  # the scan does find key material in the db files
 
     record = store.forget(ref.digest, "acme")
     assert record.key_id == key_id and record.blob_id == blob_id
@@ -310,7 +301,7 @@ def test_forget_destroys_key_and_ciphertext(store, db_url, tmp_path):
     assert store.where_used(ref.digest, "acme") == []
     assert store.backend.size(blob_id) is None
     assert store.keys.data.row(key_id) is None
-    raw = _raw_bytes_under(*roots)
+    raw = raw_bytes_under(*roots)
     assert marker not in raw
     if db_url.startswith("sqlite"):
         assert wrapped not in raw  # secure_delete + WAL truncate: the key bytes are gone from the files
@@ -325,10 +316,10 @@ def test_forget_plaintext_scan_on_unencrypted_store(db_url, tmp_path):
     marker = b"FAK-PLAIN-" + secrets.token_hex(12).encode()
     ref = store.put(marker * 20, "text/plain", "acme")
     roots = (StorageSettings().data_dir, tmp_path)
-    assert marker in _raw_bytes_under(*roots)
+    assert marker in raw_bytes_under(*roots)
     record = store.forget(ref.digest, "acme")
     assert record.ciphertext_deleted and not record.crypto_shredded and record.key_id is None
-    assert marker not in _raw_bytes_under(*roots)
+    assert marker not in raw_bytes_under(*roots)
     store.close()
 
 

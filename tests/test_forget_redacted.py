@@ -77,20 +77,26 @@ def test_forget_either_form_erases_both(kernel, which) -> None:
     assert any(x["ref"] == other_a.admitted_ref and x["state"] == "live" for x in other_s.ledger())
 
 
-@pytest.mark.postgres
-def test_forget_either_form_on_postgres(settings, tiny_lm, pg_url) -> None:
-    """The link table, the forget's linked refs and a resume across a reopen on PostgreSQL."""
-    pg = settings.model_copy(update={"database_url": pg_url})
-    with Kernel.open(pg, model=tiny_lm, progress=None) as k:
+def _forget_after_reopen(settings, tiny_lm) -> None:  # noqa: ANN001
+    """A REDACTed result stored, the kernel closed and reopened, then its redacted form forgotten:
+    the link (read back from the database) erases both forms and the receipt signs it."""
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         s, a, _ = _redacted(k, "acme")
         sid = s.id
-    with Kernel.open(pg, model=tiny_lm, progress=None) as k:
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         receipt = k.forget("acme", a.admitted_ref)
         _erased(k, "acme", a.ref, a.admitted_ref)
         assert ("segment", sid, a.segment.id) in {(u.kind, u.session_id, u.id) for u in receipt.units_dropped}
+        assert {u.session_id for u in receipt.units_dropped if u.kind == "segment"} == {sid}
         assert [x.ref for x in receipt.linked_refs] == [a.ref]
         assert verify_receipt(receipt, k.audit.public_key())
         assert k.forget("acme", a.ref).request_id == receipt.request_id
+
+
+@pytest.mark.postgres
+def test_forget_either_form_on_postgres(settings, tiny_lm, pg_url) -> None:
+    """The link table, the forget's linked refs and a resume across a reopen on PostgreSQL."""
+    _forget_after_reopen(settings.model_copy(update={"database_url": pg_url}), tiny_lm)
 
 
 def test_receipt_linked_refs_are_signed(kernel) -> None:
@@ -107,15 +113,7 @@ def test_receipt_linked_refs_are_signed(kernel) -> None:
 
 
 def test_link_survives_restart(settings, tiny_lm) -> None:
-    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
-        s, a, _ = _redacted(k, "acme")
-        sid = s.id
-    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
-        receipt = k.forget("acme", a.admitted_ref)
-        _erased(k, "acme", a.ref, a.admitted_ref)
-        assert {u.session_id for u in receipt.units_dropped if u.kind == "segment"} == {sid}
-        assert [x.ref for x in receipt.linked_refs] == [a.ref]
-        assert verify_receipt(receipt, k.audit.public_key())
+    _forget_after_reopen(settings, tiny_lm)
 
 
 SCRIPT = textwrap.dedent("""
