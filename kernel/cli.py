@@ -8,50 +8,54 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("chat", help="a chat session through the Kernel (persisted; resume with --session)")
+    c = _kernel_command(sub, "chat", _chat, "a chat session through the Kernel (persisted; resume with --session)")
     c.add_argument("--tenant", default="local")
     c.add_argument("--session", help="continue this session id")
     c.add_argument("--system", help="system message for a new session")
     c.add_argument("--max-tokens", type=int, default=256)
-    c.add_argument("--config", help="settings file; FAK_* variables override it")
-    c.set_defaults(handler=_chat)
 
-    s = sub.add_parser("sessions", help="a tenant's sessions")
+    s = _kernel_command(sub, "sessions", _sessions, "a tenant's sessions")
     s.add_argument("--tenant", default="local")
-    s.add_argument("--config")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(handler=_sessions)
 
-    f = sub.add_parser("forget", help="erase a ref from every session, cache and store; prints the receipt")
+    f = _kernel_command(sub, "forget", _forget, "erase a ref from every session, cache and store; prints the receipt")
     f.add_argument("ref")
     f.add_argument("--tenant", required=True)
     f.add_argument("--reason")
-    f.add_argument("--by", help="who asked (recorded in the log)")
-    f.add_argument("--config")
+    f.add_argument("--by", help=_BY)
     f.add_argument("--out", help="write the receipt JSON here (default: stdout)")
-    f.set_defaults(handler=_forget)
 
-    q = sub.add_parser("quarantine", help="late detection: evict a ref from every session of the tenant")
+    q = _kernel_command(sub, "quarantine", _quarantine, "late detection: evict a ref from every session of the tenant")
     q.add_argument("ref")
     q.add_argument("--tenant", required=True)
     q.add_argument("--reason", required=True)
-    q.add_argument("--config")
-    q.set_defaults(handler=_quarantine)
 
-    e = sub.add_parser("erase-tenant", help="crypto-erase a whole tenant: sessions, KV, keys, refs, API keys")
+    e = _kernel_command(sub, "erase-tenant", _erase_tenant,
+                        "crypto-erase a whole tenant: sessions, KV, keys, refs, API keys")
     e.add_argument("tenant")
     e.add_argument("--confirm", required=True, help="the tenant's name again: this cannot be undone")
     e.add_argument("--reason")
-    e.add_argument("--by", help="who asked (recorded in the log)")
-    e.add_argument("--config")
-    e.set_defaults(handler=_erase_tenant)
+    e.add_argument("--by", help=_BY)
 
     d = sub.add_parser("demo", help="the main job on embedded defaults")
     d.add_argument("--model", default=None)
     d.set_defaults(handler=_demo)
+
+
+_BY = "who asked (recorded in the log)"
+
+
+def _kernel_command(sub: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int],
+                    help: str) -> argparse.ArgumentParser:
+    """A command on the Kernel (or its database) of the settings ``--config`` names."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--config", help="settings file; FAK_* variables override it")
+    p.set_defaults(handler=handler)
+    return p
 
 
 def _open(config: str | None):  # noqa: ANN202
@@ -133,7 +137,7 @@ def _erase_tenant(args: argparse.Namespace) -> int:
 def _quarantine(args: argparse.Namespace) -> int:
     with _open(args.config) as k:
         report = k.quarantine(args.tenant, args.ref, reason=args.reason, principal="cli")
-    print(json.dumps({"ref": report.ref, "units": report.units, "mode": report.mode,
+    print(json.dumps({"ref": report.ref, "units": report.unit_dicts(), "mode": report.mode,
                       "audit_index": report.audit_index}))
     return 0
 
