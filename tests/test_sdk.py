@@ -296,8 +296,8 @@ def test_async_client_flow(live_server):  # noqa: F811
 
 
 # --- retries (scripted answers) ------------------------------------------------------
-def _scripted(answers: list) -> tuple[Client, list]:  # noqa: ANN001
-    seen: list = []
+def _script(answers: list, seen: list) -> httpx.MockTransport:
+    """A transport that gives ``answers`` in order (raising the exceptions), noting each method in ``seen``."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.method)
@@ -306,7 +306,12 @@ def _scripted(answers: list) -> tuple[Client, list]:  # noqa: ANN001
             raise answer
         return answer
 
-    c = Client("http://fak.test", "fak_k", transport=httpx.MockTransport(handler), retries=2)
+    return httpx.MockTransport(handler)
+
+
+def _scripted(answers: list) -> tuple[Client, list]:
+    seen: list = []
+    c = Client("http://fak.test", "fak_k", transport=_script(answers, seen), retries=2)
     c._opt.sleep = lambda s: seen.append(("sleep", s))
     return c, seen
 
@@ -351,15 +356,8 @@ def test_async_retries_idempotent_only():
                _problem(503, "unavailable")]
     seen: list = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.method)
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
     async def run() -> FakAPIError:
-        async with AsyncClient("http://fak.test", "fak_k", transport=httpx.MockTransport(handler)) as c:
+        async with AsyncClient("http://fak.test", "fak_k", transport=_script(answers, seen)) as c:
             async def no_sleep(_s: float) -> None:
                 seen.append("sleep")
 
