@@ -12,11 +12,15 @@ function raising ``fak.errors.InvalidInput`` (for code paths without a model).
   digits), e.g. ``blake3k:<64 hex>`` or ``sha256:<64 hex>``. The CAS accepts a
   narrower set (``fak.cas.digest``): only the algorithms it computes.
 - ``Id``: an identifier or code: 1-128 characters, no spaces, quotes or newlines.
+
+``VerdictKind`` (the gate's admission verdicts) lives here too: the KV ledger records it on
+a segment and the policy layer decides it, and neither may import the other.
 """
 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import StringConstraints
@@ -37,6 +41,22 @@ _TENANT = re.compile(TENANT_PATTERN)
 _DIGEST = re.compile(DIGEST_PATTERN)
 _ID = re.compile(ID_PATTERN)
 
+
+class VerdictKind(StrEnum):
+    """Admission verdicts, least to most restrictive (see docs/design.md, Verdicts). The values
+    are the strings persisted in ledgers and audit events."""
+
+    ALLOW = "ALLOW"
+    REDACT = "REDACT"
+    QUARANTINE = "QUARANTINE"
+    DENY = "DENY"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {VerdictKind.ALLOW: 0, VerdictKind.REDACT: 1, VerdictKind.QUARANTINE: 2, VerdictKind.DENY: 3}
 
 _TENANT_CHAR = re.compile(r"[A-Za-z0-9._@-]")
 _ID_CHAR = re.compile(r"[A-Za-z0-9._:@/+=-]")
@@ -99,6 +119,7 @@ __all__ = [
     "Digest",
     "Id",
     "Tenant",
+    "VerdictKind",
     "as_id",
     "check_digest",
     "check_id",

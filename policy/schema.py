@@ -8,7 +8,6 @@ except the envelope's ``apiVersion``.
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -21,23 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from fak.types import TENANT_PATTERN
-
-
-class VerdictKind(StrEnum):
-    """Admission verdicts, least to most restrictive (see docs/design.md, Verdicts)."""
-
-    ALLOW = "ALLOW"
-    REDACT = "REDACT"
-    QUARANTINE = "QUARANTINE"
-    DENY = "DENY"
-
-    @property
-    def severity(self) -> int:
-        return _SEVERITY[self]
-
-
-_SEVERITY = {VerdictKind.ALLOW: 0, VerdictKind.REDACT: 1, VerdictKind.QUARANTINE: 2, VerdictKind.DENY: 3}
+# VerdictKind is defined in the shared ground (fak.types) and re-exported here
+from fak.types import TENANT_PATTERN, VerdictKind
 
 Trust = Literal["untrusted", "internal", "trusted"]
 SegmentKind = Literal["system", "user", "assistant", "tool"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fak.policy.schema import VerdictKind
+from fak.types import VerdictKind  # the shared ground defines it; fak.policy re-exports it
 
 
 class Match(BaseModel):

@@ -76,7 +76,9 @@ def test_backup_taken_before_forget_reveals_nothing(kernel, settings, tmp_path) 
     for x in assistants:
         seg = mech.ledger.get(x["id"])
         runs.append(seg.tokens[4:-2])  # without the turn's opener and closing, shared by every turn
-        text = mech._messages[seg.id]["content"].encode()
+        message = mech.message(seg.id)
+        assert message is not None
+        text = message["content"].encode()
         if len(text.strip()) >= 8:
             texts.append(text.strip())
     needles = _needles(texts, runs)

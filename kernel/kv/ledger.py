@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fak.errors import FakError
+from fak.types import VerdictKind
 
 
 class SegmentKind(StrEnum):
@@ -53,7 +54,7 @@ class Segment:
     start: int = 0  # first cache row (meaningful while live)
     ref: str | None = None  # CAS digest of the content, if any
     state: SegmentState = SegmentState.LIVE
-    verdict: str | None = None
+    verdict: VerdictKind | None = None  # the gate's verdict (tool segments); persisted as its string
     rule: str | None = None
     # attention provenance: refs this segment's KV attended to (own included); a RECOMPUTE
     # eviction of a ref removes it from the survivors, whose KV is recomputed without it
@@ -65,6 +66,10 @@ class Segment:
     policy_digest: str | None = None  # the policy that admitted it (tool segments)
     removed_tokens: int = 0  # how many rows it held when it was evicted
     expires_turn: int | None = None  # the session's model-turn count at which its ref expires
+
+    def __post_init__(self) -> None:
+        if self.verdict is not None:  # a persisted row carries the verdict's string
+            self.verdict = VerdictKind(self.verdict)
 
     def mark(self, state: SegmentState) -> None:
         """Take the segment out of the cache's live set (its rows are being removed)."""
@@ -101,7 +106,7 @@ class Segment:
             "start": self.start if self.live else None,
             "length": self.length if self.live else self.removed_tokens,
             "state": self.state.value,
-            "verdict": self.verdict,
+            "verdict": self.verdict.value if self.verdict is not None else None,
             "rule": self.rule,
             "provenance": sorted(self.provenance),
             "content_provenance": sorted(self.content),
@@ -165,6 +170,15 @@ class Ledger:
             if s is seg:
                 return i
         raise LedgerError(f"segment {seg.id} is not in this ledger")
+
+    def provenance_before(self, index: int) -> frozenset[str]:
+        """Every ref the live segments before position ``index`` attended to: what a segment
+        prefilled after them attends to."""
+        refs: set[str] = set()
+        for s in self.segments[:index]:
+            if s.live:
+                refs |= s.provenance
+        return frozenset(refs)
 
     def later_live(self, seg: Segment) -> list[Segment]:
         return [s for s in self.live() if s.start > seg.start]

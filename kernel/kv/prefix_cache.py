@@ -212,7 +212,7 @@ class PrefixCache:
             length, nodes = tree.match(ids, self._stale(now)) if tree is not None else (0, [])
             for n in nodes:
                 n.last_access = now
-            if nodes:
+            if nodes and tree is not None:  # nodes come from a tree
                 tree.lock(nodes[-1])
             for c in self._both(ns):
                 c.queries += 1
@@ -454,6 +454,22 @@ class PrefixCache:
         with self._lock:
             tree = self._trees.get(_check_ns(ns))
             return list(tree.walk()) if tree is not None else []
+
+    def holds_ref(self, ns: bytes, ref: str) -> bool:
+        """Whether a node of ``ns`` attended to ``ref`` (what ``drop_ref`` would remove)."""
+        return any(ref in n.prov for n in self.nodes(ns))
+
+
+@dataclass(frozen=True)
+class PrefixBinding:
+    """Where a session looks up and inserts shared KV: a prefix cache and the
+    namespace derived server-side from the authenticated tenant and model."""
+
+    cache: PrefixCache
+    namespace: bytes
+    priority: int = 35
+    ttl: float | None = None
+    insert: bool = True  # False: look up only (a benchmark comparing settings on one state)
 
 
 # --- input checks -------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""Prefill a segment into a session's cache: plan its chunks, serve whole leading chunks from
+the prefix cache (exact: the rows the same calls compute), then chunks the PIC registry holds
+(approximate, only when bound), compute the rest one forward call per chunk, and insert the
+exact rows back into the prefix cache.
+
+The chunk plan is the segment's record: a replay makes the same calls, so its KV is the same
+bytes (``kernel/kv/replay.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fak.kernel.kv.chunking import chunk_bounds
+from fak.kernel.kv.ledger import LedgerError, Segment
+from fak.kernel.kv.pic import PicEntry
+from fak.kernel.kv.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
+from fak.kernel.kv.prefix_tree import call_keys, concat_rows
+
+if TYPE_CHECKING:
+    from fak.kernel.kv.session import Session
+
+# chunks placed back to back from the PIC registry: (entry, row, position)
+_Run = list[tuple[PicEntry, int, int]]
+
+
+def plan(s: Session, ids: Sequence[int], chunks: Sequence[int] | None, regions: Sequence[int]) -> list[int]:
+    """The prefill call sizes of a new segment of tokens ``ids``: ``chunks`` when given, else
+    content-defined chunks when PIC is bound (identical content cut identically wherever it
+    lands, ``regions`` marking where known content begins), else the session's fixed size."""
+    if chunks is not None:
+        out = list(chunks)
+    elif s.pic is not None:
+        vocab = s.model.cfg.vocab_size
+        out = [b - a for a, b in chunk_bounds(ids, regions, s.pic.chunking, vocab)]
+    else:
+        out = fixed_chunks(len(ids), s.chunk_size)
+    if sum(out) != len(ids) or any(c < 1 for c in out):
+        raise LedgerError(f"chunks {out} do not cover {len(ids)} tokens")
+    return out
+
+
+def fixed_chunks(n: int, size: int) -> list[int]:
+    return [min(size, n - i) for i in range(0, n, size)]
+
+
+def prefill(s: Session, seg: Segment, pic: bool = True) -> None:
+    """Prefill a segment's chunks, serving leading chunks from the prefix
+    cache when it holds them (only whole chunks, so the rows are the bytes
+    the same calls would compute), then later chunks from the PIC registry
+    when bound (``pic=False``: an exact replay), then insert the segment back."""
+    offset = serve_from_prefix(s, seg)
+    if offset:
+        s.last_logits = None
+    s.last_pic = []
+    binding = s.pic if pic else None
+    run: _Run = []
+    boundary = 0
+    for n in seg.chunks:
+        a, boundary = boundary, boundary + n
+        if a < offset:
+            continue
+        tokens = seg.tokens[a:boundary]
+        entry = _pic_lookup(s, binding, tokens) if binding is not None else None
+        if entry is not None and binding is not None:
+            run.append((entry, s.cache.length, s.cache.next_position()))
+            place(s.model, s.cache, entry, naive=binding.naive)
+            continue
+        _finish_run(s, seg, run)
+        run = []
+        position, row = s.cache.next_position(), s.cache.length
+        s.last_logits = s.model.forward(tokens, s.cache)
+        if binding is not None and binding.insert and position >= FIRST_CHUNK_POSITIONS:
+            # a chunk computed near position 0 holds the attention sink: not reusable elsewhere
+            binding.registry.put(binding.namespace, tokens, s.cache.kraw[:, row : row + n],
+                                 s.cache.v[:, row : row + n], position, seg.provenance)
+    _finish_run(s, seg, run)
+    insert_prefix(s)
+
+
+def _pic_lookup(s: Session, binding: PicBinding, tokens: list[int]) -> PicEntry | None:
+    """The registry's chunk for these tokens, never for the first chunk of the sequence."""
+    if s.cache.next_position() < FIRST_CHUNK_POSITIONS:
+        return None
+    return binding.registry.get(binding.namespace, tokens)
+
+
+def _finish_run(s: Session, seg: Segment, run: _Run) -> None:
+    """Recompute what the binding asks of a run of placed chunks and account for it. The
+    rows attended to the context they were computed in, so the segment inherits their
+    provenance and the session is approximate from the run's first row."""
+    if not run:
+        return
+    binding = s.pic
+    assert binding is not None  # a run is only placed while PIC is bound
+    start = run[0][1]
+    spans = [(row - start, row - start + len(e)) for e, row, _ in run]
+    recomputed = [0] * len(run)
+    if binding.recompute_first or binding.blend_fraction:
+        recomputed = refresh(s.model, s.cache, start, spans, binding)
+    if s.pic_row is None:
+        s.pic_row = start
+    for (entry, row, position), again in zip(run, recomputed, strict=True):
+        got = PicServed(entry.id, row, len(entry), entry.source_position, position, again)
+        seg.provenance = seg.provenance | entry.provenance
+        s.pic_hit_tokens += got.tokens - got.recomputed
+        s.last_pic.append(got)
+        s.emit("pic_hit", seg, chunk=got.as_dict())
+    s.last_logits = None  # the next forward call computes fresh logits
+
+
+def call_starts(s: Session, extra: Segment | None = None) -> list[int]:
+    """Absolute positions where the forward calls that computed the live rows began
+    (and those ``extra``, about to be prefilled at the end, will begin)."""
+    starts: list[int] = []
+    segs = [x for x in s.ledger.live() if x.end <= s.cache.length or x is extra]
+    if extra is not None and extra not in segs:
+        segs.append(extra)
+    for x in segs:
+        pos = x.start if x is not extra else s.cache.length
+        for n in x.chunks:
+            starts.append(pos)
+            pos += n
+    return starts
+
+
+def serve_from_prefix(s: Session, seg: Segment) -> int:
+    """Serve whole leading chunks of ``seg`` from the prefix cache, but only rows the
+    same calls computed: the tree is keyed by tokens and call boundaries (a chunk end
+    inside the match is a call end of the producer too)."""
+    if s.prefix is None or s.approximate:
+        return 0
+    start = s.cache.length
+    wanted = call_keys(s.cache.token_list() + seg.tokens, call_starts(s, extra=seg))
+    with s.prefix.cache.match(s.prefix.namespace, wanted) as m:
+        served = 0
+        boundary = 0
+        for n in seg.chunks:
+            end = start + boundary + n
+            if end > m.length:
+                break
+            boundary += n
+            served = boundary
+        if served == 0:
+            return 0
+        s.cache.extend(concat_rows(m.blocks(), start, start + served))
+    s.prefix_hit_tokens += served
+    s.emit("prefix_hit", seg, tokens=served)
+    return served
+
+
+def insert_prefix(s: Session) -> None:
+    """Insert the exact rows (all of them, or those before the first PIC row)."""
+    exact = s.exact_rows
+    if s.prefix is None or not s.prefix.insert or exact == 0:
+        return
+    spans = [
+        (x.start, min(x.end, exact), r)
+        for x in s.ledger.live()
+        if x.start < exact and x.end <= s.cache.length and x.length
+        for r in sorted(x.content | ({x.ref} if x.ref else set()))
+    ]
+    keys = call_keys(s.cache.token_list(), call_starts(s))[:exact]
+    s.prefix.cache.insert(
+        s.prefix.namespace,
+        keys,
+        s.cache,
+        provenance=spans,
+        priority=s.prefix.priority,
+        ttl=s.prefix.ttl,
+    )
