@@ -59,34 +59,8 @@ def _withheld(text: str) -> bool:
 
 # --- OpenAI Agents SDK ------------------------------------------------------------
 def _scripted_model(session, doc: str):  # noqa: ANN001, ANN202
-    from agents import Model, ModelResponse, Usage
-    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-
-    class ScriptedModel(Model):
-        """Turn 1: a scripted call of read_document(doc). Turn 2: the fak session's model answers."""
-
-        def __init__(self) -> None:
-            self.inputs: list = []
-            self.answer: str | None = None
-
-        async def get_response(self, system_instructions, input, model_settings, tools, output_schema,  # noqa: A002, ANN001, ANN201
-                               handoffs, tracing, **_kw):
-            self.inputs.append(input)
-            if len(self.inputs) == 1:
-                assert [t.name for t in tools] == ["read_document"]
-                item = ResponseFunctionToolCall(type="function_call", id="fc_1", call_id="call_1", status="completed",
-                                                name="read_document", arguments=json.dumps({"name": doc}))
-            else:
-                text = self.answer = await asyncio.to_thread(lambda: session.generate(max_tokens=8).text)
-                item = ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed",
-                                             content=[ResponseOutputText(type="output_text", text=text,
-                                                                         annotations=[])])
-            return ModelResponse(output=[item], usage=Usage(), response_id=None)
-
-        def stream_response(self, *a, **kw):  # noqa: ANN002, ANN003, ANN201
-            raise NotImplementedError
-
-    return ScriptedModel()
+    """Turn 1: a scripted call of read_document(doc). Turn 2: the fak session's model answers."""
+    return _scripted_calls(session, [("read_document", {"name": doc})], max_tokens=8, offered=["read_document"])
 
 
 def _tool_output_seen(model) -> str:  # noqa: ANN001
@@ -324,25 +298,30 @@ class _Outbox:
         return f"transferred {amount}"
 
 
-def _scripted_calls(session, calls: list[tuple[str, dict]]):  # noqa: ANN001, ANN202
-    """An Agents SDK ``Model``: one scripted function call per turn, then the fak session's model answers."""
+def _scripted_calls(session, calls: list[tuple[str, dict]], max_tokens: int = 4,  # noqa: ANN001, ANN202
+                    offered: list[str] | None = None):
+    """An Agents SDK ``Model``: one scripted function call per turn, then the fak session's model
+    answers (``max_tokens``; kept in ``answer``). ``offered``: the tools a calling turn must be given."""
     from agents import Model, ModelResponse, Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
     class ScriptedCalls(Model):
         def __init__(self) -> None:
             self.inputs: list = []
+            self.answer: str | None = None
 
         async def get_response(self, system_instructions, input, model_settings, tools, output_schema,  # noqa: A002, ANN001, ANN201
                                handoffs, tracing, **_kw):
             self.inputs.append(input)
             n = len(self.inputs)
             if n <= len(calls):
+                if offered is not None:
+                    assert [t.name for t in tools] == offered
                 name, args = calls[n - 1]
                 item = ResponseFunctionToolCall(type="function_call", id=f"fc_{n}", call_id=f"call_{n}",
                                                 status="completed", name=name, arguments=json.dumps(args))
             else:
-                text = await asyncio.to_thread(lambda: session.generate(max_tokens=4).text)
+                text = self.answer = await asyncio.to_thread(lambda: session.generate(max_tokens=max_tokens).text)
                 item = ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed",
                                              content=[ResponseOutputText(type="output_text", text=text,
                                                                          annotations=[])])
