@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -164,15 +165,23 @@ def _tamper_db(log: AuditLog, index: int, recompute_nodes: bool) -> None:
                 conn.execute(sa.text("UPDATE audit_nodes SET hash = :h WHERE node = :n"), {"h": h, "n": node})
 
 
-def test_changed_entry_reported_at_its_index(tmp_path):
-    # body rewritten in the database, stored nodes untouched: the stored leaf hash names it
-    with _open(tmp_path, "a.db", checkpoint_every=8) as log:
-        _fill(log, 30)
+def _tampered_export(tmp_path, name: str, n: int, checkpoint_every: int, index: int,  # noqa: ANN001
+                     recompute_nodes: bool) -> tuple[Path, str]:
+    """A log of ``n`` entries, checkpointed, then entry ``index`` rewritten in its database
+    (``_tamper_db``) and exported as it stands: the export and the log's verifier key."""
+    with _open(tmp_path, f"{name}.db", checkpoint_every=checkpoint_every) as log:
+        _fill(log, n)
         log.checkpoint()
         vkey = log.public_key()
-        _tamper_db(log, 11, recompute_nodes=False)
-        path = tmp_path / "a.log"
+        _tamper_db(log, index, recompute_nodes=recompute_nodes)
+        path = tmp_path / f"{name}.log"
         write_export(log, path)
+    return path, vkey
+
+
+def test_changed_entry_reported_at_its_index(tmp_path):
+    # body rewritten in the database, stored nodes untouched: the stored leaf hash names it
+    path, vkey = _tampered_export(tmp_path, "a", 30, checkpoint_every=8, index=11, recompute_nodes=False)
     r = verify_export(path, pubkey=vkey)
     assert not r.ok and r.first_bad_index == 11 and r.bad_range is None, r.summary()
     assert "entry index 11" in r.summary()
@@ -194,13 +203,7 @@ def test_changed_entry_reported_at_its_index(tmp_path):
     assert "entry index 11" in r.summary()
 
     # checkpoints signed at every size: the signed roots alone name the entry
-    with _open(tmp_path, "c.db", checkpoint_every=1) as log:
-        _fill(log, 12)
-        log.checkpoint()
-        vkey = log.public_key()
-        _tamper_db(log, 5, recompute_nodes=True)
-        path = tmp_path / "c.log"
-        write_export(log, path)
+    path, vkey = _tampered_export(tmp_path, "c", 12, checkpoint_every=1, index=5, recompute_nodes=True)
     r = verify_export(path, pubkey=vkey)
     assert not r.ok and r.first_bad_index == 5 and r.bad_range is None, r.summary()
 
