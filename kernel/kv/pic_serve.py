@@ -19,6 +19,7 @@ context); the session records it and reports it apart from exact hits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -145,14 +146,17 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     gate, up = gate_up0(h).chunk(2, dim=-1)
     x = x + down0(F.silu(gate) * up)
     h = F.rms_norm(x, (D,), w1.attn_norm, cfg.rms_norm_eps)
-    _, k, v = qkv1(h)[0].split([H * hd, KV * hd, KV * hd], dim=-1)
+    _, k, v = torch.split(qkv1(h)[0], [H * hd, KV * hd, KV * hd], dim=-1)
     k, v = k.reshape(T, KV, hd), v.reshape(T, KV, hd)
     dk = (k - cache.kraw[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
     dv = (v - cache.v[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
     return dk + dv
 
 
-def _linears(model: Llama) -> tuple:
+_Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _linears(model: Llama) -> tuple[_Linear, _Linear, _Linear, _Linear, _Linear]:
     """Layer 0's q/k/v, output, gate/up and down products and layer 1's q/k/v, in the
     model's weight format (its ``lin`` table where it has one)."""
     lin = getattr(model, "lin", None)
@@ -160,7 +164,7 @@ def _linears(model: Llama) -> tuple:
         return lin[0].qkv, lin[0].o, lin[0].gate_up, lin[0].down, lin[1].qkv
     w0, w1 = model.w.layers[0], model.w.layers[1]
 
-    def dense(w: torch.Tensor):  # noqa: ANN202
+    def dense(w: torch.Tensor) -> _Linear:
         return lambda x: F.linear(x, w)
 
     return dense(w0.wqkv), dense(w0.wo), dense(w0.w_gate_up), dense(w0.w_down), dense(w1.wqkv)
