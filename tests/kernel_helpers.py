@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from fak.kernel.kv.ledger import Segment
 from fak.kernel.kv.session import Session
 from fak.kernel.model.config import ModelConfig, RopeScaling
 from fak.kernel.model.llama import Llama
@@ -51,6 +52,18 @@ def assert_same_state(a: Session, b: Session) -> None:
     assert n == b.cache.length
     assert a.fingerprint() == b.fingerprint()
     assert torch.equal(a.cache.kraw[:, :n], b.cache.kraw[:, :n])
+
+
+def poisoned_in_the_middle(model: Llama, chunk_size: int) -> tuple[Session, Segment, list[tuple[str, list[int]]]]:
+    """A session that read system A, a poisoned tool result B (with a ref), user C and tool D (D
+    attends to B); B's segment; and the parts a session that never saw B reads: A, C, D."""
+    a, b, c, d = ids(17, 4), ids(23, 5), ids(11, 6), ids(14, 7)
+    seen = Session(model, chunk_size=chunk_size)
+    seen.append("system", tokens=a)
+    poison = seen.append("tool", tokens=b, ref="blake3k:" + "cd" * 32)
+    seen.append("user", tokens=c)
+    seen.append("tool", tokens=d)
+    return seen, poison, [("system", a), ("user", c), ("tool", d)]
 
 
 def assert_never_saw(seen: Session, parts: Iterable[tuple[str, list[int]]], **options) -> Session:

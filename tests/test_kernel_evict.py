@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import assert_never_saw, assert_same_state, ids, tiny_model
+from kernel_helpers import assert_never_saw, assert_same_state, ids, poisoned_in_the_middle, tiny_model
 
 from fak.kernel.kv.ledger import LedgerError, SegmentState
 from fak.kernel.kv.session import EvictionError, EvictMode, Session, replay
@@ -41,16 +41,12 @@ def test_write_time_evict_equals_never_saw_tiny() -> None:
 @pytest.mark.parametrize("chunk_size", [512, 7])
 def test_middle_evict_recompute_equals_never_saw_tiny(chunk_size: int) -> None:
     model = tiny_model()
-    a, b, c, d = ids(17, 4), ids(23, 5), ids(11, 6), ids(14, 7)
-    seen = Session(model, chunk_size=chunk_size)
-    seen.append("system", tokens=a)
-    poison = seen.append("tool", tokens=b, ref="blake3k:" + "cd" * 32)
-    seen.append("user", tokens=c)
-    seen.append("tool", tokens=d)
+    seen, poison, clean = poisoned_in_the_middle(model, chunk_size)
     assert poison.ref in seen.ledger.segments[3].provenance  # D attended to B
     report = seen.evict([poison.id], EvictMode.RECOMPUTE)
+    (_, c), (_, d) = clean[1:]
     assert report.exactness == "bit-exact" and report.rows_replayed == len(c) + len(d)
-    never = assert_never_saw(seen, [("system", a), ("user", c), ("tool", d)], chunk_size=chunk_size)
+    never = assert_never_saw(seen, clean, chunk_size=chunk_size)
     assert poison.ref not in seen.refs()
     # generation continues identically
     params = SamplingParams(max_tokens=12)

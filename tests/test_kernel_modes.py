@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import assert_never_saw, assert_same_state, ids, tiny_config
+from kernel_helpers import assert_never_saw, assert_same_state, ids, poisoned_in_the_middle, tiny_config
 
 from fak.kernel.kv.prefix_cache import PrefixCache, namespace
 from fak.kernel.kv.session import EvictMode, PrefixBinding, Session
@@ -60,15 +60,10 @@ def test_write_time_evict_equals_never_saw(mode) -> None:
 @pytest.mark.parametrize("chunk_size", [512, 7])
 def test_recompute_equals_never_saw(mode, chunk_size: int) -> None:
     model = mode_model(*mode)
-    a, b, c, d = ids(17, 4), ids(23, 5), ids(11, 6), ids(14, 7)
-    seen = Session(model, chunk_size=chunk_size)
-    seen.append("system", tokens=a)
-    poison = seen.append("tool", tokens=b, ref="blake3k:" + "cd" * 32)
-    seen.append("user", tokens=c)
-    seen.append("tool", tokens=d)
+    seen, poison, clean = poisoned_in_the_middle(model, chunk_size)
     report = seen.evict([poison.id], EvictMode.RECOMPUTE)
     assert report.exactness == "bit-exact"
-    never = assert_never_saw(seen, [("system", a), ("user", c), ("tool", d)], chunk_size=chunk_size)
+    never = assert_never_saw(seen, clean, chunk_size=chunk_size)
     params = SamplingParams(max_tokens=10)  # decoding on from both continues identically
     assert list(generate(model, seen.cache, ids(3, 8), params)) == list(generate(model, never.cache, ids(3, 8), params))
     assert_same_state(seen, never)
