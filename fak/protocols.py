@@ -1,7 +1,8 @@
 """The seams the kernel talks through, typed instead of ``Any``.
 
-``ContentStore`` is the part of ``fak.cas.CasStore`` the kernel uses, ``AuditSink``
-the part of ``fak.audit.AuditLog``, ``Gate`` the shape of ``fak.policy.gate``. A test
+``ContentStore`` is the part of ``fak.cas.CasStore`` the kernel uses (``Services.store``),
+``AuditSink`` the part of ``fak.audit.AuditLog`` that only appends (the API-key store, the
+key operations), ``Gate`` the shape of ``fak.policy.gate`` (``Services.gate``). A test
 double, a remote store or another log implements the same methods and the kernel does
 not notice. The Protocols are ``runtime_checkable``: ``isinstance(x, ContentStore)``
 checks that the methods exist (not their signatures; the type checker does that).
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from fak.audit.checkpoint import SignedCheckpoint
     from fak.audit.log import LogEntry
     from fak.audit.proofs import InclusionProof
-    from fak.cas.models import Ref, ShredRecord, Use
+    from fak.cas.models import Ref, ShredRecord, TenantErasure, Use
     from fak.policy.policy import Policy
     from fak.policy.verdict import GateContext, Verdict
 
@@ -61,6 +62,10 @@ class ContentStore(Protocol):
 
     def forget(self, digest: str, tenant: str) -> ShredRecord:
         """Destroy the ref's data key and ciphertext; what was destroyed."""
+        ...
+
+    def erase_tenant(self, tenant: str) -> TenantErasure:
+        """Crypto-erase a whole tenant: every key it has and every ref of it (``Kernel.erase_tenant``)."""
         ...
 
     def close(self) -> None: ...

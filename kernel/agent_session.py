@@ -13,31 +13,41 @@ they were.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pydantic import ValidationError
+
+from fak.audit import AdmissionVerdict, Eviction, SessionRebuilt
+from fak.audit import ToolCallDecision as DecisionEvent
+from fak.cas.errors import CasError
 from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
+from fak.kernel.authorize import ToolCallDecision, args_digest
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.pic_serve import PicBinding
 from fak.kernel.kv.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
+from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.model.generate import SamplingParams
+from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.services import Services, SessionBusy
 from fak.kernel.transaction import ForgetProgress, Transaction
+from fak.kernel.withdraw import evict_in_place, expire, expire_due, lifetime
+from fak.policy import GateContext, Verdict, VerdictKind
+from fak.policy.late import LateJob
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import as_id, check_id
 
-if TYPE_CHECKING:
-    from fak.kernel.authorize import ToolCallDecision
-    from fak.kernel.facade import Kernel
-    from fak.kernel.materialise import MaterialiseResult, WorkingSet
-    from fak.policy import Verdict
+__all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
+           "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
 
 MAX_TEXT_BYTES = 1 << 20
 MAX_SOURCE = 2048  # characters of a tool result's source URL
@@ -49,12 +59,6 @@ class ContextFull(Conflict):
     """The session's context would pass the model's (or the configured) length."""
 
     code = "context_full"
-
-
-class SessionBusy(Conflict):
-    """Another operation holds the session (e.g. a generation still being consumed)."""
-
-    code = "session_busy"
 
 
 class RefBeingForgotten(Conflict):
@@ -96,8 +100,6 @@ def _turns(s: Session) -> int:
 
 def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
     """What a sealed ciphertext stands for: its refs and plaintext (in memory only)."""
-    import hashlib
-
     return hashlib.blake2b(json.dumps(sorted(refs)).encode() + b"\x00" + plain.encode(), digest_size=32).digest()
 
 
@@ -106,8 +108,8 @@ def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
 class KernelSession:
     """Get one from ``Kernel.session(tenant, id)``; thread-safe (one lock per session)."""
 
-    def __init__(self, kernel: Kernel, tenant: str, session_id: str, created_us: int, *, fresh: bool) -> None:
-        self.kernel = kernel
+    def __init__(self, services: Services, tenant: str, session_id: str, created_us: int, *, fresh: bool) -> None:
+        self.services = services
         self.tenant = tenant
         self.id = session_id
         self.created_us = created_us
@@ -137,7 +139,7 @@ class KernelSession:
             self._release()
 
     def _acquire(self, wait: bool = True) -> None:
-        got = self._lock.acquire(timeout=self.kernel.settings.lock_timeout_s) if wait else self._lock.acquire(False)
+        got = self._lock.acquire(timeout=self.services.settings.lock_timeout_s) if wait else self._lock.acquire(False)
         if not got:
             raise SessionBusy(f"session {self.id} is busy (a generation or another operation holds it)")
         self.last_used = time.monotonic()
@@ -145,10 +147,8 @@ class KernelSession:
     def _settle(self, s: Session) -> None:
         """Apply, before anything else, what was decided while the session was busy: a
         quarantine or expiry still pending here, and refs whose lifetime in turns has ended."""
-        from fak.kernel.withdraw import evict_in_place, expire
-
-        k = self.kernel
-        pending = k.pending_withdrawals(self.tenant)
+        k = self.services
+        pending = k.withdrawals.pending(self.tenant)
         live = s.ledger.live()
         if pending:
             # its own segments of a pending ref, or rows that attended to one (PIC chunks)
@@ -164,13 +164,13 @@ class KernelSession:
 
     def _before_use(self) -> None:
         """Execute expiries whose time has come before attention is used (outside any lock)."""
-        if self.kernel.expiry_due():
-            self.kernel.expire_due(tenant=self.tenant)
+        if self.services.withdrawals.expiry_due():
+            expire_due(self.services, tenant=self.tenant)
 
     def _release(self) -> None:
         self.last_used = time.monotonic()
         self._lock.release()
-        self.kernel.enforce_kv_budget(keep=self)
+        self.services.sessions.enforce_kv_budget(keep=self)
 
     def _loaded(self) -> Session:
         if self._mech is None:
@@ -197,12 +197,12 @@ class KernelSession:
     def transaction(self, wait: bool = True) -> Iterator[Transaction]:
         """One audited change: the lock taken, the session loaded, pending withdrawals settled;
         a failure once ``tx.change()`` was called rolls back (``fak.kernel.transaction``)."""
-        with self._locked(wait), Transaction(self, self.kernel.audit.append) as tx:
+        with self._locked(wait), Transaction(self, self.services.audit.append) as tx:
             yield tx
 
     def held_transaction(self) -> Transaction:
         """A transaction for a caller that already holds the lock (a settle, a withdrawal)."""
-        return Transaction(self, self.kernel.audit.append)
+        return Transaction(self, self.services.audit.append)
 
     # --- for the withdrawal paths (fak.kernel.forget, fak.kernel.withdraw) and the façade ------
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
@@ -264,6 +264,11 @@ class KernelSession:
         return self._drop_derived(ref, forget=forget)
 
     @property
+    def tokenizer(self) -> ChatTokenizer:
+        """The model's tokenizer (adapters decode generated ids with it)."""
+        return self.services.tokenizer
+
+    @property
     def kv_bytes(self) -> int:
         mech = self._mech
         return mech.cache.nbytes_allocated if mech is not None else 0
@@ -271,29 +276,29 @@ class KernelSession:
     def _check_room(self, s: Session, what: str) -> None:
         """Raise ContextFull when the session holds more tokens than the context allows (the
         caller discards the in-memory change: nothing of it stays)."""
-        limit = self.kernel.context_limit
+        limit = self.services.context_limit
         if s.cache.length > limit:
             raise ContextFull(f"{what} would make the session {s.cache.length} tokens long; "
                               f"the context holds {limit}")
 
     def _binding(self) -> PrefixBinding | None:
-        k = self.kernel
+        k = self.services
         policy = k.policy
         if k.prefix is None or not policy.spec.reuse.prefix:
             return None
-        return PrefixBinding(k.prefix, k.namespace(self.tenant), priority=policy.spec.retention.cache_priority)
+        return PrefixBinding(k.prefix, k.keys.namespace(self.tenant), priority=policy.spec.retention.cache_priority)
 
     def _pic_binding(self) -> PicBinding | None:
         """PIC only where the active policy allows approximate reuse."""
-        k = self.kernel
+        k = self.services
         if not k.policy.spec.reuse.pic_approximate:
             return None
-        return PicBinding(k.pic, k.namespace(self.tenant), recompute_first=k.settings.pic_recompute_first,
+        return PicBinding(k.pic, k.keys.namespace(self.tenant), recompute_first=k.settings.pic_recompute_first,
                           blend_fraction=k.settings.pic_blend_fraction)
 
     def _mech_options(self) -> SessionOptions:
         """What this conversation's ``Session`` is built with besides the model."""
-        k = self.kernel
+        k = self.services
         return SessionOptions(
             tokenizer=k.tokenizer,
             session_id=self.id,
@@ -305,11 +310,11 @@ class KernelSession:
         )
 
     def _new_mech(self) -> Session:
-        return Session(self.kernel.model, **self._mech_options())
+        return Session(self.services.model, **self._mech_options())
 
     # --- durable ledger -------------------------------------------------------
     def _rows(self, s: Session, fingerprint: str | None = None) -> tuple[SessionRow, list[SegmentRow]]:
-        k = self.kernel
+        k = self.services
         head = SessionRow(
             tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
             tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger.next_number,
@@ -369,10 +374,8 @@ class KernelSession:
 
     def _content_keys(self, refs: frozenset[str]) -> dict[str, bytes]:
         """The data keys of ``refs``, to seal or open what derives from them."""
-        from fak.cas.errors import CasError
-
         try:
-            return self.kernel.store.content_keys(self.tenant, refs)
+            return self.services.store.content_keys(self.tenant, refs)
         except CasError as exc:
             raise StateError(f"session {self.id}: a segment derives from a ref whose data key is gone ({exc}); "
                              "was it erased outside the kernel (fak cas forget)? Forget it through the kernel "
@@ -382,12 +385,12 @@ class KernelSession:
         """Write the ledger; ``fingerprint``: the KV's, when the caller has just computed it
         (hashing the whole KV again is the costliest part of a write)."""
         head, segs = self._rows(self._loaded(), fingerprint)
-        self.kernel.state.save_session(head, segs, forget)
+        self.services.state.save_session(head, segs, forget)
 
     def _rebuild(self) -> Session:
         """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) and
         check that the KV reaches the recorded fingerprint."""
-        k = self.kernel
+        k = self.services
         found = k.state.session(self.tenant, self.id)
         if found is None:
             raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
@@ -399,9 +402,10 @@ class KernelSession:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
             chunks = json.loads(row.chunks)
             content = frozenset(json.loads(row.content))
+            verdict = VerdictKind(row.verdict) if row.verdict is not None else None  # persisted as its string
             if state is not SegmentState.LIVE:
                 segments.append(Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
-                                        verdict=row.verdict, rule=row.rule, policy_digest=row.policy_digest,
+                                        verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
                                         content=content, protected=row.protected,
                                         provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
                                         expires_turn=row.expires_turn))
@@ -424,7 +428,7 @@ class KernelSession:
             if message is not None:
                 messages[row.id] = message
             segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
-                                    verdict=row.verdict, rule=row.rule, content=content,
+                                    verdict=verdict, rule=row.rule, content=content,
                                     policy_digest=row.policy_digest, protected=row.protected,
                                     expires_turn=row.expires_turn))
         options = self._mech_options()
@@ -448,7 +452,9 @@ class KernelSession:
             raise StateError(f"session {self.id} rebuilt to fingerprint {fingerprint}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
         if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
-            k.audit_rebuild(self, s, self._cause, fingerprint)
+            k.audit.append(SessionRebuilt(
+                tenant=self.tenant, session_id=self.id, segments=len(s.ledger.live()), tokens=s.cache.length,
+                fingerprint=k.keys.audit_fingerprint(self.tenant, fingerprint), cause=self._cause))
         self._cause = "restart"
         return s
 
@@ -540,10 +546,6 @@ class KernelSession:
         the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
         are admitted and the event records what the policy would have done. ``source``: the URL
         the result came from (rules, exceptions and trust may depend on its host)."""
-        from fak.audit import AdmissionVerdict
-        from fak.kernel.withdraw import lifetime
-        from fak.policy import GateContext, Verdict, VerdictKind, gate
-
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidInput("a tool result is bytes")
         data = bytes(data)
@@ -552,7 +554,7 @@ class KernelSession:
         tags = [check_id(t) for t in tags]
         if source is not None and (not isinstance(source, str) or len(source) > MAX_SOURCE or not source.isprintable()):
             raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
-        k = self.kernel
+        k = self.services
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
@@ -566,9 +568,9 @@ class KernelSession:
                 verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=QUARANTINED_RULE,
                                   policy_digest=policy.digest, tool=tool, input_bytes=len(data))
             else:
-                verdict = gate(policy, tool, data,
-                               GateContext(media_type=media_type, source=source, tenant=self.tenant, session=self.id,
-                                           ref=ref))
+                verdict = k.gate(policy, tool, data,
+                                 GateContext(media_type=media_type, source=source, tenant=self.tenant,
+                                             session=self.id, ref=ref))
             kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
             admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
             body, admitted_ref = data, (ref if admitted else None)
@@ -611,13 +613,13 @@ class KernelSession:
                 k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
                                    expires_us=expires_us, source=source)
                 k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                k.note_producer(self.tenant, admitted_ref, (tool, source))
-                k.note_expiry(expires_us)
-                k.clear_withdrawal(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
+                k.producers.note(self.tenant, admitted_ref, (tool, source))
+                k.withdrawals.note_expiry(expires_us)
+                k.withdrawals.clear(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
             if admitted_ref != ref:
                 k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
                                    source=source)
-                k.note_producer(self.tenant, ref, (tool, source))
+                k.producers.note(self.tenant, ref, (tool, source))
             if not admitted:
                 k.store.set_taint(ref, self.tenant, "quarantined")
             tx.commit()
@@ -628,24 +630,20 @@ class KernelSession:
 
     def _late_check(self, tool: str, ref: str, body: bytes, trust: str) -> None:
         """Hand an admitted result to the late detectors, with the trust the gate applied."""
-        k = self.kernel
-        if k.late_runner is None:
+        k = self.services
+        if k.late.runner is None:
             return
-        from fak.policy.late import LateJob
-
-        k.submit_late(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
-                               text=body.decode("utf-8", errors="replace"), admitted_at=time.time()))
+        k.late.submit(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
+                              text=body.decode("utf-8", errors="replace"), admitted_at=time.time()), k.policy)
 
     # --- eviction -------------------------------------------------------------
     def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
         """Evict a live segment; ``mode`` defaults to the policy's (RECOMPUTE or REROPE;
         write-time when the segment is the tail)."""
-        from fak.audit import Eviction
-
         with self.transaction() as tx:
             seg = tx.session.ledger.get(segment_id)
-            mode = EvictMode(mode) if mode is not None else self.kernel.evict_mode()
-            if mode is EvictMode.REROPE and self.kernel.policy.spec.eviction.mode != "rerope":
+            mode = EvictMode(mode) if mode is not None else self.services.evict_mode()
+            if mode is EvictMode.REROPE and self.services.policy.spec.eviction.mode != "rerope":
                 raise Forbidden("REROPE is approximate: the active policy allows exact eviction only "
                                 "(spec.eviction.mode: recompute)")
             probe = dict(tenant=self.tenant, session_id=self.id, segment_id=seg.id, ref=seg.ref,
@@ -655,9 +653,9 @@ class KernelSession:
             tx.audit(Eviction(**probe | dict(
                 mode="TRUNCATE" if report.mode is EvictMode.WRITE_TIME else report.mode.name,
                 exact=report.exactness == "bit-exact",
-                fingerprint_after=self.kernel.audit_fingerprint(self.tenant, report.fingerprint))))
+                fingerprint_after=self.services.keys.audit_fingerprint(self.tenant, report.fingerprint))))
             tx.commit(fingerprint=report.fingerprint)
-            self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
+            self.services.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return report
 
     # --- tool-call authorization ---------------------------------------------------
@@ -666,17 +664,14 @@ class KernelSession:
         ``tool_calls`` rules over the refs in the attention provenance of the live context,
         with the offending refs and the rule; logged (the arguments as a keyed digest only).
         Whoever generated the call: this session's model, or a framework's model reporting it."""
-        from fak.audit import ToolCallDecision as DecisionEvent
-        from fak.kernel.authorize import args_digest
-
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
-        k = self.kernel
-        digest = args_digest(k.tool_args_key(), args)
+        k = self.services
+        digest = args_digest(k.keys.tool_args_key(), args)
         self._before_use()
         with self._locked() as s:
             producers = self._attention(s)
-            decision = k.authorizer().decide(name, producers)
+            decision = k.authorizers.current(k.policy).decide(name, producers)
             event = DecisionEvent(
                 tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
                 verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
@@ -696,7 +691,7 @@ class KernelSession:
         cached = self._attention_cache
         if cached is None or cached[0] != key:
             refs = sorted(frozenset().union(*(x.provenance for x in s.ledger.live())))
-            producers = {ref: self.kernel.producer_of(self.tenant, ref) for ref in refs}
+            producers = {ref: self.services.producers.of(self.tenant, ref) for ref in refs}
             cached = self._attention_cache = (key, producers)
         return cached[1]
 
@@ -707,8 +702,6 @@ class KernelSession:
         (RECOMPUTE) and, with ``drop_generated``, the assistant turns produced while any of them
         was in attention (their tokens may carry what the refs caused, e.g. the call itself).
         The session is then bit-exact to one that never saw them; ask the model again."""
-        from fak.audit import Eviction
-
         wanted = frozenset(refs)
         with self.transaction() as tx:
             s = tx.session
@@ -722,10 +715,10 @@ class KernelSession:
             report = tx.change().evict([x.id for x in victims])
             mode = "TRUNCATE" if report.mode is EvictMode.WRITE_TIME else "RECOMPUTE"
             indexes = [tx.audit(ev.model_copy(update={
-                "mode": mode, "fingerprint_after": self.kernel.audit_fingerprint(self.tenant, report.fingerprint)}))
+                "mode": mode, "fingerprint_after": self.services.keys.audit_fingerprint(self.tenant, report.fingerprint)}))
                 for ev in events]
             tx.commit(fingerprint=report.fingerprint)
-            self.kernel.events.publish(SpanEvicted(self.tenant, report.mode.value))
+            self.services.events.publish(SpanEvicted(self.tenant, report.mode.value))
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
@@ -744,17 +737,17 @@ class KernelSession:
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"bad sampling parameters: {exc}") from None
         if not params.stop_token_ids:
-            params = replace(params, stop_token_ids=frozenset(self.kernel.tokenizer.stop_token_ids))
+            params = replace(params, stop_token_ids=frozenset(self.services.tokenizer.stop_token_ids))
         return params
 
     def _generate(self, params: SamplingParams) -> Iterator[int]:
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
-            room = self.kernel.context_limit - s.cache.length - GENERATION_OVERHEAD
+            room = self.services.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
                 raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "
-                                  f"{self.kernel.context_limit}-token context for an answer")
+                                  f"{self.services.context_limit}-token context for an answer")
             if params.max_tokens > room:
                 params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
             # the turn undoes itself unless exhausted (a consumer that stops early, an error
@@ -768,22 +761,18 @@ class KernelSession:
             finally:
                 inner.close()  # rolls the partial turn back if the consumer stopped early
             tx.commit()
-            self.kernel.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
+            self.services.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
 
     def chat(self, text: str, **sampling: Any) -> str:
         """Append a user message and return the assistant's answer as text."""
         self.append(SegmentKind.USER, text)
         ids = list(self.generate(**sampling))
-        tok = self.kernel.tokenizer
+        tok = self.services.tokenizer
         return tok.decode_turn(ids)
 
     # --- working sets ---------------------------------------------------------
     def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:
         """Make the session's tool context the working set; see ``fak.kernel.materialise``."""
-        from pydantic import ValidationError
-
-        from fak.kernel.materialise import WorkingSet, materialise
-
         try:
             ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
         except ValidationError as exc:
@@ -792,7 +781,7 @@ class KernelSession:
             raise InvalidInput(f"working set {where}: {err['msg']}") from None
         self._before_use()
         with self.transaction() as tx:
-            result = materialise(self, tx.change(), ws)
+            result = materialise(self.services, self.tenant, self.id, tx.change(), ws)
             tx.commit(fingerprint=result.fingerprint)
             return result
 
@@ -838,6 +827,6 @@ class KernelSession:
     def _replayed(self, s: Session) -> Session:
         """A fresh exact session with the same ledger (live segments replayed)."""
         messages = {x.id: m for x in s.ledger.live() if (m := s.message(x.id)) is not None}
-        fresh = replay(self.kernel.model, s.ledger.segments, messages=messages, **self._mech_options())
+        fresh = replay(self.services.model, s.ledger.segments, messages=messages, **self._mech_options())
         fresh.ledger.continue_from(s.ledger.next_number)
         return fresh

@@ -14,6 +14,8 @@ tool each ref came from), memoised per policy digest, so it costs microseconds.
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,10 +24,12 @@ import blake3
 import rfc8785
 
 from fak.errors import InvalidInput
+from fak.policy import tool_settings
 
 if TYPE_CHECKING:
     from fak.policy import Policy
     from fak.policy.schema import ToolCallRule
+    from fak.state.store import StateStore
 
 CallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
 Producer = tuple[str, "str | None"]  # (tool name, source URL) of an admitted ref
@@ -59,8 +63,6 @@ class ToolCallDecision:
 def args_bytes(args: Any) -> bytes:
     """Canonical JSON of the call's arguments (a JSON string is parsed first, as OpenAI sends it)."""
     if isinstance(args, str | bytes):
-        import json
-
         try:
             args = json.loads(args) if args else {}
         except ValueError:
@@ -84,10 +86,7 @@ class Authorizer:
     """Decides tool calls for one policy. Build one per policy digest (``for_policy``)."""
 
     def __init__(self, policy: Policy) -> None:
-        from fak.policy import tool_settings
-
         self.policy = policy
-        self._tool_settings = tool_settings
         self._rules: dict[str, list[ToolCallRule]] = {}
         self._trust: dict[Producer, str] = {}
         self._match: dict[tuple[str, Producer], bool] = {}
@@ -108,7 +107,7 @@ class Authorizer:
             return "untrusted"
         trust = self._trust.get(producer)
         if trust is None:
-            trust = self._tool_settings(self.policy, producer[0], producer[1]).trust
+            trust = tool_settings(self.policy, producer[0], producer[1]).trust
             if len(self._trust) < 4096:
                 self._trust[producer] = trust
         return trust
@@ -157,3 +156,54 @@ class Authorizer:
             return ToolCallDecision(tool, verdict, rule_id, offending, count, p.digest, audited=audited)
         return ToolCallDecision(tool, "ALLOW", rule_id, offending, count, p.digest, enforced=False,
                                 would_be=verdict, audited=audited)
+
+
+class Authorizers:
+    """The authorizer of the active policy, rebuilt when the policy's digest changes."""
+
+    def __init__(self) -> None:
+        self._found: Authorizer | None = None
+
+    def current(self, policy: Policy) -> Authorizer:
+        found = self._found
+        if found is None or found.policy.digest != policy.digest:
+            found = self._found = Authorizer(policy)
+        return found
+
+
+class Producers:
+    """Which tool (and URL) produced each admitted ref: authorization asks per call, so the
+    answer is cached in memory over the state database's record."""
+
+    MAX = 65536
+
+    def __init__(self, state: StateStore) -> None:
+        self._state = state
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, str], Producer] = {}
+
+    def of(self, tenant: str, ref: str) -> Producer:
+        """The producer of ``ref`` (``?``, None if the kernel has no record: judged untrusted)."""
+        found = self._known.get((tenant, ref))
+        if found is None:
+            meta = self._state.ref(tenant, ref)
+            found = (meta.tool, meta.source) if meta is not None else (UNKNOWN_TOOL, None)
+            self.note(tenant, ref, found)
+        return found
+
+    def note(self, tenant: str, ref: str, producer: Producer) -> None:
+        """Remember which tool (and URL) produced ``ref``."""
+        with self._lock:
+            if len(self._known) >= self.MAX:
+                self._known.clear()
+            self._known[(tenant, ref)] = producer
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Drop every record of ``tenant`` (its erasure)."""
+        with self._lock:
+            self._known = {key: v for key, v in self._known.items() if key[0] != tenant}
+
+    def clear(self) -> None:
+        """Drop the cache: the next question reads the state database (as after a restart)."""
+        with self._lock:
+            self._known.clear()

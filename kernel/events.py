@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 if TYPE_CHECKING:
-    from fak.policy.schema import ToolCallVerdict, VerdictKind
+    from fak.policy import VerdictKind
+    from fak.policy.schema import ToolCallVerdict
 
 log = logging.getLogger("fak.events")
 

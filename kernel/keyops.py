@@ -10,24 +10,23 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from fak.audit import KeyRotated, KeysDestroyed
 from fak.faults import fault_point
 from fak.types import as_id
 
 if TYPE_CHECKING:
-    from fak.audit import AuditLog
     from fak.cas.models import DestroyResult, RotationResult
     from fak.cas.store import CasStore
+    from fak.protocols import AuditSink
 
 
 def _active(store: CasStore, tenant: str | None) -> dict[str, str]:
     return {i.tenant: i.kek_id for i in store.kek_versions(tenant) if i.active}
 
 
-def rotate(store: CasStore, audit: AuditLog, tenant: str | None = None, *,
+def rotate(store: CasStore, audit: AuditSink, tenant: str | None = None, *,
            principal: str | None = None) -> RotationResult:
     """``CasStore.rotate`` and one ``KeyRotated`` event per tenant (old and new KEK ids)."""
-    from fak.audit import KeyRotated
-
     who = as_id(principal) if principal else None
     before = _active(store, tenant)
     result = store.rotate(tenant)
@@ -39,11 +38,9 @@ def rotate(store: CasStore, audit: AuditLog, tenant: str | None = None, *,
     return result
 
 
-def destroy_retired(store: CasStore, audit: AuditLog, older_than: float | timedelta, *,
+def destroy_retired(store: CasStore, audit: AuditSink, older_than: float | timedelta, *,
                     principal: str | None = None) -> DestroyResult:
     """``CasStore.destroy_retired``, each tenant's doomed KEKs logged first (``KeysDestroyed``)."""
-    from fak.audit import KeysDestroyed
-
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
     cutoff = time.time() - seconds
     doomed: dict[str, list[str]] = defaultdict(list)

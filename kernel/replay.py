@@ -24,43 +24,25 @@ import queue
 import sys
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fak.audit import AuditAlarm, ReplayVerified
+from fak.audit.events import SessionReplay
+from fak.audit.receipt import find_replay
 from fak.errors import NotFound
 from fak.faults import fault_point
+from fak.kernel.services import ReplayJob, Services, SessionJob
 
 if TYPE_CHECKING:
-    from fak.kernel.facade import Kernel
-    from fak.kernel.kv.ledger import Segment
-    from fak.kernel.kv.session import Session
     from fak.state.schema import ForgetRow
+
+__all__ = ["DONE", "ReplayJob", "Replayer", "SessionJob", "jobs_from_row", "logged_sessions", "resume", "run"]
 
 DONE = ("replaying", "completed")  # forget row states once the erasure is done (the receipt exists)
 LOGGED = ("session_id", "fingerprint_after")  # what ForgetCompleted carries of a row's session entry
 
 
-@dataclass
-class SessionJob:
-    session_id: str
-    fingerprint_after: str  # keyed per tenant, as ForgetCompleted logs it
-    survivors: list[str]  # segment ids, in ledger order
-    segments: list[Segment] | None = None  # the copy taken at the drop (None: resumed after a crash)
-    mech: Session | None = None  # a session of the same model, tokenizer and chunking (with ``segments``)
-
-
-@dataclass
-class ReplayJob:
-    tenant: str
-    request_id: str
-    ref: str
-    completed_index: int
-    sessions: list[SessionJob]
-    resumed: bool = False  # a crash may have left its ReplayVerified in the log already
-    done: Future = field(default_factory=Future)
-
-
-def logged_sessions(sessions: list[dict]) -> list[dict]:
+def logged_sessions(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A row's session entries as ``ForgetCompleted`` logs them (without the survivors' ids)."""
     return [{k: x[k] for k in LOGGED} for x in sessions]
 
@@ -75,16 +57,20 @@ def jobs_from_row(row: ForgetRow, fresh: dict[str, SessionJob]) -> list[SessionJ
 
 
 class Replayer:
-    """One worker thread running replay jobs in order; ``wait`` for one or all of them."""
+    """One worker thread running replay jobs in order; ``wait`` for one or all of them.
+    ``bind`` it to the services it replays with (they hold it) before the first job."""
 
-    def __init__(self, k: Kernel) -> None:
-        self._k = k
+    def __init__(self) -> None:
+        self._svc: Services | None = None
         self._q: queue.SimpleQueue[ReplayJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending: dict[str, ReplayJob] = {}
         self._thread: threading.Thread | None = None
 
-    def submit(self, job: ReplayJob) -> Future:
+    def bind(self, svc: Services) -> None:
+        self._svc = svc
+
+    def submit(self, job: ReplayJob) -> Future[int]:
         with self._lock:
             if job.request_id in self._pending:
                 return self._pending[job.request_id].done
@@ -126,7 +112,9 @@ class Replayer:
             if job is None:
                 return
             try:
-                job.done.set_result(run(self._k, job))
+                if self._svc is None:
+                    raise RuntimeError("Replayer used before bind()")
+                job.done.set_result(run(self._svc, job))
             except BaseException as exc:  # the row stays replaying; the next open runs it again
                 print(f"fak: the replay of forget {job.request_id} failed: {exc}", file=sys.stderr, flush=True)
                 job.done.set_exception(exc)
@@ -135,13 +123,9 @@ class Replayer:
                     self._pending.pop(job.request_id, None)
 
 
-def run(k: Kernel, job: ReplayJob) -> int:
+def run(svc: Services, job: ReplayJob) -> int:
     """Replay each session's survivors, log ``ReplayVerified`` (and an alarm on a mismatch),
     mark the forget completed; the index of ``ReplayVerified``."""
-    from fak.audit import AuditAlarm, ReplayVerified
-    from fak.audit.events import SessionReplay
-    from fak.audit.receipt import find_replay
-
     fault_point("forget.before_replay")
     found: list[SessionReplay] = []
     for sj in job.sessions:
@@ -149,38 +133,38 @@ def run(k: Kernel, job: ReplayJob) -> int:
             raw: str | None = sj.mech.replay_fingerprint(sj.segments)
         else:
             try:
-                raw = k.session(job.tenant, sj.session_id).replay_of(sj.survivors)
+                raw = svc.sessions.session(job.tenant, sj.session_id).replay_of(sj.survivors)
             except NotFound:  # deleted since: nothing left to replay
                 raw = None
-        keyed = None if raw is None else k.audit_fingerprint(job.tenant, raw)
+        keyed = None if raw is None else svc.keys.audit_fingerprint(job.tenant, raw)
         found.append(SessionReplay(session_id=sj.session_id, fingerprint_replay=keyed))
     after = {sj.session_id: sj.fingerprint_after for sj in job.sessions}
     differ = [x.session_id for x in found if x.fingerprint_replay is not None
               and x.fingerprint_replay != after[x.session_id]]
     verified = not differ and all(x.fingerprint_replay is not None for x in found)
-    index = find_replay(k.audit, job.tenant, job.request_id, job.completed_index) if job.resumed else None
+    index = find_replay(svc.audit, job.tenant, job.request_id, job.completed_index) if job.resumed else None
     if index is None:
-        index = k.audit.append(ReplayVerified(tenant=job.tenant, request_id=job.request_id, ref=job.ref,
+        index = svc.audit.append(ReplayVerified(tenant=job.tenant, request_id=job.request_id, ref=job.ref,
                                               completed_index=job.completed_index, sessions=found,
                                               verified=verified))
         if differ:
             print(f"fak: ALARM (forget_replay_mismatch): forget {job.request_id}: sessions {differ} differ "
                   "from an independent replay of their survivors", file=sys.stderr, flush=True)
-            k.audit.append(AuditAlarm(kind="forget_replay_mismatch", found_size=k.audit.size(),
+            svc.audit.append(AuditAlarm(kind="forget_replay_mismatch", found_size=svc.audit.size(),
                                       request_id=job.request_id))
     elif not verified:
         print(f"fak: the replay of forget {job.request_id} did not verify", file=sys.stderr, flush=True)
     fault_point("forget.after_replay_verified")
-    row = k.state.forget_by_request(job.tenant, job.request_id)
+    row = svc.state.forget_by_request(job.tenant, job.request_id)
     sessions = logged_sessions(json.loads(row.sessions)) if row is not None else []
-    k.state.update_forget(job.request_id, state="completed", sessions=json.dumps(sessions))
+    svc.state.update_forget(job.request_id, state="completed", sessions=json.dumps(sessions))
     return index
 
 
-def resume(k: Kernel) -> None:
+def resume(svc: Services) -> None:
     """Queue the replays a crash (or a close that could not wait) left pending."""
-    for row in k.state.forgets_replaying():
+    for row in svc.state.forgets_replaying():
         if row.completed_index is None:  # pragma: no cover - a replaying row has its completion
             continue
-        k.replays.submit(ReplayJob(row.tenant, row.request_id, row.ref, row.completed_index,
+        svc.replays.submit(ReplayJob(row.tenant, row.request_id, row.ref, row.completed_index,
                                    jobs_from_row(row, {}), resumed=True))

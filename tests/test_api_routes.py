@@ -155,7 +155,7 @@ def test_only_healthz_answers_without_a_key(live_server) -> None:  # noqa: F811
 def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
     """(method, path, roles allowed, body or role -> body)."""
     sid = w.sid
-    policy_text = w.live.kernel._policy.path.read_text()
+    policy_text = w.live.kernel.policy_path.read_text()
     victims = {role: ok(w("acme", "agent").post(f"/v1/sessions/{sid}/tool-results",
                                                 json={"tool": "weather", "content": f"{role}: dry"}), 201)
                for role in AGENT}  # one live segment for each role that may evict

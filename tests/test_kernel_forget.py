@@ -180,7 +180,7 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
     other.append("system", "You are a travel assistant.")
     other_ref = other.admit("booking", SECRET).ref
     report = k.quarantine("acme", ref, reason="slow_detector", principal="classifier")
-    assert {u["session_id"] for u in report.units if u["kind"] == "segment"} == {s.id for s in sessions}
+    assert {u.session_id for u in report.units if u.kind == "segment"} == {s.id for s in sessions}
     for s in sessions:
         states = {x["state"] for x in s.ledger() if x["ref"] == ref and x["kind"] == "tool"}
         assert states == {"quarantined"}
@@ -195,7 +195,7 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
     (ev,) = events(k, "ref_quarantined")
     assert ev.ref == ref and ev.reason == "slow_detector" and ev.tenant == "acme"
     assert {(u.session_id, u.id) for u in ev.units} == {
-        (u["session_id"], u["id"]) for u in report.units if u["kind"] == "segment"}  # logged before the effect
+        (u.session_id, u.id) for u in report.units if u.kind == "segment"}  # logged before the effect
     assert ref in other.refs() or other_ref in other.refs()
     with pytest.raises(FakError):
         k.quarantine("acme", "blake3k:" + "0" * 64, reason="x")
@@ -228,7 +228,7 @@ def test_forget_again_after_readmission_and_no_admission_during_a_forget(kernel)
     with pytest.raises(RefBeingForgotten):
         s.admit("booking", SECRET)
     assert s.fingerprint() == fp
-    receipt = resume(k, k.state.forget_row("acme", ref))
+    receipt = resume(k.services, k.state.forget_row("acme", ref))
     assert receipt.request_id == "fgt_pending_test"
     assert {u.id for u in receipt.units_dropped if u.kind == "segment"} == {third.segment.id}
     assert verify_receipt(receipt, k.audit.public_key())
@@ -274,7 +274,7 @@ def test_forget_returns_before_its_replay_and_a_mismatch_alarms(kernel, capsys) 
     others = [SessionJob(x.session_id, x.fingerprint_after, [y["id"] for y in k.session("acme", x.session_id)
                                                             .ledger() if y["state"] == "live"])
               for x in receipt.sessions if x.session_id != s.id]
-    index = run(k, ReplayJob("acme", receipt.request_id, ref, receipt.log_index,
+    index = run(k.services, ReplayJob("acme", receipt.request_id, ref, receipt.log_index,
                              [SessionJob(s.id, wrong, ids), *others]))
     assert "ALARM (forget_replay_mismatch)" in capsys.readouterr().err
     (alarm,) = events(k, "audit_alarm")

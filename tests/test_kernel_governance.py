@@ -143,7 +143,7 @@ def test_trust_follows_the_source_host_as_the_gate_judged_it(gov) -> None:
     theirs = s.admit("web_fetch", INJECTION, source="https://pastebin.example.net/raw/x1")
     d = s.authorize_tool_call("send_email", {})
     assert d.verdict == "DENY" and d.offending == (theirs.ref,)
-    k._producers.clear()  # from the state database now, as after a restart
+    k.services.producers.clear()  # from the state database now, as after a restart
     s._attention_cache = None
     assert s.authorize_tool_call("send_email", {}).offending == (theirs.ref,)
     assert k.state.ref("acme", ours.ref).source == "https://docs.example.com/rn"
@@ -191,7 +191,7 @@ def test_expired_ref_is_evicted_everywhere(gov) -> None:
 
     reports = k.expire_due(now_us() + 3601 * 1_000_000)
     assert [r.ref for r in reports] == [ref]
-    assert {u["session_id"] for u in reports[0].units if u["kind"] == "segment"} == {a.id, b.id}
+    assert {u.session_id for u in reports[0].units if u.kind == "segment"} == {a.id, b.id}
     (event,) = events(k, "ref_expired")
     assert event.ref == ref and event.cause == "seconds" and len(event.units) == 2
     for ks in (a, b):
@@ -262,7 +262,7 @@ def test_quarantine_of_a_busy_session_applies_before_its_next_use(gov) -> None:
     stream = s.generate(max_tokens=4, min_tokens=4)
     next(stream)  # the session is busy now
     report = k.quarantine("acme", ref, reason="late_test", principal="detector:test")
-    assert report.pending == [s.id] and [u for u in report.units if u["kind"] == "segment"] == []
+    assert report.pending == [s.id] and [u for u in report.units if u.kind == "segment"] == []
     list(stream)  # the generation finishes with what was in attention when it started
     assert s.authorize_tool_call("send_email", {}).verdict == "ALLOW"  # settled first
     states = [(x["kind"], x["state"]) for x in s.ledger()]

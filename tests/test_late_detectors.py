@@ -532,7 +532,7 @@ def test_late_detector_evicts_exactly(tmp_path: Path, tiny_dir: Path, tiny_lm, j
         # the judge answers only after release.set(): an admission that waited for it would hang
         # here, or return after the judge's timeout with an error recorded
         admitted = s.admit("web_fetch", POLITE)
-        assert k._late is not None and k._late.stats["errors"] == 0
+        assert k.late_runner is not None and k.late_runner.stats["errors"] == 0
         assert admitted.verdict.kind == "ALLOW"  # the synchronous gate saw nothing
         ref = admitted.ref
         s.admit("weather", b"Weather in Boston: light rain, 9 degrees.")  # trusted: never judged

@@ -17,7 +17,11 @@ MECHANISMS = ("fak.kernel.model", "fak.kernel.kv")
 # the agent kernel built on them (``kernel/*.py``): the mechanisms never reach up into it
 AGENT_KERNEL = ("fak.kernel.facade", "fak.kernel.agent_session", "fak.kernel.forget", "fak.kernel.withdraw",
                 "fak.kernel.materialise", "fak.kernel.keyops", "fak.kernel.authorize", "fak.kernel.replay",
-                "fak.kernel.events", "fak.kernel.demo", "fak.kernel.cli")
+                "fak.kernel.events", "fak.kernel.services", "fak.kernel.sessions", "fak.kernel.demo",
+                "fak.kernel.cli")
+# the packages whose modules must not import each other in a cycle: everything but the adapters
+CORE = ("fak", "fak.kernel", "fak.policy", "fak.cas", "fak.audit", "fak.state")
+ADAPTERS = ("fak.api", "fak.sdk")
 # the shared ground (``fak/``): types, errors, settings, database, keys, wire models; every layer builds on it
 
 
@@ -163,14 +167,118 @@ def test_shared_ground_does_not_import_what_builds_on_it() -> None:
 
 def test_sdk_does_not_import_the_server() -> None:
     """The SDK's wire models come from ``fak.wire`` (pydantic and ``fak.types`` only), which the
-    server re-exports as ``fak.api.models``: no module of ``fak.sdk`` imports ``fak.api`` at
-    module level, and only the in-process mode (``fak.sdk.local``, which still calls the route
-    functions: issue 26 part 5) imports it at all, inside its functions.
-    ``tests/test_sdk_imports.py`` checks what an import of the HTTP client loads."""
+    server re-exports as ``fak.api.models``; the in-process mode (``fak.sdk.local``) calls the
+    kernel's operations (``fak.kernel.operations``), as the routes do. So no module of
+    ``fak.sdk`` imports ``fak.api``, not even inside a function, and the operations never import
+    the server either. ``tests/test_sdk_imports.py`` checks what an import of the HTTP client
+    loads, ``tests/test_sdk_client_only_install.py`` that it installs and runs without the server."""
     to_api = [e for e in EDGES if _within(e.source, "fak.sdk") and _within(e.target, "fak.api")]
-    assert not [e for e in to_api if e.module_level], _shown([e for e in to_api if e.module_level])
-    assert {e.source for e in to_api} <= {"fak.sdk.inprocess"}, _shown(to_api)
+    assert not to_api, _shown(to_api)
+    core_to_api = [e for e in EDGES if e.source == "fak.kernel.operations" and _within(e.target, "fak.api")]
+    assert not core_to_api, _shown(core_to_api)
+    assert any(e.source == "fak.sdk.inprocess" and e.target == "fak.kernel.operations" for e in EDGES)
     wire = {e.target.split(".")[0] if not e.target.startswith("fak.") else e.target
             for e in EDGES if e.source == "fak.wire"}
     assert {t for t in wire if t.startswith("fak.")} <= {"fak.types", "fak.types.Digest", "fak.types.Id"}, wire
     assert {t for t in wire if not t.startswith("fak.")} <= {"__future__", "base64", "typing", "pydantic"}, wire
+
+
+def _modules() -> dict[str, bool]:
+    """Every module of the tree, and whether it is a package (``__init__.py``)."""
+    out: dict[str, bool] = {}
+    for folder in PACKAGES:
+        for path in (ROOT / folder).rglob("*.py"):
+            if "migrations" not in path.parts:
+                out[_module_name(folder, path)] = path.name == "__init__.py"
+    return out
+
+
+def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_core_has_no_import_cycles() -> None:
+    """Issue 26 part 1: the core's modules (everything but the API and the SDK) import each other
+    without a cycle, counting imports inside functions (a local import does not break a cycle,
+    it hides it) and leaving out ``TYPE_CHECKING`` blocks (no import at run time). The façade
+    builds the services and hands them down; nothing below it imports it. A module importing
+    its own package's ``__init__`` is not an edge (every submodule does it); one importing
+    another package's ``__init__`` is (that ``__init__`` imports its modules)."""
+    modules = _modules()
+    core = {m for m in modules if any(_within(m, c) for c in CORE) and not any(_within(m, a) for a in ADAPTERS)}
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    graph: dict[str, set[str]] = {m: set() for m in core}
+    for e in EDGES:
+        target = resolve(e.target)
+        if e.source not in core or target not in core or target == e.source:
+            continue
+        if modules[target] and _within(e.source, target):
+            continue
+        graph[e.source].add(target)
+    cycles = _sccs(graph)
+    assert not cycles, "import cycles in the core: " + "; ".join(" <-> ".join(c) for c in cycles)
+    assert "fak.kernel.services" in graph["fak.kernel.forget"]  # the graph holds the edges it should
+
+
+def test_nothing_below_the_facade_imports_it() -> None:
+    """Sessions, withdrawal, working sets, the replay and the services take the services the
+    façade built, not the façade: no module of the agent kernel imports it, not even for the
+    type checker (``fak chat`` / ``fak demo`` and the operations adapters use it)."""
+    users = {"fak.kernel.cli", "fak.kernel.demo", "fak.kernel.operations"}
+    bad = []
+    for folder, package in (("kernel", "fak.kernel"),):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            module = _module_name(folder, path)
+            if module in users or module == "fak.kernel.facade":
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            bad += [f"{module}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom | ast.Import)
+                    and any(_within(name, "fak.kernel.facade") for name in (
+                        [n.module or ""] if isinstance(n, ast.ImportFrom) else [a.name for a in n.names]))]
+            assert package
+    assert not bad, bad
+    local = [e for e in EDGES if e.source == "fak.kernel.facade" and not e.module_level]
+    assert not local, _shown(local)  # the façade imports what it uses at module level
