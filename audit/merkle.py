@@ -11,7 +11,7 @@ rows or the in-memory ``MemoryTree`` used by the offline verifier).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from fak.audit.errors import VerificationError
 
@@ -141,26 +141,34 @@ def consistency_proof(size1: int, size2: int, get: NodeGetter) -> list[bytes]:
 # ---------------------------------------------------------------- verification (RFC 9162 2.1.3.2, 2.1.4.2)
 
 
-def root_from_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bytes:
-    if not 0 <= index < size:
-        raise ProofError(f"index {index} is outside a tree of size {size}")
-    fn, sn, r = index, size - 1, leaf
-    for p in proof:
+def _walk(fn: int, sn: int, path: Iterable[bytes], too_long: str, too_short: str) -> Iterator[tuple[bytes, bool]]:
+    """The walk both verifications share: from node ``fn`` of a level whose last node is ``sn`` up
+    to the root, each path hash with whether it is the left sibling (hashed first). ProofError
+    when a hash has the wrong length or the path is longer (``too_long``) or shorter (``too_short``)
+    than the walk."""
+    for p in path:
         if len(p) != HASH_SIZE:
             raise ProofError("proof hash has the wrong length")
         if sn == 0:
-            raise ProofError("inclusion proof is too long")
-        if fn & 1 or fn == sn:
-            r = hash_children(p, r)
+            raise ProofError(too_long)
+        left = bool(fn & 1) or fn == sn
+        if left:
             while not fn & 1 and fn != 0:
                 fn >>= 1
                 sn >>= 1
-        else:
-            r = hash_children(r, p)
+        yield p, left
         fn >>= 1
         sn >>= 1
     if sn != 0:
-        raise ProofError("inclusion proof is too short")
+        raise ProofError(too_short)
+
+
+def root_from_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bytes:
+    if not 0 <= index < size:
+        raise ProofError(f"index {index} is outside a tree of size {size}")
+    r = leaf
+    for p, left in _walk(index, size - 1, proof, "inclusion proof is too long", "inclusion proof is too short"):
+        r = hash_children(p, r) if left else hash_children(r, p)
     return r
 
 
@@ -194,21 +202,15 @@ def verify_consistency(size1: int, size2: int, root1: bytes, root2: bytes, proof
         fn >>= 1
         sn >>= 1
     fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            raise ProofError("consistency proof is too long")
-        if fn & 1 or fn == sn:
+    failed = f"consistency proof from size {size1} to {size2} does not verify"
+    for c, left in _walk(fn, sn, path[1:], "consistency proof is too long", failed):
+        if left:
             fr = hash_children(c, fr)
             sr = hash_children(c, sr)
-            while not fn & 1 and fn != 0:
-                fn >>= 1
-                sn >>= 1
         else:
             sr = hash_children(sr, c)
-        fn >>= 1
-        sn >>= 1
-    if sn != 0 or fr != root1 or sr != root2:
-        raise ProofError(f"consistency proof from size {size1} to {size2} does not verify")
+    if fr != root1 or sr != root2:
+        raise ProofError(failed)
 
 
 # ---------------------------------------------------------------- compact range and in-memory tree
