@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fak.audit.log import AuditLog
+    from fak.audit.verify import WitnessPolicy
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("audit", help="signed Merkle audit log: export, verify, proofs")
     sub = p.add_subparsers(dest="audit_command", metavar="ACTION")
 
@@ -60,7 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--format", choices=("json", "tlog"), default="json")
     pr.add_argument("--url")
     pr.set_defaults(handler=_proof)
-    p.set_defaults(handler=lambda _args: (p.print_help(), 2)[1])
+
+    def audit_help(_args: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+
+    p.set_defaults(handler=audit_help)
 
 
 def _witness_args(p: argparse.ArgumentParser) -> None:
@@ -71,7 +81,7 @@ def _witness_args(p: argparse.ArgumentParser) -> None:
                    "'quorum <N|all|any|none>' lines (see docs/audit.md)")
 
 
-def _policy(args: argparse.Namespace):  # noqa: ANN202
+def _policy(args: argparse.Namespace) -> tuple[WitnessPolicy | None, str | None]:
     """The witness policy from --policy or --witness/--quorum (None when neither), and the
     pinned log key (--pubkey, else the policy's log line)."""
     from fak.audit.errors import AuditError
@@ -100,7 +110,7 @@ def _key(value: str) -> str:
     return Verifier.parse(_load_text(value, "public key").strip()).vkey()
 
 
-def _open(args: argparse.Namespace):  # noqa: ANN202
+def _open(args: argparse.Namespace) -> AuditLog:
     from fak.audit.log import AuditLog
 
     return AuditLog.open(url=getattr(args, "url", None))

@@ -34,7 +34,7 @@ _HEX8 = re.compile(r"[0-9a-f]{8}")
 
 def cosigner_key_id(name: str, public_key: bytes) -> int:
     digest = hashlib.sha256(name.encode() + b"\n" + bytes([ALG_COSIGNATURE_V1]) + public_key).digest()
-    return struct.unpack(">I", digest[:4])[0]
+    return int.from_bytes(digest[:4], "big")
 
 
 def _raw(key: Ed25519PublicKey) -> bytes:
@@ -131,7 +131,7 @@ def verify_cosignature(witness_vkey: str, checkpoint_body: str, signature_line: 
     got_name, got_id, rest = parse_signature_line(signature_line)
     if got_name != name or got_id != kid or len(rest) != 8 + 64:
         raise VerificationError(f"cosignature line is not by witness {name}")
-    (timestamp,) = struct.unpack(">Q", rest[:8])
+    timestamp = int.from_bytes(rest[:8], "big")
     if timestamp > MAX_TIMESTAMP:
         raise VerificationError("cosignature timestamp out of range")
     try:

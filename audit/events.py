@@ -448,7 +448,7 @@ def _first_error(exc: ValidationError) -> str:
 def to_event(value: object) -> Event:
     """Validate a model or a dict into an event; a clear AuditError otherwise."""
     if isinstance(value, EVENT_TYPES):
-        return value  # type: ignore[return-value]
+        return value
     try:
         return _ADAPTER.validate_python(value)
     except ValidationError as exc:

@@ -33,10 +33,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import rfc8785
 import sqlalchemy as sa
@@ -63,6 +64,9 @@ from fak.audit.statement import statement_text
 from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
 from fak.settings import StorageSettings
 
+if TYPE_CHECKING:
+    from fak.audit.verify import VerifyReport  # verify imports this module
+
 
 @dataclass(frozen=True)
 class LogEntry:
@@ -87,10 +91,10 @@ class _Append:
     tenant: str
     type: str
     ts: int
-    future: Future
+    future: Future[int]  # the entry's index, once committed
 
 
-def _request(event: Event, future: Future) -> _Append:
+def _request(event: Event, future: Future[int]) -> _Append:
     """An append request: the event's canonical bytes with the ``tseq`` placeholder."""
     if event.tseq is not None:
         raise AuditError("tseq is assigned by the log at append; leave it unset")
@@ -102,18 +106,28 @@ def _request(event: Event, future: Future) -> _Append:
     return _Append(body, event.tenant, event.type, event.ts, future)
 
 
+_R = TypeVar("_R")
+_CheckpointRow = tuple[int, bytes, str]  # size, root, signed note
+# a checkpoint() waiter gets the row and, when witnesses are asked, the future of their cosignatures
+_Checkpointed = tuple[_CheckpointRow, "Future[None] | None"]
+
+
 @dataclass
-class _Control:
+class _Control(Generic[_R]):
+    """A request to the writer thread; ``future`` resolves to what the ``kind`` yields
+    (checkpoint: ``_Checkpointed``; reset: the accepted size and root; the others: None)."""
+
     kind: str  # "checkpoint" | "reset" | "cosignature" | "wake" | "stop"
-    future: Future
-    arg: object = None
+    future: Future[_R]
+    reset: tuple[int, str | None] | None = None  # "reset": the size to accept, the principal
+    cosignatures: list[tuple[int, str, str]] = field(default_factory=list)  # "cosignature": (size, vkey, line)
 
 
 @dataclass
 class _Cosign:
     size: int
     note: str
-    done: Future
+    done: Future[None]
 
 
 @dataclass
@@ -125,15 +139,15 @@ class WitnessStats:
     cosigned: int = 0
     failures: int = 0
     last_error: str | None = None
-    latency_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
-    store_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    store_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     # coverage (what a verifier relies on: the newest cosigned checkpoint covers every entry):
     # the largest size whose cosignature is stored; per signed checkpoint, the seconds and entries
     # until a stored cosignature covered it (it, or a later one: only the newest is sent)
     covered_size: int = 0
-    cover_lag_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
-    cover_lag_entries: deque = field(default_factory=lambda: deque(maxlen=10_000))
-    uncovered: deque = field(default_factory=deque)  # (size, monotonic time signed), not yet covered
+    cover_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    cover_lag_entries: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    uncovered: deque[tuple[int, float]] = field(default_factory=deque)  # (size, monotonic time signed), not yet covered
 
     def signed(self, size: int, at: float) -> None:
         """A checkpoint of ``size`` was signed (or asked again) at ``at``: it waits for coverage."""
@@ -212,7 +226,7 @@ class AuditLog:
         self._tseq_size = -1
         self._last_cp: tuple[int, bytes, str] | None = None
         self._last_cp_time = time.monotonic()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Append | _Control[Any]] = queue.SimpleQueue()
         # appends queued and not yet taken by the writer, at most max_queue: a flood cannot grow
         # memory without bound. submit() waits for room (a decision is never dropped);
         # try_submit() drops and counts (``dropped``) what may be counted instead of logged
@@ -229,10 +243,10 @@ class AuditLog:
         self.witness_stats = {w.url: WitnessStats() for w in self.witnesses}
         self._witness_timeout = witness_timeout
         self._witness_size: dict[str, int] = {}  # vkey -> last size it cosigned (as far as we know)
-        self._cosign_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._cosign_q: queue.SimpleQueue[_Cosign | None] = queue.SimpleQueue()  # None: stop
         # cosignature lines for the writer to store: not behind the appends queued before them
         # (a flood of appends would otherwise hold a line back for the whole backlog)
-        self._urgent: queue.SimpleQueue = queue.SimpleQueue()
+        self._urgent: queue.SimpleQueue[_Control[None]] = queue.SimpleQueue()
         self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
         self._moved: set[int] = set()  # indexes of rows found under another tenant's column (alarmed once)
         if self._memory is not None:
@@ -326,7 +340,7 @@ class AuditLog:
         alarm = AuditAlarm(kind=exc.kind, remembered_size=None if rem is None else rem.size,  # type: ignore[arg-type]
                            remembered_root=_digest(None if rem is None else rem.root),
                            found_size=exc.found_size, found_root=_digest(exc.found_root))
-        fut: Future = Future()
+        fut: Future[int] = Future()
         self._commit([_request(alarm, fut)])
         with contextlib.suppress(Exception):
             fut.result(timeout=0)
@@ -353,8 +367,8 @@ class AuditLog:
         """Operator action after an alarm: accept the entries [0, accept_size) (recomputed from
         the entries) as what the signer remembers, log it, and sign again. Returns the size
         and root accepted."""
-        fut: Future = Future()
-        self._put(_Control("reset", fut, (accept_size, principal)))
+        fut: Future[tuple[int, bytes]] = Future()
+        self._put(_Control("reset", fut, reset=(accept_size, principal)))
         return fut.result()
 
     def _do_reset(self, accept_size: int, principal: str | None) -> tuple[int, bytes]:
@@ -368,7 +382,7 @@ class AuditLog:
         event = AuditAlarm(kind="signer_reset", remembered_size=None if old is None else old.size,
                            remembered_root=_digest(None if old is None else old.root), found_size=accept_size,
                            found_root=_digest(new.root), principal=principal)
-        fut: Future = Future()
+        fut: Future[int] = Future()
         self._commit([_request(event, fut)])
         fut.result()
         print(f"fak audit: signer reset by the operator: accepted size {accept_size}, root {_b64(new.root)}",
@@ -377,10 +391,10 @@ class AuditLog:
 
     # ------------------------------------------------------------------ writing
 
-    def submit(self, event: object) -> Future:
+    def submit(self, event: object) -> Future[int]:
         """Queue an event; the future resolves to its index once the commit is durable. With
         ``max_queue`` appends already queued, wait for room (backpressure, never a drop)."""
-        fut: Future = Future()
+        fut: Future[int] = Future()
         request = _request(to_event(event), fut)
         while not self._room.acquire(timeout=0.5):
             if self._closed:
@@ -388,10 +402,10 @@ class AuditLog:
         self._queue_append(request)
         return fut
 
-    def try_submit(self, event: object) -> Future | None:
+    def try_submit(self, event: object) -> Future[int] | None:
         """Queue an event that may be counted instead of logged (an authentication failure):
         None, counted in ``dropped``, when ``max_queue`` appends are already queued."""
-        fut: Future = Future()
+        fut: Future[int] = Future()
         request = _request(to_event(event), fut)
         if not self._room.acquire(blocking=False):
             with self._gate:
@@ -411,7 +425,7 @@ class AuditLog:
         """Have ``close()`` call ``fn`` first, while appends still work (a flush of counted events)."""
         self._closers.append(fn)
 
-    def _put(self, request: _Append | _Control) -> None:
+    def _put(self, request: _Append | _Control[Any]) -> None:
         with self._gate:  # nothing is queued after the stop request
             if self._closed:
                 raise AuditError("the audit log is closed")
@@ -424,7 +438,7 @@ class AuditLog:
     def checkpoint(self, wait_witnesses: bool = True) -> SignedCheckpoint:
         """Sign (or return, if the size has not moved) a checkpoint of the current tree; with
         witnesses configured, wait (bounded) for their cosignatures and return it with them."""
-        fut: Future = Future()
+        fut: Future[_Checkpointed] = Future()
         self._put(_Control("checkpoint", fut))
         row, done = fut.result()
         if done is not None and wait_witnesses:
@@ -442,7 +456,7 @@ class AuditLog:
         if self.witnesses and not self._closed:
             with contextlib.suppress(Exception):  # a refusing signer or a closed log: nothing to add
                 self.checkpoint()
-        fut: Future = Future()
+        fut: Future[None] = Future()
         with self._gate:
             if self._closed:
                 return
@@ -490,9 +504,9 @@ class AuditLog:
             if cosigs:
                 self._store_cosignatures(cosigs)
             for c in controls:
-                if c.kind == "reset":
+                if c.reset is not None:  # the "reset" kind
                     try:
-                        c.future.set_result(self._do_reset(*c.arg))  # type: ignore[misc]
+                        c.future.set_result(self._do_reset(*c.reset))
                     except Exception as exc:
                         c.future.set_exception(exc)
             wants = [c.future for c in controls if c.kind == "checkpoint"]
@@ -568,7 +582,7 @@ class AuditLog:
         for k, req in enumerate(appends):
             req.future.set_result(first + k)
 
-    def _safe_checkpoint(self, waiters: list[Future] | None) -> None:
+    def _safe_checkpoint(self, waiters: list[Future[_Checkpointed]] | None) -> None:
         try:
             row, cosign = self._sign_checkpoint(bool(waiters))
         except Exception as exc:
@@ -580,7 +594,7 @@ class AuditLog:
                 f.set_exception(err)
             self._last_cp_time = time.monotonic()  # do not spin on a persistent failure
             return
-        done: Future | None = None
+        done: Future[None] | None = None
         if cosign:
             done = Future()
             now = time.monotonic()
@@ -694,25 +708,25 @@ class AuditLog:
         waiting: the cosigner moves on; the jobs' waiters are released once they are stored.
         With nothing new (a line already asked for), the jobs still go through the writer's
         queue: it releases them after any line still on its way, so ``checkpoint()`` serves it."""
-        stored: Future = Future()
+        stored: Future[None] = Future()
         t0 = time.perf_counter()
 
-        def finish(f: Future) -> None:
+        def finish(f: Future[None]) -> None:
             for j in jobs:
                 if f.exception() is None:
                     j.done.set_result(None)
                 else:
-                    j.done.set_exception(f.exception())  # type: ignore[arg-type]
+                    j.done.set_exception(f.exception())
             for _, vkey, _ in got:
                 url = next(w.url for w in self.witnesses if w.vkey == vkey)
                 self.witness_stats[url].store_ms.append((time.perf_counter() - t0) * 1000)
 
         stored.add_done_callback(finish)
-        self._urgent.put(_Control("cosignature", stored, got))
+        self._urgent.put(_Control("cosignature", stored, cosignatures=got))
         self._queue.put(_Control("wake", Future()))  # an idle writer wakes for it
 
-    def _store_cosignatures(self, cosigs: list[_Control]) -> None:
-        rows = [r for c in cosigs for r in c.arg]  # type: ignore[attr-defined]
+    def _store_cosignatures(self, cosigs: list[_Control[None]]) -> None:
+        rows = [r for c in cosigs for r in c.cosignatures]
         try:
             if rows:
                 with store.writing(self._engine) as conn:
@@ -856,8 +870,11 @@ class AuditLog:
             raise AuditError(f"no audit entry at index {index}")
         return rows[0]
 
-    def entries(self, tenant: str | None = None, start: int = 0, stop: int | None = None) -> Iterator[LogEntry]:
-        """Entries in index order; ``tenant=None`` means all, ``""`` the system's only."""
+    def entries(
+        self, tenant: str | None = None, start: int = 0, stop: int | None = None
+    ) -> Generator[LogEntry, None, None]:
+        """Entries in index order; ``tenant=None`` means all, ``""`` the system's only. A
+        generator: ``close()`` it when stopping early, which releases its read connection."""
         return self._entry_rows(start, stop, tenant)
 
     def find_admission(self, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
@@ -902,7 +919,7 @@ class AuditLog:
                         return int(idx)
         return None
 
-    def _entry_rows(self, start: int, stop: int | None, tenant: str | None) -> Iterator[LogEntry]:
+    def _entry_rows(self, start: int, stop: int | None, tenant: str | None) -> Generator[LogEntry, None, None]:
         """With ``tenant``: rows found by the ``tenant`` column (which no hash covers) whose
         body is another tenant's are skipped (never served as the column's) and alarmed."""
         moved = []
@@ -941,7 +958,7 @@ class AuditLog:
         for attempt in (0, 1):
             with self._read() as conn:
 
-                def get(ids):  # noqa: ANN001, ANN202
+                def get(ids: Sequence[int]) -> dict[int, bytes]:
                     return store.get_nodes(conn, ids)
 
                 if size is not None:
@@ -971,7 +988,7 @@ class AuditLog:
             if not 0 <= size1 <= n <= store.size(conn):
                 raise AuditError(f"no consistency proof from size {size1} to size {n}")
 
-            def get(ids):  # noqa: ANN001, ANN202
+            def get(ids: Sequence[int]) -> dict[int, bytes]:
                 return store.get_nodes(conn, ids)
 
             return ConsistencyProof(
@@ -992,7 +1009,7 @@ class AuditLog:
         return write_export(self, Path(path))
 
     @staticmethod
-    def verify_export(path: str | Path, pubkey: str | None = None, since: str | None = None):  # noqa: ANN205
+    def verify_export(path: str | Path, pubkey: str | None = None, since: str | None = None) -> VerifyReport:
         from fak.audit.verify import verify_export
 
         return verify_export(path, pubkey=pubkey, since=since)

@@ -45,7 +45,7 @@ def b64(raw: bytes) -> str:
 def key_id(name: str, public_key: bytes) -> int:
     """SHA-256(name || 0x0A || 0x01 || pubkey)[:4] as a big-endian uint32."""
     digest = hashlib.sha256(name.encode() + b"\n" + bytes([ALG_ED25519]) + public_key).digest()
-    return struct.unpack(">I", digest[:4])[0]
+    return int.from_bytes(digest[:4], "big")
 
 
 def _check_name(name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -43,9 +44,9 @@ class InclusionProof(BaseModel):
     def verify(self, leaf_hash: bytes) -> None:
         merkle.verify_inclusion(self.log_index, self.tree_size, leaf_hash, self.hashes, self.root_hash)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """Rekor-like: logIndex, treeSize, rootHash, hashes (hex), checkpoint."""
-        out: dict = {
+        out: dict[str, Any] = {
             "logIndex": self.log_index,
             "treeSize": self.tree_size,
             "rootHash": self.root_hash.hex(),
@@ -56,7 +57,7 @@ class InclusionProof(BaseModel):
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> InclusionProof:
+    def from_json(cls, data: dict[str, Any]) -> InclusionProof:
         try:
             return cls(
                 log_index=int(data["logIndex"]),
@@ -92,7 +93,7 @@ class ConsistencyProof(BaseModel):
     def verify(self) -> None:
         merkle.verify_consistency(self.size1, self.size2, self.root1, self.root2, self.hashes)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "oldSize": self.size1,
             "treeSize": self.size2,

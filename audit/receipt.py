@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,11 +31,9 @@ from fak.audit.events import (
     MAX_ITEMS,
     AdmissionVerdict,
     Count,
-    Digest,
     DroppedUnit,
     ForgetCompleted,
     ForgetRequested,
-    Id,
     LinkedRef,
     ReplayVerified,
     SessionFingerprints,
@@ -44,6 +42,7 @@ from fak.audit.events import (
 )
 from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.verify import WitnessPolicy, checkpoint_time
+from fak.types import Digest, Id
 
 if TYPE_CHECKING:
     from fak.audit.log import AuditLog
@@ -69,17 +68,17 @@ class ForgetReceipt(BaseModel):
     requested_index: Count  # log index of ForgetRequested
     log_index: Count  # log index of ForgetCompleted
     event: str  # canonical JSON of the logged ForgetCompleted (its Merkle leaf data)
-    inclusion_proof: dict  # Rekor-like JSON (logIndex, treeSize, rootHash, hashes) of ``event``
+    inclusion_proof: dict[str, Any]  # Rekor-like JSON (logIndex, treeSize, rootHash, hashes) of ``event``
     requested_event: str  # canonical JSON of the logged ForgetRequested
-    requested_inclusion_proof: dict  # of ``requested_event``, in the same tree
+    requested_inclusion_proof: dict[str, Any]  # of ``requested_event``, in the same tree
     checkpoint: str  # the signed note of the tree the proofs lead to, with any witness cosignatures
     # an AdmissionVerdict naming the ref (same tenant, before the request): None when the log has
     # none, and then the receipt does not verify (a ref never admitted cannot have been forgotten)
     admitted_index: Count | None = None
     admitted_event: str | None = None
-    admitted_inclusion_proof: dict | None = None
+    admitted_inclusion_proof: dict[str, Any] | None = None
     # from the auditor's last known tree size to the checkpoint's (``from_log(..., since=)``)
-    consistency_proof: dict | None = None
+    consistency_proof: dict[str, Any] | None = None
     # the CAS's word on the destroyed key (e.g. destroyed, pending_wal_checkpoint), when logged
     shred_status: Id | None = None
     # the other refs erased with ``ref`` (a REDACTed result's other form) and their shredded keys
@@ -88,7 +87,7 @@ class ForgetReceipt(BaseModel):
     # (``ReplayVerified``, in the same tree as the rest): None while it is pending
     replay_index: Count | None = None
     replay_event: str | None = None
-    replay_inclusion_proof: dict | None = None
+    replay_inclusion_proof: dict[str, Any] | None = None
 
     @property
     def replay(self) -> str:
@@ -139,7 +138,7 @@ class ForgetReceipt(BaseModel):
                 ev.request_id, completed_index,
             ):  # fmt: skip
                 raise AuditError(f"audit entry {replay_index} is not the replay of forget {ev.request_id}")
-        top = None if replay is None else log.inclusion_proof(replay_index)  # the first checkpoint covering both
+        top = None if replay_index is None else log.inclusion_proof(replay_index)  # the first checkpoint covering both
         proof = log.inclusion_proof(completed_index, size=None if top is None else top.tree_size)
         if proof.checkpoint is None:  # pragma: no cover - inclusion_proof() always attaches one
             raise AuditError(f"no signed checkpoint covers audit entry {completed_index}")
@@ -188,7 +187,7 @@ def find_replay(log: AuditLog, tenant: str, request_id: str, after: int) -> int 
     return log.find_replay(tenant, request_id, after)
 
 
-def _bare(proof: InclusionProof) -> dict:
+def _bare(proof: InclusionProof) -> dict[str, Any]:
     body = proof.to_json()
     body.pop("checkpoint", None)  # the receipt carries the one checkpoint once
     return body
@@ -210,13 +209,13 @@ class _Refused(Exception):
 
 
 def verify_receipt(
-    receipt: ForgetReceipt | dict,
+    receipt: ForgetReceipt | dict[str, Any],
     pubkey: str,
     *,
     witnesses: WitnessPolicy | Sequence[str] | None = None,
     quorum: int | None = None,
     last_checkpoint: str | SignedCheckpoint | None = None,
-    consistency_proof: dict | ConsistencyProof | None = None,
+    consistency_proof: dict[str, Any] | ConsistencyProof | None = None,
     require_replay: bool = False,
 ) -> ReceiptCheck:
     """Check a receipt offline against the log's pinned verifier key (``public_key()``):
@@ -309,7 +308,7 @@ def _consistent(
     cp: SignedCheckpoint,
     pubkey: str,
     last: str | SignedCheckpoint,
-    given: dict | ConsistencyProof | None,
+    given: dict[str, Any] | ConsistencyProof | None,
 ) -> str:
     """The receipt's checkpoint and the auditor's last known one are of one history."""
     known = last if isinstance(last, SignedCheckpoint) else None
@@ -341,7 +340,7 @@ def _consistent(
                    f"from size {old.size} to {new.size}")  # fmt: skip
 
 
-def _consistency_json(data: dict) -> ConsistencyProof:
+def _consistency_json(data: dict[str, Any]) -> ConsistencyProof:
     try:
         return ConsistencyProof(size1=int(data["oldSize"]), size2=int(data["treeSize"]),
                                 root1=bytes(32), root2=bytes(32),
@@ -413,7 +412,10 @@ def _checkpoint(signed: str, pubkey: str) -> SignedCheckpoint:
         raise _Refused(f"checkpoint does not verify with the pinned key: {str(exc).splitlines()[0]}") from None
 
 
-def _event(raw: str, kind: type, what: str):  # noqa: ANN202
+_E = TypeVar("_E", bound=BaseModel)
+
+
+def _event(raw: str, kind: type[_E], what: str) -> _E:
     try:
         ev = parse_event(raw.encode())
     except AuditError as exc:
@@ -424,7 +426,7 @@ def _event(raw: str, kind: type, what: str):  # noqa: ANN202
     return ev
 
 
-def _included(proof_json: dict, raw: str, index: int, cp: SignedCheckpoint, what: str) -> None:
+def _included(proof_json: dict[str, Any], raw: str, index: int, cp: SignedCheckpoint, what: str) -> None:
     proof = InclusionProof.from_json(proof_json)
     if proof.log_index != index:
         raise _Refused(f"inclusion proof of the {what} is for index {proof.log_index}, not {index}")

@@ -57,7 +57,7 @@ class SignerState:
     tails: Tails | None = None  # each tenant's tail at ``size``; None: a state from before tails
 
     def to_json(self) -> str:
-        obj: dict = {"origin": self.origin, "key_id": self.key_id, "size": self.size,
+        obj: dict[str, object] = {"origin": self.origin, "key_id": self.key_id, "size": self.size,
                      "root": base64.b64encode(self.root).decode(), "signed_at": self.signed_at}
         if self.tails is not None:
             obj["tails"] = {t: [seq, idx] for t, (seq, idx) in self.tails.items()}
@@ -287,7 +287,8 @@ class SignerMemory:
         elif tails is not None:
             f = frontier_from(read(0, state.size))
         else:  # a state written before tails existed: rebuilt once, in the pass that re-hashes
-            t0, rebuilt = time.monotonic(), {}
+            t0 = time.monotonic()
+            rebuilt: dict[str, tuple[int, int]] = {}
             print(f"fak audit: signer state {self.path} has no tenant tails (written before they existed): "
                   f"rebuilding them from the bodies of {state.size} entries", file=sys.stderr, flush=True)
             f = advance(read(0, state.size), merkle.Frontier(), rebuilt, False, "fak audit: tails rebuilt")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -120,10 +121,10 @@ def get_nodes(conn: Connection, ids: Sequence[int]) -> dict[int, bytes]:
 
 
 def insert_checkpoint(conn: Connection, size: int, root: bytes, note: str) -> None:
-    conn.execute(checkpoints_t.insert(), {"size": size, "root": root, "note": note})
+    conn.execute(sa.insert(CheckpointRow), {"size": size, "root": root, "note": note})
 
 
-def _cp_row(row: Sequence | None) -> tuple[int, bytes, str] | None:
+def _cp_row(row: Sequence[Any] | None) -> tuple[int, bytes, str] | None:
     return None if row is None else (int(row[0]), bytes(row[1]), row[2])
 
 
@@ -156,7 +157,7 @@ def _marks(conn: Connection, n: int) -> str:
     return ", ".join([mark] * n)
 
 
-def insert(conn: Connection, entries: list[tuple], nodes: list[tuple]) -> None:
+def insert(conn: Connection, entries: list[tuple[int, str, str, int, bytes]], nodes: list[tuple[int, bytes]]) -> None:
     """Insert (idx, tenant, type, ts, body) entries and (node, hash) nodes. The hot path of
     group commit: plain driver-level executemany, skipping per-row SQL expression work."""
     if entries:
@@ -207,7 +208,7 @@ cosignatures_t = CosignatureRow.__table__
 
 
 def insert_cosignature(conn: Connection, size: int, witness: str, line: str) -> None:
-    conn.execute(cosignatures_t.insert(), {"size": size, "witness": witness, "line": line})
+    conn.execute(sa.insert(CosignatureRow), {"size": size, "witness": witness, "line": line})
 
 
 def cosignature_lines(conn: Connection, size: int) -> list[tuple[str, str]]:

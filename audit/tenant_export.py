@@ -63,7 +63,7 @@ def tenant_export_lines(log: AuditLog, tenant: str, page: int = PAGE) -> Iterato
     return _lines(log, tenant, cp.size, head, page)
 
 
-def _lines(log: AuditLog, tenant: str, size: int, head: dict, page: int) -> Iterator[bytes]:
+def _lines(log: AuditLog, tenant: str, size: int, head: dict[str, object], page: int) -> Iterator[bytes]:
     yield _line(head)
     pos = 0
     while pos < size:
@@ -71,7 +71,7 @@ def _lines(log: AuditLog, tenant: str, size: int, head: dict, page: int) -> Iter
         try:
             rows = list(itertools.islice(it, page))
         finally:
-            it.close()  # type: ignore[attr-defined] - releases the read connection
+            it.close()  # releases the read connection
         if not rows:
             return
         for e in rows:
@@ -81,7 +81,7 @@ def _lines(log: AuditLog, tenant: str, size: int, head: dict, page: int) -> Iter
         pos = rows[-1].index + 1
 
 
-def _line(obj: dict) -> bytes:
+def _line(obj: dict[str, object]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 

@@ -347,7 +347,7 @@ def verify_export(
                                    "anyone can make such an export; this is not evidence")  # fmt: skip
         if since is not None:
             ref = _since(since, verifier, origin)
-        records = lines[1:]
+        records: Iterable[bytes] = lines[1:]
         if progress:
             from tqdm import tqdm
 
@@ -404,9 +404,9 @@ def verify_export(
                 raise err
             report.warnings.append(f"{msg}: accepted as UNVERIFIED (--allow-unsigned-tail)")
         report.checkpoint_time = checkpoint_time(head)
-        known = [t for t in (report.checkpoint_time, *report.witnesses.values()) if t is not None]
+        times = [t for t in (report.checkpoint_time, *report.witnesses.values()) if t is not None]
         clock = time.time() if now is None else now
-        report.age_seconds = clock - max(known) if known else None
+        report.age_seconds = clock - max(times) if times else None
         if max_age is not None:
             if report.age_seconds is None:
                 raise _Bad("--max-age: the trusted checkpoint carries no timestamp and no cosignature time")

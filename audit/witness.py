@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from fak.audit import merkle, note
@@ -45,6 +46,14 @@ _OLD = re.compile(r"^old (0|[1-9][0-9]{0,18})$")
 
 
 # ------------------------------------------------------------------------------------------ the witness
+
+
+class _Record(TypedDict):
+    """What the witness state file keeps per log origin: the newest checkpoint it cosigned."""
+
+    size: int
+    root: str  # base64
+    checkpoint: str  # the signed note with this witness's cosignature line
 
 
 @dataclass(frozen=True)
@@ -94,9 +103,10 @@ class Witness:
     def vkey(self) -> str:
         return self.key.vkey()
 
-    def _state(self) -> dict[str, dict]:
+    def _state(self) -> dict[str, _Record]:
         try:
-            return json.loads(self._path.read_text())
+            state: dict[str, _Record] = json.loads(self._path.read_text())
+            return state
         except FileNotFoundError:
             return {}
 
@@ -145,7 +155,7 @@ class Witness:
             if old != known:
                 return Answer(409, f"{known}\n".encode(), SIZE_TYPE)
             try:
-                if old == 0:
+                if old == 0 or rec is None:  # rec is None only when old == known == 0
                     if proof:
                         raise merkle.ProofError("the consistency proof from size 0 must be empty")
                 else:
@@ -217,6 +227,7 @@ class WitnessServer:
         self._httpd = _Server((host, port), _Handler)
         self._httpd.witness, self._httpd.prefix = witness, prefix.rstrip("/")
         h, p = self._httpd.server_address[:2]
+        h = h.decode() if isinstance(h, bytes) else h
         self.url = f"http://{h}:{p}{self._httpd.prefix}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="fak-witness", daemon=True)
         self._thread.start()

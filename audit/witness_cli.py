@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w = subparsers.add_parser("witness", help="a witness that cosigns audit checkpoints (C2SP tlog-witness)")
     sub = w.add_subparsers(dest="witness_command", metavar="ACTION")
     s = sub.add_parser("serve", help="cosign consistent checkpoints of the given logs over HTTP")
@@ -23,7 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k.add_argument("--dir")
     k.add_argument("--name")
     k.set_defaults(handler=_pubkey)
-    w.set_defaults(handler=lambda _args: (w.print_help(), 2)[1])
+
+    def witness_help(_args: argparse.Namespace) -> int:
+        w.print_help()
+        return 2
+
+    w.set_defaults(handler=witness_help)
 
     audit = subparsers.choices.get("audit")
     # argparse has no public handle on an existing parser's subcommands: find its subparsers action

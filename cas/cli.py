@@ -9,15 +9,24 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from fak.audit import AuditLog
+    from fak.cas.store import CasStore
+    from fak.owner import Claim
+
+Handler = Callable[[argparse.Namespace], int]
 
 
-def _store(args):
+def _store(args: argparse.Namespace) -> CasStore:
     from fak.cas.store import CasStore
 
     return CasStore.open(url=args.url)
 
 
-def _put(args) -> int:
+def _put(args: argparse.Namespace) -> int:
     from fak.cas.errors import CasError
 
     with _store(args) as store:
@@ -34,7 +43,7 @@ def _put(args) -> int:
     return 0
 
 
-def _get(args) -> int:
+def _get(args: argparse.Namespace) -> int:
     with _store(args) as store:
         out = _private_output(args.output) if args.output else sys.stdout.buffer
         try:
@@ -46,7 +55,7 @@ def _get(args) -> int:
     return 0
 
 
-def _private_output(path: str):  # noqa: ANN202
+def _private_output(path: str) -> BinaryIO:
     """Open ``path`` for writing with mode 0600 (an existing file is truncated and
     tightened): a tool result written out is as private as it was in the store."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -65,7 +74,7 @@ def duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-def _head(args) -> int:
+def _head(args: argparse.Namespace) -> int:
     from fak.cas.errors import NotFound
 
     with _store(args) as store:
@@ -76,7 +85,7 @@ def _head(args) -> int:
     return 0
 
 
-def _owned():  # noqa: ANN202
+def _owned() -> Claim:
     """Claim the data directory (``fak.owner``) for a destructive command that bypasses the
     Kernel: a running server would keep what it erases in its sessions' KV, so while one
     runs this refuses, naming its pid, and the server's own forget is the way."""
@@ -87,14 +96,14 @@ def _owned():  # noqa: ANN202
                  "'fak forget' / 'fak erase-tenant', which also drop the sessions' KV")
 
 
-def _forget(args) -> int:
+def _forget(args: argparse.Namespace) -> int:
     with _owned(), _store(args) as store:
         print(store.forget(args.digest, args.tenant).model_dump_json())
     return 0
 
 
 @contextlib.contextmanager
-def _logged(args):  # noqa: ANN202
+def _logged(args: argparse.Namespace) -> Iterator[tuple[CasStore, AuditLog]]:
     """The store and the audit log of the same deployment: key rotations and destructions
     are decisions, logged like every other (``fak.kernel.keyops``)."""
     from fak.audit import AuditLog
@@ -107,7 +116,7 @@ def _logged(args):  # noqa: ANN202
         yield store, audit
 
 
-def _rotate(args) -> int:
+def _rotate(args: argparse.Namespace) -> int:
     from fak.kernel import keyops
 
     with _logged(args) as (store, audit):
@@ -122,7 +131,7 @@ def _rotate(args) -> int:
     return 0
 
 
-def _destroy(args) -> int:
+def _destroy(args: argparse.Namespace) -> int:
     from fak.kernel import keyops
 
     with _logged(args) as (store, audit):
@@ -130,7 +139,7 @@ def _destroy(args) -> int:
     return 0
 
 
-def _erase(args) -> int:
+def _erase(args: argparse.Namespace) -> int:
     if args.confirm != args.tenant:
         from fak.cas.errors import InvalidInput
 
@@ -142,33 +151,33 @@ def _erase(args) -> int:
     return 0
 
 
-def _scrub(args) -> int:
+def _scrub(args: argparse.Namespace) -> int:
     with _store(args) as store:
         status = store.scrub()
     print(json.dumps({"shred_status": status}))
     return 0 if status == "destroyed" else 3
 
 
-def _keks(args) -> int:
+def _keks(args: argparse.Namespace) -> int:
     with _store(args) as store:
         for info in store.kek_versions(args.tenant):
             print(info.model_dump_json())
     return 0
 
 
-def _fsck(args) -> int:
+def _fsck(args: argparse.Namespace) -> int:
     with _store(args) as store:
         report = store.fsck(remove_orphans=args.remove_orphans)
     print(report.model_dump_json())
     return 1 if report.missing or report.wrong_size else 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cas = subparsers.add_parser("cas", help="content-addressed store of tool results")
     cas.add_argument("--url", help="SQLAlchemy database URL (default: FAK_DATABASE_URL or the data dir)")
     sub = cas.add_subparsers(dest="cas_command", metavar="ACTION", required=True)
 
-    def cmd(name: str, fn, help: str, digest: bool = True) -> argparse.ArgumentParser:
+    def cmd(name: str, fn: Handler, help: str, digest: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         if digest:
             p.add_argument("digest")

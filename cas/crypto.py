@@ -165,7 +165,7 @@ def _rechunk(source: BinaryIO | Iterable[bytes], chunk_size: int) -> Iterator[by
     if read is not None:
         pieces: Iterable[bytes] = iter(lambda: read(chunk_size), b"")
     else:
-        pieces = source  # type: ignore[assignment]
+        pieces = source
     buf = bytearray()
     for piece in pieces:
         if not isinstance(piece, bytes | bytearray | memoryview):

@@ -57,14 +57,14 @@ class Hasher:
         self.algorithm = KEYED if key is not None else PUBLIC
         self._h = blake3.blake3(key=key) if key is not None else blake3.blake3()
 
-    def update(self, data: bytes | memoryview) -> None:
+    def update(self, data: bytes | bytearray | memoryview) -> None:
         self._h.update(data)
 
     def digest(self) -> str:
         return f"{self.algorithm}:{self._h.hexdigest()}"
 
 
-def compute(data: bytes | memoryview, key: bytes | None = None) -> str:
+def compute(data: bytes | bytearray | memoryview, key: bytes | None = None) -> str:
     """Digest of ``data``: keyed (``blake3k``) when a 32-byte key is given."""
     h = Hasher(key)
     h.update(data)

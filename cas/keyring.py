@@ -31,7 +31,7 @@ from fak.cas import crypto
 from fak.cas.errors import CasError, KeyDestroyed
 from fak.cas.schema import DataKey, KeyBase, TenantKey
 from fak.cas.scrub import pg_xid
-from fak.db import WRITE, writing
+from fak.db import WRITE, rowcount, writing
 from fak.faults import fault_point
 from fak.keys import derive_key
 
@@ -262,7 +262,7 @@ class KeyRing:
         if not kek_ids:
             return 0
         with self._writer() as s:
-            n = s.execute(sa.delete(TenantKey).where(TenantKey.kek_id.in_(kek_ids))).rowcount
+            n = rowcount(s.execute(sa.delete(TenantKey).where(TenantKey.kek_id.in_(kek_ids))))
             s.commit()
         for kek_id in kek_ids:
             self._keys.pop(kek_id, None)
@@ -338,7 +338,7 @@ class DataKeys:
             return 0, None
         with self._writer() as s:
             xid = pg_xid(s.connection())
-            n = s.execute(sa.delete(DataKey).where(DataKey.key_id.in_(key_ids))).rowcount
+            n = rowcount(s.execute(sa.delete(DataKey).where(DataKey.key_id.in_(key_ids))))
             s.commit()
         return n or 0, xid
 

@@ -6,6 +6,7 @@ never content."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -58,8 +59,10 @@ def stricter(a: str, b: str) -> str:
     return a if TAINTS.index(a) >= TAINTS.index(b) else b
 
 
-def _v(fn):  # wrap an InvalidInput checker as a pydantic validator
-    def inner(value):
+def _v(fn: Callable[[str], str]) -> AfterValidator:
+    """Wrap an InvalidInput checker as a pydantic validator."""
+
+    def inner(value: str) -> str:
         try:
             return fn(value)
         except InvalidInput as exc:

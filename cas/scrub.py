@@ -77,7 +77,7 @@ def vacuum(engine: Engine, table: str, xid: int | None) -> bool:
             return True
         # a backend (or slot, or prepared transaction) whose xmin is not newer than the
         # delete may still see the tuple: VACUUM had to keep it
-        older = conn.execute(
+        older: int = conn.execute(
             sa.text(
                 "SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
                 "        AND datname = current_database() AND backend_xmin IS NOT NULL AND age(backend_xmin) >= age(CAST(:x AS text)::xid))"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
@@ -56,7 +56,7 @@ from fak.cas.models import (
 )
 from fak.cas.schema import Blob, BlobUse, DataKey, LegacyDataKey, LegacyKek
 from fak.cas.scrub import pg_xid, scrub
-from fak.db import WRITE
+from fak.db import WRITE, rowcount
 from fak.faults import fault_point
 from fak.keys import derive_key, load_master_secret
 from fak.settings import StorageSettings
@@ -249,11 +249,11 @@ class CasStore:
             tenants = set(s.scalars(sa.select(Blob.tenant).distinct())) | set(
                 s.scalars(sa.select(BlobUse.tenant).distinct())
             )
-        for tenant in sorted(tenants):
-            self.keys.set_digest_key(tenant, derive_key(master, "fak/cas/digest-key", tenant.encode()))
+        for name in sorted(tenants):
+            self.keys.set_digest_key(name, derive_key(master, "fak/cas/digest-key", name.encode()))
         count = 0
         with self._writer() as s:
-            rows = s.execute(
+            rows: Sequence[tuple[LegacyDataKey, str | None]] = s.execute(  # outer join: a tenant or None
                 sa.select(LegacyDataKey, Blob.tenant).outerjoin(Blob, Blob.key_id == LegacyDataKey.key_id)
                 .where(LegacyDataKey.kek_id.is_(None))
             ).all()  # fmt: skip
@@ -318,9 +318,9 @@ class CasStore:
             size=row.size,
             media_type=row.media_type,
             tenant=row.tenant,
-            taint=row.taint,  # type: ignore[arg-type]
+            taint=row.taint,
             created_at=_dt(row.created_us),
-            state=row.state,  # type: ignore[arg-type]
+            state=row.state,
             pinned=row.pinned,
         )
 
@@ -424,7 +424,7 @@ class CasStore:
         blob_id = new_blob_id()
         dek = crypto.new_data_key() if self.encrypt else None
         sealer = crypto.Sealer(dek, bytes.fromhex(blob_id)) if dek else None
-        hasher = Hasher(key) if digest is None else None
+        hashing = Hasher(key) if digest is None else digest  # computed on the way, or known
         writer = self.backend.new_writer(blob_id)
         size = chunks = 0
         try:
@@ -433,13 +433,13 @@ class CasStore:
                 size += len(piece)
                 if size > self.max_blob_size:
                     raise TooLarge(f"blob exceeds the maximum of {self.max_blob_size} bytes")
-                if hasher is not None:
-                    hasher.update(piece)
+                if isinstance(hashing, Hasher):
+                    hashing.update(piece)
                 writer.write(sealer.seal(index, piece, final) if sealer else bytes(piece))
                 chunks = index + 1
-            digest = digest if hasher is None else hasher.digest()
+            blob_digest = hashing.digest() if isinstance(hashing, Hasher) else hashing
             if sealer is not None:
-                writer.write(sealer.commit(digest, size, chunks))
+                writer.write(sealer.commit(blob_digest, size, chunks))
             if size == 0:
                 writer.abort()
             else:
@@ -452,7 +452,7 @@ class CasStore:
         except BaseException:
             writer.abort()
             raise
-        return _Written(blob_id, dek, digest, size)
+        return _Written(blob_id, dek, blob_digest, size)
 
     def _commit(self, w: _Written, media_type: str, tenant: str, taint: str, *, tombstone: bool = True) -> Ref:
         """Record a written blob. If the tenant already holds the digest (a concurrent
@@ -476,11 +476,11 @@ class CasStore:
                     key_id=key_id,
                     chunk_size=self.chunk_size,
                 )
-                revived = tombstone and s.execute(  # a forgotten ref comes back with a fresh key
+                revived = tombstone and rowcount(s.execute(  # a forgotten ref comes back with a fresh key
                     sa.update(Blob)
                     .where(Blob.tenant == tenant, Blob.digest == w.digest, Blob.state == "forgotten")
                     .values(**values)
-                ).rowcount
+                ))
                 if not revived:
                     s.add(Blob(tenant=tenant, digest=w.digest, **values))
                 fault_point("cas.put.before_commit")  # the blob is renamed into place, its row not committed
@@ -701,14 +701,14 @@ class CasStore:
         digest, _ = self._resolve(digest, tenant)
         check_unit(unit_kind, unit_id)
         with self._writer() as s:
-            n = s.execute(
+            n = rowcount(s.execute(
                 sa.delete(BlobUse).where(
                     BlobUse.tenant == tenant,
                     BlobUse.digest == digest,
                     BlobUse.unit_kind == unit_kind,
                     BlobUse.unit_id == unit_id,
                 )
-            ).rowcount
+            ))
             s.commit()
         return bool(n)
 
@@ -899,7 +899,7 @@ class CasStore:
         """Every KEK version (of one tenant, or all), with the data keys wrapped under it."""
         rows = self.keys.rows(check_tenant(tenant) if tenant is not None else None)
         counts = self.keys.data.counts()
-        active = {}
+        active: dict[str, int] = {}
         for r in rows:
             if r.retired_us is None:
                 active[r.tenant] = max(active.get(r.tenant, 0), r.version)
@@ -925,7 +925,7 @@ class CasStore:
         missing, wrong = [], []
         for tenant, digest, blob_id, size, key_id, chunk in rows:
             expected = crypto.sealed_length(size, chunk) if key_id else crypto.HEADER.size + size
-            actual = self.backend.size(blob_id)
+            actual = self.backend.size(blob_id) if blob_id is not None else None
             if actual is None:
                 missing.append(f"{tenant} {digest}")
             elif actual != expected:

@@ -33,9 +33,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, CursorResult, Engine, Result
 
 from fak.errors import InvalidInput
 
@@ -58,7 +59,7 @@ def make_engine(url: str, *, durable: bool = True) -> Engine:
     with _shared_lock:
         if path is not None:
             _create_private(path)
-        key = (parsed.render_as_string(hide_password=False) if path is None else f"sqlite:{path}?{parsed.query}",
+        key: _Key = (parsed.render_as_string(hide_password=False) if path is None else f"sqlite:{path}?{parsed.query}",
                durable, _identity(path))
         shared = _shared.get(key)
         if shared is None:
@@ -86,12 +87,16 @@ def release(engine: Engine) -> None:
     engine.dispose()
 
 
+# (database, durable, file identity): one engine per database per process
+_Key = tuple[str, bool, tuple[int, int] | None]
+
+
 class _Shared:
-    def __init__(self, engine: Engine, key: tuple) -> None:
+    def __init__(self, engine: Engine, key: _Key) -> None:
         self.engine, self.key, self.users = engine, key, 0
 
 
-_shared: dict[tuple, _Shared] = {}  # (database, durable, file identity) -> the process's engine
+_shared: dict[_Key, _Shared] = {}  # (database, durable, file identity) -> the process's engine
 _by_engine: dict[int, _Shared] = {}
 _shared_lock = threading.Lock()
 POOL_SIZE, MAX_OVERFLOW = 15, 30  # one pool serves the CAS, the audit log and the state store together
@@ -157,7 +162,7 @@ def _sqlite_hooks(engine: Engine, durable: bool) -> None:
     sync = "FULL" if durable else "NORMAL"
 
     @sa.event.listens_for(engine, "connect")
-    def _connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+    def _connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         dbapi_conn.isolation_level = None  # no implicit transactions: BEGIN comes from _begin
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
@@ -174,6 +179,12 @@ def _sqlite_hooks(engine: Engine, durable: bool) -> None:
             return  # each statement commits on its own
         # writers take the write lock up front; readers stay deferred (a WAL snapshot)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(WRITE) else "BEGIN")
+
+
+def rowcount(result: Result[Any]) -> int:
+    """The rows an UPDATE or DELETE matched. ``Session.execute`` is typed to return a ``Result``;
+    for those statements it is a ``CursorResult``, the result that counts them."""
+    return cast("CursorResult[Any]", result).rowcount
 
 
 @contextmanager
@@ -217,4 +228,5 @@ def run_env(metadata: sa.MetaData, version_table: str) -> None:
         context.run_migrations()
 
 
-__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "release", "run_env", "upgrade", "writing"]
+__all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "release", "rowcount", "run_env", "upgrade",
+           "writing"]

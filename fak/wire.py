@@ -235,7 +235,7 @@ class CheckpointOut(BaseModel):
 class InclusionOut(BaseModel):
     index: int
     leaf_hash: str
-    proof: dict  # Rekor-like: logIndex, treeSize, rootHash, hashes (hex), checkpoint (signed note)
+    proof: dict[str, Any]  # Rekor-like JSON: logIndex, treeSize, rootHash, hashes (hex), checkpoint (signed note)
 
 
 class ReceiptCheckOut(BaseModel):

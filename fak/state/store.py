@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import InstrumentedAttribute, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
-from sqlalchemy.orm import sessionmaker
 
 from fak import db
 from fak.db import WRITE
@@ -248,7 +248,7 @@ class StateStore:
                  .order_by(RefRow.expires_us).limit(limit))  # fmt: skip
             if tenant is not None:
                 q = q.where(RefRow.tenant == tenant)
-            return [(t, d, int(e)) for t, d, e in s.execute(q)]
+            return [(t, d, int(e)) for t, d, e in s.execute(q) if e is not None]  # the query admits no None
 
     def next_expiry(self) -> int | None:
         """The earliest lifetime end not yet executed (None: none pending)."""
@@ -304,7 +304,7 @@ class StateStore:
         original that merely shares a redacted form is not erased. Of ``tenant`` only."""
         t = RefLinkRow
         with self._session() as s:
-            def step(frontier: set[str], src: sa.Column, dst: sa.Column) -> set[str]:
+            def step(frontier: set[str], src: InstrumentedAttribute[str], dst: InstrumentedAttribute[str]) -> set[str]:
                 q = sa.select(dst).where(t.tenant == tenant, src.in_(sorted(frontier)))
                 return set(s.scalars(q))
 
