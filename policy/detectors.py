@@ -1,18 +1,14 @@
-"""What a detection is (``Finding``), and the two detectors that are code, not
-signatures: an operator's own regex rules (``custom``) and repetition, a property of
-the whole input (``repetition_findings``). The signature detectors (injection,
-secrets, obfuscation, encoding) are data: ``signatures.yaml``, run by ``reference.py``.
+"""What a detection is (``Finding``), and the detector that is code, not signatures:
+repetition, a property of the whole input (``repetition_findings``). The signature
+detectors (injection, secrets, obfuscation, encoding) are data: ``signatures.yaml``, run
+by ``reference.py``, which also runs an operator's own regex rules (``reference.custom``)
+over the same views.
 """
 
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fak.policy.reference import Scan
 
 
 @dataclass(frozen=True)
@@ -28,21 +24,6 @@ class Finding:
     end: int
     exact: bool
     layer: str
-
-
-def custom(scan: Scan, rule_id: str, rx: re.Pattern[str], folded: bool) -> list[Finding]:
-    """An operator's regex rule over the folded views (``folded``) or the views as written."""
-    out: list[Finding] = []
-    seen: set[tuple[int, int]] = set()
-    for view in scan.views("folded" if folded else "raw"):
-        for m in rx.finditer(view.text):
-            if m.end() == m.start():
-                continue
-            start, end, exact = scan.to_bytes(view, m.start(), m.end())
-            if (start, end) not in seen:
-                seen.add((start, end))
-                out.append(Finding("regex", "custom", rule_id, 1.0, start, end, exact, view.layer))
-    return out
 
 
 REPETITION_SAMPLE = 65536

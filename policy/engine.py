@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from fak.policy import accel, reference
-from fak.policy.detectors import Finding, custom
+from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
 from fak.policy.schema import DetectorRule
 
@@ -30,7 +30,7 @@ def findings(policy: Policy, data: bytes, rules: list[DetectorRule], accelerated
         scan = reference.Scan(data, norm.max_decode_depth, [norm.max_decoded_bytes])
         out = reference.run(scan, wanted)
         for rule in regex_rules:
-            found = custom(scan, rule.id, policy.custom[rule.id], rule.ignore_case)
+            found = reference.custom(scan, rule.id, policy.custom[rule.id], rule.ignore_case)
             if found:
                 out[f"regex:{rule.id}"] = found
         return out

@@ -16,7 +16,7 @@ finds). For one input:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class Scan:
         return int(self._offsets[start]), int(self._offsets[end]), exact
 
 
-def run(scan: Scan, detectors: set[str], only: Mapping[str, list[tuple[int, int]] | None] | None = None
+def run(scan: Scan, detectors: Set[str], only: Mapping[str, list[tuple[int, int]] | None] | None = None
         ) -> dict[str, list[Finding]]:
     """Findings per detector of every signature of ``detectors`` over ``scan``'s views,
     sorted by position; the same signature at the same bytes is reported once. ``only``
@@ -112,6 +112,21 @@ def run(scan: Scan, detectors: set[str], only: Mapping[str, list[tuple[int, int]
     return out
 
 
+def custom(scan: Scan, rule_id: str, rx: re.Pattern[str], folded: bool) -> list[Finding]:
+    """An operator's regex rule over the folded views (``folded``) or the views as written."""
+    out: list[Finding] = []
+    seen: set[tuple[int, int]] = set()
+    for view in scan.views("folded" if folded else "raw"):
+        for m in rx.finditer(view.text):
+            if m.end() == m.start():
+                continue
+            start, end, exact = scan.to_bytes(view, m.start(), m.end())
+            if (start, end) not in seen:
+                seen.add((start, end))
+                out.append(Finding("regex", "custom", rule_id, 1.0, start, end, exact, view.layer))
+    return out
+
+
 def _within(rx: re.Pattern[str], text: str, ranges: list[tuple[int, int]] | None) -> Iterator[re.Match[str]]:
     if ranges is None:
         yield from rx.finditer(text)
@@ -120,7 +135,7 @@ def _within(rx: re.Pattern[str], text: str, ranges: list[tuple[int, int]] | None
         yield from rx.finditer(text, lo, hi)
 
 
-def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536,
+def findings(data: bytes, detectors: Set[str], max_depth: int = 2, max_decoded: int = 65536,
              budget: list[int] | None = None) -> dict[str, list[Finding]]:
     """The reference findings of ``detectors`` over ``data`` (``budget``: a decoding
     budget shared with other calls, as a one-element list)."""

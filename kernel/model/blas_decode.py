@@ -21,16 +21,13 @@ in a fixed order, whatever the thread count).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fak.kernel.model.config import ModelConfig
 from fak.kernel.model.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from fak.kernel.model.llama import Weights
+from fak.kernel.model.params import Weights
 
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -70,7 +67,8 @@ class BlasDecoder:
 
     def _rms_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         variance = np.dot(x, x) / np.float32(x.shape[0])
-        return weight * (x * (np.float32(1.0) / np.sqrt(variance + self.eps)))
+        out: np.ndarray = weight * (x * (np.float32(1.0) / np.sqrt(variance + self.eps)))  # numpy types it Any
+        return out
 
     def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin_signed: torch.Tensor) -> np.ndarray:
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller) and
@@ -103,4 +101,5 @@ class BlasDecoder:
         return self._rms_norm(x, self.norm)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head @ hidden
+        out: np.ndarray = self.lm_head @ hidden  # numpy types ``@`` of untyped arrays Any
+        return out

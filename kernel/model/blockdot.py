@@ -37,7 +37,10 @@ import numpy as np
 import torch
 
 from fak.kernel.model.config import ModelConfig, ModelError
-from fak.kernel.model.quant import cpu_flags, fbgemm_supported
+from fak.kernel.model.gguf_names import hf_name, rotary_heads, unpermute
+from fak.kernel.model.kv_cache import KVCache
+from fak.kernel.model.params import Weights
+from fak.kernel.model.quant import LayerLinears, cpu_flags, fbgemm_supported
 from fak.settings import StorageSettings
 
 QK = 32
@@ -104,13 +107,12 @@ def library(cache_dir: Path | None = None) -> ctypes.CDLL:
             compile_library(cc, target)
         check_owned(target)
         lib = ctypes.CDLL(str(target))
-        lib.fak_matmul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [
-            ctypes.c_void_p
-        ] * 3 + [ctypes.c_int]
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        # fak_matmul(w, x, m, y, ldy, xd, xs, xq, nthreads)
+        lib.fak_matmul.argtypes = (ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, ctypes.c_int)
         lib.fak_matmul.restype = None
-        lib.fak_decode_step.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [
-            ctypes.c_int
-        ]
+        # fak_decode_step(model, token, row, cos, sin_signed, cache, scratch, logits, nthreads)
+        lib.fak_decode_step.argtypes = (ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int)
         lib.fak_decode_step.restype = None
         _lib = lib
         return lib
@@ -152,22 +154,32 @@ class _QMat(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p)] + [
-        (name, _QMat) for name in ("qkv", "o", "gate_up", "down")
-    ]
+    _fields_ = (
+        ("attn_norm", ctypes.c_void_p),
+        ("mlp_norm", ctypes.c_void_p),
+        ("qkv", _QMat),
+        ("o", _QMat),
+        ("gate_up", _QMat),
+        ("down", _QMat),
+    )
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_int64) for name in ("layers", "dim", "heads", "kv_heads", "head_dim", "ffn", "vocab")
-    ] + [
+    _fields_ = (
+        ("layers", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("ffn", ctypes.c_int64),
+        ("vocab", ctypes.c_int64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("embed", ctypes.c_void_p),
         ("norm", ctypes.c_void_p),
         ("head", _QMat),
         ("layer", ctypes.c_void_p),
-    ]
+    )
 
 
 class _Cache(ctypes.Structure):
@@ -245,7 +257,7 @@ class BlockMatrix:
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError("cannot stack block matrices of different kinds")
-        m = None if parts[0].m is None else np.concatenate([p.m for p in parts])  # type: ignore[misc]
+        m = None if parts[0].m is None else np.concatenate([p.m for p in parts])
         return BlockMatrix(parts[0].kind, np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]), m)
 
     def struct(self) -> _QMat:
@@ -301,10 +313,8 @@ class BlockLinear:
 
 def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
     """The blocks of every tensor the kernel can run as it is, HF-named, Q/K rows in HF order
-    (llama.cpp stores them rotary-permuted, as ``weights._unpermute`` undoes for floats)."""
-    from gguf import GGUFReader
-
-    from fak.kernel.model.weights import GGUF_TO_HF, _unpermute
+    (llama.cpp stores them rotary-permuted, as ``gguf_names.unpermute`` undoes for floats)."""
+    from gguf import GGUFReader  # imported where a GGUF file is read (~0.2 s): other formats never need it
 
     reader = GGUFReader(str(path))
     out: dict[str, BlockMatrix] = {}
@@ -312,32 +322,24 @@ def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
         kind = t.tensor_type.name
         if kind not in ("Q4_1", "Q8_0") or len(t.shape) != 2:
             continue
-        n, rows = int(t.shape[0]), int(t.shape[1])
-        if t.name == "token_embd.weight":
-            key = "model.embed_tokens.weight"
-        elif t.name == "output.weight":
-            key = "lm_head.weight"
-        elif t.name.startswith("blk."):
-            _, idx, part, _kind = t.name.split(".", 3)
-            if part not in GGUF_TO_HF:
-                continue
-            key = f"model.layers.{idx}.{GGUF_TO_HF[part]}.weight"
-        else:
+        key = hf_name(t.name)
+        if key is None:
             continue
+        n, rows = int(t.shape[0]), int(t.shape[1])
         bm = BlockMatrix.from_gguf(kind, t.data, rows, n)
-        if t.name.startswith("blk.") and part in ("attn_q", "attn_k"):
-            heads = cfg.num_heads if part == "attn_q" else cfg.num_kv_heads
-            bm = bm.permute_rows(_unpermute(np.arange(rows), heads))
+        heads = rotary_heads(t.name, cfg)
+        if heads is not None:
+            bm = bm.permute_rows(unpermute(np.arange(rows), heads))
         out[key] = bm
     return out
 
 
-def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix] | None):  # noqa: ANN001, ANN201
+def build_block_linears(
+    cfg: ModelConfig, weights: Weights, blocks: dict[str, BlockMatrix] | None
+) -> tuple[list[LayerLinears[BlockLinear]], BlockLinear]:
     """Every layer's four products and the LM head as block matrices: the file's own blocks
     where ``blocks`` has them, Q8_0 of the float weights elsewhere. Prefill calls run on the
     float weights (``BlockLinear``), which are the blocks' dequantisation for a GGUF model."""
-    from fak.kernel.model.fast_decode import LayerLinears
-
     blocks = blocks or {}
 
     def get(name: str, fallback: torch.Tensor) -> BlockMatrix:
@@ -349,7 +351,7 @@ def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix
             mats = [BlockMatrix.quantise_q8_0(w) for _, w in parts]
         return BlockMatrix.cat(mats)
 
-    layers = []
+    layers: list[LayerLinears[BlockLinear]] = []
     for i, lw in enumerate(weights.layers):
         p = f"model.layers.{i}."
         qkv = fused([(p + "self_attn.q_proj.weight", lw.wq), (p + "self_attn.k_proj.weight", lw.wk),
@@ -370,7 +372,9 @@ def build_block_linears(cfg: ModelConfig, weights, blocks: dict[str, BlockMatrix
 class BlockDecoder:
     """One decode step over every layer in one C call (float32 KV cache only)."""
 
-    def __init__(self, cfg: ModelConfig, weights, linears, head: BlockLinear) -> None:  # noqa: ANN001
+    def __init__(
+        self, cfg: ModelConfig, weights: Weights, linears: list[LayerLinears[BlockLinear]], head: BlockLinear
+    ) -> None:
         if cfg.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"the block decoder takes head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}")
         self.cfg = cfg
@@ -414,9 +418,10 @@ class BlockDecoder:
         if local.struct is None or b["scores"].numel() < need:  # built once, again only when scores grow
             b["scores"] = torch.empty(max(need, 2 * b["scores"].numel()))
             local.struct = _Scratch(*(b[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")))
-        return local.struct
+        struct: _Scratch = local.struct  # threading.local's attributes are untyped
+        return struct
 
-    def step(self, token: int, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller); return
         its logits ``(1, vocab)``."""
         row = cache.length

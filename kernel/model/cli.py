@@ -6,9 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+# the handlers import the model (torch) and the settings when a command runs: every ``fak``
+# invocation imports this module to register its subcommands, and most never load a model
+if TYPE_CHECKING:
+    from fak.kernel.model.loader import LoadedModel
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="chat with the model (streams to the terminal)")
     g.add_argument("--prompt", required=True, help="user message")
     g.add_argument("--system", default=None, help="system message (default: the model's own)")
@@ -25,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.set_defaults(handler=_info)
 
 
-def _load(path: str | None):  # noqa: ANN202
+def _load(path: str | None) -> LoadedModel:
     from fak.kernel.model.loader import load_model
 
     return load_model(path, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
@@ -54,7 +61,7 @@ def _generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     n = 0
 
-    def counted():  # noqa: ANN202
+    def counted() -> Iterator[int]:
         nonlocal n
         for t in generate(lm.model, cache, ids, params):
             n += 1

@@ -12,8 +12,7 @@ calls are bit-exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,76 +20,14 @@ import torch.nn.functional as F
 from fak.kernel.model import rope
 from fak.kernel.model.config import ModelConfig
 from fak.kernel.model.kv_cache import KVCache
-from fak.kernel.model.quant import DenseLinear, Linear, make_linear
-
-if TYPE_CHECKING:
-    from fak.kernel.model.llama import Weights
-
-
-@dataclass(frozen=True)
-class LayerLinears:
-    """The four products of one layer in one weight format."""
-
-    qkv: Linear
-    o: Linear
-    gate_up: Linear
-    down: Linear
-
-
-CALIBRATION_TOKENS = 256
-CALIBRATION_SEED = 0
-
-
-class _AbsMax(DenseLinear):
-    """A float32 product that remembers the largest input seen per channel."""
-
-    def __init__(self, w: torch.Tensor) -> None:
-        super().__init__(w)
-        self.absmax = torch.zeros(int(w.shape[1]))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        self.absmax = torch.maximum(self.absmax, x.reshape(-1, x.shape[-1]).abs().amax(dim=0))
-        return super().__call__(x)
-
-
-def calibrate(cfg: ModelConfig, weights: Weights) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
-    """Per-channel largest inputs of every product (and the LM head) over one float32
-    prefill of a fixed pseudo-random token sequence. Outlier channels are a property of
-    the weights (they appear on any text, strongest on the first token), so no corpus or
-    tokenizer is needed, and the result is the same on every load."""
-    from fak.kernel.model.llama import Llama  # model imports this module
-
-    ref = Llama(cfg, weights, decode="torch")
-    ref.lin = [LayerLinears(*(_AbsMax(t) for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))) for lw in weights.layers]
-    ref.head = _AbsMax(weights.lm_head)
-    g = torch.Generator().manual_seed(CALIBRATION_SEED)
-    n = min(CALIBRATION_TOKENS, cfg.max_position_embeddings)
-    ids = torch.randint(0, cfg.vocab_size, (n,), generator=g)
-    ref.forward(ids, ref.new_cache(n), all_logits=True)
-    stats = [[ln.qkv.absmax, ln.o.absmax, ln.gate_up.absmax, ln.down.absmax] for ln in ref.lin]  # type: ignore[attr-defined]
-    return stats, ref.head.absmax  # type: ignore[attr-defined]
-
-
-def build_linears(cfg: ModelConfig, weights: Weights, fmt: str) -> tuple[list[LayerLinears], Linear]:
-    """Every layer's products and the LM head in format ``fmt`` (``int8`` is calibrated first)."""
-    if fmt != "int8":
-        layers = [
-            LayerLinears(*(make_linear(t, fmt) for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)))
-            for lw in weights.layers
-        ]
-        return layers, make_linear(weights.lm_head, fmt)
-    stats, head_stats = calibrate(cfg, weights)
-    layers = [
-        LayerLinears(*(make_linear(t, fmt, a) for t, a in zip((lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down), st, strict=True)))
-        for lw, st in zip(weights.layers, stats, strict=True)
-    ]
-    return layers, make_linear(weights.lm_head, fmt, head_stats)
+from fak.kernel.model.params import Weights
+from fak.kernel.model.quant import LayerLinears, Linear
 
 
 class FastDecoder:
     """Runs one decode step with a model's linears (any format) over its cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, linears: list[LayerLinears], head: Linear) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Weights, linears: Sequence[LayerLinears[Linear]], head: Linear) -> None:
         self.cfg = cfg
         self.w = weights
         self.lin = linears

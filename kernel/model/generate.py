@@ -69,7 +69,8 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
         top = top[np.lexsort((top, -probs[top]))]
         mass = np.cumsum(probs[top], dtype=np.float64)
         if mass[-1] >= top_p or len(top) == n:
-            return top[mass - probs[top] < top_p]
+            nucleus: np.ndarray = top[mass - probs[top] < top_p]  # numpy types this indexing Any
+            return nucleus
         k = min(4 * k, n)
 
 

@@ -201,4 +201,4 @@ def _bytes(t: torch.Tensor) -> memoryview | bytes:
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return memoryview(t.numpy()).cast("B")
+    return t.numpy().data.cast("B")

@@ -14,87 +14,27 @@ that make the same calls are bit-exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from fak.kernel.model import blas_decode, blockdot, rope
 from fak.kernel.model.config import ModelConfig
-from fak.kernel.model.fast_decode import FastDecoder, build_linears
+from fak.kernel.model.fast_decode import FastDecoder
 from fak.kernel.model.kv_cache import KVCache
-from fak.kernel.model.quant import WEIGHT_FORMATS, fbgemm_supported, int8_supported
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer. Q/K/V and gate/up are stored fused (one matrix-vector
-    product each when decoding); the prefill path uses row views of them."""
-
-    attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # rows: q (heads*hd), k (kv_heads*hd), v (kv_heads*hd)
-    wo: torch.Tensor
-    mlp_norm: torch.Tensor
-    w_gate_up: torch.Tensor  # rows: gate (intermediate), up (intermediate)
-    w_down: torch.Tensor
-    q_rows: int
-    kv_rows: int
-
-    @classmethod
-    def fuse(cls, attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down) -> LayerWeights:  # noqa: ANN001
-        return cls(
-            attn_norm=attn_norm,
-            wqkv=torch.cat([wq, wk, wv]).contiguous(),
-            wo=wo,
-            mlp_norm=mlp_norm,
-            w_gate_up=torch.cat([w_gate, w_up]).contiguous(),
-            w_down=w_down,
-            q_rows=wq.shape[0],
-            kv_rows=wk.shape[0],
-        )
-
-    @property
-    def wq(self) -> torch.Tensor:
-        return self.wqkv[: self.q_rows]
-
-    @property
-    def wk(self) -> torch.Tensor:
-        return self.wqkv[self.q_rows : self.q_rows + self.kv_rows]
-
-    @property
-    def wv(self) -> torch.Tensor:
-        return self.wqkv[self.q_rows + self.kv_rows :]
-
-    @property
-    def w_gate(self) -> torch.Tensor:
-        return self.w_gate_up[: self.w_gate_up.shape[0] // 2]
-
-    @property
-    def w_up(self) -> torch.Tensor:
-        return self.w_gate_up[self.w_gate_up.shape[0] // 2 :]
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down]
-
-
-@dataclass
-class Weights:
-    embed: torch.Tensor
-    layers: list[LayerWeights]
-    norm: torch.Tensor
-    lm_head: torch.Tensor  # the embedding itself when tied
-
-    def parameters(self) -> int:
-        seen: set[int] = set()
-        total = 0
-        tensors = [self.embed, self.norm, self.lm_head]
-        for layer in self.layers:
-            tensors += layer.tensors()
-        for t in tensors:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel()
-        return total
+from fak.kernel.model.params import LayerWeights, Weights
+from fak.kernel.model.quant import (
+    WEIGHT_FORMATS,
+    AbsMaxLinear,
+    Calibration,
+    LayerLinears,
+    Linear,
+    build_linears,
+    fbgemm_supported,
+    int8_supported,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -111,6 +51,14 @@ def _causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -
     mask = torch.zeros(allowed.shape, dtype=dtype, device=q_pos.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+class TokenStep(Protocol):
+    """A one-token decode path other than the layer loops below (``FastDecoder``, ``BlockDecoder``)."""
+
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Run ``token`` at cache row ``cache.length`` (reserved by the caller); its logits ``(1, vocab)``."""
+        ...
 
 
 ATTENTION_MODES = ("sdpa", "eager")
@@ -171,10 +119,15 @@ class Llama:
         self.inv_freq = rope.inv_freq(cfg, self.device)
         self.scaling = cfg.head_dim**-0.5
         # float32 linears are F.linear on the weights themselves: the reference ops, no copy
+        self.lin: Sequence[LayerLinears[Linear]]
+        self.head: Linear
+        block_linears: tuple[list[LayerLinears[blockdot.BlockLinear]], blockdot.BlockLinear] | None = None
         if weight_format == "gguf":
-            self.lin, self.head = blockdot.build_block_linears(cfg, weights, blocks)
+            block_linears = blockdot.build_block_linears(cfg, weights, blocks)
+            self.lin, self.head = block_linears
         else:
-            self.lin, self.head = build_linears(cfg, weights, weight_format)
+            calibration = calibrate(cfg, weights) if weight_format == "int8" else None
+            self.lin, self.head = build_linears(weights, weight_format, calibration)
         reference = weight_format == "float32" and self.kv_dtype == self.dtype
         blas_ok = reference and blas_decode.supported(self.device, self.dtype)
         if decode == "blas" and not blas_ok:
@@ -186,8 +139,9 @@ class Llama:
         self.decode = "blas" if use_blas else "torch"
         self._blas = blas_decode.BlasDecoder(cfg, weights) if use_blas else None
         # the torch path of the reference mode stays op for op what it was (oracle-close)
-        if weight_format == "gguf" and self.kv_dtype == torch.float32:
-            self._fast = blockdot.BlockDecoder(cfg, weights, self.lin, self.head)
+        self._fast: TokenStep | None
+        if block_linears is not None and self.kv_dtype == torch.float32:
+            self._fast = blockdot.BlockDecoder(cfg, weights, *block_linears)
         else:
             self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
 
@@ -227,15 +181,14 @@ class Llama:
         x = F.embedding(ids, self.w.embed)[None]  # (1, T, D)
         if T == 1:
             x = self._layers_decode(x, cache, start, cos, sin)
-        else:
-            mask = None
-            if self.attention == "eager" or start > 0:
-                k_pos = torch.cat([cache.positions[:start], positions])
-                mask = _causal_mask(positions, k_pos, self.dtype)
-            if self.attention == "eager":
-                x = self._layers_prefill_eager(x, cache, start, cos, sin, mask)
-            else:
-                x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
+        elif self.attention == "eager":
+            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            x = self._layers_prefill_eager(x, cache, start, cos, sin, full)
+        else:  # a first chunk needs no mask: plain causal attention
+            mask: torch.Tensor | None = None
+            if start > 0:
+                mask = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
         cache.commit(ids, positions)
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         if not all_logits:
@@ -272,7 +225,7 @@ class Llama:
             if self.weight_format == "float32":
                 q, k, v = F.linear(h, lw.wq), F.linear(h, lw.wk), F.linear(h, lw.wv)
             else:  # another mode's products: one fused call, split
-                q, k, v = self.lin[i].qkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
+                q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
             q = q.reshape(1, T, H, hd).transpose(1, 2)
             k = k.reshape(1, T, KV, hd).transpose(1, 2)
             v = v.reshape(1, T, KV, hd).transpose(1, 2)
@@ -310,7 +263,7 @@ class Llama:
         last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
             h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
-            q, k, v = self.lin[i].qkv(h).split([H * hd, KV * hd, KV * hd], dim=-1)
+            q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
             k = k.view(1, T, KV, hd).transpose(1, 2)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
             q = q.view(1, T, H, hd).transpose(1, 2)
@@ -384,3 +337,24 @@ def _repeat_kv(rows: torch.Tensor, groups: int) -> torch.Tensor:
         return x
     b, kvh, L, hd = x.shape
     return x[:, :, None, :, :].expand(b, kvh, groups, L, hd).reshape(b, kvh * groups, L, hd)
+
+
+CALIBRATION_TOKENS = 256
+CALIBRATION_SEED = 0
+
+
+def calibrate(cfg: ModelConfig, weights: Weights) -> Calibration:
+    """Per-channel largest inputs of every product (and the LM head) over one float32
+    prefill of a fixed pseudo-random token sequence, for ``int8``. Outlier channels are a
+    property of the weights (they appear on any text, strongest on the first token), so no
+    corpus or tokenizer is needed, and the result is the same on every load."""
+    ref = Llama(cfg, weights, decode="torch")
+    recorders = [[AbsMaxLinear(t) for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)] for lw in weights.layers]
+    head = AbsMaxLinear(weights.lm_head)
+    ref.lin = [LayerLinears(*layer) for layer in recorders]
+    ref.head = head
+    g = torch.Generator().manual_seed(CALIBRATION_SEED)
+    n = min(CALIBRATION_TOKENS, cfg.max_position_embeddings)
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=g)
+    ref.forward(ids, ref.new_cache(n), all_logits=True)
+    return [[r.absmax for r in layer] for layer in recorders], head.absmax

@@ -9,7 +9,8 @@ import torch
 
 from fak.kernel.model import blockdot
 from fak.kernel.model.config import ModelError
-from fak.kernel.model.llama import Llama, Weights
+from fak.kernel.model.llama import Llama
+from fak.kernel.model.params import Weights
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.model.weights import Progress, default_model_path, load_gguf, load_hf_folder
 from fak.settings import StorageSettings
@@ -37,8 +38,11 @@ def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
             cache[key] = t.to(device=device, dtype=dtype)
         return cache[key]
 
-    names = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
-    layers = [replace(layer, **{n: conv(getattr(layer, n)) for n in names}) for layer in w.layers]
+    layers = [
+        replace(layer, attn_norm=conv(layer.attn_norm), wqkv=conv(layer.wqkv), wo=conv(layer.wo),
+                mlp_norm=conv(layer.mlp_norm), w_gate_up=conv(layer.w_gate_up), w_down=conv(layer.w_down))
+        for layer in w.layers
+    ]
     return Weights(embed=conv(w.embed), layers=layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
 
 

@@ -25,10 +25,13 @@ repeat, as for the prefix cache already.
 from __future__ import annotations
 
 import warnings
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
+
+from fak.kernel.model.params import Weights
 
 WEIGHT_FORMATS = ("float32", "float16", "bfloat16", "int8", "gguf")  # gguf: kernel/model/blockdot.py
 
@@ -39,6 +42,19 @@ class Linear(Protocol):
     out_features: int
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+L_co = TypeVar("L_co", bound=Linear, covariant=True)
+
+
+@dataclass(frozen=True)
+class LayerLinears(Generic[L_co]):
+    """The four products of one layer in one weight format."""
+
+    qkv: L_co
+    o: L_co
+    gate_up: L_co
+    down: L_co
 
 
 class DenseLinear:
@@ -79,9 +95,9 @@ class Float16Linear:
         self.packed = torch.ops.quantized.linear_prepack_fp16(w.detach().to(torch.float32).contiguous(), None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 1:
-            return torch.ops.quantized.linear_dynamic_fp16(x[None], self.packed)[0]
-        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+        # torch.ops entries are untyped (Any): the result is named to say what it is
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x[None] if x.dim() == 1 else x, self.packed)
+        return y[0] if x.dim() == 1 else y
 
 
 def int8_supported() -> bool:
@@ -157,6 +173,7 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         one = x.dim() == 1
         x = (x[None] if one else x) * self.inv_smooth
+        y: torch.Tensor  # torch.ops entries are untyped (Any)
         if x.numel() == self.in_features:
             y = torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)
         else:
@@ -176,3 +193,40 @@ def make_linear(w: torch.Tensor, fmt: str, act_absmax: torch.Tensor | None = Non
     if fmt == "int8":
         return Int8Linear(w, act_absmax)
     raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, not {fmt!r}")
+
+
+class AbsMaxLinear(DenseLinear):
+    """A float32 product that remembers the largest input seen per channel (calibration)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__(w)
+        self.absmax = torch.zeros(int(w.shape[1]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.absmax = torch.maximum(self.absmax, x.reshape(-1, x.shape[-1]).abs().amax(dim=0))
+        return super().__call__(x)
+
+
+# per layer, the largest input per channel of its four products (qkv, o, gate_up, down); the LM head's
+Calibration = tuple[list[list[torch.Tensor]], torch.Tensor]
+
+
+def build_linears(
+    weights: Weights, fmt: str, calibration: Calibration | None = None
+) -> tuple[list[LayerLinears[Linear]], Linear]:
+    """Every layer's products and the LM head in format ``fmt`` (not ``gguf``: that is
+    ``blockdot.build_block_linears``); ``calibration`` is used by ``int8`` only, which needs it."""
+    if fmt != "int8":
+        layers = [
+            LayerLinears(*(make_linear(t, fmt) for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)))
+            for lw in weights.layers
+        ]
+        return layers, make_linear(weights.lm_head, fmt)
+    if calibration is None:
+        raise ValueError("weights='int8' needs the calibration of its activations")
+    stats, head_stats = calibration
+    layers = [
+        LayerLinears(*(make_linear(t, fmt, a) for t, a in zip((lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down), st, strict=True)))
+        for lw, st in zip(weights.layers, stats, strict=True)
+    ]
+    return layers, make_linear(weights.lm_head, fmt, head_stats)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -212,6 +213,4 @@ def _raise(message: str) -> None:
 
 
 def _tokenizer_digest(tk: Tokenizer) -> str:
-    import blake3
-
     return "blake3:" + blake3.blake3(tk.to_str().encode()).hexdigest()

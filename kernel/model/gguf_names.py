@@ -1,0 +1,61 @@
+"""How llama.cpp's GGUF files name and lay out a Llama's tensors, in HF terms.
+
+Read by both GGUF readers: ``weights.py`` (the dequantised floats) and ``blockdot.py``
+(the file's own blocks), so the two agree on every name and row order.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+
+from fak.kernel.model.config import ModelConfig
+
+GGUF_TO_HF = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GLOBAL_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_name(name: str) -> str | None:
+    """The HF ``LlamaForCausalLM`` parameter name of GGUF tensor ``name`` (None: one fak does not read)."""
+    if name in GLOBAL_TO_HF:
+        return GLOBAL_TO_HF[name]
+    if name.startswith("blk."):
+        _, idx, part, kind = name.split(".", 3)
+        if part in GGUF_TO_HF:
+            return f"model.layers.{idx}.{GGUF_TO_HF[part]}.{kind}"
+    return None
+
+
+def rotary_heads(name: str, cfg: ModelConfig) -> int | None:
+    """The head count of a Q or K projection (whose rows llama.cpp permutes), else None."""
+    if name.startswith("blk."):
+        part = name.split(".", 3)[2]
+        if part == "attn_q":
+            return cfg.num_heads
+        if part == "attn_k":
+            return cfg.num_kv_heads
+    return None
+
+
+A = TypeVar("A", bound=np.generic)
+
+
+def unpermute(w: np.ndarray[tuple[int, ...], np.dtype[A]], n_head: int) -> np.ndarray[tuple[int, ...], np.dtype[A]]:
+    """Undo llama.cpp's rotary permutation of Q/K rows (interleaved pairs → HF halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

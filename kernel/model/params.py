@@ -1,0 +1,95 @@
+"""The model's parameters as tensors: ``Weights`` and one decoder layer's ``LayerWeights``.
+
+Their own module because everything that runs the model reads them (the forward in
+``llama.py``, the decode steps, the weight-format factory) and loading writes them
+(``weights.py``, ``loader.py``): each of those imports this, none of them imports another
+for its types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Q/K/V and gate/up are stored fused (one matrix-vector
+    product each when decoding); the prefill path uses row views of them."""
+
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # rows: q (heads*hd), k (kv_heads*hd), v (kv_heads*hd)
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # rows: gate (intermediate), up (intermediate)
+    w_down: torch.Tensor
+    q_rows: int
+    kv_rows: int
+
+    @classmethod
+    def fuse(
+        cls,
+        attn_norm: torch.Tensor,
+        wq: torch.Tensor,
+        wk: torch.Tensor,
+        wv: torch.Tensor,
+        wo: torch.Tensor,
+        mlp_norm: torch.Tensor,
+        w_gate: torch.Tensor,
+        w_up: torch.Tensor,
+        w_down: torch.Tensor,
+    ) -> LayerWeights:
+        return cls(
+            attn_norm=attn_norm,
+            wqkv=torch.cat([wq, wk, wv]).contiguous(),
+            wo=wo,
+            mlp_norm=mlp_norm,
+            w_gate_up=torch.cat([w_gate, w_up]).contiguous(),
+            w_down=w_down,
+            q_rows=wq.shape[0],
+            kv_rows=wk.shape[0],
+        )
+
+    @property
+    def wq(self) -> torch.Tensor:
+        return self.wqkv[: self.q_rows]
+
+    @property
+    def wk(self) -> torch.Tensor:
+        return self.wqkv[self.q_rows : self.q_rows + self.kv_rows]
+
+    @property
+    def wv(self) -> torch.Tensor:
+        return self.wqkv[self.q_rows + self.kv_rows :]
+
+    @property
+    def w_gate(self) -> torch.Tensor:
+        return self.w_gate_up[: self.w_gate_up.shape[0] // 2]
+
+    @property
+    def w_up(self) -> torch.Tensor:
+        return self.w_gate_up[self.w_gate_up.shape[0] // 2 :]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down]
+
+
+@dataclass
+class Weights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # the embedding itself when tied
+
+    def parameters(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        tensors = [self.embed, self.norm, self.lm_head]
+        for layer in self.layers:
+            tensors += layer.tensors()
+        for t in tensors:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel()
+        return total
