@@ -13,23 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
-FAK = str(Path(sys.executable).with_name("fak"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_process import FAK, ServeProcess
 
 
 def _env(data_dir: Path, tiny_dir: Path) -> dict[str, str]:
@@ -46,44 +35,12 @@ def _ok(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.Com
     return r
 
 
-class Server:
-    """``fak serve`` in its own process on a free loopback port."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.proc = subprocess.Popen([FAK, "serve", "--port", str(self.port), "--log-level", "warning"], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=open(log, "ab"))  # noqa: SIM115
-
-    def wait_up(self, timeout: float = 240) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            assert self.proc.poll() is None, f"the server exited ({self.proc.returncode}):\n{self.log.read_text()}"
-            try:
-                if httpx.get(self.base + "/healthz", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"the server did not come up:\n{self.log.read_text()}")
+class Server(ServeProcess):
+    """``fak serve`` in its own process on a free loopback port, with API clients."""
 
     def client(self, key: str) -> httpx.Client:
         return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {key}"}, timeout=60,
                             trust_env=False)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @dataclass
