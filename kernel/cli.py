@@ -9,9 +9,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fak.kernel.facade import Kernel
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = _kernel_command(sub, "chat", _chat, "a chat session through the Kernel (persisted; resume with --session)")
     c.add_argument("--tenant", default="local")
     c.add_argument("--session", help="continue this session id")
@@ -49,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 _BY = "who asked (recorded in the log)"
 
 
-def _kernel_command(sub: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int],
-                    help: str) -> argparse.ArgumentParser:
+def _kernel_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                    handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
     """A command on the Kernel (or its database) of the settings ``--config`` names."""
     p = sub.add_parser(name, help=help)
     p.add_argument("--config", help="settings file; FAK_* variables override it")
@@ -58,7 +62,7 @@ def _kernel_command(sub: argparse._SubParsersAction, name: str, handler: Callabl
     return p
 
 
-def _open(config: str | None):  # noqa: ANN202
+def _open(config: str | None) -> Kernel:
     from fak import Kernel
     from fak.settings import Settings
 
