@@ -24,7 +24,7 @@ from fak.kernel.model import blas_decode, blockdot, rope
 from fak.kernel.model.config import ModelConfig
 from fak.kernel.model.fast_decode import FastDecoder
 from fak.kernel.model.kv_cache import KVCache
-from fak.kernel.model.params import LayerWeights, Weights
+from fak.kernel.model.params import Weights
 from fak.kernel.model.quant import (
     WEIGHT_FORMATS,
     AbsMaxLinear,
@@ -202,7 +202,19 @@ class Llama:
             k, v = k.to(self.dtype), v.to(self.dtype)
         return k, v
 
-    def _mlp(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    def _qkv_reference(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The reference's three products (row views of the fused weight: the same matrices)."""
+        lw = self.w.layers[i]
+        return F.linear(h, lw.wq), F.linear(h, lw.wk), F.linear(h, lw.wv)
+
+    def _qkv_fused(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One product in the model's weight format, split into q, k, v."""
+        H, KV, hd = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
+        return q, k, v
+
+    def _mlp_reference(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        lw = self.w.layers[i]
         h = rms_norm(x, lw.mlp_norm, self.cfg.rms_norm_eps)
         return x + F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
 
@@ -215,17 +227,19 @@ class Llama:
     def _layers_prefill_eager(
         self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """The HF reference's operation order, step by step (oracle-exact)."""
+        """The HF reference's operation order, step by step (oracle-exact). The products are
+        chosen once, not per layer: float32 runs the reference's own (separate q/k/v and
+        gate/up), another weight format its fused ones."""
         cfg = self.cfg
         T = x.shape[1]
         end = start + T
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        reference = self.weight_format == "float32"
+        qkv = self._qkv_reference if reference else self._qkv_fused
+        mlp = self._mlp_reference if reference else self._mlp_fused
         for i, lw in enumerate(self.w.layers):
             h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
-            if self.weight_format == "float32":
-                q, k, v = F.linear(h, lw.wq), F.linear(h, lw.wk), F.linear(h, lw.wv)
-            else:  # another mode's products: one fused call, split
-                q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
+            q, k, v = qkv(h, i)
             q = q.reshape(1, T, H, hd).transpose(1, 2)
             k = k.reshape(1, T, KV, hd).transpose(1, 2)
             v = v.reshape(1, T, KV, hd).transpose(1, 2)
@@ -239,7 +253,7 @@ class Llama:
             probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             attn = torch.matmul(probs, values).transpose(1, 2).contiguous()
             x = x + self.lin[i].o(attn.reshape(1, T, -1).contiguous())
-            x = self._mlp(x, lw) if self.weight_format == "float32" else self._mlp_fused(x, i)
+            x = mlp(x, i)
         return x
 
     def _layers_prefill_sdpa(
@@ -263,7 +277,7 @@ class Llama:
         last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
             h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
-            q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
+            q, k, v = self._qkv_fused(h, i)
             k = k.view(1, T, KV, hd).transpose(1, 2)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
             q = q.view(1, T, H, hd).transpose(1, 2)
