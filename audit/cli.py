@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,8 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     v = sub.add_parser("verify", help="verify a log export offline (fails closed)")
     v.add_argument("export", help="file written by 'fak audit export', or a tenant's export from the API")
-    v.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
-                   "names the log or --trust-embedded-key")
+    _trust_args(v, "names the log or --trust-embedded-key")
     v.add_argument("--trust-embedded-key", action="store_true",
                    help="DEVELOPMENT ONLY: check against the key the export names itself (proves nothing)")
     v.add_argument("--allow-unsigned-tail", action="store_true",
@@ -28,14 +28,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "an earlier export also names the exact entry a rewrite changed")
     v.add_argument("--max-age", type=float, metavar="SECONDS",
                    help="fail when the trusted checkpoint is older than this (or carries no time)")
-    _witness_args(v)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=_verify)
 
     r = sub.add_parser("verify-receipt", help="verify a forget receipt offline")
     r.add_argument("receipt", help="forget receipt JSON file ('-' reads stdin)")
-    r.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
-                   "names the log")
+    _trust_args(r, "names the log")
     r.add_argument("--last-checkpoint", metavar="FILE",
                    help="the newest signed checkpoint you trust: the receipt's must be consistent with it")
     r.add_argument("--consistency-proof", metavar="FILE",
@@ -44,7 +42,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     r.add_argument("--require-replay", action="store_true",
                    help="fail unless the receipt carries the logged independent replay of the survivors "
                    "(a receipt fetched right after the forget has it pending)")
-    _witness_args(r)
     r.set_defaults(handler=_verify_receipt)
 
     e = sub.add_parser("export", help="write all entries and checkpoints to a file")
@@ -66,14 +63,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pr.add_argument("--url")
     pr.set_defaults(handler=_proof)
 
-    def audit_help(_args: argparse.Namespace) -> int:
-        p.print_help()
+    p.set_defaults(handler=prints_help(p))
+
+
+def prints_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The handler of a command group run without an action: its help, exit status 2."""
+
+    def handler(_args: argparse.Namespace) -> int:
+        parser.print_help()
         return 2
 
-    p.set_defaults(handler=audit_help)
+    return handler
 
 
-def _witness_args(p: argparse.ArgumentParser) -> None:
+def _trust_args(p: argparse.ArgumentParser, pubkey_unless: str) -> None:
+    """What an offline verification trusts (read by ``_policy``): the pinned log key and the
+    witness policy."""
+    p.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
+                   + pubkey_unless)
     p.add_argument("--witness", action="append", default=[], metavar="VKEY",
                    help="a witness's cosignature/v1 verifier key (string or file); repeatable")
     p.add_argument("--quorum", type=int, help="valid cosignatures needed (default: every --witness)")

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from fak.audit.cli import prints_help
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w = subparsers.add_parser("witness", help="a witness that cosigns audit checkpoints (C2SP tlog-witness)")
@@ -24,11 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("--name")
     k.set_defaults(handler=_pubkey)
 
-    def witness_help(_args: argparse.Namespace) -> int:
-        w.print_help()
-        return 2
-
-    w.set_defaults(handler=witness_help)
+    w.set_defaults(handler=prints_help(w))
 
     audit = subparsers.choices.get("audit")
     # argparse has no public handle on an existing parser's subcommands: find its subparsers action
