@@ -12,6 +12,7 @@ from fak.api.keys import Principal, Role
 from fak.api.problems import Unauthorized
 from fak.errors import Forbidden
 from fak.kernel.facade import Kernel
+from fak.kernel.operations import Caller, Right
 
 
 def kernel(request: Request) -> Kernel:
@@ -64,17 +65,14 @@ AUDITOR = require(Role.AUDITOR, Role.ADMIN)
 ADMIN = require(Role.ADMIN)
 
 
-def check_context(k: Kernel, texts: list[str], what: str) -> None:
-    """Refuse, before anything is stored or prefilled, texts whose own tokens already pass
-    the context (``409 context_full``). The kernel checks the exact length after its
-    prefill; without this a 1 MiB message would be prefilled in full (minutes of CPU)
-    only to be refused. A text of n UTF-8 bytes has at most n tokens, so short texts are
-    not tokenised here."""
-    from fak.kernel.agent_session import ContextFull
+def caller(who: Principal) -> Caller:
+    """The core's ``Caller`` for a key: its tenant, ``key:<id>`` in the audit log, and the rights
+    of its role (checked again by each operation, after the logged role check above)."""
+    return Caller(who.tenant, f"key:{who.key_id}", ROLE_RIGHTS[who.role])
 
-    limit = k.context_limit
-    if sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
-        return
-    tokens = sum(len(k.tokenizer.encode(t)) for t in texts)
-    if tokens > limit:
-        raise ContextFull(f"{what} is {tokens} tokens long; the context holds {limit}")
+
+ROLE_RIGHTS: dict[Role, frozenset[Right]] = {
+    Role.AGENT: frozenset({Right.READ, Right.AGENT}),
+    Role.AUDITOR: frozenset({Right.READ, Right.AUDIT}),
+    Role.ADMIN: frozenset(Right),
+}

@@ -7,39 +7,32 @@
         a = s.admit("web_search", "...")
         print(a.verdict, s.generate(max_tokens=32).text)
 
-Every method returns the same pydantic result as its HTTP twin (built the way the
-API's routes build them), validates its arguments with the API's request models, and
-raises ``FakAPIError`` with the problem ``type`` the server would send. Differences,
-by nature: there is no API key, so no role checks (the caller acts as the tenant's
-admin); ``tenant`` is fixed when the client is made.
+The methods are the HTTP client's own (``Session``, ``BlockingAPI``); only the transport
+differs: each ``Call`` goes to the kernel operation the route would call
+(``fak.kernel.operations``), its body validated by the same wire model, and the answer is
+read by the same ``parse``, so results compare equal across modes. Errors are
+``FakAPIError`` with the problem ``type`` the server would send. The SDK never imports the
+server. There is no API key: the client acts for one ``tenant`` with the ``rights`` it is
+given (all of them by default, as the owner of the kernel) under the audit name
+``principal``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
+import httpx
+from pydantic import BaseModel, ValidationError
 
 from fak.errors import FakError
-from fak.sdk.client import RefInfo, TextStream, tool_body, working_set
+from fak.kernel import operations as ops
+from fak.kernel.operations import MAX_INDEX, MAX_LIMIT, Caller, Right
+from fak.sdk.calls import Call
+from fak.sdk.client import BlockingAPI, Session
 from fak.sdk.errors import TYPE_BASE, FakAPIError, invalid_input
-from fak.sdk.models import (
-    AdmissionOut,
-    EvictionOut,
-    ForgetReceipt,
-    ForgetStatus,
-    GenerateOut,
-    MaterialiseOut,
-    PieceOut,
-    QuarantineOut,
-    RefsEvictedOut,
-    SegmentOut,
-    SessionOut,
-    ToolCallDecisionOut,
-)
+from fak.sdk.streams import TextStream
 from fak.wire import (
     EvictIn,
     EvictRefsIn,
@@ -55,7 +48,6 @@ from fak.wire import (
 if TYPE_CHECKING:
     from fak.kernel.agent_session import KernelSession
     from fak.kernel.facade import Kernel
-    from fak.sdk.models import CheckpointOut, EntriesOut, EntryOut, InclusionOut, ReceiptCheckOut
     from fak.settings import Settings
 
 T = TypeVar("T")
@@ -73,190 +65,80 @@ def _errors() -> Iterator[None]:
         raise invalid_input(exc) from exc
 
 
-def _validate(model: type[T], body: dict[str, Any]) -> T:
-    with _errors():
-        return model.model_validate(body)  # type: ignore[attr-defined]
-
-
-def _bounded(value: int, name: str, low: int = 0, high: int = 2**63 - 1) -> int:
-    """A query parameter checked as the route's ``Query(ge=, le=)`` checks it."""
+def _bounded(value: Any, name: str, low: int = 0, high: int = MAX_INDEX) -> int:
+    """A query or path parameter checked as the route's ``Query(ge=, le=)`` checks it."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        detail = f"{name}: must be an integer in [{low}, {high}]"
-        raise FakAPIError(400, TYPE_BASE + "invalid_input", detail)
+        raise FakAPIError(400, TYPE_BASE + "invalid_input", f"{name}: must be an integer in [{low}, {high}]")
     return value
 
 
-def _digest(ref: str) -> str:
-    from fak.cas.digest import parse_digest
-
-    parse_digest(ref)  # invalid_digest (400) before any lookup, as the refs route does
-    return ref
-
-
-def _session_out(ks: KernelSession) -> SessionOut:
-    return SessionOut(id=ks.id, tokens=ks.tokens, fingerprint=ks.fingerprint(),
-                      segments=[SegmentOut(**x) for x in ks.ledger()])
+def _ref(k: Kernel, c: Caller, args: dict[str, Any], content: bool) -> httpx.Response:
+    """``GET``/``HEAD /v1/refs/{ref}`` as the route answers it (headers, and the bytes for a GET)."""
+    ref = ops.find_ref(k, c, args["ref"])
+    if content:
+        return httpx.Response(200, headers=ops.ref_headers(ref), content=ops.ref_content(k, c, ref))
+    return httpx.Response(200, headers=ops.ref_headers(ref) | {"Content-Length": str(ref.size)})
 
 
-class LocalSession:
-    """The ``Session`` interface over a ``KernelSession``."""
+def _inclusion(k: Kernel, c: Caller, args: dict[str, Any], q: dict[str, Any]) -> Any:
+    out = ops.audit_inclusion(k, c, _bounded(args["index"], "index"), q.get("format", "json"))
+    return httpx.Response(200, text=out) if isinstance(out, str) else out
 
-    def __init__(self, client: LocalClient, id: str) -> None:  # noqa: A002
-        self.client = client
-        self.id = id
 
-    def __repr__(self) -> str:
-        return f"LocalSession({self.id!r})"
+Op = Callable[["Kernel", Caller, dict[str, Any], Any, dict[str, Any]], Any]
+# Each call's operation: (kernel, caller, path args, JSON body, query) -> a wire model, JSON, or a response.
+OPS: dict[str, Op] = {
+    "health": lambda k, c, a, b, q: {"status": "ok"},
+    "create_session": lambda k, c, a, b, q: ops.create_session(k, c, SessionCreate.model_validate(b)),
+    "sessions": lambda k, c, a, b, q: ops.list_sessions(k, c),
+    "get_session": lambda k, c, a, b, q: ops.get_session(k, c, a["sid"]),
+    "append": lambda k, c, a, b, q: ops.append(k, c, a["sid"], MessageIn.model_validate(b)),
+    "admit": lambda k, c, a, b, q: ops.admit(k, c, a["sid"], ToolResultIn.model_validate(b)),
+    "evict": lambda k, c, a, b, q: ops.evict(k, c, a["sid"], EvictIn.model_validate(b)),
+    "authorize_tool_call": lambda k, c, a, b, q: ops.authorize_tool_call(k, c, a["sid"], ToolCallIn.model_validate(b)),
+    "evict_refs": lambda k, c, a, b, q: ops.evict_refs(k, c, a["sid"], EvictRefsIn.model_validate(b)),
+    "materialise": lambda k, c, a, b, q: ops.materialise(k, c, a["sid"], b),
+    "generate": lambda k, c, a, b, q: ops.generate(k, c, a["sid"], GenerateIn.model_validate(b)),
+    "forget": lambda k, c, a, b, q: ops.forget(k, c, ForgetIn.model_validate(b)),
+    "forget_status": lambda k, c, a, b, q: ops.forget_status(k, c, a["request_id"]),
+    "quarantine": lambda k, c, a, b, q: ops.quarantine(k, c, QuarantineIn.model_validate(b)),
+    "ref_content": lambda k, c, a, b, q: _ref(k, c, a, content=True),
+    "ref_head": lambda k, c, a, b, q: _ref(k, c, a, content=False),
+    "audit_entries": lambda k, c, a, b, q: ops.audit_entries(
+        k, c, _bounded(q["start"], "start"), _bounded(q["limit"], "limit", 1, MAX_LIMIT)),
+    "audit_checkpoint": lambda k, c, a, b, q: ops.audit_checkpoint(k, c),
+    "audit_inclusion": _inclusion,
+    "audit_consistency": lambda k, c, a, b, q: ops.audit_consistency(
+        k, c, _bounded(q["first"], "first"), None if q.get("second") is None else _bounded(q["second"], "second")),
+    "verify_receipt": lambda k, c, a, b, q: ops.verify_receipt(k, c, b),
+}
+
+
+class LocalSession(Session):
+    """The ``Session`` interface over a ``KernelSession`` in this process."""
+
+    client: LocalClient
 
     @property
     def kernel_session(self) -> KernelSession:
         """The underlying ``KernelSession`` (the kernel's own API, for what the SDK does not wrap)."""
         with _errors():
-            return self.client.kernel.session(self.client.tenant, self.id)
-
-    def _run(self, fn: Callable[[KernelSession], T]) -> T:
-        with _errors():
-            return fn(self.client.kernel.session(self.client.tenant, self.id))
-
-    def info(self) -> SessionOut:
-        return self._run(_session_out)
-
-    def ledger(self) -> list[SegmentOut]:
-        return self.info().segments
-
-    def fingerprint(self) -> str:
-        return self._run(lambda ks: ks.fingerprint())
-
-    def append(self, role: str, content: str) -> SegmentOut:
-
-        body = _validate(MessageIn, {"role": role, "content": content})
-        return self._run(lambda ks: SegmentOut(**ks.append(body.role, body.content).summary()))
-
-    def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-              tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
-        from fak.api.routes.sessions import admission_out
-        from fak.errors import InvalidInput
-
-        body = _validate(ToolResultIn, tool_body(tool, content, media_type, tags, source))
-
-        def run(ks: KernelSession) -> AdmissionOut:
-            try:
-                data = body.data()
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from None
-            return admission_out(ks.admit(body.tool, data, media_type=body.media_type, tags=body.tags,
-                                          source=body.source))
-
-        return self._run(run)
-
-    def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
-
-        body = _validate(EvictIn, {"segment_id": segment_id, "mode": mode, "reason": reason})
-
-        def run(ks: KernelSession) -> EvictionOut:
-            r = ks.evict(body.segment_id, body.mode, reason=body.reason)
-            return EvictionOut(segment_id=r.segment_id, ref=r.ref, mode=r.mode.value, exactness=r.exactness,
-                               rows_removed=r.rows_removed, rows_replayed=r.rows_replayed, seconds=r.seconds,
-                               fingerprint=r.fingerprint)
-
-        return self._run(run)
-
-    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
-        from fak.api.routes.sessions import decision_out
-
-        body = _validate(ToolCallIn, {"name": name, "arguments": arguments})
-        return self._run(lambda ks: decision_out(ks.authorize_tool_call(body.name, body.arguments,
-                                                                        principal=PRINCIPAL)))
-
-    def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
-                   reason: str = "tool_call") -> RefsEvictedOut:
-
-        body = _validate(EvictRefsIn, {"refs": list(refs), "drop_generated": drop_generated, "reason": reason})
-
-        def run(ks: KernelSession) -> RefsEvictedOut:
-            r = ks.evict_refs(body.refs, drop_generated=body.drop_generated, reason=body.reason)
-            return RefsEvictedOut(segment_ids=r.segment_ids, exactness=r.exactness, fingerprint=r.fingerprint,
-                                  audit_indexes=r.audit_indexes)
-
-        return self._run(run)
-
-    def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (), budget_tokens: int | None = None,
-                    *, model_id: str | None = None, tokenizer_id: str | None = None) -> MaterialiseOut:
-        body = working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)
-
-        def run(ks: KernelSession) -> MaterialiseOut:
-            r = ks.materialise(body)
-            return MaterialiseOut(pieces=[PieceOut(**p.as_dict()) for p in r.pieces], evicted=r.evicted,
-                                  segments=[SegmentOut(**x) for x in r.ledger], context_tokens=r.context_tokens,
-                                  fingerprint=r.fingerprint, audit_index=r.audit_index)
-
-        return self._run(run)
-
-    @staticmethod
-    def _params(max_tokens: int, min_tokens: int, temperature: float, top_p: float,
-                seed: int | None) -> dict[str, Any]:
-
-        b = _validate(GenerateIn, {"max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature,
-                                   "top_p": top_p, "seed": seed})
-        return {"max_tokens": b.max_tokens, "min_tokens": min(b.min_tokens, b.max_tokens),
-                "temperature": b.temperature, "top_p": b.top_p, "seed": b.seed}
-
-    def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
-        params = self._params(max_tokens, min_tokens, temperature, top_p, seed)
-
-        def run(ks: KernelSession) -> GenerateOut:
-            ids = list(ks.generate(**params))
-            tok = ks.kernel.tokenizer
-            text = tok.decode_turn(ids)
-            last = ks.ledger()[-1] if ids else None
-            return GenerateOut(text=text, tokens=ids, segment=SegmentOut(**last) if last else None,
-                               fingerprint=ks.fingerprint())
-
-        return self._run(run)
-
-    def stream(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
-               top_p: float = 1.0, seed: int | None = None) -> TextStream:
-        """The same events the server streams, decoded the same way (``TextDecoder``).
-        The session stays locked until the stream ends or is closed (closing rolls back)."""
-        from fak.api.routes.sessions import TextDecoder
-
-        params = self._params(max_tokens, min_tokens, temperature, top_p, seed)
-        ks = self._run(lambda ks: ks)
-        with _errors():
-            tokens = ks.generate(**params)
-            first = next(tokens, None)  # errors (busy, bad parameters) before any piece, as the server does
-
-        def events() -> Iterator[tuple[str, dict[str, Any]]]:
-            decoder = TextDecoder(ks.kernel.tokenizer)
-            token = first
-            with _errors():
-                while token is not None:
-                    yield "message", {"token": token, "text": decoder.push(token)}
-                    token = next(tokens, None)
-                yield "done", {"segment": ks.ledger()[-1], "fingerprint": ks.fingerprint()}
-
-        gen = events()
-
-        def close() -> None:
-            gen.close()
-            tokens.close()  # before exhaustion: the kernel rolls the partial turn back
-
-        return TextStream(gen, close)
-
-    def chat(self, text: str, **sampling: Any) -> str:
-        self.append("user", text)
-        return self.generate(**sampling).text
+            return ops.session(self.client.kernel, self.client.caller, self.id, Right.READ)
 
 
-class LocalClient:
+class LocalClient(BlockingAPI):
     """The ``Client`` interface over a ``Kernel`` in this process (see ``local()``)."""
 
-    def __init__(self, kernel: Kernel, tenant: str = "local", *, owns_kernel: bool = False) -> None:
+    session_class = LocalSession
+
+    def __init__(self, kernel: Kernel, tenant: str = "local", *, rights: Collection[Right | str] | None = None,
+                 principal: str = PRINCIPAL, owns_kernel: bool = False) -> None:
         from fak.types import check_tenant
 
         with _errors():
             self.tenant = check_tenant(tenant)
+        self.caller = Caller(self.tenant, principal, frozenset(Right) if rights is None
+                             else frozenset(Right(r) for r in rights))
         self.kernel = kernel
         self._owns = owns_kernel
 
@@ -271,137 +153,53 @@ class LocalClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def health(self) -> dict:
-        return {"status": "ok"}
-
-    def create_session(self, id: str | None = None) -> LocalSession:  # noqa: A002
-
-        body = _validate(SessionCreate, {"id": id})
+    def call(self, call: Call[T]) -> T:
         with _errors():
-            ks = self.kernel.create_session(self.tenant, body.id)
-        return LocalSession(self, ks.id)
+            out = OPS[call.op](self.kernel, self.caller, call.args, call.json, call.params or {})
+            if isinstance(out, httpx.Response):
+                return call.parse(out)
+            return call.parse(out.model_dump(mode="json") if isinstance(out, BaseModel) else out)
 
-    def session(self, id: str) -> LocalSession:  # noqa: A002
-        return LocalSession(self, id)
-
-    def get_session(self, id: str) -> SessionOut:  # noqa: A002
-        return LocalSession(self, id).info()
-
-    def sessions(self) -> list[str]:
+    def stream_text(self, call: Call[Any]) -> TextStream:
+        """The events the server streams, from the same ``Turn``; the session stays locked until
+        the stream ends or is closed (closing early rolls the turn back)."""
         with _errors():
-            return self.kernel.sessions(self.tenant)
+            turn = ops.open_turn(self.kernel, self.caller, call.args["sid"], GenerateIn.model_validate(call.json))
 
-    def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
+        def events() -> Iterator[tuple[str, dict[str, Any]]]:
+            with _errors():
+                while (event := turn.next_event()) is not None:
+                    yield event
 
-        body = _validate(ForgetIn, {"ref": ref, "reason": reason})
+        gen = events()
+
+        def close() -> None:
+            gen.close()
+            turn.close()
+
+        return TextStream(gen, close)
+
+    def export_chunks(self) -> Iterator[bytes]:
+        """The bytes ``GET /v1/audit/export`` streams."""
         with _errors():
-            return self.kernel.forget(self.tenant, body.ref, requested_by=PRINCIPAL, reason=body.reason)
-
-    def forget_status(self, request_id: str) -> ForgetStatus:
-
-        with _errors():
-            st = self.kernel.forget_status(self.tenant, request_id)
-        return ForgetStatus(request_id=st.request_id, ref=st.ref, state=st.state, receipt=st.receipt)
-
-    def quarantine(self, ref: str, reason: str) -> QuarantineOut:
-
-        body = _validate(QuarantineIn, {"ref": ref, "reason": reason})
-        with _errors():
-            r = self.kernel.quarantine(self.tenant, body.ref, reason=body.reason, principal=PRINCIPAL)
-        return QuarantineOut(ref=r.ref, units=r.units, mode=r.mode, audit_index=r.audit_index, pending=r.pending)
-
-    # refs
-    def ref_content(self, ref: str) -> bytes:
-        with _errors():
-            return self.kernel.store.get(_digest(ref), self.tenant)
-
-    def ref_head(self, ref: str) -> RefInfo:
-        from fak.errors import NotFound
-
-        with _errors():
-            head = self.kernel.store.head(_digest(ref), self.tenant)
-            if head is None:
-                raise NotFound(f"no ref {ref}")
-            if head.state != "live":
-                from fak.cas.errors import Forgotten
-
-                raise Forgotten(f"ref {ref} was forgotten: its key and ciphertext were destroyed")
-        return RefInfo(ref=head.digest, size=head.size, media_type=head.media_type, taint=head.taint)
-
-    # audit: the API's own route functions, called with this tenant as an admin principal
-    def _audit(self, name: str, **kw: Any) -> Any:
-        from fak.api.keys import Principal, Role
-        from fak.api.routes import audit
-
-        with _errors():
-            return getattr(audit, name)(**kw, who=Principal(PRINCIPAL, self.tenant, Role.ADMIN), k=self.kernel)
-
-    def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
-        return self._audit("entries", start=_bounded(start, "start"), limit=_bounded(limit, "limit", 1, 1000))
-
-    def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[EntryOut]:
-        cursor: int | None = start
-        while cursor is not None:
-            out = self.audit_entries(cursor, page)
-            yield from out.entries
-            cursor = out.next_start
-
-    def audit_checkpoint(self) -> CheckpointOut:
-        return self._audit("checkpoint")
-
-    def audit_inclusion(self, index: int) -> InclusionOut:
-        return self._audit("inclusion", index=_bounded(index, "index"), format="json")
-
-    def audit_inclusion_tlog(self, index: int) -> str:
-        return self._audit("inclusion", index=_bounded(index, "index"), format="tlog").body.decode()
-
-    def audit_consistency(self, first: int, second: int | None = None) -> dict:
-        return self._audit("consistency", first=_bounded(first, "first"),
-                           second=None if second is None else _bounded(second, "second"))
-
-    def _export_chunks(self) -> Iterator[bytes]:
-        """The bytes ``GET /v1/audit/export`` streams (the route's own line writer)."""
-        from fak.api.routes import audit
-
-        with _errors():
-            yield from audit.export_lines(self.kernel, self.tenant)
-
-    def iter_audit_export(self) -> Iterator[dict]:
-        import json
-
-        for chunk in self._export_chunks():
-            for line in chunk.splitlines():
-                if line:
-                    yield json.loads(line)
-
-    def audit_export(self, dest: str | os.PathLike[str] | IO[bytes]) -> int:
-        from fak.sdk.client import _sink
-
-        n = 0
-        with _sink(dest) as out:
-            for chunk in self._export_chunks():
-                out.write(chunk)
-                n += len(chunk)
-        return n
-
-    def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
-        body = receipt.model_dump(mode="json") if isinstance(receipt, ForgetReceipt) else receipt
-        return self._audit("verify_receipt", receipt=body)
+            yield from ops.audit_export(self.kernel, self.caller)
 
 
 def local(settings: Settings | None = None, *, kernel: Kernel | None = None, tenant: str = "local",
-          model: Any = None) -> LocalClient:
+          model: Any = None, rights: Collection[Right | str] | None = None) -> LocalClient:
     """The SDK over an in-process Kernel: ``kernel`` if given (left open on ``close``),
-    else ``Kernel.open(settings or Settings.load(), model=model)`` (closed on ``close``)."""
+    else ``Kernel.open(settings or Settings.load(), model=model)`` (closed on ``close``).
+    ``rights`` (default: all) limits what the client may do in ``tenant``: ``read``,
+    ``agent``, ``audit``, ``admin`` (``fak.kernel.operations.Right``)."""
     if kernel is not None:
-        return LocalClient(kernel, tenant)
+        return LocalClient(kernel, tenant, rights=rights)
     from fak.kernel.facade import Kernel
     from fak.settings import Settings
 
     with _errors():
         k = Kernel.open(settings or Settings.load(), model=model, progress=None)
     try:
-        return LocalClient(k, tenant, owns_kernel=True)
+        return LocalClient(k, tenant, rights=rights, owns_kernel=True)
     except BaseException:
         k.close()
         raise

@@ -105,12 +105,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from fak.api.deps import AGENT, READER, check_context, kernel
+from fak.api.deps import AGENT, READER, kernel
 from fak.api.keys import Principal
-from fak.api.routes.sessions import Stepper, TextDecoder
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES, KernelSession
 from fak.kernel.facade import Kernel
+from fak.kernel.operations import Stepper, TextDecoder, check_context
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -1,0 +1,386 @@
+"""The operations of the REST API and of ``fak.sdk.local()``, written once: a validated wire
+model in (``fak.wire``), a kernel call, a wire model out. The routes (``fak.api.routes``) are
+thin FastAPI adapters over these functions (authentication, status codes, HTTP framing) and
+the in-process client calls them directly; this module never imports ``fak.api``.
+
+Every operation takes a ``Caller``: the tenant it acts for, the name the audit log records
+and the rights it holds. An operation checks its right itself, so the in-process client,
+which has no API key, acts with the rights it was given and nothing more; the API maps a
+key's role to rights (``fak.api.deps.caller``) after its own logged role check.
+See docs/architecture.md ("Layers", "Data flow")."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal
+
+from fak import wire as w
+from fak.audit.receipt import verify_receipt as check_receipt
+from fak.audit.signer_state import SignerRefused
+from fak.audit.tenant_export import tenant_export_lines
+from fak.cas.digest import parse_digest
+from fak.cas.errors import Forgotten
+from fak.errors import Forbidden, InvalidInput, NotFound
+from fak.kernel.agent_session import ContextFull
+from fak.policy import GateContext, VerdictKind, gate
+
+if TYPE_CHECKING:
+    from fak.audit.receipt import ForgetReceipt
+    from fak.cas.models import Ref
+    from fak.kernel.agent_session import Admission, KernelSession
+    from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.facade import Kernel
+
+MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
+MAX_LIMIT = 1000  # audit entries in one page
+
+
+class Right(StrEnum):
+    """What a caller may do within its tenant."""
+
+    READ = "read"  # list and read sessions, ref metadata, check a receipt
+    AGENT = "agent"  # sessions, tool results, generation, quarantine, ref bytes
+    AUDIT = "audit"  # the tenant's audit rows, proofs, export, forget status
+    ADMIN = "admin"  # forget
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the tenant acted for, the principal the audit log names, the rights held."""
+
+    tenant: str
+    principal: str
+    rights: frozenset[Right] = field(default_factory=lambda: frozenset(Right))
+
+    def require(self, right: Right) -> None:
+        if right not in self.rights:
+            raise Forbidden(f"{self.principal} may not do this (needs the {right.value} right)")
+
+
+# --- sessions ---------------------------------------------------------------------
+def check_context(k: Kernel, texts: list[str], what: str) -> None:
+    """Refuse, before anything is stored or prefilled, texts whose own tokens already pass
+    the context (``409 context_full``). The kernel checks the exact length after its
+    prefill; without this a 1 MiB message would be prefilled in full (minutes of CPU)
+    only to be refused. A text of n UTF-8 bytes has at most n tokens, so short texts are
+    not tokenised here."""
+    limit = k.context_limit
+    if sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
+        return
+    tokens = sum(len(k.tokenizer.encode(t)) for t in texts)
+    if tokens > limit:
+        raise ContextFull(f"{what} is {tokens} tokens long; the context holds {limit}")
+
+
+def session(k: Kernel, c: Caller, sid: str, right: Right = Right.AGENT) -> KernelSession:
+    c.require(right)
+    return k.session(c.tenant, sid)  # another tenant's id: NotFound, as an unknown one
+
+
+def session_out(ks: KernelSession) -> w.SessionOut:
+    return w.SessionOut(id=ks.id, tokens=ks.tokens, fingerprint=ks.fingerprint(),
+                        segments=[w.SegmentOut(**x) for x in ks.ledger()])
+
+
+def create_session(k: Kernel, c: Caller, body: w.SessionCreate | None) -> w.SessionOut:
+    c.require(Right.AGENT)
+    return session_out(k.create_session(c.tenant, body.id if body else None))
+
+
+def list_sessions(k: Kernel, c: Caller) -> w.SessionList:
+    c.require(Right.READ)
+    return w.SessionList(sessions=k.sessions(c.tenant))
+
+
+def get_session(k: Kernel, c: Caller, sid: str) -> w.SessionOut:
+    return session_out(session(k, c, sid, Right.READ))
+
+
+def append(k: Kernel, c: Caller, sid: str, body: w.MessageIn) -> w.SegmentOut:
+    ks = session(k, c, sid)
+    check_context(k, [body.content], "this message")
+    return w.SegmentOut(**ks.append(body.role, body.content).summary())
+
+
+def admit(k: Kernel, c: Caller, sid: str, body: w.ToolResultIn) -> w.AdmissionOut:
+    c.require(Right.AGENT)
+    try:
+        data = body.data()
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    ks = session(k, c, sid)
+    if len(data) > k.context_limit:  # a result that would enter attention must fit the context (a preview
+        # of the gate's verdict: one it keeps out, QUARANTINE or DENY, is still judged and logged by admit)
+        v = gate(k.policy, body.tool, data, GateContext(media_type=body.media_type, source=body.source))
+        if v.kind in (VerdictKind.ALLOW, VerdictKind.REDACT):
+            entering = v.redacted_bytes if v.kind is VerdictKind.REDACT and v.redacted_bytes is not None else data
+            check_context(k, [entering.decode("utf-8", "replace")], "this tool result")
+    return admission_out(ks.admit(body.tool, data, media_type=body.media_type, tags=body.tags, source=body.source))
+
+
+def admission_out(a: Admission) -> w.AdmissionOut:
+    return w.AdmissionOut(verdict=a.verdict.kind.value, enforced=a.verdict.enforced, rule_id=a.verdict.rule_id,
+                          policy_digest=a.verdict.policy_digest, ref=a.ref, admitted_ref=a.admitted_ref,
+                          admitted=a.admitted, segment=w.SegmentOut(**a.segment.summary()), audit_index=a.audit_index)
+
+
+def evict(k: Kernel, c: Caller, sid: str, body: w.EvictIn) -> w.EvictionOut:
+    r = session(k, c, sid).evict(body.segment_id, body.mode, reason=body.reason)
+    return w.EvictionOut(segment_id=r.segment_id, ref=r.ref, mode=r.mode.value, exactness=r.exactness,
+                         rows_removed=r.rows_removed, rows_replayed=r.rows_replayed, seconds=r.seconds,
+                         fingerprint=r.fingerprint)
+
+
+def authorize_tool_call(k: Kernel, c: Caller, sid: str, body: w.ToolCallIn) -> w.ToolCallDecisionOut:
+    return decision_out(session(k, c, sid).authorize_tool_call(body.name, body.arguments, principal=c.principal))
+
+
+def decision_out(d: ToolCallDecision) -> w.ToolCallDecisionOut:
+    return w.ToolCallDecisionOut(tool=d.tool, verdict=d.verdict, rule_id=d.rule_id, offending=list(d.offending),
+                                 attention_refs=d.attention_refs, policy_digest=d.policy_digest, enforced=d.enforced,
+                                 would_be=d.would_be, audited=list(d.audited), audit_index=d.audit_index)
+
+
+def evict_refs(k: Kernel, c: Caller, sid: str, body: w.EvictRefsIn) -> w.RefsEvictedOut:
+    r = session(k, c, sid).evict_refs(body.refs, drop_generated=body.drop_generated, reason=body.reason)
+    return w.RefsEvictedOut(segment_ids=r.segment_ids, exactness=r.exactness, fingerprint=r.fingerprint,
+                            audit_indexes=r.audit_indexes)
+
+
+def materialise(k: Kernel, c: Caller, sid: str, body: dict[str, Any]) -> w.MaterialiseOut:
+    """``body`` is a working set as JSON; the kernel parses it (``kernel/materialise.py``)."""
+    r = session(k, c, sid).materialise(body)
+    return w.MaterialiseOut(pieces=[w.PieceOut(**p.as_dict()) for p in r.pieces], evicted=r.evicted,
+                            segments=[w.SegmentOut(**x) for x in r.ledger], context_tokens=r.context_tokens,
+                            fingerprint=r.fingerprint, audit_index=r.audit_index)
+
+
+# --- generation -------------------------------------------------------------------
+def sampling(body: w.GenerateIn) -> dict[str, Any]:
+    return {"max_tokens": body.max_tokens, "min_tokens": min(body.min_tokens, body.max_tokens),
+            "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+
+
+def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOut:
+    ks = session(k, c, sid)
+    ids = list(ks.generate(**sampling(body)))
+    last = ks.ledger()[-1] if ids else None
+    return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids, segment=w.SegmentOut(**last) if last else None,
+                         fingerprint=ks.fingerprint())
+
+
+class Stepper:
+    """A token iterator driven from worker threads one step at a time; ``close`` waits
+    for a running step, then closes it (the session rolls the partial turn back)."""
+
+    def __init__(self, tokens: Iterator[int]) -> None:
+        self._it = tokens
+        self._lock = threading.Lock()
+        self.done = False
+
+    def step(self) -> int | None:
+        with self._lock:
+            if self.done:
+                return None
+            try:
+                return next(self._it)
+            except StopIteration:
+                self.done = True
+                return None
+
+    def close(self) -> None:
+        with self._lock:
+            self.done = True
+            self._it.close()  # type: ignore[attr-defined]
+
+
+class TextDecoder:
+    """Incremental detokenisation that holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        if token in self.tok.stop_token_ids:
+            return ""
+        self.ids.append(token)
+        text = self.tok.decode(self.ids, skip_special=True)
+        if text.endswith("\ufffd") or len(text) <= len(self.emitted):
+            return ""
+        piece, self.emitted = text[len(self.emitted):], text
+        return piece
+
+
+class Turn:
+    """A streamed generation as events: ``("message", {"token", "text"})`` per token, then
+    ``("done", {"segment", "fingerprint"})``. The first token is taken when the turn is
+    opened, so a busy session or bad parameters fail before any event; ``close`` before
+    the end gives the turn up (the session rolls it back)."""
+
+    def __init__(self, k: Kernel, ks: KernelSession, body: w.GenerateIn) -> None:
+        self._ks = ks
+        self._stepper = Stepper(ks.generate(**sampling(body)))
+        self._decoder = TextDecoder(k.tokenizer)
+        self._pending: int | None = self._stepper.step()
+        self._first = True
+        self._ended = False
+
+    @property
+    def finished(self) -> bool:
+        """The model stopped (nothing to roll back on ``close``)."""
+        return self._stepper.done
+
+    def next_event(self) -> tuple[str, dict[str, Any]] | None:
+        if self._ended:
+            return None
+        token = self._pending if self._first else self._stepper.step()
+        self._first = False
+        if token is not None:
+            return "message", {"token": token, "text": self._decoder.push(token)}
+        self._ended = True
+        return "done", {"segment": self._ks.ledger()[-1], "fingerprint": self._ks.fingerprint()}
+
+    def close(self) -> None:
+        self._stepper.close()
+
+
+def open_turn(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> Turn:
+    return Turn(k, session(k, c, sid), body)
+
+
+# --- forget and quarantine ----------------------------------------------------------
+def forget(k: Kernel, c: Caller, body: w.ForgetIn) -> ForgetReceipt:
+    c.require(Right.ADMIN)
+    return k.forget(c.tenant, body.ref, requested_by=c.principal, reason=body.reason)
+
+
+def forget_status(k: Kernel, c: Caller, request_id: str) -> dict[str, Any]:
+    """``GET /v1/forget/{request_id}``: the receipt with its state once complete, else the state."""
+    c.require(Right.AUDIT)
+    st = k.forget_status(c.tenant, request_id)
+    if st.receipt is None:
+        return {"request_id": st.request_id, "ref": st.ref, "state": st.state}
+    return st.receipt.model_dump(mode="json") | {"state": st.state, "replay": st.receipt.replay}
+
+
+def quarantine(k: Kernel, c: Caller, body: w.QuarantineIn) -> w.QuarantineOut:
+    c.require(Right.AGENT)
+    r = k.quarantine(c.tenant, body.ref, reason=body.reason, principal=c.principal)
+    return w.QuarantineOut(ref=r.ref, units=r.unit_dicts(), mode=r.mode, audit_index=r.audit_index, pending=r.pending)
+
+
+# --- refs ---------------------------------------------------------------------------
+def find_ref(k: Kernel, c: Caller, digest: str) -> Ref:
+    """The tenant's live ref: ``invalid_digest`` before any lookup, ``NotFound`` for a digest
+    the tenant never held (or only another holds), ``Forgotten`` for one it forgot."""
+    c.require(Right.READ)
+    parse_digest(digest)
+    ref = k.store.head(digest, c.tenant)
+    if ref is None:
+        raise NotFound(f"no ref {digest}")
+    if ref.state != "live":
+        raise Forgotten(f"ref {digest} was forgotten: its key and ciphertext were destroyed")
+    return ref
+
+
+def ref_content(k: Kernel, c: Caller, ref: Ref) -> bytes:
+    """The verified bytes (``NotFound``/``Forgotten`` if a forget won the race)."""
+    c.require(Right.AGENT)
+    return k.store.get(ref.digest, c.tenant)
+
+
+def ref_headers(ref: Ref) -> dict[str, str]:
+    """How a ref's bytes are served: untrusted tool output, never sniffed, sandboxed."""
+    return {
+        "Content-Type": ref.media_type,  # as stored: no charset is claimed for the bytes
+        "ETag": f'"{ref.digest}"',
+        "Cache-Control": "private, max-age=31536000, immutable",  # content-addressed: never changes
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox",
+        "Content-Disposition": "attachment",
+        "X-Fak-Taint": ref.taint,
+    }
+
+
+# --- audit --------------------------------------------------------------------------
+@contextmanager
+def verified(k: Kernel) -> Iterator[None]:
+    """Refuse (AuditUnverified, 409) while the signer is in alarm, including an alarm that the
+    signature asked for inside the block raises (a rewrite found out just now)."""
+    k.audit.require_verified()
+    try:
+        yield
+    except SignerRefused:
+        k.audit.require_verified()
+        raise
+
+
+def audit_entries(k: Kernel, c: Caller, start: int, limit: int) -> w.EntriesOut:
+    c.require(Right.AUDIT)
+    with verified(k):
+        it = k.audit.entries(c.tenant, start, None)
+        try:
+            rows = list(itertools.islice(it, limit + 1))
+        finally:
+            it.close()  # type: ignore[attr-defined] - releases the read connection
+    more = len(rows) > limit
+    rows = rows[:limit]
+    entries = [w.EntryOut(index=e.index, type=e.event.type, event=e.body.decode(), leaf_hash=e.leaf_hash.hex())
+               for e in rows]
+    return w.EntriesOut(entries=entries, next_start=rows[-1].index + 1 if more else None)
+
+
+def audit_checkpoint(k: Kernel, c: Caller) -> w.CheckpointOut:
+    c.require(Right.AUDIT)
+    with verified(k):
+        cp = k.audit.checkpoint()
+        return w.CheckpointOut(origin=cp.origin, size=cp.size, root_hash=cp.root.hex(), checkpoint=cp.note,
+                               public_key=k.audit.public_key())
+
+
+def audit_inclusion(k: Kernel, c: Caller, index: int, fmt: Literal["json", "tlog"] = "json") -> w.InclusionOut | str:
+    """The proof of the caller's entry ``index``; the C2SP tlog-proof text for ``fmt="tlog"``.
+    Another tenant's index answers as an index past the end."""
+    c.require(Right.AUDIT)
+    with verified(k):
+        found = list(k.audit.entries(c.tenant, index, index + 1)) if index < k.audit.size() else []
+        if not found:
+            raise NotFound(f"no audit entry at index {index}")
+        proof = k.audit.inclusion_proof(index)
+    if fmt == "tlog":
+        return proof.to_tlog_proof()
+    return w.InclusionOut(index=index, leaf_hash=found[0].leaf_hash.hex(), proof=proof.to_json())
+
+
+def audit_consistency(k: Kernel, c: Caller, first: int, second: int | None) -> dict[str, Any]:
+    c.require(Right.AUDIT)
+    with verified(k):
+        size = k.audit.size()
+        second = size if second is None else second
+        if not first <= second <= size:
+            raise InvalidInput(f"need 0 <= first <= second <= {size} (the log size), got first={first}, "
+                               f"second={second}")
+        return k.audit.consistency_proof(first, second).to_json()
+
+
+def audit_export(k: Kernel, c: Caller) -> Iterator[bytes]:
+    """The export's lines (``fak.audit.tenant_export``): the checkpoint and the statement of
+    the tenant's count are signed now, before the first byte is sent (an error here is an
+    error response, not a cut stream); the entries follow lazily."""
+    c.require(Right.AUDIT)
+    with verified(k):
+        return tenant_export_lines(k.audit, c.tenant)
+
+
+def verify_receipt(k: Kernel, c: Caller, receipt: dict[str, Any]) -> w.ReceiptCheckOut:
+    """Check a forget receipt with this log's key: ``ok`` false says why, it is not an error."""
+    c.require(Right.READ)
+    result = check_receipt(receipt, k.audit.public_key())
+    return w.ReceiptCheckOut(ok=result.ok, reason=result.reason)
