@@ -16,8 +16,9 @@ from fak.policy.gate import gate, source_host, tool_settings
 from fak.policy.holder import PolicyHolder
 from fak.policy.normalize import normalize
 from fak.policy.policy import Policy, load_policy, load_policy_text
-from fak.policy.schema import PolicyDocument, Spec, VerdictKind
+from fak.policy.schema import PolicyDocument, Spec
 from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
+from fak.types import VerdictKind
 
 __all__ = [
     "Audited", "Exempted", "GateContext", "Located", "Match", "Policy", "PolicyDocument", "PolicyError",

@@ -33,9 +33,11 @@ import os
 import re
 import threading
 from bisect import bisect_left
-from re import _constants as C  # type: ignore[attr-defined]
-from re import _parser as sre_parse  # type: ignore[attr-defined]
-from typing import NamedTuple
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+from re import _constants as C  # type: ignore[attr-defined]  # typeshed has no stubs for re's private modules
+from re import _parser as sre_parse  # type: ignore[attr-defined]  # (the same)
+from typing import Any, NamedTuple
 
 from fak.policy import normalize, reference, signatures
 from fak.policy.detectors import Finding
@@ -48,7 +50,8 @@ try:
         raise ImportError("disabled by FAK_NO_HYPERSCAN=1")
     import hyperscan
 except ImportError:  # pragma: no cover - depends on the platform
-    hyperscan = None
+    # the optional module is None where it is missing (or switched off): available() says which
+    hyperscan = None  # type: ignore[assignment]
 
 # Repeats bounded above this become unbounded (still a superset). Below 15 on purpose: the
 # Hyperscan of python-hyperscan 0.9.1 misses ``a[x ]{0,15}e?bcd`` in ``qqqqqqqqqqqqqqqqaebcd``
@@ -73,8 +76,12 @@ _CATEGORY = {C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY_SP
 def _byte(c: int) -> bytes:
     return b"\\x%02x" % c
 
+# a parsed regex (``re._parser``'s SubPattern, or a class's items): (opcode, argument) pairs,
+# each argument's type fixed by its opcode (an int, a list of pairs, a nested SubPattern, ...)
+Parsed = Iterable[tuple[int, Any]]
 
-def _char_class(items: list) -> tuple[bytes, bool]:
+
+def _char_class(items: Parsed) -> tuple[bytes, bool]:
     """A class as a byte class: the ASCII bytes it matches, and every byte of a non-ASCII
     character (``\\x80-\\xff``) when it may match one (then True: one character may be up
     to four such bytes)."""
@@ -108,7 +115,7 @@ def _char_class(items: list) -> tuple[bytes, bool]:
 _SINGLE = (C.NOT_LITERAL, C.ANY, C.IN)
 
 
-def _single(op, av, dotall: bool) -> tuple[bytes, bool]:
+def _single(op: int, av: Any, dotall: bool) -> tuple[bytes, bool]:
     """One character of class kind as (byte class, may be non-ASCII)."""
     if op is C.NOT_LITERAL:
         return _char_class([(C.NEGATE, None), (C.LITERAL, av)])
@@ -122,7 +129,7 @@ def _bound(lo: int, hi: int) -> bytes:
     return b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
 
 
-def _emit(tree, dotall: bool) -> bytes:
+def _emit(tree: Parsed, dotall: bool) -> bytes:
     out: list[bytes] = []
     for op, av in tree:
         if op is C.LITERAL:
@@ -159,7 +166,7 @@ def superset(rx: re.Pattern[str]) -> bytes:
     return _emit(sre_parse.parse(rx.pattern, rx.flags), bool(rx.flags & re.DOTALL))
 
 
-def _lines(tree) -> int:
+def _lines(tree: Parsed) -> int:
     """How many line breaks a match of ``tree`` can hold (``WIDTH_CAP`` for unbounded)."""
     total = 0
     for op, av in tree:
@@ -191,7 +198,8 @@ def lines(rx: re.Pattern[str]) -> int:
 
 def width(rx: re.Pattern[str]) -> int:
     """The longest match of ``rx`` in characters (at most ``WIDTH_CAP``)."""
-    return min(WIDTH_CAP, sre_parse.parse(rx.pattern, rx.flags).getwidth()[1])
+    longest: int = sre_parse.parse(rx.pattern, rx.flags).getwidth()[1]
+    return min(WIDTH_CAP, longest)
 
 
 # ---------------------------------------------------------------- the native database
@@ -227,18 +235,19 @@ class _Native:
         self.db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns), flags=flags)
         self._local = threading.local()
 
-    def hits(self, data: bytes) -> dict[int, list] | None:
-        """Pattern id → match ends ((start, end) for the encoded-run triggers); None after
-        ``MAX_HITS`` hits (scan everything instead)."""
+    def hits(self, data: bytes) -> dict[int, list[tuple[int, int]]] | None:
+        """Pattern id → (start, end) of its matches, in scan order (the start is reported for
+        the encoded-run triggers only, 0 for the others); None after ``MAX_HITS`` hits (scan
+        everything instead)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = hyperscan.Scratch(self.db)
-        out: dict[int, list[int]] = {}
+        out: dict[int, list[tuple[int, int]]] = {}
         total = [0]
         som = {self.count + i for i in _PAYLOAD_TRIGGERS}
 
         def on_match(pid: int, start: int, to: int, _flags: int, _ctx: object) -> bool:
-            out.setdefault(pid, []).append((start, to) if pid in som else to)
+            out.setdefault(pid, []).append((start if pid in som else 0, to))
             total[0] += 1
             return total[0] >= MAX_HITS
 
@@ -324,69 +333,80 @@ def regions(data: bytes) -> list[Region] | None:
     wide = not data.isascii()
     points: list[tuple[int, int, str | None]] = []  # (first byte, last byte, signature id or None for a trigger)
     run_starts: tuple[list[int], list[int]] = ([], [])  # where base64 and hex runs may begin
-    for pid, ends in hits.items():
+    for pid, spans in hits.items():
         if pid < db.count:
             back = db.widths[pid] * (4 if wide else 1) + 2
-            sid = db.ids[pid]
-            points.extend((max(0, e - back), e, sid) for e in ends)
+            name = db.ids[pid]
+            points.extend((max(0, e - back), e, name) for _, e in spans)
         elif pid - db.count == _NON_ASCII_TRIGGER:  # folding changes only non-ASCII runs: those it changes
-            for e in ends:
+            for _, e in spans:
                 m = _NON_ASCII.match(data, e - 1)
+                assert m is not None  # the trigger matched the non-ASCII byte at e - 1
                 if _changes(m.group()):
                     points.append((m.start(), m.end() - 1, None))
         elif pid - db.count in _PAYLOAD_TRIGGERS:  # a run decoded into a text of its own: its line is enough
             kind = pid - db.count - min(_PAYLOAD_TRIGGERS)
-            for s, e in ends:
+            for s, e in spans:
                 points.append((e - 1, e - 1, ""))
                 run_starts[kind].extend((s, s + 1))  # the match may begin with the byte before the run
         else:
-            points.extend((e - 1, e - 1, None) for e in ends)
+            points.extend((e - 1, e - 1, None) for _, e in spans)
     if not points:
         return []
     points.sort(key=lambda p: p[0])
     k = db.margin
-    out: list[list] = []  # [start, end, signature ids or None, holds an encoded run]
+    out: list[_Open] = []
     line_done = -1  # end of the last line a trigger's margin was taken from
     for lo, hi, sid in points:
         if sid is None:
             if lo < line_done:
-                if out[-1][2] is not None:
-                    out[-1][2] = None
+                if out[-1].only is not None:
+                    out[-1].only = None
                 continue
             start, end = _line_start(data, lo, k), _line_end(data, hi, k)
             line_done = _line_end(data, hi)
         else:
-            if out and hi < out[-1][1] and out[-1][2] is not None:  # inside the last region already
+            if out and hi < out[-1].end and (inside := out[-1].only) is not None:  # inside the last region already
                 if sid:
-                    out[-1][2].setdefault(sid, []).append((lo, hi + 2))
-                out[-1][3] |= not sid
+                    inside.setdefault(sid, []).append((lo, hi + 2))
+                out[-1].runs |= not sid
                 continue
             start, end = _line_start(data, lo), _line_end(data, hi)
         # overlapping regions merge; near ones too when neither needs every signature
-        if out and (start < out[-1][1] or (start < out[-1][1] + MERGE_GAP and sid is not None and out[-1][2] is not None)):
+        if out and (start < out[-1].end or (start < out[-1].end + MERGE_GAP and sid is not None and out[-1].only is not None)):
             last = out[-1]
-            last[1] = max(last[1], end)
-            last[3] |= not sid
+            last.end = max(last.end, end)
+            last.runs |= not sid
             if sid is None:
-                last[2] = None
-            elif sid and last[2] is not None:
-                last[2].setdefault(sid, []).append((lo, hi + 2))
+                last.only = None
+            elif sid and last.only is not None:
+                last.only.setdefault(sid, []).append((lo, hi + 2))
         else:
-            out.append([start, end, None if sid is None else {sid: [(lo, hi + 2)]} if sid else {}, not sid])
-    regions = [Region(lo, hi, None if only is None else {sid: _merged(r) for sid, r in only.items()}, runs)
-               for lo, hi, only, runs in out]
+            out.append(_Open(start, end, None if sid is None else {sid: [(lo, hi + 2)]} if sid else {}, not sid))
+    regions = [Region(o.start, o.end, None if o.only is None else {sid: _merged(r) for sid, r in o.only.items()}, o.runs)
+               for o in out]
     return _with_starts(regions, run_starts)
+
+
+@dataclass
+class _Open:
+    """A region being built: bytes ``start``-``end`` of the input, the byte ranges of the
+    signatures to run there (None: all), whether it holds an encoded run."""
+
+    start: int
+    end: int
+    only: dict[str, list[tuple[int, int]]] | None
+    runs: bool
 
 
 def _with_starts(regions: list[Region], run_starts: tuple[list[int], list[int]]) -> list[Region]:
     """Each region with the run starts inside it, relative to its start."""
     b64, hexes = sorted(run_starts[0]), sorted(run_starts[1])
-    out = []
-    for r in regions:
-        rel = tuple([p - r.start for p in found[bisect_left(found, r.start) : bisect_left(found, r.end)]]
-                    for found in (b64, hexes))
-        out.append(r._replace(starts=rel))
-    return out
+
+    def inside(found: list[int], r: Region) -> list[int]:
+        return [p - r.start for p in found[bisect_left(found, r.start) : bisect_left(found, r.end)]]
+
+    return [r._replace(starts=(inside(b64, r), inside(hexes, r))) for r in regions]
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -445,10 +465,10 @@ def _clean(data: bytes) -> bool:
     return native().hits(data) == {}
 
 
-def findings(data: bytes, detectors: set[str], max_depth: int = 2, max_decoded: int = 65536
+def findings(data: bytes, detectors: Set[str], max_depth: int = 2, max_decoded: int = 65536
              ) -> dict[str, list[Finding]]:
     """``reference.findings`` of ``data``, computed on the regions only."""
-    if hyperscan is None:
+    if not available():
         return reference.findings(data, detectors, max_depth, max_decoded)
     found = regions(data)
     if found is None:

@@ -5,43 +5,54 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Literal, TextIO
+
+from fak.errors import FakError
+from fak.policy.egress import JudgeEgress
+from fak.policy.errors import PolicyError
+from fak.policy.gate import gate
+from fak.policy.policy import Policy, load_policy
+from fak.policy.verdict import GateContext, Verdict
 
 NOT_ALLOWED = 3  # `fak gate --exit-code`: some verdict was not ALLOW
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy = subparsers.add_parser("policy", help="policy files")
     psub = policy.add_subparsers(dest="policy_command", metavar="COMMAND")
     check = psub.add_parser("check", help="validate policy files (exit 1 with file:line:col errors)")
     check.add_argument("files", nargs="+", metavar="FILE", help="policy file or directory")
     check.set_defaults(handler=_check)
-    policy.set_defaults(handler=lambda args: (policy.print_help(), 2)[1])
 
-    gate = subparsers.add_parser("gate", help="run the admission gate on a tool result (stdin) or a JSONL corpus")
-    gate.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
-    gate.add_argument("--tool", default="tool", help="tool name for stdin input (default: tool)")
-    gate.add_argument("--media-type", default=None, help="media type of the stdin input")
-    gate.add_argument("--source", default=None, metavar="URL", help="the URL the stdin input came from")
-    gate.add_argument("--jsonl", metavar="IN",
-                      help='read lines {"tool": ..., "text": ..., "source": URL (optional)}; "-" for stdin')
-    gate.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
-    gate.add_argument("--exit-code", action="store_true",
-                      help=f"exit {NOT_ALLOWED} when a verdict is not ALLOW (errors exit 1, usage 2)")
-    gate.set_defaults(handler=_gate)
+    def policy_help(_args: argparse.Namespace) -> int:
+        policy.print_help()
+        return 2
+
+    policy.set_defaults(handler=policy_help)
+
+    command = subparsers.add_parser("gate", help="run the admission gate on a tool result (stdin) or a JSONL corpus")
+    command.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
+    command.add_argument("--tool", default="tool", help="tool name for stdin input (default: tool)")
+    command.add_argument("--media-type", default=None, help="media type of the stdin input")
+    command.add_argument("--source", default=None, metavar="URL", help="the URL the stdin input came from")
+    command.add_argument("--jsonl", metavar="IN",
+                         help='read lines {"tool": ..., "text": ..., "source": URL (optional)}; "-" for stdin')
+    command.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
+    command.add_argument("--exit-code", action="store_true",
+                         help=f"exit {NOT_ALLOWED} when a verdict is not ALLOW (errors exit 1, usage 2)")
+    command.set_defaults(handler=_gate)
 
 
-def _egress():  # noqa: ANN202 - fak.policy.egress.JudgeEgress
+def _egress() -> JudgeEgress:
     """The deployment's judge allow-lists from its settings (``FAK_CONFIG``, ``FAK_*``), so a
     policy checks here as the server would load it."""
-    from fak.settings import Settings
+    from fak.settings import Settings  # ~0.3 s that ``fak`` pays only when a policy command runs
 
     # weights named: nothing here needs them, and their default probes the CPU (imports torch)
     return Settings.load(weights="float32").judge_allow_lists()
 
 
 def _check(args: argparse.Namespace) -> int:
-    from fak.policy import PolicyError, load_policy
-
     egress = _egress()
     failed = 0
     for name in args.files:
@@ -55,7 +66,7 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _verdict_json(verdict, extra: dict | None = None) -> str:
+def _verdict_json(verdict: Verdict, extra: dict[str, object] | None = None) -> str:
     body = json.loads(verdict.model_dump_json(exclude={"redacted_bytes"}))
     if verdict.redacted_bytes is not None:
         body["redacted_text"] = verdict.redacted_bytes.decode("utf-8", "replace")
@@ -65,8 +76,6 @@ def _verdict_json(verdict, extra: dict | None = None) -> str:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from fak.policy import GateContext, gate, load_policy
-
     policy = load_policy(args.policy, _egress())
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
@@ -78,11 +87,8 @@ def _gate(args: argparse.Namespace) -> int:
     return _gate_jsonl(policy, args)
 
 
-def _gate_jsonl(policy, args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from fak.errors import FakError
-    from fak.policy import GateContext, gate
+def _gate_jsonl(policy: Policy, args: argparse.Namespace) -> int:
+    from tqdm import tqdm  # a progress bar for corpora only
 
     source = sys.stdin if args.jsonl == "-" else _open(args.jsonl, "r")
     sink = sys.stdout if args.out == "-" else _open(args.out, "w")
@@ -119,9 +125,7 @@ def _gate_jsonl(policy, args: argparse.Namespace) -> int:
     return NOT_ALLOWED if args.exit_code and set(counts) - {"ALLOW"} else 0
 
 
-def _open(path: str, mode: str):
-    from fak.errors import FakError
-
+def _open(path: str, mode: Literal["r", "w"]) -> TextIO:
     try:
         return open(path, mode, encoding="utf-8")  # noqa: SIM115 - closed by the caller
     except OSError as exc:

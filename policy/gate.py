@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 from fak.policy import detectors, engine
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
-from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule, VerdictKind
+from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule
 from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
+from fak.types import VerdictKind
 
 REDACTION = b"[REDACTED:%s]"
 
@@ -177,7 +178,7 @@ def _rule_findings(rule: DetectorRule, data: bytes, found: dict[str, list[Findin
     return found.get(f"regex:{rule.id}" if rule.detector == "regex" else rule.detector, [])
 
 
-class Plan(tuple):
+class Plan(tuple[ToolSettings, list[DetectorRule]]):
     """What applies to one (policy, tool, source host): a pair (tool settings, detector rules
     enforced and audited), and ``exempt``: per rule id the exceptions that may exempt its findings."""
 

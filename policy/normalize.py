@@ -21,6 +21,7 @@ import html
 import re
 import unicodedata
 from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -65,7 +66,7 @@ def fold_char(char: str) -> str:
     return out
 
 
-class _Table(dict):
+class _Table(dict[int, str]):
     """Memo of ``fold_char`` keyed by code point (a pure function)."""
 
     def __missing__(self, code: int) -> str:
@@ -99,13 +100,13 @@ class View:
             return start, end, True
         if not self._starts:
             self._starts = [p[0] for p in self.pieces]
-        a0, a1, a_exact = self._locate(start)
-        b0, b1, b_exact = self._locate(max(end - 1, start))
+        a0, a1, a_exact = self._locate(self.pieces, start)
+        b0, b1, b_exact = self._locate(self.pieces, max(end - 1, start))
         return a0, b1, a_exact and b_exact
 
-    def _locate(self, pos: int) -> tuple[int, int, bool]:
+    def _locate(self, pieces: list[tuple[int, int, int, bool]], pos: int) -> tuple[int, int, bool]:
         i = max(bisect_right(self._starts, pos) - 1, 0)
-        vstart, pstart, pend, exact = self.pieces[i]
+        vstart, pstart, pend, exact = pieces[i]
         if exact:
             p = min(pstart + (pos - vstart), max(pend - 1, pstart))
             return p, p + 1, True
@@ -158,7 +159,9 @@ def fold_view(parent: View) -> View:
     return View("".join(out), "folded" if parent.parent is None else parent.layer, parent, pieces, parent.depth)
 
 
-def piecewise(parent: View, pattern: re.Pattern[str], repl, layer: str) -> View | None:
+def piecewise(
+    parent: View, pattern: re.Pattern[str], repl: Callable[[re.Match[str]], str | None], layer: str
+) -> View | None:
     """``parent`` with every match of ``pattern`` replaced by ``repl(match)``; None when nothing changed."""
     pieces: list[tuple[int, int, int, bool]] = []
     out: list[str] = []
@@ -302,6 +305,7 @@ def payloads(text: str, budget: list[int], starts: tuple[list[int], list[int]] |
         if budget[0] <= 0:
             break
         run = text[start:end]
+        tries: Iterator[bytes | None]
         if layer == "hex":
             digits = run.replace(" ", "").replace(":", "")
             tries = iter([binascii.unhexlify(digits[: len(digits) // 2 * 2])])

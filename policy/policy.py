@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any, TypeVar
 
 import blake3
 import rfc8785
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from fak.policy.egress import CLOSED, SERVER_PREFIX, JudgeEgress, origin_of
 from fak.policy.errors import Located, PolicyError
 from fak.policy.schema import PolicyDocument, Spec
 from fak.policy.yamlsrc import Path as DocPath
 from fak.policy.yamlsrc import SourceMap, read_yaml
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ def build(document: PolicyDocument, source: str) -> Policy:
     return Policy(document, source, digest, custom, patterns)
 
 
-def _message(err: dict) -> str:
+def _message(err: ErrorDetails) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -111,7 +116,7 @@ def _unrepresentable_numbers(data: object, smap: SourceMap) -> list[Located]:
     """Numbers the policy's digest (RFC 8785 JSON) cannot carry: integers of 2^53 or more
     and NaN or infinities, each at its line (found by fuzzing: they raised out of the loader)."""
     out: list[Located] = []
-    stack: list[tuple[tuple, object]] = [((), data)]
+    stack: list[tuple[DocPath, object]] = [((), data)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, dict):
@@ -135,7 +140,7 @@ _IDS: tuple[tuple[DocPath, str, str], ...] = (
 )
 
 
-def _items(data: object, path: DocPath) -> list[tuple[int, dict]]:
+def _items(data: object, path: DocPath) -> list[tuple[int, dict[Any, Any]]]:
     node = data.get("spec") if isinstance(data, dict) else None
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
@@ -257,7 +262,7 @@ def policy_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _by_key(base: list, over: list, key) -> list[dict]:
+def _by_key(base: list[M], over: list[M], key: Callable[[M], Hashable]) -> list[dict[str, Any]]:
     merged = {key(item): item.model_dump() for item in base}
     merged.update({key(item): item.model_dump() for item in over})
     return list(merged.values())

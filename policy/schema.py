@@ -8,6 +8,7 @@ except the envelope's ``apiVersion``.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Sequence
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -20,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-# VerdictKind is defined in the shared ground (fak.types) and re-exported here
-from fak.types import TENANT_PATTERN, VerdictKind
+from fak.types import TENANT_PATTERN
+from fak.types import VerdictKind as VerdictKind  # defined in the shared ground, re-exported here
 
 Trust = Literal["untrusted", "internal", "trusted"]
 SegmentKind = Literal["system", "user", "assistant", "tool"]
@@ -48,8 +49,8 @@ _RULE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$"
 _MEDIA = r"^[a-z*]+/[-+.a-z0-9*]+$"
 
 
-def _no_duplicates(names: list, what: str) -> None:
-    seen: set = set()
+def _no_duplicates(names: Sequence[Hashable], what: str) -> None:
+    seen: set[Hashable] = set()
     for name in names:
         if name in seen:
             raise ValueError(f"duplicate {what} {name!r}")

@@ -21,7 +21,7 @@ quadratic in their length), and a scalar that a tag cannot read is a located err
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -66,6 +66,16 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+class Position(Protocol):
+    """Where a YAML event or node stands, 0-based: PyYAML's ``Mark``, from its Python or its C parser."""
+
+    @property
+    def line(self) -> int: ...
+
+    @property
+    def column(self) -> int: ...
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader whose composer never composes an alias, nests collections at most
     ``MAX_DEPTH`` deep and composes at most ``MAX_NODES`` values, so that reading any text costs
@@ -78,17 +88,17 @@ class _Loader(yaml.SafeLoader):
         self.nodes = 0
         self.aliases: list[yaml.Mark] = []  # where each alias stands, refused after composing
 
-    def _refuse(self, mark: yaml.Mark, message: str) -> PolicyError:
-        line, col = _mark_at(mark)
+    def _refuse(self, mark: Position | None, message: str) -> PolicyError:
+        line, col = _at(mark)
         return PolicyError([Located(self.source, line, col, message)])
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.get_event()
+            event = self.get_event()  # type: ignore[no-untyped-call]  # types-PyYAML leaves Parser.get_event untyped
             self.aliases.append(event.start_mark)
             # a fresh placeholder, never the anchored node: nothing can expand it
             return yaml.ScalarNode("tag:yaml.org,2002:null", "", event.start_mark, event.end_mark)
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # types-PyYAML leaves it untyped
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise self._refuse(event.start_mark, f"more than {MAX_NODES} values in one policy document")
@@ -116,7 +126,9 @@ class _Loader(yaml.SafeLoader):
 
 
 def _short(value: object) -> str:
-    text = repr(value) if isinstance(value, str) else "this value"
+    if not isinstance(value, str):
+        return "this value"
+    text = repr(value)
     return text if len(text) <= 40 else text[:30] + f"...' ({len(value)} characters)"
 
 
@@ -201,7 +213,7 @@ def _alias_problems(source: str, marks: list[yaml.Mark]) -> list[Located]:
     return problems
 
 
-def _at(mark: yaml.Mark | None) -> tuple[int, int]:
+def _at(mark: Position | None) -> tuple[int, int]:
     return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
@@ -282,26 +294,27 @@ def _explain(exc: yaml.MarkedYAMLError, loader: yaml.SafeLoader, text: str) -> t
         line, col = _at(exc.context_mark)
         return line, col, "this key has no ':' after it (a key needs ': ' before its value)"
     if "block" in context and problem.startswith("expected <block end>"):
-        line = _line(text, pline)
+        row = _line(text, pline)
         cline, ccol = _at(exc.context_mark)
-        what = "list" if "collection" in context and text[exc.context_mark.pointer : exc.context_mark.pointer + 1] == "-" \
+        mark = exc.context_mark
+        what = "list" if "collection" in context and mark is not None and text[mark.pointer : mark.pointer + 1] == "-" \
             else "block"
         found = problem.split("but found ", 1)[-1]
         if found in ("']'", "'}'"):
             return pline, pcol, f"a closing {found} that no bracket opened"
         if found == "'-'":
             detail = "a list item ('- ') where a key was expected"
-        elif what == "list" and _indent(line) + 1 == ccol:
+        elif what == "list" and _indent(row) + 1 == ccol:
             detail = f"this line is inside the list that starts at line {cline} but is not an item: start it " \
                      "with '- ', or indent it under the item it belongs to"
-            return pline, _indent(line) + 1, detail
+            return pline, _indent(row) + 1, detail
         else:
             prev = _previous_content_line(text, pline)
-            spaces = _indent(line)
+            spaces = _indent(row)
             detail = f"this line is indented by {spaces} space{'s' if spaces != 1 else ''}, which lines up with " \
                      "no block above it" + (f" (the keys of line {prev} start at column {_key_column(_line(text, prev))})"
                                             if prev else "")
-        return pline, _indent(line) + 1, f"{detail}: indent it like the entries beside it"
+        return pline, _indent(row) + 1, f"{detail}: indent it like the entries beside it"
     if "expected a single document" in context:
         return pline, pcol, "a second YAML document ('---'): a policy file holds one document"
     msg = problem or context or "invalid YAML"
