@@ -31,20 +31,19 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from fak.audit import ForgetCompleted, ForgetRequested
+from fak.audit.events import LinkedRef
+from fak.audit.receipt import ForgetReceipt, find_replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel import replay
 from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
+from fak.kernel.services import Services
 from fak.state.schema import ForgetRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
-
-if TYPE_CHECKING:
-    from fak.audit.receipt import ForgetReceipt
-    from fak.kernel.facade import Kernel
 
 
 def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:
@@ -55,14 +54,12 @@ def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, s
 
 
 def forget(
-    k: Kernel, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
+    k: Services, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
 ) -> ForgetReceipt:
-    from fak.audit import ForgetRequested
-
     tenant, ref = check_tenant(tenant), check_digest(ref)
     principal = as_id(requested_by) if requested_by else None
     why = as_id(reason) if reason else None
-    with k.forget_lock:
+    with k.withdrawals.forget_lock:
         row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = k.store.head(ref, tenant)
         if row is not None and row.state in replay.DONE:
@@ -89,16 +86,12 @@ def forget(
         return _run(k, row)
 
 
-def resume(k: Kernel, row: ForgetRow) -> ForgetReceipt:
-    with k.forget_lock:
+def resume(k: Services, row: ForgetRow) -> ForgetReceipt:
+    with k.withdrawals.forget_lock:
         return _run(k, row)
 
 
-def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
-    from fak.audit import ForgetCompleted, ForgetRequested
-    from fak.audit.events import LinkedRef
-    from fak.audit.receipt import ForgetReceipt
-
+def _run(k: Services, row: ForgetRow) -> ForgetReceipt:
     tenant, ref = row.tenant, row.ref
     resumed = row.requested_index is not None  # ForgetRequested is in the log: this run continues a forget
     known = json.loads(row.linked or "[]")
@@ -117,34 +110,32 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     sessions: list[dict] = json.loads(row.sessions)
     fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
     # chunks that attended to the ref go first, so no session is served one while this runs
-    units += [_unit("pic_chunk", c) for r in refs for c in k.pic.drop_ref(k.namespace(tenant), r)]
+    units += [_unit("pic_chunk", c) for r in refs
+              for c in k.shared.drop_ref(k.keys.namespace(tenant), r, prefix=False).pic_chunks]
     # an admission checks for a pending forget inside its session lock, which this waits for
     for sid in sorted(set().union(*(_holders(k, tenant, r) for r in refs))):
-        ks = k.session(tenant, sid)
-        with ks.locked() as s:
-            if not any(x.derived_from(r) or r in x.provenance for x in s.ledger.live() for r in refs):
+        ks = k.sessions.session(tenant, sid)
+        with ks.transaction() as tx:
+            if not any(x.derived_from(r) or r in x.provenance for x in tx.session.ledger.live() for r in refs):
                 continue
-            try:
-                victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
-            except BaseException:
-                ks.discard()
-                raise
+            tx.change()
+            victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
             units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
                       for x in victims]
             units += [_unit("prefix_node", n) for n in nodes]
             units += [_unit("pic_chunk", c) for c in chunks]
             sessions = [x for x in sessions if x["session_id"] != sid]
-            keyed = k.audit_fingerprint(tenant, after)  # keyed: no guess oracle
+            keyed = k.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
             ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
             sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids})
-            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, ks.loaded_session())
-            ks.persist(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
-                        fingerprint=after)
+            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, tx.session)
+            tx.commit(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
+                      fingerprint=after)
         fault_point("forget.after_session")
     for r in refs:
-        if k.prefix is not None:
-            units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), r)]
-        units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), r)]
+        dropped = k.shared.drop_ref(k.keys.namespace(tenant), r)
+        units += [_unit("prefix_node", n) for n in dropped.prefix_nodes]
+        units += [_unit("pic_chunk", c) for c in dropped.pic_chunks]
     k.state.update_forget(row.request_id, units=json.dumps(units))
     fault_point("forget.before_shred")
     for x in linked:  # the other forms first: the row keeps their key ids for a resumed run
@@ -177,7 +168,7 @@ def _run(k: Kernel, row: ForgetRow) -> ForgetReceipt:
     return ForgetReceipt.from_log(k.audit, index)
 
 
-def _logged_completion(k: Kernel, row: ForgetRow) -> int | None:
+def _logged_completion(k: Services, row: ForgetRow) -> int | None:
     """The index of this forget's ``ForgetCompleted`` if it is in the log already (the tenant's
     entries after its ``ForgetRequested`` only: a resume, rare, reads that tail once)."""
     for e in k.audit.entries(row.tenant, start=row.requested_index or 0):
@@ -195,7 +186,7 @@ class ForgetState:
     receipt: ForgetReceipt | None  # once completed
 
 
-def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
+def status(k: Services, tenant: str, request_id: str) -> ForgetState:
     row = k.state.forget_by_request(check_tenant(tenant), request_id)
     if row is None:  # unknown, or another tenant's: the same answer
         raise NotFound(f"no forget {request_id!r}")
@@ -204,17 +195,15 @@ def status(k: Kernel, tenant: str, request_id: str) -> ForgetState:
     return ForgetState(row.request_id, row.ref, row.state, None)
 
 
-def receipt_of(k: Kernel, row: ForgetRow) -> ForgetReceipt:
+def receipt_of(k: Services, row: ForgetRow) -> ForgetReceipt:
     """The receipt of a forget whose erasure is done: with its ``ReplayVerified`` once logged."""
-    from fak.audit.receipt import ForgetReceipt, find_replay
-
     assert row.completed_index is not None
     found = None if row.state == "replaying" else find_replay(k.audit, row.tenant, row.request_id,
                                                               row.completed_index)
     return ForgetReceipt.from_log(k.audit, row.completed_index, replay_index=found)
 
 
-def _linked(k: Kernel, tenant: str, ref: str, known: list[dict]) -> list[dict]:
+def _linked(k: Services, tenant: str, ref: str, known: list[dict]) -> list[dict]:
     """The refs a forget of ``ref`` erases with it (``known``, then any other live ref linked
     to it by a redaction, ``StateStore.linked_refs``), each with its data key id read before the
     shred: [{ref, key_id, kek_version}]."""
@@ -229,7 +218,7 @@ def _linked(k: Kernel, tenant: str, ref: str, known: list[dict]) -> list[dict]:
     return out
 
 
-def _holders(k: Kernel, tenant: str, ref: str) -> list[str]:
+def _holders(k: Services, tenant: str, ref: str) -> list[str]:
     """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
     change may not be written yet (the caller takes each one's lock)."""
-    return sorted(set(k.state.sessions_holding(tenant, ref)) | k.loaded_session_ids(tenant))
+    return sorted(set(k.state.sessions_holding(tenant, ref)) | k.sessions.loaded_session_ids(tenant))

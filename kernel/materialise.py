@@ -36,13 +36,15 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fak.audit import Materialisation
 from fak.errors import InvalidInput
 from fak.kernel.events import SpanEvicted
 from fak.kernel.kv.ledger import Segment, SegmentKind
+from fak.kernel.services import Services
+from fak.policy import GateContext, VerdictKind
 from fak.types import check_digest, check_id
 
 if TYPE_CHECKING:
-    from fak.kernel.agent_session import KernelSession
     from fak.kernel.kv.session import Session
 
 MAX_PIECES = 4096
@@ -112,34 +114,30 @@ class MaterialiseResult:
         return {p.selector if p.ref is None else p.ref: p.verdict.value for p in self.pieces}
 
 
-def _expand(ks: KernelSession, items: list[str]) -> list[tuple[str, str | None]]:
+def _expand(k: Services, tenant: str, items: list[str]) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     for item in items:
         if item.startswith(("tag:", "tool:")):
             tag = item[4:] if item.startswith("tag:") else item
-            digests = ks.kernel.state.refs_tagged(ks.tenant, tag)
+            digests = k.state.refs_tagged(tenant, tag)
             out += [(item, d) for d in digests] or [(item, None)]
         else:
             out.append((item, item))
     return out
 
 
-def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseResult:
-    """The session lock is held by the caller; a failure leaves the caller to discard ``s``."""
-    from fak.audit import Materialisation
-    from fak.policy import GateContext, VerdictKind, gate
-
+def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: WorkingSet) -> MaterialiseResult:
+    """The caller holds the session lock in a transaction (``KernelSession.transaction``): a
+    failure rolls ``s`` back to the durable ledger."""
     t0 = time.perf_counter()
-    k = ks.kernel
     policy = k.policy
-    tenant = ks.tenant
-    excluded = {d for _, d in _expand(ks, ws.exclude) if d}
+    excluded = {d for _, d in _expand(k, tenant, ws.exclude) if d}
     pieces: dict[int, Piece] = {}
     keep: dict[int, Segment] = {}  # index → live segment kept in place
     place: dict[int, tuple[str, str, bool]] = {}  # index → (ref, text, drifted) to append
     seen: set[str] = set()
     order: list[tuple[str, str | None]] = []
-    for sel, d in _expand(ks, ws.refs):
+    for sel, d in _expand(k, tenant, ws.refs):
         if d is not None and (d in excluded or d in seen):
             continue
         if d is not None:
@@ -187,8 +185,8 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
                 continue
             data = k.store.get(d, tenant)
             if drifted:
-                v = gate(policy, meta.tool if meta else "unknown", data,
-                         GateContext(media_type=head.media_type, tenant=tenant, session=ks.id, ref=d))
+                v = k.gate(policy, meta.tool if meta else "unknown", data,
+                           GateContext(media_type=head.media_type, tenant=tenant, session=session_id, ref=d))
                 if v.enforced and v.kind is not VerdictKind.ALLOW:
                     verdict(PieceVerdict.REFUSE, "policy_refused")
                     continue
@@ -224,11 +222,11 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
             pieces[i] = Piece(order[i][0], d, PieceVerdict.REFUSE, "over_budget")
             continue
         before = s.prefix_hit_tokens
-        existed = d in earlier_places or k.kv_exists_elsewhere(tenant, d, ks.id)  # before this append inserts it
+        existed = d in earlier_places or k.sessions.kv_exists_elsewhere(tenant, d, session_id)  # before this append inserts it
         seg = s.append(SegmentKind.TOOL, tokens=ids, message=message, ref=d, verdict="ALLOW",
                        rule="materialise", policy_digest=policy.digest)
         used += seg.length
-        k.store.record_use(d, tenant, "segment", f"{ks.id}/{seg.id}")
+        k.store.record_use(d, tenant, "segment", f"{session_id}/{seg.id}")
         served = s.last_pic
         if served:  # chunks from the PIC registry: a hit, never an exact one
             pic_tokens = sum(x.tokens - x.recomputed for x in served)
@@ -247,8 +245,8 @@ def materialise(ks: KernelSession, s: Session, ws: WorkingSet) -> MaterialiseRes
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
     index = k.audit.append(Materialisation(
-        tenant=tenant, session_id=ks.id, policy_digest=policy.digest, budget_tokens=budget,
-        context_tokens=s.cache.length, fingerprint_after=k.audit_fingerprint(tenant, fingerprint),
+        tenant=tenant, session_id=session_id, policy_digest=policy.digest, budget_tokens=budget,
+        context_tokens=s.cache.length, fingerprint_after=k.keys.audit_fingerprint(tenant, fingerprint),
         evicted=[x.id for x in leaving],
         pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
                  "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens,

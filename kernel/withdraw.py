@@ -14,23 +14,40 @@ the next time anyone takes its lock, before doing anything else
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fak.audit import RefExpired, RefQuarantined
 from fak.errors import NotFound
-from fak.kernel.agent_session import SessionBusy
 from fak.kernel.events import SpanEvicted
-from fak.kernel.forget import _holders, _unit
-from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.forget import _holders
+from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import EvictMode
+from fak.kernel.services import HeldSession, Services, SessionBusy
+from fak.policy import tool_settings
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
 
 if TYPE_CHECKING:
-    from fak.kernel.agent_session import KernelSession
-    from fak.kernel.facade import Kernel
     from fak.kernel.kv.session import Session
     from fak.policy import Policy, Verdict
+
+
+@dataclass(frozen=True)
+class WithdrawnUnit:
+    """One unit a withdrawal dropped: a session's segment, a prefix-cache node or a PIC chunk."""
+
+    kind: str  # segment | prefix_node | pic_chunk
+    id: str
+    session_id: str | None = None  # a segment's session
+
+    def as_dict(self) -> dict[str, str]:
+        """The unit as the audit events and the wire carry it (no ``session_id`` key when None)."""
+        out = {"kind": self.kind, "id": self.id}
+        if self.session_id is not None:
+            out["session_id"] = self.session_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -39,27 +56,30 @@ class WithdrawReport:
     sessions), prefix nodes dropped, the eviction mode, the decision's audit index."""
 
     ref: str
-    units: list[dict[str, str]]
+    units: list[WithdrawnUnit]
     mode: str
     audit_index: int
     pending: list[str] = field(default_factory=list)  # sessions that evict it on their next use
+
+    def unit_dicts(self) -> list[dict[str, str]]:
+        """The units as the wire carries them (``fak.wire.QuarantineOut``)."""
+        return [u.as_dict() for u in self.units]
 
 
 QuarantineReport = WithdrawReport  # the name callers of Kernel.quarantine know
 
 
-def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> WithdrawReport:
+def quarantine(k: Services, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> WithdrawReport:
     """A late detection: ``ref`` leaves every session of the tenant and is refused from now on."""
-    from fak.audit import RefQuarantined
-
     tenant, ref = check_tenant(tenant), check_digest(ref)
     head = k.store.head(ref, tenant)
     if head is None:
         raise NotFound(f"no ref {ref}")
     who, why = (as_id(principal) if principal else None), as_id(reason)
 
-    def log(planned: list[dict[str, str]]) -> int:
-        return k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who, units=planned))
+    def log(planned: list[WithdrawnUnit]) -> int:
+        return k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who,
+                                             units=[u.as_dict() for u in planned]))
 
     def mark() -> None:
         if head.state != "forgotten":
@@ -69,17 +89,15 @@ def quarantine(k: Kernel, tenant: str, ref: str, *, reason: str, principal: str 
     return _withdraw(k, tenant, ref, SegmentState.QUARANTINED, log, mark)
 
 
-def expire(k: Kernel, tenant: str, ref: str, *, cause: str, held: KernelSession | None = None) -> WithdrawReport:
+def expire(k: Services, tenant: str, ref: str, *, cause: str, held: HeldSession | None = None) -> WithdrawReport:
     """``ref``'s lifetime ended (``cause``: ``seconds`` or ``turns``): it leaves every session
     of the tenant; materialisation REFUSEs it until the bytes are admitted again. ``held``: a
     session whose lock the caller holds (it is evicted in place, not locked again)."""
-    from fak.audit import RefExpired
-
     tenant, ref = check_tenant(tenant), check_digest(ref)
     when = now_us()
 
-    def log(planned: list[dict[str, str]]) -> int:
-        return k.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=planned))
+    def log(planned: list[WithdrawnUnit]) -> int:
+        return k.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=[u.as_dict() for u in planned]))
 
     def mark() -> None:
         k.state.set_expired(tenant, ref, when)
@@ -87,11 +105,11 @@ def expire(k: Kernel, tenant: str, ref: str, *, cause: str, held: KernelSession 
     return _withdraw(k, tenant, ref, SegmentState.EXPIRED, log, mark, held=held)
 
 
-def _victims(s: Session, ref: str) -> list:
+def _victims(s: Session, ref: str) -> list[Segment]:
     return [x for x in s.ledger.live() if x.ref == ref and x.kind is SegmentKind.TOOL]
 
 
-def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, SegmentState]) -> list[dict[str, str]]:
+def evict_in_place(k: Services, ks: HeldSession, s: Session, refs: dict[str, SegmentState]) -> list[WithdrawnUnit]:
     """Evict every live tool segment of ``refs`` from ``s`` (its lock is held) in the policy's
     mode, mark them, write the ledger; a session whose other rows still attended to one of
     ``refs`` (PIC chunks computed beside it elsewhere) is then replayed exactly. Returns
@@ -101,49 +119,47 @@ def evict_in_place(k: Kernel, ks: KernelSession, s: Session, refs: dict[str, Seg
     if not victims and not traced:
         return []
     mode = k.evict_mode()
-    units: list[dict[str, str]] = []
-    try:
+    units: list[WithdrawnUnit] = []
+    with ks.held_transaction() as tx:
+        tx.change()
         if mode is EvictMode.REROPE:
             for x in victims:
                 report = s.evict([x.id], EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
-                units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped]
+                units += [WithdrawnUnit("pic_chunk", c) for c in report.pic_chunks_dropped]
         elif victims:
             report = s.evict([x.id for x in victims], force=True)
-            units += [_unit("pic_chunk", c) for c in report.pic_chunks_dropped]
+            units += [WithdrawnUnit("pic_chunk", c) for c in report.pic_chunks_dropped]
         for x in victims:
             x.mark(refs[x.ref])
         if any(r in x.provenance for x in s.ledger.live() for r in refs):
             ks.replace_with_replay(s)
-        ks.persist()
-    except BaseException:
-        ks.discard()
-        raise
+        tx.commit()
     for _ in victims:
         k.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
-    return [_unit("segment", x.id, ks.id) for x in victims] + units
+    return [WithdrawnUnit("segment", x.id, ks.id) for x in victims] + units
 
 
-def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
-              held: KernelSession | None = None) -> WithdrawReport:
-    planned: list[dict[str, str]] = []
+def _withdraw(k: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[WithdrawnUnit]], int],
+              mark: Callable[[], None], held: HeldSession | None = None) -> WithdrawReport:
+    planned: list[WithdrawnUnit] = []
     holders = _holders(k, tenant, ref)
     for sid in holders:
-        ks = k.session(tenant, sid)
+        ks = k.sessions.session(tenant, sid)
         mech = ks.live_session if ks is held else None
         if mech is None:
             mech = ks.loaded_if_idle()
             if mech is None:
                 mech = ks.live_session  # busy: a snapshot of its live segments names what it will evict
         if mech is not None:
-            planned += [_unit("segment", x.id, sid) for x in _victims(mech, ref)]
+            planned += [WithdrawnUnit("segment", x.id, sid) for x in _victims(mech, ref)]
     index = log(planned)
     mark()
     # from here on, whoever takes a holder's lock first evicts the ref (KernelSession._settle)
-    k.defer_withdrawal(tenant, ref, state)
-    units: list[dict[str, str]] = []
+    k.withdrawals.defer(tenant, ref, state)
+    units: list[WithdrawnUnit] = []
     pending: list[str] = []
     for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
-        ks = k.session(tenant, sid)
+        ks = k.sessions.session(tenant, sid)
         if ks is held:
             units += evict_in_place(k, ks, ks.loaded_session(), {ref: state})
             continue
@@ -157,21 +173,33 @@ def _withdraw(k: Kernel, tenant: str, ref: str, state: SegmentState, log, mark,
         finally:
             ks.release()
     if not pending:
-        k.clear_withdrawal(tenant, ref, state)
-    if k.prefix is not None:
-        units += [_unit("prefix_node", n) for n in k.prefix.drop_ref(k.namespace(tenant), ref)]
-    units += [_unit("pic_chunk", c) for c in k.pic.drop_ref(k.namespace(tenant), ref)]
+        k.withdrawals.clear(tenant, ref, state)
+    dropped = k.shared.drop_ref(k.keys.namespace(tenant), ref)
+    units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
+    units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
     mode = k.evict_mode()
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
+
+
+def expire_due(k: Services, now: int | None = None, tenant: str | None = None) -> list[WithdrawReport]:
+    """Execute every expiry whose time has come: all tenants' (the sweeper), or one tenant's
+    (its sessions, before they use attention, so another tenant's expiries never run on its
+    requests)."""
+    now = now if now is not None else now_us()
+    reports = []
+    with k.withdrawals.expiry_lock:
+        for t, ref, _ in k.state.due_expiries(now, tenant=tenant):
+            reports.append(expire(k, t, ref, cause="seconds"))
+        if tenant is None:
+            k.withdrawals.set_next_expiry(k.state.next_expiry())
+    return reports
 
 
 def lifetime(policy: Policy, tool: str, verdict: Verdict, source: str | None = None) -> tuple[int | None, int | None]:
     """A ref's lifetime under ``policy``, in seconds and in model turns (None: unbounded):
     the shortest of the tool's ``expires``, the ``expires`` of every detector rule that fired
     on it, and ``retention.tool_result_ttl_s``."""
-    from fak.policy import tool_settings
-
     spec = policy.spec
     limits = []
     expires = tool_settings(policy, tool, source).expires  # the tool entry the gate chose
