@@ -159,7 +159,8 @@ class KernelSession:
         expiring = [x for x in live if x.expires_turn is not None]
         if expiring:
             turns = _turns(s)
-            for ref in dict.fromkeys(x.ref for x in expiring if turns >= x.expires_turn and x.ref):
+            for ref in dict.fromkeys(x.ref for x in expiring
+                                     if x.expires_turn is not None and turns >= x.expires_turn and x.ref):
                 expire(k, self.tenant, ref, cause="turns", held=self)
 
     def _before_use(self) -> None:
@@ -410,6 +411,7 @@ class KernelSession:
                                         provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
                                         expires_turn=row.expires_turn))
                 continue
+            message: dict[str, str] | None
             if kind is SegmentKind.TOOL:
                 if not row.ref:
                     raise StateError(f"session {self.id}: tool segment {row.id} has no ref")
@@ -421,7 +423,7 @@ class KernelSession:
                 message = {"role": plain.role, "content": plain.text or ""} if plain.role else None
             else:
                 tokens = unpack_tokens(row.tokens or b"")
-                message = {"role": row.message_role, "content": row.message_text} if row.message_role else None
+                message = {"role": row.message_role, "content": row.message_text or ""} if row.message_role else None
             if len(tokens) != row.ntokens:
                 raise StateError(f"session {self.id}: segment {row.id} rebuilt to {len(tokens)} tokens, "
                                  f"the ledger says {row.ntokens}")
@@ -461,16 +463,16 @@ class KernelSession:
     def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:
         """Open the live sealed rows of a ledger (their refs' data keys read once) and
         remember their ciphertext, so the next write does not seal them again."""
-        sealed = [r for r in rows if r.sealed is not None and r.state == SegmentState.LIVE.value]
+        sealed = [(r, r.sealed) for r in rows if r.sealed is not None and r.state == SegmentState.LIVE.value]
         if not sealed:
             return {}
-        contents = {r.id: frozenset(json.loads(r.content)) for r in sealed}
+        contents = {r.id: frozenset(json.loads(r.content)) for r, _ in sealed}
         keys = self._content_keys(frozenset().union(*contents.values()))
         out: dict[str, Plain] = {}
-        for r in sealed:
-            plain = unseal({x: keys[x] for x in contents[r.id]}, self.tenant, self.id, r.id, r.sealed)
+        for r, ciphertext in sealed:
+            plain = unseal({x: keys[x] for x in contents[r.id]}, self.tenant, self.id, r.id, ciphertext)
             out[r.id] = plain
-            self._sealed[r.id] = (_seal_mark(contents[r.id], plain), r.sealed)
+            self._sealed[r.id] = (_seal_mark(contents[r.id], plain), ciphertext)
         return out
 
     # --- reading --------------------------------------------------------------
