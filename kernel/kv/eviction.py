@@ -18,17 +18,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import torch
 
 from fak.kernel.kv.ledger import LedgerError, Segment, SegmentState
 from fak.kernel.kv.prefill import prefill
 from fak.kernel.kv.shared import drop_bound
+from fak.kernel.kv.state import SessionState
 from fak.kernel.model import rope
-
-if TYPE_CHECKING:
-    from fak.kernel.kv.session import Session
 
 
 class EvictMode(StrEnum):
@@ -59,7 +56,7 @@ class EvictionReport:
     pic_chunks_dropped: tuple[str, ...] = ()  # PIC registry chunks that had attended to the span
 
 
-def evict(s: Session, segment_ids: Sequence[str], mode: EvictMode | str = EvictMode.AUTO, *,
+def evict(s: SessionState, segment_ids: Sequence[str], mode: EvictMode | str = EvictMode.AUTO, *,
           force: bool = False) -> EvictionReport:  # fmt: skip
     """Evict live segments (one is a list of one) in one step: write-time and RECOMPUTE cut
     the cache once at the earliest and replay the survivors after it once (bit-exact to a
@@ -122,7 +119,7 @@ def evict(s: Session, segment_ids: Sequence[str], mode: EvictMode | str = EvictM
     return report
 
 
-def rerope_remove(s: Session, seg: Segment) -> None:
+def rerope_remove(s: SessionState, seg: Segment) -> None:
     """Cut ``seg``'s rows and re-rotate the keys after them from ``Kraw`` at their new positions."""
     cache = s.cache
     start = seg.start

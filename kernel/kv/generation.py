@@ -4,17 +4,14 @@ tokens, then one closed assistant segment in the ledger, all or nothing."""
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 from fak.kernel.kv.ledger import LedgerError, Segment, SegmentKind
 from fak.kernel.kv.prefill import insert_prefix
+from fak.kernel.kv.state import SessionState
 from fak.kernel.model.generate import SamplingParams, generate
 
-if TYPE_CHECKING:
-    from fak.kernel.kv.session import Session
 
-
-def generate_turn(s: Session, params: SamplingParams | None = None, *,
+def generate_turn(s: SessionState, params: SamplingParams | None = None, *,
                   ref: str | None = None) -> Generator[int, None, None]:  # fmt: skip
     """Generate an assistant turn; yields token ids as they come. When the
     iterator is exhausted the turn is a closed assistant segment in the ledger

@@ -4,28 +4,25 @@ the prefix cache (exact: the rows the same calls compute), then chunks the PIC r
 exact rows back into the prefix cache.
 
 The chunk plan is the segment's record: a replay makes the same calls, so its KV is the same
-bytes (``kernel/kv/replay.py``).
+bytes (``kernel/kv/session.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from fak.kernel.kv.chunking import chunk_bounds
 from fak.kernel.kv.ledger import LedgerError, Segment
 from fak.kernel.kv.pic import PicEntry
 from fak.kernel.kv.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
 from fak.kernel.kv.prefix_tree import call_keys, concat_rows
-
-if TYPE_CHECKING:
-    from fak.kernel.kv.session import Session
+from fak.kernel.kv.state import SessionState
 
 # chunks placed back to back from the PIC registry: (entry, row, position)
 _Run = list[tuple[PicEntry, int, int]]
 
 
-def plan(s: Session, ids: Sequence[int], chunks: Sequence[int] | None, regions: Sequence[int]) -> list[int]:
+def plan(s: SessionState, ids: Sequence[int], chunks: Sequence[int] | None, regions: Sequence[int]) -> list[int]:
     """The prefill call sizes of a new segment of tokens ``ids``: ``chunks`` when given, else
     content-defined chunks when PIC is bound (identical content cut identically wherever it
     lands, ``regions`` marking where known content begins), else the session's fixed size."""
@@ -45,7 +42,7 @@ def fixed_chunks(n: int, size: int) -> list[int]:
     return [min(size, n - i) for i in range(0, n, size)]
 
 
-def prefill(s: Session, seg: Segment, pic: bool = True) -> None:
+def prefill(s: SessionState, seg: Segment, pic: bool = True) -> None:
     """Prefill a segment's chunks, serving leading chunks from the prefix
     cache when it holds them (only whole chunks, so the rows are the bytes
     the same calls would compute), then later chunks from the PIC registry
@@ -79,14 +76,14 @@ def prefill(s: Session, seg: Segment, pic: bool = True) -> None:
     insert_prefix(s)
 
 
-def _pic_lookup(s: Session, binding: PicBinding, tokens: list[int]) -> PicEntry | None:
+def _pic_lookup(s: SessionState, binding: PicBinding, tokens: list[int]) -> PicEntry | None:
     """The registry's chunk for these tokens, never for the first chunk of the sequence."""
     if s.cache.next_position() < FIRST_CHUNK_POSITIONS:
         return None
     return binding.registry.get(binding.namespace, tokens)
 
 
-def _finish_run(s: Session, seg: Segment, run: _Run) -> None:
+def _finish_run(s: SessionState, seg: Segment, run: _Run) -> None:
     """Recompute what the binding asks of a run of placed chunks and account for it. The
     rows attended to the context they were computed in, so the segment inherits their
     provenance and the session is approximate from the run's first row."""
@@ -110,7 +107,7 @@ def _finish_run(s: Session, seg: Segment, run: _Run) -> None:
     s.last_logits = None  # the next forward call computes fresh logits
 
 
-def call_starts(s: Session, extra: Segment | None = None) -> list[int]:
+def call_starts(s: SessionState, extra: Segment | None = None) -> list[int]:
     """Absolute positions where the forward calls that computed the live rows began
     (and those ``extra``, about to be prefilled at the end, will begin)."""
     starts: list[int] = []
@@ -125,7 +122,7 @@ def call_starts(s: Session, extra: Segment | None = None) -> list[int]:
     return starts
 
 
-def serve_from_prefix(s: Session, seg: Segment) -> int:
+def serve_from_prefix(s: SessionState, seg: Segment) -> int:
     """Serve whole leading chunks of ``seg`` from the prefix cache, but only rows the
     same calls computed: the tree is keyed by tokens and call boundaries (a chunk end
     inside the match is a call end of the producer too)."""
@@ -150,7 +147,7 @@ def serve_from_prefix(s: Session, seg: Segment) -> int:
     return served
 
 
-def insert_prefix(s: Session) -> None:
+def insert_prefix(s: SessionState) -> None:
     """Insert the exact rows (all of them, or those before the first PIC row)."""
     exact = s.exact_rows
     if s.prefix is None or not s.prefix.insert or exact == 0:

@@ -11,33 +11,26 @@ module of its own:
   (``kernel/kv/eviction.py``);
 - ``replay`` is the one ledger replay: a rebuild from the durable ledger, the exact rebuild
   a forget ends with and the "never saw" fingerprint all prefill the same recorded chunks
-  with it (``kernel/kv/replay.py``).
+  with it (``replay_into``, below); the state every module works on is ``kernel/kv/state.py``.
 """
 
 from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from typing import Any, TypedDict, Unpack
-
-import torch
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import TypedDict, Unpack
 
 from fak.kernel.kv import eviction, generation, prefill
 from fak.kernel.kv.eviction import EvictionError, EvictionReport, EvictMode
-from fak.kernel.kv.ledger import Ledger, LedgerError, Segment, SegmentKind, SegmentState
-from fak.kernel.kv.pic_serve import PicBinding, PicServed
+from fak.kernel.kv.ledger import LedgerError, Segment, SegmentKind, SegmentState
+from fak.kernel.kv.pic_serve import PicBinding
 from fak.kernel.kv.prefix_cache import PrefixBinding
-from fak.kernel.kv.replay import replay_into
+from fak.kernel.kv.state import DEFAULT_CHUNK, OnEvent, SessionState
 from fak.kernel.model.generate import SamplingParams
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.types import VerdictKind
-
-DEFAULT_CHUNK = 512
-
-# what a session tells its owner about each change: (what, {"session", "tenant", "segment", ...})
-OnEvent = Callable[[str, dict[str, Any]], None]
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -52,56 +45,9 @@ __all__ = [
 ]
 
 
-class Session:
-    def __init__(
-        self,
-        model: Llama,
-        tokenizer: ChatTokenizer | None = None,
-        *,
-        session_id: str | None = None,
-        tenant: str = "default",
-        chunk_size: int = DEFAULT_CHUNK,
-        protected_kinds: Sequence[SegmentKind | str] = (SegmentKind.SYSTEM,),
-        on_event: OnEvent | None = None,
-        prefix: PrefixBinding | None = None,
-        pic: PicBinding | None = None,
-    ) -> None:
-        """``pic``: position-independent reuse (approximate), when the policy allows it.
-        Segments are then prefilled in content-defined chunks, and a chunk the registry
-        holds is served from it after the exact prefix hit."""
-        if chunk_size < 1:
-            raise LedgerError("chunk_size must be ≥ 1")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.id = session_id or "sess_" + uuid.uuid4().hex[:16]
-        self.tenant = tenant
-        self.chunk_size = chunk_size
-        self.protected_kinds = {SegmentKind(k) for k in protected_kinds}
-        self.cache = model.new_cache()
-        self.ledger = Ledger()
-        self.messages: dict[str, dict[str, str]] = {}  # segment id → chat message (text segments)
-        # logits after the latest forward call (None after an edit that ended at the tail)
-        self.last_logits: torch.Tensor | None = None
-        self._on_event = on_event
-        self.prefix = prefix
-        self.pic = pic
-        self.reroped = False  # set by REROPE: the KV then differs from any exact run
-        self.pic_row: int | None = None  # first cache row served by PIC (rows before it are exact)
-        self.prefix_hit_tokens = 0
-        self.pic_hit_tokens = 0  # served from the PIC registry (approximate), recomputed rows excluded
-        self.last_pic: list[PicServed] = []  # what the latest append served from the registry
-
-    @property
-    def approximate(self) -> bool:
-        """Whether the KV differs from every exact run of the same calls (REROPE or PIC rows)."""
-        return self.reroped or self.pic_row is not None
-
-    @property
-    def exact_rows(self) -> int:
-        """How many leading rows are the bytes an exact run computes."""
-        if self.reroped:
-            return 0
-        return self.cache.length if self.pic_row is None else self.pic_row
+class Session(SessionState):
+    """A session's verbs over its state (``SessionState``); each verb's mechanism is the module
+    the module docstring names."""
 
     # --- appending -----------------------------------------------------------
     def append(
@@ -191,12 +137,6 @@ class Session:
         self.emit("quarantine", seg)
         return seg
 
-    def truncate(self, length: int) -> None:
-        """Cut the cache at ``length`` rows; PIC rows cut with it no longer make it approximate."""
-        self.cache.truncate(length)
-        if self.pic_row is not None and self.pic_row >= length:
-            self.pic_row = None
-
     def _render_message(self, message: dict[str, str]) -> list[int]:
         if self.tokenizer is None:
             raise LedgerError("text segments need a tokenizer")
@@ -241,34 +181,6 @@ class Session:
         other.messages = dict(self.messages)
         return other
 
-    def message(self, segment_id: str) -> dict[str, str] | None:
-        """The chat message a text segment was appended with (a rebuild or persist carries it)."""
-        return self.messages.get(segment_id)
-
-    def live_messages(self) -> list[dict[str, str]]:
-        """The chat messages of the live segments in order: the history a new message is encoded after."""
-        return [self.messages[s.id] for s in self.ledger.live() if s.id in self.messages]
-
-    def drop_logits(self) -> None:
-        """Forget the last logits after an edit of the cache made outside this class (the next
-        forward computes fresh ones)."""
-        self.last_logits = None
-
-    # --- identity ----------------------------------------------------------------
-    def fingerprint(self) -> str:
-        return self.cache.fingerprint()
-
-    def refs(self) -> set[str]:
-        """Every ref that influenced the live KV."""
-        out: set[str] = set()
-        for s in self.ledger.live():
-            out |= s.provenance
-        return out
-
-    def emit(self, what: str, seg: Segment, **extra: object) -> None:
-        """Tell the owner (``on_event``) about a change to ``seg``: ids and digests, never content."""
-        if self._on_event:
-            self._on_event(what, {"session": self.id, "tenant": self.tenant, "segment": seg.summary(), **extra})
 
 
 class SessionOptions(TypedDict, total=False):
@@ -296,3 +208,25 @@ def replay(
     ``options`` in which every live segment of ``segments``, in order, is prefilled from its
     tokens in its recorded chunks (``replay_into``, which says what each segment keeps)."""
     return replay_into(Session(model, **options), segments, messages)
+
+
+def replay_into(s: Session, segments: Iterable[Segment], messages: Mapping[str, dict[str, str]] | None = None
+                ) -> Session:  # fmt: skip
+    """Prefill every live segment of ``segments``, in order, into the fresh session ``s`` from
+    its tokens in its recorded chunks, so the KV is the bytes the recorded calls computed. PIC
+    is off while it runs (nothing served from chunks computed elsewhere) and bound after; a
+    bound prefix cache serves only whole recorded calls (the same bytes). Each segment keeps
+    its id, ref, verdict, content, protection and expiry, and gets its ``messages`` entry;
+    attention provenance is derived again. Segments that are not live are kept as ledger
+    records (the objects themselves). Returns ``s``."""
+    pic, s.pic = s.pic, None
+    for seg in segments:
+        if not seg.live:
+            s.ledger.append(seg)
+            continue
+        again = s.append(seg.kind, tokens=seg.tokens, chunks=seg.chunks, ref=seg.ref, verdict=seg.verdict,
+                         rule=seg.rule, content=seg.content, policy_digest=seg.policy_digest, segment_id=seg.id,
+                         message=messages.get(seg.id) if messages else None)
+        again.protected, again.expires_turn = seg.protected, seg.expires_turn
+    s.pic = pic
+    return s
