@@ -54,17 +54,17 @@ def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, s
 
 
 def forget(
-    k: Services, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
+    svc: Services, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None
 ) -> ForgetReceipt:
     tenant, ref = check_tenant(tenant), check_digest(ref)
     principal = as_id(requested_by) if requested_by else None
     why = as_id(reason) if reason else None
-    with k.withdrawals.forget_lock:
-        row = k.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
-        head = k.store.head(ref, tenant)
+    with svc.withdrawals.forget_lock:
+        row = svc.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
+        head = svc.store.head(ref, tenant)
         if row is not None and row.state in replay.DONE:
             if head is None or head.state == "forgotten":
-                return receipt_of(k, row)
+                return receipt_of(svc, row)
             row = None  # the same bytes were admitted again since: this is a new forget
         if row is None:
             if head is None:
@@ -73,48 +73,48 @@ def forget(
                 raise Conflict(f"ref {ref} was erased outside the kernel (fak cas forget): no receipt can "
                                "account for the sessions that held it")
             request_id = "fgt_" + uuid.uuid4().hex[:24]
-            linked = _linked(k, tenant, ref, [])
+            linked = _linked(svc, tenant, ref, [])
             ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why,
                             linked_refs=[x["ref"] for x in linked] or None)
-            key_id, kek_version = k.store.key_info(ref, tenant)
+            key_id, kek_version = svc.store.key_info(ref, tenant)
             row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, started_us=now_us(), state="requested",
                             principal=principal,
                             reason=why, requested_index=None, completed_index=None, key_id=key_id,
                             kek_version=kek_version, units="[]", sessions="[]",
                             linked=json.dumps(linked) if linked else None)  # fmt: skip
-            k.state.start_forget(row)
-        return _run(k, row)
+            svc.state.start_forget(row)
+        return _run(svc, row)
 
 
-def resume(k: Services, row: ForgetRow) -> ForgetReceipt:
-    with k.withdrawals.forget_lock:
-        return _run(k, row)
+def resume(svc: Services, row: ForgetRow) -> ForgetReceipt:
+    with svc.withdrawals.forget_lock:
+        return _run(svc, row)
 
 
-def _run(k: Services, row: ForgetRow) -> ForgetReceipt:
+def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
     tenant, ref = row.tenant, row.ref
     resumed = row.requested_index is not None  # ForgetRequested is in the log: this run continues a forget
     known = json.loads(row.linked or "[]")
-    linked = _linked(k, tenant, ref, known)  # a link recorded since the request joins it
+    linked = _linked(svc, tenant, ref, known)  # a link recorded since the request joins it
     if linked != known:
         row.linked = json.dumps(linked)
-        k.state.update_forget(row.request_id, linked=row.linked)
+        svc.state.update_forget(row.request_id, linked=row.linked)
     refs = [ref] + [x["ref"] for x in linked]
     if row.requested_index is None:
-        row.requested_index = k.audit.append(ForgetRequested(
+        row.requested_index = svc.audit.append(ForgetRequested(
             tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason,
             linked_refs=refs[1:] or None))
-        k.state.update_forget(row.request_id, requested_index=row.requested_index)
+        svc.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
     sessions: list[dict] = json.loads(row.sessions)
     fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
     # chunks that attended to the ref go first, so no session is served one while this runs
     units += [_unit("pic_chunk", c) for r in refs
-              for c in k.shared.drop_ref(k.keys.namespace(tenant), r, prefix=False).pic_chunks]
+              for c in svc.shared.drop_ref(svc.keys.namespace(tenant), r, prefix=False).pic_chunks]
     # an admission checks for a pending forget inside its session lock, which this waits for
-    for sid in sorted(set().union(*(_holders(k, tenant, r) for r in refs))):
-        ks = k.sessions.session(tenant, sid)
+    for sid in sorted(set().union(*(_holders(svc, tenant, r) for r in refs))):
+        ks = svc.sessions.session(tenant, sid)
         with ks.transaction() as tx:
             if not any(x.derived_from(r) or r in x.provenance for x in tx.session.ledger.live() for r in refs):
                 continue
@@ -125,7 +125,7 @@ def _run(k: Services, row: ForgetRow) -> ForgetReceipt:
             units += [_unit("prefix_node", n) for n in nodes]
             units += [_unit("pic_chunk", c) for c in chunks]
             sessions = [x for x in sessions if x["session_id"] != sid]
-            keyed = k.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
+            keyed = svc.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
             ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
             sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids})
             fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, tx.session)
@@ -133,23 +133,23 @@ def _run(k: Services, row: ForgetRow) -> ForgetReceipt:
                       fingerprint=after)
         fault_point("forget.after_session")
     for r in refs:
-        dropped = k.shared.drop_ref(k.keys.namespace(tenant), r)
+        dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
         units += [_unit("prefix_node", n) for n in dropped.prefix_nodes]
         units += [_unit("pic_chunk", c) for c in dropped.pic_chunks]
-    k.state.update_forget(row.request_id, units=json.dumps(units))
+    svc.state.update_forget(row.request_id, units=json.dumps(units))
     fault_point("forget.before_shred")
     for x in linked:  # the other forms first: the row keeps their key ids for a resumed run
-        if k.store.head(x["ref"], tenant) is not None:
-            k.store.forget(x["ref"], tenant)
-    shred = k.store.forget(ref, tenant)
+        if svc.store.head(x["ref"], tenant) is not None:
+            svc.store.forget(x["ref"], tenant)
+    shred = svc.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id
     kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version
     fault_point("forget.before_completed")
     # a crash between the completion's append and its record below left the event in the log:
     # a resumed forget finds it instead of logging a second one (found by bench/faults.py)
-    index = _logged_completion(k, row) if resumed else None
+    index = _logged_completion(svc, row) if resumed else None
     if index is None:
-        index = k.audit.append(ForgetCompleted(
+        index = svc.audit.append(ForgetCompleted(
             tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
             units_dropped=units, sessions=replay.logged_sessions(sessions), shredded_key_id=key_id,
             kek_version=kek_version,
@@ -159,19 +159,19 @@ def _run(k: Services, row: ForgetRow) -> ForgetReceipt:
         ))  # fmt: skip
     fault_point("forget.after_completed")
     # the independent replay of each session's survivors completes the receipt after this returns
-    k.state.update_forget(row.request_id, state="replaying" if sessions else "completed", completed_index=index)
+    svc.state.update_forget(row.request_id, state="replaying" if sessions else "completed", completed_index=index)
     if sessions:
         row.sessions, row.completed_index = json.dumps(sessions), index
-        k.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
+        svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
                                           resumed=resumed))
-    k.events.publish(ForgetDone(tenant))
-    return ForgetReceipt.from_log(k.audit, index)
+    svc.events.publish(ForgetDone(tenant))
+    return ForgetReceipt.from_log(svc.audit, index)
 
 
-def _logged_completion(k: Services, row: ForgetRow) -> int | None:
+def _logged_completion(svc: Services, row: ForgetRow) -> int | None:
     """The index of this forget's ``ForgetCompleted`` if it is in the log already (the tenant's
     entries after its ``ForgetRequested`` only: a resume, rare, reads that tail once)."""
-    for e in k.audit.entries(row.tenant, start=row.requested_index or 0):
+    for e in svc.audit.entries(row.tenant, start=row.requested_index or 0):
         ev = e.event
         if ev.type == "forget_completed" and ev.request_id == row.request_id:
             return e.index
@@ -186,39 +186,39 @@ class ForgetState:
     receipt: ForgetReceipt | None  # once completed
 
 
-def status(k: Services, tenant: str, request_id: str) -> ForgetState:
-    row = k.state.forget_by_request(check_tenant(tenant), request_id)
+def status(svc: Services, tenant: str, request_id: str) -> ForgetState:
+    row = svc.state.forget_by_request(check_tenant(tenant), request_id)
     if row is None:  # unknown, or another tenant's: the same answer
         raise NotFound(f"no forget {request_id!r}")
     if row.state in replay.DONE and row.completed_index is not None:
-        return ForgetState(row.request_id, row.ref, "completed", receipt_of(k, row))
+        return ForgetState(row.request_id, row.ref, "completed", receipt_of(svc, row))
     return ForgetState(row.request_id, row.ref, row.state, None)
 
 
-def receipt_of(k: Services, row: ForgetRow) -> ForgetReceipt:
+def receipt_of(svc: Services, row: ForgetRow) -> ForgetReceipt:
     """The receipt of a forget whose erasure is done: with its ``ReplayVerified`` once logged."""
     assert row.completed_index is not None
-    found = None if row.state == "replaying" else find_replay(k.audit, row.tenant, row.request_id,
+    found = None if row.state == "replaying" else find_replay(svc.audit, row.tenant, row.request_id,
                                                               row.completed_index)
-    return ForgetReceipt.from_log(k.audit, row.completed_index, replay_index=found)
+    return ForgetReceipt.from_log(svc.audit, row.completed_index, replay_index=found)
 
 
-def _linked(k: Services, tenant: str, ref: str, known: list[dict]) -> list[dict]:
+def _linked(svc: Services, tenant: str, ref: str, known: list[dict]) -> list[dict]:
     """The refs a forget of ``ref`` erases with it (``known``, then any other live ref linked
     to it by a redaction, ``StateStore.linked_refs``), each with its data key id read before the
     shred: [{ref, key_id, kek_version}]."""
     out = list(known)
     have = {x["ref"] for x in out}
-    for r in k.state.linked_refs(tenant, ref):
-        head = k.store.head(r, tenant)
+    for r in svc.state.linked_refs(tenant, ref):
+        head = svc.store.head(r, tenant)
         if r in have or head is None or head.state != "live":
             continue
-        key_id, kek_version = k.store.key_info(r, tenant)
+        key_id, kek_version = svc.store.key_info(r, tenant)
         out.append({"ref": r, "key_id": key_id, "kek_version": kek_version})
     return out
 
 
-def _holders(k: Services, tenant: str, ref: str) -> list[str]:
+def _holders(svc: Services, tenant: str, ref: str) -> list[str]:
     """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
     change may not be written yet (the caller takes each one's lock)."""
-    return sorted(set(k.state.sessions_holding(tenant, ref)) | k.sessions.loaded_session_ids(tenant))
+    return sorted(set(svc.state.sessions_holding(tenant, ref)) | svc.sessions.loaded_session_ids(tenant))

@@ -114,30 +114,30 @@ class MaterialiseResult:
         return {p.selector if p.ref is None else p.ref: p.verdict.value for p in self.pieces}
 
 
-def _expand(k: Services, tenant: str, items: list[str]) -> list[tuple[str, str | None]]:
+def _expand(svc: Services, tenant: str, items: list[str]) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     for item in items:
         if item.startswith(("tag:", "tool:")):
             tag = item[4:] if item.startswith("tag:") else item
-            digests = k.state.refs_tagged(tenant, tag)
+            digests = svc.state.refs_tagged(tenant, tag)
             out += [(item, d) for d in digests] or [(item, None)]
         else:
             out.append((item, item))
     return out
 
 
-def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: WorkingSet) -> MaterialiseResult:
+def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: WorkingSet) -> MaterialiseResult:
     """The caller holds the session lock in a transaction (``KernelSession.transaction``): a
     failure rolls ``s`` back to the durable ledger."""
     t0 = time.perf_counter()
-    policy = k.policy
-    excluded = {d for _, d in _expand(k, tenant, ws.exclude) if d}
+    policy = svc.policy
+    excluded = {d for _, d in _expand(svc, tenant, ws.exclude) if d}
     pieces: dict[int, Piece] = {}
     keep: dict[int, Segment] = {}  # index → live segment kept in place
     place: dict[int, tuple[str, str, bool]] = {}  # index → (ref, text, drifted) to append
     seen: set[str] = set()
     order: list[tuple[str, str | None]] = []
-    for sel, d in _expand(k, tenant, ws.refs):
+    for sel, d in _expand(svc, tenant, ws.refs):
         if d is not None and (d in excluded or d in seen):
             continue
         if d is not None:
@@ -146,9 +146,9 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
     if len(order) > MAX_PIECES:
         raise InvalidInput(f"a working set resolves to at most {MAX_PIECES} pieces, not {len(order)}")
     mismatch = None
-    if ws.model_id is not None and ws.model_id != k.model_id:
+    if ws.model_id is not None and ws.model_id != svc.model_id:
         mismatch = "model_mismatch"
-    elif ws.tokenizer_id is not None and ws.tokenizer_id != k.tokenizer_id:
+    elif ws.tokenizer_id is not None and ws.tokenizer_id != svc.tokenizer_id:
         mismatch = "tokenizer_mismatch"
     live_tools = {x.ref: x for x in s.ledger.live() if x.kind is SegmentKind.TOOL and x.ref}
     ttl = policy.spec.retention.tool_result_ttl_s
@@ -163,11 +163,11 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
         if d is None:
             verdict(PieceVerdict.ABSTAIN, "unknown_tag")
             continue
-        head = k.store.head(d, tenant)
+        head = svc.store.head(d, tenant)
         if head is None:
             verdict(PieceVerdict.ABSTAIN, "unknown_ref")
             continue
-        meta = k.state.ref(tenant, d)
+        meta = svc.state.ref(tenant, d)
         if head.state == "forgotten":
             verdict(PieceVerdict.REFUSE, "forgotten")
         elif head.taint == "quarantined" or (meta is not None and meta.quarantined):
@@ -183,9 +183,9 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
             if seg is not None and not drifted:
                 keep[i] = seg
                 continue
-            data = k.store.get(d, tenant)
+            data = svc.store.get(d, tenant)
             if drifted:
-                v = k.gate(policy, meta.tool if meta else "unknown", data,
+                v = svc.gate(policy, meta.tool if meta else "unknown", data,
                            GateContext(media_type=head.media_type, tenant=tenant, session=session_id, ref=d))
                 if v.enforced and v.kind is not VerdictKind.ALLOW:
                     verdict(PieceVerdict.REFUSE, "policy_refused")
@@ -212,7 +212,7 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
         exact = not s.reroped and (s.pic_row is None or seg.end <= s.pic_row)
         pieces[i] = Piece(order[i][0], seg.ref, PieceVerdict.RECOMPUTE if moved else PieceVerdict.HIT,
                           "upstream_evicted" if moved else "live", exact, seg.length, seg.id)
-    tok = k.tokenizer
+    tok = svc.tokenizer
     for i in sorted(place):
         d, text, drifted = place[i]
         message = {"role": "tool", "content": text}
@@ -222,11 +222,11 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
             pieces[i] = Piece(order[i][0], d, PieceVerdict.REFUSE, "over_budget")
             continue
         before = s.prefix_hit_tokens
-        existed = d in earlier_places or k.sessions.kv_exists_elsewhere(tenant, d, session_id)  # before this append inserts it
+        existed = d in earlier_places or svc.sessions.kv_exists_elsewhere(tenant, d, session_id)  # before this append inserts it
         seg = s.append(SegmentKind.TOOL, tokens=ids, message=message, ref=d, verdict="ALLOW",
                        rule="materialise", policy_digest=policy.digest)
         used += seg.length
-        k.store.record_use(d, tenant, "segment", f"{session_id}/{seg.id}")
+        svc.store.record_use(d, tenant, "segment", f"{session_id}/{seg.id}")
         served = s.last_pic
         if served:  # chunks from the PIC registry: a hit, never an exact one
             pic_tokens = sum(x.tokens - x.recomputed for x in served)
@@ -244,9 +244,9 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
         pieces[i] = Piece(order[i][0], d, v, reason, True, seg.length, seg.id)
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
-    index = k.audit.append(Materialisation(
+    index = svc.audit.append(Materialisation(
         tenant=tenant, session_id=session_id, policy_digest=policy.digest, budget_tokens=budget,
-        context_tokens=s.cache.length, fingerprint_after=k.keys.audit_fingerprint(tenant, fingerprint),
+        context_tokens=s.cache.length, fingerprint_after=svc.keys.audit_fingerprint(tenant, fingerprint),
         evicted=[x.id for x in leaving],
         pieces=[{"ref": p.ref, "tag": p.selector if p.ref is None or p.selector != p.ref else None,
                  "verdict": p.verdict.value, "reason": p.reason, "exact": p.exact, "tokens": p.tokens,
@@ -254,7 +254,7 @@ def materialise(k: Services, tenant: str, session_id: str, s: Session, ws: Worki
                 for p in table],
     ))  # fmt: skip  one event for the whole decision: it is logged whole or not at all
     for _ in leaving:
-        k.events.publish(SpanEvicted(tenant, "recompute"))
+        svc.events.publish(SpanEvicted(tenant, "recompute"))
     return MaterialiseResult(
         pieces=table, evicted=[x.id for x in leaving], ledger=[x.summary() for x in s.ledger.segments],
         context_tokens=s.cache.length, fingerprint=fingerprint, audit_index=index,

@@ -69,27 +69,27 @@ class WithdrawReport:
 QuarantineReport = WithdrawReport  # the name callers of Kernel.quarantine know
 
 
-def quarantine(k: Services, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> WithdrawReport:
+def quarantine(svc: Services, tenant: str, ref: str, *, reason: str, principal: str | None = None) -> WithdrawReport:
     """A late detection: ``ref`` leaves every session of the tenant and is refused from now on."""
     tenant, ref = check_tenant(tenant), check_digest(ref)
-    head = k.store.head(ref, tenant)
+    head = svc.store.head(ref, tenant)
     if head is None:
         raise NotFound(f"no ref {ref}")
     who, why = (as_id(principal) if principal else None), as_id(reason)
 
     def log(planned: list[WithdrawnUnit]) -> int:
-        return k.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who,
+        return svc.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who,
                                              units=[u.as_dict() for u in planned]))
 
     def mark() -> None:
         if head.state != "forgotten":
-            k.store.set_taint(ref, tenant, "quarantined")
-        k.state.set_quarantined(tenant, ref, why)
+            svc.store.set_taint(ref, tenant, "quarantined")
+        svc.state.set_quarantined(tenant, ref, why)
 
-    return _withdraw(k, tenant, ref, SegmentState.QUARANTINED, log, mark)
+    return _withdraw(svc, tenant, ref, SegmentState.QUARANTINED, log, mark)
 
 
-def expire(k: Services, tenant: str, ref: str, *, cause: str, held: HeldSession | None = None) -> WithdrawReport:
+def expire(svc: Services, tenant: str, ref: str, *, cause: str, held: HeldSession | None = None) -> WithdrawReport:
     """``ref``'s lifetime ended (``cause``: ``seconds`` or ``turns``): it leaves every session
     of the tenant; materialisation REFUSEs it until the bytes are admitted again. ``held``: a
     session whose lock the caller holds (it is evicted in place, not locked again)."""
@@ -97,19 +97,19 @@ def expire(k: Services, tenant: str, ref: str, *, cause: str, held: HeldSession 
     when = now_us()
 
     def log(planned: list[WithdrawnUnit]) -> int:
-        return k.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=[u.as_dict() for u in planned]))
+        return svc.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=[u.as_dict() for u in planned]))
 
     def mark() -> None:
-        k.state.set_expired(tenant, ref, when)
+        svc.state.set_expired(tenant, ref, when)
 
-    return _withdraw(k, tenant, ref, SegmentState.EXPIRED, log, mark, held=held)
+    return _withdraw(svc, tenant, ref, SegmentState.EXPIRED, log, mark, held=held)
 
 
 def _victims(s: Session, ref: str) -> list[Segment]:
     return [x for x in s.ledger.live() if x.ref == ref and x.kind is SegmentKind.TOOL]
 
 
-def evict_in_place(k: Services, ks: HeldSession, s: Session, refs: dict[str, SegmentState]) -> list[WithdrawnUnit]:
+def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, SegmentState]) -> list[WithdrawnUnit]:
     """Evict every live tool segment of ``refs`` from ``s`` (its lock is held) in the policy's
     mode, mark them, write the ledger; a session whose other rows still attended to one of
     ``refs`` (PIC chunks computed beside it elsewhere) is then replayed exactly. Returns
@@ -118,7 +118,7 @@ def evict_in_place(k: Services, ks: HeldSession, s: Session, refs: dict[str, Seg
     traced = any(r in x.provenance for x in s.ledger.live() if x.ref not in refs for r in refs)
     if not victims and not traced:
         return []
-    mode = k.evict_mode()
+    mode = svc.evict_mode()
     units: list[WithdrawnUnit] = []
     with ks.held_transaction() as tx:
         tx.change()
@@ -135,16 +135,16 @@ def evict_in_place(k: Services, ks: HeldSession, s: Session, refs: dict[str, Seg
             ks.replace_with_replay(s)
         tx.commit()
     for _ in victims:
-        k.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
+        svc.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
     return [WithdrawnUnit("segment", x.id, ks.id) for x in victims] + units
 
 
-def _withdraw(k: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[WithdrawnUnit]], int],
+def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[WithdrawnUnit]], int],
               mark: Callable[[], None], held: HeldSession | None = None) -> WithdrawReport:
     planned: list[WithdrawnUnit] = []
-    holders = _holders(k, tenant, ref)
+    holders = _holders(svc, tenant, ref)
     for sid in holders:
-        ks = k.sessions.session(tenant, sid)
+        ks = svc.sessions.session(tenant, sid)
         mech = ks.live_session if ks is held else None
         if mech is None:
             mech = ks.loaded_if_idle()
@@ -155,13 +155,13 @@ def _withdraw(k: Services, tenant: str, ref: str, state: SegmentState, log: Call
     index = log(planned)
     mark()
     # from here on, whoever takes a holder's lock first evicts the ref (KernelSession._settle)
-    k.withdrawals.defer(tenant, ref, state)
+    svc.withdrawals.defer(tenant, ref, state)
     units: list[WithdrawnUnit] = []
     pending: list[str] = []
-    for sid in _holders(k, tenant, ref):  # again: an admission may have landed since the plan
-        ks = k.sessions.session(tenant, sid)
+    for sid in _holders(svc, tenant, ref):  # again: an admission may have landed since the plan
+        ks = svc.sessions.session(tenant, sid)
         if ks is held:
-            units += evict_in_place(k, ks, ks.loaded_session(), {ref: state})
+            units += evict_in_place(svc, ks, ks.loaded_session(), {ref: state})
             continue
         try:
             ks.acquire(wait=False)
@@ -169,30 +169,30 @@ def _withdraw(k: Services, tenant: str, ref: str, state: SegmentState, log: Call
             pending.append(sid)
             continue
         try:
-            units += evict_in_place(k, ks, ks.loaded_session(), {ref: state})
+            units += evict_in_place(svc, ks, ks.loaded_session(), {ref: state})
         finally:
             ks.release()
     if not pending:
-        k.withdrawals.clear(tenant, ref, state)
-    dropped = k.shared.drop_ref(k.keys.namespace(tenant), ref)
+        svc.withdrawals.clear(tenant, ref, state)
+    dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), ref)
     units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
     units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
-    mode = k.evict_mode()
+    mode = svc.evict_mode()
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
 
 
-def expire_due(k: Services, now: int | None = None, tenant: str | None = None) -> list[WithdrawReport]:
+def expire_due(svc: Services, now: int | None = None, tenant: str | None = None) -> list[WithdrawReport]:
     """Execute every expiry whose time has come: all tenants' (the sweeper), or one tenant's
     (its sessions, before they use attention, so another tenant's expiries never run on its
     requests)."""
     now = now if now is not None else now_us()
     reports = []
-    with k.withdrawals.expiry_lock:
-        for t, ref, _ in k.state.due_expiries(now, tenant=tenant):
-            reports.append(expire(k, t, ref, cause="seconds"))
+    with svc.withdrawals.expiry_lock:
+        for t, ref, _ in svc.state.due_expiries(now, tenant=tenant):
+            reports.append(expire(svc, t, ref, cause="seconds"))
         if tenant is None:
-            k.withdrawals.set_next_expiry(k.state.next_expiry())
+            svc.withdrawals.set_next_expiry(svc.state.next_expiry())
     return reports
 
 
