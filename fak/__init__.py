@@ -8,6 +8,7 @@ in its own folder (``kernel/``, ``cas/``, ``policy/``, ``audit/``, ``api/``,
 ``sdk/``) and is imported as ``fak.<layer>``.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -26,6 +27,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fak' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

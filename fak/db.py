@@ -202,7 +202,7 @@ def upgrade(engine: Engine, script_location: Path, attributes: Mapping[str, obje
     writer transaction so two processes opening a new database do not race. Each layer
     keeps its own script folder and version table, so the layers share one database.
     ``attributes``: what a layer's migrations need that is not in the database (a key)."""
-    from alembic import command
+    from alembic import command  # slow to import: only when a database is migrated
     from alembic.config import Config
 
     cfg = Config()
@@ -215,7 +215,7 @@ def upgrade(engine: Engine, script_location: Path, attributes: Mapping[str, obje
 
 def run_env(metadata: sa.MetaData, version_table: str) -> None:
     """The body of a layer's Alembic ``env.py``: migrate on the connection ``upgrade`` hands over."""
-    from alembic import context
+    from alembic import context  # only inside an Alembic run
 
     connection = context.config.attributes["connection"]
     context.configure(

@@ -159,7 +159,7 @@ class Settings(StorageSettings):
     def _egress(cls, v: list[str]) -> list[str]:
         if not v:
             return v
-        from fak.policy.egress import parse_destination
+        from fak.policy.egress import parse_destination  # the policy layer: the shared ground imports it late
 
         for entry in v:
             parse_destination(entry)  # ValueError: the settings error names the field
@@ -170,7 +170,7 @@ class Settings(StorageSettings):
     def _key_envs(cls, v: list[str]) -> list[str]:
         if not v:
             return v
-        from fak.policy.egress import check_key_env
+        from fak.policy.egress import check_key_env  # late, as in ``_egress``
 
         for name in v:
             check_key_env(name)
@@ -184,7 +184,7 @@ class Settings(StorageSettings):
     def judge_allow_lists(self) -> JudgeEgress:
         """``judge_egress`` and ``judge_key_envs`` as the policy loader takes them: where a policy's
         judges may send tool results and which variables they may send (issue 25.6)."""
-        from fak.policy.egress import JudgeEgress
+        from fak.policy.egress import JudgeEgress  # late, as in ``_egress``
 
         try:
             return JudgeEgress.of(self.judge_egress, self.judge_key_envs)

@@ -63,6 +63,8 @@ def _kernel_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], na
 
 
 def _open(config: str | None) -> Kernel:
+    # every ``fak`` command builds this module's parsers: the Kernel (torch, the model) and the
+    # database layers load only when a command that uses them runs
     from fak import Kernel
     from fak.settings import Settings
 
@@ -93,6 +95,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> int:
     """Read from the state database alone (no Kernel, no model): safe while ``fak serve``
     runs on the same data directory, which a second Kernel is not (``fak.owner``)."""
+    # imported when the command runs, not when ``fak`` builds its parsers (see ``_open``)
     from fak.db import make_engine, release
     from fak.keys import derive_key, load_master_secret
     from fak.settings import Settings
@@ -113,7 +116,7 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    from fak.audit.receipt import verify_receipt
+    from fak.audit.receipt import verify_receipt  # when the command runs (see ``_open``)
 
     with _open(args.config) as k:
         # a one-shot command: the receipt completed by the survivors' independent replay
@@ -147,6 +150,6 @@ def _quarantine(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fak.kernel.demo import run_demo
+    from fak.kernel.demo import run_demo  # the whole stack (API, SDK, witness): only for ``fak demo``
 
     return run_demo(args.model)

@@ -27,6 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from fak import Kernel, Settings
+from fak.api.server import serve  # the demo drives the whole stack: ``fak demo`` imports it only when it runs
+from fak.audit import AuditLog
+from fak.audit.receipt import verify_receipt
+from fak.audit.tenant_export import verify_tenant_export
+from fak.audit.verify import WitnessPolicy
+from fak.audit.witness import Witness, WitnessServer
+from fak.sdk import Client
 
 TENANT = "refunds-demo"
 ORIGIN = "fak.demo/log"
@@ -46,10 +53,6 @@ ORDER = (b"Order 4417: electric kettle, 39.90 EUR, delivered 2026-11-20. Refund 
 def run_demo(model_path: str | None = None) -> int:
     """Set up a deployment on a temporary directory — the log's key, a witness that trusts
     it, the Kernel configured to ask that witness, the API on loopback — and run the story."""
-    from fak.api.server import serve
-    from fak.audit import AuditLog
-    from fak.audit.witness import Witness, WitnessServer
-
     console = Console(highlight=False)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fak-demo-") as tmp:
@@ -76,11 +79,6 @@ def _replayed(admin, receipt, timeout: float = 120.0):  # noqa: ANN001, ANN202
 
 def _story(console: Console, kernel: Kernel, live, tmp: str, wkey: str, t0: float) -> int:  # noqa: ANN001
     """The refund assistant through the SDK over HTTP (the module docstring's five steps)."""
-    from fak.audit.receipt import verify_receipt
-    from fak.audit.tenant_export import verify_tenant_export
-    from fak.audit.verify import WitnessPolicy
-    from fak.sdk import Client
-
     console.print(f"[bold]fak demo[/]: model {kernel.model_id}, policy {kernel.policy.name}, "
                   f"API on {live.url}, data in {tmp}")
     agent = Client(live.url, live.key(TENANT, "agent"))

@@ -11,7 +11,6 @@ from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -21,10 +20,9 @@ from sqlalchemy.orm import Session as OrmSession
 from fak import db
 from fak.db import WRITE
 from fak.errors import FakError
-from fak.state.schema import ForgetRow, RefLinkRow, RefRow, SegmentRow, SessionRow
-
-if TYPE_CHECKING:
-    from fak.state.seal import ContentKeys
+from fak.state.apikeys import row_mac
+from fak.state.schema import ApiKeyRow, ForgetRow, RefLinkRow, RefRow, SegmentRow, SessionRow
+from fak.state.seal import ContentKeys, Plain, needs_seal, seal
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -140,9 +138,10 @@ class StateStore:
         sealing (``state_0003``) keeps in the clear, then scrub the old rows out of the
         database files (fak.cas.scrub). Run on open; idempotent. (sealed, skipped): a row
         whose refs have no data key any more (erased outside the kernel) is left as it is."""
+        # the CAS builds on this shared ground (fak/ imports no layer at module level,
+        # tests/test_layering.py); this one-time migration on open reaches up to it
         from fak.cas.errors import CasError
         from fak.cas.scrub import scrub
-        from fak.state.seal import Plain, needs_seal, seal
 
         with self._session() as s:
             q = sa.select(SegmentRow).where(SegmentRow.state == "live", SegmentRow.sealed.is_(None),
@@ -220,9 +219,6 @@ class StateStore:
     def erase_tenant_records(self, tenant: str) -> int:
         """Delete what the kernel knew of the tenant's refs (tools, tags, sources) and revoke its
         API keys; the number of keys revoked. Forget progress rows stay: receipts need them."""
-        from fak.state.apikeys import row_mac
-        from fak.state.schema import ApiKeyRow
-
         with self.tx() as s:
             s.execute(sa.delete(RefRow).where(RefRow.tenant == tenant))
             s.execute(sa.delete(RefLinkRow).where(RefLinkRow.tenant == tenant))
