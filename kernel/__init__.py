@@ -1,6 +1,7 @@
 """``fak.kernel``: the agent kernel (``docs/architecture.md``).
 
-The façade (``facade.Kernel``, also ``from fak import Kernel``), agent sessions
+The façade (``facade.Kernel``, also ``from fak import Kernel``), the services it builds and
+hands down (``services``) with the session registry (``sessions``), agent sessions
 (``agent_session``), withdrawal (``forget``, ``withdraw``, ``replay``), working sets
 (``materialise``), tool-call authorization (``authorize``), key operations (``keyops``),
 typed events (``events``) and the ``fak chat`` / ``fak demo`` commands (``cli``), over two
