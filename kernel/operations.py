@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fak.kernel.agent_session import Admission, KernelSession
     from fak.kernel.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
+    from fak.kernel.model.tokenizer import ChatTokenizer
 
 MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
 MAX_LIMIT = 1000  # audit entries in one page
@@ -202,7 +203,7 @@ class Stepper:
 class TextDecoder:
     """Incremental detokenisation that holds back an incomplete UTF-8 character."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tok = tokenizer
         self.ids: list[int] = []
         self.emitted = ""
@@ -329,7 +330,7 @@ def audit_entries(k: Kernel, c: Caller, start: int, limit: int) -> w.EntriesOut:
         try:
             rows = list(itertools.islice(it, limit + 1))
         finally:
-            it.close()  # type: ignore[attr-defined] - releases the read connection
+            it.close()  # releases the read connection
     more = len(rows) > limit
     rows = rows[:limit]
     entries = [w.EntryOut(index=e.index, type=e.event.type, event=e.body.decode(), leaf_hash=e.leaf_hash.hex())
@@ -355,7 +356,8 @@ def audit_inclusion(k: Kernel, c: Caller, index: int, fmt: Literal["json", "tlog
             raise NotFound(f"no audit entry at index {index}")
         proof = k.audit.inclusion_proof(index)
     if fmt == "tlog":
-        return proof.to_tlog_proof()
+        text: str = proof.to_tlog_proof()
+        return text
     return w.InclusionOut(index=index, leaf_hash=found[0].leaf_hash.hex(), proof=proof.to_json())
 
 
@@ -367,7 +369,8 @@ def audit_consistency(k: Kernel, c: Caller, first: int, second: int | None) -> d
         if not first <= second <= size:
             raise InvalidInput(f"need 0 <= first <= second <= {size} (the log size), got first={first}, "
                                f"second={second}")
-        return k.audit.consistency_proof(first, second).to_json()
+        out: dict[str, Any] = k.audit.consistency_proof(first, second).to_json()
+        return out
 
 
 def audit_export(k: Kernel, c: Caller) -> Iterator[bytes]:

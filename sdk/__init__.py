@@ -7,7 +7,8 @@
 - adapters (imported on use): ``fak.sdk.openai_agents`` (an OpenAI Agents SDK tool
   output guardrail) and ``fak.sdk.langchain`` (a LangChain tool wrapper).
 
-Importing ``fak.sdk`` does not import torch; ``local()`` does.
+Importing ``fak.sdk`` does not import torch; ``local()`` does. ``pip install fak`` is this
+client alone (httpx, pydantic); ``local()`` needs ``pip install 'fak[server]'``.
 """
 
 from __future__ import annotations

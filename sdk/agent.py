@@ -214,7 +214,8 @@ class Agent:
         self._instructed = False
 
     def _generate(self, session: Any) -> str:
-        return session.generate(**self.sampling).text
+        text: str = session.generate(**self.sampling).text
+        return text
 
     def _call(self, call: ToolCall) -> Any:
         fn = self.tools.get(call.name)

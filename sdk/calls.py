@@ -11,25 +11,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from fak.sdk.models import (
-    AdmissionOut,
-    EvictionOut,
-    ForgetReceipt,
-    ForgetStatus,
-    GenerateOut,
-    MaterialiseOut,
-    QuarantineOut,
-    RefsEvictedOut,
-    SegmentOut,
-    SessionList,
-    SessionOut,
-    ToolCallDecisionOut,
-)
+from pydantic import BaseModel
+
+from fak.sdk import models as m
 
 if TYPE_CHECKING:
     import httpx
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -57,17 +47,8 @@ class RefInfo:
     taint: str
 
 
-def _model(cls: type[T]) -> Callable[[Any], T]:
-    return cls.model_validate  # type: ignore[attr-defined]
-
-
-def _lazy(name: str) -> Callable[[Any], Any]:
-    def parse(body: Any) -> Any:
-        from fak.sdk import models
-
-        return getattr(models, name).model_validate(body)
-
-    return parse
+def _model(cls: type[M]) -> Callable[[Any], M]:
+    return cls.model_validate
 
 
 def _ref_info(r: httpx.Response) -> RefInfo:
@@ -76,14 +57,14 @@ def _ref_info(r: httpx.Response) -> RefInfo:
                    taint=r.headers.get("x-fak-taint", ""))
 
 
-def _forget_status(body: dict[str, Any]) -> ForgetStatus:
+def _forget_status(body: dict[str, Any]) -> m.ForgetStatus:
     body = dict(body)
     state = body.pop("state", "completed")
     body.pop("replay", None)  # the receipt says it too (``ForgetReceipt.replay``)
     if state != "completed":
-        return ForgetStatus(request_id=body["request_id"], ref=body["ref"], state=state)
-    receipt = ForgetReceipt.model_validate(body)
-    return ForgetStatus(request_id=receipt.request_id, ref=receipt.ref, state=state, receipt=receipt)
+        return m.ForgetStatus(request_id=body["request_id"], ref=body["ref"], state=state)
+    receipt = m.ForgetReceipt.model_validate(body)
+    return m.ForgetStatus(request_id=receipt.request_id, ref=receipt.ref, state=state, receipt=receipt)
 
 
 def sampling(max_tokens: int, min_tokens: int, temperature: float, top_p: float, seed: int | None,
@@ -124,69 +105,69 @@ class Calls:
     """The routes, as ``Call`` values (one place for paths and bodies)."""
 
     @staticmethod
-    def health() -> Call[dict]:
+    def health() -> Call[dict[str, Any]]:
         return Call("GET", "/healthz", dict, op="health")
 
     @staticmethod
-    def create_session(sid: str | None) -> Call[SessionOut]:
-        return Call("POST", "/v1/sessions", _model(SessionOut), json={"id": sid} if sid is not None else {},
+    def create_session(sid: str | None) -> Call[m.SessionOut]:
+        return Call("POST", "/v1/sessions", _model(m.SessionOut), json={"id": sid} if sid is not None else {},
                     op="create_session")
 
     @staticmethod
     def sessions() -> Call[list[str]]:
-        return Call("GET", "/v1/sessions", lambda b: SessionList.model_validate(b).sessions, op="sessions")
+        return Call("GET", "/v1/sessions", lambda b: m.SessionList.model_validate(b).sessions, op="sessions")
 
     @staticmethod
-    def get_session(sid: str) -> Call[SessionOut]:
-        return Call("GET", f"/v1/sessions/{sid}", _model(SessionOut), op="get_session", args={"sid": sid})
+    def get_session(sid: str) -> Call[m.SessionOut]:
+        return Call("GET", f"/v1/sessions/{sid}", _model(m.SessionOut), op="get_session", args={"sid": sid})
 
     @staticmethod
-    def append(sid: str, role: str, content: str) -> Call[SegmentOut]:
-        return _in_session("append", sid, "messages", _model(SegmentOut), {"role": role, "content": content})
+    def append(sid: str, role: str, content: str) -> Call[m.SegmentOut]:
+        return _in_session("append", sid, "messages", _model(m.SegmentOut), {"role": role, "content": content})
 
     @staticmethod
-    def admit(sid: str, body: dict[str, Any]) -> Call[AdmissionOut]:
-        return _in_session("admit", sid, "tool-results", _model(AdmissionOut), body)
+    def admit(sid: str, body: dict[str, Any]) -> Call[m.AdmissionOut]:
+        return _in_session("admit", sid, "tool-results", _model(m.AdmissionOut), body)
 
     @staticmethod
-    def evict(sid: str, segment_id: str, mode: str | None, reason: str) -> Call[EvictionOut]:
+    def evict(sid: str, segment_id: str, mode: str | None, reason: str) -> Call[m.EvictionOut]:
         body: dict[str, Any] = {"segment_id": segment_id, "reason": reason}
         if mode is not None:
             body["mode"] = mode
-        return _in_session("evict", sid, "evict", _model(EvictionOut), body)
+        return _in_session("evict", sid, "evict", _model(m.EvictionOut), body)
 
     @staticmethod
-    def authorize_tool_call(sid: str, name: str, arguments: Any) -> Call[ToolCallDecisionOut]:
-        return _in_session("authorize_tool_call", sid, "tool-calls/authorize", _model(ToolCallDecisionOut),
+    def authorize_tool_call(sid: str, name: str, arguments: Any) -> Call[m.ToolCallDecisionOut]:
+        return _in_session("authorize_tool_call", sid, "tool-calls/authorize", _model(m.ToolCallDecisionOut),
                            {"name": name, "arguments": arguments})
 
     @staticmethod
-    def evict_refs(sid: str, refs: Sequence[str], drop_generated: bool, reason: str) -> Call[RefsEvictedOut]:
-        return _in_session("evict_refs", sid, "evict-refs", _model(RefsEvictedOut),
+    def evict_refs(sid: str, refs: Sequence[str], drop_generated: bool, reason: str) -> Call[m.RefsEvictedOut]:
+        return _in_session("evict_refs", sid, "evict-refs", _model(m.RefsEvictedOut),
                            {"refs": list(refs), "drop_generated": drop_generated, "reason": reason})
 
     @staticmethod
-    def materialise(sid: str, body: dict[str, Any]) -> Call[MaterialiseOut]:
-        return _in_session("materialise", sid, "materialise", _model(MaterialiseOut), body)
+    def materialise(sid: str, body: dict[str, Any]) -> Call[m.MaterialiseOut]:
+        return _in_session("materialise", sid, "materialise", _model(m.MaterialiseOut), body)
 
     @staticmethod
-    def generate(sid: str, body: dict[str, Any]) -> Call[GenerateOut]:
+    def generate(sid: str, body: dict[str, Any]) -> Call[m.GenerateOut]:
         """A whole turn, or (``body["stream"]``) the server-sent events a ``TextStream`` reads."""
-        return _in_session("generate", sid, "generate", _model(GenerateOut), body)
+        return _in_session("generate", sid, "generate", _model(m.GenerateOut), body)
 
     @staticmethod
-    def forget(ref: str, reason: str | None) -> Call[ForgetReceipt]:
+    def forget(ref: str, reason: str | None) -> Call[m.ForgetReceipt]:
         body = {"ref": ref} | ({"reason": reason} if reason is not None else {})
-        return Call("POST", "/v1/forget", _model(ForgetReceipt), json=body, op="forget")
+        return Call("POST", "/v1/forget", _model(m.ForgetReceipt), json=body, op="forget")
 
     @staticmethod
-    def forget_status(request_id: str) -> Call[ForgetStatus]:
+    def forget_status(request_id: str) -> Call[m.ForgetStatus]:
         return Call("GET", f"/v1/forget/{request_id}", _forget_status, op="forget_status",
                     args={"request_id": request_id})
 
     @staticmethod
-    def quarantine(ref: str, reason: str) -> Call[QuarantineOut]:
-        return Call("POST", "/v1/quarantine", _model(QuarantineOut), json={"ref": ref, "reason": reason},
+    def quarantine(ref: str, reason: str) -> Call[m.QuarantineOut]:
+        return Call("POST", "/v1/quarantine", _model(m.QuarantineOut), json={"ref": ref, "reason": reason},
                     op="quarantine")
 
     @staticmethod
@@ -198,17 +179,17 @@ class Calls:
         return Call("HEAD", f"/v1/refs/{ref}", _ref_info, raw=True, op="ref_head", args={"ref": ref})
 
     @staticmethod
-    def audit_entries(start: int, limit: int) -> Call[Any]:
-        return Call("GET", "/v1/audit/entries", _lazy("EntriesOut"), params={"start": start, "limit": limit},
+    def audit_entries(start: int, limit: int) -> Call[m.EntriesOut]:
+        return Call("GET", "/v1/audit/entries", _model(m.EntriesOut), params={"start": start, "limit": limit},
                     op="audit_entries")
 
     @staticmethod
-    def audit_checkpoint() -> Call[Any]:
-        return Call("GET", "/v1/audit/checkpoint", _lazy("CheckpointOut"), op="audit_checkpoint")
+    def audit_checkpoint() -> Call[m.CheckpointOut]:
+        return Call("GET", "/v1/audit/checkpoint", _model(m.CheckpointOut), op="audit_checkpoint")
 
     @staticmethod
-    def audit_inclusion(index: int) -> Call[Any]:
-        return Call("GET", f"/v1/audit/proof/inclusion/{index}", _lazy("InclusionOut"), op="audit_inclusion",
+    def audit_inclusion(index: int) -> Call[m.InclusionOut]:
+        return Call("GET", f"/v1/audit/proof/inclusion/{index}", _model(m.InclusionOut), op="audit_inclusion",
                     args={"index": index})
 
     @staticmethod
@@ -217,7 +198,7 @@ class Calls:
                     raw=True, op="audit_inclusion", args={"index": index})
 
     @staticmethod
-    def audit_consistency(first: int, second: int | None) -> Call[dict]:
+    def audit_consistency(first: int, second: int | None) -> Call[dict[str, Any]]:
         params = {"first": first} | ({"second": second} if second is not None else {})
         return Call("GET", "/v1/audit/proof/consistency", dict, params=params, op="audit_consistency")
 
@@ -227,9 +208,9 @@ class Calls:
         return Call("GET", "/v1/audit/export", bytes, op="audit_export")
 
     @staticmethod
-    def verify_receipt(receipt: ForgetReceipt | dict[str, Any]) -> Call[Any]:
-        body = receipt.model_dump(mode="json") if isinstance(receipt, ForgetReceipt) else receipt
-        return Call("POST", "/v1/audit/receipts/verify", _lazy("ReceiptCheckOut"), json=body, op="verify_receipt")
+    def verify_receipt(receipt: m.ForgetReceipt | dict[str, Any]) -> Call[m.ReceiptCheckOut]:
+        body = receipt.model_dump(mode="json") if isinstance(receipt, m.ForgetReceipt) else receipt
+        return Call("POST", "/v1/audit/receipts/verify", _model(m.ReceiptCheckOut), json=body, op="verify_receipt")
 
 
 class Lines:

@@ -34,34 +34,15 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import httpx
 
 from fak import __version__
+from fak.sdk import models as m
 from fak.sdk.calls import Call, Calls, Lines, RefInfo, sampling, tool_body, working_set
 from fak.sdk.errors import FakAPIError, FakConnectionError
 from fak.sdk.streams import SSE, AsyncTextStream, TextStream
-
-if TYPE_CHECKING:
-    from fak.sdk.models import (
-        AdmissionOut,
-        CheckpointOut,
-        EntriesOut,
-        EntryOut,
-        EvictionOut,
-        ForgetReceipt,
-        ForgetStatus,
-        GenerateOut,
-        InclusionOut,
-        MaterialiseOut,
-        QuarantineOut,
-        ReceiptCheckOut,
-        RefsEvictedOut,
-        SegmentOut,
-        SessionOut,
-        ToolCallDecisionOut,
-    )
 
 __all__ = ["AsyncClient", "AsyncSession", "AsyncTextStream", "BlockingAPI", "Call", "Calls", "Client", "RefInfo",
            "Session", "TextStream", "tool_body", "working_set"]
@@ -94,7 +75,7 @@ def _delay(attempt: int, r: httpx.Response | None, backoff: float, backoff_max: 
         after = r.headers.get("retry-after", "")
         if after.isdigit():
             return min(float(after), backoff_max)
-    base = min(backoff_max, backoff * (2**attempt))
+    base = min(backoff_max, backoff * (2.0**attempt))
     return base * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not crypto
 
 
@@ -187,7 +168,8 @@ class _Plan:
         try:
             return self._steps.send(reply)
         except StopIteration as done:
-            return done.value
+            response: httpx.Response = done.value
+            return response
 
 
 # --- the blocking API, over any transport (HTTP here, the kernel in fak.sdk.local) -------
@@ -202,11 +184,11 @@ class Session:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r})"
 
-    def info(self) -> SessionOut:
+    def info(self) -> m.SessionOut:
         """The session: token count, fingerprint, ledger."""
         return self.client.call(Calls.get_session(self.id))
 
-    def ledger(self) -> list[SegmentOut]:
+    def ledger(self) -> list[m.SegmentOut]:
         """Every segment with its state, verdict, rule and provenance."""
         return self.info().segments
 
@@ -214,39 +196,39 @@ class Session:
         """BLAKE3 fingerprint of the live KV (equal fingerprints: equal caches)."""
         return self.info().fingerprint
 
-    def append(self, role: str, content: str) -> SegmentOut:
+    def append(self, role: str, content: str) -> m.SegmentOut:
         """Append a ``system`` or ``user`` message."""
         return self.client.call(Calls.append(self.id, role, content))
 
     def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-              tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
+              tags: Sequence[str] = (), source: str | None = None) -> m.AdmissionOut:
         """Send a tool result through the admission gate: the verdict, the ref, the segment.
         ``source``: the URL it came from (policy rules and trust may depend on its host)."""
         return self.client.call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
-    def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
+    def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> m.EvictionOut:
         """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
         return self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
-    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
+    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> m.ToolCallDecisionOut:
         """May the agent call ``name`` now? ALLOW, CONFIRM (a person approves) or DENY, from what
         is in attention; ``offending`` names the refs to evict (``evict_refs``) before asking again."""
         return self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
 
     def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
-                   reason: str = "tool_call") -> RefsEvictedOut:
+                   reason: str = "tool_call") -> m.RefsEvictedOut:
         """Evict these refs exactly (RECOMPUTE), and the assistant turns produced while they were
         in attention unless ``drop_generated`` is false."""
         return self.client.call(Calls.evict_refs(self.id, refs, drop_generated, reason))
 
     def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (), budget_tokens: int | None = None,
-                    *, model_id: str | None = None, tokenizer_id: str | None = None) -> MaterialiseOut:
+                    *, model_id: str | None = None, tokenizer_id: str | None = None) -> m.MaterialiseOut:
         """Make the session's tool context this working set (refs or ``tag:``/``tool:`` selectors)."""
         return self.client.call(Calls.materialise(
             self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
 
     def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
+                 top_p: float = 1.0, seed: int | None = None) -> m.GenerateOut:
         """Generate an assistant turn (appended to the session)."""
         body = sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
         return self.client.call(Calls.generate(self.id, body))
@@ -280,7 +262,7 @@ class BlockingAPI:
     def export_chunks(self) -> Iterator[bytes]:
         raise NotImplementedError
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """``GET /healthz`` (no key needed)."""
         return self.call(Calls.health())
 
@@ -292,22 +274,22 @@ class BlockingAPI:
         """A handle on an existing session (no request is made)."""
         return self.session_class(self, id)
 
-    def get_session(self, id: str) -> SessionOut:  # noqa: A002
+    def get_session(self, id: str) -> m.SessionOut:  # noqa: A002
         return self.call(Calls.get_session(id))
 
     def sessions(self) -> list[str]:
         """Ids of the tenant's sessions, oldest first."""
         return self.call(Calls.sessions())
 
-    def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
+    def forget(self, ref: str, reason: str | None = None) -> m.ForgetReceipt:
         """Erase ``ref`` everywhere in the tenant (admin key); the signed receipt."""
         return self.call(Calls.forget(ref, reason))
 
-    def forget_status(self, request_id: str) -> ForgetStatus:
+    def forget_status(self, request_id: str) -> m.ForgetStatus:
         """A forget by request id (auditor or admin key)."""
         return self.call(Calls.forget_status(request_id))
 
-    def quarantine(self, ref: str, reason: str) -> QuarantineOut:
+    def quarantine(self, ref: str, reason: str) -> m.QuarantineOut:
         """Late detection: evict ``ref`` from every live session of the tenant."""
         return self.call(Calls.quarantine(ref, reason))
 
@@ -320,11 +302,11 @@ class BlockingAPI:
         return self.call(Calls.ref_head(ref))
 
     # audit (auditor or admin key)
-    def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
+    def audit_entries(self, start: int = 0, limit: int = 100) -> m.EntriesOut:
         """One page of the tenant's audit entries from index ``start`` (``next_start`` for the next)."""
         return self.call(Calls.audit_entries(start, limit))
 
-    def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[EntryOut]:
+    def iter_audit_entries(self, start: int = 0, page: int = 500) -> Iterator[m.EntryOut]:
         """Every audit entry of the tenant from ``start``, page by page."""
         cursor: int | None = start
         while cursor is not None:
@@ -332,11 +314,11 @@ class BlockingAPI:
             yield from out.entries
             cursor = out.next_start
 
-    def audit_checkpoint(self) -> CheckpointOut:
+    def audit_checkpoint(self) -> m.CheckpointOut:
         """The latest signed checkpoint and the log's verifier key."""
         return self.call(Calls.audit_checkpoint())
 
-    def audit_inclusion(self, index: int) -> InclusionOut:
+    def audit_inclusion(self, index: int) -> m.InclusionOut:
         """Inclusion proof of the tenant's entry ``index`` against a signed checkpoint."""
         return self.call(Calls.audit_inclusion(index))
 
@@ -344,11 +326,11 @@ class BlockingAPI:
         """The same proof in the C2SP tlog-proof text form."""
         return self.call(Calls.audit_inclusion_tlog(index))
 
-    def audit_consistency(self, first: int, second: int | None = None) -> dict:
+    def audit_consistency(self, first: int, second: int | None = None) -> dict[str, Any]:
         """RFC 9162 consistency proof between tree sizes ``first`` and ``second`` (default: now)."""
         return self.call(Calls.audit_consistency(first, second))
 
-    def iter_audit_export(self) -> Iterator[dict]:
+    def iter_audit_export(self) -> Iterator[dict[str, Any]]:
         """The tenant's export, line by line: a head (checkpoint, key) then one entry with proof per line."""
         lines = Lines()
         for chunk in self.export_chunks():
@@ -364,7 +346,7 @@ class BlockingAPI:
                 n += len(chunk)
         return n
 
-    def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
+    def verify_receipt(self, receipt: m.ForgetReceipt | dict[str, Any]) -> m.ReceiptCheckOut:
         """Ask the server to check a receipt with its own log key. For an independent check,
         pin the key once (``audit_checkpoint().public_key``) and use
         ``fak.audit.receipt.verify_receipt(receipt, pinned_key)`` offline."""
@@ -405,11 +387,13 @@ class Client(BlockingAPI):
 
     def _do(self, action: Action) -> Reply:
         if isinstance(action, _Sleep):
-            return self._opt.sleep(action.seconds)
+            self._opt.sleep(action.seconds)
+            return None
         if isinstance(action, _Close):
             if action.read:
                 action.response.read()
-            return action.response.close()
+            action.response.close()
+            return None
         try:
             return self._http.send(action.request, stream=action.stream)
         except httpx.TransportError as exc:
@@ -457,41 +441,41 @@ class AsyncSession:
     def __repr__(self) -> str:
         return f"AsyncSession({self.id!r})"
 
-    async def info(self) -> SessionOut:
+    async def info(self) -> m.SessionOut:
         return await self.client.call(Calls.get_session(self.id))
 
-    async def ledger(self) -> list[SegmentOut]:
+    async def ledger(self) -> list[m.SegmentOut]:
         return (await self.info()).segments
 
     async def fingerprint(self) -> str:
         return (await self.info()).fingerprint
 
-    async def append(self, role: str, content: str) -> SegmentOut:
+    async def append(self, role: str, content: str) -> m.SegmentOut:
         return await self.client.call(Calls.append(self.id, role, content))
 
     async def admit(self, tool: str, content: str | bytes, *, media_type: str = "text/plain",
-                    tags: Sequence[str] = (), source: str | None = None) -> AdmissionOut:
+                    tags: Sequence[str] = (), source: str | None = None) -> m.AdmissionOut:
         return await self.client.call(Calls.admit(self.id, tool_body(tool, content, media_type, tags, source)))
 
-    async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> EvictionOut:
+    async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> m.EvictionOut:
         return await self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
     async def authorize_tool_call(self, name: str,
-                                  arguments: dict[str, Any] | str | None = None) -> ToolCallDecisionOut:
+                                  arguments: dict[str, Any] | str | None = None) -> m.ToolCallDecisionOut:
         return await self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
 
     async def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
-                         reason: str = "tool_call") -> RefsEvictedOut:
+                         reason: str = "tool_call") -> m.RefsEvictedOut:
         return await self.client.call(Calls.evict_refs(self.id, refs, drop_generated, reason))
 
     async def materialise(self, refs: Iterable[str] = (), exclude: Iterable[str] = (),
                           budget_tokens: int | None = None, *, model_id: str | None = None,
-                          tokenizer_id: str | None = None) -> MaterialiseOut:
+                          tokenizer_id: str | None = None) -> m.MaterialiseOut:
         return await self.client.call(Calls.materialise(
             self.id, working_set(refs, exclude, budget_tokens, model_id, tokenizer_id)))
 
     async def generate(self, max_tokens: int = 128, *, min_tokens: int = 0, temperature: float = 0.0,
-                       top_p: float = 1.0, seed: int | None = None) -> GenerateOut:
+                       top_p: float = 1.0, seed: int | None = None) -> m.GenerateOut:
         body = sampling(max_tokens, min_tokens, temperature, top_p, seed, False)
         return await self.client.call(Calls.generate(self.id, body))
 
@@ -537,11 +521,13 @@ class AsyncClient:
 
     async def _do(self, action: Action) -> Reply:
         if isinstance(action, _Sleep):
-            return await self._opt.sleep(action.seconds)
+            await self._opt.sleep(action.seconds)
+            return None
         if isinstance(action, _Close):
             if action.read:
                 await action.response.aread()
-            return await action.response.aclose()
+            await action.response.aclose()
+            return None
         try:
             return await self._http.send(action.request, stream=action.stream)
         except httpx.TransportError as exc:
@@ -580,7 +566,7 @@ class AsyncClient:
         finally:
             await r.aclose()
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         return await self.call(Calls.health())
 
     async def create_session(self, id: str | None = None) -> AsyncSession:  # noqa: A002
@@ -589,19 +575,19 @@ class AsyncClient:
     def session(self, id: str) -> AsyncSession:  # noqa: A002
         return AsyncSession(self, id)
 
-    async def get_session(self, id: str) -> SessionOut:  # noqa: A002
+    async def get_session(self, id: str) -> m.SessionOut:  # noqa: A002
         return await self.call(Calls.get_session(id))
 
     async def sessions(self) -> list[str]:
         return await self.call(Calls.sessions())
 
-    async def forget(self, ref: str, reason: str | None = None) -> ForgetReceipt:
+    async def forget(self, ref: str, reason: str | None = None) -> m.ForgetReceipt:
         return await self.call(Calls.forget(ref, reason))
 
-    async def forget_status(self, request_id: str) -> ForgetStatus:
+    async def forget_status(self, request_id: str) -> m.ForgetStatus:
         return await self.call(Calls.forget_status(request_id))
 
-    async def quarantine(self, ref: str, reason: str) -> QuarantineOut:
+    async def quarantine(self, ref: str, reason: str) -> m.QuarantineOut:
         return await self.call(Calls.quarantine(ref, reason))
 
     async def ref_content(self, ref: str) -> bytes:
@@ -610,10 +596,10 @@ class AsyncClient:
     async def ref_head(self, ref: str) -> RefInfo:
         return await self.call(Calls.ref_head(ref))
 
-    async def audit_entries(self, start: int = 0, limit: int = 100) -> EntriesOut:
+    async def audit_entries(self, start: int = 0, limit: int = 100) -> m.EntriesOut:
         return await self.call(Calls.audit_entries(start, limit))
 
-    async def iter_audit_entries(self, start: int = 0, page: int = 500) -> AsyncIterator[EntryOut]:
+    async def iter_audit_entries(self, start: int = 0, page: int = 500) -> AsyncIterator[m.EntryOut]:
         cursor: int | None = start
         while cursor is not None:
             out = await self.audit_entries(cursor, page)
@@ -621,19 +607,19 @@ class AsyncClient:
                 yield e
             cursor = out.next_start
 
-    async def audit_checkpoint(self) -> CheckpointOut:
+    async def audit_checkpoint(self) -> m.CheckpointOut:
         return await self.call(Calls.audit_checkpoint())
 
-    async def audit_inclusion(self, index: int) -> InclusionOut:
+    async def audit_inclusion(self, index: int) -> m.InclusionOut:
         return await self.call(Calls.audit_inclusion(index))
 
     async def audit_inclusion_tlog(self, index: int) -> str:
         return await self.call(Calls.audit_inclusion_tlog(index))
 
-    async def audit_consistency(self, first: int, second: int | None = None) -> dict:
+    async def audit_consistency(self, first: int, second: int | None = None) -> dict[str, Any]:
         return await self.call(Calls.audit_consistency(first, second))
 
-    async def iter_audit_export(self) -> AsyncIterator[dict]:
+    async def iter_audit_export(self) -> AsyncIterator[dict[str, Any]]:
         lines = Lines()
         async for chunk in self.export_chunks():
             for line in lines.feed(chunk):
@@ -641,5 +627,5 @@ class AsyncClient:
         for line in lines.end():
             yield json.loads(line)
 
-    async def verify_receipt(self, receipt: ForgetReceipt | dict[str, Any]) -> ReceiptCheckOut:
+    async def verify_receipt(self, receipt: m.ForgetReceipt | dict[str, Any]) -> m.ReceiptCheckOut:
         return await self.call(Calls.verify_receipt(receipt))

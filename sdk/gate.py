@@ -138,14 +138,16 @@ def _arguments(arguments: Any) -> dict[str, Any] | str | None:
 
 def authorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
     """May ``tool`` be called with ``arguments`` now? (blocking session)."""
-    return session.authorize_tool_call(tool, _arguments(arguments))
+    decision: ToolCallDecisionOut = session.authorize_tool_call(tool, _arguments(arguments))
+    return decision
 
 
 async def aauthorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
     """``authorize`` from asyncio: awaits an ``AsyncSession``, runs a blocking one in a thread."""
     if not inspect.iscoroutinefunction(session.authorize_tool_call):
         return await asyncio.to_thread(authorize, session, tool, arguments)
-    return await session.authorize_tool_call(tool, _arguments(arguments))
+    decision: ToolCallDecisionOut = await session.authorize_tool_call(tool, _arguments(arguments))
+    return decision
 
 
 def call_notice(d: ToolCallDecisionOut) -> str:

@@ -19,7 +19,7 @@ given (all of them by default, as the owner of the kernel) under the audit name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -80,7 +80,7 @@ def _ref(k: Kernel, c: Caller, args: dict[str, Any], content: bool) -> httpx.Res
     return httpx.Response(200, headers=ops.ref_headers(ref) | {"Content-Length": str(ref.size)})
 
 
-def _inclusion(k: Kernel, c: Caller, args: dict[str, Any], q: dict[str, Any]) -> Any:
+def _inclusion(k: Kernel, c: Caller, args: dict[str, Any], body: Any, q: dict[str, Any]) -> Any:
     out = ops.audit_inclusion(k, c, _bounded(args["index"], "index"), q.get("format", "json"))
     return httpx.Response(200, text=out) if isinstance(out, str) else out
 
@@ -166,7 +166,7 @@ class LocalClient(BlockingAPI):
         with _errors():
             turn = ops.open_turn(self.kernel, self.caller, call.args["sid"], GenerateIn.model_validate(call.json))
 
-        def events() -> Iterator[tuple[str, dict[str, Any]]]:
+        def events() -> Generator[tuple[str, dict[str, Any]], None, None]:
             with _errors():
                 while (event := turn.next_event()) is not None:
                     yield event

@@ -45,6 +45,7 @@ from collections import deque
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -105,7 +106,7 @@ class FakTool(BaseTool):
         refused = self._refused(authorize(self.session, self.inner.name, self._arguments(tool_input)))
         if refused is not None:
             return refused
-        config = {"callbacks": run_manager.get_child()} if run_manager else None
+        config = RunnableConfig(callbacks=run_manager.get_child()) if run_manager else None
         result = self.inner.invoke(tool_input, config=config)
         return self._outcome(result, screen(self.session, self.inner.name, result, media_type=self.media_type,
                                             tags=self.fak_tags))
@@ -116,7 +117,7 @@ class FakTool(BaseTool):
         refused = self._refused(await aauthorize(self.session, self.inner.name, self._arguments(tool_input)))
         if refused is not None:
             return refused
-        config = {"callbacks": run_manager.get_child()} if run_manager else None
+        config = RunnableConfig(callbacks=run_manager.get_child()) if run_manager else None
         result = await self.inner.ainvoke(tool_input, config=config)
         return self._outcome(result, await ascreen(self.session, self.inner.name, result,
                                                    media_type=self.media_type, tags=self.fak_tags))

@@ -262,6 +262,35 @@ def test_local_opens_and_closes_its_kernel(settings, tiny_lm):
     assert k._closed
 
 
+def test_local_audit_proofs_and_explicit_rights(local_kernel):
+    """local()'s audit calls answer as the routes do (the same operations), and a local client
+    acts with the rights it was given: an audit-only client reads the log, may not admit or
+    forget (403 forbidden, as a key of that role gets)."""
+    from fak.audit.merkle import verify_inclusion
+
+    with local(kernel=local_kernel, tenant="acme") as fak:
+        s = fak.create_session()
+        a = s.admit("lounge_info", LOUNGE)
+        proof = fak.audit_inclusion(a.audit_index)
+        p = proof.proof
+        assert proof.index == p["logIndex"] == a.audit_index
+        verify_inclusion(p["logIndex"], p["treeSize"], bytes.fromhex(proof.leaf_hash),
+                         [bytes.fromhex(h) for h in p["hashes"]], bytes.fromhex(p["rootHash"]))
+        assert fak.audit_inclusion_tlog(a.audit_index).strip()
+        assert fak.audit_consistency(1)["hashes"] is not None
+        with pytest.raises(FakAPIError) as e:
+            fak.audit_inclusion(-1)
+        assert (e.value.status, e.value.code) == (400, "invalid_input")
+    with local(kernel=local_kernel, tenant="acme", rights={"read", "audit"}) as auditor:
+        assert [x.index for x in auditor.iter_audit_entries()][-1] >= a.audit_index
+        for refused in (lambda: auditor.session(s.id).admit("t", "x"), lambda: auditor.forget(a.ref),
+                        lambda: auditor.create_session()):
+            with pytest.raises(FakAPIError) as e:
+                refused()
+            assert (e.value.status, e.value.code) == (403, "forbidden")
+        assert auditor.session(s.id).info().id == s.id
+
+
 # --- AsyncClient ------------------------------------------------------------------
 def test_async_client_flow(live_server):  # noqa: F811
     key = live_server.key("acme", "admin")

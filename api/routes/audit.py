@@ -14,7 +14,7 @@ every route here that presents entries, checkpoints or proofs answers 409
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -50,7 +50,8 @@ def checkpoint(who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -
 @router.get("/proof/inclusion/{index}", response_model=InclusionOut,
             responses={200: {"content": {"text/plain": {}}}})
 def inclusion(index: int = Path(..., ge=0, le=MAX_INDEX), format: Literal["json", "tlog"] = "json",  # noqa: A002 - the query parameter's name
-              who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)):  # noqa: ANN201, B008
+              who: Principal = Depends(AUDITOR),  # noqa: B008
+              k: Kernel = Depends(kernel)) -> InclusionOut | PlainTextResponse:  # noqa: B008
     """Proof that the caller's entry ``index`` is in the first signed checkpoint covering
     it; ``?format=tlog`` gives the C2SP tlog-proof text instead of JSON."""
     out = ops.audit_inclusion(k, caller(who), index, format)
@@ -62,7 +63,7 @@ def inclusion(index: int = Path(..., ge=0, le=MAX_INDEX), format: Literal["json"
 @router.get("/proof/consistency", response_model=dict)
 def consistency(first: int = Query(..., ge=0, le=MAX_INDEX, description="the older tree size"),
                 second: int | None = Query(None, ge=0, le=MAX_INDEX, description="the newer size (default: now)"),
-                who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> dict:  # noqa: B008
+                who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> dict[str, Any]:  # noqa: B008
     """RFC 9162 consistency proof between two tree sizes (roots and subtree hashes only)."""
     return ops.audit_consistency(k, caller(who), first, second)
 
@@ -76,7 +77,7 @@ def export(who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> St
 
 
 @router.post("/receipts/verify", response_model=ReceiptCheckOut)
-def verify_receipt(receipt: dict = Body(..., description="a forget receipt as returned by POST /v1/forget"),  # noqa: B008
+def verify_receipt(receipt: dict[str, Any] = Body(..., description="a forget receipt as returned by POST /v1/forget"),  # noqa: B008
                    who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> ReceiptCheckOut:  # noqa: B008
     """Check a forget receipt with this server's pinned log key (as ``fak audit
     verify-receipt --pubkey`` does offline): ``ok`` false says why, it is not an error."""

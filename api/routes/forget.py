@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
 
 from fak.api import models as m
@@ -14,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["forget"])
 
 
 @router.post("/forget", response_model=dict)
-def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depends(kernel)) -> dict:  # noqa: B008
+def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depends(kernel)) -> dict[str, Any]:  # noqa: B008
     """Erase a ref from every session, cache and store of the caller's tenant; the signed
     receipt verifies offline (``fak audit verify-receipt``). It answers once the erasure is done;
     the independent replay of each session's survivors follows (``replay_event`` null until
@@ -24,7 +26,8 @@ def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depend
 
 
 @router.get("/forget/{request_id}", response_model=dict)
-def get_forget(request_id: str, who: Principal = Depends(AUDITOR), k: Kernel = Depends(kernel)) -> dict:  # noqa: B008
+def get_forget(request_id: str, who: Principal = Depends(AUDITOR),  # noqa: B008
+               k: Kernel = Depends(kernel)) -> dict[str, Any]:  # noqa: B008
     return ops.forget_status(k, caller(who), request_id)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request
@@ -72,7 +73,7 @@ def evict_refs(sid: str, body: m.EvictRefsIn, who: Principal = Depends(AGENT),  
 
 
 @router.post("/{sid}/materialise", response_model=m.MaterialiseOut)
-def materialise(sid: str, body: dict, who: Principal = Depends(AGENT),  # noqa: B008
+def materialise(sid: str, body: dict[str, Any], who: Principal = Depends(AGENT),  # noqa: B008
                 k: Kernel = Depends(kernel)) -> m.MaterialiseOut:  # noqa: B008
     return ops.materialise(k, caller(who), sid, body)
 
@@ -80,7 +81,7 @@ def materialise(sid: str, body: dict, who: Principal = Depends(AGENT),  # noqa: 
 @router.post("/{sid}/generate", response_model=m.GenerateOut,
              responses={200: {"content": {"text/event-stream": {}}}})
 async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principal = Depends(AGENT),  # noqa: B008
-                   k: Kernel = Depends(kernel)):  # noqa: ANN201, B008
+                   k: Kernel = Depends(kernel)) -> m.GenerateOut | StreamingResponse:  # noqa: B008
     if not body.stream:
         return await run_in_threadpool(ops.generate, k, caller(who), sid, body)
     turn = await run_in_threadpool(ops.open_turn, k, caller(who), sid, body)  # errors before any 200
