@@ -28,8 +28,9 @@ from typing import Any, cast
 
 import torch
 
-from fak.audit import AuditLog, PolicyLoaded, TenantErased, TenantEraseRequested
+from fak.audit import PolicyLoaded, TenantErased, TenantEraseRequested
 from fak.audit.events import JudgeScope
+from fak.audit.log import AuditLog
 from fak.audit.receipt import ForgetReceipt
 from fak.cas import CasStore
 from fak.cas.models import DestroyResult, RotationResult

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from fak.audit import ForgetCompleted, ForgetRequested
 from fak.audit.events import LinkedRef
@@ -107,7 +108,7 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
         svc.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     units: list[dict[str, str]] = json.loads(row.units)
-    sessions: list[dict] = json.loads(row.sessions)
+    sessions: list[dict[str, Any]] = json.loads(row.sessions)
     fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
     # chunks that attended to the ref go first, so no session is served one while this runs
     units += [_unit("pic_chunk", c) for r in refs
@@ -203,7 +204,7 @@ def receipt_of(svc: Services, row: ForgetRow) -> ForgetReceipt:
     return ForgetReceipt.from_log(svc.audit, row.completed_index, replay_index=found)
 
 
-def _linked(svc: Services, tenant: str, ref: str, known: list[dict]) -> list[dict]:
+def _linked(svc: Services, tenant: str, ref: str, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The refs a forget of ``ref`` erases with it (``known``, then any other live ref linked
     to it by a redaction, ``StateStore.linked_refs``), each with its data key id read before the
     shred: [{ref, key_id, kek_version}]."""

@@ -233,15 +233,16 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
             pieces[i] = Piece(order[i][0], d, PieceVerdict.HIT, "pic", False, seg.length, seg.id, pic_tokens,
                               tuple(x.source_position for x in served))
             continue
+        placed: PieceVerdict
         if s.prefix_hit_tokens - before == seg.length:
-            v, reason = PieceVerdict.HIT, "prefix_cache"
+            placed, reason = PieceVerdict.HIT, "prefix_cache"
         elif drifted:
-            v, reason = PieceVerdict.RECOMPUTE, "policy_drift"
+            placed, reason = PieceVerdict.RECOMPUTE, "policy_drift"
         elif existed:
-            v, reason = PieceVerdict.RECOMPUTE, "position_changed"
+            placed, reason = PieceVerdict.RECOMPUTE, "position_changed"
         else:
-            v, reason = PieceVerdict.FAULT, "paged_in"
-        pieces[i] = Piece(order[i][0], d, v, reason, True, seg.length, seg.id)
+            placed, reason = PieceVerdict.FAULT, "paged_in"
+        pieces[i] = Piece(order[i][0], d, placed, reason, True, seg.length, seg.id)
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
     index = svc.audit.append(Materialisation(

@@ -38,7 +38,7 @@ from fak.settings import Settings
 from fak.state.store import StateStore, now_us
 
 if TYPE_CHECKING:
-    from fak.audit import AuditLog
+    from fak.audit.log import AuditLog
     from fak.kernel.model.llama import Llama
     from fak.kernel.model.loader import LoadedModel
     from fak.kernel.model.tokenizer import ChatTokenizer
