@@ -26,9 +26,10 @@ pytestmark = pytest.mark.client_install
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("fak", "kernel", "cas", "policy", "audit", "api", "sdk")
 SERVER_ONLY = ("torch", "sqlalchemy", "fastapi", "uvicorn", "numpy", "alembic", "pydantic_settings", "blake3")
-OFFLINE = re.compile(r"(Could not find a version|No matching distribution|Max retries exceeded|NewConnectionError|"
-                     r"Temporary failure in name resolution|Network is unreachable|Name or service not known|"
-                     r"ConnectionError|ProxyError|timed out)", re.IGNORECASE)
+# pip's words for a registry it cannot reach (a missing or misspelt dependency is a failure, not this)
+OFFLINE = re.compile(r"(Max retries exceeded|NewConnectionError|Temporary failure in name resolution|"
+                     r"Network is unreachable|Name or service not known|Connection refused|ConnectionError|"
+                     r"ProxyError|Read timed out|connect timeout)", re.IGNORECASE)
 
 CLIENT = r"""
 import json, sys
@@ -80,11 +81,13 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = _run([sys.executable, "-m", "venv", str(venv)])  # no --system-site-packages
     assert made.returncode == 0, made.stderr[-4000:]
     python = venv / "bin" / "python"
-    pip = _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)])
+    pip = _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--retries", "2", "--timeout", "30",
+                str(wheel)])
     if pip.returncode != 0 and OFFLINE.search(pip.stderr + pip.stdout):
-        last = (pip.stderr or pip.stdout).strip().splitlines()[-1:]
-        print(f"\nCLIENT-ONLY INSTALL NOT TESTED: pip cannot reach a package registry: {last}")
-        pytest.skip(f"pip cannot reach a package registry to install the client's dependencies: {last}")
+        lines = (pip.stderr + pip.stdout).strip().splitlines()
+        why = " / ".join([x.strip()[:160] for x in lines if OFFLINE.search(x)][:1] + lines[-1:])
+        print(f"\nCLIENT-ONLY INSTALL NOT TESTED: pip cannot reach a package registry: {why}")
+        pytest.skip(f"pip cannot reach a package registry to install the client's dependencies: {why}")
     assert pip.returncode == 0, pip.stderr[-4000:]
     return python
 
