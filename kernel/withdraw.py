@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fak.audit import RefExpired, RefQuarantined
 from fak.errors import NotFound
@@ -130,7 +130,7 @@ def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, S
             report = s.evict([x.id for x in victims], force=True)
             units += [WithdrawnUnit("pic_chunk", c) for c in report.pic_chunks_dropped]
         for x in victims:
-            x.mark(refs[x.ref])
+            x.mark(refs[cast(str, x.ref)])  # a victim is a tool segment of one of refs
         if any(r in x.provenance for x in s.ledger.live() for r in refs):
             ks.replace_with_replay(s)
         tx.commit()
