@@ -27,9 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from fak import Kernel, Settings
-from fak.api.server import serve  # the demo drives the whole stack: ``fak demo`` imports it only when it runs
+from fak.api.server import (  # the demo drives the whole stack: ``fak demo`` imports it only when it runs
+    LiveServer,
+    serve,
+)
 from fak.audit import AuditLog
-from fak.audit.receipt import verify_receipt
+from fak.audit.receipt import ForgetReceipt, verify_receipt
 from fak.audit.tenant_export import verify_tenant_export
 from fak.audit.verify import WitnessPolicy
 from fak.audit.witness import Witness, WitnessServer
@@ -67,7 +70,7 @@ def run_demo(model_path: str | None = None) -> int:
                 return _story(console, kernel, live, tmp, wkey, t0)
 
 
-def _replayed(admin, receipt, timeout: float = 120.0):  # noqa: ANN001, ANN202
+def _replayed(admin: Client, receipt: ForgetReceipt, timeout: float = 120.0) -> ForgetReceipt:
     """The receipt once the independent replay of the survivors completes it (the forget
     answered before it: ``GET /v1/forget/{id}`` serves it when logged)."""
     deadline = time.monotonic() + timeout
@@ -77,7 +80,7 @@ def _replayed(admin, receipt, timeout: float = 120.0):  # noqa: ANN001, ANN202
     return receipt
 
 
-def _story(console: Console, kernel: Kernel, live, tmp: str, wkey: str, t0: float) -> int:  # noqa: ANN001
+def _story(console: Console, kernel: Kernel, live: LiveServer, tmp: str, wkey: str, t0: float) -> int:
     """The refund assistant through the SDK over HTTP (the module docstring's five steps)."""
     console.print(f"[bold]fak demo[/]: model {kernel.model_id}, policy {kernel.policy.name}, "
                   f"API on {live.url}, data in {tmp}")
