@@ -33,9 +33,9 @@ TRACKED = 4096  # distinct fingerprints of each kind counted in one window; more
 class _Window:
     start_ms: int
     firsts: set[str] = field(default_factory=set)
-    reasons: Counter = field(default_factory=Counter)
-    keys: Counter = field(default_factory=Counter)
-    clients: Counter = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    keys: Counter[str] = field(default_factory=Counter)
+    clients: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
     timer: threading.Timer | None = None
 

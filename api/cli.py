@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the handlers import the server only when they run
+    from fak.api.keys import KeyStore
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = subparsers.add_parser("serve", help="serve the REST and OpenAI-compatible API")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8077)
@@ -34,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rv.add_argument("key_id")
     rv.add_argument("--config")
     rv.set_defaults(handler=_revoke)
-    keys.set_defaults(handler=lambda _a: (keys.print_help(), 2)[1])
+
+    def usage(_args: argparse.Namespace) -> int:  # `fak keys` alone: its subcommands
+        keys.print_help()
+        return 2
+
+    keys.set_defaults(handler=usage)
 
 
 def _duration(text: str) -> float:
@@ -43,7 +53,7 @@ def _duration(text: str) -> float:
     return duration(text)
 
 
-def _key_store(config: str | None, audited: bool):  # noqa: ANN202
+def _key_store(config: str | None, audited: bool) -> AbstractContextManager[KeyStore]:
     """The deployment's key store; ``audited``: with its audit log (creating and revoking log)."""
     from fak.api.keys import open_key_store
     from fak.settings import Settings

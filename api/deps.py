@@ -16,7 +16,8 @@ from fak.kernel.operations import Caller, Right
 
 
 def kernel(request: Request) -> Kernel:
-    return request.app.state.kernel
+    k: Kernel = request.app.state.kernel
+    return k
 
 
 def _presented(request: Request) -> str | None:
@@ -42,8 +43,9 @@ def principal(request: Request) -> Principal:
     if check.principal is None:
         _log_failure(request, check.reason or "unknown_key", check.fingerprint)
         raise Unauthorized("a valid API key is required (Authorization: Bearer fak_...)")
-    request.state.principal = check.principal
-    return check.principal
+    who: Principal = check.principal
+    request.state.principal = who
+    return who
 
 
 def require(*roles: Role) -> Callable[..., Principal]:

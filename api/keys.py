@@ -116,10 +116,10 @@ class _AlarmWindow:
         """Count a refusal; the refusals to report when an alarm is due now, else None."""
         now = time.monotonic()
         with self._lock:
-            last, pending = self._seen.pop(key_id, (None, 0))
-            pending += 1
-            due = last is None or now - last >= self._window
-            self._seen[key_id] = (now, 0) if due else (last, pending)
+            previous = self._seen.pop(key_id, None)
+            pending = 1 if previous is None else previous[1] + 1
+            due = previous is None or now - previous[0] >= self._window
+            self._seen[key_id] = (now, 0) if previous is None or due else (previous[0], pending)
             while len(self._seen) > self._max:
                 self._seen.popitem(last=False)
         return pending if due else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -34,6 +35,9 @@ from fak.kernel.events import (
     TokensDecoded,
     ToolCallDecided,
 )
+
+if TYPE_CHECKING:
+    from fak.kernel.facade import Kernel
 
 UNMATCHED = "<unmatched>"  # requests no route matched (404 and the like)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -105,7 +109,7 @@ class _Middleware:
 class _TenantView:
     """What one tenant's scrape shows: its own series (label dropped) and Kernel figures."""
 
-    def __init__(self, metrics: Metrics, kernel, tenant: str) -> None:  # noqa: ANN001 - fak.Kernel
+    def __init__(self, metrics: Metrics, kernel: Kernel, tenant: str) -> None:
         self.metrics, self.kernel, self.tenant = metrics, kernel, tenant
 
     def collect(self) -> Iterator[Metric]:
@@ -127,7 +131,7 @@ class _TenantView:
                                 value=tokens / seconds if seconds > 0 else 0.0)
 
 
-def _kernel_families(k, tenant: str) -> Iterator[Metric]:  # noqa: ANN001
+def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
     if k.prefix is not None:
         st = k.prefix.stats_for(k.namespace(tenant))
         yield CounterMetricFamily("fak_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache",

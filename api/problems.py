@@ -26,9 +26,10 @@ class Unauthorized(FakError):
     status = 401
 
 
-def problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None,
-            **extra: object) -> JSONResponse:
-    body = {"type": TYPE_BASE + code, "title": code.replace("_", " "), "status": status, "detail": detail} | extra
+def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | None = None,
+            extra: dict[str, object] | None = None) -> JSONResponse:
+    """An RFC 9457 problem+json answer; ``extra``: the problem's extension members."""
+    body = {"type": TYPE_BASE + code, "title": code.replace("_", " "), "status": status, "detail": detail} | (extra or {})
     headers = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if status == 401 else {})
     return JSONResponse(body, status_code=status, media_type=MEDIA, headers=headers or None)
 
@@ -42,7 +43,7 @@ def database_down(exc: BaseException) -> bool:
     happen (its transaction never committed), so the answer is a 503 to retry, not a 500."""
     import sqlalchemy as sa
 
-    transient = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
+    transient: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
     try:
         import psycopg
 
@@ -86,7 +87,7 @@ def install(app: FastAPI) -> None:
             # message, a path): logged instead; errors marked public say what the client can do (disk full)
             log.error("%s: %s", exc.code, exc)
             return problem(status, exc.code, "internal error (logged on the server)")
-        return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], **extra)
+        return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], extra=extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -94,7 +95,8 @@ def install(app: FastAPI) -> None:
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
         return problem(400, "invalid_input", f"{where}: {first.get('msg')}",
-                       errors=[{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg"))} for e in errors[:20]])
+                       extra={"errors": [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg"))}
+                                         for e in errors[:20]]})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

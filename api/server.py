@@ -31,7 +31,8 @@ class LiveServer:
 
     def key(self, tenant: str, role: str) -> str:
         """A new API key for ``tenant`` with ``role`` (agent | auditor | admin)."""
-        return self.app.state.keys.create(tenant, role)[0]
+        key: str = self.app.state.keys.create(tenant, role)[0]
+        return key
 
     def client(self, key: str | None = None, **options: Any) -> httpx.Client:
         """An httpx client on this server (no proxies from the environment), with ``key``

@@ -445,7 +445,9 @@ class _Run:
         last = self.ks.ledger()[-1] if produced else None
         if last is not None and last["kind"] == "assistant":  # the turn's opener is prompt too
             closing = len(self.k.tokenizer.close_turn(produced[-1]))
-            prompt += int(last["length"]) - (len(produced) - 1) - closing
+            length = last["length"]
+            assert isinstance(length, int)  # a ledger summary's length is its token count
+            prompt += length - (len(produced) - 1) - closing
         return Usage(prompt_tokens=prompt, completion_tokens=len(produced), total_tokens=prompt + len(produced),
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=min(self.cached, prompt)))
 
@@ -520,7 +522,7 @@ def _complete(k: Kernel, who: Principal, body: ChatCompletionRequest) -> ChatCom
 @router.post("/chat/completions", response_model=ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}}}})
 async def chat_completions(body: ChatCompletionRequest, who: Principal = Depends(AGENT),  # noqa: B008
-                           k: Kernel = Depends(kernel)):  # noqa: ANN201, B008
+                           k: Kernel = Depends(kernel)) -> ChatCompletion | StreamingResponse:  # noqa: B008
     """OpenAI chat completions over a session of the caller's tenant (see the module notes)."""
     if not body.stream:
         return await run_in_threadpool(_complete, k, who, body)

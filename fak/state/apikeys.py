@@ -24,14 +24,21 @@ MAC_VERSION = "v1"
 
 
 class KeyRowFields(Protocol):
-    """What the MAC covers (``fak.state.schema.ApiKeyRow`` has these)."""
+    """What the MAC covers (``fak.state.schema.ApiKeyRow`` has these); read-only members, so a
+    frozen stand-in for a missing row fits too."""
 
-    key_id: str
-    tenant: str
-    role: str
-    hash: str
-    revoked_us: int | None
-    expires_us: int | None
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def hash(self) -> str: ...
+    @property
+    def revoked_us(self) -> int | None: ...
+    @property
+    def expires_us(self) -> int | None: ...
 
 
 def row_mac(mac_key: bytes, row: KeyRowFields) -> str:
