@@ -13,8 +13,6 @@ they were.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -26,24 +24,22 @@ from pydantic import ValidationError
 
 from fak.audit import AdmissionVerdict, Eviction, SessionRebuilt
 from fak.audit import ToolCallDecision as DecisionEvent
-from fak.cas.errors import CasError
-from fak.errors import Conflict, Forbidden, InvalidInput, NotFound
-from fak.kernel.authorize import ToolCallDecision, args_digest
+from fak.errors import Conflict, Forbidden, InvalidInput
+from fak.kernel.authorize import AttentionView, ToolCallDecision, args_digest
+from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
-from fak.kernel.kv.pic_serve import PicBinding
-from fak.kernel.kv.session import EvictionReport, EvictMode, PrefixBinding, Session, SessionOptions, replay
+from fak.kernel.kv.session import EvictionReport, EvictMode, Session
 from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.model.generate import SamplingParams
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import Services, SessionBusy
+from fak.kernel.session_options import new_session, pic_binding, replayed, session_options
 from fak.kernel.transaction import ForgetProgress, Transaction
 from fak.kernel.withdraw import evict_in_place, expire, expire_due, lifetime
 from fak.policy import GateContext, Verdict, VerdictKind
 from fak.policy.late import LateJob
-from fak.state.schema import SegmentRow, SessionRow
-from fak.state.seal import Plain, needs_seal, seal, unseal
-from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
+from fak.state.store import now_us
 from fak.types import as_id, check_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
@@ -98,13 +94,6 @@ def _turns(s: Session) -> int:
     return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
 
 
-def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
-    """What a sealed ciphertext stands for: its refs and plaintext (in memory only)."""
-    return hashlib.blake2b(json.dumps(sorted(refs)).encode() + b"\x00" + plain.encode(), digest_size=32).digest()
-
-
-
-
 class KernelSession:
     """Get one from ``Kernel.session(tenant, id)``; thread-safe (one lock per session)."""
 
@@ -116,13 +105,11 @@ class KernelSession:
         self._lock = threading.Lock()
         self._mech: Session | None = None
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
-        self._attention_cache: tuple[tuple[int, int, int], dict[str, tuple[str, str | None]]] | None = None
-        # segment id → (what was sealed: a digest of refs and plaintext, the ciphertext): a ledger
-        # is rewritten whole on every change, its sealed segments are not re-derived each time
-        self._sealed: dict[str, tuple[bytes, bytes | None]] = {}
+        self._ledger = DurableLedger(services, tenant, session_id, created_us)
+        self._in_attention = AttentionView(services.producers, tenant)
         self.last_used = time.monotonic()
         if fresh:
-            self._mech = self._new_mech()
+            self._mech = new_session(services, tenant, session_id)
             self._persist()
 
     # --- locking and loading --------------------------------------------------
@@ -133,7 +120,7 @@ class KernelSession:
             s = self._loaded()
             self._settle(s)
             s = self._loaded()
-            s.pic = self._pic_binding()  # the active policy decides, also after a reload
+            s.pic = pic_binding(self.services, self.tenant)  # the active policy decides, also after a reload
             yield s
         finally:
             self._release()
@@ -147,21 +134,20 @@ class KernelSession:
     def _settle(self, s: Session) -> None:
         """Apply, before anything else, what was decided while the session was busy: a
         quarantine or expiry still pending here, and refs whose lifetime in turns has ended."""
-        k = self.services
-        pending = k.withdrawals.pending(self.tenant)
+        pending = self.services.withdrawals.pending(self.tenant)
         live = s.ledger.live()
         if pending:
             # its own segments of a pending ref, or rows that attended to one (PIC chunks)
             due = {r: state for r, state in pending.items() if any(x.ref == r or r in x.provenance for x in live)}
             if due:
-                evict_in_place(k, self, s, due)
+                evict_in_place(self.services, self, s, due)
                 live = s.ledger.live()
         expiring = [x for x in live if x.expires_turn is not None]
         if expiring:
             turns = _turns(s)
             for ref in dict.fromkeys(x.ref for x in expiring
                                      if x.expires_turn is not None and turns >= x.expires_turn and x.ref):
-                expire(k, self.tenant, ref, cause="turns", held=self)
+                expire(self.services, self.tenant, ref, cause="turns", held=self)
 
     def _before_use(self) -> None:
         """Execute expiries whose time has come before attention is used (outside any lock)."""
@@ -255,7 +241,7 @@ class KernelSession:
 
     def replace_with_replay(self, s: Session) -> Session:
         """Swap ``s`` for an exact replay of its ledger (rows attended to a withdrawn ref)."""
-        self._mech = self._replayed(s)
+        self._mech = replayed(self.services, self.tenant, self.id, s)
         return self._mech
 
     def drop_derived(
@@ -282,198 +268,32 @@ class KernelSession:
             raise ContextFull(f"{what} would make the session {s.cache.length} tokens long; "
                               f"the context holds {limit}")
 
-    def _binding(self) -> PrefixBinding | None:
-        k = self.services
-        policy = k.policy
-        if k.prefix is None or not policy.spec.reuse.prefix:
-            return None
-        return PrefixBinding(k.prefix, k.keys.namespace(self.tenant), priority=policy.spec.retention.cache_priority)
-
-    def _pic_binding(self) -> PicBinding | None:
-        """PIC only where the active policy allows approximate reuse."""
-        k = self.services
-        if not k.policy.spec.reuse.pic_approximate:
-            return None
-        return PicBinding(k.pic, k.keys.namespace(self.tenant), recompute_first=k.settings.pic_recompute_first,
-                          blend_fraction=k.settings.pic_blend_fraction)
-
-    def _mech_options(self) -> SessionOptions:
-        """What this conversation's ``Session`` is built with besides the model."""
-        k = self.services
-        return SessionOptions(
-            tokenizer=k.tokenizer,
-            session_id=self.id,
-            tenant=self.tenant,
-            chunk_size=k.settings.chunk_size,
-            protected_kinds=k.policy.spec.protected_kinds,
-            prefix=self._binding(),
-            pic=self._pic_binding(),
-        )
-
-    def _new_mech(self) -> Session:
-        return Session(self.services.model, **self._mech_options())
-
-    # --- durable ledger -------------------------------------------------------
-    def _rows(self, s: Session, fingerprint: str | None = None) -> tuple[SessionRow, list[SegmentRow]]:
-        k = self.services
-        head = SessionRow(
-            tenant=self.tenant, id=self.id, created_us=self.created_us, updated_us=now_us(), model_id=k.model_id,
-            tokenizer_id=k.tokenizer_id, chunk_size=s.chunk_size, next_segment=s.ledger.next_number,
-            fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length, approximate=s.approximate,
-        )  # fmt: skip
-        segs = []
-        sealed = self._seal_all(s)
-        for i, seg in enumerate(s.ledger.segments):
-            message = s.message(seg.id)
-            keep = seg.live and seg.kind is not SegmentKind.TOOL  # tool tokens come back from the CAS
-            ciphertext = sealed.get(seg.id)
-            clear = keep and ciphertext is None  # trusted text (no content provenance): in the clear
-            segs.append(SegmentRow(
-                tenant=self.tenant, session_id=self.id, id=seg.id, seq=i, kind=seg.kind.value,
-                state=seg.state.value, ref=seg.ref, verdict=seg.verdict, rule=seg.rule,
-                policy_digest=seg.policy_digest, protected=seg.protected, chunks=json.dumps(seg.chunks),
-                ntokens=seg.length if seg.live else seg.removed_tokens,
-                tokens=pack_tokens(seg.tokens) if clear else None,
-                message_role=message["role"] if clear and message else None,
-                message_text=message["content"] if clear and message else None,
-                sealed=ciphertext if keep else None,
-                attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
-                expires_turn=seg.expires_turn,
-            ))  # fmt: skip
-        return head, segs
-
-    def _seal_all(self, s: Session) -> dict[str, bytes]:
-        """The ciphertext of every live text segment derived from tool content (``fak.state.seal``):
-        from the cache when its refs and plaintext are unchanged, else sealed now under a key
-        derived from its refs' data keys (one key-database read for all new ones)."""
-        out: dict[str, bytes] = {}
-        todo: list[tuple[Segment, Plain, bytes]] = []
-        for seg in s.ledger.live():
-            if seg.kind is SegmentKind.TOOL or not seg.content:
-                continue
-            message = s.message(seg.id)
-            plain = Plain(list(seg.tokens), message["role"] if message else None, message["content"] if message else None)
-            mark = _seal_mark(seg.content, plain)
-            cached = self._sealed.get(seg.id)
-            if cached is not None and cached[0] == mark:
-                if cached[1] is not None:
-                    out[seg.id] = cached[1]
-                continue
-            todo.append((seg, plain, mark))
-        if todo:
-            keys = self._content_keys(frozenset().union(*(seg.content for seg, _, _ in todo)))
-            for seg, plain, mark in todo:
-                mine = {r: keys[r] for r in seg.content}
-                ciphertext = seal(mine, self.tenant, self.id, seg.id, plain) if needs_seal(mine) else None
-                self._sealed[seg.id] = (mark, ciphertext)
-                if ciphertext is not None:
-                    out[seg.id] = ciphertext
-        live = {seg.id for seg in s.ledger.live()}
-        for sid in [x for x in self._sealed if x not in live]:
-            del self._sealed[sid]
-        return out
-
-    def _content_keys(self, refs: frozenset[str]) -> dict[str, bytes]:
-        """The data keys of ``refs``, to seal or open what derives from them."""
-        try:
-            return self.services.store.content_keys(self.tenant, refs)
-        except CasError as exc:
-            raise StateError(f"session {self.id}: a segment derives from a ref whose data key is gone ({exc}); "
-                             "was it erased outside the kernel (fak cas forget)? Forget it through the kernel "
-                             "to drop what derives from it") from exc
-
+    # --- durable ledger (``fak.kernel.durable_ledger``) ------------------------
     def _persist(self, forget: ForgetProgress | None = None, fingerprint: str | None = None) -> None:
-        """Write the ledger; ``fingerprint``: the KV's, when the caller has just computed it
-        (hashing the whole KV again is the costliest part of a write)."""
-        head, segs = self._rows(self._loaded(), fingerprint)
-        self.services.state.save_session(head, segs, forget)
+        """Write the ledger of the loaded session; ``fingerprint``: the KV's, when the caller has
+        just computed it (hashing the whole KV again is the costliest part of a write)."""
+        self._ledger.write(self._loaded(), forget, fingerprint)
 
     def _rebuild(self) -> Session:
-        """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) and
-        check that the KV reaches the recorded fingerprint."""
-        k = self.services
-        found = k.state.session(self.tenant, self.id)
-        if found is None:
-            raise NotFound(f"no session {self.id!r}")  # deleted meanwhile
-        head, rows = found
-        opened = self._open_sealed(rows)
-        segments: list[Segment] = []
-        messages: dict[str, dict[str, str]] = {}  # of the live segments, in ledger order
-        for row in rows:
-            kind, state = SegmentKind(row.kind), SegmentState(row.state)
-            chunks = json.loads(row.chunks)
-            content = frozenset(json.loads(row.content))
-            verdict = VerdictKind(row.verdict) if row.verdict is not None else None  # persisted as its string
-            if state is not SegmentState.LIVE:
-                segments.append(Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
-                                        verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
-                                        content=content, protected=row.protected,
-                                        provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                                        expires_turn=row.expires_turn))
-                continue
-            message: dict[str, str] | None
-            if kind is SegmentKind.TOOL:
-                if not row.ref:
-                    raise StateError(f"session {self.id}: tool segment {row.id} has no ref")
-                message = {"role": "tool", "content": k.tool_text(self.tenant, row.ref)}
-                tokens = k.tokenizer.encode_message(list(messages.values()), message)
-            elif row.id in opened:
-                plain = opened[row.id]
-                tokens = plain.tokens
-                message = {"role": plain.role, "content": plain.text or ""} if plain.role else None
-            else:
-                tokens = unpack_tokens(row.tokens or b"")
-                message = {"role": row.message_role, "content": row.message_text or ""} if row.message_role else None
-            if len(tokens) != row.ntokens:
-                raise StateError(f"session {self.id}: segment {row.id} rebuilt to {len(tokens)} tokens, "
-                                 f"the ledger says {row.ntokens}")
-            if message is not None:
-                messages[row.id] = message
-            segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
-                                    verdict=verdict, rule=row.rule, content=content,
-                                    policy_digest=row.policy_digest, protected=row.protected,
-                                    expires_turn=row.expires_turn))
-        options = self._mech_options()
-        options["chunk_size"] = head.chunk_size
-        # exact (the fingerprint check needs it); later appends may use PIC
-        s = replay(k.model, segments, messages=messages, **options)
-        s.ledger.continue_from(head.next_segment)
-        fingerprint = s.fingerprint()
-        if head.model_id != k.model_id:
-            # recorded under another model or weight format (FAK_WEIGHTS changed): the same
-            # ledger computes other bytes here; the replay becomes the state, and says why
-            self._cause = "model_changed" if self._cause != "rollback" else self._cause
+        """The session replayed from the durable ledger (checked against its fingerprint), and
+        logged (``SessionRebuilt``) with why it was rebuilt."""
+        loaded = self._ledger.load(session_options(self.services, self.tenant, self.id))
+        s = loaded.session
+        if loaded.replaces_record:
+            # recorded under another model or weight format (FAK_WEIGHTS changed: the same ledger
+            # computes other bytes here), or with approximate KV (REROPE, PIC) no replay
+            # reproduces: the exact replay becomes the state, is recorded, and says why
+            if loaded.model_changed and self._cause != "rollback":
+                self._cause = "model_changed"
             self._mech = s
-            self._persist(fingerprint=fingerprint)
-        elif head.approximate:
-            # REROPE or PIC left KV no replay reproduces; the replay is the exact state of the
-            # same ledger (what RECOMPUTE would have given), so it replaces it, and is recorded
-            self._mech = s
-            self._persist(fingerprint=fingerprint)
-        elif fingerprint != head.fingerprint:
-            raise StateError(f"session {self.id} rebuilt to fingerprint {fingerprint}, "
-                             f"the ledger recorded {head.fingerprint}: refusing to serve it")
+            self._persist(fingerprint=loaded.fingerprint)
         if self._cause != "rollback":  # a rollback restores the last logged state: nothing new to record
-            k.audit.append(SessionRebuilt(
+            self.services.audit.append(SessionRebuilt(
                 tenant=self.tenant, session_id=self.id, segments=len(s.ledger.live()), tokens=s.cache.length,
-                fingerprint=k.keys.audit_fingerprint(self.tenant, fingerprint), cause=self._cause))
+                fingerprint=self.services.keys.audit_fingerprint(self.tenant, loaded.fingerprint),
+                cause=self._cause))
         self._cause = "restart"
         return s
-
-    def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:
-        """Open the live sealed rows of a ledger (their refs' data keys read once) and
-        remember their ciphertext, so the next write does not seal them again."""
-        sealed = [(r, r.sealed) for r in rows if r.sealed is not None and r.state == SegmentState.LIVE.value]
-        if not sealed:
-            return {}
-        contents = {r.id: frozenset(json.loads(r.content)) for r, _ in sealed}
-        keys = self._content_keys(frozenset().union(*contents.values()))
-        out: dict[str, Plain] = {}
-        for r, ciphertext in sealed:
-            plain = unseal({x: keys[x] for x in contents[r.id]}, self.tenant, self.id, r.id, ciphertext)
-            out[r.id] = plain
-            self._sealed[r.id] = (_seal_mark(contents[r.id], plain), ciphertext)
-        return out
 
     # --- reading --------------------------------------------------------------
     def ledger(self) -> list[dict[str, object]]:
@@ -556,21 +376,21 @@ class KernelSession:
         tags = [check_id(t) for t in tags]
         if source is not None and (not isinstance(source, str) or len(source) > MAX_SOURCE or not source.isprintable()):
             raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
-        k = self.services
+        services, state, store = self.services, self.services.state, self.services.store
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
-            policy = k.policy
-            if k.state.forget_pending(self.tenant, k.store.digest_of(data, self.tenant)):
+            policy = services.policy
+            if state.forget_pending(self.tenant, store.digest_of(data, self.tenant)):
                 raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
-            ref = k.store.put(data, media_type, self.tenant).digest
-            meta = k.state.ref(self.tenant, ref)
+            ref = store.put(data, media_type, self.tenant).digest
+            meta = state.ref(self.tenant, ref)
             if meta is not None and meta.quarantined:
                 # a late detection already judged these bytes: a resend must not undo it
                 verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=QUARANTINED_RULE,
                                   policy_digest=policy.digest, tool=tool, input_bytes=len(data))
             else:
-                verdict = k.gate(policy, tool, data,
+                verdict = services.gate(policy, tool, data,
                                  GateContext(media_type=media_type, source=source, tenant=self.tenant,
                                              session=self.id, ref=ref))
             kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
@@ -578,14 +398,14 @@ class KernelSession:
             body, admitted_ref = data, (ref if admitted else None)
             if kind is VerdictKind.REDACT and verdict.redacted_bytes is not None:
                 body = verdict.redacted_bytes
-                derived = k.store.digest_of(body, self.tenant)
+                derived = store.digest_of(body, self.tenant)
                 if derived != ref:
-                    if k.state.forget_pending(self.tenant, derived):
+                    if state.forget_pending(self.tenant, derived):
                         raise RefBeingForgotten("the redacted form of these bytes is being forgotten; admit them "
                                                 "again once the forget completed")
                     # linked before the redacted bytes are stored: a forget of either form finds both
-                    k.state.link_refs(self.tenant, ref, derived)
-                admitted_ref = k.store.put(body, media_type, self.tenant).digest
+                    state.link_refs(self.tenant, ref, derived)
+                admitted_ref = store.put(body, media_type, self.tenant).digest
             segment_id = s.ledger.new_id()
             event = AdmissionVerdict(  # validated before anything changes
                 tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=as_id(tool), ref=ref,
@@ -612,31 +432,31 @@ class KernelSession:
                                                segment_id=segment_id)
             index = tx.audit(event)
             if admitted and admitted_ref is not None:
-                k.state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
+                state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
                                    expires_us=expires_us, source=source)
-                k.store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                k.producers.note(self.tenant, admitted_ref, (tool, source))
-                k.withdrawals.note_expiry(expires_us)
-                k.withdrawals.clear(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
+                store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
+                services.producers.note(self.tenant, admitted_ref, (tool, source))
+                services.withdrawals.note_expiry(expires_us)
+                services.withdrawals.clear(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
             if admitted_ref != ref:
-                k.state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
+                state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
                                    source=source)
-                k.producers.note(self.tenant, ref, (tool, source))
+                services.producers.note(self.tenant, ref, (tool, source))
             if not admitted:
-                k.store.set_taint(ref, self.tenant, "quarantined")
+                store.set_taint(ref, self.tenant, "quarantined")
             tx.commit()
-            k.events.publish(AdmissionDecided(self.tenant, verdict.kind))
+            services.events.publish(AdmissionDecided(self.tenant, verdict.kind))
             if admitted and admitted_ref is not None:
                 self._late_check(tool, admitted_ref, body, verdict.trust or "untrusted")
             return Admission(verdict, ref, admitted_ref, segment, index)
 
     def _late_check(self, tool: str, ref: str, body: bytes, trust: str) -> None:
         """Hand an admitted result to the late detectors, with the trust the gate applied."""
-        k = self.services
-        if k.late.runner is None:
+        late = self.services.late
+        if late.runner is None:
             return
-        k.late.submit(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
-                              text=body.decode("utf-8", errors="replace"), admitted_at=time.time()), k.policy)
+        late.submit(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
+                            text=body.decode("utf-8", errors="replace"), admitted_at=time.time()), self.services.policy)
 
     # --- eviction -------------------------------------------------------------
     def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
@@ -668,12 +488,11 @@ class KernelSession:
         Whoever generated the call: this session's model, or a framework's model reporting it."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
-        k = self.services
-        digest = args_digest(k.keys.tool_args_key(), args)
+        services = self.services
+        digest = args_digest(services.keys.tool_args_key(), args)
         self._before_use()
         with self._locked() as s:
-            producers = self._attention(s)
-            decision = k.authorizers.current(k.policy).decide(name, producers)
+            decision = services.authorizers.current(services.policy).decide(name, self._in_attention.of(s))
             event = DecisionEvent(
                 tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
                 verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
@@ -681,21 +500,9 @@ class KernelSession:
                 policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
                 audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
             )  # fmt: skip
-            index = k.audit.append(event)
-        k.events.publish(ToolCallDecided(self.tenant, decision.verdict))
+            index = services.audit.append(event)
+        services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return replace(decision, audit_index=index)
-
-    def _attention(self, s: Session) -> dict[str, tuple[str, str | None]]:
-        """Refs in the attention provenance of the live KV, each with the tool that produced
-        it; cached until the ledger changes: every change appends a segment (more segments)
-        or evicts one (fewer rows), so (session object, segments, rows) names a state."""
-        key = (id(s), len(s.ledger.segments), s.cache.length)
-        cached = self._attention_cache
-        if cached is None or cached[0] != key:
-            refs = sorted(frozenset().union(*(x.provenance for x in s.ledger.live())))
-            producers = {ref: self.services.producers.of(self.tenant, ref) for ref in refs}
-            cached = self._attention_cache = (key, producers)
-        return cached[1]
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
@@ -812,7 +619,7 @@ class KernelSession:
                 for x in victims:
                     x.mark(SegmentState.FORGOTTEN)
         if any(refs & x.provenance for x in s.ledger.live()) or s.approximate:
-            self._mech = s = self._replayed(s)
+            self._mech = s = replayed(self.services, self.tenant, self.id, s)
         survivors = [replace(x, tokens=list(x.tokens), chunks=list(x.chunks)) for x in s.ledger.live()]
         return victims, nodes, chunks, s.fingerprint(), survivors
 
@@ -825,10 +632,3 @@ class KernelSession:
             if any(i not in live for i in segment_ids):
                 return None
             return s.replay_fingerprint([live[i] for i in segment_ids])
-
-    def _replayed(self, s: Session) -> Session:
-        """A fresh exact session with the same ledger (live segments replayed)."""
-        messages = {x.id: m for x in s.ledger.live() if (m := s.message(x.id)) is not None}
-        fresh = replay(self.services.model, s.ledger.segments, messages=messages, **self._mech_options())
-        fresh.ledger.continue_from(s.ledger.next_number)
-        return fresh

@@ -27,6 +27,7 @@ from fak.errors import InvalidInput
 from fak.policy import tool_settings
 
 if TYPE_CHECKING:
+    from fak.kernel.kv.session import Session
     from fak.policy import Policy
     from fak.policy.schema import ToolCallRule
     from fak.state.store import StateStore
@@ -207,3 +208,24 @@ class Producers:
         """Drop the cache: the next question reads the state database (as after a restart)."""
         with self._lock:
             self._known.clear()
+
+
+class AttentionView:
+    """The refs in the attention provenance of one session's live KV, each with the tool (and
+    URL) that produced it: what ``Authorizer.decide`` reads. Cached until the ledger changes:
+    every change appends a segment (more segments) or evicts one (fewer rows), so (session
+    object, segments, rows) names a state."""
+
+    def __init__(self, producers: Producers, tenant: str) -> None:
+        self._producers = producers
+        self._tenant = tenant
+        self._cached: tuple[tuple[int, int, int], dict[str, Producer]] | None = None
+
+    def of(self, s: Session) -> dict[str, Producer]:
+        """The refs in ``s``'s attention with their producers."""
+        key = (id(s), len(s.ledger.segments), s.cache.length)
+        cached = self._cached
+        if cached is None or cached[0] != key:
+            refs = sorted(frozenset[str]().union(*(x.provenance for x in s.ledger.live())))
+            cached = self._cached = (key, {ref: self._producers.of(self._tenant, ref) for ref in refs})
+        return cached[1]
