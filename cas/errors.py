@@ -6,11 +6,11 @@ nobody stored: no existence oracle across tenants."""
 from __future__ import annotations
 
 from fak import errors
-from fak.errors import FakError
+from fak.errors import ContentStoreError
 
 
-class CasError(FakError, code="cas_error", status=500):
-    """Base class of every CAS error."""
+class CasError(ContentStoreError, code="cas_error", status=500):
+    """Base class of every CAS error (a ``fak.errors.ContentStoreError``, which the shared ground catches)."""
 
 
 class InvalidInput(errors.InvalidInput, CasError):

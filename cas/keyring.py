@@ -30,10 +30,10 @@ from sqlalchemy.orm import sessionmaker
 from fak.cas import crypto
 from fak.cas.errors import CasError, KeyDestroyed
 from fak.cas.schema import DataKey, KeyBase, TenantKey
-from fak.cas.scrub import pg_xid
 from fak.db import WRITE, rowcount, writing
 from fak.faults import fault_point
 from fak.keys import derive_key
+from fak.scrub import pg_xid
 
 KEK, DIGEST, CHECK = "kek", "digest", "check"
 CHECK_TENANT = "*"  # outside the tenant grammar: no tenant can own or erase it

@@ -55,10 +55,10 @@ from fak.cas.models import (
     stricter,
 )
 from fak.cas.schema import Blob, BlobUse, DataKey, LegacyDataKey, LegacyKek
-from fak.cas.scrub import pg_xid, scrub
 from fak.db import WRITE, rowcount
 from fak.faults import fault_point
 from fak.keys import derive_key, load_master_secret
+from fak.scrub import pg_xid, scrub
 from fak.settings import StorageSettings
 
 REWRAP_BATCH = 1000

@@ -95,6 +95,13 @@ class Unavailable(FakError, code="unavailable", status=503):
     """A dependency (database, model, audit log) cannot serve now; retrying may help."""
 
 
+class ContentStoreError(FakError):
+    """The base of every error of the content store (``fak.cas.CasError`` and its subclasses:
+    an unknown or forgotten ref, a destroyed key, ...). It lives here so that the shared ground
+    can catch what the store raises through a protocol (``fak.state.seal.ContentKeys``) without
+    importing the layer built on it; nothing raises it directly."""
+
+
 def shown(value: object, limit: int = 80) -> str:
     """``repr`` of a value for an error message, cut to ``limit`` characters so that a
     huge or hostile input does not flood a log line."""

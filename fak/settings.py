@@ -15,16 +15,14 @@ import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from fak.egress import JudgeEgress, check_key_env, parse_destination
 from fak.errors import FakError
-
-if TYPE_CHECKING:
-    from fak.policy.egress import JudgeEgress
 
 MiB = 1 << 20
 
@@ -157,10 +155,6 @@ class Settings(StorageSettings):
     @field_validator("judge_egress", mode="after")
     @classmethod
     def _egress(cls, v: list[str]) -> list[str]:
-        if not v:
-            return v
-        from fak.policy.egress import parse_destination  # the policy layer: the shared ground imports it late
-
         for entry in v:
             parse_destination(entry)  # ValueError: the settings error names the field
         return v
@@ -168,10 +162,6 @@ class Settings(StorageSettings):
     @field_validator("judge_key_envs", mode="after")
     @classmethod
     def _key_envs(cls, v: list[str]) -> list[str]:
-        if not v:
-            return v
-        from fak.policy.egress import check_key_env  # late, as in ``_egress``
-
         for name in v:
             check_key_env(name)
         return v
@@ -184,8 +174,6 @@ class Settings(StorageSettings):
     def judge_allow_lists(self) -> JudgeEgress:
         """``judge_egress`` and ``judge_key_envs`` as the policy loader takes them: where a policy's
         judges may send tool results and which variables they may send (issue 25.6)."""
-        from fak.policy.egress import JudgeEgress  # late, as in ``_egress``
-
         try:
             return JudgeEgress.of(self.judge_egress, self.judge_key_envs)
         except ValueError as exc:  # a Settings built without validation (model_copy) can still hold one

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fak import db
 from fak.db import WRITE
-from fak.errors import FakError
+from fak.errors import ContentStoreError, FakError
+from fak.scrub import scrub
 from fak.state.apikeys import row_mac
 from fak.state.schema import ApiKeyRow, ForgetRow, RefLinkRow, RefRow, SegmentRow, SessionRow
 from fak.state.seal import ContentKeys, Plain, needs_seal, seal
@@ -136,13 +137,9 @@ class StateStore:
     def seal_clear_segments(self, keys: ContentKeys) -> tuple[int, int]:
         """Seal the live segment rows derived from tool content that a store written before
         sealing (``state_0003``) keeps in the clear, then scrub the old rows out of the
-        database files (fak.cas.scrub). Run on open; idempotent. (sealed, skipped): a row
-        whose refs have no data key any more (erased outside the kernel) is left as it is."""
-        # the CAS builds on this shared ground (fak/ imports no layer at module level,
-        # tests/test_layering.py); this one-time migration on open reaches up to it
-        from fak.cas.errors import CasError
-        from fak.cas.scrub import scrub
-
+        database files (``fak.scrub``). Run on open; idempotent. (sealed, skipped): a row
+        whose refs have no data key any more (erased outside the kernel) is left as it is; the
+        store says so with a ``ContentStoreError`` (``fak.cas.CasError``)."""
         with self._session() as s:
             q = sa.select(SegmentRow).where(SegmentRow.state == "live", SegmentRow.sealed.is_(None),
                                             SegmentRow.tokens.is_not(None), SegmentRow.content != "[]")
@@ -152,14 +149,14 @@ class StateStore:
         for t in {r.tenant for r in rows}:
             try:
                 by_tenant[t] = keys.content_keys(t, {x for r in rows if r.tenant == t for x in json.loads(r.content)})
-            except CasError:  # some ref is gone: rows are read one at a time below
+            except ContentStoreError:  # some ref is gone: rows are read one at a time below
                 by_tenant[t] = None
         for row in rows:
             refs = json.loads(row.content)
             known = by_tenant[row.tenant]
             try:
                 mine = {x: known[x] for x in refs} if known is not None else keys.content_keys(row.tenant, refs)
-            except CasError:
+            except ContentStoreError:
                 skipped += 1
                 continue
             if not needs_seal(mine):

@@ -1,4 +1,6 @@
-"""Pushing deleted key rows out of the database files, and saying when it could not.
+"""Pushing deleted rows (the CAS's keys, the kernel state's clear segments) out of the
+database files, and saying when it could not. Shared ground beside ``fak.db``: the CAS and
+the kernel state (``fak.state``) both scrub.
 
 Deleting a row is not erasure on either backend:
 
