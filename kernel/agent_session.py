@@ -1,5 +1,7 @@
 """A kernel session: one conversation's KV (``fak.kernel.kv.session.Session``), its
-lock, its durable ledger, and the audited operations on it.
+lock, and the audited operations on it. Below it, each a module with one job: the durable
+ledger's rows and rebuild (``fak.kernel.durable_ledger``), how its ``Session`` is built
+(``fak.kernel.session_options``), the policy's half of an admission (``fak.kernel.admission``).
 
 Every operation is all or nothing: each change runs in one ``transaction()``
 (``fak.kernel.transaction``), which validates the audit event before anything changes,
@@ -22,9 +24,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fak.audit import AdmissionVerdict, Eviction, SessionRebuilt
+from fak.audit import Eviction, SessionRebuilt
 from fak.audit import ToolCallDecision as DecisionEvent
 from fak.errors import Conflict, Forbidden, InvalidInput
+from fak.kernel import admission
+from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
 from fak.kernel.authorize import AttentionView, ToolCallDecision, args_digest
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
@@ -36,46 +40,20 @@ from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import Services, SessionBusy
 from fak.kernel.session_options import new_session, pic_binding, replayed, session_options
 from fak.kernel.transaction import ForgetProgress, Transaction
-from fak.kernel.withdraw import evict_in_place, expire, expire_due, lifetime
-from fak.policy import GateContext, Verdict, VerdictKind
-from fak.policy.late import LateJob
-from fak.state.store import now_us
-from fak.types import as_id, check_id
+from fak.kernel.withdraw import evict_in_place, expire, expire_due
+from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
            "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
 
 MAX_TEXT_BYTES = 1 << 20
-MAX_SOURCE = 2048  # characters of a tool result's source URL
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
-QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
 
 
 class ContextFull(Conflict):
     """The session's context would pass the model's (or the configured) length."""
 
     code = "context_full"
-
-
-class RefBeingForgotten(Conflict):
-    """An admission of bytes whose ref has a forget in progress (it would outlive the shred)."""
-
-    code = "ref_being_forgotten"
-
-
-@dataclass(frozen=True)
-class Admission:
-    """What became of one tool result."""
-
-    verdict: Verdict  # the gate's verdict (rule, policy digest, matches)
-    ref: str  # CAS ref of the bytes as given
-    admitted_ref: str | None  # the ref whose bytes entered attention (REDACT: the redacted bytes)
-    segment: Segment
-    audit_index: int
-
-    @property
-    def admitted(self) -> bool:
-        return self.segment.live
 
 
 @dataclass(frozen=True)
@@ -244,12 +222,6 @@ class KernelSession:
         self._mech = replayed(self.services, self.tenant, self.id, s)
         return self._mech
 
-    def drop_derived(
-        self, ref: str | Collection[str], *, forget: bool
-    ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]:
-        """Evict what derives from ``ref`` (forget) or carries it (quarantine); see ``_drop_derived``."""
-        return self._drop_derived(ref, forget=forget)
-
     @property
     def tokenizer(self) -> ChatTokenizer:
         """The model's tokenizer (adapters decode generated ids with it)."""
@@ -361,102 +333,38 @@ class KernelSession:
         self, tool: str, data: bytes, *, media_type: str = "text/plain", tags: Sequence[str] = (),
         source: str | None = None,
     ) -> Admission:
-        """A tool result's path into attention: CAS put → gate → verdict → audit event.
+        """A tool result's path into attention: CAS put → gate → verdict → audit event
+        (the policy's half: ``fak.kernel.admission``).
 
         ``ALLOW``: appended as a tool segment carrying the ref. ``REDACT``: the redacted
         bytes are stored as their own ref and appended. ``QUARANTINE``/``DENY``: recorded in
         the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
         are admitted and the event records what the policy would have done. ``source``: the URL
         the result came from (rules, exceptions and trust may depend on its host)."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidInput("a tool result is bytes")
-        data = bytes(data)
-        if not isinstance(tool, str) or not tool:
-            raise InvalidInput("tool must be a non-empty string")
-        tags = [check_id(t) for t in tags]
-        if source is not None and (not isinstance(source, str) or len(source) > MAX_SOURCE or not source.isprintable()):
-            raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
-        services, state, store = self.services, self.services.state, self.services.store
+        result = admission.tool_result(tool, data, media_type, tags, source)
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
-            policy = services.policy
-            if state.forget_pending(self.tenant, store.digest_of(data, self.tenant)):
-                raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
-            ref = store.put(data, media_type, self.tenant).digest
-            meta = state.ref(self.tenant, ref)
-            if meta is not None and meta.quarantined:
-                # a late detection already judged these bytes: a resend must not undo it
-                verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=QUARANTINED_RULE,
-                                  policy_digest=policy.digest, tool=tool, input_bytes=len(data))
-            else:
-                verdict = services.gate(policy, tool, data,
-                                 GateContext(media_type=media_type, source=source, tenant=self.tenant,
-                                             session=self.id, ref=ref))
-            kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
-            admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
-            body, admitted_ref = data, (ref if admitted else None)
-            if kind is VerdictKind.REDACT and verdict.redacted_bytes is not None:
-                body = verdict.redacted_bytes
-                derived = store.digest_of(body, self.tenant)
-                if derived != ref:
-                    if state.forget_pending(self.tenant, derived):
-                        raise RefBeingForgotten("the redacted form of these bytes is being forgotten; admit them "
-                                                "again once the forget completed")
-                    # linked before the redacted bytes are stored: a forget of either form finds both
-                    state.link_refs(self.tenant, ref, derived)
-                admitted_ref = store.put(body, media_type, self.tenant).digest
+            judged = admission.judge(self.services, self.tenant, self.id, result)
             segment_id = s.ledger.new_id()
-            event = AdmissionVerdict(  # validated before anything changes
-                tenant=self.tenant, session_id=self.id, segment_id=segment_id, tool=as_id(tool), ref=ref,
-                size=len(data), verdict=verdict.kind.value, rule_id=as_id(verdict.rule_id),
-                policy_digest=verdict.policy_digest,
-                admitted_ref=admitted_ref if admitted_ref != ref else None, trust=verdict.trust,
-                audited=[as_id(a.rule_id) for a in verdict.audited],
-                exempted=sorted({as_id(e.exception_id) for e in verdict.exempted}),
-            )  # fmt: skip
-            expires_us = None
-            if admitted:
-                seconds, turns = lifetime(policy, tool, verdict, source)
-                expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
+            event = judged.event(self.tenant, self.id, segment_id)  # validated before anything changes
+            verdict, digest = judged.verdict, judged.policy.digest
             tx.change()
-            if admitted:
-                segment = s.append(SegmentKind.TOOL, body.decode("utf-8", errors="replace"), ref=admitted_ref,
-                                   verdict=verdict.kind.value, rule=verdict.rule_id,
-                                   policy_digest=policy.digest, segment_id=segment_id)
-                segment.expires_turn = _turns(s) + turns if turns is not None else None
+            if judged.admitted:
+                segment = s.append(SegmentKind.TOOL, judged.body.decode("utf-8", errors="replace"),
+                                   ref=judged.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
+                                   policy_digest=digest, segment_id=segment_id)
+                segment.expires_turn = _turns(s) + judged.turns if judged.turns is not None else None
                 self._check_room(s, "this tool result")
             else:
-                segment = s.record_quarantined(SegmentKind.TOOL, ref=ref, verdict=verdict.kind.value,
-                                               rule=verdict.rule_id, policy_digest=policy.digest,
-                                               segment_id=segment_id)
+                segment = s.record_quarantined(SegmentKind.TOOL, ref=judged.ref, verdict=verdict.kind.value,
+                                               rule=verdict.rule_id, policy_digest=digest, segment_id=segment_id)
             index = tx.audit(event)
-            if admitted and admitted_ref is not None:
-                state.record_ref(self.tenant, admitted_ref, tool, tags, verdict.kind.value, policy.digest,
-                                   expires_us=expires_us, source=source)
-                store.record_use(admitted_ref, self.tenant, "segment", f"{self.id}/{segment.id}")
-                services.producers.note(self.tenant, admitted_ref, (tool, source))
-                services.withdrawals.note_expiry(expires_us)
-                services.withdrawals.clear(self.tenant, admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
-            if admitted_ref != ref:
-                state.record_ref(self.tenant, ref, tool, tags, verdict.kind.value, policy.digest,
-                                   source=source)
-                services.producers.note(self.tenant, ref, (tool, source))
-            if not admitted:
-                store.set_taint(ref, self.tenant, "quarantined")
+            admission.record(self.services, self.tenant, self.id, judged, segment.id)
             tx.commit()
-            services.events.publish(AdmissionDecided(self.tenant, verdict.kind))
-            if admitted and admitted_ref is not None:
-                self._late_check(tool, admitted_ref, body, verdict.trust or "untrusted")
-            return Admission(verdict, ref, admitted_ref, segment, index)
-
-    def _late_check(self, tool: str, ref: str, body: bytes, trust: str) -> None:
-        """Hand an admitted result to the late detectors, with the trust the gate applied."""
-        late = self.services.late
-        if late.runner is None:
-            return
-        late.submit(LateJob(tenant=self.tenant, session=self.id, ref=ref, tool=tool, trust=trust,
-                            text=body.decode("utf-8", errors="replace"), admitted_at=time.time()), self.services.policy)
+            self.services.events.publish(AdmissionDecided(self.tenant, verdict.kind))
+            admission.late_check(self.services, self.tenant, self.id, judged)
+            return Admission(verdict, judged.ref, judged.admitted_ref, segment, index)
 
     # --- eviction -------------------------------------------------------------
     def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
@@ -595,7 +503,7 @@ class KernelSession:
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------
-    def _drop_derived(
+    def drop_derived(
         self, ref: str | Collection[str], *, forget: bool
     ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]:
         """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);

@@ -1,0 +1,172 @@
+"""A tool result's admission, the policy's half (``KernelSession.admit`` runs it inside its
+transaction and owns the ledger change between the halves).
+
+Before the change: what the bytes are (their CAS ref), what the policy decides of them (the
+gate, or a late quarantine that already judged them: a resend must not undo it), what enters
+attention (REDACT: the redacted bytes under their own ref, linked to the original so a
+forget of either finds both), for how long, and the audit event, validated before anything
+changes. After the event is logged: the records later decisions read (ref metadata, CAS
+uses, producers, the next expiry, taint) and the hand-off to the late detectors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fak.audit import AdmissionVerdict
+from fak.errors import Conflict, InvalidInput
+from fak.kernel.kv.ledger import Segment, SegmentState
+from fak.kernel.services import Services
+from fak.kernel.withdraw import lifetime
+from fak.policy import GateContext, Policy, Verdict, VerdictKind
+from fak.policy.late import LateJob
+from fak.state.store import now_us
+from fak.types import as_id, check_id
+
+__all__ = ["MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged", "RefBeingForgotten", "ToolResult", "judge",
+           "late_check", "record", "tool_result"]
+
+MAX_SOURCE = 2048  # characters of a tool result's source URL
+QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
+
+
+class RefBeingForgotten(Conflict):
+    """An admission of bytes whose ref has a forget in progress (it would outlive the shred)."""
+
+    code = "ref_being_forgotten"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What became of one tool result."""
+
+    verdict: Verdict  # the gate's verdict (rule, policy digest, matches)
+    ref: str  # CAS ref of the bytes as given
+    admitted_ref: str | None  # the ref whose bytes entered attention (REDACT: the redacted bytes)
+    segment: Segment
+    audit_index: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.segment.live
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool result as given, checked."""
+
+    tool: str
+    data: bytes
+    media_type: str
+    tags: list[str]
+    source: str | None  # the URL it came from (rules, exceptions and trust may depend on its host)
+
+
+def tool_result(tool: object, data: object, media_type: str, tags: Sequence[str], source: object) -> ToolResult:
+    """Check a tool result's parts (a client's input: wrong types are refused, not trusted)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidInput("a tool result is bytes")
+    data = bytes(data)
+    if not isinstance(tool, str) or not tool:
+        raise InvalidInput("tool must be a non-empty string")
+    checked = [check_id(t) for t in tags]
+    if source is not None and (not isinstance(source, str) or len(source) > MAX_SOURCE or not source.isprintable()):
+        raise InvalidInput(f"source is a URL of at most {MAX_SOURCE} printable characters")
+    return ToolResult(tool, data, media_type, checked, source)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the policy made of one tool result, before the ledger changes."""
+
+    result: ToolResult
+    policy: Policy  # the policy that judged it (a reload meanwhile does not mix two)
+    verdict: Verdict
+    ref: str  # of the bytes as given
+    admitted_ref: str | None  # the ref whose bytes enter attention; None: they do not
+    body: bytes  # what enters attention (REDACT: the redacted bytes)
+    expires_us: int | None  # when the admitted ref expires (None: no time limit)
+    turns: int | None  # model turns it stays (None: no turn limit)
+
+    @property
+    def admitted(self) -> bool:
+        return self.admitted_ref is not None
+
+    def event(self, tenant: str, session_id: str, segment_id: str) -> AdmissionVerdict:
+        """The audit event of this admission as segment ``segment_id`` (validated when built)."""
+        verdict = self.verdict
+        return AdmissionVerdict(
+            tenant=tenant, session_id=session_id, segment_id=segment_id, tool=as_id(self.result.tool), ref=self.ref,
+            size=len(self.result.data), verdict=verdict.kind.value, rule_id=as_id(verdict.rule_id),
+            policy_digest=verdict.policy_digest,
+            admitted_ref=self.admitted_ref if self.admitted_ref != self.ref else None, trust=verdict.trust,
+            audited=[as_id(a.rule_id) for a in verdict.audited],
+            exempted=sorted({as_id(e.exception_id) for e in verdict.exempted}),
+        )  # fmt: skip
+
+
+def judge(services: Services, tenant: str, session_id: str, result: ToolResult) -> Judged:
+    """Store the bytes and judge them under the active policy (the session's lock is held)."""
+    state, store, policy = services.state, services.store, services.policy
+    data, tool = result.data, result.tool
+    if state.forget_pending(tenant, store.digest_of(data, tenant)):
+        raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
+    ref = store.put(data, result.media_type, tenant).digest
+    meta = state.ref(tenant, ref)
+    if meta is not None and meta.quarantined:
+        # a late detection already judged these bytes: a resend must not undo it
+        verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=QUARANTINED_RULE, policy_digest=policy.digest,
+                          tool=tool, input_bytes=len(data))
+    else:
+        verdict = services.gate(policy, tool, data, GateContext(media_type=result.media_type, source=result.source,
+                                                                tenant=tenant, session=session_id, ref=ref))
+    kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW
+    admitted = kind in (VerdictKind.ALLOW, VerdictKind.REDACT)
+    body, admitted_ref = data, (ref if admitted else None)
+    if kind is VerdictKind.REDACT and verdict.redacted_bytes is not None:
+        body = verdict.redacted_bytes
+        derived = store.digest_of(body, tenant)
+        if derived != ref:
+            if state.forget_pending(tenant, derived):
+                raise RefBeingForgotten("the redacted form of these bytes is being forgotten; admit them "
+                                        "again once the forget completed")
+            # linked before the redacted bytes are stored: a forget of either form finds both
+            state.link_refs(tenant, ref, derived)
+        admitted_ref = store.put(body, result.media_type, tenant).digest
+    expires_us = turns = None
+    if admitted:
+        seconds, turns = lifetime(policy, tool, verdict, result.source)
+        expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
+    return Judged(result, policy, verdict, ref, admitted_ref, body, expires_us, turns)
+
+
+def record(services: Services, tenant: str, session_id: str, judged: Judged, segment_id: str) -> None:
+    """Record what later decisions read of an admission, once its event is logged: the refs'
+    metadata and producers, the CAS use, the next expiry; a refused ref's taint."""
+    state, store, result = services.state, services.store, judged.result
+    tool, tags, source, kind = result.tool, result.tags, result.source, judged.verdict.kind.value
+    producer = (tool, source)
+    if judged.admitted_ref is not None:
+        state.record_ref(tenant, judged.admitted_ref, tool, tags, kind, judged.policy.digest,
+                         expires_us=judged.expires_us, source=source)
+        store.record_use(judged.admitted_ref, tenant, "segment", f"{session_id}/{segment_id}")
+        services.producers.note(tenant, judged.admitted_ref, producer)
+        services.withdrawals.note_expiry(judged.expires_us)
+        services.withdrawals.clear(tenant, judged.admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
+    if judged.admitted_ref != judged.ref:
+        state.record_ref(tenant, judged.ref, tool, tags, kind, judged.policy.digest, source=source)
+        services.producers.note(tenant, judged.ref, producer)
+    if not judged.admitted:
+        store.set_taint(judged.ref, tenant, "quarantined")
+
+
+def late_check(services: Services, tenant: str, session_id: str, judged: Judged) -> None:
+    """Hand an admitted result to the late detectors, with the trust the gate applied."""
+    late = services.late
+    if judged.admitted_ref is None or late.runner is None:
+        return
+    late.submit(LateJob(tenant=tenant, session=session_id, ref=judged.admitted_ref, tool=judged.result.tool,
+                        trust=judged.verdict.trust or "untrusted", text=judged.body.decode("utf-8", errors="replace"),
+                        admitted_at=time.time()), services.policy)
