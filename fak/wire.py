@@ -241,3 +241,131 @@ class InclusionOut(BaseModel):
 class ReceiptCheckOut(BaseModel):
     ok: bool
     reason: str
+
+
+# --- the OpenAI-compatible chat: POST /v1/chat/completions, GET /v1/models --------------------
+# OpenAI's wire format, not fak's: a request allows fields fak does not know (clients send them;
+# ``fak.kernel.openai_chat`` reports them as ignored). The class names are the OpenAPI schema's.
+CHAT_MAX_TOKENS = 4096  # max_completion_tokens (and max_tokens, min_tokens) of one request
+CHAT_MAX_MESSAGES = 4096  # messages of one request
+SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # the id grammar of POST /v1/sessions
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send fields fak does not know
+
+
+class FunctionCall(Lenient):
+    name: str = Field(max_length=256)
+    arguments: str | dict[str, Any] = Field("", description="JSON text, as OpenAI sends it")
+
+
+class ToolCall(Lenient):
+    id: str | None = Field(None, max_length=256)
+    type: str = "function"
+    function: FunctionCall | None = None
+    custom: dict[str, Any] | None = None
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = Field(None, description="a string or a list of text parts")
+    name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=256)
+    tool_call_id: str | None = Field(None, max_length=256)
+    function_call: FunctionCall | None = None
+
+
+class StreamOptions(Lenient):
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(Lenient):
+    model: str = Field(max_length=256, description="any name; responses name the kernel's model")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=CHAT_MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(None, ge=1, le=CHAT_MAX_TOKENS)
+    max_tokens: int | None = Field(None, ge=1, le=CHAT_MAX_TOKENS, description="older name of max_completion_tokens")
+    min_tokens: int | None = Field(None, ge=0, le=CHAT_MAX_TOKENS, description="extension (as vLLM's)")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    n: int | None = Field(None, description="must be 1")
+    stop: str | list[str] | None = Field(None, description="not supported: accepted only when empty")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = Field(None, description="not supported: accepted only when false")
+    response_format: dict[str, Any] | None = Field(None, description="only {'type': 'text'}")
+    modalities: list[str] | None = Field(None, description="only ['text']")
+    tools: list[dict[str, Any]] | None = Field(None, description="accepted, ignored (no function calling)")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="accepted, ignored")
+    user: str | None = Field(None, description="accepted, ignored (does not pick a session)")
+    fak_session: str | None = Field(None, pattern=SESSION_ID,
+                                    description="extension: a persistent session holding the history")
+
+
+class AdmissionInfo(BaseModel):
+    message_index: int
+    tool: str
+    tool_call_id: str | None
+    verdict: Literal["ALLOW", "QUARANTINE", "REDACT", "DENY"]
+    rule_id: str
+    ref: str
+    admitted_ref: str | None
+    admitted: bool
+    segment_id: str | None
+    audit_index: int | None
+
+
+class FakInfo(BaseModel):
+    session_id: str
+    ephemeral: bool
+    fingerprint: str | None
+    admissions: list[AdmissionInfo]
+    ignored: list[str]
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[Choice]
+    usage: Usage
+    fak: FakInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fak"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -316,21 +316,24 @@ def test_stream_text_is_the_whole_text(kernel):
     end. The pieces concatenate to the non-streamed text; no piece splits a character."""
     import anyio
 
+    from fak import wire as w
     from fak.api.routes import openai as route
-    from fak.api.routes.sessions import Stepper
+    from fak.kernel.openai_chat import ChatStream
+    from fak.kernel.operations import Stepper
 
     tok = kernel.tokenizer
     ids = tok.encode_plain("a é€ 🙂") + tok.encode_plain("€")[:1] + sorted(tok.stop_token_ids)
     assert len(ids) > len("a é€ 🙂") + 1  # multi-byte characters span several tokens
-    usage = route.Usage(prompt_tokens=1, completion_tokens=len(ids), total_tokens=1 + len(ids),
-                        prompt_tokens_details=route.PromptTokensDetails(cached_tokens=0))
-    run = SimpleNamespace(k=kernel, completion_id="chatcmpl-x", ks=SimpleNamespace(fingerprint=lambda: "fp"),
-                          usage=lambda produced: usage, finish_reason=lambda produced: "stop",
-                          info=lambda fp: route.FakInfo(session_id="s", ephemeral=True, fingerprint=fp,
-                                                        admissions=[], ignored=[]))
+    usage = w.Usage(prompt_tokens=1, completion_tokens=len(ids), total_tokens=1 + len(ids),
+                    prompt_tokens_details=w.PromptTokensDetails(cached_tokens=0))
+    turn = SimpleNamespace(kernel=kernel, completion_id="chatcmpl-x", session=SimpleNamespace(fingerprint=lambda: "fp"),
+                           usage=lambda produced: usage, finish_reason=lambda produced: "stop",
+                           info=lambda fp: w.FakInfo(session_id="s", ephemeral=True, fingerprint=fp,
+                                                     admissions=[], ignored=[]))
 
     async def collect() -> list[str]:
-        return [x async for x in route._chunks(run, Stepper(iter(ids[1:])), ids[0], True)]
+        stream = ChatStream(turn, Stepper(iter(ids[1:])), ids[0], include_usage=True)
+        return [x async for x in route.server_sent_events(stream)]
 
     events = anyio.run(collect)
     assert events[-1] == "data: [DONE]\n\n"
