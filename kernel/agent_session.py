@@ -32,7 +32,7 @@ from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBei
 from fak.kernel.authorize import AttentionView, ToolCallDecision, args_digest
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
-from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
+from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import EvictionReport, EvictMode, Session
 from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.model.generate import SamplingParams
@@ -268,10 +268,14 @@ class KernelSession:
         return s
 
     # --- reading --------------------------------------------------------------
-    def ledger(self) -> list[dict[str, object]]:
-        """The ledger as the API and audit may show it: ids, digests, verdicts, provenance."""
+    def segments(self) -> list[SegmentView]:
+        """The ledger as others may see it, typed: ids, digests, verdicts, provenance."""
         with self._locked() as s:
-            return [seg.summary() for seg in s.ledger.segments]
+            return [seg.view() for seg in s.ledger.segments]
+
+    def ledger(self) -> list[dict[str, object]]:
+        """``segments()`` as JSON-ready dicts (the API's and the audit's form)."""
+        return [v.as_dict() for v in self.segments()]
 
     def fingerprint(self) -> str:
         with self._locked() as s:

@@ -117,6 +117,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fak import wire as w
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES
+from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.operations import Caller, Right, Stepper, TextDecoder, check_context
 
 if TYPE_CHECKING:
@@ -354,12 +355,10 @@ class ChatTurn:
         """Every token the answer attended to before its first sampled token is prompt (the
         turn's opener too); ``cached_tokens`` never exceeds it."""
         prompt = self.context
-        last = self.session.ledger()[-1] if produced else None
-        if last is not None and last["kind"] == "assistant":  # the turn's opener is prompt too
+        last = self.session.segments()[-1] if produced else None
+        if last is not None and last.kind is SegmentKind.ASSISTANT:  # the turn's opener is prompt too
             closing = len(self.kernel.tokenizer.close_turn(produced[-1]))
-            length = last["length"]
-            assert isinstance(length, int)  # a ledger summary's length is its token count
-            prompt += length - (len(produced) - 1) - closing
+            prompt += last.length - (len(produced) - 1) - closing
         return w.Usage(prompt_tokens=prompt, completion_tokens=len(produced), total_tokens=prompt + len(produced),
                        prompt_tokens_details=w.PromptTokensDetails(cached_tokens=min(self.cached, prompt)))
 

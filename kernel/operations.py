@@ -170,8 +170,9 @@ def sampling(body: w.GenerateIn) -> dict[str, Any]:
 def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOut:
     ks = session(k, c, sid)
     ids = list(ks.generate(**sampling(body)))
-    last = ks.ledger()[-1] if ids else None
-    return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids, segment=w.SegmentOut(**last) if last else None,
+    last = ks.segments()[-1] if ids else None
+    return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids,
+                         segment=w.SegmentOut(**last.as_dict()) if last else None,
                          fingerprint=ks.fingerprint())
 
 

@@ -97,19 +97,59 @@ class Segment:
     def live(self) -> bool:
         return self.state is SegmentState.LIVE
 
+    def view(self) -> SegmentView:
+        """What the API and the audit log may show of this segment: ids and digests, never content."""
+        return SegmentView(
+            id=self.id,
+            kind=self.kind,
+            ref=self.ref,
+            start=self.start if self.live else None,
+            length=self.length if self.live else self.removed_tokens,
+            state=self.state,
+            verdict=self.verdict,
+            rule=self.rule,
+            provenance=tuple(sorted(self.provenance)),
+            content_provenance=tuple(sorted(self.content)),
+            protected=self.protected,
+            expires_turn=self.expires_turn,
+        )
+
     def summary(self) -> dict[str, object]:
-        """What the API and the audit log may show: ids and digests, never content."""
+        """The view as JSON-ready values (the wire's ``SegmentOut``, the audit's segment field)."""
+        return self.view().as_dict()
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """A segment as others may see it, typed: the kernel reads this; the edges (the API's
+    ``SegmentOut``, audit events, session events) take ``as_dict()``."""
+
+    id: str
+    kind: SegmentKind
+    ref: str | None
+    start: int | None  # None once evicted
+    length: int  # tokens in the cache, or the tokens it had before it was evicted
+    state: SegmentState
+    verdict: VerdictKind | None
+    rule: str | None
+    provenance: tuple[str, ...]  # refs this segment attended to (its own included)
+    content_provenance: tuple[str, ...]  # refs whose content it carries
+    protected: bool
+    expires_turn: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready values: enums as their strings, provenance as sorted lists."""
         return {
             "id": self.id,
             "kind": self.kind.value,
             "ref": self.ref,
-            "start": self.start if self.live else None,
-            "length": self.length if self.live else self.removed_tokens,
+            "start": self.start,
+            "length": self.length,
             "state": self.state.value,
             "verdict": self.verdict.value if self.verdict is not None else None,
             "rule": self.rule,
-            "provenance": sorted(self.provenance),
-            "content_provenance": sorted(self.content),
+            "provenance": list(self.provenance),
+            "content_provenance": list(self.content_provenance),
             "protected": self.protected,
             "expires_turn": self.expires_turn,
         }
