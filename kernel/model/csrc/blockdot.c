@@ -12,7 +12,11 @@
  * Built on first use by fak.kernel.model.blockdot (cc -O3 -march=native -fopenmp), loaded
  * through ctypes: no Python or torch headers, no build-time dependency.
  */
+#define _POSIX_C_SOURCE 200809L /* sched_yield under -std=c11 */
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX2__)
@@ -266,10 +270,42 @@ static void rope(const float *x, const float *cos, const float *sin_signed, int6
     for (int64_t j = 0; j < hd; j++) out[j] = x[j] * cos[j] + x[(j + half) % hd] * sin_signed[j];
 }
 
-/* rows of w over already quantised input, split between the team's threads (inside a parallel region) */
+/* rows of w over already quantised input, split between the team's threads (inside a parallel
+ * region); no barrier at the end: the caller's team_barrier follows */
 static void team_matvec(const fak_qmat *w, const float *xd, const float *xs, const int8_t *xq, float *y) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < w->rows; r++) y[r] = qmat_row(w, r, xd, xs, xq);
+}
+
+/* The decode step's own barrier (a spinning sense-reversal barrier), instead of OpenMP's.
+ * A step crosses ~11 barriers per layer. libgomp spins at its barriers only while no more
+ * threads hold OpenMP teams than there are CPUs; every thread that ever ran a parallel region
+ * keeps its team (the API server's worker threads, the thread that loaded the model), and past
+ * that count each barrier sleeps and wakes through a futex: decoding through the API ran at
+ * half the in-process speed. Spinning here is bounded: after a short spin the waiter yields. */
+typedef struct {
+    atomic_int arrived;
+    atomic_int sense;
+} team_bar;
+
+static void team_barrier(team_bar *b, int nthreads, int *local_sense) {
+    const int sense = !*local_sense;
+    *local_sense = sense;
+    if (nthreads == 1) return;
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == nthreads - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->sense, sense, memory_order_release);
+        return;
+    }
+    for (unsigned spins = 0; atomic_load_explicit(&b->sense, memory_order_acquire) != sense; spins++) {
+        if (spins < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
 }
 
 /* Run token `token` at cache row `row` (its room reserved by the caller) and write its logits. */
@@ -278,25 +314,29 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
     const int64_t D = m->dim, H = m->heads, KV = m->kv_heads, hd = m->head_dim, F = m->ffn;
     const int64_t groups = H / KV, L = row + 1, kv_row = KV * hd, layer_stride = c->capacity * kv_row;
     memcpy(s->x, m->embed + token * D, (size_t)D * sizeof(float));
+    team_bar bar = {0, 0};
 #pragma omp parallel num_threads(nthreads)
     {
+        const int team = omp_get_num_threads(), first = omp_get_thread_num() == 0;
+        int sense = 0;
         for (int64_t i = 0; i < m->layers; i++) {
             const fak_layer *lw = &m->layer[i];
             float *K = c->k + i * layer_stride, *KR = c->kraw + i * layer_stride, *V = c->v + i * layer_stride;
-#pragma omp single
-            {
+            if (first) {
                 rms_norm(s->x, lw->attn_norm, D, m->eps, s->h);
                 fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
             }
+            team_barrier(&bar, team, &sense);
             team_matvec(&lw->qkv, s->xd, s->xs, s->xq, s->qkv);
-#pragma omp single
-            {
+            team_barrier(&bar, team, &sense);
+            if (first) {
                 const float *k = s->qkv + H * hd, *v = k + kv_row;
                 memcpy(KR + row * kv_row, k, (size_t)kv_row * sizeof(float));
                 memcpy(V + row * kv_row, v, (size_t)kv_row * sizeof(float));
                 for (int64_t g = 0; g < KV; g++) rope(k + g * hd, cos, sin_signed, hd, K + row * kv_row + g * hd);
             }
-#pragma omp for schedule(static)
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
             for (int64_t h = 0; h < H; h++) {
                 const int64_t g = h / groups;
                 float q[256]; /* head_dim <= 256, checked by the caller */
@@ -319,33 +359,38 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
                     for (int64_t j = 0; j < hd; j++) out[j] += p * vt[j];
                 }
             }
-#pragma omp single
-            fak_quantize_rows(s->att, 1, H * hd, s->xd, s->xs, s->xq);
+            team_barrier(&bar, team, &sense);
+            if (first) fak_quantize_rows(s->att, 1, H * hd, s->xd, s->xs, s->xq);
+            team_barrier(&bar, team, &sense);
             team_matvec(&lw->o, s->xd, s->xs, s->xq, s->h);
-#pragma omp single
-            {
+            team_barrier(&bar, team, &sense);
+            if (first) {
                 for (int64_t j = 0; j < D; j++) s->x[j] += s->h[j];
                 rms_norm(s->x, lw->mlp_norm, D, m->eps, s->h);
                 fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
             }
+            team_barrier(&bar, team, &sense);
             team_matvec(&lw->gate_up, s->xd, s->xs, s->xq, s->gu);
-#pragma omp single
-            {
+            team_barrier(&bar, team, &sense);
+            if (first) {
                 for (int64_t j = 0; j < F; j++) {
                     const float g = s->gu[j];
                     s->h[j] = g / (1.0f + expf(-g)) * s->gu[F + j];
                 }
                 fak_quantize_rows(s->h, 1, F, s->xd, s->xs, s->xq);
             }
+            team_barrier(&bar, team, &sense);
             team_matvec(&lw->down, s->xd, s->xs, s->xq, s->h);
-#pragma omp single
-            for (int64_t j = 0; j < D; j++) s->x[j] += s->h[j];
+            team_barrier(&bar, team, &sense);
+            if (first)
+                for (int64_t j = 0; j < D; j++) s->x[j] += s->h[j];
+            team_barrier(&bar, team, &sense);
         }
-#pragma omp single
-        {
+        if (first) {
             rms_norm(s->x, m->norm, D, m->eps, s->h);
             fak_quantize_rows(s->h, 1, D, s->xd, s->xs, s->xq);
         }
+        team_barrier(&bar, team, &sense);
         team_matvec(&m->head, s->xd, s->xs, s->xq, logits);
     }
 }
