@@ -17,9 +17,8 @@ from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Stepper, TextDecoder
 
-__all__ = ["Stepper", "TextDecoder", "router"]  # Stepper and TextDecoder: also the OpenAI route's
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
