@@ -20,11 +20,11 @@ import anyio
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
 
 from fak import wire as w
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
+from fak.api.streaming import ClosingStream
 from fak.kernel import openai_chat as chat
 from fak.kernel.facade import Kernel
 
@@ -62,7 +62,7 @@ async def chat_completions(body: w.ChatCompletionRequest, who: Principal = Depen
             with anyio.CancelScope(shield=True):
                 await run_in_threadpool(held[0].close)
         raise
-    return _Stream(held[0])
+    return ClosingStream(server_sent_events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})
 
 
 async def server_sent_events(stream: chat.ChatStream) -> AsyncIterator[str]:
@@ -71,20 +71,3 @@ async def server_sent_events(stream: chat.ChatStream) -> AsyncIterator[str]:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"
-
-
-class _Stream(StreamingResponse):
-    """SSE whose cleanup runs however the response ends, even if the body never started."""
-
-    def __init__(self, stream: chat.ChatStream) -> None:
-        super().__init__(server_sent_events(stream), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        self._chat = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await run_in_threadpool(self._chat.close)

@@ -7,7 +7,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -15,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from fak.api import models as m
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
+from fak.api.streaming import ClosingStream
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 
@@ -84,15 +84,12 @@ async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principa
     if not body.stream:
         return await run_in_threadpool(ops.generate, k, caller(who), sid, body)
     turn = await run_in_threadpool(ops.open_turn, k, caller(who), sid, body)  # errors before any 200
-    return StreamingResponse(_sse(turn), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    # however the response ends (a client gone before or during the body), the turn is given up
+    # and the session released; a finished turn is kept
+    return ClosingStream(_sse(turn), turn.close)
 
 
 async def _sse(turn: ops.Turn) -> AsyncIterator[str]:
-    try:
-        while (event := await run_in_threadpool(turn.next_event)) is not None:
-            name, data = event
-            yield ("" if name == "message" else f"event: {name}\n") + f"data: {json.dumps(data)}\n\n"
-    finally:
-        if not turn.finished:  # the client went away: roll the turn back, release the session
-            with anyio.CancelScope(shield=True):
-                await run_in_threadpool(turn.close)
+    while (event := await run_in_threadpool(turn.next_event)) is not None:
+        name, data = event
+        yield ("" if name == "message" else f"event: {name}\n") + f"data: {json.dumps(data)}\n\n"
