@@ -44,6 +44,7 @@ _EXPORTS = {
     "TenantEraseRequested": "fak.audit.events",
     "TenantErased": "fak.audit.events",
     "SessionRebuilt": "fak.audit.events",
+    "ChangeRolledBack": "fak.audit.events",
     "SystemOrTenant": "fak.audit.events",
     "to_event": "fak.audit.events",
     "parse_event": "fak.audit.events",

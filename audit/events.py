@@ -233,6 +233,17 @@ class SessionRebuilt(_Event):
     cause: Literal["restart", "offload", "model_changed"]  # model_changed: another model or weight format
 
 
+class ChangeRolledBack(_Event):
+    """A session change whose events were logged but whose ledger write then failed: the session
+    is back at its durable ledger (rebuilt from it on next use), so the logged decisions at
+    ``undoes`` never took effect. Without it the log would show an eviction or an admission the
+    session does not hold."""
+
+    type: Literal["change_rolled_back"] = "change_rolled_back"
+    session_id: Id
+    undoes: Annotated[list[Count], Field(min_length=1, max_length=10_000)]  # the logged indexes
+
+
 # a judge's destination as the log records it: scheme://host:port (IPv6 hosts in brackets)
 JudgeOrigin = Annotated[str, StringConstraints(strict=True, pattern=r"^https?://[A-Za-z0-9.\-]+:[0-9]{1,5}$|"
                                                                     r"^https?://\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$",
@@ -400,6 +411,7 @@ Event = Annotated[
     | RefExpired
     | ToolCallDecision
     | SessionRebuilt
+    | ChangeRolledBack
     | PolicyLoaded
     | KeyRotated
     | KeysDestroyed
@@ -424,6 +436,7 @@ EVENT_TYPES = (
     RefExpired,
     ToolCallDecision,
     SessionRebuilt,
+    ChangeRolledBack,
     PolicyLoaded,
     KeyRotated,
     KeysDestroyed,

@@ -502,7 +502,7 @@ class KernelSession:
             raise InvalidInput(f"working set {where}: {err['msg']}") from None
         self._before_use()
         with self.transaction() as tx:
-            result = materialise(self.services, self.tenant, self.id, tx.change(), ws)
+            result = materialise(self.services, self.tenant, self.id, tx.change(), ws, tx.audit)
             tx.commit(fingerprint=result.fingerprint)
             return result
 

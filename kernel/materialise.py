@@ -30,6 +30,7 @@ Per piece:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -126,9 +127,10 @@ def _expand(svc: Services, tenant: str, items: list[str]) -> list[tuple[str, str
     return out
 
 
-def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: WorkingSet) -> MaterialiseResult:
+def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: WorkingSet,
+                audit: Callable[[Materialisation], int]) -> MaterialiseResult:
     """The caller holds the session lock in a transaction (``KernelSession.transaction``): a
-    failure rolls ``s`` back to the durable ledger."""
+    failure rolls ``s`` back to the durable ledger; ``audit`` is the transaction's (``tx.audit``)."""
     t0 = time.perf_counter()
     policy = svc.policy
     excluded = {d for _, d in _expand(svc, tenant, ws.exclude) if d}
@@ -245,7 +247,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
         pieces[i] = Piece(order[i][0], d, placed, reason, True, seg.length, seg.id)
     table = [pieces[i] for i in range(len(order))]
     fingerprint = s.fingerprint()
-    index = svc.audit.append(Materialisation(
+    index = audit(Materialisation(
         tenant=tenant, session_id=session_id, policy_digest=policy.digest, budget_tokens=budget,
         context_tokens=s.cache.length, fingerprint_after=svc.keys.audit_fingerprint(tenant, fingerprint),
         evicted=[x.id for x in leaving],

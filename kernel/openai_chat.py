@@ -497,9 +497,11 @@ class ChatStream:
         return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra)
 
     def close(self) -> None:
-        if not self._stepper.done:  # the client went away: roll the turn back
-            self._stepper.close()
-        self.turn.close()
+        try:
+            if not self._stepper.done:  # the client went away: roll the turn back
+                self._stepper.close()
+        finally:  # an ephemeral session goes even if the rollback failed
+            self.turn.close()
 
 
 def open_stream(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatStream:
@@ -510,9 +512,11 @@ def open_stream(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatStre
         stepper = turn.generate()
         first = stepper.step()
     except BaseException:
-        if stepper is not None and not stepper.done:
-            stepper.close()
-        turn.close()
+        try:
+            if stepper is not None and not stepper.done:
+                stepper.close()
+        finally:
+            turn.close()
         raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatStream(turn, stepper, first, include_usage=include_usage)

@@ -17,6 +17,10 @@ exit of a ``with`` block::
         tx.audit(event)
         tx.commit(fingerprint=report.fingerprint)
 
+Events are appended before the ledger is written (a decision is logged before it counts); if
+the write then fails, the rollback logs ``ChangeRolledBack`` naming them, so the log never shows
+a decision the session does not hold.
+
 A block that changed the session and leaves without ``commit`` is a bug: the transaction
 rolls back and raises ``TransactionError``. ``commit`` alone (no ``change``) covers a
 change the session makes and undoes itself when it fails (a generated turn is kept only
@@ -25,12 +29,17 @@ once its iterator is exhausted): then only a failed write rolls back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fak.audit.events import ChangeRolledBack
+
 if TYPE_CHECKING:
     from fak.kernel.kv.session import Session
+
+log = logging.getLogger(__name__)
 
 ForgetProgress = tuple[str, dict[str, Any]]  # (forget request id, its progress row's new values)
 
@@ -41,6 +50,9 @@ class TransactionError(RuntimeError):
 
 class Ledgered(Protocol):
     """What a transaction needs of a kernel session (``fak.kernel.agent_session.KernelSession``)."""
+
+    tenant: str
+    id: str
 
     def loaded_session(self) -> Session:
         """The in-memory session (rebuilt from the durable ledger if offloaded)."""
@@ -64,6 +76,7 @@ class Transaction:
         self._audit = audit
         self._changed = False
         self._committed = False
+        self._logged: list[int] = []  # what this change appended to the audit log
 
     @property
     def session(self) -> Session:
@@ -82,7 +95,9 @@ class Transaction:
         self._open("audit")
         if not self._changed:
             raise TransactionError("an event is appended after the change it records (call change() first)")
-        return self._audit(event)
+        index = self._audit(event)
+        self._logged.append(index)
+        return index
 
     def commit(self, *, fingerprint: str | None = None, forget: ForgetProgress | None = None) -> None:
         """Write the ledger; a failure rolls back. ``fingerprint``: the KV's, when just computed
@@ -106,5 +121,16 @@ class Transaction:
         if not self._changed or self._committed:
             return
         self._ks.discard()  # the durable ledger is the state: the next use rebuilds from it
+        if self._logged:
+            self._undo_logged()
         if exc is None:
             raise TransactionError("the session was changed and the transaction left without commit: rolled back")
+
+    def _undo_logged(self) -> None:
+        """Log that the decisions this change logged did not take effect. Best effort: the
+        change's own error propagates either way (a log that cannot append fails loudly on
+        its own, and a verifier sees the missing event as an eviction the ledger never held)."""
+        try:
+            self._audit(ChangeRolledBack(tenant=self._ks.tenant, session_id=self._ks.id, undoes=self._logged))
+        except Exception:  # noqa: BLE001 - the original failure is the one to raise
+            log.exception("could not log the rollback of audit entries %s", self._logged)

@@ -14,7 +14,9 @@ read by the same ``parse``, so results compare equal across modes. Errors are
 ``FakAPIError`` with the problem ``type`` the server would send. The SDK never imports the
 server. There is no API key: the client acts for one ``tenant`` with the ``rights`` it is
 given (all of them by default, as the owner of the kernel) under the audit name
-``principal``.
+``principal``. Rights narrow what the SDK's calls may do (an agent's loop given ``read`` and
+``agent`` cannot forget); they are no boundary against code in the same process, which holds
+the ``Kernel`` itself.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from fak.errors import FakError
+from fak.errors import FakError, InvalidInput
 from fak.kernel import operations as ops
 from fak.kernel.operations import MAX_INDEX, MAX_LIMIT, Caller, Right
 from fak.sdk.calls import Call
@@ -121,9 +123,10 @@ class LocalSession(Session):
 
     @property
     def kernel_session(self) -> KernelSession:
-        """The underlying ``KernelSession`` (the kernel's own API, for what the SDK does not wrap)."""
+        """The underlying ``KernelSession`` (the kernel's own API, for what the SDK does not wrap):
+        it can change the session, so it needs the ``agent`` right."""
         with _errors():
-            return ops.session(self.client.kernel, self.client.caller, self.id, Right.READ)
+            return ops.session(self.client.kernel, self.client.caller, self.id, Right.AGENT)
 
 
 class LocalClient(BlockingAPI):
@@ -137,6 +140,9 @@ class LocalClient(BlockingAPI):
 
         with _errors():
             self.tenant = check_tenant(tenant)
+            known = {r.value for r in Right}
+            if rights is not None and (unknown := sorted(str(r) for r in rights if str(r) not in known)):
+                raise InvalidInput(f"unknown rights {unknown}; rights are {sorted(known)}")
         self.caller = Caller(self.tenant, principal, frozenset(Right) if rights is None
                              else frozenset(Right(r) for r in rights))
         self.kernel = kernel
@@ -155,7 +161,10 @@ class LocalClient(BlockingAPI):
 
     def call(self, call: Call[T]) -> T:
         with _errors():
-            out = OPS[call.op](self.kernel, self.caller, call.args, call.json, call.params or {})
+            op = OPS.get(call.op)
+            if op is None:  # a streamed call (the audit export) has its own method
+                raise InvalidInput(f"{call.op!r} is not a single call in process; use the client's method")
+            out = op(self.kernel, self.caller, call.args, call.json, call.params or {})
             if isinstance(out, httpx.Response):
                 return call.parse(out)
             return call.parse(out.model_dump(mode="json") if isinstance(out, BaseModel) else out)

@@ -41,6 +41,7 @@ def _samples() -> list:
                             rule_id="no-untrusted-before-send", offending=[D], attention_refs=3, policy_digest=P,
                             audited=["watch-shell"]),
         ev.SessionRebuilt(session_id="s-1", segments=4, tokens=812, fingerprint=D, cause="restart"),
+        ev.ChangeRolledBack(tenant="acme", session_id="s-1", undoes=[7, 8]),
         ev.PolicyLoaded(policy_id="default", policy_digest=P),
         ev.KeyRotated(key_kind="audit_signing", old_key_id="a1b2c3d4", new_key_id="e5f6a7b8"),
         ev.KeysDestroyed(key_kind="cas_kek", key_ids=["k-1", "k-2"], principal="cli", tenant="acme"),

@@ -62,6 +62,11 @@ def test_a_failed_write_rolls_back_to_the_durable_ledger(settings, tiny_lm) -> N
             assert not s.loaded  # discarded: the next use rebuilds from the durable ledger
             assert _state(s) == before
             assert len(events(k, "eviction")) == evictions + 1  # logged before the write, as before
+            logged = [e for e in k.audit.entries() if e.event.type in ("eviction", "change_rolled_back")]
+            # ... and its rollback is logged right after it, naming it: the log shows no eviction
+            # the session does not hold
+            assert logged[-1].event.type == "change_rolled_back" and logged[-1].event.session_id == s.id
+            assert logged[-1].event.undoes == [logged[-2].index] and logged[-2].event.type == "eviction"
             with pytest.raises(sa.exc.DBAPIError, match="disk says no"):
                 s.append("user", "And the lounge?")
             assert _state(s) == before

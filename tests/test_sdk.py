@@ -284,11 +284,15 @@ def test_local_audit_proofs_and_explicit_rights(local_kernel):
     with local(kernel=local_kernel, tenant="acme", rights={"read", "audit"}) as auditor:
         assert [x.index for x in auditor.iter_audit_entries()][-1] >= a.audit_index
         for refused in (lambda: auditor.session(s.id).admit("t", "x"), lambda: auditor.forget(a.ref),
-                        lambda: auditor.create_session()):
+                        lambda: auditor.create_session(),
+                        lambda: auditor.session(s.id).kernel_session):  # the mutable session: agent only
             with pytest.raises(FakAPIError) as e:
                 refused()
             assert (e.value.status, e.value.code) == (403, "forbidden")
         assert auditor.session(s.id).info().id == s.id
+    with pytest.raises(FakAPIError) as e:
+        local(kernel=local_kernel, tenant="acme", rights={"read", "root"})
+    assert (e.value.status, e.value.code) == (400, "invalid_input") and "root" in str(e.value)
 
 
 # --- AsyncClient ------------------------------------------------------------------
