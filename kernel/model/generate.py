@@ -10,12 +10,38 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import Llama
+
+
+class TokenHook(Protocol):
+    """A per-turn observer of sampling: it may change the logits a token is drawn from
+    (a grammar's mask, a logit bias, penalties, forcing the end of the turn) and is told
+    which token was drawn (to advance its state, record log probabilities, match stop
+    strings). Hooks change sampling only, never the forward: the KV of a turn is the KV
+    of its tokens, however they were chosen."""
+
+    def adjust(self, step: int, row: np.ndarray) -> np.ndarray:
+        """The logits to draw token ``step`` from; ``row`` is a writable float32 copy
+        (return it, changed in place, or another array of the same shape)."""
+        ...
+
+    def chosen(self, step: int, token: int) -> None:
+        """Token ``step`` was drawn (after every hook's ``adjust``)."""
+        ...
+
+
+def only(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``row`` with every token outside ``allowed`` (ids) set to -inf: what a hook returns to
+    force one of a few tokens (the end of the turn, a grammar's only continuation)."""
+    out = np.full_like(row, -np.inf)
+    out[allowed] = row[allowed]
+    return out
 
 
 @dataclass(frozen=True)
@@ -26,6 +52,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    hooks: tuple[TokenHook, ...] = field(default=(), compare=False)  # applied in order, each turn's own
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -96,10 +123,17 @@ def generate(
     stops = np.array(sorted(params.stop_token_ids), dtype=np.int64)
     for i in range(params.max_tokens):
         row = logits[-1].detach().to("cpu", torch.float32).numpy()
-        if i < params.min_tokens and len(stops):
+        if (i < params.min_tokens and len(stops)) or params.hooks:
             row = row.copy()  # the logits may be the caller's
+        if i < params.min_tokens and len(stops):
             row[stops] = -np.inf
+        for hook in params.hooks:
+            row = hook.adjust(i, row)
+        if params.hooks and not np.isfinite(row).any():
+            raise ValueError("the sampling hooks left no token to draw")
         token = sample(row, params, rng)
+        for hook in params.hooks:
+            hook.chosen(i, token)
         yield token
         if token in params.stop_token_ids or i == params.max_tokens - 1:
             return
