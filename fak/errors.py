@@ -25,6 +25,12 @@ class FakError(Exception):
 
     code: str = "internal"
     status: int = 500
+    param: str | None = None  # the request parameter at fault, when one is (OpenAI's ``error.param``)
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        if param is not None:
+            self.param = param
 
     def __init_subclass__(cls, *, code: str | None = None, status: int | None = None,
                           **kwargs: object) -> None:
