@@ -2,7 +2,8 @@
 transaction and owns the ledger change between the halves).
 
 Before the change: what the bytes are (their CAS ref), what the policy decides of them (the
-gate, or a late quarantine that already judged them: a resend must not undo it), what enters
+gate, or a late quarantine that already judged them, or a forget that erased them: a resend
+must not undo either), what enters
 attention (REDACT: the redacted bytes under their own ref, linked to the original so a
 forget of either finds both), for how long, and the audit event, validated before anything
 changes. After the event is logged: the records later decisions read (ref metadata, CAS
@@ -25,11 +26,12 @@ from fak.policy.late import LateJob
 from fak.state.store import now_us
 from fak.types import as_id, check_id
 
-__all__ = ["MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged", "RefBeingForgotten", "ToolResult", "judge",
-           "late_check", "record", "tool_result"]
+__all__ = ["FORGOTTEN_RULE", "MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged", "RefBeingForgotten",
+           "ToolResult", "forgotten", "judge", "late_check", "record", "tool_result"]
 
 MAX_SOURCE = 2048  # characters of a tool result's source URL
 QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
+FORGOTTEN_RULE = "ref_forgotten"  # the rule of an admission refused because its bytes were forgotten
 
 
 class RefBeingForgotten(Conflict):
@@ -89,6 +91,7 @@ class Judged:
     body: bytes  # what enters attention (REDACT: the redacted bytes)
     expires_us: int | None  # when the admitted ref expires (None: no time limit)
     turns: int | None  # model turns it stays (None: no turn limit)
+    stored: bool = True  # False: refused unstored (a forgotten ref: nothing of it may be kept again)
 
     @property
     def admitted(self) -> bool:
@@ -107,12 +110,41 @@ class Judged:
         )  # fmt: skip
 
 
+def forgotten(services: Services, tenant: str, ref: str) -> bool:
+    """Whether ``ref`` (the tenant's keyed digest of some bytes) names bytes a forget erased, or
+    is erasing, and that were not admitted again since: a forget of it (or of a ref linked to
+    it) is in progress, or the CAS holds its tombstone (the keyed digest, never the bytes), or
+    a forget row names it and its bytes are not live. A tenant erase destroys the digest key:
+    the same bytes then get another ref, which no tombstone names (the tenant starts anew)."""
+    state = services.state
+    if state.forget_pending(tenant, ref):
+        return True
+    head = services.store.head(ref, tenant)
+    if head is not None:
+        return head.state != "live"
+    return state.forget_covering(tenant, ref) is not None
+
+
+def _refused_forgotten(result: ToolResult, policy: Policy, ref: str, *, stored: bool) -> Judged:
+    """QUARANTINE ``ref_forgotten``, decided before the gate reads the bytes (in audit mode too:
+    a forget is an erasure, not a detection)."""
+    verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=FORGOTTEN_RULE, policy_digest=policy.digest,
+                      tool=result.tool, input_bytes=len(result.data))
+    return Judged(result, policy, verdict, ref, None, b"", None, None, stored=stored)
+
+
 def judge(services: Services, tenant: str, session_id: str, result: ToolResult) -> Judged:
-    """Store the bytes and judge them under the active policy (the session's lock is held)."""
+    """Store the bytes and judge them under the active policy (the session's lock is held).
+    Bytes of a forgotten ref are refused unstored unless the policy allows re-admission
+    (``spec.forget.readmit``); a forget in progress refuses them either way."""
     state, store, policy = services.state, services.store, services.policy
     data, tool = result.data, result.tool
-    if state.forget_pending(tenant, store.digest_of(data, tenant)):
+    readmit = policy.spec.forget.readmit
+    ref = store.digest_of(data, tenant)
+    if readmit and state.forget_pending(tenant, ref):
         raise RefBeingForgotten("these bytes are being forgotten; admit them again once the forget completed")
+    if not readmit and forgotten(services, tenant, ref):
+        return _refused_forgotten(result, policy, ref, stored=False)
     ref = store.put(data, result.media_type, tenant).digest
     meta = state.ref(tenant, ref)
     if meta is not None and meta.quarantined:
@@ -129,9 +161,13 @@ def judge(services: Services, tenant: str, session_id: str, result: ToolResult) 
         body = verdict.redacted_bytes
         derived = store.digest_of(body, tenant)
         if derived != ref:
-            if state.forget_pending(tenant, derived):
+            if readmit and state.forget_pending(tenant, derived):
                 raise RefBeingForgotten("the redacted form of these bytes is being forgotten; admit them "
                                         "again once the forget completed")
+            if not readmit and forgotten(services, tenant, derived):
+                # these bytes are not forgotten themselves (another original, or one whose link is
+                # gone), but what would enter attention is: refused, and recorded as any refusal
+                return _refused_forgotten(result, policy, ref, stored=True)
             # linked before the redacted bytes are stored: a forget of either form finds both
             state.link_refs(tenant, ref, derived)
         admitted_ref = store.put(body, result.media_type, tenant).digest
@@ -144,7 +180,10 @@ def judge(services: Services, tenant: str, session_id: str, result: ToolResult) 
 
 def record(services: Services, tenant: str, session_id: str, judged: Judged, segment_id: str) -> None:
     """Record what later decisions read of an admission, once its event is logged: the refs'
-    metadata and producers, the CAS use, the next expiry; a refused ref's taint."""
+    metadata and producers, the CAS use, the next expiry; a refused ref's taint. Nothing for
+    bytes refused unstored (a forgotten ref: no record of them is made again)."""
+    if not judged.stored:
+        return
     state, store, result = services.state, services.store, judged.result
     tool, tags, source, kind = result.tool, result.tags, result.source, judged.verdict.kind.value
     producer = (tool, source)

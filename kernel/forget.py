@@ -24,6 +24,12 @@ forget erases the same). Forgetting the other form afterwards returns the same r
 
 A crash anywhere leaves the row ``requested``; ``Kernel.open`` resumes it, and the
 steps above are idempotent. Forgetting a forgotten ref returns the first receipt.
+
+What stays is content-free: the CAS tombstone (the ref's keyed digest, a size bucket) and
+the row. An admission reads them (``fak.kernel.admission.forgotten``): the same bytes sent
+again, during the forget or after it, are refused unstored (QUARANTINE ``ref_forgotten``)
+unless the policy allows re-admission (``spec.forget.readmit``); then they are a new
+admission, and a forget of them is a new forget.
 """
 
 from __future__ import annotations

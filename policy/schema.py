@@ -386,6 +386,17 @@ class Retention(_Strict):
     cache_priority: int = Field(default=35, ge=0, le=100)
 
 
+class Forget(_Strict):
+    """What an admission does with bytes whose ref an admin forgot (``fak.kernel.forget``).
+    ``readmit: false`` (the default): bytes whose keyed digest is a forgotten ref (the CAS
+    keeps a tombstone of that digest, never the bytes) are refused, QUARANTINE with rule
+    ``ref_forgotten``, so a client resending its history does not undo a forget; so are bytes
+    whose redacted form was forgotten, and bytes of a forget still in progress. ``true``: such
+    bytes are a new admission the gate judges (a forget in progress still refuses them)."""
+
+    readmit: bool = False
+
+
 class Normalization(_Strict):
     """Bounds on the work the normaliser does, so hostile input cannot make it slow."""
 
@@ -407,6 +418,7 @@ class Spec(_Strict):
     tool_calls: ToolCalls = ToolCalls()
     late_detectors: list[LateDetectorRule] = []
     exceptions: list[RuleException] = []
+    forget: Forget = Forget()
 
     @model_validator(mode="after")
     def _unique(self) -> Spec:

@@ -201,13 +201,18 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
         k.quarantine("acme", "blake3k:" + "0" * 64, reason="x")
 
 
-def test_forget_again_after_readmission_and_no_admission_during_a_forget(kernel) -> None:
+def test_forget_again_after_readmission_and_no_admission_during_a_forget(settings, tiny_lm, tmp_path, request) -> None:
     from fak.kernel.agent_session import RefBeingForgotten
+    from fak.kernel.facade import default_policy_path
     from fak.kernel.forget import resume
     from fak.state.schema import ForgetRow
     from fak.state.store import now_us
 
-    k = kernel
+    # re-admitting forgotten bytes is the policy's choice (default: refused, tests/test_forget_resend.py)
+    settings.policy_path = tmp_path / "readmit.yaml"
+    settings.policy_path.write_text(default_policy_path().read_text().replace("spec:\n", "spec:\n  forget: {readmit: true}\n", 1))
+    k = Kernel.open(settings, model=tiny_lm, progress=None)
+    request.addfinalizer(k.close)
     s = k.session("acme")
     s.append("system", "You are a travel assistant.")
     ref = s.admit("booking", SECRET).ref
