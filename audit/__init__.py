@@ -41,6 +41,7 @@ _EXPORTS = {
     "RefQuarantined": "fak.audit.events",
     "RefExpired": "fak.audit.events",
     "ToolCallDecision": "fak.audit.events",
+    "ToolCallApproval": "fak.audit.events",
     "TenantEraseRequested": "fak.audit.events",
     "TenantErased": "fak.audit.events",
     "SessionRebuilt": "fak.audit.events",

@@ -222,6 +222,20 @@ class ToolCallDecision(_Event):
     principal: Id | None = None  # who asked (an API key id, the SDK's local mode, the kernel's own loop)
 
 
+class ToolCallApproval(_Event):
+    """A person's decision on a call the policy held (CONFIRM): who decided, which call, and the
+    decision it answers (``decision_index``). Arguments as a keyed digest only, as in the decision."""
+
+    type: Literal["tool_call_approval"] = "tool_call_approval"
+    session_id: Id
+    call_id: Id
+    tool: Id
+    args_digest: Digest
+    approved: bool
+    decision_index: Count | None = None
+    principal: Id
+
+
 class SessionRebuilt(_Event):
     """A session's KV rebuilt from its ledger (after a restart, or paged back in)."""
 
@@ -417,6 +431,7 @@ Event = Annotated[
     | KeysDestroyed
     | AuthFailure
     | AuthFailures
+    | ToolCallApproval
     | KeyCreated
     | KeyRevoked
     | KeyAlarm
@@ -435,6 +450,7 @@ EVENT_TYPES = (
     RefQuarantined,
     RefExpired,
     ToolCallDecision,
+    ToolCallApproval,
     SessionRebuilt,
     ChangeRolledBack,
     PolicyLoaded,

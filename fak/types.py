@@ -112,6 +112,7 @@ def as_id(value: str) -> str:
 
 
 __all__ = [
+    "TOOL_DEFINITIONS",
     "DIGEST_PATTERN",
     "ID_PATTERN",
     "TENANT_MAX",
@@ -125,3 +126,8 @@ __all__ = [
     "check_id",
     "check_tenant",
 ]
+
+# The producer of the ref of a request's tool definitions (the OpenAI doors' tools block):
+# trusted unless a policy ``tools`` entry names it (the client wrote them, like its system
+# prompt; an operator who passes third-party tool descriptions through lists it as untrusted).
+TOOL_DEFINITIONS = "fak.tool_definitions"

@@ -248,6 +248,7 @@ class ReceiptCheckOut(BaseModel):
 # ``fak.kernel.openai_chat`` reports them as ignored). The class names are the OpenAPI schema's.
 CHAT_MAX_TOKENS = 4096  # max_completion_tokens (and max_tokens, min_tokens) of one request
 CHAT_MAX_MESSAGES = 4096  # messages of one request
+CHAT_MAX_CHOICES = 8  # n
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # the id grammar of POST /v1/sessions
 
 
@@ -289,18 +290,30 @@ class ChatCompletionRequest(Lenient):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    n: int | None = Field(None, description="must be 1")
-    stop: str | list[str] | None = Field(None, description="not supported: accepted only when empty")
+    n: int | None = Field(None, ge=1, le=CHAT_MAX_CHOICES, description="sibling answers from one prefilled prompt")
+    stop: str | list[str] | None = Field(None, description="up to 4 strings that end the answer")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | None = Field(None, description="not supported: accepted only when false")
-    response_format: dict[str, Any] | None = Field(None, description="only {'type': 'text'}")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    response_format: dict[str, Any] | None = Field(None, description="text, json_object or json_schema")
     modalities: list[str] | None = Field(None, description="only ['text']")
-    tools: list[dict[str, Any]] | None = Field(None, description="accepted, ignored (no function calling)")
-    tool_choice: str | dict[str, Any] | None = Field(None, description="accepted, ignored")
-    user: str | None = Field(None, description="accepted, ignored (does not pick a session)")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128, description="function tools")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="auto, none, required or a named function")
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = Field(None, max_length=128, description="legacy form of tools")
+    function_call: str | dict[str, Any] | None = Field(None, description="legacy form of tool_choice")
+    user: str | None = Field(None, max_length=256, description="recorded as the end user; does not pick a session")
+    metadata: dict[str, str] | None = Field(None, description="accepted; returned in the fak field")
+    store: bool | None = None
     fak_session: str | None = Field(None, pattern=SESSION_ID,
                                     description="extension: a persistent session holding the history")
+    fak_held_calls: Literal["withhold", "return"] | None = Field(
+        None, description="extension: CONFIRM calls left out of tool_calls (withhold, the default) or returned "
+                          "marked held (return: for clients that ask a person before running them)")
 
 
 class AdmissionInfo(BaseModel):
@@ -316,12 +329,45 @@ class AdmissionInfo(BaseModel):
     audit_index: int | None
 
 
+class CallVerdictInfo(BaseModel):
+    """fak's verdict on one tool call the model wrote (``fak.tool_calls``)."""
+
+    id: str
+    name: str
+    verdict: Literal["ALLOW", "CONFIRM", "DENY"]
+    rule_id: str | None
+    offending: list[str]
+    enforced: bool
+    returned: bool = Field(description="in message.tool_calls (callable, or held with fak_held_calls=return)")
+    held: bool = Field(description="waiting for a person: POST /v1/tool-calls/{id}/approve or /reject")
+    audit_index: int | None
+    choice: int = 0
+
+
+class RemedyInfo(BaseModel):
+    """What the door did about a DENYed call: the refs evicted (exactly) and the turn asked again,
+    or a refusal."""
+
+    action: Literal["evict_and_retry", "refuse"]
+    tool: str
+    rule_id: str | None
+    evicted_refs: list[str]
+    evicted_segments: list[str]
+    exactness: str | None
+    fingerprint: str | None
+    choice: int = 0
+
+
 class FakInfo(BaseModel):
     session_id: str
     ephemeral: bool
     fingerprint: str | None
     admissions: list[AdmissionInfo]
     ignored: list[str]
+    tool_calls: list[CallVerdictInfo] = []
+    remedies: list[RemedyInfo] = []
+    tools_ref: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 class PromptTokensDetails(BaseModel):
@@ -335,17 +381,44 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
     refusal: None = None
 
 
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -357,6 +430,17 @@ class ChatCompletion(BaseModel):
     choices: list[Choice]
     usage: Usage
     fak: FakInfo
+
+
+class ToolCallApprovalOut(BaseModel):
+    """A held call after a person's decision: the call to run (approved) or not (rejected)."""
+
+    id: str
+    state: Literal["approved", "rejected"]
+    session_id: str
+    tool_call: ToolCallOut
+    decided_by: str
+    audit_index: int | None
 
 
 class ModelCard(BaseModel):

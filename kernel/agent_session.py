@@ -273,6 +273,15 @@ class KernelSession:
         with self._locked() as s:
             return [seg.view() for seg in s.ledger.segments]
 
+    def history(self) -> list[tuple[SegmentView, str | None]]:
+        """Each segment's view with the text of its chat message: for a live segment, what was
+        appended, admitted (a REDACT: the redacted text) or generated; None once it left the KV
+        (evicted, quarantined, forgotten: no content kept). What a resent conversation is
+        matched against (``fak.kernel.chat_history``)."""
+        with self._locked() as s:
+            return [(seg.view(), m["content"] if (m := s.message(seg.id)) is not None else None)
+                    for seg in s.ledger.segments]
+
     def ledger(self) -> list[dict[str, object]]:
         """``segments()`` as JSON-ready dicts (the API's and the audit's form)."""
         return [v.as_dict() for v in self.segments()]
@@ -443,13 +452,14 @@ class KernelSession:
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
-    def generate(self, params: SamplingParams | None = None, **sampling: Any) -> Iterator[int]:
+    def generate(self, params: SamplingParams | None = None, *, keep: bool = True, **sampling: Any) -> Iterator[int]:
         """Generate an assistant turn, yielding token ids. Stop tokens come from the model
         unless ``params`` names its own; ``sampling`` overrides fields (max_tokens,
-        temperature, top_p, seed, min_tokens). The turn is kept once the iterator is
-        exhausted; the session stays locked until then (close the iterator to give up)."""
+        temperature, top_p, seed, min_tokens, hooks). The turn is kept once the iterator is
+        exhausted (with ``keep=False`` it is undone then: a sibling answer); the session
+        stays locked until then (close the iterator to give up)."""
         params = self._params(params, sampling)
-        return self._generate(params)
+        return self._generate(params, keep)
 
     def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
         params = params or SamplingParams()
@@ -461,7 +471,7 @@ class KernelSession:
             params = replace(params, stop_token_ids=frozenset(self.services.tokenizer.stop_token_ids))
         return params
 
-    def _generate(self, params: SamplingParams) -> Iterator[int]:
+    def _generate(self, params: SamplingParams, keep: bool = True) -> Iterator[int]:
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
@@ -473,7 +483,7 @@ class KernelSession:
                 params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
             # the turn undoes itself unless exhausted (a consumer that stops early, an error
             # mid-way), so only the write is the transaction's to roll back: commit, no change()
-            inner = s.generate(params)
+            inner = s.generate(params, keep=keep)
             try:
                 t0, count = time.perf_counter(), 0
                 for token in inner:
@@ -481,7 +491,8 @@ class KernelSession:
                     yield token
             finally:
                 inner.close()  # rolls the partial turn back if the consumer stopped early
-            tx.commit()
+            if keep:
+                tx.commit()
             self.services.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
 
     def chat(self, text: str, **sampling: Any) -> str:

@@ -111,14 +111,30 @@ import contextlib
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from fak import wire as w
+from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES
-from fak.kernel.kv.ledger import SegmentKind
-from fak.kernel.operations import Caller, Right, Stepper, TextDecoder, check_context
+from fak.kernel.authorize import args_digest
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.model.generate import TokenHook
+from fak.kernel.openai_answer import Answer, run_answer
+from fak.kernel.openai_tools import (
+    ToolChoice,
+    ToolSpec,
+    json_text,
+    render_call,
+    render_tools,
+    tool_choice,
+    tool_specs,
+)
+from fak.kernel.operations import Caller, Right, Stepper, check_context
+from fak.kernel.sampling_hooks import LogitBias
+from fak.types import TOOL_DEFINITIONS, as_id
 
 if TYPE_CHECKING:
     from fak.kernel.agent_session import KernelSession
@@ -128,13 +144,18 @@ if TYPE_CHECKING:
 DEFAULT_MAX_TOKENS = 256
 STARTED = int(time.time())  # the model cards' ``created``: when the server loaded this module
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
-IGNORED = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "user",
-           "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs", "metadata", "store",
-           "service_tier", "reasoning_effort", "prediction", "web_search_options")
+IGNORED = ("store", "service_tier")  # accepted, without effect on the answer (fak has one tier, keeps no store)
+REFUSED = {  # OpenAI parameters fak cannot honour: a 400 naming the parameter, never silently ignored
+    "audio": "the model writes text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "fak runs no web search (give the agent a search tool instead)",
+    "reasoning_effort": "the model has no reasoning mode",
+    "verbosity": "the model has no verbosity setting",
+}
 
 
 class UnsupportedParameter(InvalidInput):
-    """A chat-completions parameter fak does not implement (n > 1, stop, logprobs, ...)."""
+    """A chat-completions parameter fak does not implement (audio, web search, ...)."""
 
     code = "unsupported_parameter"
 
@@ -161,9 +182,18 @@ def get_model(k: Kernel, c: Caller, model_id: str) -> w.ModelCard:
 
 # --- parameters ----------------------------------------------------------------------
 @dataclass(frozen=True)
+class ResponseFormat:
+    """``response_format`` json_object (any JSON object: ``schema`` None) or json_schema."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    name: str = "response"
+
+
+@dataclass(frozen=True)
 class ChatParameters:
-    """What the kernel honours of a request (its sampling) and the names of the parameters
-    the request sent that were accepted and ignored (the response's ``fak.ignored``)."""
+    """What the kernel honours of a request and the names of the parameters it sent that
+    were accepted without effect (the response's ``fak.ignored``)."""
 
     max_tokens: int
     min_tokens: int
@@ -171,6 +201,20 @@ class ChatParameters:
     top_p: float
     seed: int | None
     ignored: tuple[str, ...]
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    response_format: ResponseFormat | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = ToolChoice("none")
+    parallel: bool = True
+    held_calls: Literal["withhold", "return"] = "withhold"
+    user: str | None = None
+    metadata: dict[str, str] | None = None
 
     def sampling(self) -> dict[str, Any]:
         """The keyword arguments of ``KernelSession.generate``."""
@@ -179,32 +223,64 @@ class ChatParameters:
 
 
 def chat_parameters(body: w.ChatCompletionRequest) -> ChatParameters:
-    """Refuse what fak does not implement (``UnsupportedParameter``), map the rest."""
-    if body.n not in (None, 1):
-        raise UnsupportedParameter("n: fak returns one choice per request; n must be 1")
-    stop = body.stop
-    if (isinstance(stop, str) and stop) or (isinstance(stop, list) and any(stop)):
-        raise UnsupportedParameter("stop: stop sequences are not supported (the model's own end-of-turn tokens "
-                                   "end an answer); leave stop out or empty")
-    if body.logprobs:
-        raise UnsupportedParameter("logprobs: log probabilities are not returned; leave logprobs out or false")
-    if body.response_format is not None and body.response_format.get("type", "text") != "text":
-        raise UnsupportedParameter("response_format: only {'type': 'text'} is supported (no JSON mode)")
-    if body.modalities is not None and set(body.modalities) - {"text"}:
-        raise UnsupportedParameter("modalities: the model writes text only")
+    """Refuse what fak does not implement (``UnsupportedParameter``, naming it), map the rest."""
     extra = body.model_extra or {}
-    if extra.get("audio") is not None:
-        raise UnsupportedParameter("audio: the model writes text only")
+    for name in REFUSED:
+        if extra.get(name) is not None:
+            raise UnsupportedParameter(f"{name}: {REFUSED[name]}", param=name)
+    if body.modalities is not None and set(body.modalities) - {"text"}:
+        raise UnsupportedParameter("modalities: the model writes text only", param="modalities")
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidInput("top_logprobs needs logprobs: true", param="top_logprobs")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > 4 or not all(isinstance(x, str) and x for x in stop):
+        raise InvalidInput("stop: up to 4 non-empty strings", param="stop")
     max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
     if top_p == 0:  # the nucleus shrinks to the most probable token
         temperature, top_p = 0.0, 1.0
+    tools = tool_specs(body.tools) if body.tools is not None else tool_specs(
+        [{"type": "function", "function": f} for f in body.functions or []], "functions")
+    if body.tools is not None and body.functions is not None:
+        raise InvalidInput("tools and functions: send one of them (functions is the older form)", param="functions")
+    legacy = body.function_call
+    if isinstance(legacy, dict):
+        legacy = {"type": "function", "function": legacy}
+    choice = tool_choice(body.tool_choice if body.tool_choice is not None else legacy, tools)
     ignored = sorted({name for name in body.model_fields_set if name in IGNORED and getattr(body, name) is not None}
                      | {name[:64] for name, value in extra.items() if value is not None})
     return ChatParameters(max_tokens=max_tokens, min_tokens=min(body.min_tokens or 0, max_tokens),
                           temperature=temperature, top_p=top_p,
-                          seed=None if body.seed is None else body.seed % 2**64, ignored=tuple(ignored))
+                          seed=None if body.seed is None else body.seed % 2**64, ignored=tuple(ignored),
+                          n=body.n or 1, stop=tuple(stop), logprobs=bool(body.logprobs),
+                          top_logprobs=body.top_logprobs or 0, logit_bias=dict(body.logit_bias or {}),
+                          presence_penalty=body.presence_penalty or 0.0,
+                          frequency_penalty=body.frequency_penalty or 0.0,
+                          response_format=response_format(body.response_format), tools=tuple(tools), choice=choice,
+                          parallel=body.parallel_tool_calls is not False, held_calls=body.fak_held_calls or "withhold",
+                          user=body.user, metadata=body.metadata)
+
+
+def response_format(value: dict[str, Any] | None) -> ResponseFormat | None:
+    """``{'type': 'text'}``, ``{'type': 'json_object'}`` or ``{'type': 'json_schema', 'json_schema':
+    {'name', 'schema', 'strict'}}``; both JSON forms are decoded under a grammar."""
+    if value is None:
+        return None
+    kind = value.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise UnsupportedParameter(f"response_format: type {str(kind)[:40]!r} is not supported "
+                                   "(text, json_object, json_schema)", param="response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise InvalidInput("response_format.json_schema: {'name': ..., 'schema': {...}, 'strict': true}",
+                           param="response_format")
+    name = spec.get("name") if isinstance(spec.get("name"), str) else "response"
+    return ResponseFormat("json_schema", spec.get("schema") or {"type": "object"}, name)
 
 
 # --- messages --------------------------------------------------------------------------
@@ -265,28 +341,20 @@ def _unicode(text: str, where: str) -> str:
     return text
 
 
-def _json_text(value: str | dict[str, Any]) -> str:
-    raw = value if isinstance(value, str) else None
-    try:
-        return json.dumps(json.loads(raw) if raw is not None else value, ensure_ascii=False, sort_keys=True)
-    except (ValueError, RecursionError):  # not JSON (or absurdly deep): written as a JSON string
-        return json.dumps(raw if raw is not None else str(value), ensure_ascii=False)
-
-
 def render_tool_call(call: w.ToolCall | w.FunctionCall, where: str) -> tuple[str, str]:
-    """(name, rendered line) of one of the assistant's own calls (see the module notes)."""
+    """(name, text) of one of the assistant's own calls, in the model's tool-call format
+    (``fak.kernel.openai_tools.render_call``)."""
     if isinstance(call, w.FunctionCall):
-        name, body = call.name, '"arguments": ' + _json_text(call.arguments)
+        name, text = call.name, render_call(call.name, call.arguments)
     elif call.type == "function" and call.function is not None:
-        name, body = call.function.name, '"arguments": ' + _json_text(call.function.arguments)
+        name, text = call.function.name, render_call(call.function.name, call.function.arguments)
     elif call.type == "custom" and isinstance(call.custom, dict) and isinstance(call.custom.get("name"), str):
         raw = call.custom.get("input", "")
-        name, body = call.custom["name"], '"input": ' + json.dumps(raw if isinstance(raw, str) else _json_text(raw),
-                                                                   ensure_ascii=False)
+        name = call.custom["name"]
+        text = render_call(name, raw if isinstance(raw, str) else json_text(raw), key="input")
     else:
         raise InvalidInput(f"{where}: a tool call is {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
-    line = '<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ", " + body + "}</tool_call>"
-    return _unicode(name, f"{where}.name"), _unicode(line, where)
+    return _unicode(name, f"{where}.name"), _unicode(text, where)
 
 
 def plan_messages(messages: list[w.ChatMessage]) -> list[ChatOp]:
@@ -335,9 +403,13 @@ class ChatTurn:
     ephemeral: bool  # created for this request, deleted by close
     completion_id: str
     parameters: ChatParameters
+    principal: str = "_"  # who asked, as the tool-call decisions record it
     cached: int = 0  # prompt tokens whose KV was not computed for this request
-    context: int = 0  # tokens in the session before generation
+    context: int = 0  # tokens in the session before the last generation
     admissions: list[w.AdmissionInfo] = field(default_factory=list)
+    tools_ref: str | None = None  # the ref of the tools block in attention
+    calls_enabled: bool = False  # tools in attention and tool_choice is not none
+    hooks: tuple[TokenHook, ...] = ()  # an in-process caller's own sampling hooks, applied first
     closed: bool = False
 
     def close(self) -> None:
@@ -347,27 +419,37 @@ class ChatTurn:
             with contextlib.suppress(NotFound):
                 self.kernel.delete_session(self.session.tenant, self.session.id)
 
-    def generate(self) -> Stepper:
-        """The assistant turn, driven one token at a time (``Stepper.close`` gives it up)."""
-        return Stepper(self.session.generate(**self.parameters.sampling()))
+    def answers(self) -> Iterator[tuple[int, Generator[None | str | Answer, None, None]]]:
+        """The choices, siblings first (each undone at its end), the kept choice 0 last."""
+        for index in [*range(1, self.parameters.n), 0]:
+            yield index, run_answer(self, index, keep=index == 0)
 
-    def usage(self, produced: list[int]) -> w.Usage:
-        """Every token the answer attended to before its first sampled token is prompt (the
-        turn's opener too); ``cached_tokens`` never exceeds it."""
+    def usage(self, answers: list[Answer]) -> w.Usage:
+        """Every token the kept answer attended to before its first sampled token is prompt
+        (the turn's opener too); ``cached_tokens`` never exceeds it."""
         prompt = self.context
-        last = self.session.segments()[-1] if produced else None
-        if last is not None and last.kind is SegmentKind.ASSISTANT:  # the turn's opener is prompt too
-            closing = len(self.kernel.tokenizer.close_turn(produced[-1]))
-            prompt += last.length - (len(produced) - 1) - closing
-        return w.Usage(prompt_tokens=prompt, completion_tokens=len(produced), total_tokens=prompt + len(produced),
+        kept = next((a for a in answers if a.index == 0), None)
+        last = self.session.segments()[-1] if kept is not None and kept.produced else None
+        if kept is not None and last is not None and last.kind is SegmentKind.ASSISTANT:
+            closing = len(self.kernel.tokenizer.close_turn(kept.produced[-1]))
+            prompt += last.length - (len(kept.produced) - 1) - closing
+        completion = sum(a.sampled for a in answers)
+        return w.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                        prompt_tokens_details=w.PromptTokensDetails(cached_tokens=min(self.cached, prompt)))
 
-    def info(self, fingerprint: str | None) -> w.FakInfo:
+    def info(self, fingerprint: str | None, answers: list[Answer]) -> w.FakInfo:
         return w.FakInfo(session_id=self.session.id, ephemeral=self.ephemeral, fingerprint=fingerprint,
-                         admissions=self.admissions, ignored=list(self.parameters.ignored))
+                         admissions=self.admissions, ignored=list(self.parameters.ignored),
+                         tool_calls=[v for a in sorted(answers, key=lambda a: a.index) for v in a.verdicts],
+                         remedies=[r for a in sorted(answers, key=lambda a: a.index) for r in a.remedies],
+                         tools_ref=self.tools_ref, metadata=self.parameters.metadata)
 
-    def finish_reason(self, produced: list[int]) -> Literal["stop", "length"]:
-        return "stop" if produced and produced[-1] in self.kernel.tokenizer.stop_token_ids else "length"
+
+def verdict_header(info: w.FakInfo) -> str:
+    """The ``fak-tool-calls`` header: each call's id, verdict and whether it is held, for
+    frameworks that drop unknown body fields (``call_…=ALLOW, call_held_…=CONFIRM;held``)."""
+    return ", ".join(f"{v.id}={v.verdict}" + (";held" if v.held else "") + ("" if v.returned else ";withheld")
+                     for v in info.tool_calls)
 
 
 def _chat_session(k: Kernel, c: Caller, body: w.ChatCompletionRequest, completion_id: str) -> tuple[KernelSession, bool]:
@@ -383,27 +465,46 @@ def _chat_session(k: Kernel, c: Caller, body: w.ChatCompletionRequest, completio
             return k.session(c.tenant, body.fak_session), False
 
 
+def _principal(c: Caller, user: str | None) -> str:
+    """The decisions' principal: the API key, and the end user the request names (OpenAI's ``user``)."""
+    return as_id(c.principal + (f"/user={user}" if user else ""))
+
+
 def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
-    """Validate, get the session, replay the messages into it. Nothing is created when
-    validation fails; an ephemeral session is deleted when a later step fails."""
+    """Validate, get the session, replay the messages into it (the tools block after the
+    leading system messages). Nothing is created when validation fails; an ephemeral session
+    is deleted when a later step fails."""
     c.require(Right.AGENT)
     parameters = chat_parameters(body)
+    if parameters.logit_bias:  # the ids against this model's vocabulary, before anything runs
+        LogitBias.from_openai(parameters.logit_bias, k.tokenizer.vocab_size)
     ops = plan_messages(body.messages)
+    holds = k.services.holds
+    for op in ops:
+        if op.kind == "tool" and op.call_id:
+            holds.check_result(c.tenant, op.call_id)
+    tools_text = render_tools(list(parameters.tools)) if parameters.tools else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)
-    turn = ChatTurn(k, ks, ephemeral, completion_id, parameters)
+    turn = ChatTurn(k, ks, ephemeral, completion_id, parameters, principal=_principal(c, parameters.user))
     try:
         before = ks.tokens
         if before and ops[0].kind == "system":
             raise Conflict(f"session {ks.id} already holds a conversation: send only the new messages "
                            "(a system message first means a resent history)")
-        check_context(k, [op.text for op in ops], "these messages")
+        check_context(k, [op.text for op in ops] + [tools_text or ""], "these messages")
         mech0, hits0 = _hits(ks)
-        for op in ops:
+        lead = next((i for i, op in enumerate(ops) if op.kind != "system"), len(ops))
+        for i, op in enumerate(ops):
+            if i == lead and tools_text is not None:
+                _add_tools(turn, tools_text)
             if op.kind == "tool":
                 turn.admissions.append(_admit(ks, op))
             else:
                 ks.append(op.kind, op.text)
+        if lead == len(ops) and tools_text is not None:
+            _add_tools(turn, tools_text)
+        turn.calls_enabled = parameters.choice.mode != "none" and turn.tools_ref is not None
         mech1, hits1 = _hits(ks)
         turn.cached = before + (hits1 - hits0 if mech1 is mech0 else hits1)
         turn.context = ks.tokens
@@ -411,6 +512,22 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
         turn.close()
         raise
     return turn
+
+
+def _add_tools(turn: ChatTurn, text: str) -> None:
+    """The tools block into attention, through the gate as content of its own (producer
+    ``fak.tool_definitions``), unless the session already holds it live."""
+    ks, data = turn.session, text.encode("utf-8")
+    ref = turn.kernel.store.digest_of(data, ks.tenant)
+    if any(x.ref == ref and x.state is SegmentState.LIVE for x in ks.segments()):
+        turn.tools_ref = ref
+        return
+    a = ks.admit(TOOL_DEFINITIONS, data)
+    turn.admissions.append(w.AdmissionInfo(message_index=-1, tool=TOOL_DEFINITIONS, tool_call_id=None,
+                                           verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,
+                                           admitted_ref=a.admitted_ref, admitted=a.admitted,
+                                           segment_id=a.segment.id, audit_index=a.audit_index))
+    turn.tools_ref = a.admitted_ref if a.admitted else None
 
 
 def _admit(ks: KernelSession, op: ChatOp) -> w.AdmissionInfo:
@@ -422,79 +539,115 @@ def _admit(ks: KernelSession, op: ChatOp) -> w.AdmissionInfo:
                            audit_index=a.audit_index)
 
 
+def _choice(a: Answer) -> w.Choice:
+    return w.Choice(index=a.index, message=w.AssistantMessage(content=a.content, refusal=a.refusal,
+                                                              tool_calls=a.tool_calls or None),
+                    finish_reason=a.finish, logprobs=a.logprobs)
+
+
 def complete(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> w.ChatCompletion:
     """The whole answer as one ``chat.completion``; the turn is closed however this ends."""
     turn = open_chat(k, c, body)
+    answers: list[Answer] = []
     try:
-        produced = list(turn.session.generate(**turn.parameters.sampling()))
-        text = k.tokenizer.decode_turn(produced)
-        usage = turn.usage(produced)
+        for _, run in turn.answers():
+            for step in run:
+                if isinstance(step, Answer):
+                    answers.append(step)
+        usage = turn.usage(answers)
         fingerprint = turn.session.fingerprint()
     finally:
         turn.close()
     return w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=k.model_id,
-                            choices=[w.Choice(message=w.AssistantMessage(content=text),
-                                              finish_reason=turn.finish_reason(produced))],
-                            usage=usage, fak=turn.info(fingerprint))
+                            choices=[_choice(a) for a in sorted(answers, key=lambda a: a.index)],
+                            usage=usage, fak=turn.info(fingerprint, answers))
 
 
 # --- streaming -----------------------------------------------------------------------
 class ChatStream:
     """A streamed answer as ``chat.completion.chunk`` objects (JSON-ready dicts), one model
-    step per ``next_chunks`` call, None after the last. The first token is sampled when the
-    stream is opened (``open_stream``), so a busy session or a refused parameter fails before
-    any chunk. ``close`` however the stream ended: it rolls an unfinished turn back and
-    closes the turn (safe from another thread: it waits for a running step)."""
+    step per ``next_chunks`` call, None after the last. The first step runs when the stream
+    is opened (``open_stream``), so a busy session or a refused parameter fails before any
+    chunk. Content is sent as it is decoded, except what may still become a tool call or a
+    stop string; a choice's tool calls follow once the model has finished them and fak has
+    judged them, as one tool-call delta each. ``close`` however the stream ended: it rolls an
+    unfinished turn back and closes the turn (safe from another thread)."""
 
-    def __init__(self, turn: ChatTurn, stepper: Stepper, first: int | None, *, include_usage: bool) -> None:
+    def __init__(self, turn: ChatTurn, *, include_usage: bool) -> None:
         self.turn = turn
-        self._stepper = stepper
-        self._first: int | None = first
+        self._runs = turn.answers()
+        self._stepper = Stepper(self._steps())
         self._include_usage = include_usage
-        self._decoder = TextDecoder(turn.kernel.tokenizer)
-        self._produced: list[int] = []
-        self._started = False
+        self._answers: list[Answer] = []
         self._ended = False
+        self._pending: list[dict[str, Any]] = []
+
+    def _steps(self) -> Generator[list[dict[str, Any]], None, None]:
+        """Every step's chunks, choice after choice, then the tail; closing it mid-way closes
+        the running answer (which rolls its turn back)."""
+        for index, run in self._runs:
+            yield [self._delta(index, {"role": "assistant", "content": ""})]
+            try:
+                for step in run:
+                    if isinstance(step, Answer):
+                        self._answers.append(step)
+                        yield self._choice_end(step)
+                    else:
+                        yield [self._delta(index, {"content": step})] if step else []
+            finally:
+                run.close()
+        yield self._last()
+
+    def start(self) -> None:
+        """Run the first model step now (errors before the 200)."""
+        role = self._stepper.step() or []  # the role chunk of the first choice
+        self._pending = role + (self._stepper.step() or [])
 
     def next_chunks(self) -> list[dict[str, Any]] | None:
-        """The chunks of the next step: the role chunk first, a content delta per token that
-        completes text (an incomplete UTF-8 character is held back), then the tail, the
-        ``finish_reason`` chunk with the ``fak`` field and, if asked, the usage chunk."""
+        """The chunks of the next model step, None once the stream is over."""
+        if self._pending:
+            out, self._pending = self._pending, []
+            return out
         if self._ended:
             return None
+        chunks = self._stepper.step()
+        if chunks is None:
+            self._ended = True
+            return None
+        return chunks
+
+    def _choice_end(self, a: Answer) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if not self._started:
-            self._started = True
-            out.append(self._delta({"role": "assistant", "content": ""}))
-            token = self._first
-        else:
-            token = self._stepper.step()
-        if token is not None:
-            self._produced.append(token)
-            if piece := self._decoder.push(token):
-                out.append(self._delta({"content": piece}))
-            return out
-        self._ended = True
-        return out + self._last()
+        final = a.content or ""
+        if final.startswith(a.streamed) and len(final) > len(a.streamed):
+            out.append(self._delta(a.index, {"content": final[len(a.streamed):]}))
+        if a.refusal:
+            out.append(self._delta(a.index, {"refusal": a.refusal}))
+        if a.tool_calls:
+            out.append(self._delta(a.index, {"tool_calls": [
+                {"index": j, "id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}
+                for j, call in enumerate(a.tool_calls)]}))
+        last = self._delta(a.index, {}, a.finish)
+        if a.logprobs is not None:
+            last["choices"][0]["logprobs"] = a.logprobs.model_dump()
+        if a.index == 0:  # the kept choice comes last: the fak field carries every choice's verdicts
+            last["fak"] = self.turn.info(self.turn.session.fingerprint(), self._answers).model_dump()
+        out.append(last)
+        return out
 
     def _last(self) -> list[dict[str, Any]]:
-        turn, produced, out = self.turn, self._produced, []
-        full = turn.kernel.tokenizer.decode_turn(produced)
-        if len(full) > len(self._decoder.emitted):  # a held-back tail (an incomplete character at the end)
-            out.append(self._delta({"content": full[len(self._decoder.emitted):]}))
-        usage = turn.usage(produced)
-        fingerprint = turn.session.fingerprint()
-        out.append(self._delta({}, turn.finish_reason(produced), fak=turn.info(fingerprint).model_dump()))
-        if self._include_usage:
-            out.append(self._chunk([], usage=usage.model_dump()))
-        return out
+        """The usage chunk, if asked."""
+        if not self._include_usage:
+            return []
+        return [self._chunk([], usage=self.turn.usage(self._answers).model_dump())]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": self.turn.completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.turn.kernel.model_id, "system_fingerprint": None, "choices": choices} | extra
 
-    def _delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra)
+    def _delta(self, index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}])
 
     def close(self) -> None:
         try:
@@ -505,18 +658,32 @@ class ChatStream:
 
 
 def open_stream(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatStream:
-    """Open the turn and sample its first token; on any failure the turn is closed here."""
+    """Open the turn and run its first model step; on any failure the turn is closed here."""
     turn = open_chat(k, c, body)
-    stepper: Stepper | None = None
+    stream = ChatStream(turn, include_usage=bool(body.stream_options and body.stream_options.include_usage))
     try:
-        stepper = turn.generate()
-        first = stepper.step()
+        stream.start()
     except BaseException:
-        try:
-            if stepper is not None and not stepper.done:
-                stepper.close()
-        finally:
-            turn.close()
+        stream.close()
         raise
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return ChatStream(turn, stepper, first, include_usage=include_usage)
+    return stream
+
+
+# --- held calls ------------------------------------------------------------------------
+def decide_held_call(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.ToolCallApprovalOut:
+    """A person approves or rejects a held call (audited ``ToolCallApproval``, naming who).
+    An approved call's result may then enter the conversation; a rejected one's never."""
+    c.require(Right.AGENT)
+    held = k.services.holds.decide(c.tenant, call_id, "approved" if approve else "rejected", c.principal)
+    if held.approval_index is None:
+        index = k.audit.append(ToolCallApproval(
+            tenant=c.tenant, session_id=held.session_id, call_id=as_id(call_id), tool=as_id(held.tool),
+            args_digest=args_digest(k.services.keys.tool_args_key(), held.arguments), approved=approve,
+            decision_index=held.decision_index, principal=as_id(c.principal)))
+        k.services.holds.note_audit(c.tenant, call_id, index)
+        held = replace(held, approval_index=index)
+    call = w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(name=held.tool,
+                                                                      arguments=json.dumps(held.arguments)))
+    return w.ToolCallApprovalOut(id=held.call_id, state="approved" if approve else "rejected",
+                                 session_id=held.session_id, tool_call=call, decided_by=held.decided_by or c.principal,
+                                 audit_index=held.approval_index)

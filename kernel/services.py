@@ -22,6 +22,7 @@ import blake3
 from fak.errors import Conflict
 from fak.kernel.authorize import Authorizers, Producers
 from fak.kernel.events import EventBus, LateOutcome
+from fak.kernel.held_calls import HeldCalls
 from fak.kernel.kv.ledger import Segment, SegmentState
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -273,6 +274,7 @@ class Services:
     sessions: SessionDirectory
     replays: ReplayQueue
     gate: Gate  # the admission gate (``fak.policy.gate``)
+    holds: HeldCalls = field(default_factory=HeldCalls)  # tool calls held for a person (CONFIRM)
 
     @property
     def shared(self) -> SharedKV:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 from fak.policy import detectors, engine
+from fak.types import TOOL_DEFINITIONS
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
 from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule
@@ -96,7 +97,8 @@ def _tool_settings(policy: Policy, tool: str, host: str | None) -> ToolSettings:
     chosen = _pick_tool(spec.tools, tool, host)
     d = spec.defaults
     if chosen is None:
-        return ToolSettings("default", d.trust, d.max_bytes, tuple(d.media_types), d.verdict, d.media_type_mismatch)
+        trust = "trusted" if tool == TOOL_DEFINITIONS else d.trust
+        return ToolSettings("default", trust, d.max_bytes, tuple(d.media_types), d.verdict, d.media_type_mismatch)
     return ToolSettings(
         f"tool:{chosen.name}",
         chosen.trust or d.trust,

@@ -227,10 +227,16 @@ class ToolCallRule(_Strict):
 
 class ToolCalls(_Strict):
     """Tool-call authorization (docs/design.md, Policy): rules per callable tool; ``unlisted`` is
-    the verdict for a call no rule fires on."""
+    the verdict for a call no rule fires on. ``on_deny``: what the OpenAI-compatible doors do
+    when the model itself writes a DENYed call (docs/openai.md): ``evict_and_retry`` evicts
+    the offending refs exactly (and the turns they caused) and asks the model again, at most
+    ``max_retries`` times; ``refuse`` answers with a refusal instead. Either way the call
+    never reaches the client."""
 
     unlisted: ToolCallVerdict = "ALLOW"
     rules: list[ToolCallRule] = []
+    on_deny: Literal["evict_and_retry", "refuse"] = "evict_and_retry"
+    max_retries: int = Field(default=2, ge=0, le=8)
 
 
 def _check_tenants(value: object) -> object:

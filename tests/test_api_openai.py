@@ -145,15 +145,17 @@ def test_openai_client_roundtrip(server):
     with pytest.raises(openai.AuthenticationError):
         client(server, key="fak_nope_nope").models.list()
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=model, messages=history(), n=2, **GREEDY)
+        c.chat.completions.create(model=model, messages=history(), extra_body={"prediction": {"type": "content"}},
+                                  **GREEDY)
     assert bad.value.response.headers["content-type"].startswith("application/problem+json")
-    assert bad.value.body["type"].endswith("/unsupported_parameter") and "n must be 1" in bad.value.body["detail"]
+    assert bad.value.code == "unsupported_parameter" and "prediction" in str(bad.value)  # OpenAI's envelope
+    assert bad.value.param == "prediction"
     image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                           {"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}]
     with pytest.raises(openai.BadRequestError) as bad:
         c.chat.completions.create(model=model, messages=image, **GREEDY)
-    assert bad.value.body["type"].endswith("/unsupported_content")
-    assert "messages[0].content[1]" in bad.value.body["detail"] and "image" in bad.value.body["detail"]
+    assert bad.value.code == "unsupported_content"
+    assert "messages[0].content[1]" in bad.value.message and "image" in bad.value.message
     assert sessions(server) == []  # nothing left behind by the refused or finished requests
 
 
@@ -168,16 +170,21 @@ def test_parameters(server):
     )
     assert r.model == server.kernel.model_id and r.usage.completion_tokens == 5
     assert r.choices[0].finish_reason == "length"
-    assert ext(r)["ignored"] == ["frequency_penalty", "tool_choice", "tools", "user", "vendor_knob"]
-    for bad, code in [({"stop": ["\n"]}, "unsupported_parameter"), ({"logprobs": True}, "unsupported_parameter"),
-                      ({"response_format": {"type": "json_object"}}, "unsupported_parameter"),
+    assert ext(r)["ignored"] == ["vendor_knob"]  # every OpenAI parameter is honoured or refused
+    for bad, code in [({"extra_body": {"audio": {"voice": "alloy"}}}, "unsupported_parameter"),
+                      ({"extra_body": {"web_search_options": {}}}, "unsupported_parameter"),
+                      ({"response_format": {"type": "grammar"}}, "unsupported_parameter"),
+                      ({"top_logprobs": 2}, "invalid_input"), ({"n": 9}, "invalid_input"),
+                      ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_input"),
+                      ({"logit_bias": {"999999999": 5}}, "invalid_input"),
+                      ({"tool_choice": "required"}, "invalid_input"),
                       ({"max_tokens": 0}, "invalid_input"), ({"temperature": 3}, "invalid_input")]:
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(model=model, messages=msgs, **bad)
-        assert err.value.body["type"].endswith("/" + code), (bad, err.value.body)
+        assert err.value.code == code, (bad, err.value.body)
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model=model, messages=[{"role": "tool", "content": "x"}])
-    assert err.value.body["detail"].startswith("messages[0].tool_call_id")
+    assert err.value.body["message"].startswith("messages[0].tool_call_id")
     # malformed input is a 400 problem, never a 500
     auth = {"Authorization": f"Bearer {server.keys['acme']}", "Content-Type": "application/json"}
     for raw, where in [
@@ -230,8 +237,8 @@ def test_tool_calls_render_deterministically(server):
     ks = k.create_session("acme", "mirror")
     ks.append("system", SYSTEM)
     ks.append("user", "Find me a table for two tonight.")
-    ks.append("assistant", '<tool_call>{"name": "search_restaurants", '
-                           '"arguments": {"party": 2, "when": "tonight"}}</tool_call>')
+    ks.append("assistant", '<tool_call>\n{"name": "search_restaurants", '
+                           '"arguments": {"party": 2, "when": "tonight"}}\n</tool_call>')
     ks.admit("search_restaurants", TOOL_TEXT.encode())
     ks.append("user", "Book it, please.")
     list(ks.generate(max_tokens=GREEDY["max_tokens"], temperature=0))
@@ -311,28 +318,38 @@ def test_disconnect_mid_stream_leaves_the_session_consistent(server, persistent)
 
 
 def test_stream_text_is_the_whole_text(kernel):
-    """The tiny model only ever writes newlines, so the SSE body is driven here with a
-    scripted token sequence: characters split across tokens, then an incomplete one at the
-    end. The pieces concatenate to the non-streamed text; no piece splits a character."""
+    """The tiny model only ever writes newlines, so the turn is driven here through a sampling
+    hook that forces a scripted token sequence: characters split across tokens, then an
+    incomplete one at the end. The pieces concatenate to the non-streamed text; no piece
+    splits a character."""
     import anyio
+    import numpy as np
 
     from fak import wire as w
     from fak.api.routes import openai as route
-    from fak.kernel.openai_chat import ChatStream
-    from fak.kernel.operations import Stepper
+    from fak.kernel import openai_chat as chat
+    from fak.kernel.model.generate import only
+    from fak.kernel.operations import Caller
 
     tok = kernel.tokenizer
-    ids = tok.encode_plain("a é€ 🙂") + tok.encode_plain("€")[:1] + sorted(tok.stop_token_ids)
+    ids = tok.encode_plain("a é€ 🙂") + tok.encode_plain("€")[:1] + [min(tok.stop_token_ids)]
     assert len(ids) > len("a é€ 🙂") + 1  # multi-byte characters span several tokens
-    usage = w.Usage(prompt_tokens=1, completion_tokens=len(ids), total_tokens=1 + len(ids),
-                    prompt_tokens_details=w.PromptTokensDetails(cached_tokens=0))
-    turn = SimpleNamespace(kernel=kernel, completion_id="chatcmpl-x", session=SimpleNamespace(fingerprint=lambda: "fp"),
-                           usage=lambda produced: usage, finish_reason=lambda produced: "stop",
-                           info=lambda fp: w.FakInfo(session_id="s", ephemeral=True, fingerprint=fp,
-                                                     admissions=[], ignored=[]))
+
+    class Script:
+        def adjust(self, step: int, row: np.ndarray) -> np.ndarray:
+            return only(row, np.array([ids[step]]))
+
+        def chosen(self, step: int, token: int) -> None:
+            assert token == ids[step]
+
+    body = w.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                   stream_options={"include_usage": True}, max_tokens=len(ids))
+    turn = chat.open_chat(kernel, Caller("acme", "test"), body)
+    turn.hooks = (Script(),)
 
     async def collect() -> list[str]:
-        stream = ChatStream(turn, Stepper(iter(ids[1:])), ids[0], include_usage=True)
+        stream = chat.ChatStream(turn, include_usage=True)
+        stream.start()
         return [x async for x in route.server_sent_events(stream)]
 
     events = anyio.run(collect)
@@ -343,5 +360,6 @@ def test_stream_text_is_the_whole_text(kernel):
     assert "".join(pieces) == whole and whole.endswith("\ufffd")
     assert not any("\ufffd" in x for x in pieces[:-1])  # only the final flush carries the broken tail
     assert "é" in pieces and "€" in pieces and "🙂" in pieces  # whole characters, never halves
-    assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-2]["fak"]["fingerprint"] == "fp"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-2]["fak"]["fingerprint"].startswith("blake3:") and turn.closed  # the ephemeral session is gone
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(ids)

@@ -12,10 +12,11 @@ from fak.kernel.model.generate import SamplingParams, generate
 
 
 def generate_turn(s: SessionState, params: SamplingParams | None = None, *,
-                  ref: str | None = None) -> Generator[int, None, None]:  # fmt: skip
+                  ref: str | None = None, keep: bool = True) -> Generator[int, None, None]:  # fmt: skip
     """Generate an assistant turn; yields token ids as they come. When the
     iterator is exhausted the turn is a closed assistant segment in the ledger
-    whose content provenance is every ref live while it was produced.
+    whose content provenance is every ref live while it was produced; with
+    ``keep=False`` the whole turn is undone instead (a sibling answer, ``n > 1``).
 
     All or nothing: a consumer that stops early (closes the iterator, drops
     it, or a client that disconnects) or an error mid-way leaves cache and
@@ -35,7 +36,7 @@ def generate_turn(s: SessionState, params: SamplingParams | None = None, *,
         for t in generate(s.model, s.cache, None, params, logits=logits):
             produced.append(t)
             yield t
-        if not produced:
+        if not produced or not keep:
             return
         # every token but the last was appended one at a time by the decode loop
         chunks += [1] * (len(produced) - 1)

@@ -144,10 +144,10 @@ class Session(SessionState):
 
     # --- generation --------------------------------------------------------------
     def generate(self, params: SamplingParams | None = None, *,
-                 ref: str | None = None) -> Generator[int, None, None]:  # fmt: skip
+                 ref: str | None = None, keep: bool = True) -> Generator[int, None, None]:  # fmt: skip
         """Generate an assistant turn, yielding token ids; all or nothing
-        (``fak.kernel.kv.generation.generate_turn``)."""
-        return generation.generate_turn(self, params, ref=ref)
+        (``fak.kernel.kv.generation.generate_turn``; ``keep=False``: undone at the end)."""
+        return generation.generate_turn(self, params, ref=ref, keep=keep)
 
     # --- eviction ----------------------------------------------------------------
     def evict(

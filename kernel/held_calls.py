@@ -1,0 +1,113 @@
+"""Tool calls the policy held for a person (``CONFIRM``), until someone approves or rejects
+them (``POST /v1/tool-calls/{id}/approve|reject``; docs/openai.md).
+
+A held call is the model's call with its decision; it is released only by an approval,
+which is audited (``ToolCallApproval``, naming who approved and the decision it answers).
+Until then the door refuses a tool result for it (the model never reads the output of a
+call nobody approved), and a rejected call's result is refused for good.
+
+Held calls live in the server process, bounded and expiring (``TTL_S``): a restart or an
+expiry turns a pending call into an unknown one, which is refused like a rejected one
+(the hold fails closed: a held call's id starts with ``HELD_PREFIX``, so its result is
+refused even when the registry no longer knows it); the decision and any approval stay in
+the audit log.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from fak.errors import Conflict, NotFound
+
+HELD_PREFIX = "call_held_"
+TTL_S = 24 * 3600
+MAX_HELD = 100_000
+HoldState = Literal["pending", "approved", "rejected"]
+
+
+class CallHeld(Conflict):
+    """A tool result answers a call that is still held for approval, or was rejected."""
+
+    code = "tool_call_held"
+
+
+@dataclass(frozen=True)
+class HeldCall:
+    """One held call: whose, where, what, and what became of it."""
+
+    tenant: str
+    session_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    rule_id: str | None
+    offending: tuple[str, ...]
+    decision_index: int | None
+    created: float
+    state: HoldState = "pending"
+    decided_by: str | None = None
+    approval_index: int | None = None
+
+
+class HeldCalls:
+    """The held calls of one kernel, by (tenant, call id)."""
+
+    def __init__(self, ttl_s: float = TTL_S, limit: int = MAX_HELD) -> None:
+        self._ttl, self._limit = ttl_s, limit
+        self._calls: OrderedDict[tuple[str, str], HeldCall] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def hold(self, call: HeldCall) -> None:
+        with self._lock:
+            self._expire()
+            self._calls[(call.tenant, call.call_id)] = call
+            while len(self._calls) > self._limit:
+                self._calls.popitem(last=False)
+
+    def get(self, tenant: str, call_id: str) -> HeldCall | None:
+        with self._lock:
+            self._expire()
+            return self._calls.get((tenant, call_id))
+
+    def decide(self, tenant: str, call_id: str, state: Literal["approved", "rejected"], by: str) -> HeldCall:
+        """Mark a pending call decided; a second decision of the same kind is idempotent, the
+        other kind a conflict (an approved call cannot be rejected afterwards, nor back)."""
+        with self._lock:
+            self._expire()
+            call = self._calls.get((tenant, call_id))
+            if call is None:
+                raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
+            if call.state != "pending" and call.state != state:
+                raise Conflict(f"tool call {call_id} was already {call.state}")
+            decided = replace(call, state=state, decided_by=by)
+            self._calls[(tenant, call_id)] = decided
+            return decided
+
+    def note_audit(self, tenant: str, call_id: str, index: int) -> None:
+        with self._lock:
+            call = self._calls.get((tenant, call_id))
+            if call is not None:
+                self._calls[(tenant, call_id)] = replace(call, approval_index=index)
+
+    def check_result(self, tenant: str, call_id: str) -> None:
+        """Refuse a tool result for a call held and not approved (``CallHeld``)."""
+        call = self.get(tenant, call_id)
+        if call is None and call_id.startswith(HELD_PREFIX):
+            raise CallHeld(f"tool call {call_id} was held for approval and is no longer known (expired, or the "
+                           "server restarted): its result cannot enter the conversation; ask the model again")
+        if call is not None and call.state != "approved":
+            verb = "was rejected" if call.state == "rejected" else "is held for approval"
+            raise CallHeld(f"tool call {call_id} ({call.tool}) {verb}: its result cannot enter the conversation"
+                           + ("" if call.state == "rejected" else f"; approve it first (POST /v1/tool-calls/{call_id}/approve)"))
+
+    def _expire(self) -> None:
+        cutoff = time.time() - self._ttl
+        while self._calls:
+            key, first = next(iter(self._calls.items()))
+            if first.created >= cutoff:
+                break
+            del self._calls[key]

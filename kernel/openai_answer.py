@@ -1,0 +1,216 @@
+"""One choice of an OpenAI-compatible answer: sample it, read the tool calls it writes, and
+give each call fak's verdict before anything leaves the server (docs/openai.md).
+
+``run_answer`` is a generator the chat door drives one model step at a time (``None`` for a
+step that shows nothing yet, ``str`` for content a stream may send, an ``Answer`` last), so
+the streamed and the non-streamed answers are the same computation. For every call the
+model wrote, the decision is ``KernelSession.authorize_tool_call``'s (the same decision and
+audit event as the SDK's): ``ALLOW`` calls are returned; ``CONFIRM`` calls are held for a
+person (``fak.kernel.held_calls``) and returned only, marked held, to clients that asked
+for them (``fak_held_calls: return``); a ``DENY`` never reaches the client: under the
+policy's ``tool_calls.on_deny: evict_and_retry`` (the default) the offending refs and the
+turns they caused are evicted exactly and the model asked again (at most
+``tool_calls.max_retries`` times), else the answer is a refusal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from fak import wire as w
+from fak.kernel.constrain import (
+    Constrainer,
+    Grammar,
+    auto_grammar,
+    json_grammar,
+    json_or_calls_grammar,
+    tool_calls_grammar,
+)
+from fak.kernel.held_calls import HELD_PREFIX, HeldCall
+from fak.kernel.model.generate import TokenHook
+from fak.kernel.openai_tools import ParsedCall, call_id, parse_calls, safe_text_len
+from fak.kernel.operations import TextDecoder
+from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
+
+if TYPE_CHECKING:
+    from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.openai_chat import ChatTurn
+
+Finish = Literal["stop", "length", "tool_calls"]
+Step = "None | str | Answer"
+
+
+@dataclass
+class Answer:
+    """A finished choice: what the message says, the calls returned, every verdict, the
+    remedies applied, and the tokens it cost."""
+
+    index: int
+    content: str | None
+    refusal: str | None
+    tool_calls: list[w.ToolCallOut]
+    verdicts: list[w.CallVerdictInfo]
+    remedies: list[w.RemedyInfo]
+    finish: Finish
+    produced: list[int]  # the tokens of the answer's last attempt
+    sampled: int  # tokens sampled over every attempt (completion_tokens)
+    logprobs: w.ChoiceLogprobs | None
+    streamed: str = ""  # content already sent by a stream
+
+
+@dataclass
+class _Attempt:
+    hooks: list[TokenHook] = field(default_factory=list)
+    stops: StopStrings | None = None
+    recorder: LogprobRecorder | None = None
+
+
+def _hooks(turn: ChatTurn, grammar: TokenHook | None) -> _Attempt:
+    """This attempt's sampling hooks, in order: biases and penalties, the grammar, stop
+    strings, and the log-probability recorder last (it reports what was drawn from)."""
+    p, tok, a = turn.parameters, turn.kernel.tokenizer, _Attempt(hooks=list(turn.hooks))
+    if p.logit_bias:
+        a.hooks.append(LogitBias.from_openai(p.logit_bias, tok.vocab_size))
+    if p.presence_penalty or p.frequency_penalty:
+        a.hooks.append(Penalties(p.presence_penalty, p.frequency_penalty))
+    if grammar is not None:
+        a.hooks.append(grammar)
+    if p.stop:
+        a.stops = StopStrings(p.stop, lambda ids: tok.decode(ids, skip_special=True), tok.stop_token_ids)
+        a.hooks.append(a.stops)
+    if p.logprobs:
+        a.recorder = LogprobRecorder(p.top_logprobs)
+        a.hooks.append(a.recorder)
+    return a
+
+
+def grammar(turn: ChatTurn) -> Grammar | None:
+    """The grammar a choice is decoded under, if any: ``required`` or a named function make
+    every answer calls of those tools; ``auto`` with a strict tool makes a started call follow
+    its schema; ``response_format`` json makes a text answer JSON (of its schema)."""
+    p = turn.parameters
+    mode = p.choice.mode if turn.calls_enabled else "none"
+    if mode in ("required", "function"):
+        tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
+        return tool_calls_grammar(tools, parallel=p.parallel)
+    if mode == "auto" and p.response_format is not None:
+        return json_or_calls_grammar(p.response_format.schema, list(p.tools), parallel=p.parallel)
+    if mode == "auto" and any(t.strict for t in p.tools):
+        return auto_grammar(list(p.tools), parallel=p.parallel)
+    if p.response_format is not None:
+        return json_grammar(p.response_format.schema)
+    return None
+
+
+def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | str | Answer, None, None]:
+    """Drive one choice (see the module notes); ``keep=False`` undoes the turn at its end (a
+    sibling of the kept choice). Closing the generator early rolls the running turn back."""
+    tok, ks, p = turn.kernel.tokenizer, turn.session, turn.parameters
+    names = {s.name for s in p.tools} if turn.calls_enabled else set()
+    remedies: list[w.RemedyInfo] = []
+    sampled, attempt = 0, 0
+    while True:
+        g = grammar(turn)
+        a = _hooks(turn, Constrainer.for_tokenizer(tok).hook(g) if g is not None else None)
+        seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
+        turn.context = ks.tokens
+        decoder = TextDecoder(tok)
+        produced: list[int] = []
+        streamed = ""  # this attempt's content a stream was given (a retried attempt's stays sent)
+        tokens = ks.generate(keep=keep, hooks=tuple(a.hooks), **(p.sampling() | {"seed": seed}))
+        try:
+            for token in tokens:
+                produced.append(token)
+                decoder.push(token)
+                show = _visible(decoder.emitted, a.stops, bool(names))
+                if show > len(streamed) and decoder.emitted.startswith(streamed):
+                    piece, streamed = decoder.emitted[len(streamed):show], decoder.emitted[:show]
+                    yield piece
+                else:
+                    yield None
+        finally:
+            tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
+        sampled += len(produced)
+        text = tok.decode_turn(produced)
+        if a.stops is not None:
+            text = a.stops.cut(text)
+        content, calls = parse_calls(text, names) if names else (text, [])
+        judged = [(call, ks.authorize_tool_call(call.name, call.arguments, principal=turn.principal))
+                  for call in calls]
+        denied = [d for _, d in judged if d.verdict == "DENY"]
+        policy = turn.kernel.services.policy.spec.tool_calls
+        offending = sorted({r for d in denied for r in d.offending})
+        if denied and policy.on_deny == "evict_and_retry" and offending and attempt < policy.max_retries:
+            evicted = ks.evict_refs(offending, drop_generated=True, reason="tool_call_denied")
+            remedies.append(w.RemedyInfo(action="evict_and_retry", tool=denied[0].tool, rule_id=denied[0].rule_id,
+                                         evicted_refs=offending, evicted_segments=evicted.segment_ids,
+                                         exactness=evicted.exactness, fingerprint=evicted.fingerprint,
+                                         choice=index))
+            attempt += 1
+            continue
+        yield _finish(turn, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
+                      stopped=a.stops is not None and a.stops.matched)
+        return
+
+
+def _visible(text: str, stops: StopStrings | None, calls: bool) -> int:
+    """How much of the text so far a stream may send: nothing that may be a stop string or a call."""
+    n = len(text)
+    if stops is not None:
+        n = min(n, stops.safe_prefix_len(text))
+    if calls:
+        n = min(n, safe_text_len(text))
+    return n
+
+
+def _finish(turn: ChatTurn, index: int, content: str, judged: list[tuple[ParsedCall, ToolCallDecision]],
+            remedies: list[w.RemedyInfo], produced: list[int], sampled: int, recorder: LogprobRecorder | None,
+            streamed: str, *, stopped: bool) -> Answer:
+    p, holds, tok = turn.parameters, turn.kernel.services.holds, turn.kernel.tokenizer
+    returned: list[w.ToolCallOut] = []
+    verdicts: list[w.CallVerdictInfo] = []
+    notes: list[str] = []
+    refusal: str | None = None
+    for call, d in judged:
+        held = d.verdict == "CONFIRM"
+        cid = (HELD_PREFIX + call_id()[5:]) if held else call_id()
+        out = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
+        if held:
+            holds.hold(HeldCall(tenant=turn.session.tenant, session_id=turn.session.id, call_id=cid, tool=call.name,
+                                arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
+                                decision_index=d.audit_index, created=time.time()))
+        give = d.verdict == "ALLOW" or (held and p.held_calls == "return")
+        if give:
+            returned.append(out)
+        elif held:
+            notes.append(f"[fak] The call to {call.name} is held for approval ({cid}); a person approves it with "
+                         f"POST /v1/tool-calls/{cid}/approve.")
+        else:
+            refusal = (f"fak refused the call to {call.name}: policy rule {d.rule_id or 'unlisted'} denies it with "
+                       f"{len(d.offending)} untrusted ref(s) in attention.")
+        verdicts.append(w.CallVerdictInfo(id=cid, name=call.name, verdict=d.verdict, rule_id=d.rule_id,
+                                          offending=list(d.offending), enforced=d.enforced, returned=give,
+                                          held=held, audit_index=d.audit_index, choice=index))
+    if refusal is not None:
+        remedies.append(w.RemedyInfo(action="refuse", tool=next(v.name for v in verdicts if v.verdict == "DENY"),
+                                     rule_id=next(v.rule_id for v in verdicts if v.verdict == "DENY"),
+                                     evicted_refs=[], evicted_segments=[], exactness=None, fingerprint=None,
+                                     choice=index))
+    text = "\n".join([t for t in (content, *notes, refusal or "") if t])
+    finish: Finish
+    if returned:
+        finish = "tool_calls"
+    elif stopped or (produced and produced[-1] in tok.stop_token_ids):
+        finish = "stop"
+    else:
+        finish = "length"
+    logprobs = None
+    if recorder is not None:
+        entries = recorder.content(token_bytes(tok.tk), skip=tok.stop_token_ids)
+        logprobs = w.ChoiceLogprobs(content=[w.TokenLogprob.model_validate(e) for e in entries])
+    return Answer(index=index, content=text if (text or not returned) else None, refusal=refusal,
+                  tool_calls=returned, verdicts=verdicts, remedies=remedies, finish=finish, produced=produced,
+                  sampled=sampled, logprobs=logprobs, streamed=streamed)
