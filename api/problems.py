@@ -1,6 +1,10 @@
 """Errors as ``application/problem+json`` (RFC 9457) with a stable ``type`` per kernel
 error code: ``https://fak.dev/problems/<code>``. Unexpected exceptions become a 500 that
-says nothing about internals."""
+says nothing about internals.
+
+Every problem also carries OpenAI's error envelope, ``"error": {"message", "type", "param",
+"code"}`` (``code``: fak's problem code), so that OpenAI clients (the ``openai`` package, the
+frameworks built on it) show the reason: they read ``error.message``, not ``detail``."""
 
 from __future__ import annotations
 
@@ -26,15 +30,36 @@ class Unauthorized(FakError):
     status = 401
 
 
+OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                429: "rate_limit_error"}
+"""OpenAI's ``error.type`` of a status; any other 4xx is ``invalid_request_error``, a 5xx ``server_error``."""
+
+
+def openai_error(status: int, code: str, message: str, param: str | None = None) -> dict[str, object]:
+    """OpenAI's error object for a problem: what ``str(e)`` of an ``openai`` client error shows."""
+    kind = OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"message": message, "type": kind, "param": param, "code": code}
+
+
 def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | None = None,
-            extra: dict[str, object] | None = None) -> JSONResponse:
-    """An RFC 9457 problem+json answer; ``extra``: the problem's extension members."""
-    body = {"type": TYPE_BASE + code, "title": code.replace("_", " "), "status": status, "detail": detail} | (extra or {})
+            extra: dict[str, object] | None = None, param: str | None = None) -> JSONResponse:
+    """An RFC 9457 problem+json answer with OpenAI's ``error`` envelope; ``extra``: the problem's
+    extension members; ``param``: the request parameter at fault, if one is."""
+    body = ({"type": TYPE_BASE + code, "title": code.replace("_", " "), "status": status, "detail": detail}
+            | (extra or {}) | {"error": openai_error(status, code, detail, param)})
     headers = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if status == 401 else {})
     return JSONResponse(body, status_code=status, media_type=MEDIA, headers=headers or None)
 
 
 UNAVAILABLE = "the database is unavailable; retry"
+
+
+def no_route(method: str, path: str) -> str:
+    """The message of a request no route matched (asked with or without a key: the routes
+    are public, the answer tells nothing else)."""
+    shown_path = path if len(path) <= 100 else path[:97] + "..."
+    return (f"no route {method[:16]} {shown_path}: fak serves /v1/chat/completions, /v1/responses, /v1/models "
+            "and its own API under /v1 (see docs/api.md)")
 
 
 def database_down(exc: BaseException) -> bool:
@@ -87,21 +112,24 @@ def install(app: FastAPI) -> None:
             # message, a path): logged instead; errors marked public say what the client can do (disk full)
             log.error("%s: %s", exc.code, exc)
             return problem(status, exc.code, "internal error (logged on the server)")
-        return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], extra=extra)
+        return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], extra=extra,
+                       param=getattr(exc, "param", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
-        return problem(400, "invalid_input", f"{where}: {first.get('msg')}",
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return problem(400, "invalid_input", f"{where or 'request'}: {first.get('msg')}", param=where or None,
                        extra={"errors": [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg"))}
                                          for e in errors[:20]]})
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = HTTP_STATUS_CODES.get(exc.status_code, "error")
-        return problem(exc.status_code, code, str(exc.detail))
+        if exc.status_code == 404 and "route" not in request.scope:  # the router matched nothing
+            return problem(404, code, no_route(request.method, request.url.path))
+        return problem(exc.status_code, code, str(exc.detail), headers=dict(exc.headers) if exc.headers else None)
 
     @app.exception_handler(Exception)
     async def _crash(_request: Request, exc: Exception) -> JSONResponse:
