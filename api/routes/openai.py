@@ -17,7 +17,7 @@ import json
 from collections.abc import AsyncIterator
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -44,12 +44,16 @@ def get_model(model_id: str, who: Principal = Depends(READER), k: Kernel = Depen
 
 @router.post("/chat/completions", response_model=w.ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}}}})
-async def chat_completions(body: w.ChatCompletionRequest, who: Principal = Depends(AGENT),  # noqa: B008
+async def chat_completions(body: w.ChatCompletionRequest, response: Response,
+                           who: Principal = Depends(AGENT),  # noqa: B008
                            k: Kernel = Depends(kernel)) -> w.ChatCompletion | StreamingResponse:  # noqa: B008
     """OpenAI chat completions over a session of the caller's tenant (see the module notes)."""
     c = caller(who)
     if not body.stream:
-        return await run_in_threadpool(chat.complete, k, c, body)
+        answer = await run_in_threadpool(chat.complete, k, c, body)
+        if answer.fak.tool_calls:  # frameworks that drop unknown body fields still see the verdicts
+            response.headers["fak-tool-calls"] = chat.verdict_header(answer.fak)
+        return answer
     held: list[chat.ChatStream] = []  # what to clean up if this handler is cancelled meanwhile
 
     def start() -> None:
@@ -63,6 +67,20 @@ async def chat_completions(body: w.ChatCompletionRequest, who: Principal = Depen
                 await run_in_threadpool(held[0].close)
         raise
     return ClosingStream(server_sent_events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})
+
+
+@router.post("/tool-calls/{call_id}/approve", response_model=w.ToolCallApprovalOut)
+def approve_tool_call(call_id: str, who: Principal = Depends(AGENT),  # noqa: B008
+                      k: Kernel = Depends(kernel)) -> w.ToolCallApprovalOut:  # noqa: B008
+    """A person approves a call the policy held (CONFIRM): audited, naming the key that approved."""
+    return chat.decide_held_call(k, caller(who), call_id, approve=True)
+
+
+@router.post("/tool-calls/{call_id}/reject", response_model=w.ToolCallApprovalOut)
+def reject_tool_call(call_id: str, who: Principal = Depends(AGENT),  # noqa: B008
+                     k: Kernel = Depends(kernel)) -> w.ToolCallApprovalOut:  # noqa: B008
+    """A person rejects a held call: its result can never enter the conversation."""
+    return chat.decide_held_call(k, caller(who), call_id, approve=False)
 
 
 async def server_sent_events(stream: chat.ChatStream) -> AsyncIterator[str]:
