@@ -4,7 +4,8 @@ them (``POST /v1/tool-calls/{id}/approve|reject``; docs/openai.md).
 A held call is the model's call with its decision; it is released only by an approval,
 which is audited (``ToolCallApproval``, naming who approved and the decision it answers).
 Until then the door refuses a tool result for it (the model never reads the output of a
-call nobody approved), and a rejected call's result is refused for good.
+call nobody approved); for a rejected call the model reads a rejection notice, whatever
+the client sends as its result.
 
 Held calls live in the server process, bounded and expiring (``TTL_S``): a restart or an
 expiry turns a pending call into an unknown one, which is refused like a rejected one
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from fak.errors import Conflict, NotFound
 
 HELD_PREFIX = "call_held_"
+REJECTED_NOTICE = "[fak] A person rejected this call to {tool}; it did not run."
 TTL_S = 24 * 3600
 MAX_HELD = 100_000
 HoldState = Literal["pending", "approved", "rejected"]
@@ -93,16 +95,21 @@ class HeldCalls:
             if call is not None:
                 self._calls[(tenant, call_id)] = replace(call, approval_index=index)
 
-    def check_result(self, tenant: str, call_id: str) -> None:
-        """Refuse a tool result for a call held and not approved (``CallHeld``)."""
+    def result_text(self, tenant: str, call_id: str, text: str) -> str:
+        """What the model reads as the result of call ``call_id``: ``text`` for a call that was
+        never held or was approved; for a rejected call, a notice instead of whatever the client
+        sent (frameworks answer a rejected call with a message of their own); a pending or
+        forgotten held call's result is refused (``CallHeld``)."""
         call = self.get(tenant, call_id)
         if call is None and call_id.startswith(HELD_PREFIX):
             raise CallHeld(f"tool call {call_id} was held for approval and is no longer known (expired, or the "
                            "server restarted): its result cannot enter the conversation; ask the model again")
-        if call is not None and call.state != "approved":
-            verb = "was rejected" if call.state == "rejected" else "is held for approval"
-            raise CallHeld(f"tool call {call_id} ({call.tool}) {verb}: its result cannot enter the conversation"
-                           + ("" if call.state == "rejected" else f"; approve it first (POST /v1/tool-calls/{call_id}/approve)"))
+        if call is None or call.state == "approved":
+            return text
+        if call.state == "rejected":
+            return REJECTED_NOTICE.format(tool=call.tool)
+        raise CallHeld(f"tool call {call_id} ({call.tool}) is held for approval: its result cannot enter the "
+                       f"conversation until a person approves it (POST /v1/tool-calls/{call_id}/approve)")
 
     def _expire(self) -> None:
         cutoff = time.time() - self._ttl

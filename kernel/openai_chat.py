@@ -480,9 +480,8 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
         LogitBias.from_openai(parameters.logit_bias, k.tokenizer.vocab_size)
     ops = plan_messages(body.messages)
     holds = k.services.holds
-    for op in ops:
-        if op.kind == "tool" and op.call_id:
-            holds.check_result(c.tenant, op.call_id)
+    ops = [replace(op, text=holds.result_text(c.tenant, op.call_id, op.text)) if op.kind == "tool" and op.call_id
+           else op for op in ops]
     tools_text = render_tools(list(parameters.tools)) if parameters.tools else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)

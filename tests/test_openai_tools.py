@@ -211,8 +211,10 @@ def test_confirm_holds_the_call_until_a_person_approves(server):
         assert h.post(f"/v1/tool-calls/{call.id}/reject", headers=auth).json()["state"] == "rejected"
     rejected = [*USER, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                 {"role": "tool", "tool_call_id": call.id, "content": "paid anyway"}]
-    with pytest.raises(openai.ConflictError):
-        c.chat.completions.create(model="m", messages=rejected, **FEW)
+    r3 = c.chat.completions.create(model="m", messages=rejected, extra_body={"fak_session": "rej"}, **FEW)
+    [notice] = [a for a in fak(r3)["admissions"] if a["tool_call_id"] == call.id]
+    text = server.kernel.store.get(notice["ref"], "acme").decode()  # what the model read instead
+    assert text == "[fak] A person rejected this call to pay; it did not run."
 
 
 def test_stop_logprobs_n_and_bias(server):
