@@ -4,18 +4,18 @@ step, every token the grammar forbids; what the endpoint needs for ``response_fo
 (``json_object``, ``json_schema``) and ``tool_choice`` (``required``, a named function, and the
 strict tools of ``auto``).
 
-**Engine.** llguidance: a Rust token-mask engine (Earley parser over a derivative-based regex
-lexer) that reads the model's own ``tokenizers`` JSON, so any byte-level BPE fak loads works
-without a per-model table. Its masks are computed lazily per step (no per-grammar automaton
-over the whole vocabulary to precompile, unlike outlines-core's regex index or xgrammar's
-cached token tables), so a request's grammar costs about a millisecond to build and a
-fraction of a millisecond per token on a 49k vocabulary; it takes lark grammars with inline
-``%json`` schemas, lazy lexemes and ``&``/``~`` in terminals, which is what "free text, or tool
-calls once ``<tool_call>`` appears" needs; and it ships abi3 wheels with no torch pin.
+**Engine.** llguidance: a Rust token-mask engine (an Earley parser over a lazily built
+lexer automaton) that reads the model's own ``tokenizers`` JSON, so any tokenizer fak loads
+works without a per-model table. Nothing is precompiled over the vocabulary per grammar
+(outlines-core builds a regex index per schema): on SmolLM2's 49k vocabulary a request's
+grammar and matcher take 1-5 ms and a mask 0.15-0.3 ms a token (median; the first ~2 ms),
+against ~30 ms a decode step. It takes lark grammars with inline ``%json`` schemas, lazy
+lexemes and ``&``/``~`` in terminals, which "free text, or tool calls once ``<tool_call>``
+appears" needs, and ships abi3 wheels with no torch pin.
 
 **Format.** JSON is written compactly (``", "`` and ``": "`` between items, no other
-whitespace: ``json.dumps``'s own form, the form ``render_call`` re-renders), so a weak model
-cannot spend its token budget on whitespace and a call's text is the canonical one. A tool
+whitespace: ``json.dumps``'s separators, which ``render_call`` uses too; keys come in the
+schema's ``properties`` order), so a weak model cannot spend its token budget on whitespace. A tool
 call is ``<tool_call>\\n{"name": "<name>", "arguments": <arguments>}\\n</tool_call>``;
 several (``parallel``) are separated by ``"\\n"``; the turn then ends with a stop token.
 
@@ -247,7 +247,11 @@ class GrammarHook:
     """A ``TokenHook`` that keeps one turn inside a grammar: ``adjust`` sets the logit of every
     token the grammar forbids at this step to -inf (the others unchanged) and, once the
     grammar is complete, allows only the stop tokens; ``chosen`` advances the matcher.
-    Greedy or sampled alike: the draw only ever sees allowed tokens. One turn's own."""
+    Greedy or sampled alike: the draw only ever sees allowed tokens. One turn's own.
+
+    The end of the turn is the tokenizer's stop tokens (``Constrainer.stop_token_ids``, the
+    session's default ``stop_token_ids``); a turn's ``min_tokens`` must be 0, since a grammar
+    that is complete allows nothing else (the generate loop then finds no token to draw)."""
 
     def __init__(self, constrainer: Constrainer, grammar: Grammar) -> None:
         self.constrainer = constrainer
