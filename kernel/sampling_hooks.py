@@ -185,7 +185,7 @@ def token_bytes(tk: Tokenizer) -> Callable[[int], bytes]:
     BPE (GPT-2, Llama 3, Qwen, SmolLM), ``<0xNN>`` byte-fallback tokens and ``▁`` spaces for
     SentencePiece-style vocabularies, else the token decoded alone, as UTF-8 (a token holding
     part of a character then shows as U+FFFD: its true bytes are not recoverable)."""
-    config = json.loads(tk.to_str()).get("decoder") or {}
+    config = json.loads(tk.decoder.__getstate__()) if tk.decoder is not None else {}  # not the whole vocabulary
     kinds = {d.get("type") for d in config.get("decoders", [])} | {config.get("type")}
     added = {t for t, a in tk.get_added_tokens_decoder().items() if a.special}
     cache: dict[int, bytes] = {}

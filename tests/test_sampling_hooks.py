@@ -198,3 +198,15 @@ def test_stop_strings_invalid_utf8(kernel) -> None:
     seen = _feed(s, [bad] * 30 + tok.encode_plain("é ok"))
     assert seen[-1] and not any(seen[:-1])
     assert s.text == tok.decode([bad] * 30 + tok.encode_plain("é ok"))
+
+
+def test_token_bytes_sentencepiece_byte_fallback() -> None:
+    """A Llama-2-style vocabulary: ``<0xNN>`` byte tokens, ``▁`` for spaces."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, "<0xC3>": 1, "<0xA9>": 2, "\u2581hi": 3, "!": 4}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    bytes_of = token_bytes(tk)
+    assert [bytes_of(t) for t in (1, 2, 3, 4)] == [b"\xc3", b"\xa9", b" hi", b"!"]
