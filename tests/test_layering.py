@@ -132,7 +132,8 @@ def test_the_tree_shows_the_architecture() -> None:
     # the façade, sessions, the transaction, withdrawal, materialisation and authorization
     for part in ("facade", "agent_session", "transaction", "forget", "withdraw", "materialise", "authorize"):
         assert f"fak.kernel.{part}" in AGENT_KERNEL, part
-    ground = {"db", "egress", "errors", "faults", "keys", "owner", "protocols", "scrub", "settings", "types", "wire"}
+    ground = {"db", "egress", "errors", "faults", "keys", "owner", "protocols", "scrub", "settings", "types", "wire",
+              "wire_responses"}
     assert {p.stem for p in (ROOT / "fak").glob("*.py")} <= {"__init__", "cli", *ground}
     layers = ("fak.kernel", "fak.cas", "fak.policy", "fak.audit", "fak.api", "fak.sdk")
     sources = {e.source for e in EDGES if e.source == "fak" or e.source.split(".")[1] in {*ground, "state"}}
@@ -269,7 +270,8 @@ def test_nothing_below_the_facade_imports_it() -> None:
     """Sessions, withdrawal, working sets, the replay and the services take the services the
     façade built, not the façade: no module of the agent kernel imports it, not even for the
     type checker (``fak chat`` / ``fak demo`` and the operations adapters use it)."""
-    users = {"fak.kernel.cli", "fak.kernel.demo", "fak.kernel.operations", "fak.kernel.openai_chat"}
+    users = {"fak.kernel.cli", "fak.kernel.demo", "fak.kernel.operations", "fak.kernel.openai_chat",
+             "fak.kernel.openai_responses"}
     bad = []
     for folder, package in (("kernel", "fak.kernel"),):
         for path in sorted((ROOT / folder).glob("*.py")):

@@ -124,3 +124,23 @@ class ApiKeyRow(Base):
     revoked_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     expires_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # refused from then on
     mac: Mapped[str | None] = mapped_column(String(80), nullable=True)  # fak.state.apikeys.row_mac
+
+
+class ResponseRow(Base):
+    """A response of the OpenAI Responses door (``fak.kernel.openai_responses``): its chain's
+    session and the response it follows. The unique (tenant, previous_id) index makes the
+    chain linear: a response is followed at most once (its session holds the later turns).
+    ``state``: in_progress (claimed, generating), completed, failed (``body`` set), unstored
+    (``store: false``) or deleted (kept as a tombstone so the chain stays linear)."""
+
+    __tablename__ = "fak_responses"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)  # the Response object (JSON)
+
+    __table_args__ = (Index("ux_fak_responses_previous", "tenant", "previous_id", unique=True),
+                      Index("ix_fak_responses_session", "tenant", "session_id"))

@@ -19,10 +19,10 @@ from sqlalchemy.orm import Session as OrmSession
 
 from fak import db
 from fak.db import WRITE
-from fak.errors import ContentStoreError, FakError
+from fak.errors import Conflict, ContentStoreError, FakError
 from fak.scrub import scrub
 from fak.state.apikeys import row_mac
-from fak.state.schema import ApiKeyRow, ForgetRow, RefLinkRow, RefRow, SegmentRow, SessionRow
+from fak.state.schema import ApiKeyRow, ForgetRow, RefLinkRow, RefRow, ResponseRow, SegmentRow, SessionRow
 from fak.state.seal import ContentKeys, Plain, needs_seal, seal
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -219,6 +219,7 @@ class StateStore:
         with self.tx() as s:
             s.execute(sa.delete(RefRow).where(RefRow.tenant == tenant))
             s.execute(sa.delete(RefLinkRow).where(RefLinkRow.tenant == tenant))
+            s.execute(sa.delete(ResponseRow).where(ResponseRow.tenant == tenant))
             when = now_us()
             rows = list(s.scalars(sa.select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_us.is_(None))))
             for row in rows:  # revoked and sealed again: the MAC covers the revocation
@@ -331,3 +332,40 @@ class StateStore:
         with self._session() as s:
             q = sa.select(ForgetRow).where(ForgetRow.state == "replaying").order_by(ForgetRow.started_us)
             return list(s.scalars(q))
+
+    # --- responses (the OpenAI Responses door, fak.kernel.openai_responses) -----------------
+    def claim_response(self, row: ResponseRow) -> None:
+        """Insert a new response row; ``Conflict`` when ``row.previous_id`` already has a
+        follower (the unique index: two follow-ups of one response race, one wins)."""
+        try:
+            with self.tx() as s:
+                s.add(row)
+        except sa.exc.IntegrityError:
+            raise Conflict(f"response {row.previous_id} already has a follow-up") from None
+
+    def response(self, tenant: str, response_id: str) -> ResponseRow | None:
+        with self._session() as s:
+            return s.get(ResponseRow, (tenant, response_id))
+
+    def response_follower(self, tenant: str, response_id: str) -> str | None:
+        """The id of the response that follows ``response_id`` in its chain, if any."""
+        with self._session() as s:
+            q = sa.select(ResponseRow.id).where(ResponseRow.tenant == tenant, ResponseRow.previous_id == response_id)
+            return s.scalars(q).first()
+
+    def update_response(self, tenant: str, response_id: str, state: str, body: str | None) -> None:
+        with self.tx() as s:
+            s.execute(sa.update(ResponseRow).where(ResponseRow.tenant == tenant, ResponseRow.id == response_id)
+                      .values(state=state, body=body))
+
+    def drop_response(self, tenant: str, response_id: str) -> None:
+        """Remove a claim that left no trace in its session (its response never happened)."""
+        with self.tx() as s:
+            s.execute(sa.delete(ResponseRow).where(ResponseRow.tenant == tenant, ResponseRow.id == response_id))
+
+    def live_responses(self, tenant: str, session_id: str) -> int:
+        """How many responses of the session's chain are not deleted."""
+        with self._session() as s:
+            q = sa.select(sa.func.count()).select_from(ResponseRow).where(
+                ResponseRow.tenant == tenant, ResponseRow.session_id == session_id, ResponseRow.state != "deleted")
+            return s.scalar(q) or 0

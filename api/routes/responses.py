@@ -1,0 +1,73 @@
+"""The OpenAI Responses API: ``POST /v1/responses`` (JSON, or server-sent events with
+``stream: true``), ``GET /v1/responses/{id}`` and ``DELETE /v1/responses/{id}``, so clients and
+agent frameworks that speak the Responses API (the ``openai`` package's
+``client.responses``, the OpenAI Agents SDK) run against fak. Creating and deleting need
+the ``agent`` (or ``admin``) role, reading any role; a response is its tenant's only.
+
+A thin adapter: what a request does (its chain's session, the input items, the
+parameters, the events of a stream, what is kept) is ``fak.kernel.openai_responses``, whose
+module notes are this door's contract; the bodies are ``fak.wire_responses``. This module
+keeps the HTTP side: the role check, the worker threads, the SSE framing (``event: <type>``
+and ``data: <json>``) and the cleanup of a stream however its response ends."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from fak import wire_responses as wr
+from fak.api.deps import AGENT, READER, caller, kernel
+from fak.api.keys import Principal
+from fak.api.streaming import ClosingStream
+from fak.kernel import openai_responses as responses
+from fak.kernel.facade import Kernel
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/responses", response_model=wr.ResponseObject, responses={200: {"content": {"text/event-stream": {}}}})
+async def create_response(body: wr.ResponseCreateRequest, who: Principal = Depends(AGENT),  # noqa: B008
+                          k: Kernel = Depends(kernel)) -> wr.ResponseObject | StreamingResponse:  # noqa: B008
+    """A model response over the chain's session (see the module notes)."""
+    c = caller(who)
+    if not body.stream:
+        return await run_in_threadpool(responses.create, k, c, body)
+    held: list[responses.ResponseStream] = []  # what to clean up if this handler is cancelled meanwhile
+
+    def start() -> None:
+        held.append(responses.open_stream(k, c, body))  # errors come before any 200
+
+    try:
+        await run_in_threadpool(start)
+    except BaseException:
+        if held:
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(held[0].close)
+        raise
+    return ClosingStream(server_sent_events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})
+
+
+@router.get("/responses/{response_id}", response_model=wr.ResponseObject)
+def get_response(response_id: str, who: Principal = Depends(READER),  # noqa: B008
+                 k: Kernel = Depends(kernel)) -> wr.ResponseObject:  # noqa: B008
+    """A stored response of the caller's tenant."""
+    return responses.get(k, caller(who), response_id)
+
+
+@router.delete("/responses/{response_id}", response_model=wr.ResponseDeleted)
+def delete_response(response_id: str, who: Principal = Depends(AGENT),  # noqa: B008
+                    k: Kernel = Depends(kernel)) -> wr.ResponseDeleted:  # noqa: B008
+    """Delete a stored response; its chain's session goes with the chain's last response."""
+    return responses.delete(k, caller(who), response_id)
+
+
+async def server_sent_events(stream: responses.ResponseStream) -> AsyncIterator[str]:
+    """The stream's events, each chat step in a worker thread."""
+    while (events := await run_in_threadpool(stream.next_events)) is not None:
+        for event in events:
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
