@@ -59,6 +59,7 @@ class Answer:
     sampled: int  # tokens sampled over every attempt (completion_tokens)
     logprobs: w.ChoiceLogprobs | None
     streamed: str = ""  # content already sent by a stream
+    judge_s: float = 0.0  # reading the calls and judging them: what the verdicts add to the turn
 
 
 @dataclass
@@ -120,7 +121,8 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
         decoder = TextDecoder(tok)
         produced: list[int] = []
         streamed = ""  # this attempt's content a stream was given (a retried attempt's stays sent)
-        tokens = ks.generate(keep=keep, hooks=tuple(a.hooks), **(p.sampling() | {"seed": seed}))
+        sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
+        tokens = ks.generate(keep=keep, hooks=tuple(a.hooks), **sampling)
         try:
             for token in tokens:
                 produced.append(token)
@@ -134,6 +136,7 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
         finally:
             tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
         sampled += len(produced)
+        t0 = time.perf_counter()
         text = tok.decode_turn(produced)
         if a.stops is not None:
             text = a.stops.cut(text)
@@ -151,8 +154,10 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
                                          choice=index))
             attempt += 1
             continue
-        yield _finish(turn, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
-                      stopped=a.stops is not None and a.stops.matched)
+        answer = _finish(turn, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
+                         stopped=a.stops is not None and a.stops.matched)
+        answer.judge_s = time.perf_counter() - t0
+        yield answer
         return
 
 

@@ -12,8 +12,8 @@ open models are trained on): a system block listing each tool as one JSON line i
 
 An assistant message a client resends with ``tool_calls`` is written back in exactly this
 form (``render_call``), so the model reads its own earlier calls the way it wrote them and a
-resent turn renders to the tokens the session already holds when the model's text was
-canonical. The tool block is rendered deterministically (``render_tools``: tools in request
+resent turn renders to the tokens the session already holds (arguments keep their key
+order; spacing is ``json.dumps``'s, the form constrained decoding writes). The tool block is rendered deterministically (``render_tools``: tools in request
 order, each a canonical JSON line), so the same tools give the same bytes, hence the same
 ref, the same tokens and prefix-cache hits across requests.
 
@@ -165,10 +165,12 @@ def render_tools(specs: list[ToolSpec]) -> str:
 
 
 def json_text(value: str | dict[str, Any] | Any) -> str:
-    """Arguments as canonical JSON text (sorted keys); a string that is not JSON stays a JSON string."""
+    """Arguments as JSON text in ``json.dumps``'s form, keys in the order given (the order the
+    model wrote them: a call resent as it was returned renders to the tokens the model
+    produced); a string that is not JSON stays a JSON string."""
     raw = value if isinstance(value, str) else None
     try:
-        return json.dumps(json.loads(raw) if raw is not None else value, ensure_ascii=False, sort_keys=True)
+        return json.dumps(json.loads(raw) if raw is not None else value, ensure_ascii=False)
     except (ValueError, RecursionError, TypeError):
         return json.dumps(raw if raw is not None else str(value), ensure_ascii=False)
 

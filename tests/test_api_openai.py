@@ -223,9 +223,10 @@ def test_parameters(server):
 
 def test_tool_calls_render_deterministically(server):
     """The agent's own calls become assistant text in one form, whatever the client's JSON
-    spacing or key order: two spellings of the same call give the same KV."""
+    spacing (the keys keep their order: the order the model wrote them): two spellings of the
+    same call give the same KV."""
     c = client(server)
-    spaced = dict(CALL, function={"name": "search_restaurants", "arguments": '{ "party" : 2, "when": "tonight" }'})
+    spaced = dict(CALL, function={"name": "search_restaurants", "arguments": '{ "when" :"tonight",\n "party": 2 }'})
     prints = []
     for call in (CALL, spaced):
         msgs = history()
@@ -238,7 +239,7 @@ def test_tool_calls_render_deterministically(server):
     ks.append("system", SYSTEM)
     ks.append("user", "Find me a table for two tonight.")
     ks.append("assistant", '<tool_call>\n{"name": "search_restaurants", '
-                           '"arguments": {"party": 2, "when": "tonight"}}\n</tool_call>')
+                           '"arguments": {"when": "tonight", "party": 2}}\n</tool_call>')
     ks.admit("search_restaurants", TOOL_TEXT.encode())
     ks.append("user", "Book it, please.")
     list(ks.generate(max_tokens=GREEDY["max_tokens"], temperature=0))
@@ -350,7 +351,10 @@ def test_stream_text_is_the_whole_text(kernel):
     async def collect() -> list[str]:
         stream = chat.ChatStream(turn, include_usage=True)
         stream.start()
-        return [x async for x in route.server_sent_events(stream)]
+        try:
+            return [x async for x in route.server_sent_events(stream)]
+        finally:
+            stream.close()  # what the route's ClosingStream does however the response ends
 
     events = anyio.run(collect)
     assert events[-1] == "data: [DONE]\n\n"
