@@ -1,108 +1,30 @@
 """The OpenAI-compatible chat in the core: what ``POST /v1/chat/completions`` does to a
-session, apart from HTTP. This module owns
+session, apart from HTTP (the contract, for clients: docs/openai.md). This module owns
 
-- the parameters (``chat_parameters``): which are honoured (sampling), refused
-  (``UnsupportedParameter``) or accepted and ignored;
+- the parameters (``chat_parameters``): each OpenAI parameter honoured, or refused with a
+  400 naming it (``UnsupportedParameter``); unknown extension fields are listed in
+  ``fak.ignored``;
 - the messages (``plan_messages``): each validated and turned into one session operation
-  before any runs; an assistant's own tool calls rendered as text; ``tool`` messages
-  admitted through the gate;
+  before any runs; an assistant's own tool calls rendered in the model's tool-call format;
+  ``tool`` messages admitted through the gate (a held call's result refused, a rejected
+  call's replaced by a notice: ``fak.kernel.held_calls``);
 - the session (``open_chat`` → ``ChatTurn``): ephemeral or the persistent ``fak_session``,
-  the request's messages replayed into it, and what the answer reports (usage with
-  ``cached_tokens``, the ``fak`` extension, the finish reason);
-- the answer: a ``chat.completion`` (``complete``), or its ``chat.completion.chunk`` objects
-  one model step at a time (``open_stream`` → ``ChatStream``);
+  the request's messages replayed into it, the tools block admitted as content with a ref
+  of its own (``fak.kernel.openai_tools``), and what the answer reports;
+- the answer: ``n`` choices (siblings undone, choice 0 kept), each a ``run_answer``
+  (``fak.kernel.openai_answer``: sampling hooks, the grammar, the calls read back and
+  judged, the DENY remedy) as one ``chat.completion`` (``complete``) or its
+  ``chat.completion.chunk`` objects one model step at a time (``open_stream`` →
+  ``ChatStream``);
+- held calls: ``decide_held_call`` (approve or reject, audited);
 - the lifecycle: ``close`` rolls an unfinished turn back and deletes an ephemeral session,
   however the request ended.
 
 The route (``fak.api.routes.openai``) keeps authentication, the worker threads, the SSE
-framing and cancellation; the wire models are ``fak.wire``'s (its OpenAI section). What
-this door learns next (the tool calls the model emits, the Responses API, structured
-output) belongs here. Like ``kernel/operations.py``, this module never imports ``fak.api``.
-Authentication: the Bearer API key names the tenant (the ``Caller``); chat needs the
-``agent`` right, the model list ``read``.
-
-**Sessions.** By default a request runs in an *ephemeral* session of the caller's tenant,
-created for the request (its id is the completion id, ``chatcmpl-…``) and deleted after
-it, streaming or not, however the request ends. Resent history stays cheap: every
-session's KV lands in the tenant's exact prefix cache, so the next request's messages,
-rendered to the same tokens, are served from it instead of prefilled again (reported as
-``usage.prompt_tokens_details.cached_tokens``; another tenant never hits them). The
-tool messages of a resent history go through the gate again on every request (the same
-bytes get the same ref and verdict; each admission is audited).
-
-The extension field ``fak_session`` (top level of the body; with the official client,
-``extra_body={"fak_session": "trip-42"}``) names a *persistent* session instead, created
-on first use (the id grammar of ``POST /v1/sessions``). The session then holds the
-conversation: send only the messages that are new since the last call (the user's next
-message, the tool results), and the generated answer is kept in the session as the next
-assistant turn. The kernel stays the one source of truth for that history, so an eviction,
-a late quarantine or a forget is never undone by a client resending the bytes. A request
-that starts with a ``system``/``developer`` message against a session that already holds
-history is refused (409 ``conflict``): that is the mark of a client resending the whole
-history, which would duplicate it. Messages are validated before anything is appended;
-each append or admission is then atomic on its own. The OpenAI ``user`` field is *not*
-used to pick a session (it identifies an end user, and many clients send one constant
-value): it is accepted and ignored.
-
-**Messages.** ``system`` (and ``developer``, the same thing for newer clients), ``user``
-and ``assistant`` messages are appended as text; ``content`` is a string or a list of
-text parts (joined with ``"\\n"``; ``refusal`` parts count as text). Image, audio and file
-parts are refused with a 400 ``unsupported_content`` problem: the model reads text only.
-``tool`` messages (and legacy ``function`` messages) go through the admission gate as
-``admit(tool, content UTF-8 bytes)``, the tool being the ``function.name`` of the
-earlier assistant ``tool_calls`` entry whose ``id`` equals the message's ``tool_call_id``
-(else the message's ``name``, else ``"tool"``). A tool message the gate quarantines or
-denies never enters attention: the answer is the never-saw answer. A tool message whose
-bytes are a ref of the tenant already quarantined (late detection) is not admitted again
-either, whatever the gate would say now: the Kernel records it as ``QUARANTINE`` with rule
-``ref_quarantined`` (an audited admission like any other).
-
-**An assistant's own tool calls** (``tool_calls`` on an assistant message, or the legacy
-``function_call``) are rendered into the assistant text deterministically: the message's
-text content (if any), then one line per call, in order::
-
-    <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
-
-``arguments`` is parsed as JSON and written back with sorted keys and ``json.dumps``'s
-default separators, non-ASCII kept (a string that is not valid JSON is written as a JSON
-string); a ``custom`` tool call writes ``"input"`` (its raw string) instead of
-``"arguments"``; call ids are not rendered (tool results are rendered without them too).
-The text is encoded with special-token strings taken literally, like every content.
-
-**Parameters.** ``max_completion_tokens`` (or the older ``max_tokens``; default 256, at
-most 4096), ``temperature`` (default 1.0 as OpenAI's; 0 is greedy), ``top_p`` (0 means
-greedy), ``seed`` and ``min_tokens`` (vLLM's extension) are honoured. ``n`` must be 1;
-``stop`` is not supported (accepted only when empty); ``logprobs: true``, a
-``response_format`` other than text and audio output are not supported: each is a 400
-``unsupported_parameter`` problem. ``tools``, ``tool_choice`` and ``functions`` are
-accepted and ignored for generation: the default model (SmolLM2-135M, and the tiny test
-models) does not do function calling, so the answer is always text and
-``finish_reason`` is ``stop`` (an end-of-turn token) or ``length`` (``max_tokens`` reached).
-Every other parameter (penalties, ``logit_bias``, ``user``, ``metadata``, ``store``, any
-unknown one) is accepted and ignored; the response's ``fak.ignored`` names those a
-request sent. ``model`` is any string; responses name the kernel's model.
-
-**Response.** The OpenAI ``chat.completion`` shape. ``usage.prompt_tokens`` counts every
-token the answer attended to before its first sampled token (the session's context plus
-the assistant-turn opener), ``completion_tokens`` the sampled tokens (the end-of-turn
-token included), and ``prompt_tokens_details.cached_tokens`` the prompt tokens whose KV was
-not computed for this request: served from the tenant's prefix cache (whole prefill
-chunks) or, in a persistent session, already in the session. The extension field ``fak``
-carries ``session_id``, ``ephemeral``, the session's KV ``fingerprint`` after the answer,
-the ``admissions`` of the request's tool messages (``message_index``, ``tool``,
-``tool_call_id``, ``verdict``, ``rule_id``, ``ref``, ``admitted_ref``, ``admitted``,
-``segment_id``, ``audit_index``) and ``ignored``.
-
-**Streaming.** ``chat.completion.chunk`` events: a first chunk with
-``delta.role = "assistant"``, content deltas (text decoded incrementally, an incomplete
-UTF-8 character held back until it completes), a last chunk with an empty delta, the
-``finish_reason`` and the ``fak`` field, then, with ``stream_options.include_usage``, a
-usage chunk whose ``choices`` is empty (as OpenAI sends it), then ``data: [DONE]``. The
-streamed text equals the non-streamed text of the same request. A client that disconnects
-mid-stream leaves the session as it was before the generation (the partial turn is rolled
-back; an ephemeral session is deleted). Errors found before the first token (bad
-messages, a busy session, a refused parameter) are problem+json responses, never a
-stream.
+framing and cancellation; the wire models are ``fak.wire``'s (its OpenAI section). The
+Responses API (``fak.kernel.openai_responses``) is a translation onto this module. Like
+``kernel/operations.py``, this module never imports ``fak.api``. Chat needs the ``agent``
+right, the model list ``read``.
 """
 
 from __future__ import annotations
