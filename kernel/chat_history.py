@@ -20,9 +20,9 @@ segments (``KernelSession.history``), every state included:
 - a segment that left the KV (evicted, quarantined, forgotten, expired) keeps no text: it
   matches an item of its kind unless that item matches a later segment exactly, and it is
   skipped when the client leaves it out (it is not in attention either way);
-- a segment the client never sent (a system, user or assistant segment carrying a ref: tool
-  definitions the chat core adds, producer ``fak.tool_definitions``) is skipped unless an
-  item matches it exactly.
+- a segment the client never sent is skipped unless an item matches it exactly: the tools
+  block the chat core admits (a tool segment whose ref's producer is ``fak.tool_definitions``,
+  ``fak.types.TOOL_DEFINITIONS``), or any system, user or assistant segment carrying a ref.
 
 When every segment is accounted for, the items matched so far are the history and the rest
 are new: ``new_suffix`` returns how many lead (append ``messages[n:]``).
@@ -53,7 +53,7 @@ from typing import Literal, get_args
 from fak.errors import Conflict, InvalidInput
 from fak.kernel.agent_session import KernelSession
 from fak.kernel.kv.ledger import SegmentKind, SegmentState, SegmentView
-from fak.types import VerdictKind
+from fak.types import TOOL_DEFINITIONS, VerdictKind
 
 __all__ = ["HistoryItem", "HistoryKind", "new_suffix"]
 
@@ -81,16 +81,23 @@ class HistoryItem:
 class _Segment:
     view: SegmentView
     text: str | None  # of a live segment; None once it left the KV
-
-    @property
-    def kernel_added(self) -> bool:
-        """A text segment carrying a ref: the kernel added it (tool definitions), no client sent it."""
-        return self.view.kind is not SegmentKind.TOOL and self.view.ref is not None
+    kernel_added: bool  # no client sent it (``_kernel_added``)
 
     @property
     def optional(self) -> bool:
         """May be skipped: out of the KV, or never sent by a client."""
         return self.view.state is not SegmentState.LIVE or self.kernel_added
+
+
+def _kernel_added(ks: KernelSession, view: SegmentView) -> bool:
+    """The tools block (its ref's producer is ``TOOL_DEFINITIONS``), or a text segment carrying a
+    ref (a client's text carries none)."""
+    if view.ref is None:
+        return False
+    if view.kind is not SegmentKind.TOOL:
+        return True
+    tool, _ = ks.services.producers.of(ks.tenant, view.ref)
+    return tool == TOOL_DEFINITIONS
 
 
 class _Matcher:
@@ -183,7 +190,7 @@ def new_suffix(ks: KernelSession, messages: Sequence[HistoryItem]) -> int:
     items = list(messages)
     if not items:
         return 0
-    segments = [_Segment(view, text) for view, text in ks.history()]
+    segments = [_Segment(view, text, _kernel_added(ks, view)) for view, text in ks.history()]
     walk = _walk(_Matcher(ks, items), segments)
     leads_with_system = items[0].kind == "system"
     if walk.stop is None:

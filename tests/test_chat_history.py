@@ -147,17 +147,24 @@ def test_a_session_without_system_message_repeating_its_first_message(kernel) ->
 
 
 def test_segments_the_client_never_sent_are_skipped(kernel) -> None:
+    from fak.types import TOOL_DEFINITIONS
+
     k = kernel
     s = k.session("acme")
-    definitions = '{"tools": [{"name": "flight_status"}]}'
-    ref = k.store.put(definitions.encode(), "application/json", "acme").digest
-    with s.transaction() as tx:  # what the chat core does with a request's tool definitions
-        tx.change().append(SegmentKind.SYSTEM, definitions, ref=ref)
-        tx.commit()
     s.append("system", SYSTEM)
+    tools = s.admit(TOOL_DEFINITIONS, b'{"tools": [{"name": "flight_status"}]}')  # the chat core's tools block
+    assert tools.admitted
     s.append("user", ASK)
-    assert new_suffix(s, [sys_(), user(ASK), user("More.")]) == 2
-    assert new_suffix(s, [user("More.")]) == 0
+    other = '{"note": "kernel context"}'
+    ref = k.store.put(other.encode(), "application/json", "acme").digest
+    with s.transaction() as tx:  # a text segment carrying a ref: no client sent it either
+        tx.change().append(SegmentKind.SYSTEM, other, ref=ref)
+        tx.commit()
+    s.append("user", "More.")
+    assert new_suffix(s, [sys_(), user(ASK), user("More."), user("Next.")]) == 3
+    assert new_suffix(s, [user("Next.")]) == 0
+    with pytest.raises(Conflict, match="message 1 "):
+        new_suffix(s, [sys_(), user("Changed."), user("More.")])
 
 
 def test_a_history_item_is_checked() -> None:
