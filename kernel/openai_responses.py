@@ -57,10 +57,13 @@ the chain continues from it. ``DELETE /v1/responses/{id}`` keeps a tombstone (th
 stays linear) and deletes the chain's session once every response of it is deleted.
 
 **Persistence.** ``fak_responses`` (``fak.state.schema.ResponseRow``): tenant, id, the
-chain's session, the previous response, state and the response body as JSON. The body
-holds the generated text in the clear; the tenant erase deletes the rows, but a forget of
-a ref does not rewrite responses generated while it was in attention (the session itself is
-replayed as always).
+chain's session, the previous response, the chain's instructions, state and the response
+body as JSON. A body generated while tool content was live in the session (any ref in a
+live segment's content provenance) may repeat it, so it is kept like such a segment
+(``fak.state.seal``): sealed under the data keys of those refs, so a forget of any of them
+makes it unreadable (GET answers 410 ``forgotten``) in every copy of the database. Other
+bodies (and failed ones, which have no output) are kept in the clear. The tenant erase
+deletes the rows.
 
 **Output.** The ``response`` object: a ``message`` item with one ``output_text`` part
 (present when the answer has text or no function call), then one ``function_call`` item
@@ -91,14 +94,17 @@ from fak import wire as w
 from fak import wire_responses as wr
 from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel import openai_chat as chat
+from fak.kernel.kv.ledger import SegmentState
 from fak.kernel.openai_chat import UnsupportedContent, UnsupportedParameter
 from fak.kernel.operations import Caller, Right
 from fak.state.schema import ResponseRow
+from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import now_us
 
 if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
 
+KEPT = ("completed", "incomplete", "failed")  # the states of a stored response (GET, follow-ups)
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 LOGPROBS = "message.output_text.logprobs"
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
@@ -295,7 +301,7 @@ def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, sto
     if prev is None:
         return Chain("resp-" + hexid if store else None, True, None, body.instructions)
     row = k.state.response(c.tenant, prev)
-    if row is None or row.state in ("unstored", "deleted") or row.body is None and row.state != "in_progress":
+    if row is None or row.state not in (*KEPT, "in_progress"):
         raise NotFound(f"no stored response {prev[:80]!r}")
     if row.state == "in_progress":
         raise Conflict(f"response {prev} is still in progress: continue from it once it has completed")
@@ -304,7 +310,7 @@ def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, sto
         raise Conflict(f"response {prev} is not the latest of its chain: {follower} follows it, and the chain's "
                        f"session {row.session_id} already holds that later turn (fak keeps one linear session per "
                        "chain); continue from the latest response, or start a new chain")
-    instructions = json.loads(row.body or "{}").get("instructions")
+    instructions = row.instructions
     if body.instructions is not None and body.instructions != instructions:
         raise Conflict(f"instructions differ from those of the chain of {prev}: its session already holds them; "
                        "send the same instructions or none, or start a new chain")
@@ -368,15 +374,28 @@ def claim(k: Kernel, c: Caller, p: Plan) -> None:
         assert p.chain.session_id is not None
         k.state.claim_response(ResponseRow(tenant=c.tenant, id=p.response_id, session_id=p.chain.session_id,
                                            previous_id=p.chain.previous, created_us=now_us(),
-                                           state="in_progress", body=None))
+                                           state="in_progress", instructions=p.chain.instructions))
 
 
 def finish(k: Kernel, c: Caller, p: Plan, response: wr.ResponseObject) -> None:
-    """Keep the response (its body only with ``store``)."""
-    if p.claimed:
-        stored = p.store
-        k.state.update_response(c.tenant, p.response_id, response.status if stored else "unstored",
-                                response.model_dump_json() if stored else None)
+    """Keep the response (its body only with ``store``): sealed under the data keys of the
+    refs live in its session (any of them may have reached the answer), else in the clear."""
+    if not p.claimed:
+        return
+    sid = p.chain.session_id
+    assert sid is not None
+    if not p.store:
+        k.state.update_response(c.tenant, p.response_id, "unstored")
+        return
+    body = response.model_dump_json()
+    views = k.session(c.tenant, sid).segments()
+    refs = sorted({r for v in views if v.state is SegmentState.LIVE for r in v.content_provenance})
+    keys = k.store.content_keys(c.tenant, refs) if refs else {}
+    if needs_seal(keys):
+        sealed = seal(keys, c.tenant, sid, p.response_id, Plain([], "response", body))
+        k.state.update_response(c.tenant, p.response_id, response.status, sealed=sealed, content=json.dumps(refs))
+    else:
+        k.state.update_response(c.tenant, p.response_id, response.status, body=body)
 
 
 def abandon(k: Kernel, c: Caller, p: Plan, exc: BaseException | None) -> None:
@@ -401,8 +420,10 @@ def abandon(k: Kernel, c: Caller, p: Plan, exc: BaseException | None) -> None:
     code = exc.code if isinstance(exc, FakError) else ("client_disconnected" if exc is None else "server_error")
     message = str(exc)[:500] if exc is not None else "the client went away before the response completed"
     failed = p.response("failed", [], error=wr.ResponseError(code=code, message=message))
-    k.state.update_response(c.tenant, p.response_id, "failed" if p.store else "unstored",
-                            failed.model_dump_json() if p.store else None)
+    if p.store:  # no output: nothing derived from tool content, kept in the clear
+        k.state.update_response(c.tenant, p.response_id, "failed", body=failed.model_dump_json())
+    else:
+        k.state.update_response(c.tenant, p.response_id, "unstored")
 
 
 # --- the answer ------------------------------------------------------------------------
@@ -480,12 +501,18 @@ def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseO
 
 
 def get(k: Kernel, c: Caller, response_id: str) -> wr.ResponseObject:
-    """A stored response of the caller's tenant."""
+    """A stored response of the caller's tenant; a sealed one opens with the current data
+    keys of its refs (``Forgotten``, 410, once one of them was forgotten)."""
     c.require(Right.READ)
     row = k.state.response(c.tenant, response_id)
-    if row is None or row.body is None or row.state == "deleted":
+    if row is None or row.state not in KEPT:
         raise NotFound(f"no stored response {response_id[:80]!r}")
-    return wr.ResponseObject.model_validate_json(row.body)
+    if row.sealed is not None:
+        keys = k.store.content_keys(c.tenant, json.loads(row.content or "[]"))
+        text = unseal(keys, c.tenant, row.session_id, row.id, row.sealed).text or ""
+    else:
+        text = row.body or ""
+    return wr.ResponseObject.model_validate_json(text)
 
 
 def delete(k: Kernel, c: Caller, response_id: str) -> wr.ResponseDeleted:
@@ -493,9 +520,9 @@ def delete(k: Kernel, c: Caller, response_id: str) -> wr.ResponseDeleted:
     session goes with its last response."""
     c.require(Right.AGENT)
     row = k.state.response(c.tenant, response_id)
-    if row is None or row.body is None or row.state in ("deleted", "in_progress"):
+    if row is None or row.state not in KEPT:
         raise NotFound(f"no stored response {response_id[:80]!r}")
-    k.state.update_response(c.tenant, response_id, "deleted", None)
+    k.state.update_response(c.tenant, response_id, "deleted")
     if k.state.live_responses(c.tenant, row.session_id) == 0:
         with contextlib.suppress(NotFound):
             k.delete_session(c.tenant, row.session_id)

@@ -296,6 +296,26 @@ def test_function_call_output_round_trip(server):
     assert adm3["verdict"] == "QUARANTINE" and not adm3["admitted"]
 
 
+def test_a_response_derived_from_tool_content_is_sealed_and_dies_with_its_ref(server):
+    """A response generated while a tool result was live in its session is kept sealed under
+    the result's data key (never in the clear); forgetting the result makes it unreadable."""
+    c = client(server)
+    plain = c.responses.create(model=model(server), input="Hello", **GREEDY)
+    assert server.kernel.state.response("acme", plain.id).body is not None  # no tool content: clear
+    r = c.responses.create(model=model(server), tools=[WEATHER], **GREEDY,
+                           input=[{"role": "user", "content": "Weather in Paris?"}, CALL, RESULT])
+    row = server.kernel.state.response("acme", r.id)
+    assert row.body is None and row.sealed is not None and b"Sunny" not in row.sealed
+    [adm] = results(r)
+    assert adm["ref"] in json.loads(row.content)
+    assert c.responses.retrieve(r.id).model_dump() == r.model_dump()
+    server.kernel.forget("acme", adm["ref"], requested_by="test", reason="erasure request")
+    with pytest.raises(openai.APIStatusError) as gone:
+        c.responses.retrieve(r.id)
+    assert gone.value.status_code == 410 and gone.value.code == "forgotten"
+    assert c.responses.retrieve(plain.id).id == plain.id  # another chain is untouched
+
+
 def _tool_calling_ready() -> bool:
     from fak import wire
 

@@ -130,8 +130,8 @@ class ResponseRow(Base):
     """A response of the OpenAI Responses door (``fak.kernel.openai_responses``): its chain's
     session and the response it follows. The unique (tenant, previous_id) index makes the
     chain linear: a response is followed at most once (its session holds the later turns).
-    ``state``: in_progress (claimed, generating), completed, failed (``body`` set), unstored
-    (``store: false``) or deleted (kept as a tombstone so the chain stays linear)."""
+    ``state``: in_progress (claimed, generating), completed, incomplete, failed (``body`` or
+    ``sealed`` set), unstored (``store: false``) or deleted (a tombstone: the chain stays linear)."""
 
     __tablename__ = "fak_responses"
     tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -140,7 +140,12 @@ class ResponseRow(Base):
     previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))
-    body: Mapped[str | None] = mapped_column(Text, nullable=True)  # the Response object (JSON)
+    instructions: Mapped[str | None] = mapped_column(Text, nullable=True)  # the chain's (client text)
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)  # the Response object (JSON), in the clear
+    # a response generated while tool content was live in its session is kept here only, sealed
+    # (fak.state.seal) under the data keys of the refs in ``content``: a forget of any makes it unreadable
+    sealed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    content: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list of refs
 
     __table_args__ = (Index("ux_fak_responses_previous", "tenant", "previous_id", unique=True),
                       Index("ix_fak_responses_session", "tenant", "session_id"))

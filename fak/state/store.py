@@ -353,10 +353,12 @@ class StateStore:
             q = sa.select(ResponseRow.id).where(ResponseRow.tenant == tenant, ResponseRow.previous_id == response_id)
             return s.scalars(q).first()
 
-    def update_response(self, tenant: str, response_id: str, state: str, body: str | None) -> None:
+    def update_response(self, tenant: str, response_id: str, state: str, body: str | None = None,
+                        sealed: bytes | None = None, content: str | None = None) -> None:
+        """Set a response's state and body (in the clear, or sealed with its refs); None clears them."""
         with self.tx() as s:
             s.execute(sa.update(ResponseRow).where(ResponseRow.tenant == tenant, ResponseRow.id == response_id)
-                      .values(state=state, body=body))
+                      .values(state=state, body=body, sealed=sealed, content=content))
 
     def drop_response(self, tenant: str, response_id: str) -> None:
         """Remove a claim that left no trace in its session (its response never happened)."""

@@ -1,6 +1,8 @@
 """The OpenAI Responses door's responses (``fak.kernel.openai_responses``): ``fak_responses``
-holds each stored response (its JSON body), the persistent session its chain lives in and
-the response it follows; the unique (tenant, previous_id) index keeps a chain linear.
+holds each stored response (its JSON body, sealed under the data keys of the refs live in
+its session when it was generated, as ``fak_segments.sealed``), the persistent session its
+chain lives in, the chain's instructions and the response it follows; the unique (tenant,
+previous_id) index keeps a chain linear.
 
 Revision ID: state_0006
 Revises: state_0005
@@ -24,7 +26,10 @@ def upgrade() -> None:
         sa.Column("previous_id", sa.String(64), nullable=True),
         sa.Column("created_us", sa.BigInteger, nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("instructions", sa.Text, nullable=True),
         sa.Column("body", sa.Text, nullable=True),
+        sa.Column("sealed", sa.LargeBinary, nullable=True),
+        sa.Column("content", sa.Text, nullable=True),
     )
     op.create_index("ux_fak_responses_previous", "fak_responses", ["tenant", "previous_id"], unique=True)
     op.create_index("ix_fak_responses_session", "fak_responses", ["tenant", "session_id"])
