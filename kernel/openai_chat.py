@@ -42,6 +42,7 @@ from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES
 from fak.kernel.authorize import args_digest
+from fak.kernel.chat_history import HistoryItem, new_suffix
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_answer import Answer, run_answer
@@ -410,9 +411,8 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     turn = ChatTurn(k, ks, ephemeral, completion_id, parameters, principal=_principal(c, parameters.user))
     try:
         before = ks.tokens
-        if before and ops[0].kind == "system":
-            raise Conflict(f"session {ks.id} already holds a conversation: send only the new messages "
-                           "(a system message first means a resent history)")
+        if not ephemeral and ks.segments():  # a resent history appends only its new suffix
+            ops = ops[new_suffix(ks, [HistoryItem(op.kind, op.text, op.tool) for op in ops]):]
         check_context(k, [op.text for op in ops] + [tools_text or ""], "these messages")
         mech0, hits0 = _hits(ks)
         lead = next((i for i, op in enumerate(ops) if op.kind != "system"), len(ops))

@@ -171,6 +171,13 @@ class Calls:
                     op="quarantine")
 
     @staticmethod
+    def decide_tool_call(call_id: str, approve: bool) -> Call[m.ToolCallApprovalOut]:
+        """A person's decision on a call fak held (CONFIRM) at the OpenAI door."""
+        verb = "approve" if approve else "reject"
+        return Call("POST", f"/v1/tool-calls/{call_id}/{verb}", _model(m.ToolCallApprovalOut),
+                    op="decide_tool_call", args={"call_id": call_id, "approve": approve})
+
+    @staticmethod
     def ref_content(ref: str) -> Call[bytes]:
         return Call("GET", f"/v1/refs/{ref}", lambda r: r.content, raw=True, op="ref_content", args={"ref": ref})
 

@@ -293,6 +293,15 @@ class BlockingAPI:
         """Late detection: evict ``ref`` from every live session of the tenant."""
         return self.call(Calls.quarantine(ref, reason))
 
+    # held tool calls (the OpenAI door's CONFIRM)
+    def approve_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
+        """A person approves a call fak held: audited, naming this key; its result may then enter."""
+        return self.call(Calls.decide_tool_call(call_id, True))
+
+    def reject_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
+        """A person rejects a held call: the model reads a rejection notice as its result."""
+        return self.call(Calls.decide_tool_call(call_id, False))
+
     # refs
     def ref_content(self, ref: str) -> bytes:
         """A ref's bytes (the tenant's own; verified by the server before sending)."""
@@ -589,6 +598,12 @@ class AsyncClient:
 
     async def quarantine(self, ref: str, reason: str) -> m.QuarantineOut:
         return await self.call(Calls.quarantine(ref, reason))
+
+    async def approve_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
+        return await self.call(Calls.decide_tool_call(call_id, True))
+
+    async def reject_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
+        return await self.call(Calls.decide_tool_call(call_id, False))
 
     async def ref_content(self, ref: str) -> bytes:
         return await self.call(Calls.ref_content(ref))

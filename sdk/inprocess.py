@@ -29,6 +29,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from fak.errors import FakError, InvalidInput
+from fak.kernel import openai_chat
 from fak.kernel import operations as ops
 from fak.kernel.operations import MAX_INDEX, MAX_LIMIT, Caller, Right
 from fak.sdk.calls import Call
@@ -104,6 +105,7 @@ OPS: dict[str, Op] = {
     "forget": lambda k, c, a, b, q: ops.forget(k, c, ForgetIn.model_validate(b)),
     "forget_status": lambda k, c, a, b, q: ops.forget_status(k, c, a["request_id"]),
     "quarantine": lambda k, c, a, b, q: ops.quarantine(k, c, QuarantineIn.model_validate(b)),
+    "decide_tool_call": lambda k, c, a, b, q: openai_chat.decide_held_call(k, c, a["call_id"], approve=a["approve"]),
     "ref_content": lambda k, c, a, b, q: _ref(k, c, a, content=True),
     "ref_head": lambda k, c, a, b, q: _ref(k, c, a, content=False),
     "audit_entries": lambda k, c, a, b, q: ops.audit_entries(

@@ -27,6 +27,7 @@ from fak.wire import (
     SegmentOut,
     SessionList,
     SessionOut,
+    ToolCallApprovalOut,
     ToolCallDecisionOut,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "QuarantineOut",
     "ReceiptCheck",
     "RefsEvictedOut",
+    "ToolCallApprovalOut",
     "ToolCallDecisionOut",
     "SegmentOut",
     "SessionList",

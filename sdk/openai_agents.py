@@ -46,6 +46,26 @@ items it sends the model next, and call ``session.evict_refs(decision.offending)
 that fak's session (what the next authorization reads) matches. Until then every
 authorization of that tool is refused again.
 
+**fak as the model** (``fak serve``'s OpenAI door; docs/openai.md): fak judges every call
+its model writes before the response leaves the server, and holds a CONFIRM call for a
+person. ``fak_approvals`` maps that hold onto the SDK's own tool approval::
+
+    from fak.sdk.openai_agents import FAK_MODEL_SETTINGS, approve, fak_approvals, reject
+
+    agent = Agent(name="assistant", tools=fak_approvals([send_email], fak), model_settings=FAK_MODEL_SETTINGS)
+    result = await Runner.run(agent, "...")
+    state = result.to_state()
+    for item in result.interruptions:          # the calls fak held
+        await approve(state, item, fak)        # or: await reject(state, item, fak)
+    result = await Runner.run(agent, state)
+
+``FAK_MODEL_SETTINGS`` asks fak to return held calls (marked, ids ``call_held_…``) instead of
+withholding them; a held call then needs the SDK's approval (``needs_approval``); ``approve``
+and ``reject`` record the person's decision at fak (audited) and in the run state. A held
+call's tool tells fak it was approved before it runs, so a run approved through the SDK alone
+still reaches fak's record; a rejection recorded only in the SDK is refused by fak
+(``tool_call_held``), never silently run.
+
 What the guardrails do not do: they apply to function tools only (the Agents SDK runs
 no tool guardrails for hosted tools such as web search), and they do not see what the
 framework's model was given other than through these tools.
@@ -53,12 +73,18 @@ framework's model was given other than through these tools.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from agents import (
     FunctionTool,
+    ModelSettings,
+    RunContextWrapper,
+    RunState,
+    ToolApprovalItem,
     ToolGuardrailFunctionOutput,
     ToolInputGuardrail,
     ToolInputGuardrailData,
@@ -68,7 +94,11 @@ from agents import (
 
 from fak.sdk.gate import aauthorize, ascreen, call_notice
 
-__all__ = ["fak_input_guardrail", "fak_output_guardrail", "guard_tools"]
+__all__ = ["FAK_MODEL_SETTINGS", "HELD_PREFIX", "approve", "fak_approvals", "fak_input_guardrail",
+           "fak_output_guardrail", "guard_tools", "reject"]
+
+HELD_PREFIX = "call_held_"  # the id of a call fak held (``fak.kernel.held_calls``; the client has no kernel)
+FAK_MODEL_SETTINGS = ModelSettings(extra_body={"fak_held_calls": "return"})
 
 OnBlock = Literal["reject", "raise"]
 
@@ -130,3 +160,69 @@ def guard_tools(tools: Iterable[Any], session: Any, *, authorize: bool = True, o
                                        tool_output_guardrails=[*(tool.tool_output_guardrails or []), gate])
         out.append(tool)
     return out
+
+
+async def _decide(client: Any, call_id: str, approved: bool) -> None:
+    method = client.approve_tool_call if approved else client.reject_tool_call
+    if inspect.iscoroutinefunction(method):
+        await method(call_id)
+    else:
+        await asyncio.to_thread(method, call_id)
+
+
+def _call_id(item: ToolApprovalItem) -> str:
+    raw = item.raw_item
+    call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
+    if not isinstance(call_id, str):
+        raise ValueError("this approval item has no call id")
+    return call_id
+
+
+def fak_approvals(tools: Iterable[Any], client: Any) -> list[Any]:
+    """Copies of ``tools`` whose function tools need the SDK's approval for a call fak held
+    (besides any approval they needed already), and tell fak a held call was approved before
+    running it. ``client``: a ``fak.sdk.Client`` or ``AsyncClient`` with the agent's key."""
+    out = []
+    for tool in tools:
+        if isinstance(tool, FunctionTool):
+            tool = dataclasses.replace(tool, needs_approval=_needs(tool.needs_approval),
+                                       on_invoke_tool=_invoke(tool.on_invoke_tool, client))
+        out.append(tool)
+    return out
+
+
+def _needs(before: Any) -> Any:
+    async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        if call_id.startswith(HELD_PREFIX):
+            return True
+        if callable(before):
+            return bool(await before(ctx, params, call_id))
+        return bool(before)
+
+    return needs_approval
+
+
+def _invoke(run: Any, client: Any) -> Any:
+    async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
+        call_id = getattr(ctx, "tool_call_id", "")
+        if isinstance(call_id, str) and call_id.startswith(HELD_PREFIX):
+            await _decide(client, call_id, True)  # idempotent: approve() may have told fak already
+        return await run(ctx, arguments)
+
+    return on_invoke_tool
+
+
+async def approve(state: RunState[Any], item: ToolApprovalItem, client: Any) -> None:
+    """A person approved ``item``: tell fak (audited), then the run's state (``result.to_state()``)."""
+    call_id = _call_id(item)
+    if call_id.startswith(HELD_PREFIX):
+        await _decide(client, call_id, True)
+    state.approve(item)
+
+
+async def reject(state: RunState[Any], item: ToolApprovalItem, client: Any, *, message: str | None = None) -> None:
+    """A person rejected ``item``: tell fak (the model then reads fak's rejection notice), then the run's state."""
+    call_id = _call_id(item)
+    if call_id.startswith(HELD_PREFIX):
+        await _decide(client, call_id, False)
+    state.reject(item, rejection_message=message)

@@ -261,9 +261,22 @@ def test_persistent_session(server):
     assert [s["kind"] for s in r.json()["segments"]] == [
         "system", "user", "assistant", "assistant", "tool", "user", "assistant"]
     assert r.json()["fingerprint"] == ext(r2)["fingerprint"]
-    # a resent history (a system message first) is refused, not duplicated
-    with pytest.raises(openai.ConflictError):
-        c.chat.completions.create(model="m", messages=history(), extra_body=sid, **GREEDY)
+    # a resent history appends only its new suffix (the generated answers resent as the client got them)
+    resent = [*history()[:2], {"role": "assistant", "content": r1.choices[0].message.content},
+              *history()[2:], {"role": "assistant", "content": r2.choices[0].message.content},
+              {"role": "user", "content": "And tomorrow?"}]
+    r2b = c.chat.completions.create(model="m", messages=resent, extra_body=sid, **GREEDY)
+    assert ext(r2b)["admissions"] == []  # the resent tool result was matched, not admitted again
+    with http(server) as h:
+        kinds = [s["kind"] for s in h.get("/v1/sessions/trip-42", headers={
+            "Authorization": f"Bearer {server.keys['acme']}"}).json()["segments"]]
+    assert kinds == ["system", "user", "assistant", "assistant", "tool", "user", "assistant", "user", "assistant"]
+    # an edited earlier message is a conflict naming it, never a duplicate
+    edited = [dict(m) for m in resent]
+    edited[1] = {"role": "user", "content": "Find me a table for three tonight."}
+    with pytest.raises(openai.ConflictError) as err:
+        c.chat.completions.create(model="m", messages=edited, extra_body=sid, **GREEDY)
+    assert "message 1 of the request differs" in str(err.value)
     # a poisoned tool result in a persistent session never reaches attention either
     r3 = c.chat.completions.create(model="m", extra_body=sid, **GREEDY, messages=[
         {"role": "assistant", "content": None, "tool_calls": [dict(CALL, id="call_2")]},
