@@ -40,6 +40,8 @@ def _samples() -> list:
         ev.ToolCallDecision(session_id="s-1", tool="send_email", args_digest=D, verdict="DENY",
                             rule_id="no-untrusted-before-send", offending=[D], attention_refs=3, policy_digest=P,
                             audited=["watch-shell"]),
+        ev.ToolCallApproval(session_id="s-1", call_id="call_held_0a1b", tool="pay", args_digest=D, approved=True,
+                            decision_index=12, principal="key_1"),
         ev.SessionRebuilt(session_id="s-1", segments=4, tokens=812, fingerprint=D, cause="restart"),
         ev.ChangeRolledBack(tenant="acme", session_id="s-1", undoes=[7, 8]),
         ev.PolicyLoaded(policy_id="default", policy_digest=P),
