@@ -202,8 +202,9 @@ def response_format(value: dict[str, Any] | None) -> ResponseFormat | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise InvalidInput("response_format.json_schema: {'name': ..., 'schema': {...}, 'strict': true}",
                            param="response_format")
-    name = spec.get("name") if isinstance(spec.get("name"), str) else "response"
-    return ResponseFormat("json_schema", spec.get("schema") or {"type": "object"}, name)
+    name = spec.get("name")
+    return ResponseFormat("json_schema", spec.get("schema") or {"type": "object"},
+                          name if isinstance(name, str) else "response")
 
 
 # --- messages --------------------------------------------------------------------------
@@ -497,7 +498,7 @@ class ChatStream:
     def __init__(self, turn: ChatTurn, *, include_usage: bool) -> None:
         self.turn = turn
         self._runs = turn.answers()
-        self._stepper = Stepper(self._steps())
+        self._stepper: Stepper[list[dict[str, Any]]] = Stepper(self._steps())
         self._include_usage = include_usage
         self._answers: list[Answer] = []
         self._ended = False
@@ -521,7 +522,7 @@ class ChatStream:
 
     def start(self) -> None:
         """Run the first model step now (errors before the 200)."""
-        role = self._stepper.step() or []  # the role chunk of the first choice
+        role: list[dict[str, Any]] = self._stepper.step() or []  # the role chunk of the first choice
         self._pending = role + (self._stepper.step() or [])
 
     def next_chunks(self) -> list[dict[str, Any]] | None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from fak import wire as w
 from fak.audit.receipt import verify_receipt as check_receipt
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
     from fak.kernel.model.tokenizer import ChatTokenizer
 
+T = TypeVar("T")
 MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
 MAX_LIMIT = 1000  # audit entries in one page
 
@@ -176,16 +177,17 @@ def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOu
                          fingerprint=ks.fingerprint())
 
 
-class Stepper:
-    """A token iterator driven from worker threads one step at a time; ``close`` waits
-    for a running step, then closes it (the session rolls the partial turn back)."""
+class Stepper(Generic[T]):
+    """An iterator (of tokens, of a stream's chunks) driven from worker threads one step at a
+    time; ``close`` waits for a running step, then closes it (the session rolls the partial
+    turn back)."""
 
-    def __init__(self, tokens: Iterator[int]) -> None:
+    def __init__(self, tokens: Iterator[T]) -> None:
         self._it = tokens
         self._lock = threading.Lock()
         self.done = False
 
-    def step(self) -> int | None:
+    def step(self) -> T | None:
         with self._lock:
             if self.done:
                 return None

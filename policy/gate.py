@@ -20,12 +20,11 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 from fak.policy import detectors, engine
-from fak.types import TOOL_DEFINITIONS
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
 from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule
 from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
-from fak.types import VerdictKind
+from fak.types import TOOL_DEFINITIONS, VerdictKind
 
 REDACTION = b"[REDACTED:%s]"
 
