@@ -10,8 +10,8 @@ forgot is not appended again because a client resent it.
 segments (``KernelSession.history``), every state included:
 
 - a ``tool`` item matches a ``tool`` segment whose ref is the tenant's keyed digest of the
-  item's UTF-8 bytes, whether the segment is live, quarantined, evicted, expired or forgotten
-  (a REDACTed segment carries the redacted form's ref: it matches the original's digest
+  item's UTF-8 bytes (lone surrogates passed through, as the door admits them), whether the
+  segment is live, quarantined, evicted, expired or forgotten (a REDACTed segment carries the redacted form's ref: it matches the original's digest
   through the link the admission recorded); the tool name is not compared;
 - a ``system``, ``user`` or ``assistant`` item matches a live segment of its kind with equal
   text (an assistant segment the model generated also matches the text the door returned
@@ -112,7 +112,8 @@ class _Matcher:
 
     def digest(self, i: int) -> str:
         if i not in self._digests:
-            self._digests[i] = self.ks.services.store.digest_of(self.items[i].text.encode("utf-8"), self.ks.tenant)
+            data = self.items[i].text.encode("utf-8", "surrogatepass")  # the bytes the door admits
+            self._digests[i] = self.ks.services.store.digest_of(data, self.ks.tenant)
         return self._digests[i]
 
     def originals(self, ref: str) -> frozenset[str]:
