@@ -11,8 +11,9 @@ segments (``KernelSession.history``), every state included:
 
 - a ``tool`` item matches a ``tool`` segment whose ref is the tenant's keyed digest of the
   item's UTF-8 bytes (lone surrogates passed through, as the door admits them), whether the
-  segment is live, quarantined, evicted, expired or forgotten (a REDACTed segment carries the redacted form's ref: it matches the original's digest
-  through the link the admission recorded); the tool name is not compared;
+  segment is live, quarantined, evicted, expired or forgotten (a REDACTed segment carries
+  the redacted form's ref: it matches the original's digest through the link the admission
+  recorded); the tool name is not compared;
 - a ``system``, ``user`` or ``assistant`` item matches a live segment of its kind with equal
   text (an assistant segment the model generated also matches the text the door returned
   for it, which leaves special tokens out); the caller renders an assistant's tool calls into
