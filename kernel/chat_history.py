@@ -16,8 +16,9 @@ segments (``KernelSession.history``), every state included:
   recorded); the tool name is not compared;
 - a ``system``, ``user`` or ``assistant`` item matches a live segment of its kind with equal
   text (an assistant segment the model generated also matches the text the door returned
-  for it, which leaves special tokens out); the caller renders an assistant's tool calls into
-  text first (``render_tool_call`` of ``fak.kernel.openai_chat``);
+  for it, which leaves special tokens out, compared in ``canonical_turn``'s form: its tool
+  calls re-rendered, so other JSON spacing matches); the caller renders an assistant's tool
+  calls into text first (``render_tool_call`` of ``fak.kernel.openai_chat``);
 - a segment that left the KV (evicted, quarantined, forgotten, expired) keeps no text: it
   matches an item of its kind unless that item matches a later segment exactly, and it is
   skipped when the client leaves it out (it is not in attention either way);
@@ -54,6 +55,7 @@ from typing import Literal, get_args
 from fak.errors import Conflict, InvalidInput
 from fak.kernel.agent_session import KernelSession
 from fak.kernel.kv.ledger import SegmentKind, SegmentState, SegmentView
+from fak.kernel.openai_tools import canonical_turn
 from fak.types import TOOL_DEFINITIONS, VerdictKind
 
 __all__ = ["HistoryItem", "HistoryKind", "new_suffix"]
@@ -141,7 +143,11 @@ class _Matcher:
             return ref == view.ref or (view.verdict is VerdictKind.REDACT and ref in self.originals(view.ref))
         if seg.text is None:
             return False
-        return item.text == seg.text or (item.kind == "assistant" and item.text == self.visible(seg.text))
+        if item.text == seg.text:
+            return True
+        # a generated turn as the client got it back: special tokens left out, its calls as
+        # tool_calls (re-rendered by the door with its own spacing)
+        return item.kind == "assistant" and canonical_turn(item.text) == canonical_turn(self.visible(seg.text))
 
     def textless(self, i: int, seg: _Segment) -> bool:
         """A text segment that left the KV: its kind is all that is left to match."""

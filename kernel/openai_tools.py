@@ -35,8 +35,8 @@ from typing import Any, Literal
 from fak.errors import InvalidInput
 from fak.types import TOOL_DEFINITIONS
 
-__all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "parse_calls", "render_call", "render_tools",
-           "tool_choice", "tool_specs"]
+__all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "canonical_turn", "parse_calls", "render_call",
+           "render_tools", "tool_choice", "tool_specs"]
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -181,9 +181,10 @@ def render_call(name: str, arguments: str | dict[str, Any], *, key: str = "argum
     return OPEN + '\n{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{key}": ' + body + "}\n" + CLOSE
 
 
-def parse_calls(text: str, names: set[str]) -> tuple[str, list[ParsedCall]]:
+def parse_calls(text: str, names: set[str] | None) -> tuple[str, list[ParsedCall]]:
     """(content, calls) of a generated text: the calls of every well-formed block naming a
-    known tool, and the rest of the text (blocks that are not calls kept as written)."""
+    known tool (any tool: ``names`` None), and the rest of the text (blocks that are not calls
+    kept as written)."""
     calls: list[ParsedCall] = []
     kept: list[str] = []
     pos = 0
@@ -198,12 +199,13 @@ def parse_calls(text: str, names: set[str]) -> tuple[str, list[ParsedCall]]:
     return "".join(kept).strip() if calls else text, calls
 
 
-def _call(body: str, names: set[str]) -> ParsedCall | None:
+def _call(body: str, names: set[str] | None) -> ParsedCall | None:
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
+            names is not None and obj["name"] not in names):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
@@ -214,6 +216,14 @@ def _call(body: str, names: set[str]) -> ParsedCall | None:
     if not isinstance(args, dict):
         return None
     return ParsedCall(obj["name"], args)
+
+
+def canonical_turn(text: str) -> str:
+    """An assistant turn in one form: its text outside tool-call blocks, stripped, then each
+    call re-rendered (``render_call``). A turn the model wrote and the same turn a client
+    resends (content and ``tool_calls``, with other spacing) are equal in this form."""
+    content, calls = parse_calls(text, None)
+    return "\n".join(([content] if content else []) + [render_call(c.name, c.arguments) for c in calls])
 
 
 def call_id() -> str:

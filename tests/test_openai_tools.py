@@ -235,3 +235,23 @@ def test_stop_logprobs_n_and_bias(server):
     cut = c.chat.completions.create(model="m", messages=USER, max_tokens=6, temperature=0,
                                     logit_bias={str(forced[0]): 100}, stop=[text[1:3] or text[:1]])
     assert cut.choices[0].finish_reason == "stop" and len(cut.choices[0].message.content) < len(text)
+
+
+def test_a_persistent_session_takes_back_its_own_calls(server):
+    """The client resends the whole conversation with the calls as it got them (tool_calls,
+    arguments as JSON text): the session matches them against the turn the model wrote and
+    appends only the tool result and the next message."""
+    c = client(server)
+    sid = {"fak_session": "agent-1"}
+    r = c.chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice="required",
+                                  extra_body=sid, **FEW)
+    msg = r.choices[0].message
+    resent = [*USER, {"role": "assistant", "content": msg.content,
+                      "tool_calls": [t.model_dump() for t in msg.tool_calls]},
+              {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "Sunny, 21 C."},
+              {"role": "user", "content": "Thanks!"}]
+    r2 = c.chat.completions.create(model="m", messages=resent, tools=[WEATHER], tool_choice="none",
+                                   extra_body=sid, max_tokens=4, temperature=0)
+    assert [a["tool"] for a in fak(r2)["admissions"]] == ["get_weather"]  # only the new tool result
+    segments = server.kernel.session("acme", "agent-1").segments()
+    assert [x.kind.value for x in segments] == ["system", "tool", "user", "assistant", "tool", "user", "assistant"]
