@@ -54,12 +54,17 @@ class OutputText(BaseModel):
     logprobs: list[dict[str, Any]] | None = None
 
 
+class OutputRefusal(BaseModel):
+    type: Literal["refusal"] = "refusal"
+    refusal: str
+
+
 class OutputMessage(BaseModel):
     type: Literal["message"] = "message"
     id: str
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
-    content: list[OutputText]
+    content: list[OutputText | OutputRefusal]
 
 
 class FunctionCallItem(BaseModel):

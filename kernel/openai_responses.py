@@ -146,8 +146,11 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[w.ChatMessage]:
-    """Input items as chat messages (``instructions``, if given, first as a system message)."""
+def chat_messages(items: list[dict[str, Any]], instructions: str | None,
+                  called: dict[str, str] | None = None) -> list[w.ChatMessage]:
+    """Input items as chat messages (``instructions``, if given, first as a system message).
+    ``called``: call id -> function name of the previous response's calls, so that an output
+    answering one is admitted under its tool's name (the gate's policy is per tool)."""
     out: list[w.ChatMessage] = []
     if instructions is not None:
         out.append(w.ChatMessage(role="system", content=instructions))
@@ -175,7 +178,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
                 calls_open = True
         elif kind == "function_call_output":
             output = _content(item.get("output"), f"{where}.output")
-            out.append(w.ChatMessage(role="tool", tool_call_id=_string(item, "call_id", where), content=output))
+            call_id = _string(item, "call_id", where)
+            out.append(w.ChatMessage(role="tool", tool_call_id=call_id, content=output,
+                                     name=(called or {}).get(call_id)))
             calls_open = False
         elif kind == "reasoning":
             continue  # the model emits no reasoning; a client resending one loses nothing
@@ -238,6 +243,7 @@ class Chain:
     previous: str | None
     instructions: str | None
     fingerprint: str | None = None
+    called: dict[str, str] = field(default_factory=dict)  # the previous response's calls: id -> name
 
 
 @dataclass
@@ -318,7 +324,16 @@ def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, sto
         fingerprint = k.session(c.tenant, row.session_id).fingerprint()
     except NotFound:
         raise NotFound(f"the session {row.session_id} of response {prev}'s chain was deleted") from None
-    return Chain(row.session_id, False, prev, instructions, fingerprint)
+    return Chain(row.session_id, False, prev, instructions, fingerprint, _calls(k, c, row))
+
+
+def _calls(k: Kernel, c: Caller, row: ResponseRow) -> dict[str, str]:
+    """Call id -> name of a response's function calls (none if its body no longer opens)."""
+    try:
+        previous = _opened(k, c, row)
+    except FakError:  # forgotten content: its calls' outputs are admitted under the name "tool"
+        return {}
+    return {o.call_id: o.name for o in previous.output if isinstance(o, wr.FunctionCallItem)}
 
 
 def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool = False) -> Plan:
@@ -333,7 +348,7 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
     hexid = uuid.uuid4().hex
     store = body.store is not False
     chain = _chain(k, c, body, hexid, store)
-    messages = chat_messages(items, body.instructions if chain.new else None)
+    messages = chat_messages(items, body.instructions if chain.new else None, chain.called)
     fields: dict[str, Any] = {
         "model": body.model, "messages": messages, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed, "fak_session": chain.session_id,
@@ -449,12 +464,16 @@ def _logprobs(choice: dict[str, Any]) -> list[dict[str, Any]] | None:
 def output_items(p: Plan, choice: dict[str, Any]) -> list[wr.OutputMessage | wr.FunctionCallItem]:
     """A chat choice (dumped) as Responses output items."""
     msg = choice.get("message") or {}
-    text, calls = msg.get("content") or "", msg.get("tool_calls") or []
+    text, refusal, calls = msg.get("content") or "", msg.get("refusal"), msg.get("tool_calls") or []
     status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
     items: list[wr.OutputMessage | wr.FunctionCallItem] = []
-    if text or not calls:
-        items.append(wr.OutputMessage(id=_item_id(p, "msg", 0), status=status,
-                                      content=[wr.OutputText(text=text, logprobs=_logprobs(choice))]))
+    parts: list[wr.OutputText | wr.OutputRefusal] = []
+    if text or not (calls or refusal):
+        parts.append(wr.OutputText(text=text, logprobs=_logprobs(choice)))
+    if refusal:
+        parts.append(wr.OutputRefusal(refusal=refusal))
+    if parts:
+        items.append(wr.OutputMessage(id=_item_id(p, "msg", 0), status=status, content=parts))
     for j, call in enumerate(calls):
         fn = call.get("function") or {}
         items.append(wr.FunctionCallItem(id=_item_id(p, "fc", j), call_id=call.get("id") or _item_id(p, "call", j),
@@ -507,6 +526,10 @@ def get(k: Kernel, c: Caller, response_id: str) -> wr.ResponseObject:
     row = k.state.response(c.tenant, response_id)
     if row is None or row.state not in KEPT:
         raise NotFound(f"no stored response {response_id[:80]!r}")
+    return _opened(k, c, row)
+
+
+def _opened(k: Kernel, c: Caller, row: ResponseRow) -> wr.ResponseObject:
     if row.sealed is not None:
         keys = k.store.content_keys(c.tenant, json.loads(row.content or "[]"))
         text = unseal(keys, c.tenant, row.session_id, row.id, row.sealed).text or ""
@@ -532,15 +555,22 @@ def delete(k: Kernel, c: Caller, response_id: str) -> wr.ResponseDeleted:
 # --- streaming -------------------------------------------------------------------------
 @dataclass
 class _Item:
-    """An output item being streamed: a message (text) or a function call (arguments)."""
+    """An output item being streamed: a message (its text part, then a refusal part, each
+    opened when it first has content) or a function call (its arguments)."""
 
     index: int
     kind: str  # message | function_call
     item_id: str
     call_id: str = ""
     name: str = ""
-    text: str = ""
+    text: str = ""  # the message's text, or the call's arguments
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    refusal: str | None = None
+    parts: list[str] = field(default_factory=list)  # the message's parts, in order: text, refusal
+
+    def content(self) -> list[wr.OutputText | wr.OutputRefusal]:
+        return [wr.OutputText(text=self.text, logprobs=self.logprobs or None) if kind == "text"
+                else wr.OutputRefusal(refusal=self.refusal or "") for kind in self.parts]
 
 
 class ResponseStream:
@@ -581,25 +611,46 @@ class ResponseStream:
             self._fak = chunk.get("fak", self._fak)
             self._usage = chunk.get("usage") or self._usage
             for choice in chunk.get("choices") or []:
-                out += self._delta(choice)
+                if choice.get("index", 0) == 0:  # one choice: fak's Responses door never asks for n
+                    out += self._delta(choice)
         if chunks is None:  # the chat stream's last chunks (finish, usage) came in the call before
             out += self._end()
         return out
+
+    def _message(self) -> tuple[_Item, list[dict[str, Any]]]:
+        """The open message item, opened now if the open item is none or a call."""
+        if self._open is not None and self._open.kind == "message":
+            return self._open, []
+        out = self._close_open()
+        item = _Item(len(self._items), "message", _item_id(self.plan, "msg", len(self._items)))
+        return item, out + self._add(item)
+
+    def _part(self, item: _Item, kind: str) -> list[dict[str, Any]]:
+        """Open the message's ``kind`` part (text or refusal) if it is not open yet."""
+        if kind in item.parts:
+            return []
+        item.parts.append(kind)
+        part = wr.OutputText(text="") if kind == "text" else wr.OutputRefusal(refusal="")
+        return [self._event("response.content_part.added", item_id=item.item_id, output_index=item.index,
+                            content_index=item.parts.index(kind), part=part.model_dump(mode="json"))]
 
     def _delta(self, choice: dict[str, Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         delta = choice.get("delta") or {}
         if content := delta.get("content"):
-            if self._open is None or self._open.kind != "message":
-                out += self._close_open()
-                out += self._add(_Item(len(self._items), "message", _item_id(self.plan, "msg", len(self._items))))
-            item = self._open
-            assert item is not None
+            item, opened = self._message()
+            out += opened + self._part(item, "text")
             item.text += content
-            logprobs = _logprobs(choice) or []
-            item.logprobs += logprobs
             out.append(self._event("response.output_text.delta", item_id=item.item_id, output_index=item.index,
-                                   content_index=0, delta=content, logprobs=logprobs))
+                                   content_index=item.parts.index("text"), delta=content, logprobs=[]))
+        if refusal := delta.get("refusal"):
+            item, opened = self._message()
+            out += opened + self._part(item, "refusal")
+            item.refusal = (item.refusal or "") + refusal
+            out.append(self._event("response.refusal.delta", item_id=item.item_id, output_index=item.index,
+                                   content_index=item.parts.index("refusal"), delta=refusal))
+        if (logprobs := _logprobs(choice)) and (target := self._last_message()) is not None:
+            target.logprobs += logprobs  # the chat stream sends a choice's logprobs with its finish chunk
         for call in delta.get("tool_calls") or []:
             index = int(call.get("index", 0))
             fn = call.get("function") or {}
@@ -618,51 +669,56 @@ class ResponseStream:
             self._finish = choice["finish_reason"]
         return out
 
+    def _last_message(self) -> _Item | None:
+        return next((i for i in reversed(self._items) if i.kind == "message"), None)
+
     def _add(self, item: _Item) -> list[dict[str, Any]]:
         self._items.append(item)
         self._open = item
-        out = [self._event("response.output_item.added", output_index=item.index,
-                           item=self._model(item, "in_progress").model_dump(mode="json"))]
-        if item.kind == "message":
-            out.append(self._event("response.content_part.added", item_id=item.item_id, output_index=item.index,
-                                   content_index=0, part=wr.OutputText(text="").model_dump(mode="json")))
-        return out
+        return [self._event("response.output_item.added", output_index=item.index,
+                            item=self._model(item, "in_progress").model_dump(mode="json"))]
 
     def _model(self, item: _Item, status: str) -> wr.OutputMessage | wr.FunctionCallItem:
         if item.kind == "message":
-            part = wr.OutputText(text=item.text, logprobs=item.logprobs or None)
-            return wr.OutputMessage(id=item.item_id, status=status, content=[part])
+            return wr.OutputMessage(id=item.item_id, status=status, content=item.content())
         return wr.FunctionCallItem(id=item.item_id, call_id=item.call_id, name=item.name, arguments=item.text,
                                    status=status)
 
+    def _status(self, item: _Item) -> str:
+        return "incomplete" if self._finish == "length" and item.kind == "message" else "completed"
+
     def _close_open(self) -> list[dict[str, Any]]:
+        """The done events of the open item (the message's parts in order, or the call's arguments)."""
         item, self._open = self._open, None
         if item is None:
             return []
-        status = "incomplete" if self._finish == "length" and item.kind == "message" else "completed"
-        model = self._model(item, status)
         out = []
         if item.kind == "message":
-            part = wr.OutputText(text=item.text, logprobs=item.logprobs or None).model_dump(mode="json")
-            out += [self._event("response.output_text.done", item_id=item.item_id, output_index=item.index,
-                                content_index=0, text=item.text, logprobs=item.logprobs),
-                    self._event("response.content_part.done", item_id=item.item_id, output_index=item.index,
-                                content_index=0, part=part)]
+            for index, (kind, part) in enumerate(zip(item.parts, item.content(), strict=True)):
+                if kind == "text":
+                    out.append(self._event("response.output_text.done", item_id=item.item_id,
+                                           output_index=item.index, content_index=index, text=item.text,
+                                           logprobs=item.logprobs))
+                else:
+                    out.append(self._event("response.refusal.done", item_id=item.item_id, output_index=item.index,
+                                           content_index=index, refusal=item.refusal or ""))
+                out.append(self._event("response.content_part.done", item_id=item.item_id, output_index=item.index,
+                                       content_index=index, part=part.model_dump(mode="json")))
         else:
             out.append(self._event("response.function_call_arguments.done", item_id=item.item_id,
                                    output_index=item.index, name=item.name, arguments=item.text))
         out.append(self._event("response.output_item.done", output_index=item.index,
-                               item=model.model_dump(mode="json")))
+                               item=self._model(item, self._status(item)).model_dump(mode="json")))
         return out
 
     def _end(self) -> list[dict[str, Any]]:
-        out = self._close_open()
-        if not self._items:  # no text and no call: an empty message, as the non-streamed output has
-            out += self._add(_Item(0, "message", _item_id(self.plan, "msg", 0)))
-            out += self._close_open()
+        out: list[dict[str, Any]] = []
+        if not self._items:  # no text, refusal or call: an empty message, as the non-streamed output has
+            item, out = self._message()
+            out += self._part(item, "text")
+        out += self._close_open()
         status = _status(self._finish)
-        output = [self._model(i, "incomplete" if status == "incomplete" and i.kind == "message" else "completed")
-                  for i in self._items]
+        output = [self._model(i, self._status(i)) for i in self._items]
         response = self.plan.response(status, output, _usage(self._usage), self._fak)
         finish(self.kernel, self.caller, self.plan, response)
         self.response = response

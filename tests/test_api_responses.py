@@ -316,36 +316,50 @@ def test_a_response_derived_from_tool_content_is_sealed_and_dies_with_its_ref(se
     assert c.responses.retrieve(plain.id).id == plain.id  # another chain is untouched
 
 
-def _tool_calling_ready() -> bool:
-    from fak import wire
+@pytest.fixture
+def real_server(tmp_path, smollm2):
+    """A server over the real SmolLM2 (it ends its turns and writes calls the tiny model cannot)."""
+    from fak import Kernel, Settings
 
-    return "tool_calls" in wire.AssistantMessage.model_fields
+    with Kernel.open(Settings(data_dir=tmp_path / "data"), model=smollm2, progress=None) as k, serve(k) as live:
+        yield SimpleNamespace(url=live.url, kernel=k, keys={"acme": live.key("acme", "agent")})
 
 
-@pytest.mark.xfail(not _tool_calling_ready(), strict=False,
-                   reason="the chat core does not emit tool calls yet (message.tool_calls)")
-def test_model_emits_function_call(server):
-    """A forced function call comes back as a function_call item (non-streamed and streamed),
-    and its output continues the chain."""
-    c = client(server)
-    kwargs = {"model": model(server), "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"},
-              "temperature": 0, "max_output_tokens": 64}
-    r1 = c.responses.create(input="Weather in Paris?", store=False, **kwargs)
+@pytest.mark.real_model
+def test_model_emits_function_calls_and_takes_their_outputs(real_server):
+    """A forced function call comes back as function_call items (non-streamed and streamed,
+    the same calls), each judged by fak (``fak.tool_calls``); a follow-up sends only the
+    function_call_output items and gets the text answer."""
+    server, c = real_server, client(real_server)
+    kwargs = {"model": model(server), "tools": [WEATHER], "temperature": 0, "max_output_tokens": 96,
+              "tool_choice": {"type": "function", "name": "get_weather"}}
+    r1 = c.responses.create(input="What is the weather in Paris?", **kwargs)
     calls = [o for o in r1.output if o.type == "function_call"]
-    assert calls and calls[0].name == "get_weather" and calls[0].id.startswith("fc_")
-    json.loads(calls[0].arguments)
-    events = list(c.responses.create(input="Weather in Paris?", stream=True, **kwargs))
+    assert r1.status == "completed" and calls and all(o.name == "get_weather" for o in calls)
+    assert all(o.id.startswith("fc_") and o.call_id and json.loads(o.arguments)["city"] for o in calls)
+    verdicts = {v["id"]: v["verdict"] for v in fak(r1)["tool_calls"]}
+    assert all(verdicts[o.call_id] == "ALLOW" for o in calls)
+
+    events = list(c.responses.create(input="What is the weather in Paris?", stream=True, store=False, **kwargs))
     kinds = [e.type for e in events]
-    assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-1] == "response.completed" and "response.function_call_arguments.delta" in kinds
     final = events[-1].response
     streamed = [o for o in final.output if o.type == "function_call"]
     assert [(o.name, o.arguments) for o in streamed] == [(o.name, o.arguments) for o in calls]
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
-    assert done[0].arguments == streamed[0].arguments
-    r2 = c.responses.create(previous_response_id=final.id, model=model(server), tools=[WEATHER], input=[
-        {"type": "function_call_output", "call_id": streamed[0].call_id, "output": "Sunny."}], **GREEDY)
-    [adm] = results(r2)
-    assert adm["tool"] == "get_weather" and adm["tool_call_id"] == streamed[0].call_id
+    assert [e.arguments for e in done] == [o.arguments for o in streamed]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+    sid = fak(r1)["session_id"]
+    before = session_tokens(server, sid)
+    outputs = [{"type": "function_call_output", "call_id": o.call_id, "output": "Sunny, 21 degrees C."}
+               for o in calls]
+    r2 = c.responses.create(previous_response_id=r1.id, input=outputs, **{**kwargs, "tool_choice": "none"})
+    assert sorted(a["tool_call_id"] for a in results(r2)) == sorted(o.call_id for o in calls), fak(r2)
+    assert all(a["tool"] == "get_weather" and a["admitted"] for a in results(r2)), results(r2)
+    assert r2.status == "completed" and r2.output[0].type == "message" and r2.output_text.strip(), r2.output
+    assert r2.usage.input_tokens_details.cached_tokens >= before  # the chain's turns were not sent again
 
 
 # --- the OpenAI Agents SDK -------------------------------------------------------------------
@@ -371,10 +385,26 @@ def test_agents_sdk_text_answer(tmp_path, smollm2):
             streamed = agents.Runner.run_streamed(agent, question)
             async for _ in streamed.stream_events():
                 pass
+            # a function tool: the model's function_call items run it (the SDK stops at its output)
+            weather = agents.Agent(name="weather", instructions="Answer weather questions with the tool.", model=llm,
+                                   tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+                                   model_settings=agents.ModelSettings(temperature=0, max_tokens=96,
+                                                                       tool_choice="required"))
+            called = await agents.Runner.run(weather, "What is the weather in Paris?", max_turns=2)
+            assert called.final_output == "Sunny, 21 degrees C in Paris."
             await aclient.close()
             return result.final_output, streamed.final_output
 
+        seen: list[str] = []
+
+        @agents.function_tool
+        def get_weather(city: str) -> str:
+            """The weather in a city."""
+            seen.append(city)
+            return f"Sunny, 21 degrees C in {city}."
+
         answer, streamed = asyncio.run(run())
+        assert seen and set(seen) == {"Paris"}
         c = openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0, timeout=120,
                           http_client=openai.DefaultHttpxClient(trust_env=False))
         direct = c.responses.create(model=k.model_id, instructions=INSTRUCTIONS, input=question, store=False,
