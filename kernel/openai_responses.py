@@ -11,9 +11,10 @@ user, system, developer or assistant; ``content`` a string or ``input_text``/``o
 ``function_call`` items (``call_id``, ``name``, ``arguments``: consecutive ones, and those
 right after an assistant message, become one assistant message with ``tool_calls``) and
 ``function_call_output`` items (``call_id``, ``output``: a ``tool`` message, admitted through
-the gate as the chat door does). ``reasoning`` items are skipped (the model emits none);
-any other item type is a 400. ``instructions`` become a system message first, on a new
-chain only (see below).
+the gate as the chat door does, under the name of the call it answers: a ``function_call``
+item of the same input, or a call of the previous response). ``reasoning`` items are
+skipped (the model emits none); any other item type is a 400. ``instructions`` become a
+system message first, on a new chain only (see below).
 
 **Parameters.** ``tools`` (function tools only: a hosted tool such as ``web_search`` is a
 400 ``unsupported_parameter`` naming it), ``tool_choice``, ``parallel_tool_calls``,
@@ -21,11 +22,11 @@ chain only (see below).
 are mapped to their chat forms, and the chat core decides what it honours (a refusal there
 is reported with the Responses name, e.g. ``text.format``). ``include`` with
 ``message.output_text.logprobs`` asks the chat core for logprobs (``top_logprobs``); other
-``include`` values, ``reasoning``, ``truncation``, ``user``, ``service_tier``,
-``prompt_cache_key``, ``safety_identifier`` and unknown fields are accepted and ignored
-(named in ``fak.ignored``); ``metadata`` is echoed. ``background: true``, ``conversation``,
-``prompt``, ``max_tool_calls`` and ``context_management`` are refused
-(``unsupported_parameter``).
+``include`` values, ``reasoning``, ``truncation``, ``service_tier``, ``prompt_cache_key``,
+``safety_identifier`` and unknown fields are accepted and ignored (named in ``fak.ignored``);
+``user`` and ``metadata`` go to the chat core as they are, and are echoed. ``background:
+true``, ``conversation``, ``prompt``, ``max_tool_calls`` and ``context_management`` are
+refused (``unsupported_parameter``).
 
 **Chains and sessions.** A response's conversation lives in one persistent fak session,
 so a follow-up sends only its new items and nothing is resent or admitted again:
@@ -65,17 +66,19 @@ makes it unreadable (GET answers 410 ``forgotten``) in every copy of the databas
 bodies (and failed ones, which have no output) are kept in the clear. The tenant erase
 deletes the rows.
 
-**Output.** The ``response`` object: a ``message`` item with one ``output_text`` part
-(present when the answer has text or no function call), then one ``function_call`` item
-per tool call of the chat answer (``call_id`` is the chat tool call's id), ``status``
-``completed`` or ``incomplete`` (``max_output_tokens`` reached), ``usage`` from the chat
-usage (``input_tokens_details.cached_tokens`` as the chat's ``cached_tokens``), the echoed
-request settings, and ``fak``: the chat turn's extension (session, fingerprint, admissions,
-ignored fields). **Streaming** yields the Responses events (``response.created``,
+**Output.** The ``response`` object: a ``message`` item with an ``output_text`` part (when
+the answer has text, or nothing else) and a ``refusal`` part (when fak refused, e.g. a
+denied call), then one ``function_call`` item per tool call of the chat answer (``call_id``
+is the chat tool call's id), ``status`` ``completed`` or ``incomplete``
+(``max_output_tokens`` reached), ``usage`` from the chat usage
+(``input_tokens_details.cached_tokens`` as the chat's ``cached_tokens``), the echoed request
+settings, and ``fak``: the chat turn's extension (session, fingerprint, admissions, ignored
+fields). **Streaming** yields the Responses events (``response.created``,
 ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
-``response.output_text.delta``..., their ``done`` events, ``response.function_call_arguments.
-delta``/``.done`` for a call, then ``response.completed`` or ``response.incomplete``), each
-with its ``sequence_number``; the final response equals the non-streamed one's shape.
+``response.output_text.delta``..., ``response.refusal.delta``, their ``done`` events,
+``response.function_call_arguments.delta``/``.done`` for a call, then ``response.completed``
+or ``response.incomplete``), each with its ``sequence_number``; the final response equals
+the non-streamed one's shape.
 """
 
 from __future__ import annotations
@@ -252,6 +255,7 @@ class Plan:
 
     response_id: str
     created_at: int
+    model: str  # the kernel's (a request may name any model, as at the chat door)
     chain: Chain
     store: bool
     body: wr.ResponseCreateRequest
@@ -272,7 +276,7 @@ class Plan:
         return wr.ResponseObject(
             id=self.response_id, created_at=self.created_at,
             completed_at=int(time.time()) if status in ("completed", "incomplete") else None,
-            status=status, model=self.chat_body.model, output=output, usage=usage,
+            status=status, model=self.model, output=output, usage=usage,
             previous_response_id=self.chain.previous, instructions=self.chain.instructions,
             tools=b.tools or [], tool_choice=b.tool_choice or "auto",
             parallel_tool_calls=True if b.parallel_tool_calls is None else b.parallel_tool_calls,
@@ -369,8 +373,10 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
     try:
         chat_body = w.ChatCompletionRequest.model_validate({k_: v for k_, v in fields.items() if v is not None})
     except ValidationError as exc:
-        raise InvalidInput(f"input: {exc.errors()[0].get('msg', 'invalid')}"[:300]) from None
-    return Plan("resp_" + hexid, int(time.time()), chain, store, body, chat_body, _ignored(body))
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "input"
+        raise InvalidInput(f"{where} (as a chat request): {first.get('msg', 'invalid')}"[:300], param="input") from None
+    return Plan("resp_" + hexid, int(time.time()), k.model_id, chain, store, body, chat_body, _ignored(body))
 
 
 def _renamed(exc: UnsupportedParameter) -> UnsupportedParameter:

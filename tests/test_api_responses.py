@@ -107,14 +107,18 @@ def test_text_response_get_and_tenants(server):
     with pytest.raises(openai.NotFoundError):  # nor can it continue the chain
         other.responses.create(model=model(server), input="hi", previous_response_id=r.id, **GREEDY)
     with pytest.raises(openai.NotFoundError):
+        other.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
         c.responses.retrieve("resp_" + "0" * 32)
+    assert c.responses.retrieve(r.id).id == r.id
 
 
 def test_store_false_is_ephemeral(server):
     c = client(server)
-    r = c.responses.create(model=model(server), input=[{"role": "user", "content": [
+    r = c.responses.create(model="gpt-4o-mini", input=[{"role": "user", "content": [
         {"type": "input_text", "text": "Hello"}]}], store=False, **GREEDY)
     assert r.store is False and fak(r)["ephemeral"] and sessions(server) == []
+    assert r.model == model(server)  # any name may be asked for; the kernel's model answers
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r.id)
     with pytest.raises(openai.NotFoundError):
@@ -237,6 +241,30 @@ def test_previous_response_id_appends_only_new_items(server):
     assert sid in sessions(server)
     c.responses.delete(r1.id)
     assert sid not in sessions(server)
+
+
+# --- text.format, logprobs ----------------------------------------------------------------
+def test_text_format_and_logprobs(server):
+    """``text.format`` json_schema constrains the answer (the chat core's response_format);
+    ``include: [message.output_text.logprobs]`` returns the tokens' logprobs, streamed too."""
+    c = client(server)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    fmt = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    r = c.responses.create(model=model(server), input="hi", text=fmt, temperature=0, max_output_tokens=40)
+    assert r.text.format.type == "json_schema" and r.text.format.name == "answer"
+    assert r.output_text.startswith('{"a": ')  # the tiny model writes newlines unless constrained
+    free = c.responses.create(model=model(server), input="hi", temperature=0, max_output_tokens=40)
+    assert not free.output_text.startswith("{")
+
+    kwargs = {"model": model(server), "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+              **GREEDY}
+    lp = c.responses.create(**kwargs).output[0].content[0].logprobs
+    assert len(lp) == GREEDY["max_output_tokens"] and all(len(x.top_logprobs) == 2 for x in lp)
+    events = list(c.responses.create(stream=True, **kwargs))
+    assert events[-1].response.output[0].content[0].logprobs == lp
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [(x.token, x.logprob) for x in done.logprobs] == [(x.token, x.logprob) for x in lp]
 
 
 # --- refusals --------------------------------------------------------------------------------
