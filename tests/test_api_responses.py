@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -176,6 +177,29 @@ def test_dropped_stream(server):
     assert after > before  # the user message of the dropped response, its partial answer rolled back
     follow = c.responses.create(model=model(server), input="Again", previous_response_id=dropped, **GREEDY)
     assert follow.usage.input_tokens_details.cached_tokens == after
+
+
+def test_racing_follow_ups_one_wins(server):
+    """Two follow-ups of one response at once: exactly one continues the chain (its session
+    never holds both turns), the other is a 409."""
+    c = client(server)
+    first = c.responses.create(model=model(server), input="Hello", **GREEDY)
+    before = session_tokens(server, fak(first)["session_id"])
+
+    def follow(text: str):
+        try:
+            return client(server).responses.create(model=model(server), input=text, previous_response_id=first.id,
+                                                   temperature=0, max_output_tokens=64)
+        except openai.ConflictError as exc:
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(follow, ["One.", "Two."]))
+    won = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(won) == 1 and len(outcomes) == 2 and isinstance(outcomes[won[0] is outcomes[0]], openai.ConflictError)
+    closing = before - (first.usage.input_tokens + first.usage.output_tokens)  # the turn's closing tokens
+    after = session_tokens(server, fak(first)["session_id"])
+    assert after == won[0].usage.input_tokens + won[0].usage.output_tokens + closing  # one turn more, not two
 
 
 def test_refused_follow_up_leaves_no_record(server):
@@ -410,6 +434,12 @@ def test_agents_sdk_text_answer(tmp_path, smollm2):
             agent = agents.Agent(name="greeter", instructions=INSTRUCTIONS, model=llm,
                                  model_settings=agents.ModelSettings(temperature=0, max_tokens=96))
             result = await agents.Runner.run(agent, question)
+            # the SDK's chaining: only the new message is sent, with previous_response_id (and the
+            # same instructions, which the chain's session already holds)
+            follow = await agents.Runner.run(agent, "Now say goodbye.", previous_response_id=result.last_response_id)
+            chained = await aclient.responses.retrieve(follow.last_response_id)
+            assert chained.previous_response_id == result.last_response_id and chained.output_text.strip()
+            assert chained.model_extra["fak"]["session_id"] == "resp-" + result.last_response_id[5:]
             streamed = agents.Runner.run_streamed(agent, question)
             async for _ in streamed.stream_events():
                 pass
