@@ -178,6 +178,17 @@ def test_dropped_stream(server):
     follow = c.responses.create(model=model(server), input="Again", previous_response_id=dropped, **GREEDY)
     assert follow.usage.input_tokens_details.cached_tokens == after
 
+    # a new chain's dropped stream leaves nothing: no record, no session
+    with c.responses.create(model=model(server), input="Hi", stream=True, temperature=0,
+                            max_output_tokens=256) as stream:
+        gone = next(iter(stream)).response.id
+    for _ in range(100):
+        if "resp-" + gone[5:] not in sessions(server):
+            break
+        time.sleep(0.05)
+    assert "resp-" + gone[5:] not in sessions(server)
+    assert server.kernel.state.response("acme", gone) is None
+
 
 def test_racing_follow_ups_one_wins(server):
     """Two follow-ups of one response at once: exactly one continues the chain (its session
