@@ -24,9 +24,9 @@ is reported with the Responses name, e.g. ``text.format``). ``include`` with
 ``message.output_text.logprobs`` asks the chat core for logprobs (``top_logprobs``); other
 ``include`` values, ``reasoning``, ``truncation``, ``service_tier``, ``prompt_cache_key``,
 ``safety_identifier`` and unknown fields are accepted and ignored (named in ``fak.ignored``);
-``user`` and ``metadata`` go to the chat core as they are, and are echoed. ``background:
-true``, ``conversation``, ``prompt``, ``max_tool_calls`` and ``context_management`` are
-refused (``unsupported_parameter``).
+``user``, ``metadata`` (both echoed) and the chat door's extension ``fak_held_calls`` go to
+the chat core as they are. ``background: true``, ``conversation``, ``prompt``,
+``max_tool_calls`` and ``context_management`` are refused (``unsupported_parameter``).
 
 **Chains and sessions.** A response's conversation lives in one persistent fak session,
 so a follow-up sends only its new items and nothing is resent or admitted again:
@@ -110,6 +110,7 @@ if TYPE_CHECKING:
 KEPT = ("completed", "incomplete", "failed")  # the states of a stored response (GET, follow-ups)
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 LOGPROBS = "message.output_text.logprobs"
+HELD_CALLS = "fak_held_calls"
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
 IGNORED = ("reasoning", "truncation", "include", "stream_options")
 # the chat core's parameter names, as a Responses client knows them
@@ -303,7 +304,7 @@ def _ignored(body: wr.ResponseCreateRequest) -> list[str]:
     named = {n for n in IGNORED if getattr(body, n, None) not in (None, [])}
     if body.include and set(body.include) == {LOGPROBS}:
         named.discard("include")
-    return sorted(named | {n[:64] for n, v in extra.items() if v is not None and n not in REFUSED})
+    return sorted(named | {n[:64] for n, v in extra.items() if v is not None and n not in (*REFUSED, HELD_CALLS)})
 
 
 def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, store: bool) -> Chain:
@@ -367,6 +368,8 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     if body.text is not None and (fmt := chat_response_format(body.text)) is not None:
         fields["response_format"] = fmt
+    if (held := (body.model_extra or {}).get(HELD_CALLS)) is not None:
+        fields[HELD_CALLS] = held  # the chat door's extension: CONFIRM calls withheld or returned held
     if body.include and LOGPROBS in body.include:
         fields["logprobs"] = True
         fields["top_logprobs"] = body.top_logprobs or 0
