@@ -61,7 +61,21 @@ class HeldCalls:
     def __init__(self, ttl_s: float = TTL_S, limit: int = MAX_HELD) -> None:
         self._ttl, self._limit = ttl_s, limit
         self._calls: OrderedDict[tuple[str, str], HeldCall] = OrderedDict()
+        self._issued: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._lock = threading.Lock()
+
+    def issue(self, tenant: str, call_id: str, tool: str) -> None:
+        """Remember which tool a call the door returned names, so a later request that sends
+        only its result (a persistent session, a Responses chain) admits it under that tool."""
+        with self._lock:
+            self._issued[(tenant, call_id)] = tool
+            while len(self._issued) > self._limit:
+                self._issued.popitem(last=False)
+
+    def tool_of(self, tenant: str, call_id: str) -> str | None:
+        """The tool of a call the door returned (recently: the memory is bounded), if known."""
+        with self._lock:
+            return self._issued.get((tenant, call_id))
 
     def hold(self, call: HeldCall) -> None:
         with self._lock:

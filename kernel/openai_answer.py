@@ -183,6 +183,7 @@ def _finish(turn: ChatTurn, index: int, content: str, judged: list[tuple[ParsedC
         held = d.verdict == "CONFIRM"
         cid = (HELD_PREFIX + call_id()[5:]) if held else call_id()
         out = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
+        holds.issue(turn.session.tenant, cid, call.name)
         if held:
             holds.hold(HeldCall(tenant=turn.session.tenant, session_id=turn.session.id, call_id=cid, tool=call.name,
                                 arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,

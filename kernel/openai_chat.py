@@ -43,6 +43,7 @@ from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES
 from fak.kernel.authorize import args_digest
 from fak.kernel.chat_history import HistoryItem, new_suffix
+from fak.kernel.held_calls import HeldCalls
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_answer import Answer, run_answer
@@ -404,8 +405,8 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
         LogitBias.from_openai(parameters.logit_bias, k.tokenizer.vocab_size)
     ops = plan_messages(body.messages)
     holds = k.services.holds
-    ops = [replace(op, text=holds.result_text(c.tenant, op.call_id, op.text)) if op.kind == "tool" and op.call_id
-           else op for op in ops]
+    ops = [_tool_op(holds, c.tenant, op, op.call_id, body.messages) if op.kind == "tool" and op.call_id else op
+           for op in ops]
     tools_text = render_tools(list(parameters.tools)) if parameters.tools else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)
@@ -434,6 +435,17 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
         turn.close()
         raise
     return turn
+
+
+def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: list[w.ChatMessage]) -> ChatOp:
+    """A tool result as the gate should see it: under the tool of the call it answers (a call
+    the door returned earlier, when the request does not carry it) and, for a held call, what
+    the model may read (``HeldCalls.result_text``)."""
+    carried = any(call.id == call_id for m in messages if m.role == "assistant" for call in m.tool_calls or [])
+    issued = None if carried else holds.tool_of(tenant, call_id)
+    given = messages[op.index].name
+    tool = op.tool if carried or given or issued is None else issued
+    return replace(op, tool=tool, text=holds.result_text(tenant, call_id, op.text))
 
 
 def _add_tools(turn: ChatTurn, text: str) -> None:

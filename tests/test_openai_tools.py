@@ -255,3 +255,17 @@ def test_a_persistent_session_takes_back_its_own_calls(server):
     assert [a["tool"] for a in fak(r2)["admissions"]] == ["get_weather"]  # only the new tool result
     segments = server.kernel.session("acme", "agent-1").segments()
     assert [x.kind.value for x in segments] == ["system", "tool", "user", "assistant", "tool", "user", "assistant"]
+
+
+def test_a_result_sent_alone_is_admitted_under_its_calls_tool(server):
+    """A persistent session's client sends only the tool result: the gate sees it as the result
+    of the tool the call named (here trusted by the policy), not as an unknown tool's."""
+    c = client(server)
+    sid = {"fak_session": "alone"}
+    r = c.chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice="required",
+                                  extra_body=sid, **FEW)
+    call = r.choices[0].message.tool_calls[0]
+    r2 = c.chat.completions.create(model="m", messages=[{"role": "tool", "tool_call_id": call.id, "content": "Sunny."}],
+                                   extra_body=sid, max_tokens=2, temperature=0)
+    [adm] = fak(r2)["admissions"]
+    assert adm["tool"] == "get_weather" and adm["tool_call_id"] == call.id
