@@ -28,8 +28,8 @@ spec:
       - {id: pay-needs-a-person, tools: [pay], verdict: CONFIRM}
 """
 PAY = {"type": "function", "function": {"name": "pay", "parameters": {
-    "type": "object", "properties": {"amount": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["amount"],
-    "additionalProperties": False}}}
+    "type": "object", "properties": {"amount": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["amount"], "additionalProperties": False}}}
 
 
 @pytest.fixture
