@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -26,17 +26,22 @@ from fak.api.keys import Principal
 from fak.api.streaming import ClosingStream
 from fak.kernel import openai_responses as responses
 from fak.kernel.facade import Kernel
+from fak.kernel.openai_chat import verdict_header
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.post("/responses", response_model=wr.ResponseObject, responses={200: {"content": {"text/event-stream": {}}}})
-async def create_response(body: wr.ResponseCreateRequest, who: Principal = Depends(AGENT),  # noqa: B008
+async def create_response(body: wr.ResponseCreateRequest, response: Response,
+                          who: Principal = Depends(AGENT),  # noqa: B008
                           k: Kernel = Depends(kernel)) -> wr.ResponseObject | StreamingResponse:  # noqa: B008
     """A model response over the chain's session (see the module notes)."""
     c = caller(who)
     if not body.stream:
-        return await run_in_threadpool(responses.create, k, c, body)
+        answer = await run_in_threadpool(responses.create, k, c, body)
+        if answer.fak is not None and answer.fak.tool_calls:  # for clients that drop unknown body fields
+            response.headers["fak-tool-calls"] = verdict_header(answer.fak)
+        return answer
     held: list[responses.ResponseStream] = []  # what to clean up if this handler is cancelled meanwhile
 
     def start() -> None:

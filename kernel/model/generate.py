@@ -74,8 +74,10 @@ def sample(row: np.ndarray, params: SamplingParams, rng: np.random.Generator | N
     by partitioning rather than a full sort of the vocabulary."""
     if params.temperature == 0:
         return int(row.argmax())
-    z = row.astype(np.float32) / np.float32(params.temperature)
-    probs = np.exp(z - z.max())
+    row = row.astype(np.float32)
+    with np.errstate(over="ignore"):  # a tiny temperature: every token but the best overflows to -inf
+        z = (row - row.max()) / np.float32(params.temperature)
+    probs = np.exp(z)
     candidates = np.arange(probs.shape[0])
     if params.top_p < 1.0:
         candidates = _nucleus(probs / probs.sum(dtype=np.float64), params.top_p)
