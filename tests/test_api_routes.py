@@ -159,7 +159,13 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
     victims = {role: ok(w("acme", "agent").post(f"/v1/sessions/{sid}/tool-results",
                                                 json={"tool": "weather", "content": f"{role}: dry"}), 201)
                for role in AGENT}  # one live segment for each role that may evict
+    short = {"model": "m", "input": "hi", "max_output_tokens": 1}
+    kept = {role: ok(w("acme", "agent").post("/v1/responses", json=short))["id"] for role in (*AGENT, "read")}
     return [
+        ("POST", "/v1/responses", AGENT, short | {"store": False}),
+        ("GET", f"/v1/responses/{kept['read']}", READER, None),
+        ("DELETE", ("/v1/responses/{response_id}", lambda role: f"/v1/responses/{kept.get(role, kept['read'])}"),
+         AGENT, None),  # a response of its own for each role that may delete (a second delete is a 404)
         ("POST", "/v1/sessions", AGENT, {}),
         ("GET", "/v1/sessions", READER, None),
         ("GET", f"/v1/sessions/{sid}", READER, None),
@@ -189,8 +195,11 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
     ]
 
 
-def _template(path: str, w: World) -> str:
+def _template(path: str | tuple[str, object], w: World) -> str:
+    if isinstance(path, tuple):  # (template, role -> path)
+        return path[0]
     path = path.split("?")[0]
+    path = re.sub(r"/v1/responses/resp_[0-9a-f]+", "/v1/responses/{response_id}", path)
     for value, name in ((w.sid, "{sid}"), (w.ref, "{digest}"), (w.request_id, "{request_id}"),
                         (f"/{w.ref_index}", "/{index}")):
         path = path.replace(value, name)
@@ -206,7 +215,8 @@ def test_role_matrix(world) -> None:
     assert covered == ours, ("routes without a role-matrix row", ours - covered, covered - ours)
     for method, path, allowed, body in matrix:
         for role in ROLES:
-            r = w("acme", role).request(method, path, json=body(role) if callable(body) else body)
+            url = path[1](role) if isinstance(path, tuple) else path
+            r = w("acme", role).request(method, url, json=body(role) if callable(body) else body)
             if role in allowed:
                 assert r.status_code not in (401, 403) and r.status_code < 500, (method, path, role, r.text[:300])
                 assert r.status_code < 300, (method, path, role, r.status_code, r.text[:300])
