@@ -19,13 +19,16 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 
 import httpx
 from api_server import live_server  # noqa: F401  (fixture)
 from test_api_routes import ROLES, World, _same, ok, random_digest, settings, world  # noqa: F401
 
+from fak.kernel.held_calls import HELD_PREFIX, HeldCall
+
 # path-parameter names that name something a tenant owns, and how to make an unknown one
-TENANT_IDS = {"sid", "digest", "index", "request_id"}
+TENANT_IDS = {"sid", "digest", "index", "request_id", "call_id", "response_id"}
 # path-parameter names that name nothing a tenant owns (the same answer for everyone)
 GLOBAL_IDS = {"model_id"}
 # request bodies of the routes that take a path id (a route missing here fails the test)
@@ -74,12 +77,21 @@ def _ids(w: World) -> dict[str, list[tuple[str, str]]]:
         "digest": random_digest,
         "index": lambda: str(size + 10**6 + secrets.randbelow(1000)),
         "request_id": lambda: "fgt_" + secrets.token_hex(12),
+        "call_id": lambda: HELD_PREFIX + secrets.token_hex(12),
+        "response_id": lambda: "resp_" + secrets.token_hex(12),
     }
+    held = HELD_PREFIX + secrets.token_hex(12)  # a call fak held for acme (CONFIRM), pending
+    w.live.kernel.services.holds.hold(HeldCall(tenant="acme", session_id=w.sid, call_id=held, tool="pay",
+                                               arguments={}, rule_id=None, offending=(), decision_index=None,
+                                               created=time.time()))
+    response = ok(w("acme", "agent").post("/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 1}))
     theirs = {
         "sid": [w.sid],
         "digest": [w.ref, w.poison_ref, w.gone_ref],  # live, quarantined, forgotten by acme
         "index": [str(w.ref_index), "0"],  # acme's admission, a system row (nobody's)
         "request_id": [w.request_id],
+        "call_id": [held],
+        "response_id": [response["id"]],
     }
     return {name: [(x, unknown[name]()) for x in values] for name, values in theirs.items()}
 

@@ -74,9 +74,12 @@ def sample(row: np.ndarray, params: SamplingParams, rng: np.random.Generator | N
     by partitioning rather than a full sort of the vocabulary."""
     if params.temperature == 0:
         return int(row.argmax())
+    temperature = np.float32(params.temperature)
+    if temperature == 0:  # below float32's range: the greedy limit
+        return int(row.argmax())
     row = row.astype(np.float32)
     with np.errstate(over="ignore"):  # a tiny temperature: every token but the best overflows to -inf
-        z = (row - row.max()) / np.float32(params.temperature)
+        z = (row - row.max()) / temperature
     probs = np.exp(z)
     candidates = np.arange(probs.shape[0])
     if params.top_p < 1.0:
