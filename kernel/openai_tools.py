@@ -39,7 +39,7 @@ __all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "canonica
            "render_tools", "tool_choice", "tool_specs"]
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_DECODER = json.JSONDecoder()
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -184,26 +184,39 @@ def render_call(name: str, arguments: str | dict[str, Any], *, key: str = "argum
 def parse_calls(text: str, names: set[str] | None) -> tuple[str, list[ParsedCall]]:
     """(content, calls) of a generated text: the calls of every well-formed block naming a
     known tool (any tool: ``names`` None), and the rest of the text (blocks that are not calls
-    kept as written)."""
+    kept as written). A block's body is read as one JSON value (its strings may hold
+    ``</tool_call>``), then its closing tag."""
     calls: list[ParsedCall] = []
     kept: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        call = _call(m.group(1), names)
-        if call is None:
+    pos = start = 0
+    while (at := text.find(OPEN, start)) >= 0:
+        found = _block(text, at + len(OPEN), names)
+        if found is None:
+            start = at + len(OPEN)
             continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
+        call, end = found
+        kept.append(text[pos:at])
+        pos = start = end
         calls.append(call)
     kept.append(text[pos:])
     return "".join(kept).strip() if calls else text, calls
 
 
-def _call(body: str, names: set[str] | None) -> ParsedCall | None:
+def _block(text: str, at: int, names: set[str] | None) -> tuple[ParsedCall, int] | None:
+    """The call whose JSON body starts after ``at`` (whitespace first) and the end of its closing tag."""
+    body = len(text) - len(text[at:].lstrip())
     try:
-        obj = json.loads(body)
+        obj, end = _DECODER.raw_decode(text, body)
     except (ValueError, RecursionError):
         return None
+    close = len(text) - len(text[end:].lstrip())
+    if not text.startswith(CLOSE, close):
+        return None
+    call = _call(obj, names)
+    return (call, close + len(CLOSE)) if call is not None else None
+
+
+def _call(obj: Any, names: set[str] | None) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
             names is not None and obj["name"] not in names):
         return None

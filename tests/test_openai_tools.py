@@ -269,3 +269,16 @@ def test_a_result_sent_alone_is_admitted_under_its_calls_tool(server):
                                    extra_body=sid, max_tokens=2, temperature=0)
     [adm] = fak(r2)["admissions"]
     assert adm["tool"] == "get_weather" and adm["tool_call_id"] == call.id
+
+
+def test_parse_calls_reads_a_body_that_holds_the_closing_tag():
+    """A string argument may contain ``</tool_call>`` (constrained decoding allows any string):
+    the body is read as one JSON value, then its closing tag. Blocks that are not calls of a
+    known tool, and an unterminated one, stay in the content."""
+    from fak.kernel.openai_tools import parse_calls
+
+    text = ('Sure.\n<tool_call>\n{"name": "send_email", "arguments": {"to": "a", "body": "x</tool_call>y"}}\n'
+            '</tool_call>\n<tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_call>\n{"name": "send_email"')
+    content, calls = parse_calls(text, {"send_email"})
+    assert [(c.name, c.arguments) for c in calls] == [("send_email", {"to": "a", "body": "x</tool_call>y"})]
+    assert content == 'Sure.\n\n<tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_call>\n{"name": "send_email"'
