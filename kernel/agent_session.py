@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,7 +30,7 @@ from fak.audit import ToolCallDecision as DecisionEvent
 from fak.errors import Conflict, Forbidden, InvalidInput
 from fak.kernel import admission
 from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
-from fak.kernel.authorize import AttentionView, ToolCallDecision, args_digest
+from fak.kernel.authorize import AttentionView, Producer, ToolCallDecision, args_digest
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
@@ -44,7 +45,7 @@ from fak.kernel.withdraw import evict_in_place, expire, expire_due
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
-           "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
+           "CallJudge", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
 
 MAX_TEXT_BYTES = 1 << 20
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
@@ -65,6 +66,35 @@ class RefsEvicted:
     exactness: str
     fingerprint: str
     audit_indexes: list[int]
+
+
+class CallJudge:
+    """Decides the tool calls one generated turn writes, as ``authorize_tool_call`` does (the
+    same decision, the same audit event), against the attention the turn was generated with.
+    ``judge`` logs each decision without waiting for the log's commit, so a door can judge the
+    calls as soon as the model's last token is drawn and let the commit run while the turn
+    closes (its closing tokens' forward, the ledger's write); ``settle`` waits for every
+    commit and returns the decisions with their audit indexes: call it before anything is
+    answered (the decisions are logged before they act: write-ahead)."""
+
+    def __init__(self, ks: KernelSession, producers: dict[str, Producer], principal: str | None) -> None:
+        self._ks = ks
+        self._producers = producers
+        self._principal = principal
+        self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
+
+    def judge(self, name: str, args: Any = None) -> ToolCallDecision:
+        """The decision on one call (its audit index once settled); logged, not waited for."""
+        decision, event = self._ks.decide_call(name, args, self._producers, self._principal)
+        self._pending.append((decision, self._ks.services.audit.submit(event)))
+        self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
+        return decision
+
+    def settle(self) -> list[ToolCallDecision]:
+        """Every decision judged so far, in order, once the log holds it (its audit index)."""
+        out = [replace(d, audit_index=f.result()) for d, f in self._pending]
+        self._pending = []
+        return out
 
 
 def _turns(s: Session) -> int:
@@ -407,23 +437,38 @@ class KernelSession:
         ``tool_calls`` rules over the refs in the attention provenance of the live context,
         with the offending refs and the rule; logged (the arguments as a keyed digest only).
         Whoever generated the call: this session's model, or a framework's model reporting it."""
+        self._before_use()
+        with self._locked() as s:
+            decision, event = self.decide_call(name, args, self._in_attention.of(s), principal)
+            index = self.services.audit.append(event)
+        self.services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
+        return replace(decision, audit_index=index)
+
+    def decide_call(self, name: str, args: Any, producers: dict[str, Producer],
+                principal: str | None) -> tuple[ToolCallDecision, DecisionEvent]:
+        """The decision on a call over ``producers`` (the refs in attention, with what produced
+        them) and its audit event, not logged: ``authorize_tool_call`` and ``CallJudge`` log it."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         services = self.services
         digest = args_digest(services.keys.tool_args_key(), args)
+        decision = services.authorizers.current(services.policy).decide(name, producers)
+        event = DecisionEvent(
+            tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
+            verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
+            offending=list(decision.offending), attention_refs=decision.attention_refs,
+            policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
+            audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
+        )  # fmt: skip
+        return decision, event
+
+    def call_judge(self, principal: str | None = None) -> CallJudge:
+        """A judge for the calls of the turn about to be generated: the attention it is
+        generated with, read now (generation adds no ref to it), so each call the model
+        writes is decided the moment it is written (``CallJudge``)."""
         self._before_use()
         with self._locked() as s:
-            decision = services.authorizers.current(services.policy).decide(name, self._in_attention.of(s))
-            event = DecisionEvent(
-                tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
-                verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
-                offending=list(decision.offending), attention_refs=decision.attention_refs,
-                policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
-                audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
-            )  # fmt: skip
-            index = services.audit.append(event)
-        services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
-        return replace(decision, audit_index=index)
+            return CallJudge(self, dict(self._in_attention.of(s)), principal)
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"

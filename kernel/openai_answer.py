@@ -37,6 +37,7 @@ from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, Sto
 
 if TYPE_CHECKING:
     from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.model.tokenizer import ChatTokenizer
     from fak.kernel.openai_chat import ChatTurn
 
 Finish = Literal["stop", "length", "tool_calls"]
@@ -122,10 +123,21 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
         produced: list[int] = []
         streamed = ""  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
+        judge = ks.call_judge(turn.principal) if names else None
+        read: tuple[str, list[ParsedCall]] | None = None
+        spent = 0.0  # judging, while the turn is still open
         tokens = ks.generate(keep=keep, hooks=tuple(a.hooks), **sampling)
         try:
             for token in tokens:
                 produced.append(token)
+                if judge is not None and read is None and token in tok.stop_token_ids:
+                    # the calls are all written: judge them now, so the log commits the decisions
+                    # while the turn closes (its closing forward and ledger write come next)
+                    t0 = time.perf_counter()
+                    read = _read(tok, produced, a.stops, names)
+                    for call in read[1]:
+                        judge.judge(call.name, call.arguments)
+                    spent += time.perf_counter() - t0
                 decoder.push(token)
                 show = _visible(decoder.emitted, a.stops, bool(names))
                 if show > len(streamed) and decoder.emitted.startswith(streamed):
@@ -137,12 +149,12 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
             tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
         sampled += len(produced)
         t0 = time.perf_counter()
-        text = tok.decode_turn(produced)
-        if a.stops is not None:
-            text = a.stops.cut(text)
-        content, calls = parse_calls(text, names) if names else (text, [])
-        judged = [(call, ks.authorize_tool_call(call.name, call.arguments, principal=turn.principal))
-                  for call in calls]
+        if read is None:  # ended by max_tokens, or no tools: read (and judge) now
+            read = _read(tok, produced, a.stops, names)
+            for call in read[1] if judge is not None else []:
+                judge.judge(call.name, call.arguments)
+        content, calls = read
+        judged = list(zip(calls, judge.settle() if judge is not None else [], strict=True))
         denied = [d for _, d in judged if d.verdict == "DENY"]
         policy = turn.kernel.services.policy.spec.tool_calls
         offending = sorted({r for d in denied for r in d.offending})
@@ -156,9 +168,18 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
             continue
         answer = _finish(turn, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
                          stopped=a.stops is not None and a.stops.matched)
-        answer.judge_s = time.perf_counter() - t0
+        answer.judge_s = spent + time.perf_counter() - t0
         yield answer
         return
+
+
+def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
+          names: set[str]) -> tuple[str, list[ParsedCall]]:
+    """(content, calls) of the tokens of a turn: its text, cut at a stop string, calls read back."""
+    text = tok.decode_turn(produced)
+    if stops is not None:
+        text = stops.cut(text)
+    return parse_calls(text, names) if names else (text, [])
 
 
 def _visible(text: str, stops: StopStrings | None, calls: bool) -> int:
