@@ -151,9 +151,10 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
         t0 = time.perf_counter()
         if read is None:  # ended by max_tokens, or no tools: read (and judge) now
             read = _read(tok, produced, a.stops, names)
-            for call in read[1] if judge is not None else []:
-                judge.judge(call.name, call.arguments)
-        content, calls = read
+            if judge is not None:
+                for call in read[1]:
+                    judge.judge(call.name, call.arguments)
+        content, calls = read  # calls only where tools are enabled, hence a judge
         judged = list(zip(calls, judge.settle() if judge is not None else [], strict=True))
         denied = [d for _, d in judged if d.verdict == "DENY"]
         policy = turn.kernel.services.policy.spec.tool_calls
