@@ -1,12 +1,14 @@
 """A server-sent-events response that always gives its turn up when it ends: whether the body
 ran to the end, the client went away mid-stream, or the response was cancelled before its
 body started (then a generator's own ``finally`` never runs, and the session's lock would stay
-held until the turn is garbage-collected). Both streaming doors use it: ``POST
-/v1/sessions/{sid}/generate`` and ``POST /v1/chat/completions``."""
+held until the turn is garbage-collected). Every streaming door uses it: ``POST
+/v1/sessions/{sid}/generate``, ``POST /v1/chat/completions`` and ``POST /v1/responses``
+(these two through ``open_sse``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol, TypeVar
 
 import anyio
 from fastapi.responses import StreamingResponse
@@ -35,3 +37,29 @@ class ClosingStream(StreamingResponse):
                 if aclose is not None:
                     await aclose()
                 await run_in_threadpool(self._close)
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Closable)
+
+
+async def open_sse(opener: Callable[[], S], events: Callable[[S], AsyncIterator[str]]) -> ClosingStream:
+    """Open a stream in a worker thread, so its errors (a busy session, a refused parameter)
+    are answered before any 200, then serve ``events(stream)``; a handler cancelled while
+    opening closes what it opened."""
+    held: list[S] = []
+
+    def start() -> None:
+        held.append(opener())
+
+    try:
+        await run_in_threadpool(start)
+    except BaseException:
+        if held:
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(held[0].close)
+        raise
+    return ClosingStream(events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})

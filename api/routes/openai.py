@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import anyio
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from fak import wire as w
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import ClosingStream
+from fak.api.streaming import open_sse
 from fak.kernel import openai_chat as chat
 from fak.kernel.facade import Kernel
 
@@ -54,19 +53,7 @@ async def chat_completions(body: w.ChatCompletionRequest, response: Response,
         if answer.fak.tool_calls:  # frameworks that drop unknown body fields still see the verdicts
             response.headers["fak-tool-calls"] = chat.verdict_header(answer.fak)
         return answer
-    held: list[chat.ChatStream] = []  # what to clean up if this handler is cancelled meanwhile
-
-    def start() -> None:
-        held.append(chat.open_stream(k, c, body))  # errors (busy, bad parameters) come before any 200
-
-    try:
-        await run_in_threadpool(start)
-    except BaseException:
-        if held:
-            with anyio.CancelScope(shield=True):
-                await run_in_threadpool(held[0].close)
-        raise
-    return ClosingStream(server_sent_events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})
+    return await open_sse(lambda: chat.open_stream(k, c, body), server_sent_events)
 
 
 @router.post("/tool-calls/{call_id}/approve", response_model=w.ToolCallApprovalOut)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import anyio
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from fak import wire_responses as wr
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import ClosingStream
+from fak.api.streaming import open_sse
 from fak.kernel import openai_responses as responses
 from fak.kernel.facade import Kernel
 from fak.kernel.openai_chat import verdict_header
@@ -42,19 +41,7 @@ async def create_response(body: wr.ResponseCreateRequest, response: Response,
         if answer.fak is not None and answer.fak.tool_calls:  # for clients that drop unknown body fields
             response.headers["fak-tool-calls"] = verdict_header(answer.fak)
         return answer
-    held: list[responses.ResponseStream] = []  # what to clean up if this handler is cancelled meanwhile
-
-    def start() -> None:
-        held.append(responses.open_stream(k, c, body))  # errors come before any 200
-
-    try:
-        await run_in_threadpool(start)
-    except BaseException:
-        if held:
-            with anyio.CancelScope(shield=True):
-                await run_in_threadpool(held[0].close)
-        raise
-    return ClosingStream(server_sent_events(held[0]), held[0].close, headers={"X-Accel-Buffering": "no"})
+    return await open_sse(lambda: responses.open_stream(k, c, body), server_sent_events)
 
 
 @router.get("/responses/{response_id}", response_model=wr.ResponseObject)
