@@ -59,7 +59,7 @@ from fak.policy.late import LateJob, LateRunner, build_detectors
 from fak.policy.late_detector import LateFinding
 from fak.settings import Settings
 from fak.state.apikeys import MAC_LABEL
-from fak.state.store import StateStore
+from fak.state.store import StateStore, now_us
 from fak.types import as_id, check_tenant
 
 __all__ = ["Kernel", "Producer", "default_policy_path"]
@@ -111,6 +111,9 @@ class Kernel:
         self.pic = services.pic
         self.events = services.events  # typed decisions for metrics and benches (fak.kernel.events)
         self._closed = False
+        # when this kernel opened: work recorded as running before it (a response in progress)
+        # was cut by the end of the process that owned the data directory then
+        self.opened_us = now_us()
         self._owned: Claim | None = None  # this process's claim on the data directory (fak.owner)
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None

@@ -314,6 +314,11 @@ def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, sto
     row = k.state.response(c.tenant, prev)
     if row is None or row.state not in (*KEPT, "in_progress"):
         raise NotFound(f"no stored response {prev[:80]!r}")
+    if row.state == "in_progress" and row.created_us < k.opened_us:
+        # cut by the end of the process that ran it (one process owns the data directory): the
+        # session holds what its ledger committed, so the chain continues from it as failed
+        k.state.update_response(c.tenant, prev, "failed")
+        row = k.state.response(c.tenant, prev) or row
     if row.state == "in_progress":
         raise Conflict(f"response {prev} is still in progress: continue from it once it has completed")
     follower = k.state.response_follower(c.tenant, prev)
@@ -333,7 +338,10 @@ def _chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, sto
 
 
 def _calls(k: Kernel, c: Caller, row: ResponseRow) -> dict[str, str]:
-    """Call id -> name of a response's function calls (none if its body no longer opens)."""
+    """Call id -> name of a response's function calls (none if its body no longer opens, or it
+    has none: a response cut by a crash)."""
+    if row.body is None and row.sealed is None:
+        return {}
     try:
         previous = _opened(k, c, row)
     except FakError:  # forgotten content: its calls' outputs are admitted under the name "tool"
@@ -542,8 +550,16 @@ def _opened(k: Kernel, c: Caller, row: ResponseRow) -> wr.ResponseObject:
     if row.sealed is not None:
         keys = k.store.content_keys(c.tenant, json.loads(row.content or "[]"))
         text = unseal(keys, c.tenant, row.session_id, row.id, row.sealed).text or ""
+    elif row.body is None:  # cut by the end of the process that ran it: what is known of it
+        return wr.ResponseObject(
+            id=row.id, created_at=row.created_us // 1_000_000, status="failed", model=k.model_id, output=[],
+            usage=None, previous_response_id=row.previous_id, instructions=row.instructions, tools=[],
+            tool_choice="auto", parallel_tool_calls=True, text={"format": {"type": "text"}}, temperature=None,
+            top_p=None, max_output_tokens=None, metadata={}, store=True,
+            error=wr.ResponseError(code="server_error", message="the server stopped while this response ran; its "
+                                   "session holds what was committed, and the chain continues from it"))
     else:
-        text = row.body or ""
+        text = row.body
     return wr.ResponseObject.model_validate_json(text)
 
 

@@ -480,3 +480,32 @@ def test_agents_sdk_text_answer(tmp_path, smollm2):
                                     temperature=0, max_output_tokens=96)
     assert direct.status == "completed" and direct.output_text.strip()
     assert answer == direct.output_text == streamed
+
+
+def test_a_response_cut_by_a_crash_does_not_block_its_chain(server):
+    """A response left ``in_progress`` by a process that ended (one process owns the data
+    directory, so a row older than this kernel's opening was cut) is continued from as
+    failed: the chain is not blocked for good."""
+    from fak.state.schema import ResponseRow
+
+    c = client(server)
+    r1 = c.responses.create(model=model(server), input="Hello there.", **GREEDY)
+    sid = fak(r1)["session_id"]
+    k = server.kernel
+    cut = "resp_" + "c" * 32
+    k.state.claim_response(ResponseRow(tenant="acme", id=cut, session_id=sid, previous_id=r1.id,
+                                       created_us=k.opened_us - 1, state="in_progress", instructions=None))
+    with pytest.raises(openai.ConflictError):  # r1 is no longer the latest: the cut response follows it
+        c.responses.create(model=model(server), input="Still there?", previous_response_id=r1.id, **GREEDY)
+    r3 = c.responses.create(model=model(server), input="Still there?", previous_response_id=cut, **GREEDY)
+    assert r3.previous_response_id == cut and fak(r3)["session_id"] == sid
+    assert k.state.response("acme", cut).state == "failed"
+    got = c.responses.retrieve(cut)  # what is known of it
+    assert got.status == "failed" and got.error.code == "server_error" and got.previous_response_id == r1.id
+    # a response of this process still in progress blocks, as before
+    live = "resp_" + "d" * 32
+    k.state.claim_response(ResponseRow(tenant="acme", id=live, session_id=sid, previous_id=r3.id,
+                                       created_us=k.opened_us + 1, state="in_progress", instructions=None))
+    with pytest.raises(openai.ConflictError) as err:
+        c.responses.create(model=model(server), input="Hm?", previous_response_id=live, **GREEDY)
+    assert "in progress" in str(err.value)
