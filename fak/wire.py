@@ -249,6 +249,7 @@ class ReceiptCheckOut(BaseModel):
 CHAT_MAX_TOKENS = 4096  # max_completion_tokens (and max_tokens, min_tokens) of one request
 CHAT_MAX_MESSAGES = 4096  # messages of one request
 CHAT_MAX_CHOICES = 8  # n
+HELD_PREFIX = "call_held_"  # the id of a tool call fak held for a person (CONFIRM): clients tell them apart
 SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # the id grammar of POST /v1/sessions
 
 

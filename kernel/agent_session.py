@@ -40,7 +40,7 @@ from fak.kernel.model.generate import SamplingParams
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import Services, SessionBusy
 from fak.kernel.session_options import new_session, pic_binding, replayed, session_options
-from fak.kernel.transaction import ForgetProgress, Transaction
+from fak.kernel.transaction import ForgetProgress, Transaction, TransactionError
 from fak.kernel.withdraw import evict_in_place, expire, expire_due
 from fak.types import as_id
 
@@ -77,14 +77,21 @@ class CallJudge:
     commit and returns the decisions with their audit indexes: call it before anything is
     answered (the decisions are logged before they act: write-ahead)."""
 
-    def __init__(self, ks: KernelSession, producers: dict[str, Producer], principal: str | None) -> None:
+    def __init__(self, ks: KernelSession, principal: str | None) -> None:
         self._ks = ks
-        self._producers = producers
+        self._producers: dict[str, Producer] | None = None
         self._principal = principal
         self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
 
+    def bind(self, producers: dict[str, Producer]) -> None:
+        """The attention of the turn, read by ``KernelSession.generate`` under the session's lock
+        when the turn starts (no other operation can change it until the turn ends)."""
+        self._producers = dict(producers)
+
     def judge(self, name: str, args: Any = None) -> ToolCallDecision:
         """The decision on one call (its audit index once settled); logged, not waited for."""
+        if self._producers is None:
+            raise TransactionError("a call judge is bound by the generation it judges (generate(judge=...))")
         decision, event = self._ks.decide_call(name, args, self._producers, self._principal)
         self._pending.append((decision, self._ks.services.audit.submit(event)))
         self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
@@ -463,12 +470,10 @@ class KernelSession:
         return decision, event
 
     def call_judge(self, principal: str | None = None) -> CallJudge:
-        """A judge for the calls of the turn about to be generated: the attention it is
-        generated with, read now (generation adds no ref to it), so each call the model
-        writes is decided the moment it is written (``CallJudge``)."""
-        self._before_use()
-        with self._locked() as s:
-            return CallJudge(self, dict(self._in_attention.of(s)), principal)
+        """A judge for the calls of a turn: hand it to ``generate(judge=...)``, which binds it to
+        the attention the turn is generated with (read under the turn's lock: generation adds no
+        ref to it), so each call the model writes is decided the moment it is written."""
+        return CallJudge(self, principal)
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
@@ -497,14 +502,16 @@ class KernelSession:
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
-    def generate(self, params: SamplingParams | None = None, *, keep: bool = True, **sampling: Any) -> Iterator[int]:
+    def generate(self, params: SamplingParams | None = None, *, keep: bool = True, judge: CallJudge | None = None,
+                 **sampling: Any) -> Iterator[int]:
         """Generate an assistant turn, yielding token ids. Stop tokens come from the model
         unless ``params`` names its own; ``sampling`` overrides fields (max_tokens,
         temperature, top_p, seed, min_tokens, hooks). The turn is kept once the iterator is
         exhausted (with ``keep=False`` it is undone then: a sibling answer); the session
-        stays locked until then (close the iterator to give up)."""
+        stays locked until then (close the iterator to give up). ``judge``: bound to the
+        turn's attention once the lock is held (``call_judge``)."""
         params = self._params(params, sampling)
-        return self._generate(params, keep)
+        return self._generate(params, keep, judge)
 
     def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
         params = params or SamplingParams()
@@ -516,10 +523,12 @@ class KernelSession:
             params = replace(params, stop_token_ids=frozenset(self.services.tokenizer.stop_token_ids))
         return params
 
-    def _generate(self, params: SamplingParams, keep: bool = True) -> Iterator[int]:
+    def _generate(self, params: SamplingParams, keep: bool = True, judge: CallJudge | None = None) -> Iterator[int]:
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
+            if judge is not None:
+                judge.bind(self._in_attention.of(s))
             room = self.services.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
                 raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "

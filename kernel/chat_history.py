@@ -112,6 +112,7 @@ class _Matcher:
         self._digests: dict[int, str] = {}
         self._linked: dict[str, frozenset[str]] = {}
         self._visible: dict[str, str] = {}
+        self._canonical: dict[str, str] = {}
 
     def digest(self, i: int) -> str:
         if i not in self._digests:
@@ -124,6 +125,12 @@ class _Matcher:
         if ref not in self._linked:
             self._linked[ref] = frozenset(self.ks.services.state.linked_refs(self.ks.tenant, ref))
         return self._linked[ref]
+
+    def canonical(self, text: str) -> str:
+        """``canonical_turn`` of a text, once per text (the walk may compare a text again)."""
+        if text not in self._canonical:
+            self._canonical[text] = canonical_turn(text)
+        return self._canonical[text]
 
     def visible(self, text: str) -> str:
         """A generated turn's text as the door returned it: special tokens left out."""
@@ -147,7 +154,7 @@ class _Matcher:
             return True
         # a generated turn as the client got it back: special tokens left out, its calls as
         # tool_calls (re-rendered by the door with its own spacing)
-        return item.kind == "assistant" and canonical_turn(item.text) == canonical_turn(self.visible(seg.text))
+        return item.kind == "assistant" and self.canonical(item.text) == self.canonical(self.visible(seg.text))
 
     def textless(self, i: int, seg: _Segment) -> bool:
         """A text segment that left the KV: its kind is all that is left to match."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fak.errors import Conflict, NotFound
+from fak.wire import HELD_PREFIX
 
-HELD_PREFIX = "call_held_"
 REJECTED_NOTICE = "[fak] A person rejected this call to {tool}; it did not run."
 TTL_S = 24 * 3600
 MAX_HELD = 100_000
@@ -89,25 +90,25 @@ class HeldCalls:
             self._expire()
             return self._calls.get((tenant, call_id))
 
-    def decide(self, tenant: str, call_id: str, state: Literal["approved", "rejected"], by: str) -> HeldCall:
-        """Mark a pending call decided; a second decision of the same kind is idempotent, the
-        other kind a conflict (an approved call cannot be rejected afterwards, nor back)."""
-        with self._lock:
+    def decide(self, tenant: str, call_id: str, state: Literal["approved", "rejected"], by: str,
+               log: Callable[[HeldCall], int]) -> HeldCall:
+        """Decide a pending call: ``log(call)`` appends the decision's audit event first, and only
+        once it is logged does the call change (a failed append changes nothing). The same
+        decision again is answered as it was, unlogged; the other one is a conflict (an approved
+        call cannot be rejected afterwards, nor back)."""
+        with self._lock:  # one decision per call: two racing approvals log one event
             self._expire()
             call = self._calls.get((tenant, call_id))
             if call is None:
                 raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
-            if call.state != "pending" and call.state != state:
+            if call.state == state:
+                return call
+            if call.state != "pending":
                 raise Conflict(f"tool call {call_id} was already {call.state}")
             decided = replace(call, state=state, decided_by=by)
+            decided = replace(decided, approval_index=log(decided))
             self._calls[(tenant, call_id)] = decided
             return decided
-
-    def note_audit(self, tenant: str, call_id: str, index: int) -> None:
-        with self._lock:
-            call = self._calls.get((tenant, call_id))
-            if call is not None:
-                self._calls[(tenant, call_id)] = replace(call, approval_index=index)
 
     def result_text(self, tenant: str, call_id: str, text: str) -> str:
         """What the model reads as the result of call ``call_id``: ``text`` for a call that was

@@ -29,19 +29,42 @@ from fak.kernel.constrain import (
     json_or_calls_grammar,
     tool_calls_grammar,
 )
-from fak.kernel.held_calls import HELD_PREFIX, HeldCall
+from fak.kernel.held_calls import HeldCall
 from fak.kernel.model.generate import TokenHook
+from fak.kernel.openai_params import ChatParameters
 from fak.kernel.openai_tools import ParsedCall, call_id, parse_calls, safe_text_len
 from fak.kernel.operations import TextDecoder
 from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 
 if TYPE_CHECKING:
+    from fak.kernel.agent_session import KernelSession
     from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.facade import Kernel
     from fak.kernel.model.tokenizer import ChatTokenizer
-    from fak.kernel.openai_chat import ChatTurn
 
 Finish = Literal["stop", "length", "tool_calls"]
-Step = "None | str | Answer"
+
+
+@dataclass(frozen=True)
+class AnswerPlan:
+    """What every choice of a request is decoded and judged under, built once (``plan_answer``)
+    before the request changes anything: a schema the grammar engine refuses, or a token id
+    outside the vocabulary, is a 400 with nothing appended to the session."""
+
+    parameters: ChatParameters
+    principal: str  # as the tool-call decisions record it
+    names: frozenset[str]  # the tools whose calls are read back and judged (empty: calls off)
+    grammar: Grammar | None
+    logit_bias: LogitBias | None
+    hooks: tuple[TokenHook, ...] = ()  # an in-process caller's own sampling hooks, applied first
+
+
+def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal: str, *, calls: bool) -> AnswerPlan:
+    """The plan of a request's answers; ``calls``: the tools are in attention and tool_choice is not none."""
+    bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
+    return AnswerPlan(parameters=parameters, principal=principal,
+                      names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
+                      grammar=grammar(parameters, calls=calls), logit_bias=bias)
 
 
 @dataclass
@@ -59,6 +82,7 @@ class Answer:
     produced: list[int]  # the tokens of the answer's last attempt
     sampled: int  # tokens sampled over every attempt (completion_tokens)
     logprobs: w.ChoiceLogprobs | None
+    context: int  # tokens in the session before the answer's last attempt
     streamed: str = ""  # content already sent by a stream
     judge_s: float = 0.0  # reading the calls and judging them: what the verdicts add to the turn
 
@@ -70,12 +94,13 @@ class _Attempt:
     recorder: LogprobRecorder | None = None
 
 
-def _hooks(turn: ChatTurn, grammar: TokenHook | None) -> _Attempt:
-    """This attempt's sampling hooks, in order: biases and penalties, the grammar, stop
-    strings, and the log-probability recorder last (it reports what was drawn from)."""
-    p, tok, a = turn.parameters, turn.kernel.tokenizer, _Attempt(hooks=list(turn.hooks))
-    if p.logit_bias:
-        a.hooks.append(LogitBias.from_openai(p.logit_bias, tok.vocab_size))
+def _hooks(plan: AnswerPlan, tok: ChatTokenizer, grammar: TokenHook | None) -> _Attempt:
+    """This attempt's sampling hooks, in order: the caller's, biases and penalties, the
+    grammar, stop strings, and the log-probability recorder last (it reports what was drawn
+    from). Stateful ones are the attempt's own."""
+    p, a = plan.parameters, _Attempt(hooks=list(plan.hooks))
+    if plan.logit_bias is not None:
+        a.hooks.append(plan.logit_bias)
     if p.presence_penalty or p.frequency_penalty:
         a.hooks.append(Penalties(p.presence_penalty, p.frequency_penalty))
     if grammar is not None:
@@ -89,12 +114,11 @@ def _hooks(turn: ChatTurn, grammar: TokenHook | None) -> _Attempt:
     return a
 
 
-def grammar(turn: ChatTurn) -> Grammar | None:
-    """The grammar a choice is decoded under, if any: ``required`` or a named function make
+def grammar(p: ChatParameters, *, calls: bool) -> Grammar | None:
+    """The grammar the answers are decoded under, if any: ``required`` or a named function make
     every answer calls of those tools; ``auto`` with a strict tool makes a started call follow
     its schema; ``response_format`` json makes a text answer JSON (of its schema)."""
-    p = turn.parameters
-    mode = p.choice.mode if turn.calls_enabled else "none"
+    mode = p.choice.mode if calls else "none"
     if mode in ("required", "function"):
         tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
         return tool_calls_grammar(tools, parallel=p.parallel)
@@ -107,26 +131,25 @@ def grammar(turn: ChatTurn) -> Grammar | None:
     return None
 
 
-def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | str | Answer, None, None]:
-    """Drive one choice (see the module notes); ``keep=False`` undoes the turn at its end (a
-    sibling of the kept choice). Closing the generator early rolls the running turn back."""
-    tok, ks, p = turn.kernel.tokenizer, turn.session, turn.parameters
-    names = {s.name for s in p.tools} if turn.calls_enabled else set()
+def run_answer(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int,
+               *, keep: bool) -> Generator[None | str | Answer, None, None]:
+    """Drive one choice in ``ks`` (see the module notes); ``keep=False`` undoes the turn at its
+    end (a sibling of the kept choice). Closing the generator early rolls the running turn back."""
+    tok, p, names, g = k.tokenizer, plan.parameters, plan.names, plan.grammar
     remedies: list[w.RemedyInfo] = []
     sampled, attempt = 0, 0
     while True:
-        g = grammar(turn)
-        a = _hooks(turn, Constrainer.for_tokenizer(tok).hook(g) if g is not None else None)
+        a = _hooks(plan, tok, Constrainer.for_tokenizer(tok).hook(g) if g is not None else None)
         seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
-        turn.context = ks.tokens
+        context = ks.tokens
         decoder = TextDecoder(tok)
         produced: list[int] = []
         streamed = ""  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
-        judge = ks.call_judge(turn.principal) if names else None
+        judge = ks.call_judge(plan.principal) if names else None  # bound to the turn's attention by generate
         read: tuple[str, list[ParsedCall]] | None = None
         spent = 0.0  # judging, while the turn is still open
-        tokens = ks.generate(keep=keep, hooks=tuple(a.hooks), **sampling)
+        tokens = ks.generate(keep=keep, judge=judge, hooks=tuple(a.hooks), **sampling)
         try:
             for token in tokens:
                 produced.append(token)
@@ -157,7 +180,7 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
         content, calls = read  # calls only where tools are enabled, hence a judge
         judged = list(zip(calls, judge.settle() if judge is not None else [], strict=True))
         denied = [d for _, d in judged if d.verdict == "DENY"]
-        policy = turn.kernel.services.policy.spec.tool_calls
+        policy = k.services.policy.spec.tool_calls
         offending = sorted({r for d in denied for r in d.offending})
         if denied and policy.on_deny == "evict_and_retry" and offending and attempt < policy.max_retries:
             evicted = ks.evict_refs(offending, drop_generated=True, reason="tool_call_denied")
@@ -167,15 +190,15 @@ def run_answer(turn: ChatTurn, index: int, *, keep: bool) -> Generator[None | st
                                          choice=index))
             attempt += 1
             continue
-        answer = _finish(turn, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
-                         stopped=a.stops is not None and a.stops.matched)
+        answer = _finish(k, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
+                         context, stopped=a.stops is not None and a.stops.matched)
         answer.judge_s = spent + time.perf_counter() - t0
         yield answer
         return
 
 
 def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
-          names: set[str]) -> tuple[str, list[ParsedCall]]:
+          names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
     """(content, calls) of the tokens of a turn: its text, cut at a stop string, calls read back."""
     text = tok.decode_turn(produced)
     if stops is not None:
@@ -193,21 +216,21 @@ def _visible(text: str, stops: StopStrings | None, calls: bool) -> int:
     return n
 
 
-def _finish(turn: ChatTurn, index: int, content: str, judged: list[tuple[ParsedCall, ToolCallDecision]],
-            remedies: list[w.RemedyInfo], produced: list[int], sampled: int, recorder: LogprobRecorder | None,
-            streamed: str, *, stopped: bool) -> Answer:
-    p, holds, tok = turn.parameters, turn.kernel.services.holds, turn.kernel.tokenizer
+def _finish(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
+            judged: list[tuple[ParsedCall, ToolCallDecision]], remedies: list[w.RemedyInfo], produced: list[int],
+            sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool) -> Answer:
+    p, holds, tok = plan.parameters, k.services.holds, k.tokenizer
     returned: list[w.ToolCallOut] = []
     verdicts: list[w.CallVerdictInfo] = []
     notes: list[str] = []
     refusal: str | None = None
     for call, d in judged:
         held = d.verdict == "CONFIRM"
-        cid = (HELD_PREFIX + call_id()[5:]) if held else call_id()
+        cid = call_id(held=held)
         out = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
-        holds.issue(turn.session.tenant, cid, call.name)
+        holds.issue(ks.tenant, cid, call.name)
         if held:
-            holds.hold(HeldCall(tenant=turn.session.tenant, session_id=turn.session.id, call_id=cid, tool=call.name,
+            holds.hold(HeldCall(tenant=ks.tenant, session_id=ks.id, call_id=cid, tool=call.name,
                                 arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
                                 decision_index=d.audit_index, created=time.time()))
         give = d.verdict == "ALLOW" or (held and p.held_calls == "return")
@@ -241,4 +264,4 @@ def _finish(turn: ChatTurn, index: int, content: str, judged: list[tuple[ParsedC
         logprobs = w.ChoiceLogprobs(content=[w.TokenLogprob.model_validate(e) for e in entries])
     return Answer(index=index, content=text if (text or not returned) else None, refusal=refusal,
                   tool_calls=returned, verdicts=verdicts, remedies=remedies, finish=finish, produced=produced,
-                  sampled=sampled, logprobs=logprobs, streamed=streamed)
+                  sampled=sampled, logprobs=logprobs, context=context, streamed=streamed)

@@ -43,21 +43,12 @@ from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.agent_session import MAX_TEXT_BYTES
 from fak.kernel.authorize import args_digest
 from fak.kernel.chat_history import HistoryItem, new_suffix
-from fak.kernel.held_calls import HeldCalls
+from fak.kernel.held_calls import HeldCall, HeldCalls
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
-from fak.kernel.model.generate import TokenHook
-from fak.kernel.openai_answer import Answer, run_answer
-from fak.kernel.openai_tools import (
-    ToolChoice,
-    ToolSpec,
-    json_text,
-    render_call,
-    render_tools,
-    tool_choice,
-    tool_specs,
-)
+from fak.kernel.openai_answer import Answer, AnswerPlan, plan_answer, run_answer
+from fak.kernel.openai_params import ChatParameters, UnsupportedParameter, chat_parameters
+from fak.kernel.openai_tools import json_text, render_call, render_tools
 from fak.kernel.operations import Caller, Right, Stepper, check_context
-from fak.kernel.sampling_hooks import LogitBias
 from fak.types import TOOL_DEFINITIONS, as_id
 
 if TYPE_CHECKING:
@@ -65,23 +56,10 @@ if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
     from fak.kernel.kv.session import Session
 
-DEFAULT_MAX_TOKENS = 256
 STARTED = int(time.time())  # the model cards' ``created``: when the server loaded this module
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
-IGNORED = ("store", "service_tier")  # accepted, without effect on the answer (fak has one tier, keeps no store)
-REFUSED = {  # OpenAI parameters fak cannot honour: a 400 naming the parameter, never silently ignored
-    "audio": "the model writes text only",
-    "prediction": "predicted outputs are not supported",
-    "web_search_options": "fak runs no web search (give the agent a search tool instead)",
-    "reasoning_effort": "the model has no reasoning mode",
-    "verbosity": "the model has no verbosity setting",
-}
-
-
-class UnsupportedParameter(InvalidInput):
-    """A chat-completions parameter fak does not implement (audio, web search, ...)."""
-
-    code = "unsupported_parameter"
+__all__ = ["ChatParameters", "ChatStream", "ChatTurn", "UnsupportedContent", "UnsupportedParameter", "complete",
+           "decide_held_call", "open_chat", "open_stream", "verdict_header"]
 
 
 class UnsupportedContent(InvalidInput):
@@ -102,110 +80,6 @@ def get_model(k: Kernel, c: Caller, model_id: str) -> w.ModelCard:
     if model_id != k.model_id:
         raise NotFound(f"no model {model_id[:80]!r}")
     return w.ModelCard(id=k.model_id, created=STARTED)
-
-
-# --- parameters ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class ResponseFormat:
-    """``response_format`` json_object (any JSON object: ``schema`` None) or json_schema."""
-
-    kind: Literal["json_object", "json_schema"]
-    schema: dict[str, Any] | None = None
-    name: str = "response"
-
-
-@dataclass(frozen=True)
-class ChatParameters:
-    """What the kernel honours of a request and the names of the parameters it sent that
-    were accepted without effect (the response's ``fak.ignored``)."""
-
-    max_tokens: int
-    min_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    ignored: tuple[str, ...]
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    logprobs: bool = False
-    top_logprobs: int = 0
-    logit_bias: dict[str, float] = field(default_factory=dict)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    response_format: ResponseFormat | None = None
-    tools: tuple[ToolSpec, ...] = ()
-    choice: ToolChoice = ToolChoice("none")
-    parallel: bool = True
-    held_calls: Literal["withhold", "return"] = "withhold"
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-
-    def sampling(self) -> dict[str, Any]:
-        """The keyword arguments of ``KernelSession.generate``."""
-        return {"max_tokens": self.max_tokens, "min_tokens": self.min_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "seed": self.seed}
-
-
-def chat_parameters(body: w.ChatCompletionRequest) -> ChatParameters:
-    """Refuse what fak does not implement (``UnsupportedParameter``, naming it), map the rest."""
-    extra = body.model_extra or {}
-    for name in REFUSED:
-        if extra.get(name) is not None:
-            raise UnsupportedParameter(f"{name}: {REFUSED[name]}", param=name)
-    if body.modalities is not None and set(body.modalities) - {"text"}:
-        raise UnsupportedParameter("modalities: the model writes text only", param="modalities")
-    if body.top_logprobs and not body.logprobs:
-        raise InvalidInput("top_logprobs needs logprobs: true", param="top_logprobs")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > 4 or not all(isinstance(x, str) and x for x in stop):
-        raise InvalidInput("stop: up to 4 non-empty strings", param="stop")
-    max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-    temperature = 1.0 if body.temperature is None else body.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
-    if top_p == 0:  # the nucleus shrinks to the most probable token
-        temperature, top_p = 0.0, 1.0
-    tools = tool_specs(body.tools) if body.tools is not None else tool_specs(
-        [{"type": "function", "function": f} for f in body.functions or []], "functions")
-    if body.tools is not None and body.functions is not None:
-        raise InvalidInput("tools and functions: send one of them (functions is the older form)", param="functions")
-    legacy = body.function_call
-    if isinstance(legacy, dict):
-        legacy = {"type": "function", "function": legacy}
-    choice = tool_choice(body.tool_choice if body.tool_choice is not None else legacy, tools)
-    ignored = sorted({name for name in body.model_fields_set if name in IGNORED and getattr(body, name) is not None}
-                     | {name[:64] for name, value in extra.items() if value is not None})
-    return ChatParameters(max_tokens=max_tokens, min_tokens=min(body.min_tokens or 0, max_tokens),
-                          temperature=temperature, top_p=top_p,
-                          seed=None if body.seed is None else body.seed % 2**64, ignored=tuple(ignored),
-                          n=body.n or 1, stop=tuple(stop), logprobs=bool(body.logprobs),
-                          top_logprobs=body.top_logprobs or 0, logit_bias=dict(body.logit_bias or {}),
-                          presence_penalty=body.presence_penalty or 0.0,
-                          frequency_penalty=body.frequency_penalty or 0.0,
-                          response_format=response_format(body.response_format), tools=tuple(tools), choice=choice,
-                          parallel=body.parallel_tool_calls is not False, held_calls=body.fak_held_calls or "withhold",
-                          user=body.user, metadata=body.metadata)
-
-
-def response_format(value: dict[str, Any] | None) -> ResponseFormat | None:
-    """``{'type': 'text'}``, ``{'type': 'json_object'}`` or ``{'type': 'json_schema', 'json_schema':
-    {'name', 'schema', 'strict'}}``; both JSON forms are decoded under a grammar."""
-    if value is None:
-        return None
-    kind = value.get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return ResponseFormat("json_object")
-    if kind != "json_schema":
-        raise UnsupportedParameter(f"response_format: type {str(kind)[:40]!r} is not supported "
-                                   "(text, json_object, json_schema)", param="response_format")
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-        raise InvalidInput("response_format.json_schema: {'name': ..., 'schema': {...}, 'strict': true}",
-                           param="response_format")
-    name = spec.get("name")
-    return ResponseFormat("json_schema", spec.get("schema") or {"type": "object"},
-                          name if isinstance(name, str) else "response")
 
 
 # --- messages --------------------------------------------------------------------------
@@ -327,15 +201,15 @@ class ChatTurn:
     session: KernelSession
     ephemeral: bool  # created for this request, deleted by close
     completion_id: str
-    parameters: ChatParameters
-    principal: str = "_"  # who asked, as the tool-call decisions record it
+    plan: AnswerPlan  # what every choice is decoded and judged under
     cached: int = 0  # prompt tokens whose KV was not computed for this request
-    context: int = 0  # tokens in the session before the last generation
     admissions: list[w.AdmissionInfo] = field(default_factory=list)
     tools_ref: str | None = None  # the ref of the tools block in attention
-    calls_enabled: bool = False  # tools in attention and tool_choice is not none
-    hooks: tuple[TokenHook, ...] = ()  # an in-process caller's own sampling hooks, applied first
     closed: bool = False
+
+    @property
+    def parameters(self) -> ChatParameters:
+        return self.plan.parameters
 
     def close(self) -> None:
         """Delete an ephemeral session (idempotent; the generation must be over)."""
@@ -347,13 +221,13 @@ class ChatTurn:
     def answers(self) -> Iterator[tuple[int, Generator[None | str | Answer, None, None]]]:
         """The choices, siblings first (each undone at its end), the kept choice 0 last."""
         for index in [*range(1, self.parameters.n), 0]:
-            yield index, run_answer(self, index, keep=index == 0)
+            yield index, run_answer(self.kernel, self.session, self.plan, index, keep=index == 0)
 
     def usage(self, answers: list[Answer]) -> w.Usage:
         """Every token the kept answer attended to before its first sampled token is prompt
         (the turn's opener too); ``cached_tokens`` never exceeds it."""
-        prompt = self.context
         kept = next((a for a in answers if a.index == 0), None)
+        prompt = kept.context if kept is not None else self.session.tokens
         last = self.session.segments()[-1] if kept is not None and kept.produced else None
         if kept is not None and last is not None and last.kind is SegmentKind.ASSISTANT:
             closing = len(self.kernel.tokenizer.close_turn(kept.produced[-1]))
@@ -401,8 +275,9 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     is deleted when a later step fails."""
     c.require(Right.AGENT)
     parameters = chat_parameters(body)
-    if parameters.logit_bias:  # the ids against this model's vocabulary, before anything runs
-        LogitBias.from_openai(parameters.logit_bias, k.tokenizer.vocab_size)
+    principal = _principal(c, parameters.user)
+    calls = parameters.choice.mode != "none"
+    plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
     ops = plan_messages(body.messages)
     holds = k.services.holds
     ops = [_tool_op(holds, c.tenant, op, op.call_id, body.messages) if op.kind == "tool" and op.call_id else op
@@ -410,7 +285,7 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     tools_text = render_tools(list(parameters.tools)) if parameters.tools else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)
-    turn = ChatTurn(k, ks, ephemeral, completion_id, parameters, principal=_principal(c, parameters.user))
+    turn = ChatTurn(k, ks, ephemeral, completion_id, plan)
     try:
         before = ks.tokens
         if not ephemeral and ks.segments():  # a resent history appends only its new suffix
@@ -427,10 +302,10 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
                 ks.append(op.kind, op.text)
         if lead == len(ops) and tools_text is not None:
             _add_tools(turn, tools_text)
-        turn.calls_enabled = parameters.choice.mode != "none" and turn.tools_ref is not None
+        if calls and turn.tools_ref is None:  # the gate kept the tools block out: no calls to read
+            turn.plan = plan_answer(k.tokenizer, parameters, principal, calls=False)
         mech1, hits1 = _hits(ks)
         turn.cached = before + (hits1 - hits0 if mech1 is mech0 else hits1)
-        turn.context = ks.tokens
     except BaseException:
         turn.close()
         raise
@@ -608,16 +483,16 @@ def decide_held_call(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.
     """A person approves or rejects a held call (audited ``ToolCallApproval``, naming who).
     An approved call's result may then enter the conversation; a rejected one's never."""
     c.require(Right.AGENT)
-    held = k.services.holds.decide(c.tenant, call_id, "approved" if approve else "rejected", c.principal)
-    if held.approval_index is None:
-        index = k.audit.append(ToolCallApproval(
+
+    def log(held: HeldCall) -> int:
+        return k.audit.append(ToolCallApproval(
             tenant=c.tenant, session_id=held.session_id, call_id=as_id(call_id), tool=as_id(held.tool),
             args_digest=args_digest(k.services.keys.tool_args_key(), held.arguments), approved=approve,
             decision_index=held.decision_index, principal=as_id(c.principal)))
-        k.services.holds.note_audit(c.tenant, call_id, index)
-        held = replace(held, approval_index=index)
-    call = w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(name=held.tool,
-                                                                      arguments=json.dumps(held.arguments)))
+
+    held = k.services.holds.decide(c.tenant, call_id, "approved" if approve else "rejected", c.principal, log)
+    call = w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(
+        name=held.tool, arguments=json.dumps(held.arguments, ensure_ascii=False)))
     return w.ToolCallApprovalOut(id=held.call_id, state="approved" if approve else "rejected",
                                  session_id=held.session_id, tool_call=call, decided_by=held.decided_by or c.principal,
                                  audit_index=held.approval_index)

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from fak.errors import InvalidInput
 from fak.types import TOOL_DEFINITIONS
+from fak.wire import HELD_PREFIX
 
 __all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "canonical_turn", "parse_calls", "render_call",
            "render_tools", "tool_choice", "tool_specs"]
@@ -239,8 +240,10 @@ def canonical_turn(text: str) -> str:
     return "\n".join(([content] if content else []) + [render_call(c.name, c.arguments) for c in calls])
 
 
-def call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+def call_id(*, held: bool = False) -> str:
+    """A new call id; a held call's says so (``fak.wire.HELD_PREFIX``), so its result is refused
+    even once the server no longer knows it."""
+    return (HELD_PREFIX if held else "call_") + secrets.token_hex(12)
 
 
 def safe_text_len(text: str) -> int:

@@ -204,21 +204,29 @@ class Stepper(Generic[T]):
 
 
 class TextDecoder:
-    """Incremental detokenisation that holds back an incomplete UTF-8 character."""
+    """Incremental detokenisation that holds back an incomplete UTF-8 character. Each step
+    decodes only the tokens since the last complete piece, after a few tokens of context (a
+    tokenizer may render a token differently at the start of a text), so a long answer costs
+    the same per token as a short one."""
 
     def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tok = tokenizer
         self.ids: list[int] = []
         self.emitted = ""
+        self._prefix = 0  # ids[prefix:read]: context decoded again before the new tokens
+        self._read = 0  # ids before read are in ``emitted``
 
     def push(self, token: int) -> str:
         if token in self.tok.stop_token_ids:
             return ""
         self.ids.append(token)
-        text = self.tok.decode(self.ids, skip_special=True)
-        if text.endswith("\ufffd") or len(text) <= len(self.emitted):
+        before = self.tok.decode(self.ids[self._prefix:self._read], skip_special=True)
+        text = self.tok.decode(self.ids[self._prefix:], skip_special=True)
+        if text.endswith("\ufffd") or len(text) <= len(before):
             return ""
-        piece, self.emitted = text[len(self.emitted):], text
+        piece = text[len(before):]
+        self.emitted += piece
+        self._prefix, self._read = self._read, len(self.ids)
         return piece
 
 

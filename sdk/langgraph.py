@@ -42,9 +42,10 @@ from langchain_core.tools import BaseTool
 from langgraph.types import interrupt
 from pydantic import ConfigDict, Field
 
+from fak.wire import HELD_PREFIX
+
 __all__ = ["FAK_HELD_CALLS", "HELD_PREFIX", "FakHeldTool", "fak_held_tools"]
 
-HELD_PREFIX = "call_held_"  # the id of a call fak held (the client has no kernel to ask)
 FAK_HELD_CALLS: dict[str, Any] = {"fak_held_calls": "return"}  # ChatOpenAI(extra_body=...): held calls come back
 
 

@@ -93,11 +93,11 @@ from agents import (
 )
 
 from fak.sdk.gate import aauthorize, ascreen, call_notice
+from fak.wire import HELD_PREFIX
 
 __all__ = ["FAK_MODEL_SETTINGS", "HELD_PREFIX", "approve", "fak_approvals", "fak_input_guardrail",
            "fak_output_guardrail", "guard_tools", "reject"]
 
-HELD_PREFIX = "call_held_"  # the id of a call fak held (``fak.kernel.held_calls``; the client has no kernel)
 FAK_MODEL_SETTINGS = ModelSettings(extra_body={"fak_held_calls": "return"})
 
 OnBlock = Literal["reject", "raise"]

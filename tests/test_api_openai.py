@@ -336,6 +336,8 @@ def test_stream_text_is_the_whole_text(kernel):
     hook that forces a scripted token sequence: characters split across tokens, then an
     incomplete one at the end. The pieces concatenate to the non-streamed text; no piece
     splits a character."""
+    import dataclasses
+
     import anyio
     import numpy as np
 
@@ -359,7 +361,7 @@ def test_stream_text_is_the_whole_text(kernel):
     body = w.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
                                    stream_options={"include_usage": True}, max_tokens=len(ids))
     turn = chat.open_chat(kernel, Caller("acme", "test"), body)
-    turn.hooks = (Script(),)
+    turn.plan = dataclasses.replace(turn.plan, hooks=(Script(),))
 
     async def collect() -> list[str]:
         stream = chat.ChatStream(turn, include_usage=True)

@@ -282,3 +282,90 @@ def test_parse_calls_reads_a_body_that_holds_the_closing_tag():
     content, calls = parse_calls(text, {"send_email"})
     assert [(c.name, c.arguments) for c in calls] == [("send_email", {"to": "a", "body": "x</tool_call>y"})]
     assert content == 'Sure.\n\n<tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_call>\n{"name": "send_email"'
+
+
+def test_the_judge_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny_dir, tiny_lm):
+    """A call judge is bound when the turn starts, under its lock: a result admitted between
+    making the judge and starting the turn is in the attention it judges (a snapshot taken
+    earlier would have allowed send_email)."""
+    from fak.kernel.transaction import TransactionError
+
+    k = make_server(tmp_path, tiny_dir, tiny_lm)
+    try:
+        ks = k.create_session("acme", "race")
+        ks.append("user", "hi")
+        judge = ks.call_judge("test")
+        with pytest.raises(TransactionError):  # unbound: no turn yet
+            judge.judge("send_email", {"to": "x"})
+        page = ks.admit("web_fetch", PAGE.encode())  # untrusted, in attention before the turn starts
+        list(ks.generate(judge=judge, max_tokens=2, temperature=0))
+        denied = judge.judge("send_email", {"to": "x"})
+        [settled] = judge.settle()
+        assert denied.verdict == "DENY" and denied.offending == (page.ref,)
+        assert settled.audit_index is not None
+    finally:
+        k.close()
+
+
+def test_a_decision_on_a_held_call_is_logged_before_it_takes_effect():
+    """A failed audit append leaves the held call pending; the same decision again is answered
+    as it was, without a second event."""
+    import time
+
+    from fak.kernel.held_calls import HeldCall, HeldCalls
+    from fak.wire import HELD_PREFIX
+
+    holds, cid = HeldCalls(), HELD_PREFIX + "0" * 24
+    holds.hold(HeldCall(tenant="acme", session_id="s", call_id=cid, tool="pay", arguments={}, rule_id=None,
+                        offending=(), decision_index=None, created=time.time()))
+
+    def broken(_call):  # noqa: ANN001, ANN202
+        raise RuntimeError("the audit log is down")
+
+    with pytest.raises(RuntimeError):
+        holds.decide("acme", cid, "approved", "key_1", broken)
+    assert holds.get("acme", cid).state == "pending"
+    with pytest.raises(Exception, match="held for approval"):
+        holds.result_text("acme", cid, "paid")
+    logged: list[str] = []
+    first = holds.decide("acme", cid, "approved", "key_1", lambda c: logged.append(c.call_id) or 7)
+    again = holds.decide("acme", cid, "approved", "key_2", lambda c: logged.append(c.call_id) or 8)
+    assert (first.approval_index, again.approval_index, logged) == (7, 7, [cid])
+    with pytest.raises(Exception, match="already approved"):
+        holds.decide("acme", cid, "rejected", "key_1", lambda c: 9)
+    # a held call the server no longer knows (a restart): its result is refused, fail-closed
+    with pytest.raises(Exception, match="no longer known"):
+        HeldCalls().result_text("acme", cid, "paid")
+
+
+def test_a_bad_schema_is_refused_before_the_session_changes(server):
+    c = client(server)
+    sid = {"fak_session": "schema"}
+    c.chat.completions.create(model="m", messages=USER, extra_body=sid, max_tokens=2, temperature=0)
+    before = [x.id for x in server.kernel.session("acme", "schema").segments()]
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "more"}], response_format=bad,
+                                  extra_body=sid, max_tokens=2)
+    assert "response_format" in str(err.value)
+    assert [x.id for x in server.kernel.session("acme", "schema").segments()] == before  # nothing appended
+
+
+def test_user_metadata_and_penalties_reach_the_answer(server):
+    c = client(server)
+    r = c.chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice="required", user="alice",
+                                  metadata={"run": "7"}, **FEW)
+    assert fak(r)["metadata"] == {"run": "7"}
+    decision = [e.event for e in server.kernel.audit.entries("acme") if e.event.type == "tool_call_decision"][-1]
+    assert decision.principal.endswith("/user=alice")  # the end user, beside the key, in the log
+    # the penalties reach the distribution the tokens are drawn from: the tiny model's favourite token
+    # (the one repeated) wins by ~50 nats, so the text stays; the runner-up gains exactly
+    # presence + frequency x count against it at each step
+    kw = dict(model="m", messages=USER, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    plain = c.chat.completions.create(**kw)
+    penalised = c.chat.completions.create(**kw, frequency_penalty=2.0, presence_penalty=2.0)
+    gap0 = [t.top_logprobs[1].logprob for t in plain.choices[0].logprobs.content]
+    gap1 = [t.top_logprobs[1].logprob for t in penalised.choices[0].logprobs.content]
+    assert len({t.token for t in plain.choices[0].logprobs.content}) == 1  # one token, repeated
+    assert [round(b - a, 3) for a, b in zip(gap0, gap1, strict=True)] == [0.0] + [2.0 + 2.0 * i for i in range(1, 6)]
