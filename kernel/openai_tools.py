@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -182,7 +183,7 @@ def render_call(name: str, arguments: str | dict[str, Any], *, key: str = "argum
     return OPEN + '\n{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{key}": ' + body + "}\n" + CLOSE
 
 
-def parse_calls(text: str, names: set[str] | None) -> tuple[str, list[ParsedCall]]:
+def parse_calls(text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
     """(content, calls) of a generated text: the calls of every well-formed block naming a
     known tool (any tool: ``names`` None), and the rest of the text (blocks that are not calls
     kept as written). A block's body is read as one JSON value (its strings may hold
@@ -203,7 +204,7 @@ def parse_calls(text: str, names: set[str] | None) -> tuple[str, list[ParsedCall
     return "".join(kept).strip() if calls else text, calls
 
 
-def _block(text: str, at: int, names: set[str] | None) -> tuple[ParsedCall, int] | None:
+def _block(text: str, at: int, names: Collection[str] | None) -> tuple[ParsedCall, int] | None:
     """The call whose JSON body starts after ``at`` (whitespace first) and the end of its closing tag."""
     body = len(text) - len(text[at:].lstrip())
     try:
@@ -217,7 +218,7 @@ def _block(text: str, at: int, names: set[str] | None) -> tuple[ParsedCall, int]
     return (call, close + len(CLOSE)) if call is not None else None
 
 
-def _call(obj: Any, names: set[str] | None) -> ParsedCall | None:
+def _call(obj: Any, names: Collection[str] | None) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
             names is not None and obj["name"] not in names):
         return None
