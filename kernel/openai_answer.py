@@ -39,8 +39,8 @@ from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, Sto
 if TYPE_CHECKING:
     from fak.kernel.agent_session import KernelSession
     from fak.kernel.authorize import ToolCallDecision
-    from fak.kernel.facade import Kernel
     from fak.kernel.model.tokenizer import ChatTokenizer
+    from fak.kernel.services import Services
 
 Finish = Literal["stop", "length", "tool_calls"]
 
@@ -131,11 +131,11 @@ def grammar(p: ChatParameters, *, calls: bool) -> Grammar | None:
     return None
 
 
-def run_answer(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int,
+def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: int,
                *, keep: bool) -> Generator[None | str | Answer, None, None]:
     """Drive one choice in ``ks`` (see the module notes); ``keep=False`` undoes the turn at its
     end (a sibling of the kept choice). Closing the generator early rolls the running turn back."""
-    tok, p, names, g = k.tokenizer, plan.parameters, plan.names, plan.grammar
+    tok, p, names, g = services.tokenizer, plan.parameters, plan.names, plan.grammar
     remedies: list[w.RemedyInfo] = []
     sampled, attempt = 0, 0
     while True:
@@ -180,7 +180,7 @@ def run_answer(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int,
         content, calls = read  # calls only where tools are enabled, hence a judge
         judged = list(zip(calls, judge.settle() if judge is not None else [], strict=True))
         denied = [d for _, d in judged if d.verdict == "DENY"]
-        policy = k.services.policy.spec.tool_calls
+        policy = services.policy.spec.tool_calls
         offending = sorted({r for d in denied for r in d.offending})
         if denied and policy.on_deny == "evict_and_retry" and offending and attempt < policy.max_retries:
             evicted = ks.evict_refs(offending, drop_generated=True, reason="tool_call_denied")
@@ -190,7 +190,7 @@ def run_answer(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int,
                                          choice=index))
             attempt += 1
             continue
-        answer = _finish(k, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
+        answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
                          context, stopped=a.stops is not None and a.stops.matched)
         answer.judge_s = spent + time.perf_counter() - t0
         yield answer
@@ -216,10 +216,10 @@ def _visible(text: str, stops: StopStrings | None, calls: bool) -> int:
     return n
 
 
-def _finish(k: Kernel, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
+def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
             judged: list[tuple[ParsedCall, ToolCallDecision]], remedies: list[w.RemedyInfo], produced: list[int],
             sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool) -> Answer:
-    p, holds, tok = plan.parameters, k.services.holds, k.tokenizer
+    p, holds, tok = plan.parameters, services.holds, services.tokenizer
     returned: list[w.ToolCallOut] = []
     verdicts: list[w.CallVerdictInfo] = []
     notes: list[str] = []

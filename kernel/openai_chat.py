@@ -221,7 +221,7 @@ class ChatTurn:
     def answers(self) -> Iterator[tuple[int, Generator[None | str | Answer, None, None]]]:
         """The choices, siblings first (each undone at its end), the kept choice 0 last."""
         for index in [*range(1, self.parameters.n), 0]:
-            yield index, run_answer(self.kernel, self.session, self.plan, index, keep=index == 0)
+            yield index, run_answer(self.kernel.services, self.session, self.plan, index, keep=index == 0)
 
     def usage(self, answers: list[Answer]) -> w.Usage:
         """Every token the kept answer attended to before its first sampled token is prompt
