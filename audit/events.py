@@ -203,6 +203,46 @@ class RefExpired(_Event):
     units: list[DroppedUnit] = Field(default_factory=list, max_length=MAX_ITEMS)
 
 
+class ArgumentSourceRecord(_Strict):
+    """Where an argument's value was found: a segment (and its ref) and character offsets."""
+
+    segment: Id
+    ref: Digest | None = None
+    start: Count
+    end: Count
+
+
+class ArgumentRecord(_Strict):
+    """One argument's provenance in a decision: its path (an Id; the value itself is never
+    logged), its origin, the routing entity kind when it is one found inside a longer value,
+    and its sources (offsets, never content)."""
+
+    path: Id
+    origin: Literal["trusted", "internal", "untrusted", "generated"]
+    entity: Literal["email", "url", "iban", "phone"] | None = None
+    sources: list[ArgumentSourceRecord] = Field(default_factory=list, max_length=64)
+    trigger: bool = False  # this argument made a firing rule fire
+
+
+class AttentionRecord(_Strict):
+    """The attention mass one argument's tokens put on one ref's rows: per layer and averaged."""
+
+    arg: Id
+    ref: Digest
+    mean: Annotated[float, Field(ge=0.0, le=1.0)]
+    per_layer: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list, max_length=1024)
+
+
+class CounterfactualRecord(_Strict):
+    """The exact counterfactual: each argument's log-probability with and without the refs."""
+
+    refs: list[Digest] = Field(max_length=MAX_ITEMS)
+    logprob_with: dict[Id, float]
+    logprob_without: dict[Id, float]
+    acquitted: bool
+    seconds: Annotated[float, Field(ge=0.0)]
+
+
 class ToolCallDecision(_Event):
     """Tool-call authorization from the attention provenance (docs/design.md, Verdicts). The call's
     arguments are recorded as a keyed digest only: they may carry what the call would leak."""
@@ -220,6 +260,10 @@ class ToolCallDecision(_Event):
     would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None = None  # audit mode: what enforcement would say
     audited: list[Id] = Field(default_factory=list, max_length=MAX_ITEMS)  # rules in audit mode that fired
     principal: Id | None = None  # who asked (an API key id, the SDK's local mode, the kernel's own loop)
+    arguments: list[ArgumentRecord] = Field(default_factory=list, max_length=1024)  # argument provenance
+    attention: list[AttentionRecord] = Field(default_factory=list, max_length=MAX_ITEMS)  # the model's evidence
+    counterfactual: CounterfactualRecord | None = None
+    approved_by: Count | None = None  # a remembered approval (its audit index) that allowed the call
 
 
 class ToolCallApproval(_Event):

@@ -129,10 +129,46 @@ class ToolCallIn(Strict):
                           "keyed digest only")
 
 
+class ValueSourceOut(BaseModel):
+    """Where an argument's value was found: a segment (and its ref), characters [start, end) of
+    its text, the field of a structured result holding it, and the trust of that text."""
+
+    segment: str
+    ref: str | None
+    start: int
+    end: int
+    field: str | None
+    trust: str
+
+
+class ArgumentFindingOut(BaseModel):
+    """An argument that made a rule fire: why a person is asked (CONFIRM) or the call refused."""
+
+    argument: str = Field(description="the argument's path (recipients.0); with entity, a value found inside it")
+    entity: Literal["email", "url", "iban", "phone"] | None
+    origin: Literal["trusted", "internal", "untrusted", "generated"]
+    sources: list[ValueSourceOut]
+
+
+class CounterfactualOut(BaseModel):
+    """Each argument's log-probability with the offending refs in context and evicted exactly."""
+
+    refs: list[str]
+    logprob_with: dict[str, float]
+    logprob_without: dict[str, float]
+    acquitted: bool
+    seconds: float
+
+
 class ToolCallDecisionOut(BaseModel):
     tool: str
     verdict: Literal["ALLOW", "CONFIRM", "DENY"]
-    rule_id: str | None = Field(description="the deciding rule; 'unlisted' when no rule names the tool")
+    rule_id: str | None = Field(description="the deciding rule; 'unlisted' when no rule fired and unlisted is "
+                                            "not ALLOW; null when nothing fired and the call is allowed")
+    findings: list[ArgumentFindingOut] = Field(default_factory=list,
+                                               description="the arguments that made a rule fire, with their sources")
+    counterfactual: CounterfactualOut | None = None
+    approved_by: int | None = Field(None, description="a remembered approval (audit index) that allowed the call")
     offending: list[str] = Field(description="refs in attention that made a rule fire: evict them to remedy")
     attention_refs: int
     policy_digest: str
@@ -342,6 +378,9 @@ class CallVerdictInfo(BaseModel):
     returned: bool = Field(description="in message.tool_calls (callable, or held with fak_held_calls=return)")
     held: bool = Field(description="waiting for a person: POST /v1/tool-calls/{id}/approve or /reject")
     audit_index: int | None
+    findings: list[ArgumentFindingOut] = Field(default_factory=list,
+                                               description="the arguments that made a rule fire, with their sources")
+    approved_by: int | None = None
     choice: int = 0
 
 

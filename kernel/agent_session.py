@@ -30,7 +30,8 @@ from fak.audit import ToolCallDecision as DecisionEvent
 from fak.errors import Conflict, Forbidden, InvalidInput
 from fak.kernel import admission
 from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
-from fak.kernel.authorize import AttentionView, Producer, ToolCallDecision, args_digest
+from fak.kernel.authorize import AttentionView, CallContext, CallEvidence, ToolCallDecision, args_digest
+from fak.kernel.call_records import approval_key, decision_event
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
@@ -79,20 +80,20 @@ class CallJudge:
 
     def __init__(self, ks: KernelSession, principal: str | None) -> None:
         self._ks = ks
-        self._producers: dict[str, Producer] | None = None
+        self._context: CallContext | None = None
         self._principal = principal
         self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
 
-    def bind(self, producers: dict[str, Producer]) -> None:
-        """The attention of the turn, read by ``KernelSession.generate`` under the session's lock
+    def bind(self, context: CallContext) -> None:
+        """The context of the turn, read by ``KernelSession.generate`` under the session's lock
         when the turn starts (no other operation can change it until the turn ends)."""
-        self._producers = dict(producers)
+        self._context = context
 
-    def judge(self, name: str, args: Any = None) -> ToolCallDecision:
+    def judge(self, name: str, args: Any = None, evidence: CallEvidence | None = None) -> ToolCallDecision:
         """The decision on one call (its audit index once settled); logged, not waited for."""
-        if self._producers is None:
+        if self._context is None:
             raise TransactionError("a call judge is bound by the generation it judges (generate(judge=...))")
-        decision, event = self._ks.decide_call(name, args, self._producers, self._principal)
+        decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence)
         self._pending.append((decision, self._ks.services.audit.submit(event)))
         self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
         return decision
@@ -122,6 +123,8 @@ class KernelSession:
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
         self._ledger = DurableLedger(services, tenant, session_id, created_us)
         self._in_attention = AttentionView(services.producers, tenant)
+        self._approvals: dict[str, int] = {}  # remembered approvals: approval_key → its audit index
+        self._approvals_lock = threading.Lock()
         self.last_used = time.monotonic()
         if fresh:
             self._mech = new_session(services, tenant, session_id)
@@ -405,6 +408,7 @@ class KernelSession:
                                    ref=judged.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
                                    policy_digest=digest, segment_id=segment_id)
                 segment.expires_turn = _turns(s) + judged.turns if judged.turns is not None else None
+                segment.tool, segment.source = result.tool, result.source
                 self._check_room(s, "this tool result")
             else:
                 segment = s.record_quarantined(SegmentKind.TOOL, ref=judged.ref, verdict=verdict.kind.value,
@@ -451,23 +455,36 @@ class KernelSession:
         self.services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return replace(decision, audit_index=index)
 
-    def decide_call(self, name: str, args: Any, producers: dict[str, Producer],
-                principal: str | None) -> tuple[ToolCallDecision, DecisionEvent]:
-        """The decision on a call over ``producers`` (the refs in attention, with what produced
-        them) and its audit event, not logged: ``authorize_tool_call`` and ``CallJudge`` log it."""
+    def decide_call(self, name: str, args: Any, context: CallContext, principal: str | None,
+                    evidence: CallEvidence | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
+        """The decision on a call in ``context`` (the refs in attention with the producers of their
+        segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
+        and ``CallJudge`` log it. A CONFIRM this session's person already approved for the same
+        call with the same provenance is allowed, naming the approval."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         services = self.services
         digest = args_digest(services.keys.tool_args_key(), args)
-        decision = services.authorizers.current(services.policy).decide(name, producers)
-        event = DecisionEvent(
-            tenant=self.tenant, session_id=self.id, tool=as_id(name), args_digest=digest,
-            verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
-            offending=list(decision.offending), attention_refs=decision.attention_refs,
-            policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
-            audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
-        )  # fmt: skip
-        return decision, event
+        decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
+        if decision.verdict == "CONFIRM":
+            approved = self._approvals.get(approval_key(name, digest, decision.triggers))
+            if approved is not None:
+                decision = replace(decision, verdict="ALLOW", approved_by=approved)
+        return decision, decision_event(self.tenant, self.id, name, digest, decision, principal)
+
+    def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
+        """What names a held call for a remembered approval (tool, arguments, triggering sources)."""
+        return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision.triggers)
+
+    def remember_approval(self, key: str, approval_index: int) -> None:
+        """A person approved the held call ``key`` names: the same call with the same provenance
+        is allowed for the rest of the session (in this process; ``tool_calls.remember_approvals``)."""
+        if not self.services.policy.spec.tool_calls.remember_approvals:
+            return
+        with self._approvals_lock:
+            if len(self._approvals) >= 1024:
+                self._approvals.pop(next(iter(self._approvals)))
+            self._approvals[key] = approval_index
 
     def call_judge(self, principal: str | None = None) -> CallJudge:
         """A judge for the calls of a turn: hand it to ``generate(judge=...)``, which binds it to

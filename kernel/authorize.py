@@ -1,49 +1,73 @@
-"""Tool-call authorization from the attention provenance (docs/design.md, Policy and Verdicts).
+"""Tool-call authorization from the attention provenance and the arguments' provenance
+(docs/policy.md, "Tool-call authorization").
 
-Guardrails judge text; the kernel knows which refs every live token attended to. A
-policy's ``tool_calls`` rules say, per callable tool, what may be in attention when the
-agent calls it — e.g. ``send_email`` is DENYed (or needs a person to CONFIRM) while any
-ref produced by an ``untrusted`` tool is in attention. The decision names the offending
-refs; the remedy is exact: evict them (RECOMPUTE), drop the turns generated while they
-were in attention, and ask the model again — the session is then bit-exact to one that
-never saw them.
+Guardrails judge text; the kernel knows which refs every live token attended to and which
+text of the context each argument's value came from. A policy's ``tool_calls`` rules say,
+per callable tool, what may be in attention when the agent calls it (``when_in_attention``:
+e.g. CONFIRM ``send_email`` while an ``untrusted`` ref is in attention) and where its
+arguments may come from (``when_args_from``: e.g. CONFIRM when the recipient or the IBAN
+was found only in untrusted content). The decision names the offending refs and the
+arguments that made a rule fire; the remedy is exact: evict the refs (RECOMPUTE), drop the
+turns generated while they were in attention, and ask the model again.
 
-The decision is a pure function of (policy, tool name, the set of refs in attention, the
-tool each ref came from), memoised per policy digest, so it costs microseconds.
+The decision is a pure function of (policy, tool, arguments, the context in attention: each
+segment's producer at admission and text), plus, for a call fak generated, the evidence
+of the model's attention and an exact counterfactual when a rule asks for them.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import blake3
 import rfc8785
 
 from fak.errors import InvalidInput
+from fak.kernel.argument_provenance import ArgumentTrace, ContextText, trace_arguments
+from fak.kernel.kv.ledger import SegmentKind
 from fak.policy import tool_settings
 
 if TYPE_CHECKING:
     from fak.kernel.kv.session import Session
     from fak.policy import Policy
-    from fak.policy.schema import ToolCallRule
+    from fak.policy.schema import ArgsMatch, ToolCallRule
     from fak.state.store import StateStore
 
 CallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
 Producer = tuple[str, "str | None"]  # (tool name, source URL) of an admitted ref
 _SEVERITY = {"ALLOW": 0, "CONFIRM": 1, "DENY": 2}
+_TRUST_RANK = {"untrusted": 0, "internal": 1, "trusted": 2}
 MAX_ARGS_BYTES = 1 << 20
 UNKNOWN_TOOL = "?"  # the producing tool of a ref the kernel has no record of: judged untrusted
 
 
 @dataclass(frozen=True)
+class Counterfactual:
+    """The exact counterfactual of a call (``counterfactual: true``): each argument's
+    log-probability with the offending refs in context and with them evicted (RECOMPUTE,
+    bit-exact to a session that never saw them); ``acquitted`` when no argument was more
+    than the rule's margin less likely without them."""
+
+    refs: tuple[str, ...]
+    logprob_with: dict[str, float]
+    logprob_without: dict[str, float]
+    acquitted: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ToolCallDecision:
     """``verdict`` for calling ``tool`` now: the rule that decided (``unlisted`` when no rule
-    names the tool, None when rules name it and none fired), the offending refs (in attention
-    and matched by a firing rule), and the audit index of the decision."""
+    fired and ``unlisted`` is not ALLOW; None when nothing fired and the call is allowed),
+    the offending refs (matched by a firing rule), the arguments that made a rule fire
+    (``triggers``: value, origin and sources, for the person asked to confirm), every
+    argument's provenance (``arguments``), the model's attention evidence per argument and
+    the counterfactual when they were computed, and the audit index of the decision."""
 
     tool: str
     verdict: CallVerdict
@@ -55,10 +79,65 @@ class ToolCallDecision:
     would_be: CallVerdict | None = None
     audited: tuple[str, ...] = ()
     audit_index: int | None = None
+    arguments: tuple[ArgumentTrace, ...] = ()
+    triggers: tuple[ArgumentTrace, ...] = ()
+    attention: Mapping[str, Mapping[str, RefMass]] = field(default_factory=dict)
+    counterfactual: Counterfactual | None = None
+    approved_by: int | None = None  # the audit index of a remembered approval that allowed it
 
     @property
     def allowed(self) -> bool:
         return self.verdict == "ALLOW"
+
+
+@dataclass(frozen=True)
+class ContextEntry:
+    """One segment of the context a call is made in: its text and, for a tool segment, its
+    ref and producer (tool, source URL) at admission; a system or user turn has neither."""
+
+    segment: str
+    ref: str | None
+    producer: Producer | None
+    text: str
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a decision reads of a session: every ref in attention with the producers of the
+    segments that carry it (a ref admitted twice has both), and the texts of the context."""
+
+    producers: Mapping[str, tuple[Producer, ...]]
+    entries: tuple[ContextEntry, ...] = ()
+
+    @classmethod
+    def of_refs(cls, attention: Mapping[str, Producer]) -> CallContext:
+        """A context known only by its refs and their producers (no texts: every argument
+        then traces to nothing, ``generated``)."""
+        return cls({ref: (p,) for ref, p in attention.items()})
+
+
+class RefMass(Protocol):
+    """The attention mass an argument's tokens put on one ref's rows."""
+
+    @property
+    def per_layer(self) -> tuple[float, ...]: ...
+
+    @property
+    def mean(self) -> float: ...
+
+
+class CallEvidence(Protocol):
+    """The model's side of a call fak generated: what its argument tokens attended to, and
+    how likely it wrote them without some refs. Computed only when a firing rule asks."""
+
+    def attention(self) -> Mapping[str, Mapping[str, RefMass]]:
+        """Argument name → ref → the attention mass its tokens put on the ref's rows."""
+        ...
+
+    def counterfactual(self, refs: Sequence[str]) -> tuple[dict[str, float], dict[str, float], float]:
+        """Each argument's log-probability with and without ``refs`` (evicted exactly), and
+        the seconds it took."""
+        ...
 
 
 def args_bytes(args: Any) -> bytes:
@@ -81,6 +160,13 @@ def args_digest(key: bytes, args: Any) -> str:
     """A keyed digest of the arguments: the log can show two calls had the same arguments
     without letting anyone confirm a guess of what they were."""
     return "blake3k:" + blake3.blake3(args_bytes(args), key=key).hexdigest()
+
+
+@dataclass
+class _Firing:
+    rule: ToolCallRule
+    offending: list[str]
+    triggers: list[ArgumentTrace]
 
 
 class Authorizer:
@@ -113,6 +199,10 @@ class Authorizer:
                 self._trust[producer] = trust
         return trust
 
+    def least_trust(self, producers: Sequence[Producer]) -> str:
+        """The trust of content several producers delivered: the least trusted one's."""
+        return min((self.trust_of(p) for p in producers), key=lambda t: _TRUST_RANK.get(t, 0), default="untrusted")
+
     def _matches(self, rule: ToolCallRule, producer: Producer) -> bool:
         key = (rule.id, producer)
         hit = self._match.get(key)
@@ -124,39 +214,147 @@ class Authorizer:
                 self._match[key] = hit
         return hit
 
-    def decide(self, tool: str, attention: dict[str, Producer]) -> ToolCallDecision:
-        """``attention``: ref → its producer (tool, source URL), for every ref in attention now."""
+    def texts(self, context: CallContext) -> list[ContextText]:
+        """The context's texts with the trust this policy gives each (turns: trusted)."""
+        out = []
+        for e in context.entries:
+            if e.producer is None:
+                trust = "trusted"
+            else:
+                producers = context.producers.get(e.ref or "", ()) or (e.producer,)
+                trust = self.least_trust(producers)
+            out.append(ContextText(e.segment, e.ref, trust, e.text))
+        return out
+
+    def decide(self, tool: str, context: CallContext | Mapping[str, Producer], args: Any = None,
+               evidence: CallEvidence | None = None) -> ToolCallDecision:
+        """The decision on calling ``tool`` with ``args`` in ``context`` (a ``CallContext``, or
+        a plain ref → producer map). ``evidence``: the model's, for a call fak generated."""
+        if not isinstance(context, CallContext):
+            context = CallContext.of_refs(context)
         rules = self.rules_for(tool)
-        spec = self.policy.spec
-        if not rules:
-            verdict: CallVerdict = spec.tool_calls.unlisted
-            return self._finish(tool, verdict, "unlisted" if verdict != "ALLOW" else None, (), len(attention), ())
-        best: CallVerdict = "ALLOW"
-        best_rule: str | None = None
-        offending: dict[str, None] = {}
+        traces: list[ArgumentTrace] | None = None
+        if any(r.when_args_from for r in rules):
+            traces = trace_arguments(_parsed(args), self.texts(context)) if context.entries else \
+                trace_arguments(_parsed(args), ())
+        firing: list[_Firing] = []
         audited: list[str] = []
         for rule in rules:
-            if rule.when_in_attention is None:
-                hits: list[str] = []
-            else:
-                hits = [ref for ref, producer in attention.items() if self._matches(rule, producer)]
-                if not hits:
-                    continue
+            fired = self._fires(rule, context, traces or [])
+            if fired is None:
+                continue
             if rule.action == "audit":
                 audited.append(rule.id)
                 continue
-            offending.update(dict.fromkeys(hits))
-            if _SEVERITY[rule.verdict] > _SEVERITY[best]:
-                best, best_rule = rule.verdict, rule.id
-        return self._finish(tool, best, best_rule, tuple(offending), len(attention), tuple(audited))
+            firing.append(fired)
+        attention: Mapping[str, Mapping[str, RefMass]] = {}
+        counterfactual: Counterfactual | None = None
+        if evidence is not None and any(f.rule.when_attention or f.rule.counterfactual for f in firing):
+            firing, attention, counterfactual = self._weigh(firing, context, evidence)
+        best: CallVerdict = "ALLOW"
+        best_rule: str | None = None
+        offending: dict[str, None] = {}
+        triggers: dict[tuple[str, str | None], ArgumentTrace] = {}
+        for f in firing:
+            if best_rule is None or _SEVERITY[f.rule.verdict] > _SEVERITY[best]:
+                best, best_rule = f.rule.verdict, f.rule.id
+            if f.rule.verdict != "ALLOW":
+                offending.update(dict.fromkeys(f.offending))
+                triggers.update({(t.path, t.entity): t for t in f.triggers})
+        if not firing:
+            best = self.policy.spec.tool_calls.unlisted
+            best_rule = "unlisted" if best != "ALLOW" else None
+        return self._finish(ToolCallDecision(
+            tool, best, best_rule, tuple(offending), len(context.producers), self.policy.digest,
+            audited=tuple(audited), arguments=tuple(traces or ()), triggers=tuple(triggers.values()),
+            attention=attention, counterfactual=counterfactual))
 
-    def _finish(self, tool: str, verdict: CallVerdict, rule_id: str | None, offending: tuple[str, ...],
-                count: int, audited: tuple[str, ...]) -> ToolCallDecision:
-        p = self.policy
-        if p.enforcing or verdict == "ALLOW":
-            return ToolCallDecision(tool, verdict, rule_id, offending, count, p.digest, audited=audited)
-        return ToolCallDecision(tool, "ALLOW", rule_id, offending, count, p.digest, enforced=False,
-                                would_be=verdict, audited=audited)
+    def _fires(self, rule: ToolCallRule, context: CallContext, traces: list[ArgumentTrace]) -> _Firing | None:
+        """The rule's offending refs and triggering arguments if all its conditions hold."""
+        offending: list[str] = []
+        triggers: list[ArgumentTrace] = []
+        if rule.when_in_attention is not None:
+            hits = [ref for ref, producers in context.producers.items()
+                    if any(self._matches(rule, p) for p in producers)]
+            if not hits:
+                return None
+            offending += hits
+        for cond in rule.when_args_from or ():
+            found = [t for t in traces if _about(cond, t)]
+            if not found:
+                return None
+            triggers += found
+            offending += [src.ref for t in found for src in t.sources if src.ref and src.trust == t.origin]
+        return _Firing(rule, list(dict.fromkeys(offending)), triggers)
+
+    def _weigh(self, firing: list[_Firing], context: CallContext, evidence: CallEvidence
+               ) -> tuple[list[_Firing], Mapping[str, Mapping[str, RefMass]], Counterfactual | None]:
+        """Acquit firing rules the model's evidence clears: attention below the rule's
+        threshold, or a counterfactual in which the call is as likely without the refs."""
+        attention: Mapping[str, Mapping[str, RefMass]] = {}
+        if any(f.rule.when_attention for f in firing):
+            attention = evidence.attention()
+        counterfactual: Counterfactual | None = None
+        kept: list[_Firing] = []
+        for f in firing:
+            rule = f.rule
+            if rule.when_attention is not None:
+                trusts = set(rule.when_attention.trust)
+                refs = {ref for ref, ps in context.producers.items() if self.least_trust(ps) in trusts}
+                share = max((sum(m.mean for ref, m in per.items() if ref in refs) for per in attention.values()),
+                            default=0.0)
+                if share <= rule.when_attention.above:
+                    continue
+            if rule.counterfactual and f.offending:
+                if counterfactual is None or set(counterfactual.refs) != set(f.offending):
+                    with_, without, seconds = evidence.counterfactual(f.offending)
+                    acquitted = all(without.get(a, float("-inf")) >= lp - rule.counterfactual_margin
+                                    for a, lp in with_.items())
+                    counterfactual = Counterfactual(tuple(f.offending), with_, without, acquitted, seconds)
+                if counterfactual.acquitted:
+                    continue
+            kept.append(f)
+        return kept, attention, counterfactual
+
+    def _finish(self, d: ToolCallDecision) -> ToolCallDecision:
+        if self.policy.enforcing or d.verdict == "ALLOW":
+            return d
+        return replace(d, verdict="ALLOW", enforced=False, would_be=d.verdict)
+
+
+def _parsed(args: Any) -> Any:
+    """The call's arguments as JSON values (OpenAI sends them as a JSON string)."""
+    if isinstance(args, str | bytes):
+        try:
+            return json.loads(args) if args else {}
+        except ValueError:
+            return {"_raw": args if isinstance(args, str) else args.decode("utf-8", "replace")}
+    return args if args is not None else {}
+
+
+def _path_matches(path: str, globs: Sequence[str]) -> bool:
+    """``path`` (``recipients.0``) or one of its prefixes (``recipients``) matches a glob."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatchcase(p, g) for g in globs for p in prefixes)
+
+
+def _about(cond: ArgsMatch, trace: ArgumentTrace) -> bool:
+    """Does an argument's trace satisfy an ``ArgsMatch``?"""
+    if trace.entity is not None and not cond.entities:
+        return False
+    if trace.origin not in cond.trust or not _path_matches(trace.path, cond.args):
+        return False
+    if cond.except_fields:
+        weak = [s for s in trace.sources if s.trust == trace.origin]
+        if weak and all(s.field is not None and _field_matches(s.field, cond.except_fields) for s in weak):
+            return False
+    return True
+
+
+def _field_matches(path: str, globs: Sequence[str]) -> bool:
+    last = path.rsplit(".", 1)[-1]
+    return any(fnmatchcase(path, g) or fnmatchcase(last, g) for g in globs)
 
 
 class Authorizers:
@@ -211,21 +409,44 @@ class Producers:
 
 
 class AttentionView:
-    """The refs in the attention provenance of one session's live KV, each with the tool (and
-    URL) that produced it: what ``Authorizer.decide`` reads. Cached until the ledger changes:
-    every change appends a segment (more segments) or evicts one (fewer rows), so (session
-    object, segments, rows) names a state."""
+    """What a decision reads of one session's live KV (``CallContext``): the refs in the
+    attention provenance, each with the producers of the segments that carry it (recorded at
+    admission: trust belongs to the segment, not to the bytes; a ledger written before
+    producers were recorded falls back to the ref's record), and the texts of the live system,
+    user and tool segments. Cached until the ledger changes: every change appends a segment
+    (more segments) or evicts one (fewer rows), so (session object, segments, rows) names a state."""
 
     def __init__(self, producers: Producers, tenant: str) -> None:
         self._producers = producers
         self._tenant = tenant
-        self._cached: tuple[tuple[int, int, int], dict[str, Producer]] | None = None
+        self._cached: tuple[tuple[int, int, int], CallContext] | None = None
 
-    def of(self, s: Session) -> dict[str, Producer]:
-        """The refs in ``s``'s attention with their producers."""
+    def of(self, s: Session) -> CallContext:
+        """The context of ``s`` now."""
         key = (id(s), len(s.ledger.segments), s.cache.length)
         cached = self._cached
         if cached is None or cached[0] != key:
-            refs = sorted(frozenset[str]().union(*(x.provenance for x in s.ledger.live())))
-            cached = self._cached = (key, {ref: self._producers.of(self._tenant, ref) for ref in refs})
+            cached = self._cached = (key, self._build(s))
         return cached[1]
+
+    def _build(self, s: Session) -> CallContext:
+        refs = sorted(frozenset[str]().union(*(x.provenance for x in s.ledger.live())))
+        by_segment: dict[str, list[Producer]] = {}
+        for seg in s.ledger.segments:
+            if seg.kind is SegmentKind.TOOL and seg.ref and seg.tool:
+                by_segment.setdefault(seg.ref, []).append((seg.tool, seg.source))
+        producers: dict[str, tuple[Producer, ...]] = {}
+        for ref in refs:
+            found = by_segment.get(ref)
+            producers[ref] = tuple(dict.fromkeys(found)) if found else (self._producers.of(self._tenant, ref),)
+        entries: list[ContextEntry] = []
+        for seg in s.ledger.live():
+            message = s.message(seg.id)
+            if message is None:
+                continue
+            if seg.kind in (SegmentKind.SYSTEM, SegmentKind.USER):
+                entries.append(ContextEntry(seg.id, None, None, message["content"]))
+            elif seg.kind is SegmentKind.TOOL and seg.ref:
+                entries.append(ContextEntry(seg.id, seg.ref, producers.get(seg.ref, ((UNKNOWN_TOOL, None),))[0],
+                                            message["content"]))
+        return CallContext(producers, tuple(entries))

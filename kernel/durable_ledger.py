@@ -95,7 +95,7 @@ class DurableLedger:
                 message_text=message["content"] if clear and message else None,
                 sealed=ciphertext if keep else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
-                expires_turn=seg.expires_turn,
+                expires_turn=seg.expires_turn, tool=seg.tool, source=seg.source,
             ))  # fmt: skip
         return head, segs
 
@@ -181,7 +181,7 @@ class DurableLedger:
                                         verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
                                         content=content, protected=row.protected,
                                         provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                                        expires_turn=row.expires_turn))
+                                        expires_turn=row.expires_turn, tool=row.tool, source=row.source))
                 continue
             message: dict[str, str] | None
             if kind is SegmentKind.TOOL:
@@ -204,7 +204,7 @@ class DurableLedger:
             segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
                                     verdict=verdict, rule=row.rule, content=content,
                                     policy_digest=row.policy_digest, protected=row.protected,
-                                    expires_turn=row.expires_turn))
+                                    expires_turn=row.expires_turn, tool=row.tool, source=row.source))
         return segments, messages
 
     def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:

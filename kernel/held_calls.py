@@ -54,6 +54,7 @@ class HeldCall:
     state: HoldState = "pending"
     decided_by: str | None = None
     approval_index: int | None = None
+    approval_key: str | None = None  # names the call and its provenance: an approval is remembered by it
 
 
 class HeldCalls:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from fak import wire as w
+from fak.kernel.call_records import findings_out
 from fak.kernel.constrain import (
     Constrainer,
     Grammar,
@@ -232,7 +233,8 @@ def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int,
         if held:
             holds.hold(HeldCall(tenant=ks.tenant, session_id=ks.id, call_id=cid, tool=call.name,
                                 arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
-                                decision_index=d.audit_index, created=time.time()))
+                                decision_index=d.audit_index, created=time.time(),
+                                approval_key=ks.approval_key(call.name, call.arguments, d)))
         give = d.verdict == "ALLOW" or (held and p.held_calls == "return")
         if give:
             returned.append(out)
@@ -240,11 +242,12 @@ def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int,
             notes.append(f"[fak] The call to {call.name} is held for approval ({cid}); a person approves it with "
                          f"POST /v1/tool-calls/{cid}/approve.")
         else:
-            refusal = (f"fak refused the call to {call.name}: policy rule {d.rule_id or 'unlisted'} denies it with "
-                       f"{len(d.offending)} untrusted ref(s) in attention.")
+            refusal = (f"fak refused the call to {call.name}: policy rule {d.rule_id or 'unlisted'} denies it"
+                       + (f" ({len(d.offending)} ref(s) involved)." if d.offending else "."))
         verdicts.append(w.CallVerdictInfo(id=cid, name=call.name, verdict=d.verdict, rule_id=d.rule_id,
                                           offending=list(d.offending), enforced=d.enforced, returned=give,
-                                          held=held, audit_index=d.audit_index, choice=index))
+                                          held=held, audit_index=d.audit_index, findings=findings_out(d),
+                                          approved_by=d.approved_by, choice=index))
     if refusal is not None:
         remedies.append(w.RemedyInfo(action="refuse", tool=next(v.name for v in verdicts if v.verdict == "DENY"),
                                      rule_id=next(v.rule_id for v in verdicts if v.verdict == "DENY"),

@@ -491,6 +491,9 @@ def decide_held_call(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.
             decision_index=held.decision_index, principal=as_id(c.principal)))
 
     held = k.services.holds.decide(c.tenant, call_id, "approved" if approve else "rejected", c.principal, log)
+    if approve and held.approval_key and held.approval_index is not None:
+        with contextlib.suppress(NotFound):  # the session is gone: nothing to remember the approval in
+            k.session(c.tenant, held.session_id).remember_approval(held.approval_key, held.approval_index)
     call = w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(
         name=held.tool, arguments=json.dumps(held.arguments, ensure_ascii=False)))
     return w.ToolCallApprovalOut(id=held.call_id, state="approved" if approve else "rejected",

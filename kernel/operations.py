@@ -27,6 +27,7 @@ from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
 from fak.errors import Forbidden, InvalidInput, NotFound
 from fak.kernel.agent_session import ContextFull
+from fak.kernel.call_records import counterfactual_out, findings_out
 from fak.policy import GateContext, VerdictKind, gate
 
 if TYPE_CHECKING:
@@ -145,7 +146,9 @@ def authorize_tool_call(k: Kernel, c: Caller, sid: str, body: w.ToolCallIn) -> w
 def decision_out(d: ToolCallDecision) -> w.ToolCallDecisionOut:
     return w.ToolCallDecisionOut(tool=d.tool, verdict=d.verdict, rule_id=d.rule_id, offending=list(d.offending),
                                  attention_refs=d.attention_refs, policy_digest=d.policy_digest, enforced=d.enforced,
-                                 would_be=d.would_be, audited=list(d.audited), audit_index=d.audit_index)
+                                 would_be=d.would_be, audited=list(d.audited), audit_index=d.audit_index,
+                                 findings=findings_out(d), counterfactual=counterfactual_out(d),
+                                 approved_by=d.approved_by)
 
 
 def evict_refs(k: Kernel, c: Caller, sid: str, body: w.EvictRefsIn) -> w.RefsEvictedOut:

@@ -35,17 +35,24 @@ UNPARSABLE = "\x00unparsable"
 _HOST = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*|[0-9a-f:.]+")
 
 
+_HOST_ONLY = re.compile(r"[A-Za-z0-9.-]+(?::\d{1,5})?(?:[/?#].*)?", re.DOTALL)
+
+
 def source_host(source: str) -> str:
     """The lower-case host of a source URL (``https://Docs.Example.com:443/x`` →
-    ``docs.example.com``; IDNA names in their ``xn--`` form), or ``UNPARSABLE``: no scheme
-    and authority, no host, characters a host cannot have, or a backslash anywhere before the
+    ``docs.example.com``; IDNA names in their ``xn--`` form), or of a host-only source
+    (``www.example.com/page``, ``example.com:8080``: read as ``https://`` URLs), or
+    ``UNPARSABLE``: no host, characters a host cannot have, or a backslash anywhere before the
     path (browsers read ``\\`` as ``/``, which would make the host another one)."""
+    source = source.strip()
+    if "://" not in source and _HOST_ONLY.fullmatch(source):
+        source = "https://" + source
     try:
-        parts = urlsplit(source.strip())
+        parts = urlsplit(source)
         host = parts.hostname
     except ValueError:
         return UNPARSABLE
-    if not parts.scheme or not host or "\\" in parts.netloc or any(ord(c) < 33 for c in source.strip()):
+    if not parts.scheme or not host or "\\" in parts.netloc or any(ord(c) < 33 for c in source):
         return UNPARSABLE
     host = host.rstrip(".")
     if not host.isascii():

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -212,31 +213,93 @@ class AttentionMatch(_Strict):
     tools: list[str] = Field(default=["*"], min_length=1)
 
 
+ArgOrigin = Literal["trusted", "internal", "untrusted", "generated"]
+
+
+def _args_any(value: object) -> object:
+    """``args: any`` (or ``"*"``) is every argument."""
+    return ["*"] if value in ("any", "*") else value
+
+
+class ArgsMatch(_Strict):
+    """Which arguments of a call a tool-call rule is about, by where their values came from
+    (argument provenance, docs/policy.md): the arguments at ``args`` (paths or globs:
+    ``to``, ``recipients``, ``payment.iban``, ``*``; the word ``any`` is every argument)
+    whose origin is one of ``trust`` (``trusted``: found in a system or user turn, a trusted
+    ref or the tool schema; ``internal``/``untrusted``: found only in refs of that trust;
+    ``generated``: found nowhere). ``entities``: also count the e-mail addresses, URLs,
+    IBANs and phone numbers inside a longer string (a body that carries an account number).
+    ``except_fields``: a value whose every non-trusted source lies in a field of a
+    structured result matching one of these globs does not count (``*.sender``: replying
+    to the sender of the mail being answered is not a new recipient)."""
+
+    args: Annotated[list[str], BeforeValidator(_args_any)] = Field(default=["*"], min_length=1)
+    trust: list[ArgOrigin] = Field(default=["untrusted"], min_length=1)
+    entities: bool = True
+    except_fields: list[str] = []
+
+
+class AttentionEvidence(_Strict):
+    """Fire only when the argument tokens of a call fak generated put more than ``above`` of
+    their attention (averaged over layers, heads and tokens) on refs of one of ``trust``.
+    Evidence, not causation (docs/policy.md); a call fak did not generate has no attention
+    evidence and the condition holds (the rule fires on its other conditions)."""
+
+    trust: list[Trust] = Field(default=["untrusted"], min_length=1)
+    above: float = Field(ge=0.0, le=1.0)
+
+
 class ToolCallRule(_Strict):
-    """What may be in attention when the agent calls one of ``tools`` (names or globs).
-    With ``when_in_attention`` the rule fires only while a matching ref is in attention (the
-    offending refs); without it, it fires on every call (e.g. always CONFIRM a payment)."""
+    """A decision for calls of ``tools`` (names or globs) under conditions that must all hold:
+    ``when_in_attention`` (a matching ref is in attention: the offending refs),
+    ``when_args_from`` (an argument's value came from such a source; a list: each must
+    match), ``when_attention`` (the model's attention evidence). Without conditions the rule
+    fires on every call (e.g. always CONFIRM a payment; ALLOW a read-only tool). The most
+    severe firing rule decides; ``unlisted`` decides when none fires. ``counterfactual``: when
+    the rule fires on a call fak generated, evict the offending refs exactly, teacher-force the
+    same call and compare each argument's log-probability; a call at most
+    ``counterfactual_margin`` nats less likely without them was not caused by them and the
+    rule does not fire."""
 
     id: str = Field(pattern=_RULE_ID, max_length=128)
     tools: list[str] = Field(min_length=1)
     when_in_attention: AttentionMatch | None = None
-    verdict: Literal["CONFIRM", "DENY"]
+    when_args_from: list[ArgsMatch] | None = None
+    when_attention: AttentionEvidence | None = None
+    verdict: ToolCallVerdict
     action: Literal["enforce", "audit"] = "enforce"
+    counterfactual: bool = False
+    counterfactual_margin: float = Field(default=1.0, ge=0.0, le=100.0)
     description: str = ""
+
+    @field_validator("when_args_from", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _evidence_needs_refs(self) -> ToolCallRule:
+        if self.counterfactual and self.when_in_attention is None and self.when_args_from is None:
+            raise ValueError("'counterfactual' needs offending refs to evict: add when_in_attention or when_args_from")
+        if self.verdict == "ALLOW" and self.counterfactual:
+            raise ValueError("'counterfactual' acquits a call: it has no use on an ALLOW rule")
+        return self
 
 
 class ToolCalls(_Strict):
-    """Tool-call authorization (docs/design.md, Policy): rules per callable tool; ``unlisted`` is
-    the verdict for a call no rule fires on. ``on_deny``: what the OpenAI-compatible doors do
+    """Tool-call authorization (docs/policy.md): rules per callable tool; ``unlisted`` is the
+    verdict for a call no rule fires on (whether or not a rule names the tool). ``on_deny``: what the OpenAI-compatible doors do
     when the model itself writes a DENYed call (docs/openai.md): ``evict_and_retry`` evicts
     the offending refs exactly (and the turns they caused) and asks the model again, at most
     ``max_retries`` times; ``refuse`` answers with a refusal instead. Either way the call
-    never reaches the client."""
+    never reaches the client. ``remember_approvals``: a person's approval of a held call also
+    allows the same call (tool, arguments, triggering sources) again in that session."""
 
     unlisted: ToolCallVerdict = "ALLOW"
     rules: list[ToolCallRule] = []
     on_deny: Literal["evict_and_retry", "refuse"] = "evict_and_retry"
     max_retries: int = Field(default=2, ge=0, le=8)
+    remember_approvals: bool = True
 
 
 def _check_tenants(value: object) -> object:

@@ -49,6 +49,9 @@ class SegmentRow(Base):
     attention: Mapped[str] = mapped_column(Text)  # JSON list of refs
     content: Mapped[str] = mapped_column(Text)  # JSON list of refs
     expires_turn: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the session turn it expires at
+    # a tool segment's producer at admission (its trust is the segment's, not the bytes')
+    tool: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    source: Mapped[str | None] = mapped_column(String(2048), nullable=True)
 
     __table_args__ = (Index("ix_fak_segments_ref", "tenant", "ref"),)
 

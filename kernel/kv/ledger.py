@@ -66,6 +66,10 @@ class Segment:
     policy_digest: str | None = None  # the policy that admitted it (tool segments)
     removed_tokens: int = 0  # how many rows it held when it was evicted
     expires_turn: int | None = None  # the session's model-turn count at which its ref expires
+    # the producer of a tool segment at its admission (tool name, source URL): its trust is the
+    # segment's, never the bytes' (the same bytes from a trusted tool elsewhere change nothing)
+    tool: str | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.verdict is not None:  # a persisted row carries the verdict's string

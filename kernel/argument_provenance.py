@@ -1,0 +1,202 @@
+"""Argument provenance: which text in the context each value of a proposed tool call came from.
+
+Whole-context taint asks a person whenever anything untrusted is in attention, which is
+nearly always (read the mail, then reply). What matters is narrower: did the *recipient*, the
+*account*, the *URL* come from content an attacker could write? Every leaf value of a call's
+arguments is traced, in canonical form (``kernel/value_forms.py``), to the texts of the context
+that contain it:
+
+- found in trusted context (a system or user turn, a ref whose producer the policy trusts,
+  the tool schema): origin ``trusted``, whatever else also contains it;
+- otherwise found in refs: the most trusted level among them (``internal``, ``untrusted``);
+- found nowhere: ``generated`` (the model composed it; the call's attention provenance, and
+  the attention evidence, say what it read while doing so).
+
+A string value of several tokens that is not trusted as a whole is also searched for the
+routing entities inside it (e-mail addresses, URLs, IBANs, phone numbers): a reply body the
+model wrote is ``generated``, but an IBAN inside it that only a web page contains is traced
+to that page. Each finding names the text (segment and ref), the character span and, for a
+structured result (JSON or YAML), the field path of the value there (``emails.2.sender``).
+"""
+
+from __future__ import annotations
+
+import functools
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from fak.kernel.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
+
+Origin = Literal["trusted", "internal", "untrusted", "generated"]
+ORIGINS: tuple[Origin, ...] = ("trusted", "internal", "untrusted", "generated")
+_RANK: dict[str, int] = {"untrusted": 0, "internal": 1, "trusted": 2}
+MAX_LEAVES = 256  # a call with more leaf values is traced on its first ones; the rest count as generated
+MAX_STRUCTURED = 1 << 18  # larger results are searched as text only (no field paths)
+MIN_WORD = 3  # a lone word shorter than this is in every text: not traced
+
+
+@dataclass(frozen=True)
+class ContextText:
+    """One text of the context a call is made in: a system/user turn (``ref`` None) or a
+    tool segment's text, with the trust the policy gives its producer."""
+
+    segment: str
+    ref: str | None
+    trust: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ValueSource:
+    """Where a value occurs: a context text, the characters ``[start, end)`` there and, in a
+    structured result, the field path of the value that holds it."""
+
+    segment: str
+    ref: str | None
+    trust: str
+    start: int
+    end: int
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class ArgumentTrace:
+    """The provenance of one leaf value (``path``: ``to``, ``recipients.0``), or, with
+    ``entity`` set, of a routing entity inside a longer string value at ``path``."""
+
+    path: str
+    origin: Origin
+    sources: tuple[ValueSource, ...]
+    entity: str | None = None
+
+
+def leaves(args: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf value of a JSON value with its dotted path (list items by index)."""
+    if isinstance(args, dict):
+        for key, value in args.items():
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(args, list):
+        for i, value in enumerate(args):
+            yield from leaves(value, f"{prefix}.{i}" if prefix else str(i))
+    else:
+        yield prefix, args
+
+
+class Structure:
+    """The field path of every scalar of a structured (JSON or YAML) text, by character offset."""
+
+    def __init__(self, text: str) -> None:
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, str]] = []
+        if len(text) > MAX_STRUCTURED or not text.strip() or not _looks_structured(text):
+            return
+        try:
+            root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except (yaml.YAMLError, RecursionError, ValueError):
+            return
+        if root is None or isinstance(root, yaml.ScalarNode):
+            return
+        spans: list[tuple[int, int, str]] = []
+        self._walk(root, "", spans, 0)
+        spans.sort()
+        self._spans = spans
+        self._starts = [s for s, _, _ in spans]
+
+    def _walk(self, node: yaml.Node, path: str, out: list[tuple[int, int, str]], depth: int) -> None:
+        if depth > 64:
+            return
+        if isinstance(node, yaml.ScalarNode):
+            out.append((node.start_mark.index, node.end_mark.index, path))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, f"{path}.{i}" if path else str(i), out, depth + 1)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                self._walk(value, f"{path}.{name}" if path else str(name), out, depth + 1)
+
+    def field_at(self, start: int, end: int) -> str | None:
+        """The path of the scalar holding characters ``[start, end)``, if one does."""
+        i = bisect_right(self._starts, start) - 1
+        if i >= 0:
+            s, e, path = self._spans[i]
+            if s <= start and end <= e:
+                return path
+        return None
+
+
+def _looks_structured(text: str) -> bool:
+    head = text.lstrip()[:1]
+    return head in "{[-" or ":" in text[:512]
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """A context text prepared once: its canonical tokens and its structure."""
+
+    tokens: IndexedText
+    structure: Structure
+
+
+@functools.lru_cache(maxsize=512)
+def indexed(text: str) -> Indexed:
+    """The index of a text (cached by content: a ref's text is indexed once, not per call)."""
+    return Indexed(IndexedText(text), Structure(text))
+
+
+def _find(needle: str, texts: Sequence[ContextText]) -> list[ValueSource]:
+    found: list[ValueSource] = []
+    for ctx in texts:
+        index = indexed(ctx.text)
+        if needle not in index.tokens:
+            continue
+        for m in index.tokens.find_all(needle, limit=4):
+            found.append(ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end,
+                                     index.structure.field_at(m.start, m.end)))
+    return found
+
+
+def _origin(sources: Sequence[ValueSource]) -> Origin:
+    if not sources:
+        return "generated"
+    best = max(_RANK.get(s.trust, 0) for s in sources)
+    return ("untrusted", "internal", "trusted")[best]
+
+
+def _ordered(sources: list[ValueSource]) -> tuple[ValueSource, ...]:
+    return tuple(sorted(sources, key=lambda s: -_RANK.get(s.trust, 0)))
+
+
+def trace_arguments(args: Any, texts: Sequence[ContextText]) -> list[ArgumentTrace]:
+    """The provenance of every leaf value of ``args`` (booleans and nulls carry none)."""
+    out: list[ArgumentTrace] = []
+    for n, (path, value) in enumerate(leaves(args)):
+        if value is None or isinstance(value, bool):
+            continue
+        if n >= MAX_LEAVES:
+            out.append(ArgumentTrace(path, "generated", ()))
+            continue
+        text = value if isinstance(value, str) else format(value, "f") if isinstance(value, float) else str(value)
+        tokens = canonical_tokens(text)
+        if not tokens:
+            continue
+        if len(tokens) == 1 and tokens[0].kind == "word" and len(tokens[0].form) < MIN_WORD:
+            out.append(ArgumentTrace(path, "generated", ()))
+            continue
+        sources = _find(needle_of(tokens), texts)
+        origin = _origin(sources)
+        out.append(ArgumentTrace(path, origin, _ordered(sources)))
+        if origin == "trusted" or len(tokens) == 1:
+            continue
+        seen: set[str] = set()
+        for token in tokens:
+            if token.kind not in ENTITY_KINDS or token.form in seen:
+                continue
+            seen.add(token.form)
+            inner = _find(token.form, texts)
+            out.append(ArgumentTrace(path, _origin(inner), _ordered(inner), entity=token.kind))
+    return out

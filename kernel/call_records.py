@@ -1,0 +1,99 @@
+"""What the audit log and a person see of a tool-call decision.
+
+The log keeps a decision's argument provenance as paths, origins, segments, ref digests and
+character offsets (never a value), the model's attention evidence and the counterfactual's
+log-probabilities. A person asked to confirm sees the same findings with the field of the
+source they came from. An approval is remembered under a key that names the call exactly
+(tool, keyed digest of the arguments, the triggering sources), so the same call with the
+same provenance is not asked about twice in one session, and nothing else is let through.
+"""
+
+from __future__ import annotations
+
+import re
+
+import blake3
+
+from fak import wire as w
+from fak.audit import ToolCallDecision as DecisionEvent
+from fak.audit.events import ArgumentRecord, ArgumentSourceRecord, AttentionRecord, CounterfactualRecord
+from fak.kernel.argument_provenance import ArgumentTrace
+from fak.kernel.authorize import ToolCallDecision
+from fak.types import as_id
+
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
+
+
+def safe_path(path: str, index: int) -> str:
+    """An argument path for the log: the path when it is a plain identifier (a schema's key),
+    else its position (a key the model invented may carry content)."""
+    return path if _SAFE_PATH.fullmatch(path) else f"#{index}"
+
+
+def argument_records(decision: ToolCallDecision) -> list[ArgumentRecord]:
+    """The decision's argument provenance as the log records it."""
+    triggers = {(t.path, t.entity) for t in decision.triggers}
+    return [
+        ArgumentRecord(
+            path=safe_path(t.path, i), origin=t.origin, entity=t.entity,  # type: ignore[arg-type]
+            sources=[ArgumentSourceRecord(segment=as_id(s.segment), ref=s.ref, start=s.start, end=s.end)
+                     for s in t.sources[:64]],
+            trigger=(t.path, t.entity) in triggers,
+        )
+        for i, t in enumerate(decision.arguments[:1024])
+    ]
+
+
+def decision_event(tenant: str, session_id: str, tool: str, digest: str, decision: ToolCallDecision,
+                   principal: str | None) -> DecisionEvent:
+    """The audit event of a decision (the arguments as a keyed digest and their provenance)."""
+    cf = decision.counterfactual
+    return DecisionEvent(
+        tenant=tenant, session_id=session_id, tool=as_id(tool), args_digest=digest,
+        verdict=decision.verdict, rule_id=as_id(decision.rule_id) if decision.rule_id else None,
+        offending=list(decision.offending), attention_refs=decision.attention_refs,
+        policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
+        audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
+        arguments=argument_records(decision),
+        attention=[AttentionRecord(arg=as_id(arg), ref=ref, mean=_unit(m.mean),
+                                   per_layer=[_unit(x) for x in m.per_layer])
+                   for arg, per in decision.attention.items() for ref, m in per.items()],
+        counterfactual=CounterfactualRecord(
+            refs=list(cf.refs), logprob_with={as_id(k): v for k, v in cf.logprob_with.items()},
+            logprob_without={as_id(k): v for k, v in cf.logprob_without.items()}, acquitted=cf.acquitted,
+            seconds=cf.seconds) if cf is not None else None,
+        approved_by=decision.approved_by,
+    )  # fmt: skip
+
+
+def _unit(x: float) -> float:
+    return min(1.0, max(0.0, float(x)))
+
+
+def approval_key(tool: str, digest: str, triggers: tuple[ArgumentTrace, ...]) -> str:
+    """Names a held call for a remembered approval: tool, argument digest, triggering sources."""
+    h = blake3.blake3(tool.encode() + b"\x00" + digest.encode())
+    for t in sorted(triggers, key=lambda t: (t.path, t.entity or "")):
+        h.update(f"\x00{t.path}\x00{t.entity}\x00{t.origin}".encode())
+        for s in t.sources:
+            h.update(f"\x01{s.ref}\x01{s.start}\x01{s.end}".encode())
+    return h.hexdigest()
+
+
+def findings_out(decision: ToolCallDecision) -> list[w.ArgumentFindingOut]:
+    """What a person asked to confirm is shown of why: per triggering argument, its origin and
+    where its value was found (segment, ref, span, field of a structured result)."""
+    return [
+        w.ArgumentFindingOut(argument=t.path, entity=t.entity, origin=t.origin,  # type: ignore[arg-type]
+                             sources=[w.ValueSourceOut(segment=s.segment, ref=s.ref, start=s.start, end=s.end,
+                                                       field=s.field, trust=s.trust) for s in t.sources[:8]])
+        for t in decision.triggers
+    ]
+
+
+def counterfactual_out(decision: ToolCallDecision) -> w.CounterfactualOut | None:
+    cf = decision.counterfactual
+    if cf is None:
+        return None
+    return w.CounterfactualOut(refs=list(cf.refs), logprob_with=cf.logprob_with, logprob_without=cf.logprob_without,
+                               acquitted=cf.acquitted, seconds=cf.seconds)
