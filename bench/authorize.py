@@ -9,6 +9,10 @@ over ``--calls`` calls:
 
 * ``decide``: the policy decision alone (``Kernel.authorizer().decide``: rules for the
   tool, trust of each ref's producer, offending refs) — the part that grows with refs;
+* ``decide_with_argument_provenance``: the decision for a mail tool whose rules read where
+  its arguments came from (``when_args_from``): every leaf value traced through the 100
+  refs' texts and the trusted turns (the texts are indexed once per ref; the first
+  decision after an admission pays that, reported separately as ``index_ms_100_refs``);
 * ``authorize_tool_call``: the whole audited call (session lock, the attention set of
   the live ledger, the producers, the decision, the arguments' keyed digest, the
   ``ToolCallDecision`` audit event appended to the signed log);
@@ -21,6 +25,8 @@ refs) and one no rule names (``get_weather``: ALLOW).
 
 from __future__ import annotations
 
+import json
+import random
 import statistics
 import tempfile
 import time
@@ -53,7 +59,26 @@ spec:
         tools: [export_*]
         when_in_attention: {trust: [internal]}
         verdict: CONFIRM
+      - id: mail-recipient-from-untrusted
+        tools: [send_mail]
+        when_args_from: {args: [to, cc, bcc], trust: [untrusted, generated], except_fields: ["*sender"]}
+        verdict: CONFIRM
+      - id: mail-carries-untrusted-links
+        tools: [send_mail]
+        when_args_from: {args: [body], trust: [untrusted]}
+        verdict: CONFIRM
 """
+WORDS = ["the", "order", "shipped", "arrived", "customer", "invoice", "meeting", "project", "report", "quarterly", "update", "team", "review"]
+
+
+def result_text(i: int) -> bytes:
+    """A tool result of 150-250 bytes (100 of them fit the 8k context): a JSON mail (a third of them) or a text record."""
+    rng = random.Random(i)
+    if i % 3 == 0:
+        return json.dumps({"sender": f"user{i}@mail.example", "subject": " ".join(rng.choices(WORDS, k=6)),
+                           "body": " ".join(rng.choices(WORDS, k=16)) + f" order {1000 + i} total ${i * 13}.50"}).encode()
+    return (f"Record {i}: order {1000 + i} shipped on day {i % 28 + 1}. " + " ".join(rng.choices(WORDS, k=16))
+            + f" Tracking: https://shop{i}.example.com/o/{i}").encode()
 TOOLS = [f"web_fetch_{i}" for i in range(5)] + [f"crm_lookup_{i}" for i in range(5)]
 
 
@@ -75,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                         model=lm, progress=None)
         try:
             ks = k.create_session("bench")
-            ks.append("system", "You are an operations assistant.")
+            ks.append("system", "You are an operations assistant. Reports go to ops@example.com.")
             log(f"admitting {args.refs} tool results ...")
             for i in range(args.refs):
                 tool = TOOLS[i % len(TOOLS)]
-                adm = ks.admit(tool, f"Record {i}: order {1000 + i} shipped on day {i % 28 + 1}.".encode())
+                adm = ks.admit(tool, result_text(i))
                 if not adm.admitted:
                     raise SystemExit(f"result {i} was not admitted ({adm.verdict.rule_id})")
             refs = ks.refs()
@@ -91,7 +116,22 @@ def main(argv: list[str] | None = None) -> int:
             if deny.verdict != "DENY" or len(deny.offending) != args.refs // 2:
                 raise SystemExit(f"unexpected decision: {deny.verdict} with {len(deny.offending)} offending")
 
-            log(f"{args.calls} decisions and {args.calls} audited calls ...")
+            context = ks.call_context()
+            mail = [{"to": "user3@mail.example", "subject": "Re: your order",  # a reply to a mail's sender
+                     "body": "Thanks, order 1003 shipped."},
+                    {"to": "ops@example.com", "cc": ["user7@mail.example"], "subject": "weekly report",
+                     "body": "Orders shipped this week: 1003, 1004. Details: https://shop4.example.com/o/4"}]
+            t0 = time.perf_counter()
+            first = auth.decide("send_mail", context, mail[0])
+            index_s = time.perf_counter() - t0
+            if first.verdict != "ALLOW" or auth.decide("send_mail", context, mail[1]).verdict != "CONFIRM":
+                raise SystemExit("unexpected argument-provenance decisions")
+            log(f"{args.calls} decisions, {args.calls} with argument provenance and {args.calls} audited calls ...")
+            with_args = []
+            for i in range(args.calls):
+                t0 = time.perf_counter()
+                auth.decide("send_mail", context, mail[i % 2])
+                with_args.append(time.perf_counter() - t0)
             decide, call, peer = [], [], []
             names = ["send_email", "get_weather"]
             for i in range(args.calls):
@@ -121,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         "calls": args.calls,
         "verdicts": sorted(verdicts),
         "decide_us": {"p50": statistics.median(decide) * us, "p99": pct(decide, 0.99) * us},
+        "decide_with_argument_provenance_us": {"p50": statistics.median(with_args) * us,
+                                               "p99": pct(with_args, 0.99) * us},
+        "index_ms_100_refs": index_s * 1e3,
         "authorize_tool_call_us": {"p50": statistics.median(call) * us, "p99": pct(call, 0.99) * us},
         "audit_append_alone_us": {"p50": statistics.median(peer) * us, "p99": pct(peer, 0.99) * us},
         "authorize_minus_audit_append_p50_us": (statistics.median(call) - statistics.median(peer)) * us,
@@ -128,12 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     targets = [
         target("decide p50 with 100 refs (us)", results["decide_us"]["p50"], 100, "<="),
+        target("decide with argument provenance p50, 100 refs (us)",
+               results["decide_with_argument_provenance_us"]["p50"], 200, "<="),
         target("authorize_tool_call p50, audit append excluded (us)",
                results["authorize_minus_audit_append_p50_us"], 100, "<="),
         target("authorize_tool_call p50, whole audited call (us)", results["authorize_tool_call_us"]["p50"],
                100, "<="),
     ]
-    for name, value in (("decide", results["decide_us"]), ("authorize_tool_call", results["authorize_tool_call_us"]),
+    for name, value in (("decide", results["decide_us"]),
+                        ("decide, argument provenance", results["decide_with_argument_provenance_us"]), ("authorize_tool_call", results["authorize_tool_call_us"]),
                         ("audit.append alone", results["audit_append_alone_us"])):
         log(f"{name:<22} p50 {value['p50']:9.1f} us   p99 {value['p99']:9.1f} us")
     report("authorize", results, targets, args.json)

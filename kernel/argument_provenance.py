@@ -148,16 +148,39 @@ def indexed(text: str) -> Indexed:
     return Indexed(IndexedText(text), Structure(text))
 
 
-def _find(needle: str, texts: Sequence[ContextText]) -> list[ValueSource]:
-    found: list[ValueSource] = []
-    for ctx in texts:
-        index = indexed(ctx.text)
-        if needle not in index.tokens:
-            continue
-        for m in index.tokens.find_all(needle, limit=4):
-            found.append(ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end,
-                                     index.structure.field_at(m.start, m.end)))
-    return found
+class ContextIndex:
+    """The texts of one context searched as one: every text's canonical tokens joined into one
+    string (two spaces between texts: no value matches across them), so a value is looked up
+    once for the whole context, not once per text."""
+
+    def __init__(self, texts: Sequence[ContextText]) -> None:
+        self.texts = tuple(texts)
+        self._indexed = [indexed(t.text) for t in self.texts]
+        self._bases: list[int] = []
+        at = 0
+        for ix in self._indexed:
+            self._bases.append(at)
+            at += len(ix.tokens.joined)
+        self._all = "".join(ix.tokens.joined for ix in self._indexed)
+
+    def find(self, needle: str, per_text: int = 4, limit: int = 64) -> list[ValueSource]:
+        """Where the canonical token string ``needle`` occurs: at most ``per_text`` places in
+        each text and ``limit`` in all."""
+        probe = " " + needle + " "
+        count = needle.count(" ") + 1
+        found: list[ValueSource] = []
+        seen: dict[int, int] = {}
+        at = self._all.find(probe)
+        while at >= 0 and len(found) < limit:
+            i = bisect_right(self._bases, at) - 1
+            if seen.get(i, 0) < per_text:
+                seen[i] = seen.get(i, 0) + 1
+                ctx, ix = self.texts[i], self._indexed[i]
+                m = ix.tokens.match_at(at - self._bases[i], count)
+                found.append(ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end,
+                                         ix.structure.field_at(m.start, m.end)))
+            at = self._all.find(probe, at + 1)
+        return found
 
 
 def _origin(sources: Sequence[ValueSource]) -> Origin:
@@ -171,8 +194,9 @@ def _ordered(sources: list[ValueSource]) -> tuple[ValueSource, ...]:
     return tuple(sorted(sources, key=lambda s: -_RANK.get(s.trust, 0)))
 
 
-def trace_arguments(args: Any, texts: Sequence[ContextText]) -> list[ArgumentTrace]:
+def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex) -> list[ArgumentTrace]:
     """The provenance of every leaf value of ``args`` (booleans and nulls carry none)."""
+    index = texts if isinstance(texts, ContextIndex) else ContextIndex(texts)
     out: list[ArgumentTrace] = []
     for n, (path, value) in enumerate(leaves(args)):
         if value is None or isinstance(value, bool):
@@ -180,14 +204,14 @@ def trace_arguments(args: Any, texts: Sequence[ContextText]) -> list[ArgumentTra
         if n >= MAX_LEAVES:
             out.append(ArgumentTrace(path, "generated", ()))
             continue
-        text = value if isinstance(value, str) else format(value, "f") if isinstance(value, float) else str(value)
+        text = value if isinstance(value, str) else str(value)
         tokens = canonical_tokens(text)
         if not tokens:
             continue
         if len(tokens) == 1 and tokens[0].kind == "word" and len(tokens[0].form) < MIN_WORD:
             out.append(ArgumentTrace(path, "generated", ()))
             continue
-        sources = _find(needle_of(tokens), texts)
+        sources = index.find(needle_of(tokens))
         origin = _origin(sources)
         out.append(ArgumentTrace(path, origin, _ordered(sources)))
         if origin == "trusted" or len(tokens) == 1:
@@ -197,6 +221,6 @@ def trace_arguments(args: Any, texts: Sequence[ContextText]) -> list[ArgumentTra
             if token.kind not in ENTITY_KINDS or token.form in seen:
                 continue
             seen.add(token.form)
-            inner = _find(token.form, texts)
+            inner = index.find(token.form)
             out.append(ArgumentTrace(path, _origin(inner), _ordered(inner), entity=token.kind))
     return out

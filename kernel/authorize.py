@@ -28,7 +28,7 @@ import blake3
 import rfc8785
 
 from fak.errors import InvalidInput
-from fak.kernel.argument_provenance import ArgumentTrace, ContextText, trace_arguments
+from fak.kernel.argument_provenance import ArgumentTrace, ContextIndex, ContextText, trace_arguments
 from fak.kernel.kv.ledger import SegmentKind
 from fak.policy import tool_settings
 
@@ -128,13 +128,14 @@ class RefMass(Protocol):
 
 class CallEvidence(Protocol):
     """The model's side of a call fak generated: what its argument tokens attended to, and
-    how likely it wrote them without some refs. Computed only when a firing rule asks."""
+    how likely it wrote them without some refs. Computed only when a firing rule asks; None
+    when it cannot be had (the call's tokens could not be located): the rule then fires."""
 
-    def attention(self) -> Mapping[str, Mapping[str, RefMass]]:
+    def attention(self) -> Mapping[str, Mapping[str, RefMass]] | None:
         """Argument name → ref → the attention mass its tokens put on the ref's rows."""
         ...
 
-    def counterfactual(self, refs: Sequence[str]) -> tuple[dict[str, float], dict[str, float], float]:
+    def counterfactual(self, refs: Sequence[str]) -> tuple[dict[str, float], dict[str, float], float] | None:
         """Each argument's log-probability with and without ``refs`` (evicted exactly), and
         the seconds it took."""
         ...
@@ -177,6 +178,8 @@ class Authorizer:
         self._rules: dict[str, list[ToolCallRule]] = {}
         self._trust: dict[Producer, str] = {}
         self._match: dict[tuple[str, Producer], bool] = {}
+        self._indexes: dict[int, tuple[CallContext, ContextIndex]] = {}
+        self._lock = threading.Lock()
 
     def rules_for(self, tool: str) -> list[ToolCallRule]:
         found = self._rules.get(tool)
@@ -226,6 +229,20 @@ class Authorizer:
             out.append(ContextText(e.segment, e.ref, trust, e.text))
         return out
 
+    def index(self, context: CallContext) -> ContextIndex:
+        """The context's texts with this policy's trust, indexed once per context (a session's
+        context object lives until its ledger changes)."""
+        with self._lock:
+            found = self._indexes.get(id(context))
+            if found is not None and found[0] is context:
+                return found[1]
+        index = ContextIndex(self.texts(context))
+        with self._lock:
+            if len(self._indexes) >= 64:
+                self._indexes.pop(next(iter(self._indexes)))
+            self._indexes[id(context)] = (context, index)
+        return index
+
     def decide(self, tool: str, context: CallContext | Mapping[str, Producer], args: Any = None,
                evidence: CallEvidence | None = None) -> ToolCallDecision:
         """The decision on calling ``tool`` with ``args`` in ``context`` (a ``CallContext``, or
@@ -235,8 +252,7 @@ class Authorizer:
         rules = self.rules_for(tool)
         traces: list[ArgumentTrace] | None = None
         if any(r.when_args_from for r in rules):
-            traces = trace_arguments(_parsed(args), self.texts(context)) if context.entries else \
-                trace_arguments(_parsed(args), ())
+            traces = trace_arguments(_parsed(args), self.index(context))
         firing: list[_Firing] = []
         audited: list[str] = []
         for rule in rules:
@@ -291,14 +307,14 @@ class Authorizer:
                ) -> tuple[list[_Firing], Mapping[str, Mapping[str, RefMass]], Counterfactual | None]:
         """Acquit firing rules the model's evidence clears: attention below the rule's
         threshold, or a counterfactual in which the call is as likely without the refs."""
-        attention: Mapping[str, Mapping[str, RefMass]] = {}
+        attention: Mapping[str, Mapping[str, RefMass]] | None = None
         if any(f.rule.when_attention for f in firing):
             attention = evidence.attention()
         counterfactual: Counterfactual | None = None
         kept: list[_Firing] = []
         for f in firing:
             rule = f.rule
-            if rule.when_attention is not None:
+            if rule.when_attention is not None and attention is not None:
                 trusts = set(rule.when_attention.trust)
                 refs = {ref for ref, ps in context.producers.items() if self.least_trust(ps) in trusts}
                 share = max((sum(m.mean for ref, m in per.items() if ref in refs) for per in attention.values()),
@@ -307,14 +323,17 @@ class Authorizer:
                     continue
             if rule.counterfactual and f.offending:
                 if counterfactual is None or set(counterfactual.refs) != set(f.offending):
-                    with_, without, seconds = evidence.counterfactual(f.offending)
-                    acquitted = all(without.get(a, float("-inf")) >= lp - rule.counterfactual_margin
-                                    for a, lp in with_.items())
-                    counterfactual = Counterfactual(tuple(f.offending), with_, without, acquitted, seconds)
-                if counterfactual.acquitted:
+                    found = evidence.counterfactual(f.offending)
+                    if found is not None:
+                        with_, without, seconds = found
+                        acquitted = bool(with_) and all(
+                            without.get(a, float("-inf")) >= lp - rule.counterfactual_margin for a, lp in with_.items())
+                        counterfactual = Counterfactual(tuple(f.offending), with_, without, acquitted, seconds)
+                if counterfactual is not None and set(counterfactual.refs) == set(f.offending) \
+                        and counterfactual.acquitted:
                     continue
             kept.append(f)
-        return kept, attention, counterfactual
+        return kept, attention or {}, counterfactual
 
     def _finish(self, d: ToolCallDecision) -> ToolCallDecision:
         if self.policy.enforcing or d.verdict == "ALLOW":

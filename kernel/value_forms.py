@@ -147,6 +147,17 @@ class IndexedText:
             self._offsets.append(at)
             at += len(t.form) + 1
 
+    @property
+    def joined(self) -> str:
+        """The canonical forms, space-separated, with a space at each end."""
+        return self._joined
+
+    def match_at(self, at: int, count: int) -> Match:
+        """The characters of the ``count`` tokens whose search string starts at ``at``
+        (the space before the first one) of ``joined``."""
+        first = bisect_right(self._offsets, at + 1) - 1
+        return Match(self.tokens[first].start, self.tokens[first + count - 1].end)
+
     def find_all(self, needle: str, limit: int = 8) -> list[Match]:
         """Where the canonical token string ``needle`` occurs (whole tokens only), at most ``limit``."""
         found: list[Match] = []

@@ -16,7 +16,7 @@ from fak.policy.gate import UNPARSABLE, source_host
 # --- normalisation ---------------------------------------------------------------------
 
 
-def _found(value: str, text: str) -> bool:
+def _found(value: object, text: str) -> bool:
     traces = trace_arguments({"v": value}, [ContextText("seg_1", "sha256:" + "0" * 64, "untrusted", text)])
     return traces[0].origin == "untrusted"
 
@@ -46,8 +46,9 @@ def test_amount_traced_in_any_number_form(cents: int, sign: str, style: str) -> 
         "eu": groups.replace(",", ".") + f",{frac:02d}",
         "space": groups.replace(",", " ") + f".{frac:02d}",
     }[style]
-    value = whole + frac / 100
-    assert _found(str(value) if frac else str(whole), f"Amount due: {sign}{written} by Friday")
+    text = f"Amount due: {sign}{written} by Friday"
+    assert _found(cents / 100, text)  # a JSON number, as a model writes it
+    assert _found(f"{sign}{whole:,}.{frac:02d}", text)  # a string in another form
 
 
 @settings(max_examples=60, deadline=None)
