@@ -33,15 +33,18 @@ ENTITY_KINDS: frozenset[TokenKind] = frozenset({"email", "url", "iban", "phone"}
 
 _CURRENCY_SIGNS = "$€£¥₹₩₽¢"
 _CURRENCY_CODES = r"(?:usd|eur|gbp|chf|jpy|cny|inr|cad|aud|sek|nok|dkk|pln|czk|huf|brl|mxn|krw|rub|try|zar)"
-_EMAIL = r"(?P<email>(?:mailto:)?[\w.+'-]+@[\w-]+(?:\.[\w-]+)+)"
-_URL = (r"(?P<url>(?:[a-z][a-z0-9+.-]*://|www\.)[^\s<>\"'`)\]}]+"
-        r"|(?<![\w@.])[a-z0-9][\w-]*(?:\.[\w-]+)*\.[a-z]{2,24}(?::\d{1,5})?(?:/[^\s<>\"'`)\]}]*)?(?![\w@]))")
+# Every repetition is bounded: tool results are written by anyone, and an unbounded run
+# (``a.a.a.a…`` with no ``@``) would make each start position scan to the end (quadratic).
+_EMAIL = r"(?P<email>(?:mailto:)?[\w.+'-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63}){1,8})"
+_URL = (r"(?P<url>(?:[a-z][a-z0-9+.-]{0,15}://|www\.)[^\s<>\"'`)\]}]{1,2048}"
+        r"|(?<![\w@.])[a-z0-9][\w-]{0,62}(?:\.[\w-]{1,63}){0,6}\.[a-z]{2,24}(?::\d{1,5})?"
+        r"(?:/[^\s<>\"'`)\]}]{0,2048})?(?![\w@]))")
 _IBAN = r"(?P<iban>(?<![\w])[a-z]{2}\d{2}(?:[ ]?[a-z0-9]{4}){2,7}(?:[ ]?[a-z0-9]{1,4})?(?![\w]))"
 _PHONE = (r"(?P<phone>(?<![\w.,])(?:\+\d{1,3}[\s.-]?(?:\(\d{1,4}\)[\s.-]?)?\d{1,4}(?:[\s.-]?\d{2,5}){1,4}"
           r"|\(\d{2,4}\)[\s.-]?\d{3}[\s.-]?\d{3,4}|\d{3}[\s.-]\d{3}[\s.-]\d{4}|\d{2,4}(?:[ ]\d{2,4}){3,4})(?![\w]|[.,]\d))")
-_NUMBER = (rf"(?P<number>(?:[{_CURRENCY_SIGNS}]\s?|{_CURRENCY_CODES}\s?)?(?:(?<![\w])-)?(?:\d{{1,3}}(?P<sep>[,.'\u00a0 ])\d{{3}}(?:(?P=sep)\d{{3}})*|\d+)(?:[.,]\d+)?"
+_NUMBER = (rf"(?P<number>(?:[{_CURRENCY_SIGNS}]\s?|{_CURRENCY_CODES}\s?)?(?:(?<![\w])-)?(?:\d{{1,3}}(?P<sep>[,.'\u00a0 ])\d{{3}}(?:(?P=sep)\d{{3}}){{0,12}}|\d{{1,64}})(?:[.,]\d{{1,32}})?"
            rf"(?:\s?(?:{_CURRENCY_CODES}|[{_CURRENCY_SIGNS}])(?![a-z]))?)")
-_WORD = r"(?P<word>\w+)"
+_WORD = r"(?P<word>\w{1,256})"
 _TOKEN = re.compile("|".join((_EMAIL, _URL, _IBAN, _PHONE, _NUMBER, _WORD)), re.IGNORECASE)
 _NOT_PHONE = re.compile("|".join((_NUMBER, _WORD)), re.IGNORECASE)  # a phone-like run too short to dial
 _PHONE_DIGITS = 7
