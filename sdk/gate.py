@@ -155,4 +155,16 @@ def call_notice(d: ToolCallDecisionOut) -> str:
     the rule and the offending refs (the exact remedy is to drop them from the context)."""
     refs = f", offending refs {', '.join(d.offending)}" if d.offending else ""
     why = _WHY_REFS if d.offending and d.verdict == "DENY" else _WHY.get(d.verdict, "")
-    return CALL_NOTICE.format(tool=d.tool, verdict=d.verdict, rule=d.rule_id, refs=refs, why=why)
+    notice = CALL_NOTICE.format(tool=d.tool, verdict=d.verdict, rule=d.rule_id, refs=refs, why=why)
+    return " ".join([notice, *findings_text(d)])
+
+
+def findings_text(d: ToolCallDecisionOut) -> list[str]:
+    """Why a rule fired, per argument, as a person reads it: where its value was found."""
+    out = []
+    for f in d.findings:
+        what = f"argument {f.argument}" + (f" ({f.entity} inside it)" if f.entity else "")
+        where = "; ".join(f"{s.ref or s.segment} chars {s.start}-{s.end}" + (f" field {s.field}" if s.field else "")
+                          for s in f.sources[:3])
+        out.append(f"{what}: {f.origin}" + (f", found in {where}." if where else ", found in no text of the context."))
+    return out
