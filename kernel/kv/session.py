@@ -171,10 +171,12 @@ class Session(SessionState):
         return replay(self.model, live, tokenizer=self.tokenizer, chunk_size=self.chunk_size,
                       tenant=self.tenant).fingerprint()
 
-    def fork(self, session_id: str | None = None) -> Session:
-        """An independent copy (cache, ledger, messages) that shares the model."""
+    def fork(self, session_id: str | None = None, *, private: bool = False) -> Session:
+        """An independent copy (cache, ledger, messages) that shares the model. ``private``: a
+        scratch copy that tells the owner nothing (no events) and neither reads nor drops the
+        shared KV (no prefix cache, no PIC registry)."""
         other = Session.__new__(Session)
-        other.__dict__ |= self.__dict__
+        other.__dict__ |= self.__dict__ | ({"_on_event": None, "prefix": None, "pic": None} if private else {})
         other.id = session_id or "sess_" + uuid.uuid4().hex[:16]
         other.cache = self.cache.clone()
         other.ledger = copy.deepcopy(self.ledger)

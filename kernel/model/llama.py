@@ -61,6 +61,15 @@ class TokenStep(Protocol):
         ...
 
 
+class AttentionCapture(Protocol):
+    """Receives each layer's attention probabilities of a captured forward call
+    (``Llama.forward(capture=...)``); it reads them and must not modify them."""
+
+    def layer(self, index: int, probs: torch.Tensor) -> None:
+        """Layer ``index``'s probabilities ``(1, heads, T, rows)``: query token by cache row."""
+        ...
+
+
 ATTENTION_MODES = ("sdpa", "eager")
 DECODE_BACKENDS = ("auto", "blas", "torch")
 
@@ -155,9 +164,12 @@ class Llama:
         cache: KVCache,
         positions: torch.Tensor | None = None,
         all_logits: bool = False,
+        capture: AttentionCapture | None = None,
     ) -> torch.Tensor:
         """Run ``tokens`` against ``cache`` (appending their rows) and return logits:
-        ``(T, vocab)`` with ``all_logits``, else ``(1, vocab)`` for the last token."""
+        ``(T, vocab)`` with ``all_logits``, else ``(1, vocab)`` for the last token.
+        ``capture``: run the eager path (whatever the attention mode, one token included) and
+        hand it each layer's attention probabilities; without it every path is as it was."""
         ids = torch.as_tensor(tokens, dtype=torch.int64, device=self.device).reshape(-1)
         T = int(ids.shape[0])
         if T == 0:
@@ -170,6 +182,13 @@ class Llama:
             positions = torch.arange(first, first + T, dtype=torch.int64, device=self.device)
         cache.reserve(start + T)
         cos, sin = rope.cos_sin(self.inv_freq, positions, self.dtype)
+        if capture is not None:
+            x = F.embedding(ids, self.w.embed)[None]
+            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            x = self._layers_prefill_eager(x, cache, start, cos, sin, full, capture)
+            cache.commit(ids, positions)
+            x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
+            return self.head(x if all_logits else x[:, -1:])[0]
         if T == 1 and self._blas is not None:
             hidden = self._blas.step(int(ids[0]), cache, cos, sin)
             cache.commit(ids, positions)
@@ -225,11 +244,12 @@ class Llama:
         return x + ln.down(F.silu(gate) * up)
 
     def _layers_prefill_eager(
-        self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+        capture: AttentionCapture | None = None,
     ) -> torch.Tensor:
         """The HF reference's operation order, step by step (oracle-exact). The products are
         chosen once, not per layer: float32 runs the reference's own (separate q/k/v and
-        gate/up), another weight format its fused ones."""
+        gate/up), another weight format its fused ones. ``capture`` reads each layer's probabilities."""
         cfg = self.cfg
         T = x.shape[1]
         end = start + T
@@ -251,6 +271,8 @@ class Llama:
             scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
             scores = scores + mask
             probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            if capture is not None:
+                capture.layer(i, probs)
             attn = torch.matmul(probs, values).transpose(1, 2).contiguous()
             x = x + self.lin[i].o(attn.reshape(1, T, -1).contiguous())
             x = mlp(x, i)
