@@ -250,9 +250,10 @@ class Authorizer:
         if not isinstance(context, CallContext):
             context = CallContext.of_refs(context)
         rules = self.rules_for(tool)
+        parsed = _parsed(args)
         traces: list[ArgumentTrace] | None = None
-        if any(r.when_args_from for r in rules):
-            traces = trace_arguments(_parsed(args), self.index(context))
+        if parsed and (context.entries or any(r.when_args_from for r in rules)):  # recorded for every call
+            traces = trace_arguments(parsed, self.index(context))
         firing: list[_Firing] = []
         audited: list[str] = []
         for rule in rules:
