@@ -81,10 +81,22 @@ def _byte(c: int) -> bytes:
 Parsed = Iterable[tuple[int, Any]]
 
 
-def _char_class(items: Parsed) -> tuple[bytes, bool]:
+def _char_class(items: Parsed, folded: bool = False) -> tuple[bytes, bool]:
     """A class as a byte class: the ASCII bytes it matches, and every byte of a non-ASCII
     character (``\\x80-\\xff``) when it may match one (then True: one character may be up
-    to four such bytes)."""
+    to four such bytes). ``folded``: the class reads the folded text, where an ASCII byte
+    stands for its lower case (folding changes no other ASCII character), so a byte is in
+    when its lower case is: ``[^a-z]`` keeps no letter once compiled caseless."""
+    ascii_set, wide = _ascii_set(items)
+    if folded:
+        ascii_set = {c for c in range(128) if ord(chr(c).lower()) in ascii_set}
+    if not ascii_set and not wide:
+        raise ValueError("empty class")
+    return b"[" + b"".join(_ranges(sorted(ascii_set))) + (b"\\x80-\\xff" if wide else b"") + b"]", wide
+
+
+def _ascii_set(items: Parsed) -> tuple[set[int], bool]:
+    """The ASCII characters a class matches, and whether it may match a non-ASCII one."""
     ascii_set: set[int] = set()
     wide = negate = False
     for op, av in items:
@@ -107,21 +119,36 @@ def _char_class(items: Parsed) -> tuple[bytes, bool]:
     if negate:
         ascii_set = set(range(128)) - ascii_set
         wide = True
-    if not ascii_set and not wide:
-        raise ValueError("empty class")
-    return b"[" + b"".join(_byte(c) for c in sorted(ascii_set)) + (b"\\x80-\\xff" if wide else b"") + b"]", wide
+    return ascii_set, wide
+
+
+def _ranges(codes: list[int]) -> list[bytes]:
+    """Sorted byte values as class items, each run of three or more as a range (a class of
+    all printable characters is 9 bytes of pattern, not 376: Hyperscan bounds a pattern's length)."""
+    out: list[bytes] = []
+    i = 0
+    while i < len(codes):
+        j = i
+        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(_byte(codes[i]) + b"-" + _byte(codes[j]))
+        else:
+            out.extend(_byte(c) for c in codes[i : j + 1])
+        i = j + 1
+    return out
 
 
 _SINGLE = (C.NOT_LITERAL, C.ANY, C.IN)
 
 
-def _single(op: int, av: Any, dotall: bool) -> tuple[bytes, bool]:
+def _single(op: int, av: Any, dotall: bool, folded: bool) -> tuple[bytes, bool]:
     """One character of class kind as (byte class, may be non-ASCII)."""
     if op is C.NOT_LITERAL:
-        return _char_class([(C.NEGATE, None), (C.LITERAL, av)])
+        return _char_class([(C.NEGATE, None), (C.LITERAL, av)], folded)
     if op is C.ANY:
-        return _char_class([(C.NEGATE, None)] + ([] if dotall else [(C.LITERAL, 10)]))
-    return _char_class(av)
+        return _char_class([(C.NEGATE, None)] + ([] if dotall else [(C.LITERAL, 10)]), folded)
+    return _char_class(av, folded)
 
 
 def _bound(lo: int, hi: int) -> bytes:
@@ -129,28 +156,28 @@ def _bound(lo: int, hi: int) -> bytes:
     return b"{%d,}" % lo if hi is C.MAXREPEAT or hi > REPEAT_CAP else b"{%d,%d}" % (lo, hi)
 
 
-def _emit(tree: Parsed, dotall: bool) -> bytes:
+def _emit(tree: Parsed, dotall: bool, folded: bool) -> bytes:
     out: list[bytes] = []
     for op, av in tree:
         if op is C.LITERAL:
             out.append(b"".join(_byte(b) for b in chr(av).encode("utf-8", "surrogateescape")) if av >= 128
-                       else _byte(av))
+                       else bytes([av]) if chr(av).isalnum() else _byte(av))  # letters and digits as themselves: shorter
         elif op in _SINGLE:
-            cls, wide = _single(op, av, dotall)
+            cls, wide = _single(op, av, dotall, folded)
             out.append(cls + (b"{1,4}" if wide else b""))
         elif op is C.BRANCH:
-            out.append(b"(?:" + b"|".join(_emit(alt, dotall) for alt in av[1]) + b")")
+            out.append(b"(?:" + b"|".join(_emit(alt, dotall, folded) for alt in av[1]) + b")")
         elif op is C.SUBPATTERN:
-            out.append(b"(?:" + _emit(av[3], dotall or bool(av[1] & C.SRE_FLAG_DOTALL)) + b")")
+            out.append(b"(?:" + _emit(av[3], dotall or bool(av[1] & C.SRE_FLAG_DOTALL), folded) + b")")
         elif op is C.ATOMIC_GROUP:
-            out.append(b"(?:" + _emit(av, dotall) + b")")
+            out.append(b"(?:" + _emit(av, dotall, folded) + b")")
         elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
             lo, hi, sub = av
             if len(sub) == 1 and sub[0][0] in _SINGLE:  # a run of one class: bytes, four per character at most
-                cls, wide = _single(sub[0][0], sub[0][1], dotall)
+                cls, wide = _single(sub[0][0], sub[0][1], dotall, folded)
                 out.append(cls + (_bound(lo, hi if hi is C.MAXREPEAT else 4 * hi) if wide else _bound(lo, hi)))
             else:
-                out.append(b"(?:" + _emit(sub, dotall) + b")" + _bound(lo, hi))
+                out.append(b"(?:" + _emit(sub, dotall, folded) + b")" + _bound(lo, hi))
         elif op is C.AT and av is C.AT_BEGINNING_LINE:
             out.append(b"^")  # compiled with HS_FLAG_MULTILINE: after a line break or at the start
         elif op in (C.AT, C.ASSERT, C.ASSERT_NOT):
@@ -160,10 +187,11 @@ def _emit(tree: Parsed, dotall: bool) -> bytes:
     return b"".join(out)
 
 
-def superset(rx: re.Pattern[str]) -> bytes:
+def superset(rx: re.Pattern[str], folded: bool = False) -> bytes:
     """A Hyperscan pattern (to be compiled caseless) matching, on the UTF-8 bytes of any
-    text, wherever ``rx`` matches on that text, with the same end."""
-    return _emit(sre_parse.parse(rx.pattern, rx.flags), bool(rx.flags & re.DOTALL))
+    text, wherever ``rx`` matches on that text, with the same end (``folded``: wherever
+    ``rx`` matches on the text's folded form)."""
+    return _emit(sre_parse.parse(rx.pattern, rx.flags), bool(rx.flags & re.DOTALL), folded)
 
 
 def _lines(tree: Parsed) -> int:
@@ -175,7 +203,7 @@ def _lines(tree: Parsed) -> int:
         elif op in (C.NOT_LITERAL, C.ANY):
             n = int(av != 10) if op is C.NOT_LITERAL else 0
         elif op is C.IN:
-            n = int(b"\\x0a" in _char_class(av)[0])
+            n = int(10 in _ascii_set(av)[0])
         elif op is C.BRANCH:
             n = max(_lines(alt) for alt in av[1])
         elif op is C.SUBPATTERN:
@@ -221,12 +249,13 @@ class _Native:
 
     def __init__(self) -> None:
         sigs = [s for s in signatures.load() if s.on != "root"]
-        self.ids = [s.id for s in sigs]
-        self.count = len(sigs)
-        self.widths = [width(s.regex) for s in sigs]
+        # a signature may have several native patterns (``Signature.loose``): pattern id -> signature
+        self.ids = [s.id for s in sigs for _ in s.loose]
+        self.count = len(self.ids)
+        self.widths = [width(s.regex) for s in sigs for _ in s.loose]
         # a trigger's region: its line and as many lines either side as a folded match can span
         self.margin = max(lines(s.regex) for s in sigs if s.on == "folded")
-        patterns = [superset(s.regex) for s in sigs] + _TRIGGERS
+        patterns = [superset(rx, s.on == "folded") for s in sigs for rx in s.loose] + _TRIGGERS
         # the encoded-run triggers report where they begin (``Region.starts``)
         flags = [hyperscan.HS_FLAG_CASELESS | (hyperscan.HS_FLAG_MULTILINE if b"^" in p else 0)
                  | (hyperscan.HS_FLAG_SOM_LEFTMOST if i - self.count in _PAYLOAD_TRIGGERS else 0)
