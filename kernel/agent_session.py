@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -34,6 +34,7 @@ from fak.kernel.authorize import AttentionView, CallContext, CallEvidence, ToolC
 from fak.kernel.call_records import approval_key, decision_event
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
+from fak.kernel.generated_call import GeneratedCall, TurnEvidence
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import EvictionReport, EvictMode, Session
 from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
@@ -81,18 +82,25 @@ class CallJudge:
     def __init__(self, ks: KernelSession, principal: str | None) -> None:
         self._ks = ks
         self._context: CallContext | None = None
+        self._session: Session | None = None
+        self._base = 0
         self._principal = principal
         self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
 
-    def bind(self, context: CallContext) -> None:
+    def bind(self, context: CallContext, session: Session | None = None, base: int = 0) -> None:
         """The context of the turn, read by ``KernelSession.generate`` under the session's lock
-        when the turn starts (no other operation can change it until the turn ends)."""
-        self._context = context
+        when the turn starts (no other operation can change it until the turn ends); with the
+        session and the turn's first row, the model's evidence can be computed for a call."""
+        self._context, self._session, self._base = context, session, base
 
-    def judge(self, name: str, args: Any = None, evidence: CallEvidence | None = None) -> ToolCallDecision:
-        """The decision on one call (its audit index once settled); logged, not waited for."""
+    def judge(self, name: str, args: Any = None, turn: Callable[[], GeneratedCall | None] | None = None
+              ) -> ToolCallDecision:
+        """The decision on one call (its audit index once settled); logged, not waited for.
+        ``turn``: locates the call among the turn's tokens, for rules that ask for the model's
+        evidence; call ``judge`` with it only while the turn is open (it holds the lock)."""
         if self._context is None:
             raise TransactionError("a call judge is bound by the generation it judges (generate(judge=...))")
+        evidence = TurnEvidence(self._session, self._base, turn) if turn is not None and self._session else None
         decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence)
         self._pending.append((decision, self._ks.services.audit.submit(event)))
         self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
@@ -455,6 +463,13 @@ class KernelSession:
         self.services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return replace(decision, audit_index=index)
 
+    def call_context(self) -> CallContext:
+        """What a tool-call decision reads of this session now: the refs in attention with their
+        segments' producers, and the texts of the live system, user and tool segments."""
+        self._before_use()
+        with self._locked() as s:
+            return self._in_attention.of(s)
+
     def decide_call(self, name: str, args: Any, context: CallContext, principal: str | None,
                     evidence: CallEvidence | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
         """The decision on a call in ``context`` (the refs in attention with the producers of their
@@ -545,7 +560,7 @@ class KernelSession:
         with self.transaction() as tx:
             s = tx.session
             if judge is not None:
-                judge.bind(self._in_attention.of(s))
+                judge.bind(self._in_attention.of(s), s, s.cache.length)
             room = self.services.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
                 raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "

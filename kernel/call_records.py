@@ -84,7 +84,7 @@ def findings_out(decision: ToolCallDecision) -> list[w.ArgumentFindingOut]:
     """What a person asked to confirm is shown of why: per triggering argument, its origin and
     where its value was found (segment, ref, span, field of a structured result)."""
     return [
-        w.ArgumentFindingOut(argument=t.path, entity=t.entity, origin=t.origin,  # type: ignore[arg-type]
+        w.ArgumentFindingOut(argument=t.path, entity=t.entity, origin=t.origin,
                              sources=[w.ValueSourceOut(segment=s.segment, ref=s.ref, start=s.start, end=s.end,
                                                        field=s.field, trust=s.trust) for s in t.sources[:8]])
         for t in decision.triggers

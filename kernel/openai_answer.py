@@ -16,7 +16,7 @@ turns they caused are evicted exactly and the model asked again (at most
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -30,6 +30,7 @@ from fak.kernel.constrain import (
     json_or_calls_grammar,
     tool_calls_grammar,
 )
+from fak.kernel.generated_call import GeneratedCall, generated_calls
 from fak.kernel.held_calls import HeldCall
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_params import ChatParameters
@@ -159,8 +160,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                     # while the turn closes (its closing forward and ledger write come next)
                     t0 = time.perf_counter()
                     read = _read(tok, produced, a.stops, names)
-                    for call in read[1]:
-                        judge.judge(call.name, call.arguments)
+                    for i, call in enumerate(read[1]):  # the turn is open: its evidence can be computed
+                        judge.judge(call.name, call.arguments, turn=_locator(tok, list(produced), i, call))
                     spent += time.perf_counter() - t0
                 decoder.push(token)
                 show = _visible(decoder.emitted, a.stops, bool(names))
@@ -196,6 +197,20 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         answer.judge_s = spent + time.perf_counter() - t0
         yield answer
         return
+
+
+def _locator(tok: ChatTokenizer, produced: list[int], i: int, call: ParsedCall
+             ) -> Callable[[], GeneratedCall | None]:
+    """Finds the ``i``-th call of a turn among its tokens, when a rule asks for evidence."""
+
+    def locate() -> GeneratedCall | None:
+        found = generated_calls(produced, token_bytes(tok.tk))
+        same = [g for g in found if g.name == call.name and g.arguments == call.arguments]
+        if i < len(found) and found[i] in same:
+            return found[i]
+        return same[0] if len(same) == 1 else None
+
+    return locate
 
 
 def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
