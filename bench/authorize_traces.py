@@ -74,7 +74,7 @@ def replay(kernel: Kernel, trace: Trace) -> tuple[list[tuple[str, str, str | Non
     for r in trace.results:
         adm = s.admit(r.tool, r.data, media_type=r.media_type, source=r.source)
         kept_out += not adm.admitted
-    out = []
+    out: list[tuple[str, str, str | None]] = []
     for c in trace.calls:
         d = s.authorize_tool_call(c.tool, c.args)
         out.append((c.label, d.verdict, d.rule_id))
