@@ -154,7 +154,9 @@ class ContextIndex:
     once for the whole context, not once per text."""
 
     def __init__(self, texts: Sequence[ContextText]) -> None:
-        self.texts = tuple(texts)
+        # most trusted first: a value's first matches are then from the most trusted texts that
+        # hold it, so the origin is right even when the search stops at its limit
+        self.texts = tuple(sorted(texts, key=lambda t: -_RANK.get(t.trust, 0)))
         self._indexed = [indexed(t.text) for t in self.texts]
         self._bases: list[int] = []
         at = 0
@@ -163,7 +165,7 @@ class ContextIndex:
             at += len(ix.tokens.joined)
         self._all = "".join(ix.tokens.joined for ix in self._indexed)
 
-    def find(self, needle: str, per_text: int = 4, limit: int = 64) -> list[ValueSource]:
+    def find(self, needle: str, per_text: int = 2, limit: int = 16) -> list[ValueSource]:
         """Where the canonical token string ``needle`` occurs: at most ``per_text`` places in
         each text and ``limit`` in all."""
         probe = " " + needle + " "

@@ -21,6 +21,7 @@ from fak.kernel.argument_provenance import ArgumentTrace
 from fak.kernel.authorize import ToolCallDecision
 from fak.types import as_id
 
+MAX_SOURCES_LOGGED = 8  # per argument: the most trusted first; the decision itself reads them all
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
 
 
@@ -37,7 +38,7 @@ def argument_records(decision: ToolCallDecision) -> list[ArgumentRecord]:
         ArgumentRecord(
             path=safe_path(t.path, i), origin=t.origin, entity=t.entity,  # type: ignore[arg-type]
             sources=[ArgumentSourceRecord(segment=as_id(s.segment), ref=s.ref, start=s.start, end=s.end)
-                     for s in t.sources[:64]],
+                     for s in t.sources[:MAX_SOURCES_LOGGED]],
             trigger=(t.path, t.entity) in triggers,
         )
         for i, t in enumerate(decision.arguments[:1024])

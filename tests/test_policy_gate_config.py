@@ -149,7 +149,8 @@ def test_exception_by_source_domain_and_unparsable_source_is_not_exempted():
     assert kind("https://docs.example.com.evil.net/") is VerdictKind.QUARANTINE
     assert kind("https://evil.net/?u=https://docs.example.com/") is VerdictKind.QUARANTINE
     assert kind("https://evil.net\\@docs.example.com/") is VerdictKind.QUARANTINE  # parser differential: closed
-    assert kind("docs.example.com/prompting") is VerdictKind.QUARANTINE  # no scheme: unparsable
+    assert kind("docs.example.com/prompting") is VerdictKind.ALLOW  # host-only: read as https://
+    assert kind("mailto:docs.example.com") is VerdictKind.QUARANTINE  # a scheme that has no host: unparsable
     assert kind("http://[::1/") is VerdictKind.QUARANTINE
     assert kind(None) is VerdictKind.QUARANTINE
 
@@ -194,7 +195,8 @@ def test_exception_with_several_rules_reports_the_unknown_one_at_its_place():
     ("https://[2001:db8::1]/", "2001:db8::1"),
     ("https://bücher.example/", "xn--bcher-kva.example"),
     ("ftp://files.example.org", "files.example.org"),
-    ("example.com/path", UNPARSABLE),
+    ("example.com/path", "example.com"),  # host-only: read as https://
+    ("mailto:a@example.com", UNPARSABLE),
     ("https:///path", UNPARSABLE),
     ("https://exa mple.com/", UNPARSABLE),
     ("https://a.com\\@b.com/", UNPARSABLE),
