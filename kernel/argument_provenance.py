@@ -143,8 +143,9 @@ class Indexed:
 
 
 @functools.lru_cache(maxsize=512)
-def indexed(text: str) -> Indexed:
-    """The index of a text (cached by content: a ref's text is indexed once, not per call)."""
+def indexed(text: str, tenant: str = "") -> Indexed:
+    """The index of a text (cached by content, per tenant: a ref's text is indexed once, not per
+    call, and how fast a decision is tells no tenant what another's context held)."""
     return Indexed(IndexedText(text), Structure(text))
 
 
@@ -153,11 +154,11 @@ class ContextIndex:
     string (two spaces between texts: no value matches across them), so a value is looked up
     once for the whole context, not once per text."""
 
-    def __init__(self, texts: Sequence[ContextText]) -> None:
+    def __init__(self, texts: Sequence[ContextText], tenant: str = "") -> None:
         # most trusted first: a value's first matches are then from the most trusted texts that
         # hold it, so the origin is right even when the search stops at its limit
         self.texts = tuple(sorted(texts, key=lambda t: -_RANK.get(t.trust, 0)))
-        self._indexed = [indexed(t.text) for t in self.texts]
+        self._indexed = [indexed(t.text, tenant) for t in self.texts]
         self._bases: list[int] = []
         at = 0
         for ix in self._indexed:

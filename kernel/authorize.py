@@ -108,6 +108,7 @@ class CallContext:
 
     producers: Mapping[str, tuple[Producer, ...]]
     entries: tuple[ContextEntry, ...] = ()
+    tenant: str = ""
 
     @classmethod
     def of_refs(cls, attention: Mapping[str, Producer]) -> CallContext:
@@ -236,7 +237,7 @@ class Authorizer:
             found = self._indexes.get(id(context))
             if found is not None and found[0] is context:
                 return found[1]
-        index = ContextIndex(self.texts(context))
+        index = ContextIndex(self.texts(context), context.tenant)
         with self._lock:
             if len(self._indexes) >= 64:
                 self._indexes.pop(next(iter(self._indexes)))
@@ -469,4 +470,4 @@ class AttentionView:
             elif seg.kind is SegmentKind.TOOL and seg.ref:
                 entries.append(ContextEntry(seg.id, seg.ref, producers.get(seg.ref, ((UNKNOWN_TOOL, None),))[0],
                                             message["content"]))
-        return CallContext(producers, tuple(entries))
+        return CallContext(producers, tuple(entries), self._tenant)

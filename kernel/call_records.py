@@ -26,8 +26,8 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
 
 
 def safe_path(path: str, index: int) -> str:
-    """An argument path for the log: the path when it is a plain identifier (a schema's key),
-    else its position (a key the model invented may carry content)."""
+    """An argument path or name for the log: itself when it is a plain identifier (a schema's
+    key), else its position (a key the model invented may carry content)."""
     return path if _SAFE_PATH.fullmatch(path) else f"#{index}"
 
 
@@ -56,12 +56,13 @@ def decision_event(tenant: str, session_id: str, tool: str, digest: str, decisio
         policy_digest=decision.policy_digest, enforced=decision.enforced, would_be=decision.would_be,
         audited=[as_id(r) for r in decision.audited], principal=as_id(principal) if principal else None,
         arguments=argument_records(decision),
-        attention=[AttentionRecord(arg=as_id(arg), ref=ref, mean=_unit(m.mean),
+        attention=[AttentionRecord(arg=safe_path(arg, i), ref=ref, mean=_unit(m.mean),
                                    per_layer=[_unit(x) for x in m.per_layer])
-                   for arg, per in decision.attention.items() for ref, m in per.items()],
+                   for i, (arg, per) in enumerate(decision.attention.items()) for ref, m in per.items()],
         counterfactual=CounterfactualRecord(
-            refs=list(cf.refs), logprob_with={as_id(k): v for k, v in cf.logprob_with.items()},
-            logprob_without={as_id(k): v for k, v in cf.logprob_without.items()}, acquitted=cf.acquitted,
+            refs=list(cf.refs), logprob_with={safe_path(k, i): v for i, (k, v) in enumerate(cf.logprob_with.items())},
+            logprob_without={safe_path(k, i): v for i, (k, v) in enumerate(cf.logprob_without.items())},
+            acquitted=cf.acquitted,
             seconds=cf.seconds) if cf is not None else None,
         approved_by=decision.approved_by,
     )  # fmt: skip

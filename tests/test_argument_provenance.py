@@ -240,3 +240,11 @@ def test_a_trusted_source_wins_however_many_untrusted_texts_hold_the_value() -> 
     late_user_turn = ContextText("s_user", None, "trusted", "my account is acct-77")
     [trace] = trace_arguments({"account": "acct-77"}, [*many, late_user_turn])
     assert trace.origin == "trusted" and trace.sources[0].segment == "s_user"
+
+
+def test_a_key_the_model_invented_is_logged_by_position_not_by_name(kern: Kernel) -> None:
+    s = kern.session("acme")
+    s.append("user", "hello")
+    d = s.authorize_tool_call("read_file", {"path": "notes.txt", "my password is hunter2": "x y z"})
+    paths = [a.path for a in kern.audit.entry(d.audit_index).event.arguments]
+    assert paths == ["path", "#1"]
