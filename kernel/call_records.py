@@ -28,7 +28,7 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
 def safe_path(path: str, index: int) -> str:
     """An argument path or name for the log: itself when it is a plain identifier (a schema's
     key), else its position (a key the model invented may carry content)."""
-    return path if _SAFE_PATH.fullmatch(path) else f"#{index}"
+    return path if _SAFE_PATH.fullmatch(path) else f"@{index}"
 
 
 def argument_records(decision: ToolCallDecision) -> list[ArgumentRecord]:

@@ -247,4 +247,4 @@ def test_a_key_the_model_invented_is_logged_by_position_not_by_name(kern: Kernel
     s.append("user", "hello")
     d = s.authorize_tool_call("read_file", {"path": "notes.txt", "my password is hunter2": "x y z"})
     paths = [a.path for a in kern.audit.entry(d.audit_index).event.arguments]
-    assert paths == ["path", "#1"]
+    assert paths == ["path", "@1"]
