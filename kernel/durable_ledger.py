@@ -12,11 +12,13 @@ whole on every change, so what was sealed is remembered and not sealed again.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 
 from fak.cas.errors import CasError
 from fak.errors import NotFound
+from fak.kernel.authorize import UNKNOWN_TOOL
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import Session, SessionOptions, replay
 from fak.kernel.services import Services
@@ -96,8 +98,23 @@ class DurableLedger:
                 sealed=ciphertext if keep else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
                 expires_turn=seg.expires_turn, tool=seg.tool, source=seg.source,
+                producer_mac=self._producer_mac(seg.id, seg.ref, seg.tool, seg.source),
             ))  # fmt: skip
         return head, segs
+
+    def _producer_mac(self, segment_id: str, ref: str | None, tool: str | None, source: str | None) -> str | None:
+        if tool is None:
+            return None
+        return self._services.keys.producer_mac(self._tenant, self._id, segment_id, ref, tool, source)
+
+    def _producer(self, row: SegmentRow) -> tuple[str | None, str | None]:
+        """A row's recorded producer, if its MAC verifies; else unknown (judged untrusted)."""
+        if row.tool is None:
+            return None, None  # written before producers were recorded: the ref's record decides
+        expected = self._producer_mac(row.id, row.ref, row.tool, row.source)
+        if row.producer_mac is None or not hmac.compare_digest(row.producer_mac, expected or ""):
+            return UNKNOWN_TOOL, None
+        return row.tool, row.source
 
     def _seal_all(self, s: Session) -> dict[str, bytes]:
         """The ciphertext of every live text segment derived from tool content: from the cache
@@ -173,6 +190,7 @@ class DurableLedger:
         messages: dict[str, dict[str, str]] = {}
         for row in rows:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
+            tool, source = self._producer(row)
             chunks = json.loads(row.chunks)
             content = frozenset(json.loads(row.content))
             verdict = VerdictKind(row.verdict) if row.verdict is not None else None  # persisted as its string
@@ -181,7 +199,7 @@ class DurableLedger:
                                         verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
                                         content=content, protected=row.protected,
                                         provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                                        expires_turn=row.expires_turn, tool=row.tool, source=row.source))
+                                        expires_turn=row.expires_turn, tool=tool, source=source))
                 continue
             message: dict[str, str] | None
             if kind is SegmentKind.TOOL:
@@ -204,7 +222,7 @@ class DurableLedger:
             segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
                                     verdict=verdict, rule=row.rule, content=content,
                                     policy_digest=row.policy_digest, protected=row.protected,
-                                    expires_turn=row.expires_turn, tool=row.tool, source=row.source))
+                                    expires_turn=row.expires_turn, tool=tool, source=source))
         return segments, messages
 
     def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:

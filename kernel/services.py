@@ -10,6 +10,7 @@ agent kernel's imports form no cycle (``tests/test_layering.py``).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
@@ -159,6 +160,7 @@ class DerivedKeys:
         self._namespaces: dict[str, bytes] = {}
         self._fp_keys: dict[str, bytes] = {}
         self._args_key: bytes | None = None
+        self._producer_key: bytes | None = None
 
     def derive(self, label: str) -> bytes:
         """A 32-byte key for one use (HKDF, ``label`` names the use)."""
@@ -179,6 +181,15 @@ class DerivedKeys:
         if key is None:
             key = self._fp_keys[tenant] = self.derive(f"fak/audit/fingerprint:{tenant}")
         return "blake3k:" + blake3.blake3(fingerprint.encode(), key=key).hexdigest()
+
+    def producer_mac(self, tenant: str, session_id: str, segment_id: str, ref: str | None, tool: str,
+                     source: str | None) -> str:
+        """A MAC over a tool segment's recorded producer: trust is read from it, so whoever can
+        write the state database but holds no key cannot raise a segment's trust."""
+        if self._producer_key is None:
+            self._producer_key = self.derive("fak/state/segment-producer")
+        msg = json.dumps([tenant, session_id, segment_id, ref, tool, source]).encode()
+        return "blake3k:" + blake3.blake3(msg, key=self._producer_key).hexdigest()
 
     def tool_args_key(self) -> bytes:
         """The key that hashes tool-call arguments into their audited digest."""

@@ -248,3 +248,27 @@ def test_a_key_the_model_invented_is_logged_by_position_not_by_name(kern: Kernel
     d = s.authorize_tool_call("read_file", {"path": "notes.txt", "my password is hunter2": "x y z"})
     paths = [a.path for a in kern.audit.entry(d.audit_index).event.arguments]
     assert paths == ["path", "@1"]
+
+
+def test_writing_the_database_cannot_raise_a_segments_trust(kern: Kernel, tmp_path, tiny_dir, tiny_lm) -> None:
+    """Someone who can write the state database but holds no key rewrites an untrusted
+    segment's recorded producer to a trusted tool: the producer's MAC fails, and the segment
+    is judged unknown (untrusted) after the reload, not trusted."""
+    from sqlalchemy import text
+
+    s = kern.session("acme")
+    s.append("user", "read the page")
+    s.admit("web_fetch", b"A page anyone could have written.")
+    sid = s.id
+    engine = kern.services.state.engine
+    kern.close()
+    with engine.begin() as db:
+        changed = db.execute(text("UPDATE fak_segments SET tool = 'calculator' WHERE tool = 'web_fetch'"))
+        assert changed.rowcount == 1
+    again = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16,
+                                 policy_path=tmp_path / "policy.yaml"), model=tiny_lm, progress=None)
+    try:
+        d = again.session("acme", sid).authorize_tool_call("send_email", {"to": "x@y.example"})
+        assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-after-untrusted")
+    finally:
+        again.close()

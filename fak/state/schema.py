@@ -52,6 +52,7 @@ class SegmentRow(Base):
     # a tool segment's producer at admission (its trust is the segment's, not the bytes')
     tool: Mapped[str | None] = mapped_column(String(128), nullable=True)
     source: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    producer_mac: Mapped[str | None] = mapped_column(String(80), nullable=True)  # keyed: see DerivedKeys
 
     __table_args__ = (Index("ix_fak_segments_ref", "tenant", "ref"),)
 

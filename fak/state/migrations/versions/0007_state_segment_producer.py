@@ -2,6 +2,8 @@
 judges the trust of what is in attention per segment, never per bytes (identical bytes a
 trusted tool returns in another session must not launder an untrusted segment). Rows
 written before this revision have NULLs; the authorizer then falls back to the ref's record.
+``producer_mac`` is keyed (derived from the master secret): a producer whose MAC does not
+verify is read as unknown (untrusted), so writing the database cannot raise a segment's trust.
 
 Revision ID: state_0007
 Revises: state_0006
@@ -20,9 +22,11 @@ def upgrade() -> None:
     with op.batch_alter_table("fak_segments") as batch:
         batch.add_column(sa.Column("tool", sa.String(128), nullable=True))
         batch.add_column(sa.Column("source", sa.String(2048), nullable=True))
+        batch.add_column(sa.Column("producer_mac", sa.String(80), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("fak_segments") as batch:
+        batch.drop_column("producer_mac")
         batch.drop_column("source")
         batch.drop_column("tool")
