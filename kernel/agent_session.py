@@ -30,7 +30,14 @@ from fak.audit import ToolCallDecision as DecisionEvent
 from fak.errors import Conflict, Forbidden, InvalidInput
 from fak.kernel import admission
 from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
-from fak.kernel.authorize import AttentionView, CallContext, CallEvidence, ToolCallDecision, args_digest
+from fak.kernel.authorize import (
+    AttentionView,
+    CallContext,
+    CallEvidence,
+    ToolCallDecision,
+    args_digest,
+    parsed_args,
+)
 from fak.kernel.call_records import approval_key, decision_event
 from fak.kernel.durable_ledger import DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
@@ -479,6 +486,7 @@ class KernelSession:
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         services = self.services
+        args = parsed_args(args)  # once, for the digest and the decision
         digest = args_digest(services.keys.tool_args_key(), args)
         decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
         if decision.verdict == "CONFIRM":

@@ -32,7 +32,6 @@ import yaml
 from fak.kernel.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
 
 Origin = Literal["trusted", "internal", "untrusted", "generated"]
-ORIGINS: tuple[Origin, ...] = ("trusted", "internal", "untrusted", "generated")
 _RANK: dict[str, int] = {"untrusted": 0, "internal": 1, "trusted": 2}
 MAX_LEAVES = 256  # a call with more leaf values is traced on its first ones; the rest count as generated
 MAX_STRUCTURED = 1 << 18  # larger results are searched as text only (no field paths)

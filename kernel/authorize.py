@@ -93,11 +93,10 @@ class ToolCallDecision:
 @dataclass(frozen=True)
 class ContextEntry:
     """One segment of the context a call is made in: its text and, for a tool segment, its
-    ref and producer (tool, source URL) at admission; a system or user turn has neither."""
+    ref (the ref's producers are the context's); a system or user turn has none."""
 
     segment: str
     ref: str | None
-    producer: Producer | None
     text: str
 
 
@@ -142,15 +141,21 @@ class CallEvidence(Protocol):
         ...
 
 
-def args_bytes(args: Any) -> bytes:
-    """Canonical JSON of the call's arguments (a JSON string is parsed first, as OpenAI sends it)."""
+def parsed_args(args: Any) -> Any:
+    """The call's arguments as JSON values (OpenAI sends them as a JSON string; one that is not
+    JSON is kept as ``{"_raw": text}``)."""
     if isinstance(args, str | bytes):
         try:
-            args = json.loads(args) if args else {}
+            return json.loads(args) if args else {}
         except ValueError:
-            args = {"_raw": args if isinstance(args, str) else args.decode("utf-8", "replace")}
+            return {"_raw": args if isinstance(args, str) else args.decode("utf-8", "replace")}
+    return args if args is not None else {}
+
+
+def args_bytes(args: Any) -> bytes:
+    """Canonical JSON of the call's arguments (``parsed_args`` first)."""
     try:
-        raw = rfc8785.dumps(args if args is not None else {})
+        raw = rfc8785.dumps(parsed_args(args))
     except Exception as exc:  # noqa: BLE001 - rfc8785 raises several types for non-JSON values
         raise InvalidInput(f"tool-call arguments are not JSON: {exc}") from None
     if len(raw) > MAX_ARGS_BYTES:
@@ -222,11 +227,7 @@ class Authorizer:
         """The context's texts with the trust this policy gives each (turns: trusted)."""
         out = []
         for e in context.entries:
-            if e.producer is None:
-                trust = "trusted"
-            else:
-                producers = context.producers.get(e.ref or "", ()) or (e.producer,)
-                trust = self.least_trust(producers)
+            trust = "trusted" if e.ref is None else self.least_trust(context.producers.get(e.ref, ()))
             out.append(ContextText(e.segment, e.ref, trust, e.text))
         return out
 
@@ -251,7 +252,7 @@ class Authorizer:
         if not isinstance(context, CallContext):
             context = CallContext.of_refs(context)
         rules = self.rules_for(tool)
-        parsed = _parsed(args)
+        parsed = parsed_args(args)
         traces: list[ArgumentTrace] | None = None
         if parsed and (context.entries or any(r.when_args_from for r in rules)):  # recorded for every call
             traces = trace_arguments(parsed, self.index(context))
@@ -341,16 +342,6 @@ class Authorizer:
         if self.policy.enforcing or d.verdict == "ALLOW":
             return d
         return replace(d, verdict="ALLOW", enforced=False, would_be=d.verdict)
-
-
-def _parsed(args: Any) -> Any:
-    """The call's arguments as JSON values (OpenAI sends them as a JSON string)."""
-    if isinstance(args, str | bytes):
-        try:
-            return json.loads(args) if args else {}
-        except ValueError:
-            return {"_raw": args if isinstance(args, str) else args.decode("utf-8", "replace")}
-    return args if args is not None else {}
 
 
 def _path_matches(path: str, globs: Sequence[str]) -> bool:
@@ -466,8 +457,7 @@ class AttentionView:
             if message is None:
                 continue
             if seg.kind in (SegmentKind.SYSTEM, SegmentKind.USER):
-                entries.append(ContextEntry(seg.id, None, None, message["content"]))
+                entries.append(ContextEntry(seg.id, None, message["content"]))
             elif seg.kind is SegmentKind.TOOL and seg.ref:
-                entries.append(ContextEntry(seg.id, seg.ref, producers.get(seg.ref, ((UNKNOWN_TOOL, None),))[0],
-                                            message["content"]))
+                entries.append(ContextEntry(seg.id, seg.ref, message["content"]))
         return CallContext(producers, tuple(entries), self._tenant)

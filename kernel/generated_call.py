@@ -17,7 +17,7 @@ from fak.kernel.kv.call_evidence import CallEvidence as Evidence
 from fak.kernel.kv.call_evidence import RefAttention, call_evidence, token_ranges
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.kv.session import Session
-from fak.kernel.openai_tools import CLOSE, OPEN
+from fak.kernel.openai_tools import CallBlock, call_blocks
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
@@ -63,29 +63,14 @@ def _members(text: str, at: int) -> list[tuple[str, object, int, int]]:
         i = end
 
 
-def _calls(text: str) -> list[tuple[str, object, dict[str, tuple[int, int]], int]]:
-    """(name, arguments, argument value spans, end of the block's JSON) of each call block."""
-    found: list[tuple[str, object, dict[str, tuple[int, int]], int]] = []
-    start = 0
-    while (at := text.find(OPEN, start)) >= 0:
-        start = at + len(OPEN)
-        body = len(text) - len(text[start:].lstrip())
-        try:
-            members = {k: (v, a, b) for k, v, a, b in _members(text, body)}
-            _, end = _DECODER.raw_decode(text, body)
-        except (ValueError, IndexError, RecursionError):
-            continue
-        name = members.get("name")
-        args = members.get("arguments") or members.get("parameters")
-        if name is None or not isinstance(name[0], str) or args is None or not text[end:].lstrip().startswith(CLOSE):
-            continue
-        try:
-            spans = {k: (a, b) for k, _, a, b in _members(text, args[1])} if isinstance(args[0], dict) else {}
-        except (ValueError, IndexError, RecursionError):
-            continue
-        found.append((name[0], args[0], spans, end))
-        start = end
-    return found
+def _argument_spans(text: str, block: CallBlock) -> dict[str, tuple[int, int]]:
+    """Each top-level argument's value as characters of ``text`` (none when the arguments are
+    a JSON string, as some models write them: their values have no place of their own)."""
+    members = {k: (v, a) for k, v, a, _ in _members(text, block.body)}
+    args = members.get("arguments") or members.get("parameters")
+    if args is None or not isinstance(args[0], dict):
+        return {}
+    return {k: (a, b) for k, _, a, b in _members(text, args[1])}
 
 
 def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes]) -> list[GeneratedCall]:
@@ -99,10 +84,15 @@ def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes]) -> lis
         return len(text[:char].encode("utf-8", "surrogateescape"))
 
     out: list[GeneratedCall] = []
-    for name, arguments, spans, end in _calls(text):
-        ranges = token_ranges(pieces, {k: (at(a), at(b)) for k, (a, b) in spans.items()} | {"\x00end": (0, at(end))})
+    for block in call_blocks(text, None):
+        try:
+            spans = _argument_spans(text, block)
+        except (ValueError, IndexError, RecursionError):
+            continue
+        ranges = token_ranges(pieces, {k: (at(a), at(b)) for k, (a, b) in spans.items()}
+                              | {"\x00end": (0, at(block.body_end))})
         last = ranges.pop("\x00end")[1]
-        out.append(GeneratedCall(name, arguments if isinstance(arguments, dict) else {}, tuple(tokens[:last]), ranges))
+        out.append(GeneratedCall(block.call.name, block.call.arguments, tuple(tokens[:last]), ranges))
     return out
 
 
@@ -140,7 +130,8 @@ class TurnEvidence:
         return found
 
     def attention(self) -> Mapping[str, Mapping[str, RefAttention]] | None:
-        found = self._evidence(frozenset())
+        # any evidence already computed holds the same attention (its pass with the refs)
+        found = next(iter(self._found.values()), None) or self._evidence(frozenset())
         return found.attention if found is not None else None
 
     def counterfactual(self, refs: Sequence[str]) -> tuple[dict[str, float], dict[str, float], float] | None:

@@ -183,39 +183,59 @@ def render_call(name: str, arguments: str | dict[str, Any], *, key: str = "argum
     return OPEN + '\n{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{key}": ' + body + "}\n" + CLOSE
 
 
-def parse_calls(text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
-    """(content, calls) of a generated text: the calls of every well-formed block naming a
-    known tool (any tool: ``names`` None), and the rest of the text (blocks that are not calls
-    kept as written). A block's body is read as one JSON value (its strings may hold
-    ``</tool_call>``), then its closing tag."""
-    calls: list[ParsedCall] = []
-    kept: list[str] = []
-    pos = start = 0
+@dataclass(frozen=True)
+class CallBlock:
+    """A well-formed call block of a text: the call, where the block starts (its ``<tool_call>``),
+    where its JSON body starts and ends, and where its closing tag ends."""
+
+    call: ParsedCall
+    at: int
+    body: int
+    body_end: int
+    end: int
+
+
+def call_blocks(text: str, names: Collection[str] | None) -> list[CallBlock]:
+    """Every well-formed block naming a known tool (any tool: ``names`` None), in order. A
+    block's body is read as one JSON value (its strings may hold ``</tool_call>``), then its
+    closing tag."""
+    found: list[CallBlock] = []
+    start = 0
     while (at := text.find(OPEN, start)) >= 0:
-        found = _block(text, at + len(OPEN), names)
-        if found is None:
-            start = at + len(OPEN)
-            continue
-        call, end = found
-        kept.append(text[pos:at])
-        pos = start = end
-        calls.append(call)
+        block = _block(text, at, names)
+        start = block.end if block is not None else at + len(OPEN)
+        if block is not None:
+            found.append(block)
+    return found
+
+
+def parse_calls(text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
+    """(content, calls) of a generated text: the calls of its ``call_blocks``, and the rest of
+    the text (blocks that are not calls kept as written)."""
+    blocks = call_blocks(text, names)
+    if not blocks:
+        return text, []
+    kept, pos = [], 0
+    for b in blocks:
+        kept.append(text[pos:b.at])
+        pos = b.end
     kept.append(text[pos:])
-    return "".join(kept).strip() if calls else text, calls
+    return "".join(kept).strip(), [b.call for b in blocks]
 
 
-def _block(text: str, at: int, names: Collection[str] | None) -> tuple[ParsedCall, int] | None:
-    """The call whose JSON body starts after ``at`` (whitespace first) and the end of its closing tag."""
-    body = len(text) - len(text[at:].lstrip())
+def _block(text: str, at: int, names: Collection[str] | None) -> CallBlock | None:
+    """The call block at ``at`` (its ``<tool_call>``), if well-formed."""
+    opened = at + len(OPEN)
+    body = len(text) - len(text[opened:].lstrip())
     try:
-        obj, end = _DECODER.raw_decode(text, body)
+        obj, body_end = _DECODER.raw_decode(text, body)
     except (ValueError, RecursionError):
         return None
-    close = len(text) - len(text[end:].lstrip())
+    close = len(text) - len(text[body_end:].lstrip())
     if not text.startswith(CLOSE, close):
         return None
     call = _call(obj, names)
-    return (call, close + len(CLOSE)) if call is not None else None
+    return CallBlock(call, at, body, body_end, close + len(CLOSE)) if call is not None else None
 
 
 def _call(obj: Any, names: Collection[str] | None) -> ParsedCall | None:

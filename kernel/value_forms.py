@@ -139,7 +139,8 @@ class Match:
 
 
 class IndexedText:
-    """A text cut into canonical tokens once, searched for many values."""
+    """A text cut into canonical tokens once, searched for many values (``ContextIndex`` joins
+    the ``joined`` forms of a context's texts and maps a hit back with ``match_at``)."""
 
     def __init__(self, text: str) -> None:
         self.tokens = canonical_tokens(text)
@@ -160,21 +161,6 @@ class IndexedText:
         (the space before the first one) of ``joined``."""
         first = bisect_right(self._offsets, at + 1) - 1
         return Match(self.tokens[first].start, self.tokens[first + count - 1].end)
-
-    def find_all(self, needle: str, limit: int = 8) -> list[Match]:
-        """Where the canonical token string ``needle`` occurs (whole tokens only), at most ``limit``."""
-        found: list[Match] = []
-        probe = " " + needle + " "
-        at = self._joined.find(probe)
-        count = needle.count(" ") + 1
-        while at >= 0 and len(found) < limit:
-            first = bisect_right(self._offsets, at + 1) - 1
-            found.append(Match(self.tokens[first].start, self.tokens[first + count - 1].end))
-            at = self._joined.find(probe, at + 1)
-        return found
-
-    def __contains__(self, needle: str) -> bool:
-        return (" " + needle + " ") in self._joined
 
 
 def needle_of(tokens: list[Token]) -> str:
