@@ -133,12 +133,16 @@ spec:
 BILL = b"ACME Power - invoice 2291\nAmount due: EUR 1.234,50\nPay to IBAN DE89 3704 0044 0532 0130 00 by June 30."
 
 
+def _open(tmp_path, tiny_dir, tiny_lm) -> Kernel:  # noqa: ANN001 - pytest fixtures
+    """The kernel over ``tmp_path``'s data directory and policy (again: as after a restart)."""
+    return Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16,
+                                policy_path=tmp_path / "policy.yaml"), model=tiny_lm, progress=None)
+
+
 @pytest.fixture
 def kern(tmp_path, tiny_dir, tiny_lm):
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    settings_ = Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy)
-    k = Kernel.open(settings_, model=tiny_lm, progress=None)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    k = _open(tmp_path, tiny_dir, tiny_lm)
     yield k
     k.close()
 
@@ -191,8 +195,7 @@ def test_trust_belongs_to_the_segment_not_the_bytes(kern: Kernel, tmp_path, tiny
     assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-after-untrusted")  # not laundered
     sid = s1.id
     kern.close()
-    again = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16,
-                                 policy_path=tmp_path / "policy.yaml"), model=tiny_lm, progress=None)
+    again = _open(tmp_path, tiny_dir, tiny_lm)
     try:
         d = again.session("acme", sid).authorize_tool_call("send_email", {"to": "x@y.example"})
         assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-after-untrusted")
@@ -265,10 +268,31 @@ def test_writing_the_database_cannot_raise_a_segments_trust(kern: Kernel, tmp_pa
     with engine.begin() as db:
         changed = db.execute(text("UPDATE fak_segments SET tool = 'calculator' WHERE tool = 'web_fetch'"))
         assert changed.rowcount == 1
-    again = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16,
-                                 policy_path=tmp_path / "policy.yaml"), model=tiny_lm, progress=None)
+    again = _open(tmp_path, tiny_dir, tiny_lm)
     try:
         d = again.session("acme", sid).authorize_tool_call("send_email", {"to": "x@y.example"})
         assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-after-untrusted")
     finally:
         again.close()
+
+
+def test_findings_reach_the_client_over_http_and_the_sdk_notice_says_where(kern: Kernel) -> None:
+    """A person asked to confirm sees why: the API's decision names the argument, its origin and
+    the span of the file it was found in, and the SDK's notice (what a framework shows instead
+    of running the call) says the same."""
+    from fak.api.server import serve
+    from fak.sdk import Client
+    from fak.sdk.gate import call_notice
+
+    with serve(kern) as live, Client(live.url, live.key("acme", "agent"), trust_env=False) as c:
+        s = c.create_session("bills")
+        s.append("user", "Please pay the bill in bill.txt.")
+        s.admit("read_file", BILL)
+        d = s.authorize_tool_call("pay_bill", {"iban": "DE89370400440532013000", "amount": 1234.5})
+    assert d.verdict == "CONFIRM"
+    [finding] = d.findings
+    src = finding.sources[0]
+    assert (finding.argument, finding.origin, src.trust) == ("iban", "untrusted", "untrusted")
+    assert BILL.decode()[src.start:src.end] == "DE89 3704 0044 0532 0130 00"
+    notice = call_notice(d)
+    assert f"argument iban: untrusted, found in {src.ref} chars {src.start}-{src.end}" in notice

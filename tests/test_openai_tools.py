@@ -369,3 +369,22 @@ def test_user_metadata_and_penalties_reach_the_answer(server):
     gap1 = [t.top_logprobs[1].logprob for t in penalised.choices[0].logprobs.content]
     assert len({t.token for t in plain.choices[0].logprobs.content}) == 1  # one token, repeated
     assert [round(b - a, 3) for a, b in zip(gap0, gap1, strict=True)] == [0.0] + [2.0 + 2.0 * i for i in range(1, 6)]
+
+
+def test_an_approved_call_is_not_held_again_in_its_session(server):
+    """A person approves a held call; the same call (same arguments, same provenance) in the
+    same session is then allowed, naming the approval; in another session it is held again."""
+    c = client(server)
+    auth = {"Authorization": f"Bearer {server.key}"}
+    first = c.chat.completions.create(model="m", messages=USER, tools=[PAY], tool_choice="required",
+                                      extra_body={"fak_session": "payer"}, **FEW)
+    [held] = fak(first)["tool_calls"]
+    assert held["verdict"] == "CONFIRM" and held["held"]
+    with httpx.Client(base_url=server.url, trust_env=False) as h:
+        approved = h.post(f"/v1/tool-calls/{held['id']}/approve", headers=auth).json()
+    args = json.loads(approved["tool_call"]["function"]["arguments"])
+    session = server.kernel.session("acme", approved["session_id"])
+    again = session.authorize_tool_call("pay", args)
+    assert (again.verdict, again.approved_by) == ("ALLOW", approved["audit_index"])
+    assert session.authorize_tool_call("pay", {"amount": (args["amount"] + 1) % 99}).verdict == "CONFIRM"
+    assert server.kernel.session("acme").authorize_tool_call("pay", args).verdict == "CONFIRM"
