@@ -108,9 +108,11 @@ class DurableLedger:
         return self._services.keys.producer_mac(self._tenant, self._id, segment_id, ref, tool, source)
 
     def _producer(self, row: SegmentRow) -> tuple[str | None, str | None]:
-        """A row's recorded producer, if its MAC verifies; else unknown (judged untrusted)."""
-        if row.tool is None:
-            return None, None  # written before producers were recorded: the ref's record decides
+        """A tool row's recorded producer, if its MAC verifies; else unknown (judged untrusted):
+        whoever can write the database cannot raise a segment's trust, nor clear its producer
+        to fall back on the ref's record."""
+        if row.tool is None:  # a tool row written before producers were recorded (or cleared): unknown
+            return (UNKNOWN_TOOL, None) if row.kind == SegmentKind.TOOL.value else (None, None)
         expected = self._producer_mac(row.id, row.ref, row.tool, row.source)
         if row.producer_mac is None or not hmac.compare_digest(row.producer_mac, expected or ""):
             return UNKNOWN_TOOL, None

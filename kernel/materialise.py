@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fak.audit import Materialisation
 from fak.errors import InvalidInput
+from fak.kernel.authorize import UNKNOWN_TOOL, Producer
 from fak.kernel.events import SpanEvicted
 from fak.kernel.kv.ledger import Segment, SegmentKind
 from fak.kernel.services import Services
@@ -136,7 +137,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
     excluded = {d for _, d in _expand(svc, tenant, ws.exclude) if d}
     pieces: dict[int, Piece] = {}
     keep: dict[int, Segment] = {}  # index → live segment kept in place
-    place: dict[int, tuple[str, str, bool]] = {}  # index → (ref, text, drifted) to append
+    place: dict[int, tuple[str, str, bool, Producer]] = {}  # index → (ref, text, drifted, producer) to append
     seen: set[str] = set()
     order: list[tuple[str, str | None]] = []
     for sel, d in _expand(svc, tenant, ws.refs):
@@ -192,7 +193,8 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
                 if v.enforced and v.kind is not VerdictKind.ALLOW:
                     verdict(PieceVerdict.REFUSE, "policy_refused")
                     continue
-            place[i] = (d, data.decode("utf-8", errors="replace"), drifted)
+            producer: Producer = (meta.tool, meta.source) if meta is not None else (UNKNOWN_TOOL, None)
+            place[i] = (d, data.decode("utf-8", errors="replace"), drifted, producer)
     # budget: kept pieces first claim their tokens in order, then placed ones as they are rendered
     budget = ws.budget_tokens
     used = 0
@@ -216,7 +218,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
                           "upstream_evicted" if moved else "live", exact, seg.length, seg.id)
     tok = svc.tokenizer
     for i in sorted(place):
-        d, text, drifted = place[i]
+        d, text, drifted, producer = place[i]
         message = {"role": "tool", "content": text}
         history = s.live_messages()
         ids = tok.encode_message(history, message)
@@ -227,6 +229,9 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
         existed = d in earlier_places or svc.sessions.kv_exists_elsewhere(tenant, d, session_id)  # before this append inserts it
         seg = s.append(SegmentKind.TOOL, tokens=ids, message=message, ref=d, verdict="ALLOW",
                        rule="materialise", policy_digest=policy.digest)
+        # placed by digest: its producer is the ref's record (the gate above judged it so); an
+        # earlier segment of these bytes in this session keeps its own, and the least trusted counts
+        seg.tool, seg.source = producer
         used += seg.length
         svc.store.record_use(d, tenant, "segment", f"{session_id}/{seg.id}")
         served = s.last_pic

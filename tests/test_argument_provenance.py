@@ -296,3 +296,43 @@ def test_findings_reach_the_client_over_http_and_the_sdk_notice_says_where(kern:
     assert BILL.decode()[src.start:src.end] == "DE89 3704 0044 0532 0130 00"
     notice = call_notice(d)
     assert f"argument iban: untrusted, found in {src.ref} chars {src.start}-{src.end}" in notice
+
+
+def test_clearing_a_producer_in_the_database_does_not_fall_back_on_the_refs_record(
+        kern: Kernel, tmp_path, tiny_dir, tiny_lm) -> None:
+    """Clearing a segment's producer (and its MAC) and rewriting the ref's record (which has no
+    MAC) to a trusted tool: the segment reads as unknown, untrusted."""
+    from sqlalchemy import text
+
+    s = kern.session("acme")
+    s.append("user", "read the page")
+    s.admit("web_fetch", b"Another page anyone could have written.")
+    sid, engine = s.id, kern.services.state.engine
+    kern.close()
+    with engine.begin() as db:
+        db.execute(text("UPDATE fak_segments SET tool = NULL, producer_mac = NULL WHERE tool = 'web_fetch'"))
+        db.execute(text("UPDATE fak_refs SET tool = 'calculator' WHERE tool = 'web_fetch'"))
+    again = _open(tmp_path, tiny_dir, tiny_lm)
+    try:
+        d = again.session("acme", sid).authorize_tool_call("send_email", {"to": "x@y.example"})
+        assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-after-untrusted")
+    finally:
+        again.close()
+
+
+def test_a_materialised_piece_keeps_its_producer_across_a_restart(kern: Kernel, tmp_path, tiny_dir, tiny_lm) -> None:
+    """A working set places a calculator's result by digest: its segment records the ref's
+    producer (with its MAC), so after a restart it is still trusted, not unknown."""
+    first = kern.session("acme")
+    ref = first.admit("calculator", b"2 + 2 = 4").ref
+    s = kern.session("acme")
+    s.append("user", "use the sum")
+    s.materialise({"refs": [ref]})
+    sid = s.id
+    assert s.authorize_tool_call("send_email", {"to": "x@y.example"}).rule_id == "unlisted"
+    kern.close()
+    again = _open(tmp_path, tiny_dir, tiny_lm)
+    try:
+        assert again.session("acme", sid).authorize_tool_call("send_email", {"to": "x@y.example"}).rule_id == "unlisted"
+    finally:
+        again.close()

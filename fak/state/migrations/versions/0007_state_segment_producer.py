@@ -1,7 +1,8 @@
 """A tool segment's producer at admission (``tool``, ``source``): tool-call authorization
 judges the trust of what is in attention per segment, never per bytes (identical bytes a
 trusted tool returns in another session must not launder an untrusted segment). Rows
-written before this revision have NULLs; the authorizer then falls back to the ref's record.
+written before this revision have NULLs and are read as unknown (untrusted): a NULL could as
+well be a cleared one, and the ref's record has no MAC.
 ``producer_mac`` is keyed (derived from the master secret): a producer whose MAC does not
 verify is read as unknown (untrusted), so writing the database cannot raise a segment's trust.
 
