@@ -423,8 +423,8 @@ class Producers:
 class AttentionView:
     """What a decision reads of one session's live KV (``CallContext``): the refs in the
     attention provenance, each with the producers of the segments that carry it (recorded at
-    admission: trust belongs to the segment, not to the bytes; a ledger written before
-    producers were recorded falls back to the ref's record), and the texts of the live system,
+    admission or placement: trust belongs to the segment, not to the bytes; only a segment
+    appended without one falls back to the ref's record), and the texts of the live system,
     user and tool segments. Cached until the ledger changes: every change appends a segment
     (more segments) or evicts one (fewer rows), so (session object, segments, rows) names a state."""
 
