@@ -316,10 +316,16 @@ def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: 
     """A tool result as the gate should see it: under the tool of the call it answers (a call
     the door returned earlier, when the request does not carry it) and, for a held call, what
     the model may read (``HeldCalls.result_text``)."""
-    carried = any(call.id == call_id for m in messages if m.role == "assistant" for call in m.tool_calls or [])
-    issued = None if carried else holds.tool_of(tenant, call_id)
-    given = messages[op.index].name
-    tool = op.tool if carried or given or issued is None else issued
+    issued = holds.tool_of(tenant, call_id)
+    if issued is not None and op.tool != issued:
+        # the server's record of the call it returned wins: a result is never admitted under
+        # another tool's name (and trust) because the request carries one
+        carried = any(call.id == call_id and call.function.name != issued
+                      for m in messages if m.role == "assistant" for call in m.tool_calls or [])
+        if carried or messages[op.index].name not in (None, issued):
+            raise InvalidInput(f"tool message {op.index} answers call {call_id}, which fak returned as a call to "
+                               f"{issued!r}; it names another tool")
+    tool = issued or op.tool
     return replace(op, tool=tool, text=holds.result_text(tenant, call_id, op.text))
 
 

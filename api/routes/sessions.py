@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from fak.api import models as m
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import ClosingStream
+from fak.api.streaming import open_sse
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 
@@ -83,10 +83,10 @@ async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principa
                    k: Kernel = Depends(kernel)) -> m.GenerateOut | StreamingResponse:  # noqa: B008
     if not body.stream:
         return await run_in_threadpool(ops.generate, k, caller(who), sid, body)
-    turn = await run_in_threadpool(ops.open_turn, k, caller(who), sid, body)  # errors before any 200
+    # errors before any 200; a handler cancelled while the turn opens closes it (open_sse), and
     # however the response ends (a client gone before or during the body), the turn is given up
     # and the session released; a finished turn is kept
-    return ClosingStream(_sse(turn), turn.close)
+    return await open_sse(lambda: ops.open_turn(k, caller(who), sid, body), _sse)
 
 
 async def _sse(turn: ops.Turn) -> AsyncIterator[str]:
