@@ -82,9 +82,10 @@ class CallJudge:
     same decision, the same audit event), against the attention the turn was generated with.
     ``judge`` logs each decision without waiting for the log's commit, so a door can judge the
     calls as soon as the model's last token is drawn and let the commit run while the turn
-    closes (its closing tokens' forward, the ledger's write); ``settle`` waits for every
-    commit and returns the decisions with their audit indexes: call it before anything is
-    answered (the decisions are logged before they act: write-ahead)."""
+    closes (its closing tokens' forward); the turn waits for every commit before it is kept
+    (a decision the log cannot commit rolls the turn back), and ``settle`` returns the
+    decisions with their audit indexes: call it before anything is answered (the decisions
+    are logged before they act: write-ahead)."""
 
     def __init__(self, ks: KernelSession, principal: str | None) -> None:
         self._ks = ks
@@ -93,6 +94,7 @@ class CallJudge:
         self._base = 0
         self._principal = principal
         self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
+        self._settled: list[ToolCallDecision] = []
 
     def bind(self, context: CallContext, session: Session | None = None, base: int = 0) -> None:
         """The context of the turn, read by ``KernelSession.generate`` under the session's lock
@@ -114,10 +116,12 @@ class CallJudge:
         return decision
 
     def settle(self) -> list[ToolCallDecision]:
-        """Every decision judged so far, in order, once the log holds it (its audit index)."""
-        out = [replace(d, audit_index=f.result()) for d, f in self._pending]
+        """Every decision judged so far, in order, once the log holds it (its audit index);
+        raises what the log raised for one it could not commit. ``generate`` settles before it
+        keeps the turn, so a turn whose decisions are not logged is rolled back."""
+        self._settled += [replace(d, audit_index=f.result()) for d, f in self._pending]
         self._pending = []
-        return out
+        return list(self._settled)
 
 
 def _turns(s: Session) -> int:
@@ -585,6 +589,12 @@ class KernelSession:
                     yield token
             finally:
                 inner.close()  # rolls the partial turn back if the consumer stopped early
+            if judge is not None:
+                try:  # the calls judged while the turn was open are logged before it is kept
+                    judge.settle()
+                except BaseException:
+                    tx.change()  # the turn is in the cache, unlogged: discard it (rebuilt from the ledger)
+                    raise
             if keep:
                 tx.commit()
             self.services.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))

@@ -320,7 +320,7 @@ def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: 
     if issued is not None and op.tool != issued:
         # the server's record of the call it returned wins: a result is never admitted under
         # another tool's name (and trust) because the request carries one
-        carried = any(call.id == call_id and call.function.name != issued
+        carried = any(call.id == call_id and call.function is not None and call.function.name != issued
                       for m in messages if m.role == "assistant" for call in m.tool_calls or [])
         if carried or messages[op.index].name not in (None, issued):
             raise InvalidInput(f"tool message {op.index} answers call {call_id}, which fak returned as a call to "

@@ -405,3 +405,39 @@ def test_a_result_cannot_be_relabelled_as_another_tools(server):
     ok = c.chat.completions.create(model="m", messages=[*USER, {"role": "tool", "tool_call_id": call.id,
                                                                 "content": "sent"}], **FEW)
     assert [a["tool"] for a in fak(ok)["admissions"] if a["tool_call_id"] == call.id] == ["send_email"]
+
+
+def test_a_decision_the_log_cannot_commit_rolls_the_turn_back(tmp_path, tiny_dir, tiny_lm, monkeypatch):
+    """The log refuses the decision's commit (injected: the submitted append fails): the request
+    fails and the persistent session does not keep a turn whose calls no log records."""
+    from concurrent.futures import Future
+
+    from fak import wire as w
+    from fak.kernel import openai_chat
+    from fak.kernel.operations import Caller
+
+    k = make_server(tmp_path, tiny_dir, tiny_lm)
+    try:
+        body = w.ChatCompletionRequest.model_validate({
+            "model": "m", "messages": USER, "tools": [WEATHER], "tool_choice": "required",
+            "fak_session": "kept", **FEW})
+        openai_chat.complete(k, Caller("acme", "test"), body)  # the session exists, one turn kept
+        ks = k.session("acme", next(s for s in k.sessions("acme")))
+        before = [x.id for x in ks.segments()]
+
+        def refused(event):  # noqa: ANN001, ANN202
+            failed: Future[int] = Future()
+            failed.set_exception(OSError("the log's disk is gone"))
+            return failed
+
+        monkeypatch.setattr(k.services.audit, "submit", refused)
+        again = w.ChatCompletionRequest.model_validate({
+            "model": "m", "messages": [{"role": "user", "content": "And in Oslo?"}], "tools": [WEATHER],
+            "tool_choice": "required", "fak_session": "kept", **FEW})
+        with pytest.raises(OSError):
+            openai_chat.complete(k, Caller("acme", "test"), again)
+        monkeypatch.undo()
+        after = [x for x in ks.segments() if x.id not in before]
+        assert all(x.kind.value != "assistant" or x.state.value != "live" for x in after)
+    finally:
+        k.close()
