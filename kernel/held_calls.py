@@ -61,45 +61,48 @@ class HeldCalls:
     """The held calls of one kernel, by (tenant, call id)."""
 
     def __init__(self, ttl_s: float = TTL_S, limit: int = MAX_HELD) -> None:
-        self._ttl, self._limit = ttl_s, limit
-        self._calls: OrderedDict[tuple[str, str], HeldCall] = OrderedDict()
-        self._issued: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._ttl, self._limit = ttl_s, limit  # the limit is per tenant: none can evict another's
+        self._calls: dict[str, OrderedDict[str, HeldCall]] = {}
+        self._issued: dict[str, OrderedDict[str, str]] = {}
         self._lock = threading.Lock()
+        self._deciding: dict[str, threading.Lock] = {}  # one per tenant: a decision's log append runs under it
 
     def issue(self, tenant: str, call_id: str, tool: str) -> None:
         """Remember which tool a call the door returned names, so a later request that sends
         only its result (a persistent session, a Responses chain) admits it under that tool."""
         with self._lock:
-            self._issued[(tenant, call_id)] = tool
-            while len(self._issued) > self._limit:
-                self._issued.popitem(last=False)
+            issued = self._issued.setdefault(tenant, OrderedDict())
+            issued[call_id] = tool
+            while len(issued) > self._limit:
+                issued.popitem(last=False)
 
     def tool_of(self, tenant: str, call_id: str) -> str | None:
         """The tool of a call the door returned (recently: the memory is bounded), if known."""
         with self._lock:
-            return self._issued.get((tenant, call_id))
+            return self._issued.get(tenant, {}).get(call_id)
 
     def hold(self, call: HeldCall) -> None:
         with self._lock:
-            self._expire()
-            self._calls[(call.tenant, call.call_id)] = call
-            while len(self._calls) > self._limit:
-                self._calls.popitem(last=False)
+            calls = self._expire(call.tenant)
+            calls[call.call_id] = call
+            while len(calls) > self._limit:
+                calls.popitem(last=False)
 
     def get(self, tenant: str, call_id: str) -> HeldCall | None:
         with self._lock:
-            self._expire()
-            return self._calls.get((tenant, call_id))
+            return self._expire(tenant).get(call_id)
 
     def decide(self, tenant: str, call_id: str, state: Literal["approved", "rejected"], by: str,
                log: Callable[[HeldCall], int]) -> HeldCall:
         """Decide a pending call: ``log(call)`` appends the decision's audit event first, and only
         once it is logged does the call change (a failed append changes nothing). The same
         decision again is answered as it was, unlogged; the other one is a conflict (an approved
-        call cannot be rejected afterwards, nor back)."""
-        with self._lock:  # one decision per call: two racing approvals log one event
-            self._expire()
-            call = self._calls.get((tenant, call_id))
+        call cannot be rejected afterwards, nor back). The append runs under the tenant's own
+        lock, so one tenant's approvals never wait on another's, nor block its chats."""
+        with self._lock:
+            deciding = self._deciding.setdefault(tenant, threading.Lock())
+        with deciding:  # one decision per call: two racing approvals log one event
+            call = self.get(tenant, call_id)
             if call is None:
                 raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
             if call.state == state:
@@ -108,7 +111,8 @@ class HeldCalls:
                 raise Conflict(f"tool call {call_id} was already {call.state}")
             decided = replace(call, state=state, decided_by=by)
             decided = replace(decided, approval_index=log(decided))
-            self._calls[(tenant, call_id)] = decided
+            with self._lock:
+                self._calls.setdefault(tenant, OrderedDict())[call_id] = decided
             return decided
 
     def result_text(self, tenant: str, call_id: str, text: str) -> str:
@@ -127,10 +131,13 @@ class HeldCalls:
         raise CallHeld(f"tool call {call_id} ({call.tool}) is held for approval: its result cannot enter the "
                        f"conversation until a person approves it (POST /v1/tool-calls/{call_id}/approve)")
 
-    def _expire(self) -> None:
+    def _expire(self, tenant: str) -> OrderedDict[str, HeldCall]:
+        """The tenant's held calls, those older than the TTL dropped (under ``_lock``)."""
+        calls = self._calls.setdefault(tenant, OrderedDict())
         cutoff = time.time() - self._ttl
-        while self._calls:
-            key, first = next(iter(self._calls.items()))
+        while calls:
+            key, first = next(iter(calls.items()))
             if first.created >= cutoff:
                 break
-            del self._calls[key]
+            del calls[key]
+        return calls

@@ -441,3 +441,25 @@ def test_a_decision_the_log_cannot_commit_rolls_the_turn_back(tmp_path, tiny_dir
         assert all(x.kind.value != "assistant" or x.state.value != "live" for x in after)
     finally:
         k.close()
+
+
+def test_one_tenants_calls_never_evict_anothers():
+    """The held and issued calls are bounded per tenant: a tenant that writes many calls evicts
+    only its own, and another tenant's held call stays held (and its issued tool known)."""
+    import time
+
+    from fak.kernel.held_calls import HeldCall, HeldCalls
+    from fak.wire import HELD_PREFIX
+
+    def held(tenant: str, n: int) -> HeldCall:
+        return HeldCall(tenant=tenant, session_id="s", call_id=f"{HELD_PREFIX}{n:024d}", tool="pay", arguments={},
+                        rule_id=None, offending=(), decision_index=None, created=time.time())
+
+    holds = HeldCalls(limit=3)
+    holds.hold(held("acme", 0))
+    holds.issue("acme", "call_a", "get_weather")
+    for n in range(10):
+        holds.hold(held("globex", n))
+        holds.issue("globex", f"call_{n}", "web_fetch")
+    assert holds.get("acme", held("acme", 0).call_id) is not None and holds.tool_of("acme", "call_a") == "get_weather"
+    assert holds.get("globex", held("globex", 0).call_id) is None and holds.get("globex", held("globex", 9).call_id)
