@@ -79,7 +79,8 @@ class HeldCalls:
     def tool_of(self, tenant: str, call_id: str) -> str | None:
         """The tool of a call the door returned (recently: the memory is bounded), if known."""
         with self._lock:
-            return self._issued.get(tenant, {}).get(call_id)
+            issued = self._issued.get(tenant)
+            return issued.get(call_id) if issued is not None else None
 
     def hold(self, call: HeldCall) -> None:
         with self._lock:
