@@ -100,6 +100,13 @@ def test_required_named_and_parallel_calls_validate(server):
     raw = c.chat.completions.with_raw_response.create(model="m", messages=USER, tools=[WEATHER],
                                                       tool_choice="required", **FEW)
     assert raw.headers["fak-tool-calls"].endswith("=ALLOW")  # frameworks that drop body fields see it too
+    # the header, the body's verdicts and the audit log agree, call by call
+    parsed = raw.parse()
+    [v] = fak(parsed)["tool_calls"]
+    assert raw.headers["fak-tool-calls"] == f"{v['id']}={v['verdict']}"
+    logged = server.kernel.audit.entry(v["audit_index"]).event
+    assert (logged.type, logged.tool, logged.verdict) == ("tool_call_decision", "get_weather", v["verdict"])
+    assert parsed.choices[0].message.tool_calls[0].id == v["id"]
 
 
 def test_streamed_tool_calls_equal_the_plain_answer(server):
