@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_kernel import policy_kernel
 
-from fak import Kernel, Settings
+from fak import Kernel
 from fak.kernel.argument_provenance import ContextText, trace_arguments
 from fak.kernel.value_forms import canonical_tokens, needle_of
 from fak.policy.gate import UNPARSABLE, source_host
@@ -135,13 +136,11 @@ BILL = b"ACME Power - invoice 2291\nAmount due: EUR 1.234,50\nPay to IBAN DE89 3
 
 def _open(tmp_path, tiny_dir, tiny_lm) -> Kernel:  # noqa: ANN001 - pytest fixtures
     """The kernel over ``tmp_path``'s data directory and policy (again: as after a restart)."""
-    return Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16,
-                                policy_path=tmp_path / "policy.yaml"), model=tiny_lm, progress=None)
+    return policy_kernel(tmp_path, tiny_dir, tiny_lm, POLICY)
 
 
 @pytest.fixture
 def kern(tmp_path, tiny_dir, tiny_lm):
-    (tmp_path / "policy.yaml").write_text(POLICY)
     k = _open(tmp_path, tiny_dir, tiny_lm)
     yield k
     k.close()

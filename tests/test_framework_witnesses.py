@@ -20,9 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-
-from fak import Kernel, Settings
-from fak.api.server import serve
+from tiny_kernel import served
 
 POLICY = """\
 apiVersion: fak.dev/v1
@@ -43,13 +41,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::langgraph.warnings.LangGraphDep
 
 @pytest.fixture
 def server(tmp_path, tiny_dir, tiny_lm) -> Iterator[SimpleNamespace]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    k = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy),
-                    model=tiny_lm, progress=None)
-    with serve(k) as live:
-        yield SimpleNamespace(url=live.url, kernel=k, key=live.key("acme", "agent"))
-    k.close()
+    with served(tmp_path, tiny_dir, tiny_lm, POLICY) as live:
+        yield live
 
 
 def chat_model(server: SimpleNamespace, **options: Any) -> ChatOpenAI:

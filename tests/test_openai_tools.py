@@ -11,8 +11,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from tiny_kernel import policy_kernel, served
 
-from fak import Kernel, Settings
 from fak.api.server import serve
 
 POLICY = """\
@@ -47,19 +47,13 @@ FEW = {"temperature": 0, "max_tokens": 200}
 
 
 def make_server(tmp_path, tiny_dir, tiny_lm, on_deny: str = "evict_and_retry"):
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY % on_deny)
-    k = Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy),
-                    model=tiny_lm, progress=None)
-    return k
+    return policy_kernel(tmp_path, tiny_dir, tiny_lm, POLICY % on_deny)
 
 
 @pytest.fixture
 def server(tmp_path, tiny_dir, tiny_lm):
-    k = make_server(tmp_path, tiny_dir, tiny_lm)
-    with serve(k) as live:
-        yield SimpleNamespace(url=live.url, kernel=k, key=live.key("acme", "agent"), live=live)
-    k.close()
+    with served(tmp_path, tiny_dir, tiny_lm, POLICY % "evict_and_retry") as live:
+        yield live
 
 
 def client(server) -> openai.OpenAI:

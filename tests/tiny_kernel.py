@@ -4,7 +4,11 @@ with a ChatML template) so Kernel tests run the real loading path in seconds."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -54,3 +58,28 @@ def make_tiny_model_dir(folder: Path, seed: int = 0) -> Path:
     tk.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "add_bos_token": False}))
     return folder
+
+
+def policy_kernel(tmp_path: Path, tiny_dir: Path, tiny_lm: Any, policy: str) -> Any:
+    """A kernel on the tiny model over ``tmp_path`` (its data directory and ``policy.yaml``,
+    written from ``policy``; reopened when the file is already there), as the door tests use."""
+    from fak import Kernel, Settings
+
+    path = tmp_path / "policy.yaml"
+    if not path.exists():
+        path.write_text(policy)
+    return Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=path),
+                       model=tiny_lm, progress=None)
+
+
+@contextmanager
+def served(tmp_path: Path, tiny_dir: Path, tiny_lm: Any, policy: str) -> Iterator[SimpleNamespace]:
+    """``policy_kernel`` behind a real HTTP server: its url, the kernel and an agent key of acme."""
+    from fak.api.server import serve
+
+    k = policy_kernel(tmp_path, tiny_dir, tiny_lm, policy)
+    try:
+        with serve(k) as live:
+            yield SimpleNamespace(url=live.url, kernel=k, key=live.key("acme", "agent"), live=live)
+    finally:
+        k.close()
