@@ -112,8 +112,10 @@ def install(app: FastAPI) -> None:
             # message, a path): logged instead; errors marked public say what the client can do (disk full)
             log.error("%s: %s", exc.code, exc)
             return problem(status, exc.code, "internal error (logged on the server)")
+        retry = getattr(exc, "retry_after", None)  # an overloaded server says when to come back
         return problem(status, exc.code, (str(exc).splitlines() or [exc.code])[0], extra=extra,
-                       param=getattr(exc, "param", None))
+                       param=getattr(exc, "param", None),
+                       headers={"Retry-After": str(retry)} if isinstance(retry, int) else None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

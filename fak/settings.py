@@ -132,6 +132,16 @@ class Settings(StorageSettings):
         None, ge=64, description="tokens one session may hold (default: the model's context length)")
     max_sessions_per_tenant: int = Field(10_000, ge=1)
     lock_timeout_s: float = Field(30.0, gt=0, description="wait for a busy session before SessionBusy")
+    batching: bool = Field(True, description="run the model's forward calls on one engine thread that batches the "
+                                             "decode steps of all generating sessions into one call per step "
+                                             "(docs/serving.md; bit-exact: a batched row is the bytes of its own step)")
+    batch_max_rows: int = Field(32, ge=1, le=256, description="decode rows in one batched step")
+    batch_prefill_tokens: int = Field(512, ge=1, description="tokens of prefill (and other) calls run in one step "
+                                                             "beside the decode rows (at least one call a step)")
+    max_generating: int = Field(32, ge=1, description="generations running at once (more wait in the queue)")
+    max_generating_per_tenant: int = Field(16, ge=1, description="generations of one tenant running at once")
+    generation_queue: int = Field(64, ge=0, description="generations waiting for room; beyond it 429 with Retry-After")
+    generation_queue_wait_s: float = Field(30.0, ge=0, description="longest wait in the queue before 429")
     operator_tenant: str | None = Field(
         None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
                           "(unset: nobody may; the policy file is then the operator's alone)")

@@ -47,6 +47,7 @@ from fak.kernel.kv.session import EvictionReport, EvictMode, Session
 from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.model.generate import SamplingParams
 from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.scheduler import tenant_scope
 from fak.kernel.services import Services, SessionBusy
 from fak.kernel.session_options import new_session, pic_binding, replayed, session_options
 from fak.kernel.transaction import ForgetProgress, Transaction, TransactionError
@@ -154,11 +155,12 @@ class KernelSession:
     def _locked(self, wait: bool = True) -> Iterator[Session]:
         self._acquire(wait)
         try:
-            s = self._loaded()
-            self._settle(s)
-            s = self._loaded()
-            s.pic = pic_binding(self.services, self.tenant)  # the active policy decides, also after a reload
-            yield s
+            with tenant_scope(self.tenant):  # the engine's fairness and figures are per tenant
+                s = self._loaded()
+                self._settle(s)
+                s = self._loaded()
+                s.pic = pic_binding(self.services, self.tenant)  # the active policy decides, also after a reload
+                yield s
         finally:
             self._release()
 
@@ -569,7 +571,9 @@ class KernelSession:
 
     def _generate(self, params: SamplingParams, keep: bool = True, judge: CallJudge | None = None) -> Iterator[int]:
         self._before_use()
-        with self.transaction() as tx:
+        # a place among the generations running at once (or the fair queue, or Overloaded: 429),
+        # taken before the session's lock so a queued request holds nothing
+        with self.services.admission.slot(self.tenant), self.transaction() as tx:
             s = tx.session
             if judge is not None:
                 judge.bind(self._in_attention.of(s), s, s.cache.length)

@@ -48,6 +48,7 @@ from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
 from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
 from fak.kernel.sessions import SessionRegistry
 from fak.kernel.withdraw import QuarantineReport
@@ -90,10 +91,22 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         keys=DerivedKeys(master, lm.model.model_id), events=events, withdrawals=Withdrawals(),
         producers=Producers(state), authorizers=Authorizers(), late=LateDetection(events, _stderr),
         sessions=registry, replays=replays, gate=gate,
+        admission=Admission(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
+                            queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
+        engine=_engine(settings, lm),
     )  # fmt: skip
     registry.bind(svc)
     replays.bind(svc)
     return svc, registry, replays
+
+
+def _engine(settings: Settings, lm: LoadedModel) -> Scheduler | None:
+    """The engine loop for this kernel's model, unless batching is off or another kernel
+    sharing the model runs one already (it serves this kernel's calls too)."""
+    if not settings.batching or lm.model.router is not None:
+        return None
+    limits = SchedulerLimits(max_batch=settings.batch_max_rows, prefill_tokens=settings.batch_prefill_tokens)
+    return Scheduler(lm.model, limits).start()
 
 
 class Kernel:
@@ -163,12 +176,15 @@ class Kernel:
                                   settings=settings)
             state = StateStore(make_engine(url), api_key_mac=derive_key(master, MAC_LABEL))
             state.seal_clear_segments(store)  # rows written before sealing (issue 25.2): sealed once
+            kernel = None
             kernel = cls(*build_services(settings, lm, policy, store, audit, state, master))
             kernel._log_policy(None, None)
             kernel._resume_forgets(progress)
             kernel._start_late()
             kernel._start_sweeper()
         except BaseException:
+            if kernel is not None and kernel.services.engine is not None:
+                kernel.services.engine.close()
             if audit is not None:
                 audit.close()
             store.close()
@@ -180,6 +196,8 @@ class Kernel:
             return
         self.replays.close()  # the replays queued finish first (bounded; one left resumes on open)
         self._closed = True
+        if self.services.engine is not None:
+            self.services.engine.close()  # calls queued finish; later ones run on their own threads
         self._stop.set()
         runner = self.services.late.runner
         if runner is not None:

@@ -30,6 +30,7 @@ from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
+from fak.kernel.scheduler import Admission, Scheduler
 from fak.kernel.transaction import ForgetProgress, Transaction
 from fak.keys import derive_key, tenant_salt
 from fak.policy import Policy, PolicyHolder
@@ -286,6 +287,8 @@ class Services:
     replays: ReplayQueue
     gate: Gate  # the admission gate (``fak.policy.gate``)
     holds: HeldCalls = field(default_factory=HeldCalls)  # tool calls held for a person (CONFIRM)
+    admission: Admission = field(default_factory=Admission)  # generations at once, the queue beyond (429)
+    engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.scheduler)
 
     @property
     def shared(self) -> SharedKV:

@@ -114,6 +114,9 @@ def library(cache_dir: Path | None = None) -> ctypes.CDLL:
         # fak_decode_step(model, token, row, cos, sin_signed, cache, scratch, logits, nthreads)
         lib.fak_decode_step.argtypes = (ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int)
         lib.fak_decode_step.restype = None
+        # fak_decode_batch(model, b, tokens, rows, cos, sin_signed, caches, scratch, logits, nthreads)
+        lib.fak_decode_batch.argtypes = (ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int)
+        lib.fak_decode_batch.restype = None
         _lib = lib
         return lib
 
@@ -188,6 +191,11 @@ class _Cache(ctypes.Structure):
 
 class _Scratch(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")]
+
+
+class _BatchScratch(ctypes.Structure):
+    _fields_ = [*((name, ctypes.c_void_p) for name in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")),
+                ("scores_stride", ctypes.c_int64)]
 
 
 # --- block matrices -----------------------------------------------------------------------
@@ -437,3 +445,56 @@ class BlockDecoder:
             ctypes.byref(scratch), logits.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return logits
+
+    def step_batch(self, tokens: list[int], caches: list[KVCache], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Run one token of each of several sessions in one pass over the weights: ``tokens[t]``
+        at row ``caches[t].length`` of its own cache (room reserved by the caller), with RoPE
+        tables ``cos``/``sin`` ``(b, head_dim)``; their logits ``(b, vocab)``. Row ``t``'s cache
+        rows and logits are the bytes ``step`` computes for it alone (``fak_decode_batch``)."""
+        b = len(tokens)
+        if b == 0 or len(caches) != b or tuple(cos.shape) != (b, self.cfg.head_dim) or cos.shape != sin.shape:
+            raise ValueError("step_batch takes one token, one cache and one RoPE row per session")
+        if len({id(c) for c in caches}) != b:
+            raise ValueError("step_batch takes each cache at most once (a session decodes one token a step)")
+        for c in caches:
+            if c.length >= c.capacity or c.k.dtype != torch.float32 or not c.k.is_contiguous():
+                raise ValueError("the block decoder needs a reserved row in a contiguous float32 cache")
+        rows = [c.length for c in caches]
+        scratch = self._batch_scratch(b, max(rows) + 1)
+        kv = (_Cache * b)(*(_Cache(c.k.data_ptr(), c.kraw.data_ptr(), c.v.data_ptr(), int(c.k.shape[1])) for c in caches))
+        tok = torch.tensor(tokens, dtype=torch.int64)
+        row = torch.tensor(rows, dtype=torch.int64)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        logits = torch.empty((b, self.vocab))
+        self._lib.fak_decode_batch(
+            ctypes.byref(self._model), b, tok.data_ptr(), row.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            kv, ctypes.byref(scratch), logits.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return logits
+
+    def _batch_scratch(self, b: int, keys: int) -> _BatchScratch:
+        """This thread's batch buffers for ``b`` rows of up to ``keys`` cache rows (grown, never shrunk)."""
+        cfg, local = self.cfg, self._local
+        have = getattr(local, "batch", None)
+        if have is not None and have[0] >= b and have[1] >= keys:
+            struct: _BatchScratch = have[3]
+            return struct
+        b = max(b, have[0] if have else 0)
+        keys = max(keys, 2 * (have[1] if have else 0), 256)
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        widest = max(D, F, cfg.num_heads * cfg.head_dim)
+        buf = {
+            "x": torch.empty(b * D),
+            "h": torch.empty(b * widest),
+            "qkv": torch.empty(b * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim),
+            "att": torch.empty(b * cfg.num_heads * cfg.head_dim),
+            "gu": torch.empty(b * 2 * F),
+            "xd": torch.empty(b * (widest // QK + 1)),
+            "xs": torch.empty(b * (widest // QK + 1)),
+            "scores": torch.empty(b * cfg.num_heads * keys),
+            "xq": torch.empty(b * 2 * widest, dtype=torch.int8),
+        }
+        struct = _BatchScratch(*(buf[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")),
+                               cfg.num_heads * keys)
+        local.batch = (b, keys, buf, struct)
+        return struct

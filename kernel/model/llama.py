@@ -70,6 +70,20 @@ class AttentionCapture(Protocol):
         ...
 
 
+class ForwardRouter(Protocol):
+    """Where a model's forward calls run when something schedules them (``fak.kernel.scheduler``):
+    calls made on other threads are handed to it; it runs them by calling the model again."""
+
+    def routes_here(self) -> bool:
+        """True when a call made on the current thread must be handed to ``run``."""
+        ...
+
+    def run(self, model: Llama, tokens: torch.Tensor | list[int], cache: KVCache, positions: torch.Tensor | None,
+            all_logits: bool, capture: AttentionCapture | None) -> torch.Tensor:
+        """Run the call (batched with other sessions' decode steps where it can be) and return its logits."""
+        ...
+
+
 ATTENTION_MODES = ("sdpa", "eager")
 DECODE_BACKENDS = ("auto", "blas", "torch")
 
@@ -149,10 +163,50 @@ class Llama:
         self._blas = blas_decode.BlasDecoder(cfg, weights) if use_blas else None
         # the torch path of the reference mode stays op for op what it was (oracle-close)
         self._fast: TokenStep | None
+        self._batch: blockdot.BlockDecoder | None = None
         if block_linears is not None and self.kv_dtype == torch.float32:
-            self._fast = blockdot.BlockDecoder(cfg, weights, *block_linears)
+            self._fast = self._batch = blockdot.BlockDecoder(cfg, weights, *block_linears)
         else:
             self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
+        self.router: ForwardRouter | None = None  # set by a scheduler that runs this model's calls
+
+    @property
+    def batches_decode(self) -> bool:
+        """Whether one-token steps of several sessions run as one call (``forward_batch``) whose
+        rows are the bytes each computes alone: the ``gguf`` format's C decoder with a float32
+        cache. Other formats' products depend on the other rows of a call (a blocked GEMM's
+        order, int8's activation scale), so their sessions' steps run one call each."""
+        return self._batch is not None
+
+    def batchable(self, tokens: torch.Tensor | list[int], positions: torch.Tensor | None, all_logits: bool,
+                  capture: AttentionCapture | None) -> bool:
+        """A forward call that ``forward_batch`` can run with other sessions' (a plain decode step)."""
+        return self._batch is not None and positions is None and capture is None and len(tokens) == 1
+
+    @torch.inference_mode()
+    def forward_batch(self, steps: Sequence[tuple[int, KVCache]]) -> list[torch.Tensor]:
+        """One decode step of each of several sessions (a token and its session's cache, each
+        cache once) in one pass over the weights; each step's logits ``(1, vocab)``, the bytes
+        ``forward([token], cache)`` returns for it alone (and the same cache rows)."""
+        if self._batch is None:
+            raise ValueError(f"{self.model_id} does not batch decode steps (only gguf with a float32 cache)")
+        for token, _ in steps:
+            if not 0 <= token < self.cfg.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size})")
+        tables = []
+        for _, cache in steps:
+            first = cache.next_position()
+            position = torch.arange(first, first + 1, dtype=torch.int64, device=self.device)
+            cache.reserve(cache.length + 1)
+            tables.append((position, *rope.cos_sin(self.inv_freq, position, self.dtype)))  # one row as alone
+        cos = torch.cat([c for _, c, _ in tables])
+        sin = torch.cat([s for _, _, s in tables])
+        logits = self._batch.step_batch([t for t, _ in steps], [c for _, c in steps], cos, sin)
+        out = []
+        for i, ((token, cache), (position, _, _)) in enumerate(zip(steps, tables, strict=True)):
+            cache.commit(torch.tensor([token], dtype=torch.int64), position)
+            out.append(logits[i : i + 1].clone())
+        return out
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.cfg, capacity=capacity, device=self.device, dtype=self.kv_dtype)
@@ -169,7 +223,10 @@ class Llama:
         """Run ``tokens`` against ``cache`` (appending their rows) and return logits:
         ``(T, vocab)`` with ``all_logits``, else ``(1, vocab)`` for the last token.
         ``capture``: run the eager path (whatever the attention mode, one token included) and
-        hand it each layer's attention probabilities; without it every path is as it was."""
+        hand it each layer's attention probabilities; without it every path is as it was.
+        With a ``router`` (a scheduler), a call from another thread runs on the scheduler's."""
+        if self.router is not None and self.router.routes_here():
+            return self.router.run(self, tokens, cache, positions, all_logits, capture)
         ids = torch.as_tensor(tokens, dtype=torch.int64, device=self.device).reshape(-1)
         T = int(ids.shape[0])
         if T == 0:

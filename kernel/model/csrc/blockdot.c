@@ -394,3 +394,142 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
         team_matvec(&m->head, s->xd, s->xs, s->xq, logits);
     }
 }
+
+/* --- one decode step of several sessions at once ----------------------------------------- */
+
+/* Scratch for a batch of `b` rows: every buffer of fak_scratch, `b` times over (row t's at
+ * t * its size), and `scores` with `scores_stride` floats per row (heads * (its row + 1)). */
+typedef struct {
+    float *x, *h, *qkv, *att, *gu, *xd, *xs, *scores;
+    int8_t *xq;
+    int64_t scores_stride;
+} fak_batch_scratch;
+
+/* y[t] = W x[t] for t < b (row stride ldy), over inputs quantised per row (row t's scales at
+ * t * xd_stride, its codes at t * xq_stride); rows of W split between the team's threads, and
+ * every input row read against a weight row while that row is in cache. Each output is
+ * qmat_row of its own input row: the bytes team_matvec computes for that row alone. */
+static void team_matmul_strided(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
+                                int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t t = 0; t < b; t++)
+            y[t * ldy + r] = qmat_row(w, r, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+}
+
+/* Run `b` sessions' next tokens in one pass over the weights: row t runs tokens[t] at row
+ * rows[t] of its own cache caches[t] (room reserved by the caller), with its own RoPE tables
+ * (cos and sin_signed: b x head_dim), and writes its logits at logits + t * vocab.
+ *
+ * Batch invariance: every value a row computes is computed by the same function, on the
+ * same inputs, in the same order as fak_decode_step computes it for that row alone (norms,
+ * quantisation, each product's sums, RoPE, attention over its own cache rows, residuals);
+ * only the loops around them differ. So a row's KV and logits are the same bytes whatever
+ * else is in the batch, and the same as a step of its own. No row reads another's cache. */
+void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, const int64_t *rows, const float *cos,
+                      const float *sin_signed, const fak_cache *caches, const fak_batch_scratch *s, float *logits,
+                      int nthreads) {
+    const int64_t D = m->dim, H = m->heads, KV = m->kv_heads, hd = m->head_dim, F = m->ffn;
+    const int64_t groups = H / KV, kv_row = KV * hd, qkv_n = (H + 2 * KV) * hd;
+    const int64_t widest = D > F ? (D > H * hd ? D : H * hd) : (F > H * hd ? F : H * hd);
+    const int64_t hn = widest, nbw = widest / QK + 1, xqn = 2 * widest;
+    for (int64_t t = 0; t < b; t++) memcpy(s->x + t * D, m->embed + tokens[t] * D, (size_t)D * sizeof(float));
+    team_bar bar = {0, 0};
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int team = omp_get_num_threads();
+        int sense = 0;
+        for (int64_t i = 0; i < m->layers; i++) {
+            const fak_layer *lw = &m->layer[i];
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++) {
+                rms_norm(s->x + t * D, lw->attn_norm, D, m->eps, s->h + t * hn);
+                fak_quantize_rows(s->h + t * hn, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+            }
+            team_barrier(&bar, team, &sense);
+            team_matmul_strided(&lw->qkv, b, s->xd, s->xs, s->xq, nbw, xqn, s->qkv, qkv_n);
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++) {
+                const int64_t layer_stride = caches[t].capacity * kv_row, row = rows[t];
+                float *K = caches[t].k + i * layer_stride, *KR = caches[t].kraw + i * layer_stride,
+                      *V = caches[t].v + i * layer_stride;
+                const float *k = s->qkv + t * qkv_n + H * hd, *v = k + kv_row;
+                memcpy(KR + row * kv_row, k, (size_t)kv_row * sizeof(float));
+                memcpy(V + row * kv_row, v, (size_t)kv_row * sizeof(float));
+                for (int64_t g = 0; g < KV; g++)
+                    rope(k + g * hd, cos + t * hd, sin_signed + t * hd, hd, K + row * kv_row + g * hd);
+            }
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t th = 0; th < b * H; th++) {
+                const int64_t t = th / H, h = th % H, g = h / groups, L = rows[t] + 1;
+                const int64_t layer_stride = caches[t].capacity * kv_row;
+                const float *K = caches[t].k + i * layer_stride, *V = caches[t].v + i * layer_stride;
+                float q[256]; /* head_dim <= 256, checked by the caller */
+                rope(s->qkv + t * qkv_n + h * hd, cos + t * hd, sin_signed + t * hd, hd, q);
+                float *sc = s->scores + t * s->scores_stride + h * L, mx = -INFINITY;
+                for (int64_t u = 0; u < L; u++) {
+                    const float *ku = K + u * kv_row + g * hd;
+                    sc[u] = dot_f32(q, ku, hd) * m->scale;
+                    mx = fmaxf(mx, sc[u]);
+                }
+                float total = 0.0f;
+                for (int64_t u = 0; u < L; u++) {
+                    sc[u] = expf(sc[u] - mx);
+                    total += sc[u];
+                }
+                float *out = s->att + t * H * hd + h * hd;
+                for (int64_t j = 0; j < hd; j++) out[j] = 0.0f;
+                for (int64_t u = 0; u < L; u++) {
+                    const float p = sc[u] / total, *vu = V + u * kv_row + g * hd;
+                    for (int64_t j = 0; j < hd; j++) out[j] += p * vu[j];
+                }
+            }
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++)
+                fak_quantize_rows(s->att + t * H * hd, 1, H * hd, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+            team_barrier(&bar, team, &sense);
+            team_matmul_strided(&lw->o, b, s->xd, s->xs, s->xq, nbw, xqn, s->h, hn);
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++) {
+                float *x = s->x + t * D, *h = s->h + t * hn;
+                for (int64_t j = 0; j < D; j++) x[j] += h[j];
+                rms_norm(x, lw->mlp_norm, D, m->eps, h);
+                fak_quantize_rows(h, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+            }
+            team_barrier(&bar, team, &sense);
+            team_matmul_strided(&lw->gate_up, b, s->xd, s->xs, s->xq, nbw, xqn, s->gu, 2 * F);
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++) {
+                const float *gu = s->gu + t * 2 * F;
+                float *h = s->h + t * hn;
+                for (int64_t j = 0; j < F; j++) {
+                    const float g = gu[j];
+                    h[j] = g / (1.0f + expf(-g)) * gu[F + j];
+                }
+                fak_quantize_rows(h, 1, F, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+            }
+            team_barrier(&bar, team, &sense);
+            team_matmul_strided(&lw->down, b, s->xd, s->xs, s->xq, nbw, xqn, s->h, hn);
+            team_barrier(&bar, team, &sense);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < b; t++) {
+                float *x = s->x + t * D;
+                const float *h = s->h + t * hn;
+                for (int64_t j = 0; j < D; j++) x[j] += h[j];
+            }
+            team_barrier(&bar, team, &sense);
+        }
+#pragma omp for schedule(static) nowait
+        for (int64_t t = 0; t < b; t++) {
+            rms_norm(s->x + t * D, m->norm, D, m->eps, s->h + t * hn);
+            fak_quantize_rows(s->h + t * hn, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+        }
+        team_barrier(&bar, team, &sense);
+        team_matmul_strided(&m->head, b, s->xd, s->xs, s->xq, nbw, xqn, logits, m->vocab);
+    }
+}
