@@ -48,7 +48,7 @@ from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits
+from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
 from fak.kernel.sessions import SessionRegistry
 from fak.kernel.withdraw import QuarantineReport
@@ -311,6 +311,15 @@ class Kernel:
         return self.registry.loaded(tenant)
 
     # --- forget and late quarantine --------------------------------------------
+    def engine_figures(self, tenant: str) -> TenantFigures:
+        """The tenant's view of the engine loop and the generation queue (``fak.kernel.scheduler``):
+        its waiting calls and requests, rows and tokens per step; nothing of other tenants' work."""
+        engine = self.services.engine
+        admission = self.services.admission
+        if engine is not None:
+            return engine.figures(tenant, admission)
+        return TenantFigures.idle(admission.queued(tenant), admission.active(tenant), admission.rejected(tenant))
+
     def forget(
         self, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None,
         wait_replay: bool = False,

@@ -128,14 +128,18 @@ class TenantFigures:
     tokens_sum: float
     rejected: int  # requests answered 429
 
+    @classmethod
+    def idle(cls, queued: int, active: int, rejected: int) -> TenantFigures:
+        """The figures of a kernel that runs no engine (batching off): admission only."""
+        return cls(0, queued, active, ((float("inf"), 0),), 0.0, ((float("inf"), 0),), 0.0, rejected)
+
 
 class Scheduler:
     """Runs a model's forward calls on one engine thread (``start``), batching decode steps."""
 
-    def __init__(self, model: Llama, limits: SchedulerLimits | None = None, admission: Admission | None = None) -> None:
+    def __init__(self, model: Llama, limits: SchedulerLimits | None = None) -> None:
         self.model = model
         self.limits = limits or SchedulerLimits()
-        self.admission = admission or Admission()
         self._cond = threading.Condition()
         self._decode: deque[_Job] = deque()
         self._calls: deque[_Job] = deque()
@@ -190,7 +194,7 @@ class Scheduler:
         return job.result
 
     # --- figures -----------------------------------------------------------------
-    def figures(self, tenant: str) -> TenantFigures:
+    def figures(self, tenant: str, admission: Admission) -> TenantFigures:
         with self._cond:
             waiting = sum(1 for j in (*self._decode, *self._calls) if j.tenant == tenant)
             rows, toks = self._rows, self._tokens
@@ -198,13 +202,13 @@ class Scheduler:
             tok_counts = toks.counts.get(tenant, [0] * (len(toks.buckets) + 1))
             return TenantFigures(
                 waiting_calls=waiting,
-                queued_requests=self.admission.queued(tenant),
-                active_requests=self.admission.active(tenant),
+                queued_requests=admission.queued(tenant),
+                active_requests=admission.active(tenant),
                 rows=(*zip(map(float, rows.buckets), row_counts, strict=False), (float("inf"), row_counts[-1])),
                 rows_sum=rows.sums.get(tenant, 0.0),
                 tokens=(*zip(map(float, toks.buckets), tok_counts, strict=False), (float("inf"), tok_counts[-1])),
                 tokens_sum=toks.sums.get(tenant, 0.0),
-                rejected=self.admission.rejected(tenant),
+                rejected=admission.rejected(tenant),
             )
 
     # --- the engine loop -------------------------------------------------------------
