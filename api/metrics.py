@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fak.api.engine_metrics import engine_series
 from fak.api.keys import Principal
 from fak.kernel.events import (
     AdmissionDecided,
@@ -161,6 +162,7 @@ def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
                             value=sum(ks.kv_bytes for ks in loaded))
     yield GaugeMetricFamily("fak_audit_log_size", "entries in the audit log shared by every tenant "
                                                   "(the tree size signed checkpoints publish)", value=k.audit.size())
+    yield from engine_series(k, tenant)  # the engine loop and the generation queue (api/engine_metrics.py)
 
 
 def install(app: FastAPI) -> None:
