@@ -35,11 +35,19 @@ def target(name: str, value: float, goal: float, op: str) -> dict[str, Any]:
     return {"name": name, "value": value, "target": goal, "op": op, "met": bool(met)}
 
 
+def skipped(name: str, op: str, reason: str) -> dict[str, Any]:
+    """A target whose peer could not be measured: reported with the reason, neither met nor missed."""
+    return {"name": name, "value": None, "target": None, "op": op, "met": None, "skipped": reason}
+
+
 def report(bench: str, results: dict[str, Any], targets: list[dict[str, Any]], json_path: str | None) -> None:
     """Print a human table of the targets and write the JSON object if asked."""
     out = {"bench": bench, "machine": machine(), "results": results, "targets": targets}
     print(f"\n{bench}: targets")
     for t in targets:
+        if t.get("skipped"):  # a peer that could not be measured: neither met nor missed
+            print(f"  {t['name']:<48} skipped: {t['skipped']}")
+            continue
         flag = "met" if t["met"] else "MISSED"
         print(f"  {t['name']:<48} {t['value']:>12.4g} {t['op']} {t['target']:<10g} {flag}")
     if json_path:
