@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
@@ -23,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from fak import wire as w
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import open_sse
+from fak.api.streaming import open_sse, steps
 from fak.kernel import openai_chat as chat
 from fak.kernel.facade import Kernel
 
@@ -71,8 +72,9 @@ def reject_tool_call(call_id: str, who: Principal = Depends(AGENT),  # noqa: B00
 
 
 async def server_sent_events(stream: chat.ChatStream) -> AsyncIterator[str]:
-    """The stream's chunks as SSE events, each model step in a worker thread, then ``[DONE]``."""
-    while (chunks := await run_in_threadpool(stream.next_chunks)) is not None:
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    """The stream's chunks as SSE events (model steps in the stream's thread), then ``[DONE]``."""
+    async with aclosing(steps(stream.next_chunks)) as steps_:
+        async for chunks in steps_:
+            for chunk in chunks:
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"

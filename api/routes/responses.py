@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import StreamingResponse
@@ -22,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from fak import wire_responses as wr
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import open_sse
+from fak.api.streaming import open_sse, steps
 from fak.kernel import openai_responses as responses
 from fak.kernel.facade import Kernel
 from fak.kernel.openai_chat import verdict_header
@@ -59,7 +60,8 @@ def delete_response(response_id: str, who: Principal = Depends(AGENT),  # noqa: 
 
 
 async def server_sent_events(stream: responses.ResponseStream) -> AsyncIterator[str]:
-    """The stream's events, each chat step in a worker thread."""
-    while (events := await run_in_threadpool(stream.next_events)) is not None:
-        for event in events:
-            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    """The stream's events (chat steps in the stream's thread)."""
+    async with aclosing(steps(stream.next_events)) as steps_:
+        async for events in steps_:
+            for event in events:
+                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -14,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from fak.api import models as m
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.streaming import open_sse
+from fak.api.streaming import open_sse, steps
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 
@@ -90,6 +91,6 @@ async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principa
 
 
 async def _sse(turn: ops.Turn) -> AsyncIterator[str]:
-    while (event := await run_in_threadpool(turn.next_event)) is not None:
-        name, data = event
-        yield ("" if name == "message" else f"event: {name}\n") + f"data: {json.dumps(data)}\n\n"
+    async with aclosing(steps(turn.next_event)) as events:
+        async for name, data in events:
+            yield ("" if name == "message" else f"event: {name}\n") + f"data: {json.dumps(data)}\n\n"
