@@ -10,7 +10,7 @@ figure is the audit log size, which every signed checkpoint publishes anyway.
 Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
 ids do not multiply series. Counters the middleware cannot see are fed by hooks the
 routes call and typed Kernel events feed (``fak.kernel.events``): ``record_verdict``, ``record_eviction``,
-``record_forget``, ``record_decode``, ``record_tool_call``, ``record_late``.
+``record_forget``, ``record_decode``, ``record_tool_call``, ``record_late``, ``record_token_times``.
 Kernel figures (prefix cache, PIC registry, loaded sessions, KV bytes) are read at scrape time.
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request, Response
@@ -34,6 +36,7 @@ from fak.kernel.events import (
     LateOutcome,
     SpanEvicted,
     TokensDecoded,
+    TokensTimed,
     ToolCallDecided,
 )
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 
 UNMATCHED = "<unmatched>"  # requests no route matched (404 and the like)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 VERDICTS = frozenset({"ALLOW", "REDACT", "QUARANTINE", "DENY"})
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})  # a label's values stay few
 EVICT_MODES = frozenset({"write_time", "recompute", "rerope", "truncate"})
@@ -67,6 +71,12 @@ class Metrics:
         self.decode_seconds = Counter("fak_decode_seconds", "seconds spent generating them", ["tenant"], registry=r)
         self.tool_calls = Counter("fak_tool_call_decisions", "tool-call authorization decisions by verdict",
                                   ["tenant", "verdict"], registry=r)
+        self.first_token = Histogram("fak_time_to_first_token_seconds",
+                                     "from a request's start to the first token it generated, by route template",
+                                     ["tenant", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.per_token = Histogram("fak_time_per_output_token_seconds",
+                                   "a generation's (last token - first token) / (tokens - 1), by route template",
+                                   ["tenant", "route"], buckets=TOKEN_BUCKETS, registry=r)
         self.late = Counter("fak_late_detections", "late-detector outcomes: fired (the ref was quarantined), "
                             "error (a detector failed on it), dropped (the queue was full)",
                             ["tenant", "outcome"], registry=r)
@@ -74,6 +84,26 @@ class Metrics:
     def observe(self, tenant: str, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(tenant, method, route, str(status)).inc()
         self.latency.labels(tenant, method, route).observe(seconds)
+
+
+@dataclass
+class _Door:
+    """The request being served, for the generations it runs (``record_token_times``): the
+    context variable below holds it while the request runs, in the worker and stream threads
+    too (they run in a copy of the request's context)."""
+
+    metrics: Metrics
+    scope: Scope
+    started: float  # time.perf_counter() at the request's start
+    first_timed: bool = False  # its time to first token is observed (an answer's retry or n-th choice is not first)
+
+
+_DOOR: ContextVar[_Door | None] = ContextVar("fak_door", default=None)
+
+
+def _template(scope: Scope) -> str:
+    route = scope.get("route")
+    return getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
 
 
 class _Middleware:
@@ -95,11 +125,12 @@ class _Middleware:
                 status = message["status"]
             await send(message)
 
+        door = _DOOR.set(_Door(self.metrics, scope, started))
         try:
             await self.app(scope, receive, sending)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
+            _DOOR.reset(door)
+            template = _template(scope)
             who = state.get("principal") if isinstance(state, dict) else None
             tenant = who.tenant if isinstance(who, Principal) else ""
             method = scope.get("method", "")
@@ -187,6 +218,7 @@ def _subscribe(app: object, bus: EventBus) -> None:
     bus.subscribe(SpanEvicted, lambda e: record_eviction(app, e.mode, tenant=e.tenant))
     bus.subscribe(ForgetDone, lambda e: record_forget(app, tenant=e.tenant))
     bus.subscribe(TokensDecoded, lambda e: record_decode(app, e.tokens, e.seconds, tenant=e.tenant))
+    bus.subscribe(TokensTimed, lambda e: record_token_times(app, e.tokens, e.first_at, e.last_at, tenant=e.tenant))
     bus.subscribe(ToolCallDecided, lambda e: record_tool_call(app, e.verdict, tenant=e.tenant))
     bus.subscribe(LateOutcome, lambda e: record_late(app, e.outcome, tenant=e.tenant))
 
@@ -229,6 +261,22 @@ def record_decode(app: object, tokens: int, seconds: float, *, tenant: str) -> N
     if m is not None and tokens >= 0 and seconds >= 0:
         m.decode_tokens.labels(tenant).inc(tokens)
         m.decode_seconds.labels(tenant).inc(seconds)
+
+
+def record_token_times(app: object, tokens: int, first_at: float, last_at: float, *, tenant: str) -> None:
+    """One generation of the request being served (``perf_counter`` stamps of its first and
+    last token): the request's time to first token (its first generation only) and the
+    generation's time per output token. Generations outside this app's requests are not
+    timed (no door: an in-process client, another app on the same Kernel)."""
+    m, door = _metrics(app), _DOOR.get()
+    if m is None or door is None or door.metrics is not m or tokens < 1:
+        return
+    route = _template(door.scope)
+    if not door.first_timed:
+        door.first_timed = True
+        m.first_token.labels(tenant, route).observe(max(0.0, first_at - door.started))
+    if tokens > 1:
+        m.per_token.labels(tenant, route).observe(max(0.0, last_at - first_at) / (tokens - 1))
 
 
 def record_tool_call(app: object, verdict: str, *, tenant: str) -> None:

@@ -78,8 +78,21 @@ class TokensDecoded(KernelEvent):
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class TokensTimed(KernelEvent):
+    """A generation that the API's operations drive (a REST turn, streamed or not; an attempt
+    of an OpenAI answer) produced ``tokens``, the first at ``first_at`` and the last at
+    ``last_at`` (``time.perf_counter`` stamps of this process): what a door's time to first
+    token and time per output token are read from. Published when the generation ends, also
+    one given up part way (``fak.kernel.operations.timed_tokens``)."""
+
+    tokens: int
+    first_at: float
+    last_at: float
+
+
 EVENT_TYPES: tuple[type[KernelEvent], ...] = (
-    AdmissionDecided, SpanEvicted, ForgetDone, ToolCallDecided, LateOutcome, TokensDecoded,
+    AdmissionDecided, SpanEvicted, ForgetDone, ToolCallDecided, LateOutcome, TokensDecoded, TokensTimed,
 )  # fmt: skip
 
 E = TypeVar("E", bound=KernelEvent)

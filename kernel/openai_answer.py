@@ -34,8 +34,8 @@ from fak.kernel.generated_call import GeneratedCall, generated_calls
 from fak.kernel.held_calls import HeldCall
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_params import ChatParameters
-from fak.kernel.openai_tools import ParsedCall, call_id, parse_calls, safe_text_len
-from fak.kernel.operations import TextDecoder
+from fak.kernel.openai_tools import OPEN, ParsedCall, call_id, parse_calls
+from fak.kernel.operations import TextDecoder, timed_tokens
 from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 
 if TYPE_CHECKING:
@@ -145,13 +145,15 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
         context = ks.tokens
         decoder = TextDecoder(tok)
+        shown = Shown(a.stops.stops if a.stops is not None else [], calls=bool(names))
         produced: list[int] = []
-        streamed = ""  # this attempt's content a stream was given (a retried attempt's stays sent)
+        sent: list[str] = []  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
         judge = ks.call_judge(plan.principal) if names else None  # bound to the turn's attention by generate
         read: tuple[str, list[ParsedCall]] | None = None
         spent = 0.0  # judging, while the turn is still open
-        tokens = ks.generate(keep=keep, judge=judge, hooks=tuple(a.hooks), **sampling)
+        tokens = timed_tokens(ks.generate(keep=keep, judge=judge, hooks=tuple(a.hooks), **sampling),
+                              services.events, ks.tenant)
         try:
             for token in tokens:
                 produced.append(token)
@@ -163,15 +165,14 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                     for i, call in enumerate(read[1]):  # the turn is open: its evidence can be computed
                         judge.judge(call.name, call.arguments, turn=_locator(tok, list(produced), i, call))
                     spent += time.perf_counter() - t0
-                decoder.push(token)
-                show = _visible(decoder.emitted, a.stops, bool(names))
-                if show > len(streamed) and decoder.emitted.startswith(streamed):
-                    piece, streamed = decoder.emitted[len(streamed):show], decoder.emitted[:show]
+                piece = shown.feed(decoder.push(token))
+                if piece:
+                    sent.append(piece)
                     yield piece
                 else:
                     yield None
         finally:
-            tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
+            tokens.close()  # closing early rolls the turn back
         sampled += len(produced)
         t0 = time.perf_counter()
         if read is None:  # ended by max_tokens, or no tools: read (and judge) now
@@ -192,7 +193,7 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                                          choice=index))
             attempt += 1
             continue
-        answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, streamed,
+        answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, "".join(sent),
                          context, stopped=a.stops is not None and a.stops.matched)
         answer.judge_s = spent + time.perf_counter() - t0
         yield answer
@@ -222,14 +223,45 @@ def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
     return parse_calls(text, names) if names else (text, [])
 
 
-def _visible(text: str, stops: StopStrings | None, calls: bool) -> int:
-    """How much of the text so far a stream may send: nothing that may be a stop string or a call."""
-    n = len(text)
-    if stops is not None:
-        n = min(n, stops.safe_prefix_len(text))
-    if calls:
-        n = min(n, safe_text_len(text))
-    return n
+class Shown:
+    """What a stream may send of a turn's text, fed piece by piece: nothing from the first
+    stop string on, nor from a call's opening (``<tool_call>``) on, and not yet an end that
+    may still become one (as ``StopStrings.safe_prefix_len`` and ``safe_text_len`` say of the
+    whole text). Only the text not sent yet is looked at, and it stays short: an end held back
+    is shorter than the longest stop string or opening, and once one is found only what can
+    still matter before it is kept. So each piece costs the same however long the turn."""
+
+    def __init__(self, stops: list[str], *, calls: bool) -> None:
+        self._groups = [g for g in (stops, [OPEN] if calls else []) if g]
+        self._reach = max((len(x) for g in self._groups for x in g), default=0)
+        self.held = ""  # decoded, not sent
+
+    def feed(self, piece: str) -> str:
+        """The text that may be sent now, ``piece`` having been decoded."""
+        if not self._groups:
+            return piece
+        held = self.held + piece
+        limit, found = len(held), None
+        for group in self._groups:
+            hits = [i for i in (held.find(x) for x in group) if i >= 0]
+            if hits:
+                found = min(hits) if found is None else min(found, *hits)
+                limit = min(limit, min(hits))
+            else:
+                limit = min(limit, len(held) - _begun(held, group))
+        out, self.held = held[:limit], held[limit:]
+        if found is not None:  # nothing from ``found`` on is ever sent: keep what may still begin before it
+            self.held = self.held[: found - limit + self._reach]
+        return out
+
+
+def _begun(text: str, group: list[str]) -> int:
+    """The length of the longest end of ``text`` (shorter than a string of ``group``) that begins one."""
+    for k in range(min(len(text), max(len(x) for x in group) - 1), 0, -1):
+        tail = text[-k:]
+        if any(x.startswith(tail) for x in group):
+            return k
+    return 0
 
 
 def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int, content: str,

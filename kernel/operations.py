@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,6 +29,7 @@ from fak.cas.errors import Forgotten
 from fak.errors import Forbidden, InvalidInput, NotFound
 from fak.kernel.agent_session import ContextFull
 from fak.kernel.call_records import counterfactual_out, findings_out
+from fak.kernel.events import EventBus, TokensTimed
 from fak.policy import GateContext, VerdictKind, gate
 
 if TYPE_CHECKING:
@@ -173,7 +175,7 @@ def sampling(body: w.GenerateIn) -> dict[str, Any]:
 
 def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOut:
     ks = session(k, c, sid)
-    ids = list(ks.generate(**sampling(body)))
+    ids = list(timed_tokens(ks.generate(**sampling(body)), k.events, ks.tenant))
     last = ks.segments()[-1] if ids else None
     return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids,
                          segment=w.SegmentOut(**last.as_dict()) if last else None,
@@ -206,6 +208,25 @@ class Stepper(Generic[T]):
             self._it.close()  # type: ignore[attr-defined]
 
 
+def timed_tokens(tokens: Iterator[int], events: EventBus, tenant: str) -> Generator[int, None, None]:
+    """``tokens`` as they come, stamped (one clock read a token); when they end, however they
+    end (exhausted, closed early: ``close`` closes ``tokens`` too), ``TokensTimed`` is published
+    if there was any."""
+    first = last = 0.0
+    count = 0
+    try:
+        for token in tokens:
+            last = time.perf_counter()
+            if not count:
+                first = last
+            count += 1
+            yield token
+    finally:
+        tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
+        if count:
+            events.publish(TokensTimed(tenant, count, first, last))
+
+
 class TextDecoder:
     """Incremental detokenisation that holds back an incomplete UTF-8 character. Each step
     decodes only the tokens since the last complete piece, after a few tokens of context (a
@@ -215,9 +236,16 @@ class TextDecoder:
     def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tok = tokenizer
         self.ids: list[int] = []
-        self.emitted = ""
+        self._pieces: list[str] = []  # what ``push`` returned (joined only when asked: ``emitted``)
         self._prefix = 0  # ids[prefix:read]: context decoded again before the new tokens
         self._read = 0  # ids before read are in ``emitted``
+
+    @property
+    def emitted(self) -> str:
+        """The text so far (the pieces ``push`` returned)."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def push(self, token: int) -> str:
         if token in self.tok.stop_token_ids:
@@ -228,7 +256,7 @@ class TextDecoder:
         if text.endswith("\ufffd") or len(text) <= len(before):
             return ""
         piece = text[len(before):]
-        self.emitted += piece
+        self._pieces.append(piece)
         self._prefix, self._read = self._read, len(self.ids)
         return piece
 
@@ -241,7 +269,7 @@ class Turn:
 
     def __init__(self, k: Kernel, ks: KernelSession, body: w.GenerateIn) -> None:
         self._ks = ks
-        self._stepper = Stepper(ks.generate(**sampling(body)))
+        self._stepper = Stepper(timed_tokens(ks.generate(**sampling(body)), k.events, ks.tenant))
         self._decoder = TextDecoder(k.tokenizer)
         self._pending: int | None = self._stepper.step()
         self._first = True

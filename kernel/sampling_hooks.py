@@ -269,10 +269,18 @@ class StopStrings:
         self._stop_set = set(self.stop_ids.tolist())
         self._ids: list[int] = []
         self._context = 0  # ids[context:settled] are decoded with the rest, as context only
-        self._settled = 0  # the text of ids[:settled] is final: ``_done``
-        self._done = ""
-        self.text = ""  # the turn's text so far (the last character may be U+FFFD, incomplete)
+        self._settled = 0  # the text of ids[:settled] is final: ``_done`` (joined only when asked)
+        self._done: list[str] = []
+        self._end = ""  # the last characters of the settled text, where a stop string may begin
+        self._tail = ""  # the text of ids[settled:]
         self.matched = False
+
+    @property
+    def text(self) -> str:
+        """The turn's text so far (the last character may be U+FFFD, incomplete)."""
+        if len(self._done) > 1:
+            self._done = ["".join(self._done)]
+        return (self._done[0] if self._done else "") + self._tail
 
     def adjust(self, step: int, row: np.ndarray) -> np.ndarray:
         if not self.matched:
@@ -286,20 +294,19 @@ class StopStrings:
         if self.matched or token in self._stop_set:
             return
         self._ids.append(token)
-        start = max(0, len(self._done) - self._longest + 1)  # a new match ends after the settled text
-        tail = self._tail(len(self._ids))
-        self.text = self._done + tail
-        self.matched = any(s in self.text[start:] for s in self.stops)
+        tail = self._tail = self._decoded(len(self._ids))
+        window = self._end + tail  # a new match ends after the settled text: it begins in its end at the earliest
+        self.matched = any(s in window for s in self.stops)
         if not tail.endswith("\ufffd"):
             self._settle(len(self._ids), tail)
         elif len(self._ids) - self._settled > _HELD:  # bytes that never become a character (a
             # model emitting invalid UTF-8): settle all but the last few, which may still begin one
             cut = len(self._ids) - _HELD_AFTER
-            head = self._tail(cut)
+            head = self._decoded(cut)
             if tail.startswith(head):
                 self._settle(cut, head)
 
-    def _tail(self, end: int) -> str:
+    def _decoded(self, end: int) -> str:
         """The text of ids[settled:end], decoded after its context (a SentencePiece decoder
         drops the leading space of a text's first token: with context it keeps it)."""
         context = self._decode(self._ids[self._context : self._settled])
@@ -307,7 +314,10 @@ class StopStrings:
         return text[len(context) :] if text.startswith(context) else self._decode(self._ids[self._settled : end])
 
     def _settle(self, end: int, text: str) -> None:
-        self._done += text
+        self._done.append(text)
+        end_text = self._end + text
+        self._end = end_text[max(0, len(end_text) - self._longest + 1):] if self._longest > 1 else ""
+        self._tail = self._tail[len(text):]
         self._context, self._settled = self._settled, end
 
     def _first(self, text: str) -> int:

@@ -529,6 +529,41 @@ def test_metrics_by_route_template_and_tenant_only(world) -> None:
     assert "fak_forgets_total" not in evil.replace("# HELP fak_forgets_total", "").replace("# TYPE fak_forgets_total", "")
 
 
+def test_metrics_time_to_first_token_and_per_output_token(world) -> None:
+    """Served generations, JSON and streamed, are timed at the door: one time-to-first-token
+    observation per request (from its start), one time-per-output-token per generation of
+    more than one token; by route template, the caller's tenant only."""
+    w = world
+    route = "/v1/sessions/{sid}/generate"
+
+    def series(text: str, name: str) -> tuple[float, float]:
+        count = re.search(rf'^{name}_count{{route="{re.escape(route)}"}} (\S+)$', text, re.M)
+        total = re.search(rf'^{name}_sum{{route="{re.escape(route)}"}} (\S+)$', text, re.M)
+        return (float(count.group(1)), float(total.group(1))) if count and total else (0.0, 0.0)
+
+    def scrape() -> dict[str, tuple[float, float]]:
+        text = w("acme", "auditor").get("/metrics").text
+        return {n: series(text, n) for n in ("fak_time_to_first_token_seconds", "fak_time_per_output_token_seconds")}
+
+    before = scrape()
+    t0 = time.perf_counter()
+    gen = ok(w("acme", "agent").post(f"/v1/sessions/{w.sid}/generate", json={"max_tokens": 4, "min_tokens": 4}))
+    assert len(gen["tokens"]) == 4
+    with w("acme", "agent").stream("POST", f"/v1/sessions/{w.sid}/generate",
+                                   json={"max_tokens": 5, "min_tokens": 5, "stream": True}) as r:
+        tokens = [line for line in r.iter_lines() if line.startswith("data:") and '"token"' in line]
+    elapsed = time.perf_counter() - t0
+    assert len(tokens) == 5
+    after = scrape()
+    (ttft_n, ttft_s), (tpot_n, tpot_s) = ((after[n][0] - before[n][0], after[n][1] - before[n][1])
+                                          for n in ("fak_time_to_first_token_seconds",
+                                                    "fak_time_per_output_token_seconds"))
+    assert ttft_n == 2 and tpot_n == 2  # one request each, one generation each
+    assert 0 < ttft_s < elapsed and 0 < tpot_s < elapsed
+    evil = w("evil", "auditor").get("/metrics").text
+    assert "fak_time_to_first_token_seconds_count" not in evil  # acme's generations are acme's
+
+
 # --- problem shapes, limits, bad inputs --------------------------------------------------------
 def test_problem_shapes_and_bad_inputs_are_400_not_500(world) -> None:
     w = world

@@ -12,6 +12,8 @@ from kernel_facade_helpers import CLEAN, WEATHER, events
 from late_models import POLITE, JudgeStub, open_late_kernel
 
 from fak import Kernel
+from fak import wire as w
+from fak.kernel import operations as ops
 from fak.kernel.events import (
     EVENT_TYPES,
     AdmissionDecided,
@@ -21,6 +23,7 @@ from fak.kernel.events import (
     LateOutcome,
     SpanEvicted,
     TokensDecoded,
+    TokensTimed,
     ToolCallDecided,
 )
 
@@ -41,6 +44,7 @@ def test_every_event_type_reaches_its_typed_subscriber(tmp_path: Path, tiny_dir:
         s.admit("web_fetch", POLITE)  # the gate allows it; the judge fires later
         assert k.wait_late(20)
         list(s.generate(max_tokens=3, min_tokens=3))
+        ops.generate(k, ops.Caller("acme", "test"), s.id, w.GenerateIn(max_tokens=2, min_tokens=2))  # the API's
         s.authorize_tool_call("send_email", {"to": "x@example.net"})
         s.evict(kept.segment.id, "recompute")
         k.forget("acme", kept.ref)
@@ -50,7 +54,9 @@ def test_every_event_type_reaches_its_typed_subscriber(tmp_path: Path, tiny_dir:
             assert all(type(e) is t and e.tenant == "acme" for e in got), t
         assert [e.verdict for e in heard[AdmissionDecided]] == ["ALLOW", "ALLOW"]  # type: ignore[attr-defined]
         assert [e.outcome for e in heard[LateOutcome]] == ["fired"]  # type: ignore[attr-defined]
-        assert [e.tokens for e in heard[TokensDecoded]] == [3]  # type: ignore[attr-defined]
+        assert [e.tokens for e in heard[TokensDecoded]] == [3, 2]  # type: ignore[attr-defined]
+        timed = heard[TokensTimed]
+        assert [e.tokens for e in timed] == [2] and timed[0].first_at < timed[0].last_at  # type: ignore[attr-defined]
         assert [e.verdict for e in heard[ToolCallDecided]] == ["ALLOW"]  # type: ignore[attr-defined]  # unlisted
         assert "recompute" in [e.mode for e in heard[SpanEvicted]]  # type: ignore[attr-defined]
         assert len(heard[ForgetDone]) == 1
@@ -113,7 +119,7 @@ def test_metrics_count_each_event_type() -> None:
     metrics.install(app)
     for e in (AdmissionDecided("acme", VerdictKind.QUARANTINE), SpanEvicted("acme", "rerope"), ForgetDone("acme"),
               TokensDecoded("acme", 7, 0.5), ToolCallDecided("acme", "CONFIRM"), LateOutcome("acme", "dropped"),
-              LateOutcome("acme", "fired")):
+              LateOutcome("acme", "fired"), TokensTimed("acme", 3, 1.0, 1.2)):
         bus.publish(e)
     reg = app.state.metrics.registry
     assert reg.get_sample_value("fak_admission_verdicts_total", {"tenant": "acme", "kind": "QUARANTINE"}) == 1
@@ -124,3 +130,5 @@ def test_metrics_count_each_event_type() -> None:
     assert reg.get_sample_value("fak_tool_call_decisions_total", {"tenant": "acme", "verdict": "CONFIRM"}) == 1
     for outcome in ("dropped", "fired"):
         assert reg.get_sample_value("fak_late_detections_total", {"tenant": "acme", "outcome": outcome}) == 1
+    # token times are a served request's (they are read from its start): none outside a request
+    assert not [s for f in reg.collect() if f.name.startswith("fak_time_") for s in f.samples]
