@@ -473,6 +473,10 @@ def main() -> None:
         for name in servers:
             log(f"--- {name}")
             results["servers"][name] = measure(name, args, model, work, Path(tmp))
+            if args.json:  # what is measured so far, should a later server hang or the run be stopped
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps({"bench": "serve", "partial": True, "results": results},
+                                                      indent=2) + "\n")
     table(results["servers"])
     report("serve", results, comparisons(results["servers"]), args.json)
 
