@@ -195,7 +195,7 @@ class _Scratch(ctypes.Structure):
 
 class _BatchScratch(ctypes.Structure):
     _fields_ = [*((name, ctypes.c_void_p) for name in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")),
-                ("scores_stride", ctypes.c_int64)]
+                ("scores_stride", ctypes.c_int64), ("x16", ctypes.c_void_p)]
 
 
 # --- block matrices -----------------------------------------------------------------------
@@ -493,8 +493,9 @@ class BlockDecoder:
             "xs": torch.empty(b * (widest // QK + 1)),
             "scores": torch.empty(b * cfg.num_heads * keys),
             "xq": torch.empty(b * 2 * widest, dtype=torch.int8),
+            "x16": torch.empty(b * widest, dtype=torch.int16),
         }
         struct = _BatchScratch(*(buf[k].data_ptr() for k in ("x", "h", "qkv", "att", "gu", "xd", "xs", "scores", "xq")),
-                               cfg.num_heads * keys)
+                               cfg.num_heads * keys, buf["x16"].data_ptr())
         local.batch = (b, keys, buf, struct)
         return struct

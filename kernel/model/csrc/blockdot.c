@@ -403,18 +403,123 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *xd, *xs, *scores;
     int8_t *xq;
     int64_t scores_stride;
+    int16_t *x16; /* each input row's codes as one int16 per value, 256 q1 + q2 (exact) */
 } fak_batch_scratch;
 
+/* A row quantised for the batch: fak_quantize_rows' codes and scales, and its codes again as
+ * one int16 per value, x16 = 256 q1 + q2 (|x16| <= 32639: exact), for team_matmul16. */
+static void quantize_row16(const float *x, int64_t n, float *xd, float *xs, int8_t *xq, int16_t *x16) {
+    fak_quantize_rows(x, 1, n, xd, xs, xq);
+    for (int64_t blk = 0; blk < n / QK; blk++)
+        for (int j = 0; j < QK; j++)
+            x16[blk * QK + j] = (int16_t)(256 * xq[blk * 2 * QK + j] + xq[blk * 2 * QK + QK + j]);
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+/* The 8 int32 lanes q4_block / q8_block compute for a block, from int16 weights and inputs:
+ * lane k = the sum over values 4k..4k+3 of w * (256 q1 + q2). Integer sums are exact, so the
+ * lanes are the same integers however they are formed; every float op after them is the same. */
+static inline __m256i lanes16(const int16_t *w, const int16_t *x) {
+    const __m256i lo = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w), _mm256_loadu_si256((const __m256i *)x));
+    const __m256i hi =
+        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(w + 16)), _mm256_loadu_si256((const __m256i *)(x + 16)));
+    /* hadd gives 64-bit chunks (l0 l1)(l4 l5)(l2 l3)(l6 l7): put them in order */
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+}
+
+/* row_q4_1's float sequence, its block integers from lanes16 */
+static inline float row16_q4_1(const int16_t *w16, const uint16_t *wd, const uint16_t *wm, int64_t nb, const float *xd,
+                               const float *xs, const int16_t *x16) {
+    float sum = 0.0f;
+    int64_t b = 0;
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = lanes16(w16 + (b + j) * QK, x16 + (b + j) * QK);
+        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
+                                           _mm256_loadu_ps(xd + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
+        macc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b))), _mm256_loadu_ps(xs + b),
+                               macc);
+    }
+    for (; b < nb; b++) {
+        const float scale = half_to_float(wd[b]) * xd[b];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes16(w16 + b * QK, x16 + b * QK)), _mm256_set1_ps(scale), acc);
+        sum += half_to_float(wm[b]) * xs[b];
+    }
+    sum += hsum256(_mm256_add_ps(acc, macc));
+    return sum;
+}
+
+/* row_q8_0's float sequence, its block integers from lanes16 */
+static inline float row16_q8_0(const int16_t *w16, const uint16_t *wd, int64_t nb, const float *xd, const int16_t *x16) {
+    int64_t b = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = lanes16(w16 + (b + j) * QK, x16 + (b + j) * QK);
+        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
+                                           _mm256_loadu_ps(xd + b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
+    }
+    for (; b < nb; b++) {
+        const float scale = half_to_float(wd[b]) * xd[b];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes16(w16 + b * QK, x16 + b * QK)), _mm256_set1_ps(scale), acc);
+    }
+    return hsum256(acc);
+}
+
+/* weight row r as int16 values, block by block in q4_block's / q8_block's value order */
+static inline void unpack_row16(const fak_qmat *w, int64_t r, int16_t *w16) {
+    const int64_t nb = w->n / QK;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        if (w->kind == 0) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)w->q + (r * nb + blk) * 16));
+            const __m128i low = _mm_set1_epi8(0x0f);
+            _mm256_storeu_si256((__m256i *)(w16 + blk * QK), _mm256_cvtepu8_epi16(_mm_and_si128(raw, low)));
+            _mm256_storeu_si256((__m256i *)(w16 + blk * QK + 16),
+                                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low)));
+        } else {
+            const int8_t *q = (const int8_t *)w->q + (r * nb + blk) * QK;
+            _mm256_storeu_si256((__m256i *)(w16 + blk * QK), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)));
+            _mm256_storeu_si256((__m256i *)(w16 + blk * QK + 16),
+                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))));
+        }
+    }
+}
+#endif
+
 /* y[t] = W x[t] for t < b (row stride ldy), over inputs quantised per row (row t's scales at
- * t * xd_stride, its codes at t * xq_stride); rows of W split between the team's threads, and
- * every input row read against a weight row while that row is in cache. Each output is
- * qmat_row of its own input row: the bytes team_matvec computes for that row alone. */
-static void team_matmul_strided(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
-                                int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
+ * t * xd_stride, its codes at t * xq_stride, its int16 codes at t * x16_stride); rows of W
+ * split between the team's threads. Each output is the bytes qmat_row computes for its own
+ * input row alone (team_matvec, fak_decode_step): the same float operations in the same
+ * order over the same block integers. With AVX2 a weight row is unpacked to int16 once and
+ * read against every input row while it is in cache. */
+static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
+                          const int16_t *x16, int64_t xd_stride, int64_t xq_stride, int64_t x16_stride, float *y,
+                          int64_t ldy) {
+#if defined(__AVX2__) && defined(__F16C__)
+    const int64_t nb = w->n / QK;
+    int16_t w16[w->n];
+    (void)xq;
+    (void)xq_stride;
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < w->rows; r++) {
+        unpack_row16(w, r, w16);
+        for (int64_t t = 0; t < b; t++)
+            y[t * ldy + r] = w->kind == 0
+                                 ? row16_q4_1(w16, w->d + r * nb, w->m + r * nb, nb, xd + t * xd_stride,
+                                              xs + t * xd_stride, x16 + t * x16_stride)
+                                 : row16_q8_0(w16, w->d + r * nb, nb, xd + t * xd_stride, x16 + t * x16_stride);
+    }
+#else
+    (void)x16;
+    (void)x16_stride;
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < w->rows; r++)
         for (int64_t t = 0; t < b; t++)
             y[t * ldy + r] = qmat_row(w, r, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+#endif
 }
 
 /* Run `b` sessions' next tokens in one pass over the weights: row t runs tokens[t] at row
@@ -444,10 +549,10 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++) {
                 rms_norm(s->x + t * D, lw->attn_norm, D, m->eps, s->h + t * hn);
-                fak_quantize_rows(s->h + t * hn, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+                quantize_row16(s->h + t * hn, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn, s->x16 + t * widest);
             }
             team_barrier(&bar, team, &sense);
-            team_matmul_strided(&lw->qkv, b, s->xd, s->xs, s->xq, nbw, xqn, s->qkv, qkv_n);
+            team_matmul16(&lw->qkv, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, s->qkv, qkv_n);
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++) {
@@ -489,19 +594,19 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++)
-                fak_quantize_rows(s->att + t * H * hd, 1, H * hd, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+                quantize_row16(s->att + t * H * hd, H * hd, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn, s->x16 + t * widest);
             team_barrier(&bar, team, &sense);
-            team_matmul_strided(&lw->o, b, s->xd, s->xs, s->xq, nbw, xqn, s->h, hn);
+            team_matmul16(&lw->o, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, s->h, hn);
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++) {
                 float *x = s->x + t * D, *h = s->h + t * hn;
                 for (int64_t j = 0; j < D; j++) x[j] += h[j];
                 rms_norm(x, lw->mlp_norm, D, m->eps, h);
-                fak_quantize_rows(h, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+                quantize_row16(h, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn, s->x16 + t * widest);
             }
             team_barrier(&bar, team, &sense);
-            team_matmul_strided(&lw->gate_up, b, s->xd, s->xs, s->xq, nbw, xqn, s->gu, 2 * F);
+            team_matmul16(&lw->gate_up, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, s->gu, 2 * F);
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++) {
@@ -511,10 +616,10 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
                     const float g = gu[j];
                     h[j] = g / (1.0f + expf(-g)) * gu[F + j];
                 }
-                fak_quantize_rows(h, 1, F, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+                quantize_row16(h, F, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn, s->x16 + t * widest);
             }
             team_barrier(&bar, team, &sense);
-            team_matmul_strided(&lw->down, b, s->xd, s->xs, s->xq, nbw, xqn, s->h, hn);
+            team_matmul16(&lw->down, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, s->h, hn);
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < b; t++) {
@@ -527,9 +632,9 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
 #pragma omp for schedule(static) nowait
         for (int64_t t = 0; t < b; t++) {
             rms_norm(s->x + t * D, m->norm, D, m->eps, s->h + t * hn);
-            fak_quantize_rows(s->h + t * hn, 1, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn);
+            quantize_row16(s->h + t * hn, D, s->xd + t * nbw, s->xs + t * nbw, s->xq + t * xqn, s->x16 + t * widest);
         }
         team_barrier(&bar, team, &sense);
-        team_matmul_strided(&m->head, b, s->xd, s->xs, s->xq, nbw, xqn, logits, m->vocab);
+        team_matmul16(&m->head, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, logits, m->vocab);
     }
 }
