@@ -296,9 +296,9 @@ def _fair(queue: deque[_Job], limit: int, turn: int) -> list[_Job]:
     """Up to ``limit`` jobs off ``queue``: all if they fit, else one per tenant in turn
     (starting at a rotating tenant), oldest first within a tenant. Taken jobs leave the queue."""
     if len(queue) <= limit:
-        taken = list(queue)
+        everything = list(queue)
         queue.clear()
-        return taken
+        return everything
     by_tenant: dict[str, deque[_Job]] = {}
     for job in queue:
         by_tenant.setdefault(job.tenant, deque()).append(job)
