@@ -270,6 +270,31 @@ static void rope(const float *x, const float *cos, const float *sin_signed, int6
     for (int64_t j = 0; j < hd; j++) out[j] = x[j] * cos[j] + x[(j + half) % hd] * sin_signed[j];
 }
 
+/* One query head against a session's cache rows 0..L-1: RoPE on the query, scores, softmax,
+ * the weighted sum of values. The one-session step and the batched step both call this, so
+ * a head's output is the same bytes in both. `kv` is the head's group offset in a row. */
+static inline void attend_head(const float *query, const float *cos, const float *sin_signed, const float *K,
+                               const float *V, int64_t L, int64_t kv_row, int64_t kv, int64_t hd, float scale,
+                               float *sc, float *out) {
+    float q[256]; /* head_dim <= 256, checked by the caller */
+    rope(query, cos, sin_signed, hd, q);
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < L; t++) {
+        sc[t] = dot_f32(q, K + t * kv_row + kv, hd) * scale;
+        mx = fmaxf(mx, sc[t]);
+    }
+    float total = 0.0f;
+    for (int64_t t = 0; t < L; t++) {
+        sc[t] = expf(sc[t] - mx);
+        total += sc[t];
+    }
+    for (int64_t j = 0; j < hd; j++) out[j] = 0.0f;
+    for (int64_t t = 0; t < L; t++) {
+        const float p = sc[t] / total, *vt = V + t * kv_row + kv;
+        for (int64_t j = 0; j < hd; j++) out[j] += p * vt[j];
+    }
+}
+
 /* rows of w over already quantised input, split between the team's threads (inside a parallel
  * region); no barrier at the end: the caller's team_barrier follows */
 static void team_matvec(const fak_qmat *w, const float *xd, const float *xs, const int8_t *xq, float *y) {
@@ -338,26 +363,8 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t h = 0; h < H; h++) {
-                const int64_t g = h / groups;
-                float q[256]; /* head_dim <= 256, checked by the caller */
-                rope(s->qkv + h * hd, cos, sin_signed, hd, q);
-                float *sc = s->scores + h * L, mx = -INFINITY;
-                for (int64_t t = 0; t < L; t++) {
-                    const float *kt = K + t * kv_row + g * hd;
-                    sc[t] = dot_f32(q, kt, hd) * m->scale;
-                    mx = fmaxf(mx, sc[t]);
-                }
-                float total = 0.0f;
-                for (int64_t t = 0; t < L; t++) {
-                    sc[t] = expf(sc[t] - mx);
-                    total += sc[t];
-                }
-                float *out = s->att + h * hd;
-                for (int64_t j = 0; j < hd; j++) out[j] = 0.0f;
-                for (int64_t t = 0; t < L; t++) {
-                    const float p = sc[t] / total, *vt = V + t * kv_row + g * hd;
-                    for (int64_t j = 0; j < hd; j++) out[j] += p * vt[j];
-                }
+                attend_head(s->qkv + h * hd, cos, sin_signed, K, V, L, kv_row, (h / groups) * hd, hd, m->scale,
+                            s->scores + h * L, s->att + h * hd);
             }
             team_barrier(&bar, team, &sense);
             if (first) fak_quantize_rows(s->att, 1, H * hd, s->xd, s->xs, s->xq);
@@ -568,28 +575,11 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t th = 0; th < b * H; th++) {
-                const int64_t t = th / H, h = th % H, g = h / groups, L = rows[t] + 1;
+                const int64_t t = th / H, h = th % H, L = rows[t] + 1;
                 const int64_t layer_stride = caches[t].capacity * kv_row;
-                const float *K = caches[t].k + i * layer_stride, *V = caches[t].v + i * layer_stride;
-                float q[256]; /* head_dim <= 256, checked by the caller */
-                rope(s->qkv + t * qkv_n + h * hd, cos + t * hd, sin_signed + t * hd, hd, q);
-                float *sc = s->scores + t * s->scores_stride + h * L, mx = -INFINITY;
-                for (int64_t u = 0; u < L; u++) {
-                    const float *ku = K + u * kv_row + g * hd;
-                    sc[u] = dot_f32(q, ku, hd) * m->scale;
-                    mx = fmaxf(mx, sc[u]);
-                }
-                float total = 0.0f;
-                for (int64_t u = 0; u < L; u++) {
-                    sc[u] = expf(sc[u] - mx);
-                    total += sc[u];
-                }
-                float *out = s->att + t * H * hd + h * hd;
-                for (int64_t j = 0; j < hd; j++) out[j] = 0.0f;
-                for (int64_t u = 0; u < L; u++) {
-                    const float p = sc[u] / total, *vu = V + u * kv_row + g * hd;
-                    for (int64_t j = 0; j < hd; j++) out[j] += p * vu[j];
-                }
+                attend_head(s->qkv + t * qkv_n + h * hd, cos + t * hd, sin_signed + t * hd, caches[t].k + i * layer_stride,
+                            caches[t].v + i * layer_stride, L, kv_row, (h / groups) * hd, hd, m->scale,
+                            s->scores + t * s->scores_stride + h * L, s->att + t * H * hd + h * hd);
             }
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
