@@ -219,11 +219,17 @@ class Scheduler:
                 decode, calls = self._next_step()
                 if decode is None:
                     return
-            if decode:
-                self._run_decode(decode)
-            for job in calls:
-                self._run_call(job)
-            self._account(decode, calls)
+            try:
+                if decode:
+                    self._run_decode(decode)
+                for job in calls:
+                    self._run_call(job)
+                self._account(decode, calls)
+            except BaseException as exc:  # noqa: BLE001 - a waiter must never wait forever
+                for job in (*decode, *calls):
+                    if not job.done.is_set():
+                        job.error = exc
+                        job.done.set()
 
     def _next_step(self) -> tuple[list[_Job] | None, list[_Job]]:
         """Wait for work (holding the condition) and take one step's: (None, []) once closed and drained."""
