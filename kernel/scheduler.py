@@ -325,8 +325,8 @@ def _fair(queue: deque[_Job], limit: int, turn: int) -> list[_Job]:
 
 class Admission:
     """How many generating requests run at once: at most ``per_tenant`` of one tenant and
-    ``total`` in all; beyond that a request waits in a queue of at most ``queue`` requests
-    (at most ``wait_s`` seconds), served fairly (the tenant with the fewest running first,
+    ``total`` in all; beyond that a request waits in a queue of at most ``queue`` requests,
+    of which at most ``per_tenant`` are one tenant's (at most ``wait_s`` seconds), served fairly (the tenant with the fewest running first,
     then the oldest), and beyond the queue it is refused with ``Overloaded``."""
 
     def __init__(self, total: int = 32, per_tenant: int = 16, queue: int = 64, wait_s: float = 30.0) -> None:
@@ -383,10 +383,12 @@ class Admission:
             if not self._waiting and self._free_for(tenant):
                 self._active[tenant] = self._active.get(tenant, 0) + 1
                 return
-            if len(self._waiting) >= self.queue_limit:
+            mine = sum(1 for t, _ in self._waiting if t == tenant)
+            if len(self._waiting) >= self.queue_limit or mine >= self.per_tenant:
+                # a tenant holds at most per_tenant places of the queue: it cannot fill it for others
                 self._rejected[tenant] = self._rejected.get(tenant, 0) + 1
-                raise Overloaded(f"the server is busy ({len(self._waiting)} requests already wait): "
-                                 "retry shortly", retry_after=1)
+                raise Overloaded(f"the server is busy ({mine} of your requests and {len(self._waiting)} in all "
+                                 "already wait): retry shortly", retry_after=1)
             ticket = object()
             self._waiting.append((tenant, ticket))
             deadline = time.monotonic() + self.wait_s

@@ -249,6 +249,38 @@ def test_admission_serves_the_tenant_with_fewer_running_first() -> None:
     assert order == ["b", "a"]
 
 
+def test_a_tenant_cannot_fill_the_queue_for_others() -> None:
+    """One tenant holds at most its share of the queue (per_tenant places): with the server
+    full and that tenant's share waiting, its next request is refused, another tenant's waits."""
+    adm = Admission(total=1, per_tenant=1, queue=8, wait_s=5)
+    held: dict[str, object] = {}
+
+    def enter(name: str, tenant: str) -> None:
+        cm = adm.slot(tenant)
+        cm.__enter__()
+        held[name] = cm  # kept: a dropped context manager gives its place back when collected
+
+    enter("busy", "a")
+    waiter = threading.Thread(target=enter, args=("a2", "a"))
+    waiter.start()
+    while adm.queued("a") != 1:
+        time.sleep(0.001)
+    with pytest.raises(Overloaded, match="1 of your requests"), adm.slot("a"):
+        pass
+    other = threading.Thread(target=enter, args=("b", "b"))
+    other.start()
+    while adm.queued("b") != 1:  # b still gets a place in the queue
+        time.sleep(0.001)
+    assert adm.rejected("a") == 1 and adm.rejected("b") == 0
+    held.pop("busy").__exit__(None, None, None)  # type: ignore[attr-defined]
+    waiter.join(5)  # neither tenant runs anything now: the older request goes first
+    assert adm.active("a") == 1 and adm.queued("b") == 1
+    held.pop("a2").__exit__(None, None, None)  # type: ignore[attr-defined]
+    other.join(5)
+    assert adm.active("b") == 1
+    held.pop("b").__exit__(None, None, None)  # type: ignore[attr-defined]
+
+
 def test_a_wait_past_its_limit_is_refused() -> None:
     adm = Admission(total=1, per_tenant=1, queue=4, wait_s=0.05)
     with adm.slot("a"), pytest.raises(Overloaded, match="retry"), adm.slot("a"):
