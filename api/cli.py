@@ -17,6 +17,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--port", type=int, default=8077)
     serve.add_argument("--config", help="settings file (TOML or YAML); FAK_* variables override it")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--replicas", type=_replicas, default=1, metavar="N",
+                       help="run N kernels behind one port on Ray Serve (default 1: this process alone; "
+                            "N > 1 needs PostgreSQL and pip install 'fak[scale]')")
+    serve.add_argument("--placement", choices=("prefix", "load", "random"), default="prefix",
+                       help="with --replicas: where a new conversation goes (default: the replica holding "
+                            "most of its prompt in its prefix cache)")
     serve.set_defaults(handler=_serve)
 
     keys = subparsers.add_parser("keys", help="API keys (stored hashed; a key is printed once)")
@@ -45,6 +51,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         return 2
 
     keys.set_defaults(handler=usage)
+
+
+def _replicas(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return n
 
 
 def _duration(text: str) -> float:
@@ -96,6 +109,8 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.replicas > 1:
+        return _serve_cluster(args)
     import uvicorn
 
     from fak.api.app import create_app
@@ -110,4 +125,35 @@ def _serve(args: argparse.Namespace) -> int:
                     timeout_graceful_shutdown=10)
     finally:
         kernel.close()
+    return 0
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    """``fak serve --replicas N``: the kernels on Ray Serve behind one port until Ctrl-C."""
+    import importlib.util
+    import signal
+    import sys
+    import threading
+
+    from fak.api.cluster_router import Placement
+    from fak.api.cluster_serve import RAY_MISSING, check_replicated, run_cluster, shutdown_cluster, wait_ready
+    from fak.settings import Settings
+
+    settings = Settings.load(args.config)
+    check_replicated(settings, args.replicas)  # before Ray starts: a clear error, not N failing actors
+    if importlib.util.find_spec("ray") is None:
+        print(f"fak: {RAY_MISSING}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_cluster(settings, args.replicas, args.host, args.port, Placement(args.placement))
+        ready = wait_ready(f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}")
+        print(f"fak: {args.replicas} replicas on http://{args.host}:{args.port} ({args.placement} placement; "
+              f"router ready {ready:.1f} s after the kernels)", file=sys.stderr, flush=True)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        shutdown_cluster()
     return 0

@@ -1,0 +1,201 @@
+"""The replicated deployment's routing rules (fak.api.cluster_router), without Ray: which
+requests name a session, which are placed by prefix score, the affinity cache, the choice
+among scores, and /metrics merged across replicas."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fak.api.cluster_router import (
+    AffinityCache,
+    Kind,
+    Placement,
+    Route,
+    Score,
+    choose,
+    classify,
+    credential,
+    credential_digest,
+    elsewhere,
+    merge_metrics,
+    parse_json,
+    place,
+    prompt_messages,
+    response_handle,
+)
+
+
+def test_session_paths_are_session_scoped() -> None:
+    assert classify("GET", "/v1/sessions/s1", None) == Route(Kind.SESSION, session_id="s1")
+    assert classify("DELETE", "/v1/sessions/a.b-c_d", None).session_id == "a.b-c_d"
+    r = classify("POST", "/v1/sessions/s1/messages", {"role": "user", "content": "hi"})
+    assert r == Route(Kind.SESSION, session_id="s1", messages=({"role": "user", "content": "hi"},))
+    assert classify("POST", "/v1/sessions/s1/generate", {"max_tokens": 3}).kind is Kind.SESSION
+    # not a session id: any replica answers the client's error
+    assert classify("GET", "/v1/sessions/-bad", None).kind is Kind.ANY
+
+
+def test_placements() -> None:
+    assert classify("POST", "/v1/sessions", None) == Route(Kind.PLACE)
+    assert classify("POST", "/v1/sessions", {"id": "mine"}) == Route(Kind.PLACE, session_id="mine")
+    assert classify("GET", "/v1/sessions", None).kind is Kind.ANY  # the list: any replica
+    chat = {"model": "m", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}
+    r = classify("POST", "/v1/chat/completions", chat)
+    assert r.kind is Kind.PLACE and r.session_id is None and len(r.messages) == 2
+    assert classify("POST", "/v1/chat/completions", {**chat, "fak_session": "s9"}).session_id == "s9"
+    assert classify("POST", "/v1/chat/completions", {**chat, "fak_session": "../x"}).session_id is None
+    r = classify("POST", "/v1/responses", {"model": "m", "input": "hi", "previous_response_id": "resp_abc123"})
+    assert r.kind is Kind.PLACE and r.response_id == "resp_abc123"
+    assert classify("POST", "/v1/responses", {"input": "hi", "previous_response_id": "nope"}).response_id is None
+    # a body that is not JSON still routes (the replica answers 422)
+    assert classify("POST", "/v1/chat/completions", parse_json(b"{not json")) == Route(Kind.PLACE)
+
+
+def test_other_routes() -> None:
+    assert classify("GET", "/healthz", None).kind is Kind.HEALTH
+    assert classify("GET", "/metrics", None).kind is Kind.METRICS
+    for method, path in [("GET", "/v1/models"), ("POST", "/v1/forget"), ("GET", "/v1/audit/checkpoint"),
+                         ("GET", "/v1/responses/resp_x"), ("POST", "/v1/tool-calls/call_held_1/approve"),
+                         ("GET", "/v1/chat/completions")]:
+        assert classify(method, path, None).kind is Kind.ANY, path
+
+
+def test_prompt_messages() -> None:
+    chat = {"messages": [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}},
+                                     {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": []},
+    ]}
+    assert prompt_messages("POST", "/v1/chat/completions", chat) == (
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": ""})
+    assert prompt_messages("POST", "/v1/chat/completions", {"messages": "x"}) == ()
+    assert prompt_messages("POST", "/v1/chat/completions", {"messages": [{"role": 1, "content": "x"}]}) == ()
+    # Responses: instructions first (a new chain only), then the message items up to the first other item
+    body = {"instructions": "be brief", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"type": "function_call_output", "call_id": "c", "output": "x"},
+        {"role": "user", "content": "later"}]}
+    assert prompt_messages("POST", "/v1/responses", body) == (
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"})
+    assert prompt_messages("POST", "/v1/responses", {"input": "hello"}) == ({"role": "user", "content": "hello"},)
+    follow = {"instructions": "be brief", "input": "more", "previous_response_id": "resp_1"}
+    assert prompt_messages("POST", "/v1/responses", follow) == ({"role": "user", "content": "more"},)
+    assert prompt_messages("POST", "/v1/sessions/s/messages", {"role": "system", "content": "S"}) == (
+        {"role": "system", "content": "S"},)
+    assert prompt_messages("GET", "/v1/chat/completions", chat) == ()
+    assert prompt_messages("POST", "/v1/chat/completions", None) == ()
+
+
+def test_credential() -> None:
+    assert credential([("Authorization", "Bearer fak_k")]) == "fak_k"
+    assert credential([("authorization", "bearer  fak_k ")]) == "fak_k"
+    assert credential([("x-api-key", "fak_x")]) == "fak_x"
+    assert credential([("authorization", "Basic zzz"), ("x-api-key", "fak_x")]) == "fak_x"
+    assert credential([]) is None
+    assert credential_digest("fak_k") != credential_digest("fak_j")
+    assert "fak_k" not in credential_digest("fak_k")
+
+
+def test_affinity_cache_is_a_bounded_lru() -> None:
+    c = AffinityCache(capacity=2)
+    c.put("k", "s1", "replica-0")
+    c.put("k", "s2", "replica-1")
+    assert c.get("k", "s1") == "replica-0"  # s1 now most recent
+    c.put("k", "s3", "replica-2")  # s2 out
+    assert c.get("k", "s2") is None and c.get("k", "s3") == "replica-2" and len(c) == 2
+    assert c.get("other", "s1") is None  # another credential's session of the same name
+    c.put("k", "s1", "replica-1")  # a 421 moved it
+    assert c.get("k", "s1") == "replica-1"
+    assert c.drop_replica("replica-1") == 1 and c.get("k", "s1") is None
+    c.discard("k", "s3")
+    assert len(c) == 0
+    assert response_handle("resp_1") != "resp_1"
+    with pytest.raises(ValueError):
+        AffinityCache(0)
+
+
+def test_elsewhere() -> None:
+    body = json.dumps({"type": "about:blank", "status": 421, "code": "session_elsewhere", "replica": "replica-2"})
+    assert elsewhere(body.encode()) == "replica-2"
+    assert elsewhere(b'{"replica": "Not A Name"}') is None
+    assert elsewhere(b"oops") is None
+
+
+def test_choose_most_hits_then_least_load_then_name() -> None:
+    assert choose({"r0": Score(True, None, 10, 5), "r1": Score(True, None, 30, 9)}) == "r1"
+    assert choose({"r0": Score(True, None, 30, 5), "r1": Score(True, None, 30, 2)}) == "r1"
+    assert choose({"r1": Score(True, None, 0, 1), "r0": Score(True, None, 0, 1)}) == "r0"
+    assert choose({"r0": Score(True, None, 0, 4), "r1": Score(True, None, 0, 1)}) == "r1"
+    with pytest.raises(ValueError):
+        choose({})
+
+
+def test_place_by_mode() -> None:
+    scores = {"r0": Score(True, None, 50, 3), "r1": Score(True, None, 0, 1), "r2": Score(True, None, 0, 2)}
+    assert place(scores, Placement.PREFIX) == "r0"
+    assert place(scores, Placement.LOAD) == "r1"
+    rng = random.Random(7)
+    assert {place(scores, Placement.RANDOM, rng) for _ in range(60)} == {"r0", "r1", "r2"}
+    # an owner wins over every mode
+    owned = {**scores, "r2": Score(True, "r2", 0, 9)}
+    assert all(place(owned, m) == "r2" for m in Placement)
+    # an owner that is not among the answering replicas is ignored
+    assert place({"r0": Score(True, "gone", 0, 1), "r1": Score(True, "gone", 0, 0)}, Placement.PREFIX) == "r1"
+
+
+REPLICA_0 = """# HELP fak_http_requests_total HTTP requests
+# TYPE fak_http_requests_total counter
+fak_http_requests_total{method="GET",route="/v1/models",status="200"} 3.0
+# HELP fak_http_request_duration_seconds latency
+# TYPE fak_http_request_duration_seconds histogram
+fak_http_request_duration_seconds_bucket{le="0.1",method="GET",route="/x"} 1.0
+fak_http_request_duration_seconds_bucket{le="+Inf",method="GET",route="/x"} 2.0
+fak_http_request_duration_seconds_count{method="GET",route="/x"} 2.0
+fak_http_request_duration_seconds_sum{method="GET",route="/x"} 0.3
+# HELP fak_audit_log_size entries
+# TYPE fak_audit_log_size gauge
+fak_audit_log_size 12.0
+"""
+REPLICA_1 = """# HELP fak_http_requests_total HTTP requests
+# TYPE fak_http_requests_total counter
+fak_http_requests_total{method="GET",route="/v1/models",status="200"} 5.0
+# HELP fak_sessions_loaded sessions
+# TYPE fak_sessions_loaded gauge
+fak_sessions_loaded 2.0
+# HELP fak_audit_log_size entries
+# TYPE fak_audit_log_size gauge
+fak_audit_log_size 12.0
+"""
+
+
+def test_merge_metrics_labels_every_sample_once_per_family() -> None:
+    merged = merge_metrics({"replica-0": REPLICA_0, "replica-1": REPLICA_1})
+    assert merged.count("# TYPE fak_http_requests_total counter") == 1
+    assert merged.count("# HELP fak_audit_log_size") == 1
+    families = {f.name: f for f in text_string_to_metric_families(merged)}  # the real parser accepts it
+    reqs = families["fak_http_requests"]
+    assert {(s.labels["replica"], s.value) for s in reqs.samples} == {("replica-0", 3.0), ("replica-1", 5.0)}
+    hist = families["fak_http_request_duration_seconds"]
+    assert hist.type == "histogram" and all(s.labels["replica"] == "replica-0" for s in hist.samples)
+    assert len(hist.samples) == 4
+    assert {s.labels["replica"] for s in families["fak_audit_log_size"].samples} == {"replica-0", "replica-1"}
+    assert [s.labels for s in families["fak_sessions_loaded"].samples] == [{"replica": "replica-1"}]
+    # a family's lines stay in one block: its samples follow its TYPE line before the next family's
+    lines = merged.splitlines()
+    at = lines.index("# TYPE fak_http_requests_total counter")
+    assert all(line.startswith("fak_http_requests_total{replica=") for line in lines[at + 1:at + 3])
+
+
+def test_merge_metrics_keeps_a_replica_label_and_empty_input() -> None:
+    text = '# TYPE x gauge\nx{replica="mine",a="1"} 1\n'
+    assert 'x{replica="mine",a="1"} 1' in merge_metrics({"replica-0": text})
+    assert merge_metrics({}) == ""
+    assert merge_metrics([("replica-0", "")]) == ""
