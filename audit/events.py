@@ -138,6 +138,8 @@ class DroppedUnit(_Strict):
     kind: Literal["segment", "generated_segment", "prefix_node", "pic_chunk"]
     id: Id
     session_id: Id | None = None  # segments: the session they belonged to
+    # a replicated deployment's replica that held it (docs/scale-out.md); absent for one process
+    replica: Id | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class SessionFingerprints(_Strict):
@@ -148,6 +150,17 @@ class SessionFingerprints(_Strict):
     session_id: Id
     fingerprint_after: Digest
     fingerprint_replay: Digest | None = None
+    replica: Id | None = Field(None, exclude_if=lambda v: v is None)  # its replica, in a replicated deployment
+
+
+class ReplicaPart(_Strict):
+    """One replica's part of a forget in a replicated deployment: who applied it (the replica
+    itself, or a peer standing in while it was down) and how much it dropped."""
+
+    replica: Id
+    applied_by: Id
+    units: Count
+    sessions: Count
 
 
 class SessionReplay(_Strict):
@@ -182,6 +195,7 @@ class ForgetCompleted(_Event):
     kek_version: Count | None = None  # KEK version that had wrapped the destroyed key
     shred_status: Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"] | None = None  # CAS ShredRecord
     linked_refs: list[LinkedRef] | None = Field(None, max_length=MAX_ITEMS)  # erased with ``ref``; None: none
+    replicas: list[ReplicaPart] | None = Field(None, max_length=MAX_ITEMS)  # every replica's part; None: one process
 
 
 class RefQuarantined(_Event):

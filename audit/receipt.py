@@ -36,6 +36,7 @@ from fak.audit.events import (
     ForgetRequested,
     LinkedRef,
     ReplayVerified,
+    ReplicaPart,
     SessionFingerprints,
     SystemOrTenant,
     parse_event,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 # receipt fields that repeat the logged ForgetCompleted event's
 MIRRORED = ("ref", "request_id", "tenant", "units_dropped", "sessions", "shredded_key_id", "kek_version",
-            "requested_index", "shred_status", "linked_refs")  # fmt: skip
+            "requested_index", "shred_status", "linked_refs", "replicas")  # fmt: skip
 
 
 class ForgetReceipt(BaseModel):
@@ -83,6 +84,8 @@ class ForgetReceipt(BaseModel):
     shred_status: Id | None = None
     # the other refs erased with ``ref`` (a REDACTed result's other form) and their shredded keys
     linked_refs: list[LinkedRef] | None = Field(None, max_length=MAX_ITEMS)
+    # a replicated deployment's replicas, each with its part (docs/scale-out.md); None: one process
+    replicas: list[ReplicaPart] | None = Field(None, max_length=MAX_ITEMS, exclude_if=lambda v: v is None)
     # the independent replay of each session's survivors, logged after the forget returned
     # (``ReplayVerified``, in the same tree as the rest): None while it is pending
     replay_index: Count | None = None
@@ -159,7 +162,7 @@ class ForgetReceipt(BaseModel):
             shredded_key_id=ev.shredded_key_id,
             kek_version=ev.kek_version,
             shred_status=getattr(ev, "shred_status", None),
-            linked_refs=ev.linked_refs,
+            linked_refs=ev.linked_refs, replicas=ev.replicas,
             requested_index=ev.requested_index,
             log_index=completed_index,
             event=entry.body.decode(),

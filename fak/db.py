@@ -27,9 +27,11 @@ that must serialise writers takes its own lock, e.g. the audit log's advisory lo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -230,3 +232,55 @@ def run_env(metadata: sa.MetaData, version_table: str) -> None:
 
 __all__ = ["AUTOCOMMIT", "BUSY_TIMEOUT_S", "WRITE", "make_engine", "release", "rowcount", "run_env", "upgrade",
            "writing"]
+
+
+class AdvisoryLock:
+    """A PostgreSQL session-level advisory lock named by ``name``, held on a connection of its
+    own until ``release`` (or until the holder dies: the server ends the connection and drops
+    the lock, SIGKILL included). It is how replicas of one deployment tell a running peer from
+    one that is down (docs/scale-out.md), across machines, with no clock involved."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        if engine.dialect.name != "postgresql":
+            raise InvalidInput("advisory locks need PostgreSQL")
+        self._engine, self.name = engine, name
+        self._key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+        self._conn: Connection | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; whether it is now held here."""
+        if self._conn is not None:
+            return True
+        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            got = bool(conn.exec_driver_sql("SELECT pg_try_advisory_lock(%(k)s)", {"k": self._key}).scalar())
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def acquire(self, timeout_s: float, poll_s: float = 0.1) -> bool:
+        """Wait up to ``timeout_s`` for the lock; whether it is held."""
+        deadline = time.monotonic() + timeout_s
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.exec_driver_sql("SELECT pg_advisory_unlock(%(k)s)", {"k": self._key})
+        finally:
+            conn.close()

@@ -75,10 +75,11 @@ _held: dict[str, Claim] = {}
 _lock = threading.Lock()
 
 
-def claim(data_dir: Path, *, why: str = "") -> Claim:
+def claim(data_dir: Path, *, why: str = "", shared: bool = False) -> Claim:
     """Own ``data_dir`` (created 0700 if missing) until ``release()``, or raise
     ``DataDirBusy`` naming the process that owns it. ``why`` ends the refusal message
-    (what to do instead)."""
+    (what to do instead). ``shared``: the replicas of one deployment (docs/scale-out.md)
+    share the directory with each other, and still keep out every exclusive claimant."""
     path = Path(data_dir)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = os.path.realpath(path)
@@ -88,9 +89,10 @@ def claim(data_dir: Path, *, why: str = "") -> Claim:
             return held.hold()
         fd = os.open(os.path.join(key, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            _flock(fd, key, why)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": _command()}).encode() + b"\n", 0)
+            _flock(fd, key, why, shared)
+            if not shared:  # several replicas hold it at once: none of them is "the" owner
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": _command()}).encode() + b"\n", 0)
         except BaseException:
             os.close(fd)
             raise
@@ -98,11 +100,11 @@ def claim(data_dir: Path, *, why: str = "") -> Claim:
         return held
 
 
-def _flock(fd: int, key: str, why: str) -> None:
+def _flock(fd: int, key: str, why: str, shared: bool) -> None:
     deadline = time.monotonic() + RETRY_S
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             return
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):

@@ -161,6 +161,11 @@ class Settings(StorageSettings):
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
+    replica: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="this kernel's name among the replicas of one deployment (docs/scale-out.md; `fak serve --replicas N` "
+                    "names them): set, the kernel shares its governance plane with its peers and needs PostgreSQL for "
+                    "database_url and cas_key_url; unset (the default): one process owns the data directory")
 
     @field_validator("judge_egress", mode="after")
     @classmethod

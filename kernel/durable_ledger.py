@@ -78,7 +78,7 @@ class DurableLedger:
             tenant=self._tenant, id=self._id, created_us=self._created_us, updated_us=now_us(),
             model_id=services.model_id, tokenizer_id=services.tokenizer_id, chunk_size=s.chunk_size,
             next_segment=s.ledger.next_number, fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length,
-            approximate=s.approximate,
+            approximate=s.approximate, replica=services.settings.replica,
         )  # fmt: skip
         segs = []
         sealed = self._seal_all(s)

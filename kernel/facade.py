@@ -43,13 +43,17 @@ from fak.kernel.authorize import Authorizer, Authorizers, Producer, Producers
 from fak.kernel.events import EventBus, LateOutcome
 from fak.kernel.forget import ForgetState
 from fak.kernel.kv.pic import PicRegistry
+from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
+from fak.kernel.kv.prefix_tree import call_keys
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
 from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.replicas import Replication, SessionElsewhere
 from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
+from fak.kernel.session_options import pic_binding, prefix_binding
 from fak.kernel.sessions import SessionRegistry
 from fak.kernel.withdraw import QuarantineReport
 from fak.keys import derive_key, load_master_secret
@@ -58,8 +62,10 @@ from fak.policy import Policy, PolicyHolder, gate
 from fak.policy.egress import JudgeEgress, origin_of
 from fak.policy.late import LateJob, LateRunner, build_detectors
 from fak.policy.late_detector import LateFinding
-from fak.settings import Settings
+from fak.settings import Settings, SettingsError
 from fak.state.apikeys import MAC_LABEL
+from fak.state.replicas import DONE as TASK_DONE
+from fak.state.schema import WithdrawalTaskRow
 from fak.state.store import StateStore, now_us
 from fak.types import as_id, check_tenant
 
@@ -76,7 +82,8 @@ def _stderr(message: str) -> None:
 
 
 def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, store: CasStore, audit: AuditLog,
-                   state: StateStore, master: bytes) -> tuple[Services, SessionRegistry, replay.Replayer]:
+                   state: StateStore, master: bytes, replication: Replication | None = None,
+                   ) -> tuple[Services, SessionRegistry, replay.Replayer]:
     """The services of one Kernel, wired: the session registry and the replay queue are part
     of the bundle and use it, so both are bound to it once it exists."""
     events = EventBus()
@@ -93,11 +100,22 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         sessions=registry, replays=replays, gate=gate,
         admission=Admission(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                             queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
-        engine=_engine(settings, lm),
+        engine=_engine(settings, lm), replication=replication,
     )  # fmt: skip
     registry.bind(svc)
     replays.bind(svc)
     return svc, registry, replays
+
+
+def check_replicated(settings: Settings) -> None:
+    """A replica shares its governance plane with its peers (docs/scale-out.md): both databases
+    must be PostgreSQL, which several processes and machines can write; SQLite cannot."""
+    for name, url in (("database_url", settings.database_url), ("cas_key_url", settings.cas_key_url)):
+        if url is None or not url.startswith("postgresql"):
+            shown = "unset (SQLite in the data directory)" if url is None else "not PostgreSQL"
+            raise SettingsError(f"replica {settings.replica!r}: setting {name} is {shown}; a replicated deployment "
+                                "shares its state on PostgreSQL (e.g. postgresql+psycopg://host/fak) and refuses "
+                                "SQLite")
 
 
 def _engine(settings: Settings, lm: LoadedModel) -> Scheduler | None:
@@ -147,7 +165,10 @@ class Kernel:
         settings = settings or Settings.load()
         # one Kernel per data directory across processes (fak.owner says why); claimed before
         # anything is loaded, so a refusal costs nothing
-        owned = claim(settings.data_dir, why="stop it first, or do this through its API")
+        if settings.replica is not None:
+            check_replicated(settings)  # before anything is claimed or loaded
+        owned = claim(settings.data_dir, why="stop it first, or do this through its API",
+                      shared=settings.replica is not None)
         try:
             kernel = cls._open(settings, model, progress)
         except BaseException:
@@ -169,6 +190,7 @@ class Kernel:
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url,
                               settings=settings)
         audit = None
+        replication: Replication | None = None
         try:
             audit = AuditLog.open(url, settings.data_dir, origin=settings.audit_origin,
                                   checkpoint_every=settings.audit_checkpoint_every,
@@ -177,14 +199,21 @@ class Kernel:
             state = StateStore(make_engine(url), api_key_mac=derive_key(master, MAC_LABEL))
             state.seal_clear_segments(store)  # rows written before sealing (issue 25.2): sealed once
             kernel = None
-            kernel = cls(*build_services(settings, lm, policy, store, audit, state, master))
+            if settings.replica is not None:  # waits while a previous process of this replica exits
+                replication = Replication(state.engine, settings.replica,
+                                          scope=derive_key(master, "fak replica locks").hex()[:16])
+                replication.join()
+            kernel = cls(*build_services(settings, lm, policy, store, audit, state, master, replication))
             kernel._log_policy(None, None)
+            kernel._join_replicas(progress)
             kernel._resume_forgets(progress)
             kernel._start_late()
             kernel._start_sweeper()
         except BaseException:
             if kernel is not None and kernel.services.engine is not None:
                 kernel.services.engine.close()
+            if replication is not None:
+                replication.close()
             if audit is not None:
                 audit.close()
             store.close()
@@ -204,6 +233,8 @@ class Kernel:
             runner.close()
         if self._sweeper is not None:
             self._sweeper.join(timeout=5)
+        if self.services.replication is not None:
+            self.services.replication.close()
         self.registry.clear()
         self.audit.close()
         self.store.close()
@@ -309,6 +340,44 @@ class Kernel:
     def loaded_sessions(self, tenant: str) -> list[KernelSession]:
         """The tenant's sessions whose KV is in memory now."""
         return self.registry.loaded(tenant)
+
+    # --- replicas (docs/scale-out.md) -------------------------------------------
+    @property
+    def replica(self) -> str | None:
+        """This kernel's replica name in a replicated deployment (None: a single process)."""
+        return self.settings.replica
+
+    def placement_of(self, tenant: str, session_id: str) -> str | None:
+        """The replica the tenant's session lives on (this kernel's name for a single process);
+        None when the tenant has no such session."""
+        exists, owner = self.state.placement(check_tenant(tenant), session_id)
+        return (owner or self.replica or "") if exists else None
+
+    def prefix_hit_tokens(self, tenant: str, messages: list[dict[str, str]]) -> int:
+        """Tokens of ``messages`` (rendered as a new session would hold them) that this kernel's
+        prefix cache holds for the tenant now: what a router places new sessions by. Reads only
+        the tenant's own namespace; pins nothing."""
+        tenant = check_tenant(tenant)
+        binding = prefix_binding(self.services, tenant)
+        if binding is None or not messages:
+            return 0
+        pic, vocab = pic_binding(self.services, tenant), self.model.cfg.vocab_size
+        tokens: list[int] = []
+        starts: list[int] = []
+        history: list[dict[str, str]] = []
+        for m in messages:
+            message = {"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
+            ids = self.tokenizer.encode_message(history, message)
+            for n in default_chunks(ids, self.settings.chunk_size, pic, vocab):  # the calls a session would make
+                starts.append(len(tokens))
+                tokens += ids[:n]
+                ids = ids[n:]
+            history.append(message)
+        return binding.cache.peek(binding.namespace, call_keys(tokens, starts))
+
+    def replica_load(self) -> int:
+        """Loaded sessions and running generations: the router's tie-breaker."""
+        return len(self.registry.loaded()) + self.services.admission.running()
 
     # --- forget and late quarantine --------------------------------------------
     def engine_figures(self, tenant: str) -> TenantFigures:
@@ -435,15 +504,19 @@ class Kernel:
             raise InvalidInput("erasing a tenant cannot be undone: pass confirm=<the tenant's name>")
         who, why = (as_id(requested_by) if requested_by else None), (as_id(reason) if reason else None)
         svc = self.services
-        with svc.withdrawals.forget_lock:
+        with forgets.forget_lock(svc):
             requested = self.audit.append(TenantEraseRequested(tenant=tenant, principal=who, reason=why))
             sessions = self.sessions(tenant)
-            for sid in sessions:
-                with contextlib.suppress(NotFound):
-                    self.delete_session(tenant, sid)
-            svc.shared.drop_namespace(self.namespace(tenant))
-            svc.withdrawals.drop_tenant(tenant)
-            svc.producers.forget_tenant(tenant)
+            rep = svc.replication
+            if rep is None:
+                for sid in sessions:
+                    with contextlib.suppress(NotFound):
+                        self.delete_session(tenant, sid)
+                self._drop_tenant_here(tenant)
+            else:  # every replica drops the tenant's sessions and caches it holds, then the stores go
+                request = f"era_{requested}"
+                rep.publish(request, "erase", tenant, [])
+                rep.settle(request, until=TASK_DONE)
             erasure = self.store.erase_tenant(tenant)
             revoked = self.state.erase_tenant_records(tenant)
             event = TenantErased(tenant=tenant, requested_index=requested, sessions=len(sessions),
@@ -452,6 +525,41 @@ class Kernel:
                                  api_keys_revoked=revoked, shred_status=erasure.shred_status)
             self.audit.append(event)
         return event
+
+    def _join_replicas(self, progress: Callable[[str], None] | None) -> None:
+        """A replica applies the withdrawals written for it while it was down before it serves,
+        then tails the ones to come (``fak.kernel.replicas``)."""
+        rep = self.services.replication
+        if rep is None:
+            return
+        svc = self.services
+        rep.on("forget", lambda task, acting_for: forgets.apply_task(svc, task, acting_for))
+        rep.on("quarantine", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
+        rep.on("expire", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
+        rep.on("erase", self._apply_erase)
+        moved = rep.run_pending()
+        if moved and progress:
+            progress(f"replica {rep.name}: applied {moved} withdrawal task(s) written while it was down")
+        rep.start()
+
+    def _apply_erase(self, task: WithdrawalTaskRow, acting_for: str) -> None:
+        """A replica's part of a tenant erase: the tenant's sessions placed on ``acting_for``
+        (this replica, or a peer that is down), and here its caches, pending withdrawals and producers."""
+        rep = self.services.replication
+        assert rep is not None
+        tenant = task.tenant
+        for sid in self.state.session_ids_on(tenant, frozenset({acting_for})):
+            with contextlib.suppress(NotFound, SessionElsewhere):
+                self.delete_session(tenant, sid)
+        if acting_for == rep.name:
+            self._drop_tenant_here(tenant)
+        rep.store.finish(task.request_id, task.replica, rep.name)
+
+    def _drop_tenant_here(self, tenant: str) -> None:
+        svc = self.services
+        svc.shared.drop_namespace(self.namespace(tenant))
+        svc.withdrawals.drop_tenant(tenant)
+        svc.producers.forget_tenant(tenant)
 
     def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
         for row in self.state.pending_forgets():

@@ -34,21 +34,25 @@ admission, and a forget of them is a new forget.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from fak.audit import ForgetCompleted, ForgetRequested
-from fak.audit.events import LinkedRef
+from fak.audit.events import LinkedRef, ReplicaPart
 from fak.audit.receipt import ForgetReceipt, find_replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel import replay
 from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
+from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import Services
-from fak.state.schema import ForgetRow
+from fak.state.replicas import DROPPED, PENDING
+from fak.state.schema import ForgetRow, WithdrawalTaskRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
 
@@ -66,7 +70,7 @@ def forget(
     tenant, ref = check_tenant(tenant), check_digest(ref)
     principal = as_id(requested_by) if requested_by else None
     why = as_id(reason) if reason else None
-    with svc.withdrawals.forget_lock:
+    with forget_lock(svc):
         row = svc.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = svc.store.head(ref, tenant)
         if row is not None and row.state in replay.DONE:
@@ -94,8 +98,20 @@ def forget(
 
 
 def resume(svc: Services, row: ForgetRow) -> ForgetReceipt:
-    with svc.withdrawals.forget_lock:
+    with forget_lock(svc):
         return _run(svc, row)
+
+
+@contextlib.contextmanager
+def forget_lock(svc: Services) -> Iterator[None]:
+    """One forget (or tenant erase) at a time: in this process, and across the replicas of a
+    replicated deployment."""
+    with svc.withdrawals.forget_lock:
+        if svc.replication is None:
+            yield
+            return
+        with svc.replication.cluster_lock("forget"):
+            yield
 
 
 def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
@@ -113,37 +129,22 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
             linked_refs=refs[1:] or None))
         svc.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
-    units: list[dict[str, str]] = json.loads(row.units)
-    sessions: list[dict[str, Any]] = json.loads(row.sessions)
+    rep = svc.replication
+    parts: list[ReplicaPart] | None = None
     fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
-    # chunks that attended to the ref go first, so no session is served one while this runs
-    units += [_unit("pic_chunk", c) for r in refs
-              for c in svc.shared.drop_ref(svc.keys.namespace(tenant), r, prefix=False).pic_chunks]
-    # an admission checks for a pending forget inside its session lock, which this waits for
-    for sid in sorted(set().union(*(_holders(svc, tenant, r) for r in refs))):
-        ks = svc.sessions.session(tenant, sid)
-        with ks.transaction() as tx:
-            if not any(x.derived_from(r) or r in x.provenance for x in tx.session.ledger.live() for r in refs):
-                continue
-            tx.change()
-            victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
-            units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
-                      for x in victims]
-            units += [_unit("prefix_node", n) for n in nodes]
-            units += [_unit("pic_chunk", c) for c in chunks]
-            sessions = [x for x in sessions if x["session_id"] != sid]
-            keyed = svc.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
-            ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
-            sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids})
-            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, tx.session)
-            tx.commit(forget=(row.request_id, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
-                      fingerprint=after)
-        fault_point("forget.after_session")
-    for r in refs:
-        dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
-        units += [_unit("prefix_node", n) for n in dropped.prefix_nodes]
-        units += [_unit("pic_chunk", c) for c in dropped.pic_chunks]
-    svc.state.update_forget(row.request_id, units=json.dumps(units))
+    if rep is None:
+        units: list[dict[str, Any]] = json.loads(row.units)
+        sessions: list[dict[str, Any]] = json.loads(row.sessions)
+        drop_derived(svc, row.request_id, None, tenant, refs, units, sessions, fresh)
+        svc.state.update_forget(row.request_id, units=json.dumps(units))
+    else:  # every replica drops what it holds (docs/scale-out.md); this one waits for all of them
+        rep.publish(row.request_id, "forget", tenant, refs)
+        tasks = rep.settle(row.request_id, until=DROPPED)
+        units = [u for t in tasks for u in json.loads(t.units)]
+        sessions = [x for t in tasks for x in json.loads(t.sessions)]
+        parts = [ReplicaPart(replica=as_id(t.replica), applied_by=as_id(t.applied_by or t.replica),
+                             units=len(json.loads(t.units)), sessions=len(json.loads(t.sessions))) for t in tasks]
+        svc.state.update_forget(row.request_id, units=json.dumps(units), sessions=json.dumps(sessions))
     fault_point("forget.before_shred")
     for x in linked:  # the other forms first: the row keeps their key ids for a resumed run
         if svc.store.head(x["ref"], tenant) is not None:
@@ -163,6 +164,7 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
             shred_status=getattr(shred, "shred_status", None),
             linked_refs=[LinkedRef(ref=x["ref"], shredded_key_id=x["key_id"], kek_version=x["kek_version"])
                          for x in linked] or None,
+            replicas=parts,
         ))  # fmt: skip
     fault_point("forget.after_completed")
     # the independent replay of each session's survivors completes the receipt after this returns
@@ -170,9 +172,80 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
     if sessions:
         row.sessions, row.completed_index = json.dumps(sessions), index
         svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
-                                          resumed=resumed))
+                                          resumed=resumed or rep is not None))
     svc.events.publish(ForgetDone(tenant))
     return ForgetReceipt.from_log(svc.audit, index)
+
+
+def drop_derived(svc: Services, request_id: str, task_of: str | None, tenant: str, refs: list[str],
+                 units: list[dict[str, Any]], sessions: list[dict[str, Any]], fresh: dict[str, replay.SessionJob],
+                 acting_for: str | None = None) -> None:
+    """Drop every unit derived from ``refs`` that this kernel holds, appending to ``units`` and
+    ``sessions`` (each session's ledger written with the progress, one transaction each).
+    ``task_of``: the replica whose task row records the progress (None: the forget's own row);
+    ``acting_for``: the replica whose sessions to visit (a peer that is down: its sessions move
+    here; its caches died with it). None: a single process, every session and cache here."""
+    rep = svc.replication
+    here = acting_for is None or rep is None or acting_for == rep.name
+    tag = {} if acting_for is None else {"replica": acting_for}
+    if here:  # chunks that attended to the ref go first, so no session is served one while this runs
+        units += [_unit("pic_chunk", c) | tag for r in refs
+                  for c in svc.shared.drop_ref(svc.keys.namespace(tenant), r, prefix=False).pic_chunks]
+    found = set().union(*(holders(svc, tenant, r, acting_for) for r in refs))
+    # an admission checks for a pending forget inside its session lock, which this waits for
+    for sid in sorted(found):
+        try:
+            ks = svc.sessions.session(tenant, sid)
+        except (NotFound, SessionElsewhere):  # deleted since, or a peer's that runs (its own task covers it)
+            continue
+        with ks.transaction() as tx:
+            if not any(x.derived_from(r) or r in x.provenance for x in tx.session.ledger.live() for r in refs):
+                continue
+            tx.change()
+            victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
+            units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid) | tag
+                      for x in victims]
+            units += [_unit("prefix_node", n) | tag for n in nodes]
+            units += [_unit("pic_chunk", c) | tag for c in chunks]
+            sessions[:] = [x for x in sessions if x["session_id"] != sid]
+            keyed = svc.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
+            ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
+            sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids} | tag)
+            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, tx.session)
+            tx.commit(forget=(request_id, task_of, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
+                      fingerprint=after)
+        fault_point("forget.after_session")
+    if here:
+        for r in refs:
+            dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
+            units += [_unit("prefix_node", n) | tag for n in dropped.prefix_nodes]
+            units += [_unit("pic_chunk", c) | tag for c in dropped.pic_chunks]
+
+
+def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
+    """A replica's part of a forget (``fak.kernel.replicas``): drop what it holds (state
+    ``dropped``, with its units and sessions), then, on the next call, replay each session's
+    survivors independently (state ``done``, with each replay's fingerprint)."""
+    rep = svc.replication
+    assert rep is not None
+    refs: list[str] = json.loads(task.refs)
+    key = (task.request_id, task.replica)
+    if task.state == PENDING:
+        units: list[dict[str, Any]] = json.loads(task.units)
+        sessions: list[dict[str, Any]] = json.loads(task.sessions)
+        fresh: dict[str, replay.SessionJob] = {}
+        drop_derived(svc, task.request_id, task.replica, task.tenant, refs, units, sessions, fresh, acting_for)
+        rep.copies[key] = fresh
+        rep.store.update(task.request_id, task.replica, state=DROPPED, applied_by=rep.name,
+                         units=json.dumps(units), sessions=json.dumps(sessions))
+        return
+    copies = rep.copies.pop(key, {})
+    entries = json.loads(task.sessions)
+    for x in entries:
+        job = copies.get(x["session_id"]) or replay.SessionJob(x["session_id"], x["fingerprint_after"],
+                                                               list(x.get("survivors", [])))
+        x["fingerprint_replay"] = replay.replay_session(svc, task.tenant, job)
+    rep.store.finish(task.request_id, task.replica, task.applied_by or rep.name, sessions=json.dumps(entries))
 
 
 def _logged_completion(svc: Services, row: ForgetRow) -> int | None:
@@ -225,7 +298,15 @@ def _linked(svc: Services, tenant: str, ref: str, known: list[dict[str, Any]]) -
     return out
 
 
-def _holders(svc: Services, tenant: str, ref: str) -> list[str]:
+def holders(svc: Services, tenant: str, ref: str, acting_for: str | None = None) -> list[str]:
     """Sessions that may hold ``ref``: durable ledgers, and loaded sessions whose latest
-    change may not be written yet (the caller takes each one's lock)."""
-    return sorted(set(svc.state.sessions_holding(tenant, ref)) | svc.sessions.loaded_session_ids(tenant))
+    change may not be written yet (the caller takes each one's lock). In a replicated
+    deployment, those placed on this replica (or on ``acting_for``, a peer that is down)."""
+    rep = svc.replication
+    if rep is None:
+        return sorted(set(svc.state.sessions_holding(tenant, ref)) | svc.sessions.loaded_session_ids(tenant))
+    name = acting_for or rep.name
+    found = set(svc.state.sessions_holding(tenant, ref, frozenset({name})))
+    if name == rep.name:
+        found |= svc.sessions.loaded_session_ids(tenant)
+    return sorted(found)

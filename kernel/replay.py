@@ -32,6 +32,7 @@ from fak.audit.receipt import find_replay
 from fak.errors import NotFound
 from fak.faults import fault_point
 from fak.kernel.services import ReplayJob, Services, SessionJob
+from fak.state.replicas import DONE as TASK_DONE
 
 if TYPE_CHECKING:
     from fak.state.schema import ForgetRow
@@ -39,12 +40,12 @@ if TYPE_CHECKING:
 __all__ = ["DONE", "ReplayJob", "Replayer", "SessionJob", "jobs_from_row", "logged_sessions", "resume", "run"]
 
 DONE = ("replaying", "completed")  # forget row states once the erasure is done (the receipt exists)
-LOGGED = ("session_id", "fingerprint_after")  # what ForgetCompleted carries of a row's session entry
+LOGGED = ("session_id", "fingerprint_after", "replica")  # what ForgetCompleted carries of a row's session entry
 
 
 def logged_sessions(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A row's session entries as ``ForgetCompleted`` logs them (without the survivors' ids)."""
-    return [{k: x[k] for k in LOGGED} for x in sessions]
+    return [{k: x[k] for k in LOGGED if k in x} for x in sessions]
 
 
 def jobs_from_row(row: ForgetRow, fresh: dict[str, SessionJob]) -> list[SessionJob]:
@@ -127,22 +128,39 @@ def run(svc: Services, job: ReplayJob) -> int:
     """Replay each session's survivors, log ``ReplayVerified`` (and an alarm on a mismatch),
     mark the forget completed; the index of ``ReplayVerified``."""
     fault_point("forget.before_replay")
-    found: list[SessionReplay] = []
-    for sj in job.sessions:
-        if sj.segments is not None and sj.mech is not None:
-            raw: str | None = sj.mech.replay_fingerprint(sj.segments)
-        else:
-            try:
-                raw = svc.sessions.session(job.tenant, sj.session_id).replay_of(sj.survivors)
-            except NotFound:  # deleted since: nothing left to replay
-                raw = None
-        keyed = None if raw is None else svc.keys.audit_fingerprint(job.tenant, raw)
-        found.append(SessionReplay(session_id=sj.session_id, fingerprint_replay=keyed))
+    rep = svc.replication
+    if rep is None:
+        found = [SessionReplay(session_id=sj.session_id, fingerprint_replay=replay_session(svc, job.tenant, sj))
+                 for sj in job.sessions]
+    else:  # each replica replays the sessions it dropped from (docs/scale-out.md): collect them
+        tasks = rep.settle(job.request_id, until=TASK_DONE)
+        found = [SessionReplay(session_id=x["session_id"], fingerprint_replay=x.get("fingerprint_replay"))
+                 for t in tasks for x in json.loads(t.sessions)]
+        with rep.cluster_lock("forget"):  # one replay event, whoever else resumed the same forget
+            return _log_replay(svc, job, found, resumed=True)
+    return _log_replay(svc, job, found, job.resumed)
+
+
+def replay_session(svc: Services, tenant: str, sj: SessionJob) -> str | None:
+    """The keyed fingerprint of an independent replay of one session's survivors: from the copy
+    taken at the drop, else from the durable ledger (None: a survivor is gone, or the session)."""
+    if sj.segments is not None and sj.mech is not None:
+        raw: str | None = sj.mech.replay_fingerprint(sj.segments)
+    else:
+        try:
+            raw = svc.sessions.session(tenant, sj.session_id).replay_of(sj.survivors)
+        except NotFound:  # deleted since: nothing left to replay
+            raw = None
+    return None if raw is None else svc.keys.audit_fingerprint(tenant, raw)
+
+
+def _log_replay(svc: Services, job: ReplayJob, found: list[SessionReplay], resumed: bool) -> int:
+    """Log ``ReplayVerified`` (once: a resumed job finds an earlier one) and mark the forget completed."""
     after = {sj.session_id: sj.fingerprint_after for sj in job.sessions}
     differ = [x.session_id for x in found if x.fingerprint_replay is not None
               and x.fingerprint_replay != after[x.session_id]]
     verified = not differ and all(x.fingerprint_replay is not None for x in found)
-    index = find_replay(svc.audit, job.tenant, job.request_id, job.completed_index) if job.resumed else None
+    index = find_replay(svc.audit, job.tenant, job.request_id, job.completed_index) if resumed else None
     if index is None:
         index = svc.audit.append(ReplayVerified(tenant=job.tenant, request_id=job.request_id, ref=job.ref,
                                               completed_index=job.completed_index, sessions=found,

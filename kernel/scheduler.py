@@ -342,6 +342,11 @@ class Admission:
         with self._cond:
             return self._active.get(tenant, 0)
 
+    def running(self) -> int:
+        """Generations of every tenant running now (a replica's load, for the router only)."""
+        with self._cond:
+            return sum(self._active.values())
+
     def queued(self, tenant: str) -> int:
         with self._cond:
             return sum(1 for t, _ in self._waiting if t == tenant)

@@ -30,6 +30,7 @@ from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
+from fak.kernel.replicas import Replication
 from fak.kernel.scheduler import Admission, Scheduler
 from fak.kernel.transaction import ForgetProgress, Transaction
 from fak.keys import derive_key, tenant_salt
@@ -289,6 +290,7 @@ class Services:
     holds: HeldCalls = field(default_factory=HeldCalls)  # tool calls held for a person (CONFIRM)
     admission: Admission = field(default_factory=Admission)  # generations at once, the queue beyond (429)
     engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.scheduler)
+    replication: Replication | None = None  # this kernel's place among replicas (None: a single process)
 
     @property
     def shared(self) -> SharedKV:

@@ -16,6 +16,7 @@ import uuid
 from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel.agent_session import KernelSession
 from fak.kernel.kv.ledger import SegmentKind
+from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import HeldSession, Services
 from fak.state.store import now_us
 from fak.types import check_tenant
@@ -61,8 +62,28 @@ class SessionRegistry:
                 found = self._services.state.session(tenant, id)
                 if found is None:
                     raise NotFound(f"no session {id!r}")
+                self._check_placement(tenant, id, found[0].replica)
                 ks = self._sessions[key] = KernelSession(self._services, tenant, id, found[0].created_us, fresh=False)
             return ks
+
+    def _check_placement(self, tenant: str, sid: str, owner: str | None) -> None:
+        """In a replicated deployment a session lives on one replica (docs/scale-out.md): one
+        placed on a peer that runs is refused (``SessionElsewhere``, naming it); one placed on a
+        peer that is down (or unplaced) moves here and is rebuilt from its ledger on first use."""
+        rep = self._services.replication
+        if rep is None or owner == rep.name:
+            return
+        state = self._services.state
+        if owner is None:
+            if state.move_session(tenant, sid, None, rep.name):
+                return
+        elif rep.take(owner, lambda: state.move_session(tenant, sid, owner, rep.name)):
+            return
+        exists, now = state.placement(tenant, sid)
+        if not exists:
+            raise NotFound(f"no session {sid!r}")
+        if now != rep.name:
+            raise SessionElsewhere(sid, now or "")
 
     def create(self, tenant: str, id: str | None = None) -> KernelSession:  # noqa: A002
         """A new, empty session (``id`` chosen by the caller or generated)."""

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ForgetProgress = tuple[str, dict[str, Any]]  # (forget request id, its progress row's new values)
+# (forget request id, the replica whose task row records it (None: the forget's own row), the new values)
+ForgetProgress = tuple[str, str | None, dict[str, Any]]
 
 
 class TransactionError(RuntimeError):

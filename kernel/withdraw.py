@@ -14,6 +14,9 @@ the next time anyone takes its lock, before doing anything else
 
 from __future__ import annotations
 
+import contextlib
+import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
@@ -21,11 +24,13 @@ from typing import TYPE_CHECKING, cast
 from fak.audit import RefExpired, RefQuarantined
 from fak.errors import NotFound
 from fak.kernel.events import SpanEvicted
-from fak.kernel.forget import _holders
+from fak.kernel.forget import holders
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import EvictMode
+from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import HeldSession, Services, SessionBusy
 from fak.policy import tool_settings
+from fak.state.schema import WithdrawalTaskRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
 
@@ -142,9 +147,11 @@ def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, S
 def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[WithdrawnUnit]], int],
               mark: Callable[[], None], held: HeldSession | None = None) -> WithdrawReport:
     planned: list[WithdrawnUnit] = []
-    holders = _holders(svc, tenant, ref)
-    for sid in holders:
-        ks = svc.sessions.session(tenant, sid)
+    for sid in holders(svc, tenant, ref):
+        try:
+            ks = svc.sessions.session(tenant, sid)
+        except (NotFound, SessionElsewhere):
+            continue
         mech = ks.live_session if ks is held else None
         if mech is None:
             mech = ks.loaded_if_idle()
@@ -158,8 +165,11 @@ def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Ca
     svc.withdrawals.defer(tenant, ref, state)
     units: list[WithdrawnUnit] = []
     pending: list[str] = []
-    for sid in _holders(svc, tenant, ref):  # again: an admission may have landed since the plan
-        ks = svc.sessions.session(tenant, sid)
+    for sid in holders(svc, tenant, ref):  # again: an admission may have landed since the plan
+        try:
+            ks = svc.sessions.session(tenant, sid)
+        except (NotFound, SessionElsewhere):  # deleted since, or moved to a peer (its task covers it)
+            continue
         if ks is held:
             units += evict_in_place(svc, ks, ks.loaded_session(), {ref: state})
             continue
@@ -177,9 +187,50 @@ def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Ca
     dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), ref)
     units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
     units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
+    rep = svc.replication
+    if rep is not None:  # every other replica evicts it too, from its own task (docs/scale-out.md)
+        request = "wdr_" + uuid.uuid4().hex[:24]
+        rep.publish(request, TASK_KINDS[state], tenant, [ref])
+        rep.store.finish(request, rep.name, rep.name, units=json.dumps([u.as_dict() for u in units]))
     mode = svc.evict_mode()
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
+
+
+TASK_KINDS = {SegmentState.QUARANTINED: "quarantine", SegmentState.EXPIRED: "expire"}
+
+
+def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
+    """A replica's part of a quarantine or an expiry decided on a peer (logged and marked
+    there): evict the ref from the sessions placed on ``acting_for`` (this replica, or a peer
+    that is down: its sessions move here) and, here, from the prefix cache and PIC."""
+    rep = svc.replication
+    assert rep is not None
+    state = SegmentState.QUARANTINED if task.kind == "quarantine" else SegmentState.EXPIRED
+    units: list[WithdrawnUnit] = []
+    for ref in json.loads(task.refs):
+        svc.withdrawals.defer(task.tenant, ref, state)  # a busy session evicts it on its next use
+        busy = False
+        for sid in holders(svc, task.tenant, ref, acting_for):
+            try:
+                ks = svc.sessions.session(task.tenant, sid)
+                ks.acquire(wait=False)
+            except (NotFound, SessionElsewhere):
+                continue
+            except SessionBusy:
+                busy = True
+                continue
+            try:
+                units += evict_in_place(svc, ks, ks.loaded_session(), {ref: state})
+            finally:
+                ks.release()
+        if not busy:
+            svc.withdrawals.clear(task.tenant, ref, state)
+        if acting_for == rep.name:  # a peer that is down lost its caches with its memory
+            dropped = svc.shared.drop_ref(svc.keys.namespace(task.tenant), ref)
+            units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
+            units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
+    rep.store.finish(task.request_id, task.replica, rep.name, units=json.dumps([u.as_dict() for u in units]))
 
 
 def expire_due(svc: Services, now: int | None = None, tenant: str | None = None) -> list[WithdrawReport]:
@@ -188,7 +239,8 @@ def expire_due(svc: Services, now: int | None = None, tenant: str | None = None)
     requests)."""
     now = now if now is not None else now_us()
     reports = []
-    with svc.withdrawals.expiry_lock:
+    rep = svc.replication  # one replica at a time executes expiries: each is logged once
+    with svc.withdrawals.expiry_lock, rep.cluster_lock("expiry") if rep is not None else contextlib.nullcontext():
         for t, ref, _ in svc.state.due_expiries(now, tenant=tenant):
             reports.append(expire(svc, t, ref, cause="seconds"))
         if tenant is None:

@@ -18,7 +18,7 @@ from fak.audit import (
     note,
     verify_receipt,
 )
-from fak.audit.events import LinkedRef
+from fak.audit.events import LinkedRef, ReplicaPart
 from fak.audit.receipt import MIRRORED
 from fak.audit.signing import KEY_FILE
 from fak.cli import main
@@ -83,6 +83,7 @@ TAMPERED = {
     "requested_index": 0,
     "shred_status": "pending_vacuum",
     "linked_refs": [LinkedRef(ref=OTHER, shredded_key_id="dk-9", kek_version=1)],
+    "replicas": [ReplicaPart(replica="r9", applied_by="r9", units=1, sessions=0)],  # a replica it never reached
 }
 
 

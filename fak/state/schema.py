@@ -23,6 +23,10 @@ class SessionRow(Base):
     fingerprint: Mapped[str] = mapped_column(String(80))
     tokens: Mapped[int] = mapped_column(Integer)
     approximate: Mapped[bool] = mapped_column(Boolean, default=False)  # REROPE was used: no exact rebuild
+    # the replica the session lives on (docs/scale-out.md); None: a single-process kernel's
+    replica: Mapped[str | None] = mapped_column(String(32), nullable=True, default=None)
+
+    __table_args__ = (Index("ix_fak_sessions_replica", "replica", "tenant"),)
 
 
 class SegmentRow(Base):
@@ -112,6 +116,39 @@ class RefLinkRow(Base):
     created_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_fak_ref_links_derived", "tenant", "derived"),)
+
+
+class ReplicaRow(Base):
+    """A replica that joined a replicated deployment: a withdrawal must reach every one."""
+
+    __tablename__ = "fak_replicas"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    joined_us: Mapped[int] = mapped_column(BigInteger)  # first start
+    started_us: Mapped[int] = mapped_column(BigInteger)  # latest start
+    pid: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+
+
+class WithdrawalTaskRow(Base):
+    """One replica's part of one withdrawal (forget, quarantine, expiry, tenant erase):
+    pending until the replica (or one standing in for it while it is down) has dropped
+    every unit it holds; ``units`` and ``sessions`` are its report, written with each
+    session it changed."""
+
+    __tablename__ = "fak_withdrawal_tasks"
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # forget | quarantine | expire | erase
+    tenant: Mapped[str] = mapped_column(String(64))
+    refs: Mapped[str] = mapped_column(Text)  # JSON list
+    state: Mapped[str] = mapped_column(String(16))  # pending | done
+    units: Mapped[str] = mapped_column(Text)  # JSON list of dropped units
+    sessions: Mapped[str] = mapped_column(Text)  # JSON list of per-session fingerprints
+    applied_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    done_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_fak_withdrawal_tasks_pending", "replica", "state"),)
 
 
 class ApiKeyRow(Base):

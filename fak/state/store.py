@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -22,7 +23,16 @@ from fak.db import WRITE
 from fak.errors import Conflict, ContentStoreError, FakError
 from fak.scrub import scrub
 from fak.state.apikeys import row_mac
-from fak.state.schema import ApiKeyRow, ForgetRow, RefLinkRow, RefRow, ResponseRow, SegmentRow, SessionRow
+from fak.state.schema import (
+    ApiKeyRow,
+    ForgetRow,
+    RefLinkRow,
+    RefRow,
+    ResponseRow,
+    SegmentRow,
+    SessionRow,
+    WithdrawalTaskRow,
+)
 from fak.state.seal import ContentKeys, Plain, needs_seal, seal
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -43,6 +53,26 @@ def upgrade(engine: Engine, api_key_mac: bytes | None = None) -> None:
         db.upgrade(engine, MIGRATIONS, {"api_key_mac": api_key_mac} if api_key_mac is not None else None)
     except sa.exc.OperationalError as exc:
         raise StateError(f"cannot open the kernel state database {engine.url!r}: {exc.orig}") from exc
+
+
+class _Anywhere:
+    """``sessions_holding``'s default: sessions on every replica."""
+
+
+ANYWHERE = _Anywhere()
+Placed: TypeAlias = frozenset[str | None] | _Anywhere  # noqa: UP040 - mypy reads it
+
+
+def _placed(tenant: str, on: Placed) -> sa.Select[str]:
+    """The ids of the tenant's sessions placed on ``on`` (None in it: unplaced), as a subquery."""
+    q = sa.select(SessionRow.id).where(SessionRow.tenant == tenant)
+    if isinstance(on, _Anywhere):
+        return q
+    named = sorted(x for x in on if x is not None)
+    cond = [SessionRow.replica.in_(named)] if named else []
+    if None in on:
+        cond.append(SessionRow.replica.is_(None))
+    return q.where(sa.or_(*cond) if cond else sa.false())
 
 
 def pack_tokens(ids: Iterable[int]) -> bytes:
@@ -79,18 +109,24 @@ class StateStore:
 
     # --- sessions -------------------------------------------------------------
     def save_session(
-        self, row: SessionRow, segments: list[SegmentRow], forget: tuple[str, dict[str, object]] | None = None
+        self, row: SessionRow, segments: list[SegmentRow],
+        forget: tuple[str, str | None, dict[str, Any]] | None = None,
     ) -> None:
         """Replace a session's metadata and ledger in one transaction; ``forget`` =
-        (request id, values) updates that forget's progress in the same transaction, so a
-        crash never leaves a dropped segment unrecorded in its receipt."""
+        (request id, replica, values) updates that forget's progress in the same transaction
+        (replica None: the forget's own row; else that replica's task row, ``fak_withdrawal_tasks``),
+        so a crash never leaves a dropped segment unrecorded in its receipt."""
         with self.tx() as s:
             s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == row.tenant, SegmentRow.session_id == row.id))
             s.merge(row)
             s.add_all(segments)
             if forget is not None:
-                request_id, values = forget
-                s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == request_id).values(**values))
+                request_id, replica, values = forget
+                if replica is None:
+                    s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == request_id).values(**values))
+                else:
+                    s.execute(sa.update(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == request_id,
+                                                                 WithdrawalTaskRow.replica == replica).values(**values))
 
     def session(self, tenant: str, session_id: str) -> tuple[SessionRow, list[SegmentRow]] | None:
         with self._session() as s:
@@ -118,8 +154,9 @@ class StateStore:
             q = sa.select(SessionRow.id).where(SessionRow.tenant == tenant).order_by(SessionRow.created_us, SessionRow.id)
             return list(s.scalars(q))
 
-    def sessions_holding(self, tenant: str, ref: str) -> list[str]:
-        """Sessions with a live segment whose own ref, content or attention provenance holds ``ref``."""
+    def sessions_holding(self, tenant: str, ref: str, on: Placed = ANYWHERE) -> list[str]:
+        """Sessions with a live segment whose own ref, content or attention provenance holds
+        ``ref``; ``on``: only those placed on these replicas (None in it: unplaced ones)."""
         pattern = f'%{json.dumps(ref)}%'
         with self._session() as s:
             q = (
@@ -132,7 +169,29 @@ class StateStore:
                 )
                 .distinct()
             )
+            if on is not ANYWHERE:
+                q = q.where(SegmentRow.session_id.in_(_placed(tenant, on)))
             return sorted(s.scalars(q))
+
+    def session_ids_on(self, tenant: str, on: Placed) -> list[str]:
+        """Ids of the tenant's sessions placed on the replicas ``on`` (None in it: unplaced)."""
+        with self._session() as s:
+            return sorted(s.scalars(_placed(tenant, on)))
+
+    def placement(self, tenant: str, session_id: str) -> tuple[bool, str | None]:
+        """(the session exists, the replica it is placed on; None: unplaced)."""
+        with self._session() as s:
+            row = s.execute(sa.select(SessionRow.replica).where(SessionRow.tenant == tenant,
+                                                                SessionRow.id == session_id)).first()
+            return (False, None) if row is None else (True, row[0])
+
+    def move_session(self, tenant: str, session_id: str, owner: str | None, to: str) -> bool:
+        """Place the session on ``to`` if it is still placed on ``owner`` (a replica that is down):
+        whether it moved."""
+        with self.tx() as s:
+            where = [SessionRow.tenant == tenant, SessionRow.id == session_id,
+                     SessionRow.replica.is_(None) if owner is None else SessionRow.replica == owner]
+            return bool(s.execute(sa.update(SessionRow).where(*where).values(replica=to)).rowcount)  # type: ignore[attr-defined]
 
     def seal_clear_segments(self, keys: ContentKeys) -> tuple[int, int]:
         """Seal the live segment rows derived from tool content that a store written before

@@ -26,16 +26,19 @@ def plan(s: SessionState, ids: Sequence[int], chunks: Sequence[int] | None, regi
     """The prefill call sizes of a new segment of tokens ``ids``: ``chunks`` when given, else
     content-defined chunks when PIC is bound (identical content cut identically wherever it
     lands, ``regions`` marking where known content begins), else the session's fixed size."""
-    if chunks is not None:
-        out = list(chunks)
-    elif s.pic is not None:
-        vocab = s.model.cfg.vocab_size
-        out = [b - a for a, b in chunk_bounds(ids, regions, s.pic.chunking, vocab)]
-    else:
-        out = fixed_chunks(len(ids), s.chunk_size)
+    out = list(chunks) if chunks is not None else default_chunks(ids, s.chunk_size, s.pic, s.model.cfg.vocab_size, regions)
     if sum(out) != len(ids) or any(c < 1 for c in out):
         raise LedgerError(f"chunks {out} do not cover {len(ids)} tokens")
     return out
+
+
+def default_chunks(ids: Sequence[int], chunk_size: int, pic: PicBinding | None, vocab: int,
+                   regions: Sequence[int] = ()) -> list[int]:
+    """The call sizes a segment of ``ids`` gets unless its caller gives them: content-defined
+    chunks when PIC is bound, else the session's fixed size."""
+    if pic is not None:
+        return [b - a for a, b in chunk_bounds(ids, regions, pic.chunking, vocab)]
+    return fixed_chunks(len(ids), chunk_size)
 
 
 def fixed_chunks(n: int, size: int) -> list[int]:

@@ -220,6 +220,15 @@ class PrefixCache:
                 c.miss_tokens += len(ids) - length
             return PrefixMatch(self, ns, length, nodes)
 
+    def peek(self, ns: bytes, tokens: Sequence[int] | torch.Tensor) -> int:
+        """Length of the longest cached prefix of ``tokens`` in ``ns``, read only: no
+        statistics, no recency, nothing pinned (a router scoring where to place a session)."""
+        ids = _token_list(tokens)
+        with self._lock:
+            now = self.clock()
+            tree = self._trees.get(_check_ns(ns))
+            return tree.match(ids, self._stale(now))[0] if tree is not None else 0
+
     def unpin(self, ns: bytes, node: Node) -> None:
         """Unlock a matched path (``PrefixMatch.release`` calls it) so the budget may evict it again."""
         with self._lock:

@@ -1,0 +1,91 @@
+"""The rows a replicated deployment shares (docs/scale-out.md): who the replicas are, and each
+replica's part of each withdrawal (``fak_withdrawal_tasks``). One short transaction each."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from fak.db import WRITE
+from fak.state.schema import ReplicaRow, WithdrawalTaskRow
+from fak.state.store import now_us
+
+PENDING, DROPPED, DONE = "pending", "dropped", "done"  # dropped: a forget's, before its replay
+
+
+class ReplicaStore:
+    """``fak_replicas`` and ``fak_withdrawal_tasks`` on the state database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._read = sessionmaker(engine, expire_on_commit=False)
+        self._write = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
+
+    def join(self, name: str, pid: int, host: str) -> None:
+        """Record that ``name`` runs (first start or a restart)."""
+        now = now_us()
+        with self._write() as s, s.begin():
+            row = s.get(ReplicaRow, name)
+            if row is None:
+                s.add(ReplicaRow(name=name, joined_us=now, started_us=now, pid=pid, host=host))
+            else:
+                row.started_us, row.pid, row.host = now, pid, host
+
+    def names(self) -> list[str]:
+        """Every replica that ever joined, by name."""
+        with self._read() as s:
+            return sorted(s.scalars(sa.select(ReplicaRow.name)))
+
+    def replica(self, name: str) -> ReplicaRow | None:
+        with self._read() as s:
+            return s.get(ReplicaRow, name)
+
+    # --- withdrawal tasks -----------------------------------------------------
+    def add_tasks(self, request_id: str, kind: str, tenant: str, refs: list[str], replicas: Iterable[str]) -> None:
+        """One pending task per replica for this withdrawal (those present already are kept:
+        a resumed withdrawal adds none twice)."""
+        now = now_us()
+        with self._write() as s, s.begin():
+            for name in sorted(set(replicas)):
+                if s.get(WithdrawalTaskRow, (request_id, name)) is None:
+                    s.add(WithdrawalTaskRow(request_id=request_id, replica=name, kind=kind, tenant=tenant,
+                                            refs=json.dumps(refs), state=PENDING, units="[]", sessions="[]",
+                                            applied_by=None, created_us=now, done_us=None))
+
+    def pending(self, replica: str) -> list[WithdrawalTaskRow]:
+        """The replica's tasks not done yet, oldest first."""
+        with self._read() as s:
+            q = (sa.select(WithdrawalTaskRow)
+                 .where(WithdrawalTaskRow.replica == replica, WithdrawalTaskRow.state == PENDING)
+                 .order_by(WithdrawalTaskRow.created_us, WithdrawalTaskRow.request_id))
+            return list(s.scalars(q))
+
+    def owed_replays(self, applied_by: str) -> list[WithdrawalTaskRow]:
+        """Forget tasks ``applied_by`` dropped and whose independent replay it still owes."""
+        with self._read() as s:
+            q = (sa.select(WithdrawalTaskRow)
+                 .where(WithdrawalTaskRow.applied_by == applied_by, WithdrawalTaskRow.state == DROPPED)
+                 .order_by(WithdrawalTaskRow.created_us, WithdrawalTaskRow.request_id))
+            return list(s.scalars(q))
+
+    def tasks(self, request_id: str) -> list[WithdrawalTaskRow]:
+        """Every replica's task of one withdrawal, by replica."""
+        with self._read() as s:
+            q = sa.select(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == request_id)
+            return sorted(s.scalars(q), key=lambda r: r.replica)
+
+    def task(self, request_id: str, replica: str) -> WithdrawalTaskRow | None:
+        with self._read() as s:
+            return s.get(WithdrawalTaskRow, (request_id, replica))
+
+    def update(self, request_id: str, replica: str, **values: object) -> None:
+        with self._write() as s, s.begin():
+            s.execute(sa.update(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == request_id,
+                                                         WithdrawalTaskRow.replica == replica).values(**values))
+
+    def finish(self, request_id: str, replica: str, applied_by: str, **values: object) -> None:
+        """The replica's part is done (``applied_by``: itself, or the replica that stood in)."""
+        self.update(request_id, replica, state=DONE, applied_by=applied_by, done_us=now_us(), **values)
