@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.resources
+import logging
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -70,6 +72,8 @@ from fak.state.store import StateStore, now_us
 from fak.types import as_id, check_tenant
 
 __all__ = ["Kernel", "Producer", "default_policy_path"]
+
+log = logging.getLogger("fak.kernel")
 
 
 def default_policy_path() -> Path:
@@ -282,8 +286,19 @@ class Kernel:
         holder built without them allows no judge."""
         return self.services.judge_egress
 
-    def reload_policy(self, principal: str | None = None) -> Policy:
-        """Load the policy file again; a bad file raises its located error and keeps the old one."""
+    def reload_policy(self, principal: str | None = None, *, peers: bool = True) -> Policy:
+        """Load the policy file again; a bad file raises its located error and keeps the old one.
+        In a replicated deployment (one policy file on the shared volume) every other replica
+        loads it too, from a task (``peers=False``: this is that task)."""
+        policy = self._reload_policy(principal)
+        rep = self.services.replication
+        if rep is not None and peers:
+            request = "pol_" + uuid.uuid4().hex[:24]
+            rep.publish(request, "policy", "", [])
+            rep.store.finish(request, rep.name, rep.name)
+        return policy
+
+    def _reload_policy(self, principal: str | None) -> Policy:
         holder = self.services.policies
         before = self.policy
         error = holder.reload()
@@ -537,6 +552,7 @@ class Kernel:
         rep.on("quarantine", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
         rep.on("expire", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
         rep.on("erase", self._apply_erase)
+        rep.on("policy", self._apply_policy)
         moved = rep.run_pending()
         if moved and progress:
             progress(f"replica {rep.name}: applied {moved} withdrawal task(s) written while it was down")
@@ -553,6 +569,18 @@ class Kernel:
                 self.delete_session(tenant, sid)
         if acting_for == rep.name:
             self._drop_tenant_here(tenant)
+        rep.store.finish(task.request_id, task.replica, rep.name)
+
+    def _apply_policy(self, task: WithdrawalTaskRow, acting_for: str) -> None:
+        """A peer replaced the deployment's policy: load the file it wrote (a replica that is
+        down loads it when it opens, so a stand-in has nothing to do)."""
+        rep = self.services.replication
+        assert rep is not None
+        if acting_for == rep.name:
+            try:
+                self.reload_policy(principal=f"replica:{task.request_id}", peers=False)
+            except FakError as exc:  # the file changed again since, or is broken: keep the old one, say so
+                log.error("replica %s: loading the policy a peer replaced failed: %s", rep.name, exc)
         rep.store.finish(task.request_id, task.replica, rep.name)
 
     def _drop_tenant_here(self, tenant: str) -> None:

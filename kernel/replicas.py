@@ -58,7 +58,7 @@ class SessionElsewhere(FakError, code="session_elsewhere", status=421):
         return {"replica": self.replica}
 
 
-class WithdrawalPending(Unavailable):
+class WithdrawalPending(Unavailable, code="withdrawal_pending", status=503):
     """A withdrawal is written and partly applied; a replica has not applied its part yet.
     It stays pending (no receipt is signed without every replica); asking again resumes it."""
 

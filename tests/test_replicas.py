@@ -162,3 +162,22 @@ def test_quarantine_and_erase_reach_the_peers(opener) -> None:
     erased = r0.erase_tenant(TENANT, confirm=TENANT)
     assert erased.sessions == 1
     assert r0.sessions(TENANT) == [] and r1.loaded_sessions(TENANT) == []
+
+
+def test_a_policy_replaced_on_one_replica_is_loaded_by_every_replica(plane, tmp_path, tiny_dir, tiny_lm) -> None:
+    from fak.kernel.facade import default_policy_path
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(default_policy_path().read_text())
+    kernels = [Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, replica=name,
+                                    policy_path=policy, **plane), model=tiny_lm, progress=None)
+               for name in ("r0", "r1")]
+    try:
+        before = kernels[1].policy.digest
+        policy.write_text(policy.read_text().replace("tier: default", "tier: replaced", 1))
+        after = kernels[0].reload_policy(principal="key:op").digest
+        assert after != before
+        _eventually(lambda: kernels[1].policy.digest == after)
+    finally:
+        for k in kernels:
+            k.close()
