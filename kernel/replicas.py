@@ -143,11 +143,17 @@ class Replication:
 
     def take(self, owner: str, move: Callable[[], bool]) -> bool:
         """Run ``move`` (a placement update from ``owner`` to here) while ``owner`` cannot
-        start: under its lock, or inside a stand-in already holding it. Whether it moved."""
+        start: under its lock, or inside a stand-in already holding it. The owner's pending
+        tasks are applied first, on its behalf: a session never carries a withdrawn ref to
+        its new home. Whether it moved."""
         if self.may_take(owner):
             return move()
         with self.stand_in(owner) as got:
-            return move() if got else False
+            if not got:
+                return False
+            for task in self.store.pending(owner):
+                self.apply(task, owner)
+            return move()
 
     @contextlib.contextmanager
     def cluster_lock(self, what: str, wait_s: float = 60.0) -> Iterator[None]:

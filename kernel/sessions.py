@@ -58,11 +58,15 @@ class SessionRegistry:
         key = (tenant, check_session_id(id))
         with self._lock:
             ks = self._sessions.get(key)
+            if ks is not None:
+                return ks
+        found = self._services.state.session(tenant, id)
+        if found is None:
+            raise NotFound(f"no session {id!r}")
+        self._check_placement(tenant, id, found[0].replica)  # outside the lock: it may apply a peer's tasks
+        with self._lock:
+            ks = self._sessions.get(key)
             if ks is None:
-                found = self._services.state.session(tenant, id)
-                if found is None:
-                    raise NotFound(f"no session {id!r}")
-                self._check_placement(tenant, id, found[0].replica)
                 ks = self._sessions[key] = KernelSession(self._services, tenant, id, found[0].created_us, fresh=False)
             return ks
 

@@ -181,3 +181,16 @@ def test_a_policy_replaced_on_one_replica_is_loaded_by_every_replica(plane, tmp_
     finally:
         for k in kernels:
             k.close()
+
+
+def test_a_session_taken_from_a_replica_that_is_down_carries_no_withdrawn_ref(opener) -> None:
+    r0, r1, r2 = opener("r0"), opener("r1"), opener("r2")
+    c, ref = _holding(r2)
+    r2.close()  # down, with its session on it
+    r0.quarantine(TENANT, ref, reason="late_injection")  # r2's task stays pending: nobody waits for it
+    rep = r1.services.replication
+    assert rep is not None and [t.kind for t in rep.store.pending("r2")] == ["quarantine"]
+    ks = r1.session(TENANT, c)  # r2 is down: the session moves to r1, r2's task applied on its behalf first
+    assert r1.placement_of(TENANT, c) == "r1"
+    assert rep.store.pending("r2") == []
+    assert not any(x.ref == ref and x.state.value == "live" for x in ks.segments())
