@@ -205,7 +205,8 @@ class Kernel:
             kernel = None
             if settings.replica is not None:  # waits while a previous process of this replica exits
                 replication = Replication(state.engine, settings.replica,
-                                          scope=derive_key(master, "fak replica locks").hex()[:16])
+                                          scope=derive_key(master, "fak replica locks").hex()[:16],
+                                          mac_key=derive_key(master, "fak/state/withdrawal-report"))
                 replication.join()
             kernel = cls(*build_services(settings, lm, policy, store, audit, state, master, replication))
             kernel._log_policy(None, None)

@@ -63,6 +63,10 @@ class WithdrawalPending(Unavailable, code="withdrawal_pending", status=503):
     It stays pending (no receipt is signed without every replica); asking again resumes it."""
 
 
+class ReportForged(FakError, code="withdrawal_report_forged", status=500):
+    """A replica's withdrawal report fails its MAC: no receipt is signed from it."""
+
+
 # (task, the replica whose part it is: this one, or a peer that is down) -> None; the
 # applier moves the task's state on (pending -> done, or pending -> dropped -> done)
 Applier = Callable[[WithdrawalTaskRow, str], None]
@@ -77,9 +81,9 @@ def lock_name(scope: str, replica: str) -> str:
 class Replication:
     """A replica's membership, its withdrawal tasks and its stand-ins for peers that are down."""
 
-    def __init__(self, engine: Engine, name: str, scope: str) -> None:
+    def __init__(self, engine: Engine, name: str, scope: str, mac_key: bytes) -> None:
         self.name, self.scope = name, scope
-        self.store = ReplicaStore(engine)
+        self.store = ReplicaStore(engine, mac_key)
         self._engine = engine
         self._own = AdvisoryLock(engine, lock_name(scope, name))
         self._standing: set[str] = set()  # peers this process stands in for now (their lock held here)
@@ -210,6 +214,10 @@ class Replication:
         deadline = time.monotonic() + wait_s
         while True:
             tasks = self.store.tasks(request_id)
+            forged = [t.replica for t in tasks if not self.store.verified(t)]
+            if forged:  # written by someone without the deployment's key: nothing is signed from it
+                raise ReportForged(f"withdrawal {request_id}: the report of replica(s) {', '.join(forged)} does not "
+                                   "carry this deployment's MAC: the database was written by someone without the key")
             behind = [t for t in tasks if order.index(t.state) < order.index(until)]
             if not behind:
                 return tasks

@@ -79,7 +79,7 @@ def test_a_session_lives_on_one_replica(opener) -> None:
     rep = r0.services.replication
     assert rep is not None
     with pytest.raises(Conflict, match="runs already"):  # one process per replica name
-        Replication(r0.state.engine, "r0", rep.scope).join(wait_s=0.3)
+        Replication(r0.state.engine, "r0", rep.scope, b"k" * 32).join(wait_s=0.3)
 
 
 def test_prefix_hits_are_scored_where_the_prefix_is(opener) -> None:
@@ -194,3 +194,22 @@ def test_a_session_taken_from_a_replica_that_is_down_carries_no_withdrawn_ref(op
     assert r1.placement_of(TENANT, c) == "r1"
     assert rep.store.pending("r2") == []
     assert not any(x.ref == ref and x.state.value == "live" for x in ks.segments())
+
+
+def test_a_report_written_without_the_key_signs_nothing(opener) -> None:
+    import sqlalchemy as sa
+
+    from fak.kernel.replicas import ReportForged
+
+    r0 = opener("r0")
+    rep = r0.services.replication
+    assert rep is not None
+    rep.store.add_tasks("fgt_forged", "forget", TENANT, [], ["r0", "r9"])
+    rep.store.update("fgt_forged", "r9", state="dropped", applied_by="r9", units="[]", sessions="[]")
+    rep.store.update("fgt_forged", "r0", state="dropped", applied_by="r0")
+    assert [t.replica for t in rep.settle("fgt_forged", until="dropped", wait_s=1)] == ["r0", "r9"]
+    with r0.state.engine.begin() as conn:  # someone with the database but not the key claims r9 dropped nothing
+        conn.execute(sa.text("UPDATE fak_withdrawal_tasks SET sessions = '[]', units = '[{\"kind\": \"segment\"}]' "
+                             "WHERE request_id = 'fgt_forged' AND replica = 'r9'"))
+    with pytest.raises(ReportForged, match="r9"):
+        rep.settle("fgt_forged", until="dropped", wait_s=1)

@@ -3,9 +3,11 @@ replica's part of each withdrawal (``fak_withdrawal_tasks``). One short transact
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Iterable
 
+import blake3
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
@@ -17,12 +19,29 @@ from fak.state.store import now_us
 PENDING, DROPPED, DONE = "pending", "dropped", "done"  # dropped: a forget's, before its replay
 
 
-class ReplicaStore:
-    """``fak_replicas`` and ``fak_withdrawal_tasks`` on the state database."""
+def report_mac(key: bytes, row: WithdrawalTaskRow) -> str:
+    """A keyed MAC over a task's report (who, what, the units and sessions, the state): the
+    replica that waits for it signs a receipt from it, so whoever can write the database but
+    holds no key cannot make a replica's part look done."""
+    msg = json.dumps([row.request_id, row.replica, row.kind, row.tenant, row.refs, row.state, row.units,
+                      row.sessions, row.applied_by]).encode()
+    return "blake3k:" + blake3.blake3(msg, key=key).hexdigest()
 
-    def __init__(self, engine: Engine) -> None:
+
+class ReplicaStore:
+    """``fak_replicas`` and ``fak_withdrawal_tasks`` on the state database. ``mac_key``
+    (derived from the master secret) signs each report a replica finishes (``report_mac``)."""
+
+    def __init__(self, engine: Engine, mac_key: bytes) -> None:
         self._read = sessionmaker(engine, expire_on_commit=False)
         self._write = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
+        self._mac_key = mac_key
+
+    def verified(self, row: WithdrawalTaskRow) -> bool:
+        """Whether a task's report carries this deployment's MAC (a pending one has none to check)."""
+        if row.state == PENDING:
+            return True
+        return row.mac is not None and hmac.compare_digest(row.mac, report_mac(self._mac_key, row))
 
     def join(self, name: str, pid: int, host: str) -> None:
         """Record that ``name`` runs (first start or a restart)."""
@@ -82,9 +101,14 @@ class ReplicaStore:
             return s.get(WithdrawalTaskRow, (request_id, replica))
 
     def update(self, request_id: str, replica: str, **values: object) -> None:
+        """Change a task's row and sign its report again."""
         with self._write() as s, s.begin():
-            s.execute(sa.update(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == request_id,
-                                                         WithdrawalTaskRow.replica == replica).values(**values))
+            row = s.get(WithdrawalTaskRow, (request_id, replica))
+            if row is None:
+                return
+            for name, value in values.items():
+                setattr(row, name, value)
+            row.mac = report_mac(self._mac_key, row)
 
     def finish(self, request_id: str, replica: str, applied_by: str, **values: object) -> None:
         """The replica's part is done (``applied_by``: itself, or the replica that stood in)."""

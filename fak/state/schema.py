@@ -147,6 +147,7 @@ class WithdrawalTaskRow(Base):
     applied_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
     done_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    mac: Mapped[str | None] = mapped_column(String(80), nullable=True)  # keyed: fak.state.replicas.report_mac
 
     __table_args__ = (Index("ix_fak_withdrawal_tasks_pending", "replica", "state"),)
 

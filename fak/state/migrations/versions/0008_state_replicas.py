@@ -3,7 +3,8 @@ session lives on (NULL: written by a single-process kernel, which owns every ses
 ``fak_replicas`` lists the replicas that ever joined, so a withdrawal knows whom it must
 reach; ``fak_withdrawal_tasks`` holds one row per (withdrawal, replica): what each replica
 dropped, written in the same transaction as each session it changed, so a replica killed
-half way resumes where it stopped and the forget's one receipt names every replica.
+half way resumes where it stopped and the forget's one receipt names every replica; ``mac``
+signs a finished report under a key derived from the master secret.
 
 Revision ID: state_0008
 Revises: state_0007
@@ -43,6 +44,7 @@ def upgrade() -> None:
         sa.Column("applied_by", sa.String(32), nullable=True),
         sa.Column("created_us", sa.BigInteger, nullable=False),
         sa.Column("done_us", sa.BigInteger, nullable=True),
+        sa.Column("mac", sa.String(80), nullable=True),
     )
     op.create_index("ix_fak_withdrawal_tasks_pending", "fak_withdrawal_tasks", ["replica", "state"])
 
