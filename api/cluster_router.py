@@ -34,6 +34,7 @@ RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9]{1,60}$")  # fak.wire_responses.RESP
 SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)(?:/.*)?$")
 REPLICA_HEADER = "x-fak-replica"  # names the replica that answered (tests and the benchmark read it)
 ELSEWHERE_STATUS = 421  # a replica's answer for a session another replica owns (``replica`` member)
+BALANCE_SLACK = 4  # prefix placement: load over the least loaded replica's at which hits stop counting (choose)
 AFFINITY_ENTRIES = 65_536  # (credential, session) pairs the router remembers, least recently used first out
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
@@ -245,12 +246,22 @@ def elsewhere(body: bytes) -> str | None:
     return name if isinstance(name, str) and REPLICA_NAME.match(name) else None
 
 
-def choose(scores: Mapping[str, Score]) -> str:
+def choose(scores: Mapping[str, Score], slack: int | None = None) -> str:
     """The replica with the most prefix hit tokens; ties (zero hits included) by least load,
-    then by name, so the same scores always give the same replica."""
+    then by name, so the same scores always give the same replica.
+
+    ``slack``: only replicas whose load is within ``slack`` of the least loaded compete on
+    hits. Why: hits alone pile every conversation on the replica that warmed the popular
+    prefixes first (measured: nine concurrent chats over three prefixes all on one replica of
+    three); past the slack, a busy replica's cache is worth less than an idle one's cores, and
+    the prefix gets warmed there too. None: hits alone decide."""
     if not scores:
         raise ValueError("no replica to choose from")
-    return min(scores, key=lambda n: (-scores[n].hit_tokens, scores[n].load, n))
+    pool = scores
+    if slack is not None:
+        least = min(s.load for s in scores.values())
+        pool = {n: s for n, s in scores.items() if s.load <= least + slack}
+    return min(pool, key=lambda n: (-pool[n].hit_tokens, pool[n].load, n))
 
 
 def least_loaded(loads: Mapping[str, int]) -> str:
@@ -259,9 +270,10 @@ def least_loaded(loads: Mapping[str, int]) -> str:
     return min(loads, key=lambda n: (loads[n], n))
 
 
-def place(scores: Mapping[str, Score], mode: Placement, rng: random.Random | None = None) -> str:
+def place(scores: Mapping[str, Score], mode: Placement, rng: random.Random | None = None,
+          slack: int | None = None) -> str:
     """Where a placement request goes, from the replicas that answered ``score``: the owner
-    one of them names (the session exists), else by ``mode``."""
+    one of them names (the session exists), else by ``mode`` (``slack``: see ``choose``)."""
     if not scores:
         raise ValueError("no replica to choose from")
     for s in scores.values():
@@ -271,7 +283,7 @@ def place(scores: Mapping[str, Score], mode: Placement, rng: random.Random | Non
         return (rng or random).choice(sorted(scores))
     if mode is Placement.LOAD:
         return least_loaded({n: s.load for n, s in scores.items()})
-    return choose(scores)
+    return choose(scores, slack)
 
 
 # --- /metrics across replicas ------------------------------------------------------------

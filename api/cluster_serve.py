@@ -15,7 +15,8 @@ stream). A session's requests go to its owner: the affinity cache, else a replic
 a conversation asks every replica's ``score`` (prefix-cache hit tokens of its prompt, load)
 and goes where the most of its prompt is cached. ``/metrics`` is every replica's, labelled
 ``replica``; ``/healthz`` is the router's own. The answer names its replica in
-``x-fak-replica``.
+``x-fak-replica``; a request that carries ``x-fak-replica: <name>`` goes to that replica
+alone (tests and operators reach one kernel: its ``/healthz``, its view of a ref).
 
 Ray is imported here only, and only when a cluster starts (it is the ``scale`` extra:
 ``pip install 'fak[scale]'``); the classes are plain until ``build_app`` makes them
@@ -32,10 +33,12 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from fak.api.cluster_router import (
+    BALANCE_SLACK,
     ELSEWHERE_STATUS,
     REPLICA_HEADER,
     AffinityCache,
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.types import ASGIApp
 
     from fak.api.keys import KeyStore
     from fak.kernel.facade import Kernel
@@ -67,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fak.cluster")
 
 SECRETS = frozenset({"master_secret", "audit_signing_key"})  # read by each replica from the data dir or FAK_* env
-SCORE_TIMEOUT_S = 5.0  # a replica that has not scored by then is left out of the placement
+SCORE_TIMEOUT_S = 2.0  # a replica that has not scored by then is left out of the placement
 MAX_ONGOING = 512  # requests one replica (or the router) holds at once; the kernel's own admission says 429 first
 OBJECT_STORE_BYTES = 200 * 1024**2
 APP_NAME = "fak"
@@ -106,6 +110,87 @@ def shared_settings(settings: Settings) -> dict[str, Any]:
 
 
 # --- one kernel ------------------------------------------------------------------------------
+async def stream_asgi(app: ASGIApp, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
+                      body: bytes, client: tuple[str, int] | None = None, *,
+                      name: str = "replica") -> AsyncIterator[Head | bytes]:
+    """Run one request through an ASGI app in process: yields the head (status, headers, the
+    first body chunk, whether more follows), then the rest of the body in the chunks the app
+    sent. A caller that stops reading (its client went away) reaches the app as
+    ``http.disconnect``, so a stream's cleanup runs as it does under uvicorn."""
+    messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    gone = asyncio.Event()
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Mapping[str, Any]) -> None:
+        await messages.put(dict(message))
+
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+        "method": method, "scheme": "http", "path": path, "raw_path": quote(path).encode("ascii"),
+        "query_string": query, "root_path": "", "client": client, "server": None,
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+    }
+
+    async def run() -> None:
+        try:
+            await app(scope, receive, send)
+        except Exception:  # the app's error middleware has answered 500 when it could
+            log.exception("%s: %s %s failed", name, method, path)
+            await messages.put({"type": "http.response.start", "status": 500, "headers": []})
+        finally:
+            await messages.put(None)
+
+    task = asyncio.create_task(run())
+    head: tuple[int, list[tuple[str, str]]] | None = None
+    sent = False
+    try:
+        while (message := await messages.get()) is not None:
+            if message["type"] == "http.response.start" and head is None:
+                head = (int(message["status"]),
+                        [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])])
+            elif message["type"] == "http.response.body" and head is not None:
+                chunk, more = bytes(message.get("body", b"")), bool(message.get("more_body", False))
+                if not sent:  # the head travels with the first chunk: one message for a whole JSON answer
+                    sent = True
+                    yield (*head, chunk, more)
+                elif chunk:
+                    yield chunk
+                if not more:
+                    break
+        if not sent:  # the app ended without a body (or without answering at all)
+            yield (*(head or (500, [])), b"", False)
+    finally:
+        gone.set()  # the app sees the client leave (a stream's rollback) or has finished
+        if task.done():
+            task.result()
+
+
+def score_request(kernel: Kernel, keys: KeyStore, key: str | None, session_id: str | None,
+                  messages: list[dict[str, str]], response_id: str | None = None) -> dict[str, Any]:
+    """What placing a request on ``kernel`` would mean: ``authorized`` (the key, checked as the
+    app checks it), ``owner`` (the replica holding the named session, or the session of the
+    named response's chain; None when there is none), ``hit_tokens`` (the prompt's tokens in
+    this kernel's prefix cache for the key's tenant) and ``load`` (sessions loaded + generations)."""
+    check = keys.check(key)
+    if check.principal is None:
+        return {"authorized": False}
+    tenant = check.principal.tenant
+    if session_id is None and response_id is not None:  # a Responses chain lives in its first response's session
+        row = kernel.state.response(tenant, response_id)
+        session_id = row.session_id if row is not None else None
+    owner = kernel.placement_of(tenant, session_id) if session_id is not None else None
+    hit = kernel.prefix_hit_tokens(tenant, messages) if messages and owner is None else 0
+    return {"authorized": True, "owner": owner, "hit_tokens": hit, "load": kernel.replica_load()}
+
+
 class Replica:
     """One kernel and its app in a Ray actor (a Serve deployment of one replica)."""
 
@@ -147,85 +232,15 @@ class Replica:
 
     async def handle(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]], body: bytes,
                      client: tuple[str, int] | None = None) -> AsyncIterator[Head | bytes]:
-        """Run one request through the app in process: yields (status, headers), then the body
-        in the chunks the app sent. A caller that stops reading (its client went away) reaches
-        the app as ``http.disconnect``, so a stream's cleanup runs as under uvicorn."""
+        """One request through this replica's app (``stream_asgi``), streamed back."""
         await self._started()
-        messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        gone = asyncio.Event()
-        delivered = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: Mapping[str, Any]) -> None:
-            await messages.put(dict(message))
-
-        scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": method, "scheme": "http", "path": path, "raw_path": quote(path).encode("ascii"),
-            "query_string": query, "root_path": "", "client": client, "server": None,
-            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-        }
-
-        async def run() -> None:
-            try:
-                await self.app(scope, receive, send)
-            except Exception:  # the app's error middleware has answered 500 when it could
-                log.exception("%s: %s %s failed", self.name, method, path)
-                await messages.put({"type": "http.response.start", "status": 500, "headers": []})
-            finally:
-                await messages.put(None)
-
-        task = asyncio.create_task(run())
-        head: tuple[int, list[tuple[str, str]]] | None = None
-        sent = False
-        try:
-            while (message := await messages.get()) is not None:
-                if message["type"] == "http.response.start" and head is None:
-                    head = (int(message["status"]),
-                            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])])
-                elif message["type"] == "http.response.body" and head is not None:
-                    chunk, more = bytes(message.get("body", b"")), bool(message.get("more_body", False))
-                    if not sent:  # the head travels with the first chunk: one message for a whole JSON answer
-                        sent = True
-                        yield (*head, chunk, more)
-                    elif chunk:
-                        yield chunk
-                    if not more:
-                        break
-            if not sent:  # the app ended without a body (or without answering at all)
-                yield (*(head or (500, [])), b"", False)
-        finally:
-            gone.set()  # the app sees the client leave (a stream's rollback) or has finished
-            if task.done():
-                task.result()
+        async for item in stream_asgi(self.app, method, path, query, headers, body, client, name=self.name):
+            yield item
 
     async def score(self, key: str | None, session_id: str | None, messages: list[dict[str, str]],
                     response_id: str | None = None) -> dict[str, Any]:
-        """What placing a request here would mean: ``authorized`` (the key, checked as the app
-        checks it), ``owner`` (the replica holding the named session or response chain, None
-        when there is none), ``hit_tokens`` (the prompt's tokens already in this replica's
-        prefix cache for the key's tenant) and ``load`` (sessions loaded + generations)."""
-        return await asyncio.to_thread(self._score, key, session_id, messages, response_id)
-
-    def _score(self, key: str | None, session_id: str | None, messages: list[dict[str, str]],
-               response_id: str | None) -> dict[str, Any]:
-        check = self.keys.check(key)
-        if check.principal is None:
-            return {"authorized": False}
-        tenant = check.principal.tenant
-        if session_id is None and response_id is not None:  # a Responses chain lives in its first response's session
-            row = self.kernel.state.response(tenant, response_id)
-            session_id = row.session_id if row is not None else None
-        owner = self.kernel.placement_of(tenant, session_id) if session_id is not None else None
-        hit = self.kernel.prefix_hit_tokens(tenant, messages) if messages and owner is None else 0
-        return {"authorized": True, "owner": owner, "hit_tokens": hit, "load": self.kernel.replica_load()}
+        """What placing a request here would mean (``score_request``), off the event loop."""
+        return await asyncio.to_thread(score_request, self.kernel, self.keys, key, session_id, messages, response_id)
 
     async def shutdown(self) -> None:
         """The app's lifespan shutdown, then the kernel closed (once)."""
@@ -261,13 +276,14 @@ class Router:
     """The ingress: one per cluster, a plain ``__call__`` over Starlette requests."""
 
     def __init__(self, replicas: dict[str, DeploymentHandle[Any]], placement: str = Placement.PREFIX.value,
-                 max_body: int | None = None) -> None:
+                 balance_slack: int | None = BALANCE_SLACK, max_body: int | None = None) -> None:
         from fak.api.app import MAX_BODY
 
         self.handles = dict(replicas)
         self.streams = {n: h.options(stream=True) for n, h in self.handles.items()}
         self.names = sorted(self.handles)
         self.placement = Placement(placement)
+        self.balance_slack = balance_slack
         self.max_body = MAX_BODY if max_body is None else max_body
         self.affinity = AffinityCache()
         self.inflight = dict.fromkeys(self.names, 0)
@@ -281,7 +297,11 @@ class Router:
         from starlette.responses import JSONResponse
 
         method, path = request.method.upper(), request.scope["path"]
-        if path == "/healthz" and method in ("GET", "HEAD"):
+        pinned = request.headers.get(REPLICA_HEADER)
+        if pinned is not None and pinned not in self.handles:
+            return _problem(400, "unknown_replica", f"{REPLICA_HEADER}: no replica {pinned[:40]!r} (replicas: "
+                                                    f"{', '.join(self.names)})")
+        if path == "/healthz" and method in ("GET", "HEAD") and pinned is None:
             return JSONResponse({"status": "ok", "replicas": len(self.names)})
         body = await self._body(request)
         if body is None:
@@ -291,6 +311,9 @@ class Router:
         route = classify(method, path, parse_json(body) if _wants_body(method, path) else None)
         query: bytes = request.scope.get("query_string", b"")
         client = (request.client.host, request.client.port) if request.client is not None else None
+        if pinned is not None:  # the client names the replica (tests, operators): that one answers, 421 included
+            return await self._send(pinned, route, credential_digest(key), method, path, query, headers, body,
+                                    client, retry=False)
         if route.kind is Kind.METRICS:
             return await self._metrics(method, path, query, headers, client)
         digest = credential_digest(key)
@@ -350,12 +373,14 @@ class Router:
                                int(raw.get("load", 0)))
 
         answers = dict(await asyncio.gather(*(one(n) for n in self.names)))
-        scores = {n: s for n, s in answers.items() if s is not None}
+        # a replica's own load cannot count the placements racing this one: the requests this
+        # router has sent it and not seen finish are a floor under it
+        scores = {n: replace(s, load=max(s.load, self.inflight[n])) for n, s in answers.items() if s is not None}
         if not scores or not all(s.authorized for s in scores.values()):
             return None
         if self.placement is Placement.LOAD and not named:
             return least_loaded({n: s.load for n, s in scores.items()})
-        return place(scores, self.placement, self._rng)
+        return place(scores, self.placement, self._rng, self.balance_slack)
 
     async def _open(self, name: str, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
                     body: bytes, client: tuple[str, int] | None) -> tuple[Head, DeploymentResponseGenerator[Any]]:
@@ -469,7 +494,8 @@ def _created_ids(path: str, body: bytes | None) -> list[str]:
 
 
 # --- the cluster -----------------------------------------------------------------------------
-def build_app(settings: Settings, replicas: int, placement: Placement = Placement.PREFIX) -> Any:
+def build_app(settings: Settings, replicas: int, placement: Placement = Placement.PREFIX,
+              balance_slack: int | None = BALANCE_SLACK) -> Any:
     """The Serve application: ``replicas`` one-actor deployments and the router over them."""
     try:
         from ray import serve
@@ -485,11 +511,12 @@ def build_app(settings: Settings, replicas: int, placement: Placement = Placemen
     }
     router = serve.deployment(name="router", num_replicas=1, max_ongoing_requests=MAX_ONGOING,
                               ray_actor_options={"num_cpus": 0})(Router)
-    return router.bind(bound, placement.value)
+    return router.bind(bound, placement.value, balance_slack)
 
 
 def run_cluster(settings: Settings, replicas: int, host: str = "127.0.0.1", port: int = 8077,
-                placement: Placement = Placement.PREFIX) -> DeploymentHandle[Any]:
+                placement: Placement = Placement.PREFIX, balance_slack: int | None = BALANCE_SLACK,
+                ) -> DeploymentHandle[Any]:
     """Start Ray locally when none is connected, Serve's HTTP proxy on ``host:port`` and the
     application; returns the router's handle once every replica has opened its kernel."""
     check_replicated(settings, replicas)
@@ -503,7 +530,7 @@ def run_cluster(settings: Settings, replicas: int, host: str = "127.0.0.1", port
         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
                  logging_level=logging.WARNING, log_to_driver=True)
     serve.start(http_options={"host": host, "port": port})
-    handle: DeploymentHandle[Any] = serve.run(build_app(settings, replicas, placement), name=APP_NAME,
+    handle: DeploymentHandle[Any] = serve.run(build_app(settings, replicas, placement, balance_slack), name=APP_NAME,
                                          route_prefix="/", blocking=False)
     return handle
 
@@ -544,5 +571,6 @@ def wait_ready(url: str, timeout_s: float = 300.0) -> float:
             time.sleep(0.2)
 
 
-__all__ = ["APP_NAME", "ClusterError", "Replica", "Router", "build_app", "check_replicated",
-           "replica_handle", "replica_names", "run_cluster", "shared_settings", "shutdown_cluster", "wait_ready"]
+__all__ = ["APP_NAME", "ClusterError", "Replica", "Router", "build_app", "check_replicated", "replica_handle",
+           "replica_names", "run_cluster", "score_request", "shared_settings", "shutdown_cluster", "stream_asgi",
+           "wait_ready"]

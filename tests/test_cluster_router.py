@@ -4,8 +4,10 @@ among scores, and /metrics merged across replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -138,6 +140,16 @@ def test_choose_most_hits_then_least_load_then_name() -> None:
         choose({})
 
 
+def test_slack_keeps_hits_from_piling_on_a_busy_replica() -> None:
+    scores = {"r0": Score(True, None, 400, 9), "r1": Score(True, None, 0, 1), "r2": Score(True, None, 20, 3)}
+    assert choose(scores) == "r0"  # hits alone
+    assert choose(scores, slack=2) == "r2"  # r0 is past the slack: the most hits among the rest
+    assert choose(scores, slack=1) == "r1"
+    assert choose(scores, slack=8) == "r0"
+    assert place(scores, Placement.PREFIX, slack=2) == "r2"
+    assert place({**scores, "r0": Score(True, "r0", 400, 9)}, Placement.PREFIX, slack=0) == "r0"  # an owner is an owner
+
+
 def test_place_by_mode() -> None:
     scores = {"r0": Score(True, None, 50, 3), "r1": Score(True, None, 0, 1), "r2": Score(True, None, 0, 2)}
     assert place(scores, Placement.PREFIX) == "r0"
@@ -199,3 +211,79 @@ def test_merge_metrics_keeps_a_replica_label_and_empty_input() -> None:
     assert 'x{replica="mine",a="1"} 1' in merge_metrics({"replica-0": text})
     assert merge_metrics({}) == ""
     assert merge_metrics([("replica-0", "")]) == ""
+
+
+# --- the replica's side, without Ray: a request through the app in process, and its score ----
+def _items(app: Any, method: str, path: str, key: str | None = None, body: object | None = None,
+           stop_after: int | None = None) -> list[Any]:
+    """What ``stream_asgi`` yields (all of it, or the first ``stop_after`` items, then the
+    caller leaves as a disconnecting client would)."""
+    from fak.api.cluster_serve import stream_asgi
+
+    headers = [("content-type", "application/json")] + ([("authorization", f"Bearer {key}")] if key else [])
+    raw = json.dumps(body).encode() if body is not None else b""
+
+    async def run() -> list[Any]:
+        out: list[Any] = []
+        gen = stream_asgi(app, method, path, b"", headers, raw, ("127.0.0.1", 5))
+        try:
+            async for item in gen:
+                out.append(item)
+                if stop_after is not None and len(out) >= stop_after:
+                    break
+        finally:
+            await gen.aclose()
+        await asyncio.sleep(0.2)  # the app's cleanup after a disconnect runs on this loop
+        return out
+
+    return asyncio.run(run())
+
+
+def test_a_json_answer_is_one_item_and_a_stream_stays_a_stream(kernel: Any) -> None:
+    from fak.api.app import create_app
+
+    app = create_app(kernel)
+    key = app.state.keys.create("acme", "agent")[0]
+    [(status, headers, body, more)] = _items(app, "GET", "/healthz")
+    assert (status, json.loads(body), more) == (200, {"status": "ok"}, False)
+    assert ("content-type", "application/json") in headers
+    [(status, _, body, more)] = _items(app, "GET", "/v1/models")  # no key: the app's own 401
+    assert status == 401 and not more and json.loads(body)["status"] == 401
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "min_tokens": 4,
+            "stream": True}
+    items = _items(app, "POST", "/v1/chat/completions", key, chat)
+    status, headers, first, more = items[0]
+    assert status == 200 and more and dict(headers)["content-type"].startswith("text/event-stream")
+    text = (first + b"".join(items[1:])).decode()
+    assert len(items) > 2 and text.count("data: ") >= 5 and text.rstrip().endswith("data: [DONE]")
+    # a client that leaves mid-stream: the app sees the disconnect and cleans up (no session left behind)
+    partial = _items(app, "POST", "/v1/chat/completions", key, {**chat, "max_tokens": 64, "min_tokens": 64},
+                     stop_after=2)
+    assert len(partial) == 2 and partial[0][0] == 200
+    assert kernel.sessions("acme") == []
+    [(status, _, _, _)] = _items(app, "POST", "/v1/chat/completions", key, {**chat, "stream": False})
+    assert status == 200
+
+
+def test_score_request(kernel: Any) -> None:
+    from fak.api.app import create_app
+    from fak.api.cluster_serve import score_request
+
+    app = create_app(kernel)
+    keys = app.state.keys
+    key = keys.create("acme", "agent")[0]
+    system = {"role": "system", "content": "You are the travel desk of a large airline. " * 6}
+    assert score_request(kernel, keys, "fak_nope", None, []) == {"authorized": False}
+    assert score_request(kernel, keys, None, None, []) == {"authorized": False}
+    cold = score_request(kernel, keys, key, None, [system, {"role": "user", "content": "a"}])
+    assert cold["authorized"] and cold["owner"] is None and cold["hit_tokens"] == 0 and cold["load"] >= 0
+    chat = {"model": "m", "messages": [system, {"role": "user", "content": "a"}], "max_tokens": 2,
+            "fak_session": "trip-1"}
+    assert _items(app, "POST", "/v1/chat/completions", key, chat)[0][0] == 200
+    warm = score_request(kernel, keys, key, None, [system, {"role": "user", "content": "b"}])
+    assert warm["hit_tokens"] > 0  # the system prompt is in this kernel's prefix cache now
+    # the named session exists: its owner (a single process names none, so "" here) and no scoring
+    owned = score_request(kernel, keys, key, "trip-1", [system])
+    assert owned["owner"] is not None and owned["hit_tokens"] == 0
+    assert score_request(kernel, keys, key, "nobody", [])["owner"] is None
+    assert score_request(kernel, keys, key, None, [], "resp_unknown1")["owner"] is None
