@@ -374,7 +374,7 @@ class Router:
 
         answers = dict(await asyncio.gather(*(one(n) for n in self.names)))
         # a replica's own load cannot count the placements racing this one: the requests this
-        # router has sent it and not seen finish are a floor under it
+        # router has sent it and not had an answer to yet are a floor under it
         scores = {n: replace(s, load=max(s.load, self.inflight[n])) for n, s in answers.items() if s is not None}
         if not scores or not all(s.authorized for s in scores.values()):
             return None
@@ -394,27 +394,26 @@ class Router:
                     retry: bool) -> Response:
         from starlette.responses import Response, StreamingResponse
 
+        # counted until the answer's head arrives: what the replica's own load cannot see yet (a
+        # running generation it counts itself), and nothing to leak when a client leaves mid-body
         self.inflight[target] += 1
         try:
             (status, out_headers, first, more), stream = await self._open(
                 target, method, path, query, headers, body, client)
         except Exception as exc:  # the actor died or is restarting: its sessions are placed anew
-            self.inflight[target] -= 1
             self.affinity.drop_replica(target)
             log.warning("%s %s on %s failed: %s", method, path, target, exc)
             return _problem(503, "replica_unavailable", f"{target} did not answer; retry",
                             {"Retry-After": "1", REPLICA_HEADER: target})
+        finally:
+            self.inflight[target] -= 1
         handle = self._handle_of(route)
         buffered: bytes | None = None
         if not more:
             buffered = first
-            self.inflight[target] -= 1
         elif status == ELSEWHERE_STATUS or (status in (200, 201) and method == "POST"
                                              and path in ("/v1/sessions", "/v1/responses") and _json(out_headers)):
-            try:
-                buffered = first + b"".join([bytes(c) async for c in stream])
-            finally:
-                self.inflight[target] -= 1
+            buffered = first + b"".join([bytes(c) async for c in stream])
         if status == ELSEWHERE_STATUS and buffered is not None:
             owner = elsewhere(buffered)
             if handle is not None and owner is not None:
@@ -435,20 +434,9 @@ class Router:
         if buffered is not None:
             response = Response(buffered, status_code=status)
         else:
-            response = StreamingResponse(self._relay(target, first, stream), status_code=status)
+            response = StreamingResponse(_relay(first, stream), status_code=status)
         response.raw_headers = raw
         return response
-
-    async def _relay(self, target: str, first: bytes, stream: DeploymentResponseGenerator[Any]) -> AsyncIterator[bytes]:
-        """The replica's body chunks as they come; a client that leaves cancels the replica's side."""
-        try:
-            if first:
-                yield first
-            async for chunk in stream:
-                yield bytes(chunk)
-        finally:
-            self.inflight[target] -= 1
-            stream.cancel()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
 
     async def _metrics(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
                        client: tuple[str, int] | None) -> Response:
@@ -474,6 +462,17 @@ class Router:
         media = next((v for k, v in answers[0][2] if k.lower() == "content-type"), "text/plain; version=0.0.4")
         text = merge_metrics([(name, body.decode("utf-8", "replace")) for name, _, _, body in answers])
         return Response(text, media_type=media.split(";")[0], headers={REPLICA_HEADER: ",".join(self.names)})
+
+
+async def _relay(first: bytes, stream: DeploymentResponseGenerator[Any]) -> AsyncIterator[bytes]:
+    """The replica's body chunks as they come; a client that leaves cancels the replica's side."""
+    try:
+        if first:
+            yield first
+        async for chunk in stream:
+            yield bytes(chunk)
+    finally:
+        stream.cancel()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
 
 
 def _json(headers: Sequence[tuple[str, str]]) -> bool:
