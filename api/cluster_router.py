@@ -47,6 +47,7 @@ class Kind(StrEnum):
     SESSION = "session"  # names an existing session: its owner, wherever the affinity cache or a 421 says
     PLACE = "place"  # may start a conversation: its owner if it has one, else placed by the replicas' scores
     ANY = "any"  # anything else: any replica (least busy, then round robin)
+    EACH = "each"  # a held tool call's decision: the replica that holds the call (tried in turn)
 
 
 class Placement(StrEnum):
@@ -91,6 +92,9 @@ def _session_id(value: object) -> str | None:
     return value if isinstance(value, str) and SESSION_ID.match(value) else None
 
 
+HELD_CALL_PATH = re.compile(r"^/v1/tool-calls/[^/]+/(approve|reject)$")
+
+
 def classify(method: str, path: str, body: object | None) -> Route:
     """The route of a request; ``body`` is its parsed JSON (``parse_json``) or None. Why the
     body matters: the chat door names its session (``fak_session``) and the Responses door
@@ -109,6 +113,8 @@ def classify(method: str, path: str, body: object | None) -> Route:
         return Route(Kind.SESSION, session_id=sid, messages=messages)
     if method != "POST":
         return Route(Kind.ANY)
+    if HELD_CALL_PATH.match(path):  # held calls live in the memory of the replica whose model wrote them
+        return Route(Kind.EACH)
     if path == "/v1/sessions":
         return Route(Kind.PLACE, session_id=_session_id(fields.get("id")))
     if path == "/v1/chat/completions":

@@ -321,6 +321,8 @@ class Router:
         target = self.affinity.get(digest, handle) if handle is not None else None
         if target is not None and target not in self.handles:
             target = None
+        if route.kind is Kind.EACH:
+            return await self._each(digest, method, path, query, headers, body, client)
         if target is None and route.kind is Kind.PLACE:
             target = await self._place(route, key)
         if target is None:
@@ -381,6 +383,19 @@ class Router:
         if self.placement is Placement.LOAD and not named:
             return least_loaded({n: s.load for n, s in scores.items()})
         return place(scores, self.placement, self._rng, self.balance_slack)
+
+    async def _each(self, digest: str, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
+                    body: bytes, client: tuple[str, int] | None) -> Response:
+        """Each replica in turn until one answers other than 404 (a held call is in one replica's
+        memory; the others do not know it). Every replica answers 404 alike: the last one's."""
+        answer: Response | None = None
+        for name in self.names:
+            answer = await self._send(name, Route(Kind.EACH), digest, method, path, query, headers, body, client,
+                                      retry=False)
+            if answer.status_code != 404:
+                return answer
+        assert answer is not None  # a deployment has at least one replica
+        return answer
 
     async def _open(self, name: str, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
                     body: bytes, client: tuple[str, int] | None) -> tuple[Head, DeploymentResponseGenerator[Any]]:

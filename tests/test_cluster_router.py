@@ -61,9 +61,10 @@ def test_other_routes() -> None:
     assert classify("GET", "/healthz", None).kind is Kind.HEALTH
     assert classify("GET", "/metrics", None).kind is Kind.METRICS
     for method, path in [("GET", "/v1/models"), ("POST", "/v1/forget"), ("GET", "/v1/audit/checkpoint"),
-                         ("GET", "/v1/responses/resp_x"), ("POST", "/v1/tool-calls/call_held_1/approve"),
-                         ("GET", "/v1/chat/completions")]:
+                         ("GET", "/v1/responses/resp_x"), ("GET", "/v1/chat/completions")]:
         assert classify(method, path, None).kind is Kind.ANY, path
+    for verb in ("approve", "reject"):  # a held call is in one replica's memory: each is asked in turn
+        assert classify("POST", f"/v1/tool-calls/call_held_1/{verb}", None).kind is Kind.EACH
 
 
 def test_prompt_messages() -> None:
