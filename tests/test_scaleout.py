@@ -71,14 +71,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterato
         try:
             _wait_ready(server, base, data.parent / "serve.log")
 
-            def key(role: str) -> str:
-                out = subprocess.run([FAK, "keys", "create", "--tenant", TENANT, "--role", role, "--json"], env=env,
+            def key(role: str, tenant: str = TENANT) -> str:
+                out = subprocess.run([FAK, "keys", "create", "--tenant", tenant, "--role", role, "--json"], env=env,
                                      check=True, capture_output=True, text=True).stdout
                 return str(json.loads(out)["key"])
 
             engine = sa.create_engine(_url_of_schema(main))
             yield {"base": base, "agent": key("agent"), "admin": key("admin"), "auditor": key("auditor"),
-                   "engine": engine, "env": env}
+                   "other": key("agent", "globex"), "engine": engine, "env": env}
             engine.dispose()
         finally:
             os.killpg(server.pid, signal.SIGINT)
@@ -245,9 +245,9 @@ def test_a_replica_killed_mid_forget_loses_nothing(cluster: dict[str, Any]) -> N
 
 
 def test_sessions_stay_put_and_new_ones_go_where_their_prefix_is(cluster: dict[str, Any]) -> None:
-    with _client(cluster) as agent:
-        def chat(session: str, question: str) -> httpx.Response:
-            r = agent.post("/v1/chat/completions", json={
+    with _client(cluster) as agent, _client(cluster, "other") as other, _client(cluster, "auditor") as auditor:
+        def chat(session: str, question: str, client: httpx.Client = agent) -> httpx.Response:
+            r = client.post("/v1/chat/completions", json={
                 "model": "fak", "max_tokens": 3, "fak_session": session,
                 "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]})
             assert r.status_code == 200, r.text
@@ -260,3 +260,9 @@ def test_sessions_stay_put_and_new_ones_go_where_their_prefix_is(cluster: dict[s
         second = chat("trip-2", "Is my flight on time?")  # a new session with the same system prompt
         assert second.headers["x-fak-replica"] == home
         assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # and it hits the prefix
+        # another tenant with the same prompt: no replica serves it the first tenant's KV
+        third = chat("trip-1", "Where is my lounge?", other)
+        assert third.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        metrics = auditor.get("/metrics")
+        assert metrics.status_code == 200
+        assert all(f'replica="{name}"' in metrics.text for name in REPLICAS)  # every replica's series, labelled
