@@ -76,17 +76,15 @@ class ReplicaStore:
 
     def pending(self, replica: str) -> list[WithdrawalTaskRow]:
         """The replica's tasks not done yet, oldest first."""
-        with self._read() as s:
-            q = (sa.select(WithdrawalTaskRow)
-                 .where(WithdrawalTaskRow.replica == replica, WithdrawalTaskRow.state == PENDING)
-                 .order_by(WithdrawalTaskRow.created_us, WithdrawalTaskRow.request_id))
-            return list(s.scalars(q))
+        return self._oldest_first(WithdrawalTaskRow.replica == replica, WithdrawalTaskRow.state == PENDING)
 
     def owed_replays(self, applied_by: str) -> list[WithdrawalTaskRow]:
         """Forget tasks ``applied_by`` dropped and whose independent replay it still owes."""
+        return self._oldest_first(WithdrawalTaskRow.applied_by == applied_by, WithdrawalTaskRow.state == DROPPED)
+
+    def _oldest_first(self, *where: sa.ColumnElement[bool]) -> list[WithdrawalTaskRow]:
         with self._read() as s:
-            q = (sa.select(WithdrawalTaskRow)
-                 .where(WithdrawalTaskRow.applied_by == applied_by, WithdrawalTaskRow.state == DROPPED)
+            q = (sa.select(WithdrawalTaskRow).where(*where)
                  .order_by(WithdrawalTaskRow.created_us, WithdrawalTaskRow.request_id))
             return list(s.scalars(q))
 
