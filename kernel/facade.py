@@ -37,7 +37,7 @@ from fak.audit.receipt import ForgetReceipt
 from fak.cas import CasStore
 from fak.cas.models import DestroyResult, RotationResult
 from fak.db import make_engine, release
-from fak.errors import FakError, InvalidInput, NotFound
+from fak.errors import FakError, InvalidInput, NotFound, Unavailable
 from fak.kernel import forget as forgets
 from fak.kernel import keyops, replay, withdraw
 from fak.kernel.agent_session import KernelSession
@@ -52,7 +52,7 @@ from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.replicas import Replication, SessionElsewhere
+from fak.kernel.replicas import Replication, SessionElsewhere, WithdrawalPending
 from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
 from fak.kernel.session_options import pic_binding, prefix_binding
@@ -594,7 +594,14 @@ class Kernel:
         for row in self.state.pending_forgets():
             if progress:
                 progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
-            forgets.resume(self.services, row)
+            try:
+                forgets.resume(self.services, row)
+            except (Unavailable, WithdrawalPending) as exc:
+                if self.services.replication is None:
+                    raise
+                # a peer holds the deployment's forget lock (its forget, maybe this one) or has not
+                # applied its part yet: the forget stays pending, resumed by the next to ask or open
+                log.warning("replica %s: the forget %s stays pending: %s", self.replica, row.request_id, exc)
         replay.resume(self.services)  # replays a crash interrupted: run again, in the background
 
 

@@ -97,9 +97,14 @@ def forget(
         return _run(svc, row)
 
 
-def resume(svc: Services, row: ForgetRow) -> ForgetReceipt:
+def resume(svc: Services, row: ForgetRow) -> ForgetReceipt | None:
+    """Finish a forget a crash interrupted; None when it is not pending any more (another
+    replica of a replicated deployment finished it while this one waited for the lock)."""
     with forget_lock(svc):
-        return _run(svc, row)
+        now = svc.state.forget_by_request(row.tenant, row.request_id)
+        if now is None or now.state != "requested":
+            return None
+        return _run(svc, now)
 
 
 @contextlib.contextmanager
