@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import sqlalchemy as sa
 from conftest import pg_scratch, pg_server_url
 from kernel_facade_helpers import LOUNGE, WEATHER
 
@@ -197,8 +198,6 @@ def test_a_session_taken_from_a_replica_that_is_down_carries_no_withdrawn_ref(op
 
 
 def test_a_report_written_without_the_key_signs_nothing(opener) -> None:
-    import sqlalchemy as sa
-
     from fak.kernel.replicas import ReportForged
 
     r0 = opener("r0")
@@ -213,3 +212,19 @@ def test_a_report_written_without_the_key_signs_nothing(opener) -> None:
                              "WHERE request_id = 'fgt_forged' AND replica = 'r9'"))
     with pytest.raises(ReportForged, match="r9"):
         rep.settle("fgt_forged", until="dropped", wait_s=1)
+
+
+def test_a_replica_applies_what_it_missed_before_it_serves(opener) -> None:
+    r0, r2 = opener("r0"), opener("r2")
+    c, ref = _holding(r2)
+    r2.close()  # down while the quarantine is decided on r0
+    r0.quarantine(TENANT, ref, reason="late_injection")
+    back = opener("r2")  # its open applies the pending task before it serves anything
+    rep = back.services.replication
+    assert rep is not None and rep.store.pending("r2") == []
+    with back.state.engine.connect() as conn:
+        applied = conn.execute(sa.text("SELECT applied_by FROM fak_withdrawal_tasks WHERE replica = 'r2' "
+                                       "AND kind = 'quarantine'")).scalars().all()
+    assert applied == ["r2"]  # by itself, on its way back (nobody stood in: nobody waited)
+    assert back.placement_of(TENANT, c) == "r2"
+    assert not any(x.ref == ref and x.state.value == "live" for x in back.session(TENANT, c).segments())
