@@ -14,7 +14,7 @@ from fak.api.authlog import LABEL as AUTH_FAILURE_LABEL
 from fak.api.authlog import AuthFailureWindow
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
-from fak.api.routes import audit, forget, openai, policy, refs, responses, sessions
+from fak.api.routes import audit, forget, openai, policy, refs, responses, sessions, tiles
 from fak.kernel.facade import Kernel
 
 MAX_BODY = 16 << 20  # bytes of one request body
@@ -74,7 +74,7 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
         """Liveness: the only route without an API key."""
         return {"status": "ok"}
 
-    for module in (sessions, forget, audit, policy, refs, openai, responses):
+    for module in (sessions, forget, audit, tiles, policy, refs, openai, responses):
         app.include_router(module.router)
 
     @app.get("/openapi.json", tags=["health"], include_in_schema=False)

@@ -18,7 +18,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = p.add_subparsers(dest="audit_command", metavar="ACTION")
 
     v = sub.add_parser("verify", help="verify a log export offline (fails closed)")
-    v.add_argument("export", help="file written by 'fak audit export', or a tenant's export from the API")
+    v.add_argument("export", nargs="?", help="file written by 'fak audit export', or a tenant's export from the API "
+                   "(not with --tiles)")
+    v.add_argument("--tiles", metavar="URL", help="verify a log served as C2SP tiles from this prefix (e.g. "
+                   "https://fak.example/v1/audit/log) instead of an export: checkpoint signature, witness quorum, "
+                   "the tiles against its root, consistency with --since-checkpoint, inclusion of each --entry")
+    v.add_argument("--key", metavar="API_KEY", help="with --tiles: an auditor or admin API key (none for a public log)")
+    v.add_argument("--since-checkpoint", metavar="FILE", help="with --tiles: the last checkpoint this auditor saw; "
+                   "the served one must be consistent with it, and replaces it in FILE once verified")
+    v.add_argument("--entry", type=int, action="append", default=[], metavar="N",
+                   help="with --tiles: an entry index to prove included (read from its bundle); repeatable")
     _trust_args(v, "names the log or --trust-embedded-key")
     v.add_argument("--trust-embedded-key", action="store_true",
                    help="DEVELOPMENT ONLY: check against the key the export names itself (proves nothing)")
@@ -124,10 +133,15 @@ def _open(args: argparse.Namespace) -> AuditLog:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from fak.audit.errors import AuditError
     from fak.audit.tenant_export import is_tenant_export, verify_tenant_export
     from fak.audit.verify import verify_export
 
     policy, pubkey = _policy(args)
+    if args.tiles:
+        return _verify_tiles(args, policy, pubkey)
+    if args.export is None:
+        raise AuditError("give an export file to verify, or --tiles URL")
     if args.trust_embedded_key:
         print("WARNING: --trust-embedded-key: checking against the key the export names itself; anyone can make "
               "such an export; this proves nothing", file=sys.stderr)
@@ -143,6 +157,57 @@ def _verify(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _verify_tiles(args: argparse.Namespace, policy: WitnessPolicy | None, pubkey: str | None) -> int:
+    """``fak audit verify --tiles URL``: the log from its tiles alone, as any tiles client."""
+    from pathlib import Path
+
+    import httpx
+
+    from fak.audit.errors import AuditError
+    from fak.audit.tiles import verify_tiles
+    from fak.audit.verify import _load_text
+
+    if args.export is not None or args.trust_embedded_key or args.since or args.allow_unsigned_tail:
+        raise AuditError("--tiles verifies a served log: give no export file, --since, --allow-unsigned-tail "
+                         "or --trust-embedded-key with it")
+    if pubkey is None:
+        raise AuditError("a pinned log key is required (--pubkey, or a --policy with a 'log' line): "
+                         "there is no trust on first use")
+    since_file = Path(args.since_checkpoint) if args.since_checkpoint else None
+    try:
+        since = since_file.read_text() if since_file is not None and since_file.exists() else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuditError(f"cannot read the last seen checkpoint {since_file}: {exc}") from None
+    prefix = args.tiles.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    with httpx.Client(headers=headers, timeout=30.0) as client:
+
+        def fetch(path: str) -> bytes:
+            url = f"{prefix}/{path}"
+            try:
+                r = client.get(url)
+            except httpx.HTTPError as exc:
+                raise AuditError(f"GET {url}: {exc}") from None
+            if r.status_code != 200:
+                detail = r.json().get("detail", "") if "json" in r.headers.get("content-type", "") else ""
+                raise AuditError(f"GET {url}: HTTP {r.status_code} {detail}".rstrip())
+            return r.content
+
+        report = verify_tiles(fetch, _load_text(pubkey, "public key"), witnesses=policy, since=since,
+                              entries=args.entry, max_age=args.max_age, progress=not args.json)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "size": report.size, "root": report.root.hex(),
+                          "detail": report.detail, "failure": report.failure}, indent=2))
+    else:
+        print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
+    if report.ok and since_file is not None and report.checkpoint is not None:
+        try:
+            since_file.write_text(report.checkpoint.note)
+        except OSError as exc:
+            raise AuditError(f"cannot store the verified checkpoint in {since_file}: {exc.strerror}") from None
     return 0 if report.ok else 1
 
 

@@ -161,6 +161,10 @@ class Settings(StorageSettings):
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
+    audit_tiles_public: bool = Field(False, description=(
+        "serve the audit log's C2SP tiles (/v1/audit/log/checkpoint, /v1/audit/log/tile/...) to anyone, entry "
+        "bundles included: a deployment that chooses a public log (docs/audit.md, 'The log as tiles'); unset, "
+        "they need an auditor or admin key, and entry bundles one of the operator tenant"))
     replica: str | None = Field(
         None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
         description="this kernel's name among the replicas of one deployment (docs/scale-out.md; `fak serve --replicas N` "

@@ -186,6 +186,8 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
         ("GET", "/v1/audit/proof/consistency?first=1", AUDITOR, None),
         ("GET", "/v1/audit/export", AUDITOR, None),
         ("POST", "/v1/audit/receipts/verify", READER, w.receipt),
+        ("GET", "/v1/audit/log/checkpoint", AUDITOR, None),  # tlog-tiles (tests/test_audit_tiles.py)
+        ("GET", ("/v1/audit/log/tile/{path}", lambda role: "/v1/audit/log/tile/0/000.p/1"), AUDITOR, None),
         ("GET", "/v1/policy", READER, None),
         ("POST", "/v1/policy/validate", READER, {"text": policy_text}),
         ("PUT", "/v1/policy", ADMIN, {"text": policy_text}),
