@@ -20,7 +20,7 @@ process group, SIGKILL after ``STOP_TIMEOUT_S``) and its databases dropped after
     single-process server (the CLI starts no Ray for one replica): reported as
     ``single_process``; ``cluster_1`` is the router over one replica, started through
     ``fak.api.cluster_serve.run_cluster`` directly. On a machine with few cores the replicas
-    share them, so this shows the router's overhead, not scaling (``notes`` says so).
+    share them, so this is not a scaling figure (``notes`` says so).
 
 Also recorded: each cluster's start time (until ``/healthz`` answers and every replica has
 answered a request), the core count, Ray's version. A cluster that cannot start (Ray not
@@ -218,23 +218,31 @@ class Cluster:
         raise Skip(f"the cluster did not come up in {START_TIMEOUT_S:.0f} s (healthz {healthz}, replicas seen "
                    f"{sorted(seen)}); its log ends:\n{self.tail()}")
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, Any]:
         """SIGINT to its process group (Ctrl-C: Serve stops the replicas, each closes its kernel),
-        SIGKILL to the group after ``STOP_TIMEOUT_S``."""
+        SIGKILL to the group after ``STOP_TIMEOUT_S``. Returns how it went (a killed one with
+        its log's last lines, less the per-request lines)."""
         if self.proc is None:
-            return
+            return {}
+        t0 = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGINT)
+        out: dict[str, Any] = {}
         try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
+            out["exit_code"] = self.proc.wait(timeout=STOP_TIMEOUT_S)
+            out["stop_s"] = time.monotonic() - t0
         except subprocess.TimeoutExpired:
             log(f"{self.mode} x{self.replicas}: no clean stop in {STOP_TIMEOUT_S:.0f} s; SIGKILL")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            lines = [x for x in self.tail(100_000).splitlines()
+                     if not any(k in x for k in ("CALL handle", "CALL score", "GET / ", "POST / "))]
+            out = {"stop_s": None, "killed_after_s": STOP_TIMEOUT_S, "log_tail": lines[-40:]}
         with contextlib.suppress(ProcessLookupError):  # anything the leader left behind in its group
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc = None
+        return out
 
     def tail(self, n: int = 12) -> str:
         try:
@@ -257,15 +265,16 @@ def running(tmp: Path, model: str | None, tag: str, replicas: int, mode: str = "
         if model:
             env["FAK_MODEL_PATH"] = model
         cluster = Cluster(env, replicas, mode, placement, data / "serve.log")
+        info: dict[str, Any] = {"mode": mode, "replicas": replicas, "placement": placement}
         try:
             probe = cluster.key("probe", "agent")  # first: the governance plane's schema exists before the replicas
             log(f"--- {tag}: starting {mode} x{replicas} ({placement}) on :{cluster.port}")
-            info = {"mode": mode, "replicas": replicas, "placement": placement, **cluster.start(probe)}
+            info.update(cluster.start(probe))
             log(f"{tag}: up, /healthz after {info['healthz_s']:.1f} s, every replica served after "
                 f"{info['all_replicas_served_s']:.1f} s")
             yield cluster, info
         finally:
-            cluster.stop()
+            info["stop"] = cluster.stop()  # info is the caller's results["startup"][tag]: the stop shows there
             shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
@@ -518,8 +527,13 @@ def main() -> None:
     results: dict[str, Any] = {
         "model": args.model or "default (FAK_MODEL_PATH or the SmolLM2 wheel)", "cpus": cpus, "ray": ray_version,
         "max_tokens": args.max_tokens, "startup": {}, "rate": {},
-        "notes": [f"{cpus} cores: every replica, the router and the clients share them, so (c) shows the router's "
-                  "and replication's overhead, not scaling" if cpus < 8 else f"{cpus} cores",
+        "notes": [f"{cpus} cores: every replica, the router and the clients share them, so (c) is not a scaling "
+                  "figure: past the core count it shows the router's and replication's overhead (a single kernel "
+                  "process does not keep every core busy, so a second process can still gain)" if cpus < 8
+                  else f"{cpus} cores",
+                  "Ray starts its workers (every replica and the router) at niceness "
+                  f"{os.environ.get('RAY_worker_niceness', '15')} (RAY_worker_niceness); the single process runs at "  # noqa: SIM112 - Ray's own spelling
+                  "the bench's own: under contention from other processes the cluster yields the CPU first",
                   "fak serve --replicas 1 is the plain single-process server (no Ray): rate.single_process; "
                   "rate.cluster_1 is the router over one replica (run_cluster(replicas=1), not reachable from the CLI)",
                   "(a) times POST /v1/forget at the client: the erasure on every replica; the replay completes "
@@ -537,6 +551,11 @@ def main() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)  # a stopped bench stops its clusters too (the finally blocks)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started in the background by a shell (`cmd &`): SIGINT arrives ignored, and an ignored signal
+        # stays ignored across exec, so `fak serve --replicas` would never see the Ctrl-C stop() sends
+        # (it would wait out STOP_TIMEOUT_S and be killed); a handled one is reset to the default in a child
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if ray_version is None:
         log("Ray is not installed: clusters are skipped (pip install 'fak[scale]')")
     with tempfile.TemporaryDirectory(prefix="fak-bench-scaleout-") as tmp_name:
