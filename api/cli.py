@@ -145,7 +145,9 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         print(f"fak: {RAY_MISSING}", file=sys.stderr)
         return 2
     stop = threading.Event()
+    # both stop it, also when started in the background (a shell's `&` starts it with SIGINT ignored)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         run_cluster(settings, args.replicas, args.host, args.port, Placement(args.placement))
         ready = wait_ready(f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}")

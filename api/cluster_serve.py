@@ -541,8 +541,9 @@ def run_cluster(settings: Settings, replicas: int, host: str = "127.0.0.1", port
         raise ClusterError(RAY_MISSING) from exc
 
     if not ray.is_initialized():
+        # worker_niceness 0: Ray runs workers at nice 15 by default, and a replica's workers serve requests
         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
-                 logging_level=logging.WARNING, log_to_driver=True)
+                 logging_level=logging.WARNING, log_to_driver=True, _system_config={"worker_niceness": 0})
     serve.start(http_options={"host": host, "port": port})
     handle: DeploymentHandle[Any] = serve.run(build_app(settings, replicas, placement, balance_slack), name=APP_NAME,
                                          route_prefix="/", blocking=False)
@@ -561,11 +562,12 @@ def shutdown_cluster() -> None:
     import ray
     from ray import serve
 
+    if not ray.is_initialized():  # the start failed before Ray ran: nothing to stop (and no second error)
+        return
     with contextlib.suppress(Exception):
         serve.delete(APP_NAME)
     serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
-    if ray.is_initialized():
-        ray.shutdown()
+    ray.shutdown()
 
 
 def wait_ready(url: str, timeout_s: float = 300.0) -> float:

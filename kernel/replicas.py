@@ -41,7 +41,8 @@ from fak.state.schema import WithdrawalTaskRow
 
 log = logging.getLogger("fak.replicas")
 
-TAIL_S = 0.05  # how often a replica looks for its tasks
+TAIL_S = 0.05  # how often a replica looks for its tasks when it gets no notifications
+LISTEN_FALLBACK_S = 1.0  # how often it looks anyway while notifications arrive
 JOIN_WAIT_S = 60.0  # a restarted replica waits this long for its lock (a peer may stand in for it)
 SETTLE_WAIT_S = 300.0  # a withdrawal waits this long for a replica that runs but has not applied it
 
@@ -83,7 +84,7 @@ class Replication:
 
     def __init__(self, engine: Engine, name: str, scope: str, mac_key: bytes) -> None:
         self.name, self.scope = name, scope
-        self.store = ReplicaStore(engine, mac_key)
+        self.store = ReplicaStore(engine, mac_key, channel=f"fak_withdrawals_{scope}")
         self._engine = engine
         self._own = AdvisoryLock(engine, lock_name(scope, name))
         self._standing: set[str] = set()  # peers this process stands in for now (their lock held here)
@@ -92,6 +93,7 @@ class Replication:
         self._appliers: dict[str, Applier] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._woke = threading.Condition()  # notified whenever a task of the deployment changed
         # (request id, replica) -> the survivors' copies a forget's drop took here, for its replay
         self.copies: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -232,7 +234,8 @@ class Replication:
                 late = ", ".join(sorted({t.replica for t in behind}))
                 raise WithdrawalPending(f"withdrawal {request_id}: replica(s) {late} have not applied it yet; "
                                         "it stays pending: ask again to resume it")
-            time.sleep(TAIL_S)
+            with self._woke:  # a peer's report wakes this at once; the timeout is the fallback
+                self._woke.wait(TAIL_S)
 
     def start(self) -> None:
         """Tail this replica's tasks in a thread (after ``run_pending`` has cleared the backlog)."""
@@ -240,12 +243,44 @@ class Replication:
         self._thread.start()
 
     def _tail(self) -> None:
-        while not self._stop.wait(TAIL_S):
+        listener: Any = None
+        while not self._stop.is_set():
+            if listener is None:
+                listener = self._listen()
+            if listener is None:  # no notifications: poll
+                self._stop.wait(TAIL_S)
+            else:
+                try:  # a task's change is announced on commit; the timeout is the fallback
+                    for _ in listener.notifies(timeout=LISTEN_FALLBACK_S, stop_after=1):
+                        pass
+                except Exception:  # the connection broke: listen again (or poll meanwhile)
+                    log.warning("replica %s: lost the withdrawal notifications; listening again", self.name)
+                    with contextlib.suppress(Exception):
+                        listener.close()
+                    listener = None
+            with self._woke:
+                self._woke.notify_all()
             try:
                 self.run_pending()
             except Exception:  # the task stays pending: the next round (or the next start) retries it
                 log.exception("replica %s: applying a withdrawal task failed; retrying", self.name)
                 self._stop.wait(1.0)
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener.close()
+
+    def _listen(self) -> Any:
+        """A connection of its own listening on the deployment's channel (psycopg), or None."""
+        try:
+            import psycopg
+
+            url = self._engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            conn = psycopg.connect(url, autocommit=True)
+            conn.execute(f'LISTEN "{self.store.channel}"')
+            return conn
+        except Exception as exc:  # another driver, or the server refuses: polling still works
+            log.warning("replica %s: no withdrawal notifications (%s); polling every %.2f s", self.name, exc, TAIL_S)
+            return None
 
     def close(self) -> None:
         self._stop.set()

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import blake3
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import sessionmaker
 
 from fak.db import WRITE
@@ -32,10 +33,18 @@ class ReplicaStore:
     """``fak_replicas`` and ``fak_withdrawal_tasks`` on the state database. ``mac_key``
     (derived from the master secret) signs each report a replica finishes (``report_mac``)."""
 
-    def __init__(self, engine: Engine, mac_key: bytes) -> None:
+    def __init__(self, engine: Engine, mac_key: bytes, channel: str | None = None) -> None:
+        """``channel``: the PostgreSQL notification channel a task's change is announced on
+        (every replica listens, so none waits for its next poll); None: announce nothing."""
         self._read = sessionmaker(engine, expire_on_commit=False)
         self._write = sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False)
         self._mac_key = mac_key
+        self.channel = channel
+
+    def _announce(self, s: OrmSession, request_id: str) -> None:
+        """Notify the listeners when this transaction commits (PostgreSQL delivers on commit)."""
+        if self.channel is not None:
+            s.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": self.channel, "payload": request_id})
 
     def verified(self, row: WithdrawalTaskRow) -> bool:
         """Whether a task's report carries this deployment's MAC (a pending one has none to check)."""
@@ -73,6 +82,7 @@ class ReplicaStore:
                     s.add(WithdrawalTaskRow(request_id=request_id, replica=name, kind=kind, tenant=tenant,
                                             refs=json.dumps(refs), state=PENDING, units="[]", sessions="[]",
                                             applied_by=None, created_us=now, done_us=None))
+            self._announce(s, request_id)
 
     def pending(self, replica: str) -> list[WithdrawalTaskRow]:
         """The replica's tasks not done yet, oldest first."""
@@ -107,6 +117,7 @@ class ReplicaStore:
             for name, value in values.items():
                 setattr(row, name, value)
             row.mac = report_mac(self._mac_key, row)
+            self._announce(s, request_id)
 
     def finish(self, request_id: str, replica: str, applied_by: str, **values: object) -> None:
         """The replica's part is done (``applied_by``: itself, or the replica that stood in)."""
