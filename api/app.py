@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak import __version__
-from fak.api import accesslog, metrics, problems
+from fak.api import accesslog, console, metrics, problems
 from fak.api.authlog import LABEL as AUTH_FAILURE_LABEL
 from fak.api.authlog import AuthFailureWindow
 from fak.api.deps import READER
@@ -82,5 +82,6 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
         """The OpenAPI document (any valid key)."""
         return JSONResponse(app.openapi())
 
+    app.include_router(console.router)  # the console's pages (docs/console.md): a cookie session, not a key
     metrics.install(app)
     return app

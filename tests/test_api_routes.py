@@ -108,8 +108,12 @@ def ok(r: httpx.Response, status: int = 200) -> dict:
 
 # --- authentication: /healthz is the only route that answers without a key ------------------
 def _routes(app) -> list[tuple[str, str, object]]:  # noqa: ANN001
+    """The API's routes. The console's pages (/console, a cookie session rather than a key)
+    have their own role matrix and table: tests/test_console.py, docs/api.md "Console routes"."""
     out = []
     for rc in iter_route_contexts(app.routes):
+        if (rc.path_format or rc.path).startswith("/console"):
+            continue
         for method in sorted(rc.methods or ()):
             out.append((method, rc.path_format or rc.path, rc.endpoint))
     return out

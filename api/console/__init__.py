@@ -1,0 +1,426 @@
+"""The console at ``/console``: server-rendered pages for auditors and admins (docs/console.md).
+
+Thin routes over ``fak.kernel.operations``, as the JSON API's are: the same ``Caller`` with the
+rights of the signed-in key's role, so a page shows exactly what the API would answer that key
+(another tenant's session id is a 404 page, an auditor's forget a 403 page). Sign-in, the
+session cookie and CSRF are ``fak.api.console.auth``; every refusal is counted into the audit
+log as the API's are (``AuthFailureWindow``)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from fak.api.console import auth
+from fak.api.console.graph import provenance_svg
+from fak.api.deps import caller
+from fak.api.keys import KeyStore, Role
+from fak.audit.checkpoint import SignedCheckpoint
+from fak.audit.errors import AuditError
+from fak.audit.receipt import verify_receipt
+from fak.audit.verify import checkpoint_time
+from fak.errors import FakError, NotFound
+from fak.kernel import operations as ops
+from fak.kernel.facade import Kernel
+from fak.kernel.operations import MAX_LIMIT, Caller
+from fak.wire import ForgetIn
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+CSS = (Path(__file__).parent / "templates" / "console.css").read_text()
+MAX_FORM = 256 << 10  # bytes of one console form (a pasted receipt included)
+SCAN = 20_000  # audit entries one page reads at most (newest pages are not skipped: it reads in order)
+SHOWN = 200  # audit entries one page shows at most
+HEADERS = {
+    # no script at all; styles only from our own stylesheet; forms post only here; never framed
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class Refused(Exception):
+    """A console request refused before any data is read: 401 (no valid session), 403."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _kernel(request: Request) -> Kernel:
+    k: Kernel = request.app.state.kernel
+    return k
+
+
+def _codec(request: Request) -> auth.SessionCodec:
+    codec: auth.SessionCodec | None = getattr(request.app.state, "console_codec", None)
+    if codec is None:
+        codec = request.app.state.console_codec = auth.SessionCodec(_kernel(request).derive_key(auth.LABEL))
+    return codec
+
+
+def _audit_refusal(request: Request, reason: str, *, tenant: str = "", fingerprint: str | None = None,
+                   presented: str | None = None) -> None:
+    """Counted into the log exactly as the API's refusals are (api/authlog.py)."""
+    route = request.scope.get("route")
+    name = getattr(route, "name", None) or "console"
+    request.app.state.auth_failures.record(
+        reason, tenant=tenant, route=name[:128], key_fingerprint=fingerprint, presented=presented,
+        client=request.client.host if request.client is not None else None)
+
+
+def signed_in(request: Request, *roles: Role) -> auth.ConsoleSession:
+    """The request's session, its key re-checked now; ``Refused`` (logged) otherwise."""
+    value = request.cookies.get(auth.COOKIE)
+    s = _codec(request).open(value)
+    if s is None:
+        _audit_refusal(request, "missing_key" if not value else "unknown_key")
+        raise Refused(401, "sign in with an auditor or admin API key")
+    keys: KeyStore = request.app.state.keys
+    why = auth.still_valid(keys, s)
+    if why is not None:
+        _audit_refusal(request, why)
+        raise Refused(401, "your session ended (the key is no longer valid): sign in again")
+    if roles and s.role not in roles:
+        _audit_refusal(request, "forbidden", tenant=s.tenant)
+        raise Refused(403, f"role {s.role.value} may not do this (needs {', '.join(sorted(r.value for r in roles))})")
+    return s
+
+
+def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    response = templates.TemplateResponse(request, template, context, status_code=status)
+    response.headers.update(HEADERS)
+    return response
+
+
+def _error(request: Request, status: int, title: str, detail: str, s: auth.ConsoleSession | None) -> HTMLResponse:
+    token = None
+    if status == 401:
+        token = secrets.token_urlsafe(24)
+    response = render(request, "error.html", status, title=title, detail=detail, s=s, login_token=token)
+    if token is not None:
+        auth.set_cookie(response, request, auth.LOGIN_COOKIE, token, 600)
+        auth.clear_cookie(response, request, auth.COOKIE)
+    return response
+
+
+def page(request: Request, roles: tuple[Role, ...], body: Callable[[auth.ConsoleSession, Caller, Kernel], Response]
+         ) -> Response:
+    """Runs a page for a signed-in session: a refusal or a kernel error becomes an error page
+    with the status the API would answer (401, 403, 404, 409, 410...)."""
+    s: auth.ConsoleSession | None = None
+    try:
+        s = signed_in(request, *(roles or (Role.AUDITOR, Role.ADMIN)))
+        return body(s, caller(s.principal), _kernel(request))
+    except Refused as e:
+        return _error(request, e.status, "Sign in" if e.status == 401 else "Forbidden", e.detail, s)
+    except FakError as e:
+        status = e.status if 400 <= e.status < 500 else 500
+        detail = (str(e).splitlines() or [e.code])[0] if status < 500 else "internal error (logged on the server)"
+        return _error(request, status, e.code.replace("_", " "), detail, s)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body (the only kind the console's forms send)."""
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        raise Refused(413, "form too large")
+    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=16)
+    return {k: v[0] for k, v in fields.items()}
+
+
+def _csrf_ok(s: auth.ConsoleSession, form: dict[str, str], request: Request) -> None:
+    if not auth.same_token(s.csrf, form.get("csrf")):
+        _audit_refusal(request, "forbidden", tenant=s.tenant)
+        raise Refused(403, "the form's CSRF token is missing or wrong: reload the page and try again")
+
+
+async def post_page(request: Request, roles: tuple[Role, ...],
+                    body: Callable[[auth.ConsoleSession, Caller, Kernel, dict[str, str]], Response]) -> Response:
+    """``page`` for a form POST: the session's CSRF token must come back in the form."""
+    try:
+        form = await _form(request)
+    except Refused as e:
+        return _error(request, e.status, "Refused", e.detail, None)
+
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        _csrf_ok(s, form, request)
+        return body(s, c, k, form)
+
+    return page(request, roles, run)
+
+
+# --- sign-in ------------------------------------------------------------------------------
+@router.get("/console.css")
+def stylesheet() -> Response:
+    """The console's only stylesheet (no data)."""
+    return Response(CSS, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+
+@router.get("")
+def home(request: Request) -> Response:
+    """To the sessions page (which asks to sign in when there is no session)."""
+    return RedirectResponse("/console/sessions", status_code=303, headers=HEADERS)
+
+
+@router.get("/login")
+def login_form(request: Request) -> Response:
+    """The sign-in form (no data): its CSRF token travels in a cookie and the form (double submit)."""
+    return _login_page(request, 200, None)
+
+
+def _login_page(request: Request, status: int, detail: str | None) -> HTMLResponse:
+    token = secrets.token_urlsafe(24)
+    response = render(request, "login.html", status, login_token=token, detail=detail, s=None)
+    auth.set_cookie(response, request, auth.LOGIN_COOKIE, token, 600)
+    return response
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Sign in with an auditor or admin key: 401 for a key the API would refuse, 403 for an
+    agent key; both logged as the API logs them. The key is never stored, only its id."""
+    try:
+        form = await _form(request)
+    except Refused as e:
+        return _error(request, e.status, "Refused", e.detail, None)
+    if not auth.same_token(request.cookies.get(auth.LOGIN_COOKIE), form.get("csrf")):
+        _audit_refusal(request, "forbidden")
+        return _error(request, 403, "Forbidden", "the sign-in form's CSRF token is missing or wrong: reload it", None)
+    keys: KeyStore = request.app.state.keys
+    key = form.get("key", "").strip() or None
+    check = keys.check(key)
+    if check.principal is None:
+        _audit_refusal(request, check.reason or "unknown_key", fingerprint=check.fingerprint, presented=key)
+        return _login_page(request, 401, "that key is not valid (unknown, revoked or expired)")
+    who = check.principal
+    if who.role not in auth.CONSOLE_ROLES:
+        _audit_refusal(request, "forbidden", tenant=who.tenant)
+        return _error(request, 403, "Forbidden",
+                      f"role {who.role.value} may not sign in to the console (needs admin, auditor)", None)
+    s = auth.start(who)
+    response = RedirectResponse("/console/sessions", status_code=303, headers=HEADERS)
+    auth.set_cookie(response, request, auth.COOKIE, _codec(request).seal(s), max(1, s.expires_s - int(time.time())))
+    auth.clear_cookie(response, request, auth.LOGIN_COOKIE)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
+        response = RedirectResponse("/console/login", status_code=303, headers=HEADERS)
+        auth.clear_cookie(response, request, auth.COOKIE)
+        return response
+
+    return await post_page(request, (), run)
+
+
+# --- sessions -----------------------------------------------------------------------------
+@router.get("/sessions")
+def sessions(request: Request) -> Response:
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        listed = ops.list_sessions(k, c).sessions
+        return render(request, "sessions.html", s=s, sessions=listed)
+
+    return page(request, (), run)
+
+
+@router.get("/sessions/{sid}")
+def session_page(sid: str, request: Request) -> Response:
+    """One session's ledger and its provenance graph (refs -> segments -> generated turns)."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        out = ops.get_session(k, c, sid)
+        segments = [x.model_dump() for x in out.segments]
+        return render(request, "session.html", s=s, session=out, segments=segments,
+                      graph=provenance_svg(segments))
+
+    return page(request, (), run)
+
+
+# --- refs ---------------------------------------------------------------------------------
+def _entries(k: Kernel, c: Caller) -> Iterator[dict[str, Any]]:
+    """The tenant's audit entries in index order (at most ``SCAN``), each with its parsed event."""
+    start, seen = 0, 0
+    while seen < SCAN:
+        got = ops.audit_entries(k, c, start, min(MAX_LIMIT, SCAN - seen))
+        for e in got.entries:
+            yield {"index": e.index, "type": e.type, "event": json.loads(e.event), "text": e.event}
+        seen += len(got.entries)
+        if got.next_start is None:
+            return
+        start = got.next_start
+
+
+def _ref_holders(k: Kernel, c: Caller, digest: str) -> list[dict[str, Any]]:
+    """Segments of the tenant's sessions that hold the ref or whose provenance names it."""
+    out = []
+    for sid in ops.list_sessions(k, c).sessions:
+        try:
+            sess = ops.get_session(k, c, sid)
+        except NotFound:
+            continue  # closed meanwhile
+        for seg in sess.segments:
+            if seg.ref == digest or digest in seg.provenance or digest in seg.content_provenance:
+                how = "holds" if seg.ref == digest else "attended to it"
+                out.append({"session": sid, "segment": seg.id, "kind": seg.kind, "state": seg.state, "how": how})
+    return out
+
+
+@router.get("/refs")
+def refs_lookup(request: Request, digest: str = "") -> Response:
+    """A ref by digest (a form on every page)."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        if digest:
+            return RedirectResponse("/console/refs/" + quote(digest.strip(), safe=":"), status_code=303,
+                                    headers=HEADERS)
+        return render(request, "ref_lookup.html", s=s)
+
+    return page(request, (), run)
+
+
+@router.get("/refs/{digest}")
+def ref_page(digest: str, request: Request) -> Response:
+    """What is known of a ref: its CAS head, verdicts, the sessions that hold it, its history."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        head, state = None, "live"
+        try:
+            head = ops.find_ref(k, c, digest)
+        except NotFound:
+            state = "unknown"
+        except FakError as e:
+            if e.status != 410:
+                raise
+            state = "forgotten"
+        history = [e for e in _entries(k, c) if digest in e["text"]]
+        if head is None and not history:
+            raise NotFound(f"no ref {digest}")
+        verdicts = [e for e in history if e["type"] == "admission_verdict"]
+        return render(request, "ref.html", s=s, digest=digest, head=head, state=state, history=history,
+                      verdicts=verdicts, holders=_ref_holders(k, c, digest) if head is not None else [])
+
+    return page(request, (), run)
+
+
+@router.post("/refs/{digest}/forget")
+async def forget(digest: str, request: Request) -> Response:
+    """Admins: a confirmation page first (``confirm`` absent), then the forget and its receipt,
+    verified against the log's pinned key."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
+        body = ForgetIn(ref=digest, reason=form.get("reason") or None)
+        if form.get("confirm") != "yes":
+            return render(request, "forget_confirm.html", s=s, digest=body.ref, reason=body.reason or "",
+                          holders=_ref_holders(k, c, body.ref))
+        receipt = ops.forget(k, c, body).model_dump(mode="json")
+        return _receipt_page(request, s, k, receipt)
+
+    try:
+        return await post_page(request, (Role.ADMIN,), run)
+    except ValueError as e:  # the form's digest or reason failed the wire model
+        return _error(request, 400, "invalid input", str(e).splitlines()[0], None)
+
+
+# --- receipts -----------------------------------------------------------------------------
+def _receipt_page(request: Request, s: auth.ConsoleSession, k: Kernel, receipt: dict[str, Any] | None,
+                  problem: str | None = None, status: int = 200) -> HTMLResponse:
+    check = verify_receipt(receipt, k.audit.public_key()) if receipt is not None else None
+    return render(request, "receipt.html", status, s=s, receipt=receipt, check=check, problem=problem,
+                  pubkey=k.audit.public_key(),
+                  pasted=json.dumps(receipt, indent=2) if receipt is not None else "")
+
+
+@router.get("/receipts")
+def receipts(request: Request) -> Response:
+    return page(request, (), lambda s, c, k: _receipt_page(request, s, k, None))
+
+
+@router.post("/receipts")
+async def receipts_verify(request: Request) -> Response:
+    """A pasted receipt, verified against this log's pinned key (as ``fak audit verify-receipt``)."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
+        try:
+            receipt = json.loads(form.get("receipt", ""))
+        except ValueError as e:
+            return _receipt_page(request, s, k, None, f"not JSON: {e}", 400)
+        if not isinstance(receipt, dict):
+            return _receipt_page(request, s, k, None, "a receipt is a JSON object", 400)
+        return _receipt_page(request, s, k, receipt)
+
+    return await post_page(request, (), run)
+
+
+# --- audit --------------------------------------------------------------------------------
+def _ms(text: str) -> int | None:
+    """A ``datetime-local`` field (UTC) as epoch milliseconds; None when empty or malformed."""
+    try:
+        return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000) if text else None
+    except ValueError:
+        return None
+
+
+def _checkpoint(k: Kernel, c: Caller) -> dict[str, Any]:
+    """The latest checkpoint: the log's signature and each witness's cosignature, and its age."""
+    cp = ops.audit_checkpoint(k, c)
+    sigs = [line[2:].split(" ", 1)[0] for line in cp.checkpoint.split("\n\n", 1)[-1].splitlines()
+            if line.startswith("\u2014 ")]
+    signed = checkpoint_time(SignedCheckpoint(origin=cp.origin, size=cp.size, root=bytes.fromhex(cp.root_hash),
+                                              note=cp.checkpoint))
+    return {"cp": cp, "log_signer": [n for n in sigs if n == cp.origin],
+            "witnesses": [n for n in sigs if n != cp.origin],
+            "age_s": None if signed is None else max(0, int(time.time()) - signed)}
+
+
+@router.get("/audit")
+def audit(request: Request, type: str = "", session: str = "", ref: str = "",  # noqa: A002 - the filter's name
+          since: str = "", until: str = "") -> Response:
+    """The tenant's entries (newest first) with filters, the latest checkpoint, the signer alarm."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        alarm = k.audit.alarm
+        if alarm is not None:
+            return render(request, "audit.html", 409, s=s, alarm=alarm.kind, entries=[], checkpoint=None,
+                          filters={}, types=[])
+        lo, hi = _ms(since), _ms(until)
+        shown: list[dict[str, Any]] = []
+        types: set[str] = set()
+        for e in _entries(k, c):
+            types.add(e["type"])
+            ts = e["event"].get("ts")
+            if ((type and e["type"] != type) or (session and session not in e["text"])
+                    or (ref and ref not in e["text"]) or (lo is not None and (ts is None or ts < lo))
+                    or (hi is not None and (ts is None or ts > hi))):
+                continue
+            e["time"] = datetime.fromtimestamp(ts / 1000, UTC).isoformat(timespec="seconds") if ts else ""
+            shown.append(e)
+        shown = shown[::-1][:SHOWN]
+        try:
+            cp = _checkpoint(k, c)
+        except (AuditError, FakError):
+            cp = None
+        return render(request, "audit.html", s=s, alarm=None, entries=shown, checkpoint=cp, types=sorted(types),
+                      filters={"type": type, "session": session, "ref": ref, "since": since, "until": until})
+
+    return page(request, (), run)
+
+
+@router.get("/tool-calls")
+def tool_calls(request: Request) -> Response:
+    """Tool-call decisions and approvals from the audit log, newest first."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        calls = [e for e in _entries(k, c) if e["type"] in ("tool_call_decision", "tool_call_approval")]
+        return render(request, "tool_calls.html", s=s, calls=calls[::-1][:SHOWN])
+
+    return page(request, (), run)

@@ -1,0 +1,216 @@
+"""The console (/console, api/console/) against a real uvicorn server: sign-in with an auditor
+or admin key (an agent key refused), no page without a valid session, CSRF on every POST,
+another tenant's session a 404 page, a quarantined tool result marked, an admin forget whose
+receipt verifies, and every refusal counted into the audit log as the API's are."""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from api_server import live_server  # noqa: F401
+from fastapi.routing import iter_route_contexts
+from kernel_facade_helpers import CLEAN, POISON
+
+from fak.api.console import auth
+from fak.api.keys import Principal, Role
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/receipts", "/console/tool-calls")
+
+
+def browser(live) -> httpx.Client:  # noqa: ANN001
+    """A client that keeps cookies, as a browser does (no Authorization header)."""
+    return httpx.Client(base_url=live.url, trust_env=False, follow_redirects=False)
+
+
+def sign_in(live, key: str) -> tuple[httpx.Client, httpx.Response]:  # noqa: ANN001
+    b = browser(live)
+    form = b.get("/console/login")
+    assert form.status_code == 200 and "Content-Security-Policy" in form.headers
+    token = CSRF.search(form.text).group(1)
+    return b, b.post("/console/login", data={"key": key, "csrf": token})
+
+
+def csrf_of(b: httpx.Client, path: str) -> str:
+    return CSRF.search(b.get(path).text).group(1)
+
+
+@pytest.fixture
+def world(live_server):  # noqa: F811
+    live = live_server
+    agent = live.client(live.key("acme", "agent"))
+    sid = agent.post("/v1/sessions", json={}).json()["id"]
+    agent.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "Flight?"})
+    clean = agent.post(f"/v1/sessions/{sid}/tool-results", json={"tool": "flight_status", "content": CLEAN.decode()})
+    bad = agent.post(f"/v1/sessions/{sid}/tool-results", json={"tool": "web_search", "content": POISON.decode()})
+    assert bad.json()["verdict"] == "QUARANTINE"
+    evil = live.client(live.key("evil", "agent"))
+    evil_sid = evil.post("/v1/sessions", json={}).json()["id"]
+    yield {"live": live, "sid": sid, "ref": clean.json()["ref"], "poison": bad.json()["ref"],
+           "poison_segment": bad.json()["segment"]["id"], "evil_sid": evil_sid}
+    agent.close()
+    evil.close()
+
+
+def test_auditor_signs_in_and_sees_the_quarantined_result(world) -> None:
+    live = world["live"]
+    b, r = sign_in(live, live.key("acme", "auditor"))
+    assert r.status_code == 303 and r.headers["location"] == "/console/sessions"
+    cookie = r.headers["set-cookie"]
+    assert auth.COOKIE in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert "fak_" not in b.cookies[auth.COOKIE]  # never the key
+    listed = b.get("/console/sessions")
+    assert listed.status_code == 200 and world["sid"] in listed.text
+    page = b.get(f"/console/sessions/{world['sid']}")
+    assert page.status_code == 200
+    row = re.search(rf'<tr class="state-quarantined" id="seg-{re.escape(world["poison_segment"])}">', page.text)
+    assert row, page.text[:2000]
+    assert '<span class="state quarantined">quarantined</span>' in page.text and "<svg" in page.text
+    for path in PAGES:
+        assert b.get(path).status_code == 200, path
+    audit = b.get("/console/audit", params={"type": "admission_verdict"})
+    assert "QUARANTINE" in audit.text and "Latest checkpoint" in audit.text
+    ref = b.get(f"/console/refs/{world['ref']}")
+    assert ref.status_code == 200 and world["sid"] in ref.text and 'id="forget"' not in ref.text  # not an admin
+
+
+def test_agent_key_and_bad_keys_cannot_sign_in_and_are_audited(world) -> None:
+    live = world["live"]
+    before = live.kernel.audit.size()
+    _b, r = sign_in(live, live.key("acme", "agent"))
+    assert r.status_code == 403 and auth.COOKIE + "=" not in r.headers.get("set-cookie", "").replace(
+        auth.LOGIN_COOKIE, "")
+    _b, r = sign_in(live, "fak_0123456789abcdef_nope")
+    assert r.status_code == 401
+    b = browser(live)
+    assert b.post("/console/login", data={"key": live.key("acme", "auditor")}).status_code == 403  # no CSRF token
+    live.app.state.auth_failures.flush()
+    deadline = time.time() + 5
+    while live.kernel.audit.size() < before + 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert live.kernel.audit.size() >= before + 2  # the first forbidden and unknown_key, logged at once
+
+
+def test_no_session_no_data(world) -> None:
+    live = world["live"]
+    b = browser(live)
+    for path in (*PAGES, f"/console/sessions/{world['sid']}", f"/console/refs/{world['ref']}"):
+        r = b.get(path)
+        assert r.status_code == 401, path
+        assert world["sid"] not in r.text and world["ref"] not in r.text and 'action="/console/login"' in r.text
+    b.cookies.set(auth.COOKIE, "eyJrIjoiMSJ9.deadbeef", path="/console")  # forged
+    assert b.get("/console/sessions").status_code == 401
+    for path in ("/console/receipts", f"/console/refs/{world['ref']}/forget", "/console/logout"):
+        assert b.post(path, data={"csrf": "x"}).status_code == 401
+
+
+def test_a_revoked_key_signs_its_session_out(world) -> None:
+    live = world["live"]
+    key = live.key("acme", "auditor")
+    b, _r = sign_in(live, key)
+    assert b.get("/console/sessions").status_code == 200
+    live.app.state.keys.revoke(key.split("_")[1])
+    assert b.get("/console/sessions").status_code == 401
+
+
+def test_a_forged_or_expired_cookie_is_refused() -> None:
+    codec = auth.SessionCodec(b"k" * 32)
+    s = auth.start(Principal("0123456789abcdef", "acme", Role.AUDITOR), now_s=1000)
+    value = codec.seal(s)
+    assert codec.open(value, now_s=1001) == s
+    assert codec.open(value, now_s=1000 + auth.LIFETIME_S) is None
+    assert auth.SessionCodec(b"x" * 32).open(value, now_s=1001) is None
+    payload, mac = value.rsplit(".", 1)
+    assert codec.open(payload[:-2] + "AA." + mac, now_s=1001) is None
+    short = auth.start(Principal("0123456789abcdef", "acme", Role.ADMIN, expires_us=1060 * 10**6), now_s=1000)
+    assert short.expires_s == 1060  # never past the key's own expiry
+
+
+def test_csrf_missing_or_wrong_is_403(world) -> None:
+    live = world["live"]
+    b, _r = sign_in(live, live.key("acme", "admin"))
+    for data in ({}, {"csrf": "wrong"}):
+        assert b.post("/console/receipts", data=data | {"receipt": "{}"}).status_code == 403
+        r = b.post(f"/console/refs/{world['ref']}/forget", data=data | {"confirm": "yes"})
+        assert r.status_code == 403
+    assert b.get(f"/console/refs/{world['ref']}").status_code == 200  # not forgotten
+
+
+def test_another_tenants_session_is_not_found(world) -> None:
+    live = world["live"]
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    assert b.get(f"/console/sessions/{world['evil_sid']}").status_code == 404
+    assert b.get("/console/sessions/sess_unknown").status_code == 404
+    e, _r = sign_in(live, live.key("evil", "admin"))
+    assert e.get(f"/console/sessions/{world['sid']}").status_code == 404
+    assert e.get(f"/console/refs/{world['ref']}").status_code == 404
+
+
+def test_admin_forgets_through_the_console_and_sees_a_verified_receipt(world) -> None:
+    live = world["live"]
+    auditor, _r = sign_in(live, live.key("acme", "auditor"))
+    token = csrf_of(auditor, "/console/receipts")
+    assert auditor.post(f"/console/refs/{world['ref']}/forget", data={"csrf": token}).status_code == 403
+    b, _r = sign_in(live, live.key("acme", "admin"))
+    token = csrf_of(b, f"/console/refs/{world['ref']}")
+    confirm = b.post(f"/console/refs/{world['ref']}/forget", data={"csrf": token})
+    assert confirm.status_code == 200 and 'id="confirm"' in confirm.text and world["sid"] in confirm.text
+    assert b.get(f"/console/refs/{world['ref']}").text.count('id="ref-state">live') == 1  # not yet
+    done = b.post(f"/console/refs/{world['ref']}/forget", data={"csrf": token, "confirm": "yes"})
+    assert done.status_code == 200, done.text[:1000]
+    assert 'id="verdict">VERIFIED' in done.text, done.text[:3000]
+    assert "segment" in done.text and world["sid"] in done.text
+    gone = b.get(f"/console/refs/{world['ref']}")
+    assert gone.status_code == 200 and 'id="ref-state">forgotten' in gone.text and "forget_completed" in gone.text
+    pasted = re.search(r'<textarea name="receipt"[^>]*>(.*?)</textarea>', done.text, re.S).group(1)
+    again = b.post("/console/receipts", data={"csrf": token, "receipt": html.unescape(pasted)})
+    assert 'id="verdict">VERIFIED' in again.text
+    tampered = html.unescape(pasted).replace('"log_index": ', '"log_index": 1', 1)
+    verdict = b.post("/console/receipts", data={"csrf": token, "receipt": tampered}).text
+    assert 'id="verdict">NOT VERIFIED' in verdict, re.findall(r"class=.error.>[^<]*|id=.verdict.>[^<]*", verdict)
+    out = b.post("/console/logout", data={"csrf": token})
+    assert out.status_code == 303
+    assert b.get("/console/sessions").status_code == 401
+
+
+DOCS_API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+
+def _documented() -> dict[tuple[str, str], str]:
+    """docs/api.md's "Console routes" table: (method, path) -> none | U | admin."""
+    rows = re.findall(r"^\| (GET|POST) \| `(/console[^`]*)` \| (\w+) \|", DOCS_API.read_text(), re.M)
+    return {(m, p): role for m, p, role in rows}
+
+
+def test_console_role_matrix_and_route_table(world) -> None:
+    """Every console route is in docs/api.md's table, and answers each role as the table says:
+    401 without a session (for U and admin rows), 403 for an auditor on an admin row."""
+    live = world["live"]
+    routes = {(m, rc.path_format) for rc in iter_route_contexts(live.app.routes)
+              if rc.path_format.startswith("/console") for m in rc.methods or ()}
+    documented = _documented()
+    assert set(documented) == routes, (routes ^ set(documented))
+    fill = {"{sid}": world["sid"], "{digest}": world["ref"]}
+    anon = browser(live)
+    signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin")}
+    tokens = {role: csrf_of(b, "/console/receipts") for role, b in signed.items()}
+    for (method, path), role in sorted(documented.items()):
+        if path in ("/console/logout", "/console/login"):
+            continue  # signs out / in: test_no_session_no_data, the sign-in tests
+        url = path
+        for name, value in fill.items():
+            url = url.replace(name, value)
+        data = {"receipt": "{}"} if method == "POST" else None
+        r = anon.request(method, url, data=data)
+        assert (r.status_code == 401) == (role != "none"), (method, path, r.status_code)
+        for who, b in signed.items():
+            r = b.request(method, url, data=(data or {}) | {"csrf": tokens[who]} if method == "POST" else None)
+            if role == "admin" and who != "admin":
+                assert r.status_code == 403, (method, path, who)
+            else:
+                assert r.status_code < 400, (method, path, who, r.status_code, r.text[:300])
