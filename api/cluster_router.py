@@ -252,9 +252,11 @@ def elsewhere(body: bytes) -> str | None:
     return name if isinstance(name, str) and REPLICA_NAME.match(name) else None
 
 
-def choose(scores: Mapping[str, Score], slack: int | None = None) -> str:
+def choose(scores: Mapping[str, Score], slack: int | None = None, prompt_key: str = "") -> str:
     """The replica with the most prefix hit tokens; ties (zero hits included) by least load,
-    then by name, so the same scores always give the same replica.
+    then by rendezvous hashing of ``prompt_key`` (the prompt's leading text: a new prefix goes
+    to the same replica from any router, and different prefixes spread instead of all going to
+    the first name), then by name, so the same scores always give the same replica.
 
     ``slack``: only replicas whose load is within ``slack`` of the least loaded compete on
     hits. Why: hits alone pile every conversation on the replica that warmed the popular
@@ -267,7 +269,20 @@ def choose(scores: Mapping[str, Score], slack: int | None = None) -> str:
     if slack is not None:
         least = min(s.load for s in scores.values())
         pool = {n: s for n, s in scores.items() if s.load <= least + slack}
-    return min(pool, key=lambda n: (-pool[n].hit_tokens, pool[n].load, n))
+    return min(pool, key=lambda n: (-pool[n].hit_tokens, pool[n].load, _rendezvous(prompt_key, n), n))
+
+
+def _rendezvous(key: str, replica: str) -> bytes:
+    """Highest-random-weight order of ``replica`` for ``key`` (smaller sorts first); all equal
+    for an empty key."""
+    if not key:
+        return b""
+    return hashlib.blake2b(f"{key}\x00{replica}".encode(), digest_size=8).digest()
+
+
+def prompt_key(messages: Sequence[Message], chars: int = 512) -> str:
+    """The leading text of a prompt that rendezvous hashing places by (its first messages)."""
+    return "\x1e".join(f"{m.get('role', '')}:{m.get('content', '')}" for m in messages)[:chars]
 
 
 def least_loaded(loads: Mapping[str, int]) -> str:
@@ -277,7 +292,7 @@ def least_loaded(loads: Mapping[str, int]) -> str:
 
 
 def place(scores: Mapping[str, Score], mode: Placement, rng: random.Random | None = None,
-          slack: int | None = None) -> str:
+          slack: int | None = None, key: str = "") -> str:
     """Where a placement request goes, from the replicas that answered ``score``: the owner
     one of them names (the session exists), else by ``mode`` (``slack``: see ``choose``)."""
     if not scores:
@@ -289,7 +304,7 @@ def place(scores: Mapping[str, Score], mode: Placement, rng: random.Random | Non
         return (rng or random).choice(sorted(scores))
     if mode is Placement.LOAD:
         return least_loaded({n: s.load for n, s in scores.items()})
-    return choose(scores, slack)
+    return choose(scores, slack, key)
 
 
 # --- /metrics across replicas ------------------------------------------------------------

@@ -54,6 +54,7 @@ from fak.api.cluster_router import (
     merge_metrics,
     parse_json,
     place,
+    prompt_key,
     response_handle,
 )
 from fak.errors import FakError
@@ -382,7 +383,7 @@ class Router:
             return None
         if self.placement is Placement.LOAD and not named:
             return least_loaded({n: s.load for n, s in scores.items()})
-        return place(scores, self.placement, self._rng, self.balance_slack)
+        return place(scores, self.placement, self._rng, self.balance_slack, prompt_key(route.messages))
 
     async def _each(self, digest: str, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
                     body: bytes, client: tuple[str, int] | None) -> Response:

@@ -26,6 +26,7 @@ from fak.api.cluster_router import (
     merge_metrics,
     parse_json,
     place,
+    prompt_key,
     prompt_messages,
     response_handle,
 )
@@ -288,3 +289,14 @@ def test_score_request(kernel: Any) -> None:
     assert owned["owner"] is not None and owned["hit_tokens"] == 0
     assert score_request(kernel, keys, key, "nobody", [])["owner"] is None
     assert score_request(kernel, keys, key, None, [], "resp_unknown1")["owner"] is None
+
+
+def test_new_prefixes_spread_by_rendezvous_hashing_and_stay_put() -> None:
+    idle = {n: Score(True, None, 0, 0) for n in ("replica-0", "replica-1", "replica-2")}
+    prompts = [[{"role": "system", "content": f"You are the assistant of tenant {i}."}] for i in range(30)]
+    homes = [place(idle, Placement.PREFIX, key=prompt_key(p)) for p in prompts]
+    assert len(set(homes)) == 3  # thirty new prefixes do not all go to the first name
+    assert homes == [place(idle, Placement.PREFIX, key=prompt_key(p)) for p in prompts]  # any router: the same
+    warm = dict(idle) | {"replica-1": Score(True, None, 40, 0)}
+    assert all(place(warm, Placement.PREFIX, key=prompt_key(p)) == "replica-1" for p in prompts)  # hits first
+    assert choose(idle) == "replica-0"  # no prompt: by name, as before
