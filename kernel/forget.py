@@ -174,6 +174,8 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
     fault_point("forget.after_completed")
     # the independent replay of each session's survivors completes the receipt after this returns
     svc.state.update_forget(row.request_id, state="replaying" if sessions else "completed", completed_index=index)
+    if rep is not None:
+        rep.store.nudge(row.request_id)  # the replicas' replays wait for this (apply_task)
     if sessions:
         row.sessions, row.completed_index = json.dumps(sessions), index
         svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
@@ -244,6 +246,9 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
         rep.store.update(task.request_id, task.replica, state=DROPPED, applied_by=rep.name,
                          units=json.dumps(units), sessions=json.dumps(sessions))
         return
+    forget_row = svc.state.forget_by_request(task.tenant, task.request_id)
+    if forget_row is not None and forget_row.state == "requested":
+        return  # a replay is a full prefill: it runs once the forget has returned, not beside its last steps
     copies = rep.copies.pop(key, {})
     entries = json.loads(task.sessions)
     for x in entries:

@@ -41,6 +41,12 @@ class ReplicaStore:
         self._mac_key = mac_key
         self.channel = channel
 
+    def nudge(self, request_id: str) -> None:
+        """Wake every replica's tailer (a withdrawal moved on outside the task rows)."""
+        if self.channel is not None:
+            with self._write() as s, s.begin():
+                self._announce(s, request_id)
+
     def _announce(self, s: OrmSession, request_id: str) -> None:
         """Notify the listeners when this transaction commits (PostgreSQL delivers on commit)."""
         if self.channel is not None:
