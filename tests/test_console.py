@@ -49,10 +49,15 @@ def world(live_server):  # noqa: F811
     clean = agent.post(f"/v1/sessions/{sid}/tool-results", json={"tool": "flight_status", "content": CLEAN.decode()})
     bad = agent.post(f"/v1/sessions/{sid}/tool-results", json={"tool": "web_search", "content": POISON.decode()})
     assert bad.json()["verdict"] == "QUARANTINE"
+    gone = agent.post(f"/v1/sessions/{sid}/tool-results", json={"tool": "lounge", "content": "lounge 3B"}).json()
+    admin = live.client(live.key("acme", "admin"))
+    request_id = admin.post("/v1/forget", json={"ref": gone["ref"]}).json()["request_id"]
+    admin.close()
     evil = live.client(live.key("evil", "agent"))
     evil_sid = evil.post("/v1/sessions", json={}).json()["id"]
     yield {"live": live, "sid": sid, "ref": clean.json()["ref"], "poison": bad.json()["ref"],
-           "poison_segment": bad.json()["segment"]["id"], "evil_sid": evil_sid}
+           "poison_segment": bad.json()["segment"]["id"], "evil_sid": evil_sid,
+           "request_id": request_id}
     agent.close()
     evil.close()
 
@@ -173,6 +178,15 @@ def test_admin_forgets_through_the_console_and_sees_a_verified_receipt(world) ->
     tampered = html.unescape(pasted).replace('"log_index": ', '"log_index": 1', 1)
     verdict = b.post("/console/receipts", data={"csrf": token, "receipt": tampered}).text
     assert 'id="verdict">NOT VERIFIED' in verdict, re.findall(r"class=.error.>[^<]*|id=.verdict.>[^<]*", verdict)
+    request_id = re.search(r"<code>(fgt_[0-9a-f]+)</code>", done.text).group(1)
+    deadline = time.time() + 30
+    while True:  # the independent replay follows the forget; its receipt then shows it, verified
+        later = b.get(f"/console/receipts/{request_id}")
+        if "equal</td>" in later.text or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert 'id="verdict">VERIFIED' in later.text and "replay: verified" in later.text, re.findall(r"id=.verdict.>[^<]*|<h1[^<]*|class=.error.>[^<]*", later.text)
+    assert '<td class="replay">equal</td>' in later.text
     out = b.post("/console/logout", data={"csrf": token})
     assert out.status_code == 303
     assert b.get("/console/sessions").status_code == 401
@@ -195,7 +209,7 @@ def test_console_role_matrix_and_route_table(world) -> None:
               if rc.path_format.startswith("/console") for m in rc.methods or ()}
     documented = _documented()
     assert set(documented) == routes, (routes ^ set(documented))
-    fill = {"{sid}": world["sid"], "{digest}": world["ref"]}
+    fill = {"{sid}": world["sid"], "{digest}": world["ref"], "{request_id}": world["request_id"]}
     anon = browser(live)
     signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin")}
     tokens = {role: csrf_of(b, "/console/receipts") for role, b in signed.items()}

@@ -335,12 +335,43 @@ async def forget(digest: str, request: Request) -> Response:
 
 
 # --- receipts -----------------------------------------------------------------------------
+def _replays(receipt: dict[str, Any]) -> dict[str, str | None]:
+    """Each session's replay fingerprint: inline (older receipts) or from the logged
+    ``replay_verified`` event the completed receipt carries (verified with it)."""
+    out: dict[str, str | None] = {}
+    for x in receipt.get("sessions") or []:
+        if isinstance(x, dict) and x.get("fingerprint_replay"):
+            out[str(x.get("session_id"))] = x["fingerprint_replay"]
+    event = receipt.get("replay_event")
+    if isinstance(event, str):
+        try:
+            for x in json.loads(event).get("sessions", []):
+                out[str(x.get("session_id"))] = x.get("fingerprint_replay")
+        except (ValueError, AttributeError):
+            pass  # verify_receipt has said what is wrong with it
+    return out
+
+
 def _receipt_page(request: Request, s: auth.ConsoleSession, k: Kernel, receipt: dict[str, Any] | None,
                   problem: str | None = None, status: int = 200) -> HTMLResponse:
     check = verify_receipt(receipt, k.audit.public_key()) if receipt is not None else None
     return render(request, "receipt.html", status, s=s, receipt=receipt, check=check, problem=problem,
-                  pubkey=k.audit.public_key(),
+                  pubkey=k.audit.public_key(), replays=_replays(receipt) if receipt is not None else {},
                   pasted=json.dumps(receipt, indent=2) if receipt is not None else "")
+
+
+@router.get("/receipts/{request_id}")
+def receipt_of(request_id: str, request: Request) -> Response:
+    """A forget's receipt as it stands now (with its replay once logged), verified."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        st = ops.forget_status(k, c, request_id)
+        if "receipt" not in st and "log_index" not in st:
+            return render(request, "forget_pending.html", s=s, forget=st)
+        for extra in ("state", "replay"):  # forget_status adds these beside the receipt's own fields
+            st.pop(extra, None)
+        return _receipt_page(request, s, k, st)
+
+    return page(request, (), run)
 
 
 @router.get("/receipts")

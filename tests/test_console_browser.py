@@ -1,0 +1,118 @@
+"""The console in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium. Skipped, saying why, where no browser or driver is
+installed (``apt-get install chromium chromium-driver``; ``pip install selenium``). Marked
+``browser``: ``pytest -m "not browser"`` leaves them out. Screenshots of the main pages are
+written under the test's tmp dir (``<tmp>/screenshots``), never into the tree."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_server import live_server  # noqa: F401
+from test_console import world  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+if CHROMIUM is None or DRIVER is None:
+    pytest.skip("no headless Chromium here (apt-get install chromium chromium-driver)", allow_module_level=True)
+
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    d = tmp_path / "screenshots"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def chrome() -> Iterator[webdriver.Chrome]:
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def find(driver, by: str, value: str):  # noqa: ANN001, ANN201
+    """The element once the page that has it is loaded (a click's navigation is not awaited)."""
+    return WebDriverWait(driver, 15).until(ec.presence_of_element_located((by, value)))
+
+
+def click(driver, element) -> None:  # noqa: ANN001
+    """Click and wait for the next page."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+
+
+def sign_in(driver, url: str, key: str) -> None:  # noqa: ANN001
+    driver.delete_all_cookies()
+    driver.get(url + "/console/login")
+    find(driver, By.NAME, "key").send_keys(key)
+    old = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]").click()
+    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+
+
+def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, shots) -> None:  # noqa: F811
+    live = world["live"]
+    sign_in(chrome, live.url, live.key("acme", "auditor"))
+    assert chrome.current_url.endswith("/console/sessions")
+    assert find(chrome, By.ID, "tenant").text == "acme"
+    chrome.save_screenshot(str(shots / "sessions.png"))
+    click(chrome, find(chrome, By.LINK_TEXT, world["sid"]))
+    row = find(chrome, By.ID, "seg-" + world["poison_segment"])
+    assert "state-quarantined" in row.get_attribute("class")
+    assert row.find_element(By.CSS_SELECTOR, "span.state").text == "quarantined"
+    assert chrome.find_elements(By.CSS_SELECTOR, "svg.graph")
+    chrome.save_screenshot(str(shots / "session.png"))
+    chrome.get(live.url + "/console/audit")
+    assert "Latest checkpoint" in chrome.page_source
+    chrome.save_screenshot(str(shots / "audit.png"))
+
+    sign_in(chrome, live.url, live.key("acme", "admin"))
+    chrome.get(live.url + "/console/refs/" + world["ref"])
+    assert find(chrome, By.ID, "ref-state").text == "live"
+    click(chrome, find(chrome, By.ID, "forget"))
+    chrome.save_screenshot(str(shots / "forget-confirm.png"))
+    click(chrome, find(chrome, By.ID, "confirm"))
+    verdict = find(chrome, By.ID, "verdict").text
+    assert verdict.startswith("VERIFIED"), verdict
+    chrome.save_screenshot(str(shots / "receipt.png"))
+    chrome.get(live.url + "/console/refs/" + world["ref"])
+    assert find(chrome, By.ID, "ref-state").text == "forgotten"
+    print(f"screenshots: {shots}")
+
+
+def test_agent_key_cannot_sign_in_and_other_tenants_session_is_not_found(world, chrome, shots) -> None:  # noqa: F811
+    live = world["live"]
+    sign_in(chrome, live.url, live.key("acme", "agent"))
+    assert find(chrome, By.ID, "status").text == "Forbidden"
+    assert "agent may not sign in" in find(chrome, By.ID, "detail").text
+    chrome.save_screenshot(str(shots / "agent-refused.png"))
+    chrome.get(live.url + "/console/sessions")
+    assert find(chrome, By.ID, "status").text == "Sign in"  # no session: the sign-in form, no data
+    sign_in(chrome, live.url, live.key("evil", "auditor"))
+    chrome.get(live.url + "/console/sessions/" + world["sid"])
+    assert find(chrome, By.ID, "status").text == "not found"
+    assert world["sid"] not in find(chrome, By.TAG_NAME, "main").text.replace(
+        find(chrome, By.ID, "detail").text, "")
+    chrome.save_screenshot(str(shots / "other-tenant.png"))
