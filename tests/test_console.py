@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from kernel_facade_helpers import CLEAN, POISON
 
 from fak.api.console import auth
 from fak.api.keys import Principal, Role
+from fak.kernel.held_calls import HeldCall
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/receipts", "/console/tool-calls")
@@ -209,7 +211,8 @@ def test_console_role_matrix_and_route_table(world) -> None:
               if rc.path_format.startswith("/console") for m in rc.methods or ()}
     documented = _documented()
     assert set(documented) == routes, (routes ^ set(documented))
-    fill = {"{sid}": world["sid"], "{digest}": world["ref"], "{request_id}": world["request_id"]}
+    fill = {"{sid}": world["sid"], "{digest}": world["ref"], "{request_id}": world["request_id"],
+            "{call_id}": hold(live, world["sid"], world["poison"])}
     anon = browser(live)
     signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin")}
     tokens = {role: csrf_of(b, "/console/receipts") for role, b in signed.items()}
@@ -219,7 +222,7 @@ def test_console_role_matrix_and_route_table(world) -> None:
         url = path
         for name, value in fill.items():
             url = url.replace(name, value)
-        data = {"receipt": "{}"} if method == "POST" else None
+        data = {"receipt": "{}", "decision": "reject"} if method == "POST" else None
         r = anon.request(method, url, data=data)
         assert (r.status_code == 401) == (role != "none"), (method, path, r.status_code)
         for who, b in signed.items():
@@ -228,3 +231,39 @@ def test_console_role_matrix_and_route_table(world) -> None:
                 assert r.status_code == 403, (method, path, who)
             else:
                 assert r.status_code < 400, (method, path, who, r.status_code, r.text[:300])
+
+
+def hold(live, sid: str, ref: str) -> str:  # noqa: ANN001
+    """A held call in acme's session ``sid``, as the chat door holds a CONFIRM (kernel/openai_chat.py)."""
+    call_id = "call_held_" + secrets.token_hex(8)
+    live.kernel.services.holds.hold(HeldCall(tenant="acme", session_id=sid, call_id=call_id, tool="pay",
+                                             arguments={"amount": 5}, rule_id="confirm_payments",
+                                             offending=(ref,), decision_index=None, created=time.time()))
+    return call_id
+
+
+def test_held_calls_approved_or_rejected_by_admins_only_and_audited(world) -> None:
+    live = world["live"]
+    call_id = hold(live, world["sid"], world["poison"])
+    auditor, _r = sign_in(live, live.key("acme", "auditor"))
+    page = auditor.get(f"/console/tool-calls/held/{call_id}")
+    assert page.status_code == 200 and "confirm_payments" in page.text and world["poison"] in page.text
+    assert 'amount' not in page.text and 'id="approve"' not in page.text  # arguments: admins only
+    token = csrf_of(auditor, "/console/receipts")
+    assert auditor.post(f"/console/tool-calls/held/{call_id}", data={"csrf": token, "decision": "approve"}
+                        ).status_code == 403
+    evil, _r = sign_in(live, live.key("evil", "admin"))
+    assert evil.get(f"/console/tool-calls/held/{call_id}").status_code == 404
+    admin, _r = sign_in(live, live.key("acme", "admin"))
+    page = admin.get(f"/console/tool-calls/held/{call_id}")
+    assert '"amount": 5' in html.unescape(page.text) and 'id="approve"' in page.text
+    token = CSRF.search(page.text).group(1)
+    assert admin.post(f"/console/tool-calls/held/{call_id}", data={"decision": "approve"}).status_code == 403
+    done = admin.post(f"/console/tool-calls/held/{call_id}", data={"csrf": token, "decision": "approve"})
+    assert done.status_code == 200 and 'id="held-state">approved' in done.text, done.text[:2000]
+    approvals = [e for e in live.kernel.audit.entries("acme", 0, None) if e.event.type == "tool_call_approval"]
+    assert approvals and approvals[-1].event.call_id == call_id and approvals[-1].event.approved
+    listed = admin.get("/console/tool-calls")
+    assert "approved " + call_id in listed.text
+    assert admin.post(f"/console/tool-calls/held/{call_id}", data={"csrf": token, "decision": "reject"}
+                      ).status_code == 409  # decided once, as the API answers

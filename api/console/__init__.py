@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from fak import wire as w
 from fak.api.console import auth
 from fak.api.console.graph import provenance_svg
 from fak.api.deps import caller
@@ -29,7 +30,8 @@ from fak.audit.checkpoint import SignedCheckpoint
 from fak.audit.errors import AuditError
 from fak.audit.receipt import verify_receipt
 from fak.audit.verify import checkpoint_time
-from fak.errors import FakError, NotFound
+from fak.errors import FakError, InvalidInput, NotFound
+from fak.kernel import openai_chat as chat
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 from fak.kernel.operations import MAX_LIMIT, Caller
@@ -448,10 +450,42 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
 
 
 @router.get("/tool-calls")
-def tool_calls(request: Request) -> Response:
-    """Tool-call decisions and approvals from the audit log, newest first."""
+def tool_calls(request: Request, held: str = "") -> Response:
+    """Tool-call decisions and approvals from the audit log, newest first; a held call by id."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        if held:
+            return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
+                                    headers=HEADERS)
         calls = [e for e in _entries(k, c) if e["type"] in ("tool_call_decision", "tool_call_approval")]
         return render(request, "tool_calls.html", s=s, calls=calls[::-1][:SHOWN])
 
     return page(request, (), run)
+
+
+def _held(request: Request, s: auth.ConsoleSession, c: Caller, k: Kernel, call_id: str,
+          decided: w.ToolCallApprovalOut | None = None) -> HTMLResponse:
+    """A held call: tool, session, rule, offending refs, state; its arguments only for a role
+    that may read tool-call content (an admin, as the API's approve route answers them)."""
+    call = k.services.holds.get(c.tenant, call_id)
+    if call is None:
+        raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
+    arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if ops.Right.AGENT in c.rights else None
+    return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided)
+
+
+@router.get("/tool-calls/held/{call_id}")
+def held_call(call_id: str, request: Request) -> Response:
+    return page(request, (), lambda s, c, k: _held(request, s, c, k, call_id))
+
+
+@router.post("/tool-calls/held/{call_id}")
+async def decide_held(call_id: str, request: Request) -> Response:
+    """Admins approve or reject a held call (``decision``): audited as the API's approve/reject."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
+        decision = form.get("decision")
+        if decision not in ("approve", "reject"):
+            raise InvalidInput("decision must be approve or reject")
+        decided = chat.decide_held_call(k, c, call_id, approve=decision == "approve")
+        return _held(request, s, c, k, call_id, decided)
+
+    return await post_page(request, (Role.ADMIN,), run)
