@@ -22,7 +22,8 @@ from fak.api.keys import Principal, Role
 from fak.kernel.held_calls import HeldCall
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/receipts", "/console/tool-calls")
+PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/receipts", "/console/tool-calls",
+         "/console/metrics")
 
 
 def browser(live) -> httpx.Client:  # noqa: ANN001
@@ -82,6 +83,8 @@ def test_auditor_signs_in_and_sees_the_quarantined_result(world) -> None:
         assert b.get(path).status_code == 200, path
     audit = b.get("/console/audit", params={"type": "admission_verdict"})
     assert "QUARANTINE" in audit.text and "Latest checkpoint" in audit.text
+    metrics = b.get("/console/metrics").text
+    assert re.search(r"<th>admission QUARANTINE</th><td>1 \(\d+\.\d%\)</td>", metrics), metrics[-1500:]
     ref = b.get(f"/console/refs/{world['ref']}")
     assert ref.status_code == 200 and world["sid"] in ref.text and 'id="forget"' not in ref.text  # not an admin
 
