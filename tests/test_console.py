@@ -270,3 +270,23 @@ def test_held_calls_approved_or_rejected_by_admins_only_and_audited(world) -> No
     assert "approved " + call_id in listed.text
     assert admin.post(f"/console/tool-calls/held/{call_id}", data={"csrf": token, "decision": "reject"}
                       ).status_code == 409  # decided once, as the API answers
+
+
+def test_the_signer_alarm_is_shown_loudly_and_no_entries(world) -> None:
+    """A history rewritten under the server (tests/test_audit_signer.py's attack): the audit
+    page answers 409 with the alarm in a banner and no entries, as the API answers 409."""
+    from test_audit_signer import rewrite_history
+
+    from fak.audit import PolicyLoaded
+    from fak.audit.events import canonical
+
+    live = world["live"]
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    assert b.get("/console/audit").status_code == 200  # the signer remembers this tree
+    target = next(e.index for e in live.kernel.audit.entries("acme", 0, None) if e.event.type == "admission_verdict")
+    forged = canonical(PolicyLoaded(policy_id="p-forged", policy_digest="sha256:" + "0" * 64, tenant="acme"))
+    rewrite_history(live.kernel.settings.resolved_database_url, target, forged)
+    r = b.get("/console/audit")
+    assert r.status_code == 409 and 'id="alarm">SIGNER ALARM (history_rewritten)' in r.text, r.text[-1500:]
+    assert "p-forged" not in r.text and "<table class=\"entries\">" not in r.text
+    assert b.get(f"/console/refs/{world['ref']}").status_code == 409  # its history is not shown either

@@ -27,7 +27,7 @@ from fak.api.console.graph import provenance_svg
 from fak.api.deps import caller
 from fak.api.keys import KeyStore, Role
 from fak.audit.checkpoint import SignedCheckpoint
-from fak.audit.errors import AuditError
+from fak.audit.errors import AuditError, AuditUnverified
 from fak.audit.receipt import verify_receipt
 from fak.audit.verify import checkpoint_time
 from fak.errors import FakError, InvalidInput, NotFound
@@ -423,6 +423,14 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
     """The tenant's entries (newest first) with filters, the latest checkpoint, the signer alarm."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
         alarm = k.audit.alarm
+        cp = None
+        if alarm is None:
+            try:  # signs a checkpoint if the tree grew: a rewritten history raises the alarm here
+                cp = _checkpoint(k, c)
+            except AuditUnverified:
+                alarm = k.audit.alarm
+            except (AuditError, FakError):
+                cp = None  # no checkpoint to show (the page says so); the entries still are
         if alarm is not None:
             return render(request, "audit.html", 409, s=s, alarm=alarm.kind, entries=[], checkpoint=None,
                           filters={}, types=[])
@@ -439,10 +447,6 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
             e["time"] = datetime.fromtimestamp(ts / 1000, UTC).isoformat(timespec="seconds") if ts else ""
             shown.append(e)
         shown = shown[::-1][:SHOWN]
-        try:
-            cp = _checkpoint(k, c)
-        except (AuditError, FakError):
-            cp = None
         return render(request, "audit.html", s=s, alarm=None, entries=shown, checkpoint=cp, types=sorted(types),
                       filters={"type": type, "session": session, "ref": ref, "since": since, "until": until})
 
