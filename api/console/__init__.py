@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from fak.api.deps import caller
 from fak.api.keys import KeyStore, Role
 from fak.audit.checkpoint import SignedCheckpoint
 from fak.audit.errors import AuditError, AuditUnverified
+from fak.audit.events import EVENT_TYPES
 from fak.audit.receipt import verify_receipt
 from fak.audit.verify import checkpoint_time
 from fak.errors import FakError, InvalidInput, NotFound
@@ -43,8 +44,9 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 CSS = (Path(__file__).parent / "templates" / "console.css").read_text()
 MAX_FORM = 256 << 10  # bytes of one console form (a pasted receipt included)
-SCAN = 20_000  # audit entries one page reads at most (newest pages are not skipped: it reads in order)
+SCAN = 20_000  # audit indexes one page reads at most
 SHOWN = 200  # audit entries one page shows at most
+TYPES = sorted(t.model_fields["type"].default for t in EVENT_TYPES)  # the audit page's type filter
 HEADERS = {
     # no script at all; styles only from our own stylesheet; forms post only here; never framed
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
@@ -255,19 +257,6 @@ def session_page(sid: str, request: Request) -> Response:
 
 
 # --- refs ---------------------------------------------------------------------------------
-def _entries(k: Kernel, c: Caller) -> Iterator[dict[str, Any]]:
-    """The tenant's audit entries in index order (at most ``SCAN``), each with its parsed event."""
-    start, seen = 0, 0
-    while seen < SCAN:
-        got = ops.audit_entries(k, c, start, min(MAX_LIMIT, SCAN - seen))
-        for e in got.entries:
-            yield {"index": e.index, "type": e.type, "event": json.loads(e.event), "text": e.event}
-        seen += len(got.entries)
-        if got.next_start is None:
-            return
-        start = got.next_start
-
-
 def _ref_holders(k: Kernel, c: Caller, digest: str) -> list[dict[str, Any]]:
     """Segments of the tenant's sessions that hold the ref or whose provenance names it."""
     out = []
@@ -308,7 +297,7 @@ def ref_page(digest: str, request: Request) -> Response:
             if e.status != 410:
                 raise
             state = "forgotten"
-        history = [e for e in _entries(k, c) if digest in e["text"]]
+        history = _newest(k, c, lambda e: digest in e["text"])
         if head is None and not history:
             raise NotFound(f"no ref {digest}")
         verdicts = [e for e in history if e["type"] == "admission_verdict"]
@@ -417,6 +406,22 @@ def _checkpoint(k: Kernel, c: Caller) -> dict[str, Any]:
             "age_s": None if signed is None else max(0, int(time.time()) - signed)}
 
 
+def _newest(k: Kernel, c: Caller, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The tenant's newest entries that ``keep`` accepts, newest first, at most ``SHOWN``: read in
+    windows of ``MAX_LIMIT`` indexes from the end of the log back, at most ``SCAN`` indexes, so
+    a page costs what it shows, not the size of the log."""
+    shown: list[dict[str, Any]] = []
+    size = hi = k.audit.size()
+    while hi > 0 and len(shown) < SHOWN and size - hi < SCAN:
+        lo = max(0, hi - MAX_LIMIT)
+        got = ops.audit_entries(k, c, lo, hi - lo)  # indexes are unique: at most hi - lo of them
+        window = [{"index": e.index, "type": e.type, "event": json.loads(e.event), "text": e.event}
+                  for e in got.entries if e.index < hi]
+        shown += [e for e in reversed(window) if keep(e)]
+        hi = lo
+    return shown[:SHOWN]
+
+
 @router.get("/audit")
 def audit(request: Request, type: str = "", session: str = "", ref: str = "",  # noqa: A002 - the filter's name
           since: str = "", until: str = "") -> Response:
@@ -435,19 +440,18 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
             return render(request, "audit.html", 409, s=s, alarm=alarm.kind, entries=[], checkpoint=None,
                           filters={}, types=[])
         lo, hi = _ms(since), _ms(until)
-        shown: list[dict[str, Any]] = []
-        types: set[str] = set()
-        for e in _entries(k, c):
-            types.add(e["type"])
+
+        def keep(e: dict[str, Any]) -> bool:
             ts = e["event"].get("ts")
-            if ((type and e["type"] != type) or (session and session not in e["text"])
-                    or (ref and ref not in e["text"]) or (lo is not None and (ts is None or ts < lo))
-                    or (hi is not None and (ts is None or ts > hi))):
-                continue
+            return not ((type and e["type"] != type) or (session and session not in e["text"])
+                        or (ref and ref not in e["text"]) or (lo is not None and (ts is None or ts < lo))
+                        or (hi is not None and (ts is None or ts > hi)))
+
+        shown = _newest(k, c, keep)
+        for e in shown:
+            ts = e["event"].get("ts")
             e["time"] = datetime.fromtimestamp(ts / 1000, UTC).isoformat(timespec="seconds") if ts else ""
-            shown.append(e)
-        shown = shown[::-1][:SHOWN]
-        return render(request, "audit.html", s=s, alarm=None, entries=shown, checkpoint=cp, types=sorted(types),
+        return render(request, "audit.html", s=s, alarm=None, entries=shown, checkpoint=cp, types=TYPES,
                       filters={"type": type, "session": session, "ref": ref, "since": since, "until": until})
 
     return page(request, (), run)
@@ -460,8 +464,8 @@ def tool_calls(request: Request, held: str = "") -> Response:
         if held:
             return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
                                     headers=HEADERS)
-        calls = [e for e in _entries(k, c) if e["type"] in ("tool_call_decision", "tool_call_approval")]
-        return render(request, "tool_calls.html", s=s, calls=calls[::-1][:SHOWN])
+        calls = _newest(k, c, lambda e: e["type"] in ("tool_call_decision", "tool_call_approval"))
+        return render(request, "tool_calls.html", s=s, calls=calls)
 
     return page(request, (), run)
 
