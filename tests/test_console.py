@@ -149,6 +149,9 @@ def test_csrf_missing_or_wrong_is_403(world) -> None:
         r = b.post(f"/console/refs/{world['ref']}/forget", data=data | {"confirm": "yes"})
         assert r.status_code == 403
     assert b.get(f"/console/refs/{world['ref']}").status_code == 200  # not forgotten
+    many = "&".join(f"f{i}=x" for i in range(40))
+    r = b.post("/console/receipts", content=many, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400
 
 
 def test_another_tenants_session_is_not_found(world) -> None:

@@ -87,6 +87,9 @@ def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, sh
     chrome.get(live.url + "/console/audit")
     assert "Latest checkpoint" in chrome.page_source
     chrome.save_screenshot(str(shots / "audit.png"))
+    chrome.get(live.url + "/console/metrics")
+    assert "admission QUARANTINE" in find(chrome, By.ID, "metrics").text
+    chrome.save_screenshot(str(shots / "metrics.png"))
 
     sign_in(chrome, live.url, live.key("acme", "admin"))
     chrome.get(live.url + "/console/refs/" + world["ref"])

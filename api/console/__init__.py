@@ -144,7 +144,10 @@ async def _form(request: Request) -> dict[str, str]:
     body = await request.body()
     if len(body) > MAX_FORM:
         raise Refused(413, "form too large")
-    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=16)
+    try:
+        fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=16)
+    except ValueError:  # more fields than any console form has
+        raise Refused(400, "not a console form") from None
     return {k: v[0] for k, v in fields.items()}
 
 
