@@ -83,6 +83,10 @@ def test_auditor_signs_in_and_sees_the_quarantined_result(world) -> None:
         assert b.get(path).status_code == 200, path
     audit = b.get("/console/audit", params={"type": "admission_verdict"})
     assert "QUARANTINE" in audit.text and "Latest checkpoint" in audit.text
+    assert "admission_verdict</td>" in b.get("/console/audit", params={"since": "2000-01-01T00:00"}).text
+    assert "admission_verdict</td>" not in b.get("/console/audit", params={"until": "2000-01-01T00:00"}).text
+    keys_only = b.get("/console/audit", params={"type": "key_created"}).text
+    assert "<td>key_created</td>" in keys_only and "<td>admission_verdict</td>" not in keys_only
     metrics = b.get("/console/metrics").text
     assert re.search(r"<th>admission QUARANTINE</th><td>1 \(\d+\.\d%\)</td>", metrics), metrics[-1500:]
     ref = b.get(f"/console/refs/{world['ref']}")

@@ -418,10 +418,11 @@ def _newest(k: Kernel, c: Caller, keep: Callable[[dict[str, Any]], bool]) -> lis
     while hi > 0 and len(shown) < SHOWN and size - hi < SCAN:
         lo = max(0, hi - MAX_LIMIT)
         got = ops.audit_entries(k, c, lo, hi - lo)  # indexes are unique: at most hi - lo of them
-        window = [{"index": e.index, "type": e.type, "event": json.loads(e.event), "text": e.event}
-                  for e in got.entries if e.index < hi]
+        window = [{"index": e.index, "type": e.type, "text": e.event} for e in got.entries if e.index < hi]
         shown += [e for e in reversed(window) if keep(e)]
         hi = lo
+    for e in shown[:SHOWN]:
+        e.setdefault("event", json.loads(e["text"]))  # parsed only for what is shown
     return shown[:SHOWN]
 
 
@@ -445,10 +446,12 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
         lo, hi = _ms(since), _ms(until)
 
         def keep(e: dict[str, Any]) -> bool:
-            ts = e["event"].get("ts")
-            return not ((type and e["type"] != type) or (session and session not in e["text"])
-                        or (ref and ref not in e["text"]) or (lo is not None and (ts is None or ts < lo))
-                        or (hi is not None and (ts is None or ts > hi)))
+            if (type and e["type"] != type) or (session and session not in e["text"]) or (ref and ref not in e["text"]):
+                return False
+            if lo is None and hi is None:
+                return True
+            ts = e.setdefault("event", json.loads(e["text"])).get("ts")
+            return not ((lo is not None and (ts is None or ts < lo)) or (hi is not None and (ts is None or ts > hi)))
 
         shown = _newest(k, c, keep)
         for e in shown:
