@@ -1,12 +1,15 @@
 """The console in a real browser: headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``) driven by Selenium. Skipped, saying why, where no browser or driver is
-installed (``apt-get install chromium chromium-driver``; ``pip install selenium``). Marked
+installed: the test set-up installs Debian's packages with apt-get when it runs as root (a CI
+container), else say ``apt-get install chromium chromium-driver``; selenium is a dev extra. Marked
 ``browser``: ``pytest -m "not browser"`` leaves them out. Screenshots of the main pages are
 written under the test's tmp dir (``<tmp>/screenshots``), never into the tree."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,11 +19,32 @@ from test_console import world  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-if CHROMIUM is None or DRIVER is None:
-    pytest.skip("no headless Chromium here (apt-get install chromium chromium-driver)", allow_module_level=True)
+PACKAGES = ["chromium", "chromium-driver"]  # Debian's
+
+
+def _found() -> tuple[str | None, str | None]:
+    return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="session")
+def browser_paths() -> tuple[str, str]:
+    """Chromium and its driver: installed here with apt-get when missing and the tests run as
+    root (a CI container); skipped, saying what to install, where neither works."""
+    chromium, driver = _found()
+    if (chromium is None or driver is None) and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+        try:
+            if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
+                subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300)
+                subprocess.run(install, env=env, capture_output=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # skipped below, saying so
+        chromium, driver = _found()
+    if chromium is None or driver is None:
+        pytest.skip(f"no headless Chromium here and it could not be installed (apt-get install {' '.join(PACKAGES)})")
+    return chromium, driver
 
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -37,13 +61,14 @@ def shots(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def chrome() -> Iterator[webdriver.Chrome]:
+def chrome(browser_paths: tuple[str, str]) -> Iterator[webdriver.Chrome]:
+    chromium, driver_path = browser_paths
     options = Options()
-    options.binary_location = CHROMIUM
+    options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,1000"):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_page_load_timeout(30)
     try:
         yield driver
