@@ -73,10 +73,6 @@ class ReplicaStore:
         with self._read() as s:
             return sorted(s.scalars(sa.select(ReplicaRow.name)))
 
-    def replica(self, name: str) -> ReplicaRow | None:
-        with self._read() as s:
-            return s.get(ReplicaRow, name)
-
     # --- withdrawal tasks -----------------------------------------------------
     def add_tasks(self, request_id: str, kind: str, tenant: str, refs: list[str], replicas: Iterable[str]) -> None:
         """One pending task per replica for this withdrawal (those present already are kept:
