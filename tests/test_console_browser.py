@@ -46,6 +46,7 @@ def browser_paths() -> tuple[str, str]:
         pytest.skip(f"no headless Chromium here and it could not be installed (apt-get install {' '.join(PACKAGES)})")
     return chromium, driver
 
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -85,7 +86,11 @@ def click(driver, element) -> None:  # noqa: ANN001
     """Click and wait for the next page."""
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+    try:
+        WebDriverWait(driver, 15).until(ec.staleness_of(old))
+    except WebDriverException as exc:  # ChromeDriver may report the replaced node as "not in the document": stale
+        if "does not belong to the document" not in str(exc):
+            raise
 
 
 def sign_in(driver, url: str, key: str) -> None:  # noqa: ANN001
