@@ -12,6 +12,7 @@ from fak import __version__
 from fak.api import accesslog, console, metrics, problems
 from fak.api.authlog import LABEL as AUTH_FAILURE_LABEL
 from fak.api.authlog import AuthFailureWindow
+from fak.api.console.history import MetricsHistory, tenant_totals
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
 from fak.api.routes import audit, forget, openai, policy, refs, responses, sessions, tiles
@@ -84,4 +85,7 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
 
     app.include_router(console.router)  # the console's pages (docs/console.md): a cookie session, not a key
     metrics.install(app)
+    history = app.state.metrics_history = MetricsHistory(lambda: tenant_totals(app.state.metrics.registry, kernel))
+    app.router.on_startup.append(history.start)  # the console's charts (api/console/history.py)
+    app.router.on_shutdown.append(history.stop)
     return app

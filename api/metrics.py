@@ -67,6 +67,9 @@ class Metrics:
                                 ["tenant", "kind"], registry=r)
         self.evictions = Counter("fak_evictions", "segment evictions by mode", ["tenant", "mode"], registry=r)
         self.forgets = Counter("fak_forgets", "completed forgets (signed receipts)", ["tenant"], registry=r)
+        self.forget_seconds = Histogram("fak_forget_duration_seconds",
+                                        "a forget's time from its start (or resumption) to its signed completion",
+                                        ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
         self.decode_tokens = Counter("fak_decode_tokens", "tokens generated", ["tenant"], registry=r)
         self.decode_seconds = Counter("fak_decode_seconds", "seconds spent generating them", ["tenant"], registry=r)
         self.tool_calls = Counter("fak_tool_call_decisions", "tool-call authorization decisions by verdict",
@@ -216,7 +219,7 @@ def _subscribe(app: object, bus: EventBus) -> None:
     """One typed subscription per counter the Kernel feeds (fak.kernel.events)."""
     bus.subscribe(AdmissionDecided, lambda e: record_verdict(app, e.verdict, tenant=e.tenant))
     bus.subscribe(SpanEvicted, lambda e: record_eviction(app, e.mode, tenant=e.tenant))
-    bus.subscribe(ForgetDone, lambda e: record_forget(app, tenant=e.tenant))
+    bus.subscribe(ForgetDone, lambda e: record_forget(app, e.seconds, tenant=e.tenant))
     bus.subscribe(TokensDecoded, lambda e: record_decode(app, e.tokens, e.seconds, tenant=e.tenant))
     bus.subscribe(TokensTimed, lambda e: record_token_times(app, e.tokens, e.first_at, e.last_at, tenant=e.tenant))
     bus.subscribe(ToolCallDecided, lambda e: record_tool_call(app, e.verdict, tenant=e.tenant))
@@ -248,11 +251,12 @@ def record_eviction(app: object, mode: object, *, tenant: str) -> None:
         m.evictions.labels(tenant, name if name in EVICT_MODES else "other").inc()
 
 
-def record_forget(app: object, *, tenant: str) -> None:
-    """One completed forget."""
+def record_forget(app: object, seconds: float = 0.0, *, tenant: str) -> None:
+    """One completed forget and how long it took."""
     m = _metrics(app)
     if m is not None:
         m.forgets.labels(tenant).inc()
+        m.forget_seconds.labels(tenant).observe(seconds)
 
 
 def record_decode(app: object, tokens: int, seconds: float, *, tenant: str) -> None:

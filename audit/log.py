@@ -877,6 +877,32 @@ class AuditLog:
         generator: ``close()`` it when stopping early, which releases its read connection."""
         return self._entry_rows(start, stop, tenant)
 
+    def newest(self, tenant: str, before: int, limit: int, types: Sequence[str] = (),
+               needles: Sequence[str] = ()) -> list[LogEntry]:
+        """The tenant's entries before index ``before``, newest first, at most ``limit``: those
+        of one of ``types`` (any when empty) whose canonical body holds every one of ``needles``.
+        Filtered in the database (``store.tenant_rows_newest``) and checked again here on the
+        hashed body: the ``type`` and ``tenant`` columns, which nothing hashes, decide nothing
+        (a row filed under another tenant's column is skipped and alarmed, as ``entries`` does)."""
+        out: list[LogEntry] = []
+        moved: list[int] = []
+        pos = before
+        with self._read() as conn:
+            while len(out) < limit:
+                rows = store.tenant_rows_newest(conn, tenant, pos, limit, types, needles)
+                for idx, body in rows:
+                    event = parse_event(body)
+                    if event.tenant != tenant:
+                        moved.append(idx)
+                    elif (not types or event.type in types) and all(n.encode() in body for n in needles):
+                        out.append(LogEntry(idx, event, body))
+                if len(rows) < limit:
+                    break
+                pos = rows[-1][0]
+        for idx in moved:
+            self._column_changed(idx, tenant)
+        return out[:limit]
+
     def find_admission(self, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
         """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
         logged before index ``before``: (index, canonical bytes), or None. Reads backwards from

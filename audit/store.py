@@ -240,13 +240,33 @@ def body_type_match(conn: Connection, types: Sequence[str]) -> sa.ColumnElement[
     (``"type":"<t>"``): a superset of them (the caller parses the body and checks its
     ``type``). It reads the hashed body, never the ``type`` column, which nothing hashes: a
     database writer can change the column without the signer noticing, not the body."""
+    return sa.or_(*(body_contains(conn, f'"type":"{t}"') for t in types))
+
+
+def body_contains(conn: Connection, needle: str) -> sa.ColumnElement[bool]:
+    """A WHERE clause true for entries whose hashed body holds ``needle``, or a superset of them
+    on PostgreSQL ('_' and '%' in it match any text there): the caller checks each body."""
     body = entries_t.c.body
-    needles = [f'"type":"{t}"' for t in types]
-    if conn.dialect.name == "postgresql":  # bytea LIKE bytea ('_' in a type matches itself, or a superset)
+    if conn.dialect.name == "postgresql":  # bytea LIKE bytea
         like = body.op("LIKE", is_comparison=True)
-        return sa.or_(*(like(sa.literal(f"%{n}%".encode(), sa.LargeBinary)) for n in needles))
+        return like(sa.literal(f"%{needle}%".encode(), sa.LargeBinary))
     text = sa.cast(body, sa.Text)  # SQLite's LIKE ignores blobs; their text is the JSON itself
-    return sa.or_(*(text.contains(n, autoescape=True) for n in needles))
+    return text.contains(needle, autoescape=True)
+
+
+def tenant_rows_newest(conn: Connection, tenant: str, before: int, limit: int, types: Sequence[str] = (),
+                       needles: Sequence[str] = ()) -> list[tuple[int, bytes]]:
+    """(index, body) of the tenant's entries before ``before``, newest first, at most ``limit``,
+    whose body names one of ``types`` (any when empty) and holds every needle: a superset
+    (see ``body_type_match``, ``body_contains``); the caller parses and checks each body. The
+    filter runs in the database over the (tenant, idx) index, so a page of a few rare events
+    costs a scan in SQL, not a parse of every entry in Python."""
+    q = sa.select(entries_t.c.idx, entries_t.c.body).where(entries_t.c.tenant == tenant, entries_t.c.idx < before)
+    if types:
+        q = q.where(body_type_match(conn, types))
+    for needle in needles:
+        q = q.where(body_contains(conn, needle))
+    return [(int(i), bytes(b)) for i, b in conn.execute(q.order_by(entries_t.c.idx.desc()).limit(limit))]
 
 
 def entries_of_types(conn: Connection, types: Sequence[str], start: int, stop: int | None = None

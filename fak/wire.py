@@ -44,6 +44,7 @@ class SegmentOut(BaseModel):
 class SessionOut(BaseModel):
     id: str
     tokens: int
+    exact_rows: int  # leading KV rows bit-exact to an exact run; rows after them are approximate (PIC, REROPE)
     fingerprint: str
     segments: list[SegmentOut]
 

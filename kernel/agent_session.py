@@ -367,6 +367,13 @@ class KernelSession:
         with self._locked() as s:
             return s.cache.length
 
+    @property
+    def exact_rows(self) -> int:
+        """How many leading KV rows are the bytes an exact run of the live calls computes: all of
+        them unless PIC served rows (or REROPE moved them), which are approximate."""
+        with self._locked() as s:
+            return s.exact_rows
+
     def refs(self) -> set[str]:
         """Every ref in the attention provenance of the live KV."""
         with self._locked() as s:

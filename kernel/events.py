@@ -53,7 +53,10 @@ class SpanEvicted(KernelEvent):
 
 @dataclass(frozen=True, slots=True)
 class ForgetDone(KernelEvent):
-    """A forget completed (a repeat that only returns the receipt publishes nothing)."""
+    """A forget completed (a repeat that only returns the receipt publishes nothing), with the
+    seconds this process spent on it (from its start or its resumption to its signed completion)."""
+
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ def forget_lock(svc: Services) -> Iterator[None]:
 
 
 def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
+    started = time.monotonic()
     tenant, ref = row.tenant, row.ref
     resumed = row.requested_index is not None  # ForgetRequested is in the log: this run continues a forget
     known = json.loads(row.linked or "[]")
@@ -180,7 +182,7 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
         row.sessions, row.completed_index = json.dumps(sessions), index
         svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
                                           resumed=resumed or rep is not None))
-    svc.events.publish(ForgetDone(tenant))
+    svc.events.publish(ForgetDone(tenant, time.monotonic() - started))
     return ForgetReceipt.from_log(svc.audit, index)
 
 

@@ -93,6 +93,11 @@ class HeldCalls:
         with self._lock:
             return self._expire(tenant).get(call_id)
 
+    def pending(self, tenant: str) -> list[HeldCall]:
+        """The tenant's calls waiting for a person, oldest first (what an approver's queue shows)."""
+        with self._lock:
+            return [c for c in self._expire(tenant).values() if c.state == "pending"]
+
     def decide(self, tenant: str, call_id: str, state: Literal["approved", "rejected"], by: str,
                log: Callable[[HeldCall], int]) -> HeldCall:
         """Decide a pending call: ``log(call)`` appends the decision's audit event first, and only

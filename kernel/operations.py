@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -88,7 +88,7 @@ def session(k: Kernel, c: Caller, sid: str, right: Right = Right.AGENT) -> Kerne
 
 
 def session_out(ks: KernelSession) -> w.SessionOut:
-    return w.SessionOut(id=ks.id, tokens=ks.tokens, fingerprint=ks.fingerprint(),
+    return w.SessionOut(id=ks.id, tokens=ks.tokens, exact_rows=ks.exact_rows, fingerprint=ks.fingerprint(),
                         segments=[w.SegmentOut(**x) for x in ks.ledger()])
 
 
@@ -378,6 +378,17 @@ def audit_entries(k: Kernel, c: Caller, start: int, limit: int) -> w.EntriesOut:
     entries = [w.EntryOut(index=e.index, type=e.event.type, event=e.body.decode(), leaf_hash=e.leaf_hash.hex())
                for e in rows]
     return w.EntriesOut(entries=entries, next_start=rows[-1].index + 1 if more else None)
+
+
+def audit_newest(k: Kernel, c: Caller, before: int, limit: int, types: Sequence[str] = (),
+                 needles: Sequence[str] = ()) -> w.EntriesOut:
+    """The caller tenant's entries before ``before``, newest first, of ``types`` (any when empty)
+    and holding every one of ``needles`` (``AuditLog.newest``); ``next_start`` is None."""
+    c.require(Right.AUDIT)
+    with verified(k):
+        rows = k.audit.newest(c.tenant, before, min(limit, MAX_LIMIT), types, needles)
+    return w.EntriesOut(entries=[w.EntryOut(index=e.index, type=e.event.type, event=e.body.decode(),
+                                            leaf_hash=e.leaf_hash.hex()) for e in rows], next_start=None)
 
 
 def audit_checkpoint(k: Kernel, c: Caller) -> w.CheckpointOut:

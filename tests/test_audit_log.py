@@ -243,3 +243,39 @@ def test_forget_receipt_round_trip(log):
         ForgetReceipt.from_log(log, 0)
     with pytest.raises(AuditError):
         ForgetReceipt.from_log(log, r0)  # the request, not the completion
+
+
+def test_newest_filters_in_the_database_and_trusts_only_the_hashed_body(log, db_url):
+    """``AuditLog.newest``: a tenant's entries newest first, by type and by needles in the body;
+    a row whose unhashed ``type`` column was rewritten is still found by its body's type, and a
+    row filed under another tenant's column is skipped (and alarmed), never served."""
+    from fak.audit import ToolCallApproval
+
+    for i in range(30):
+        log.append(ev(i, tenant="acme" if i % 3 else "evil"))
+    call = ToolCallApproval(tenant="acme", session_id="sess_x", call_id="call_held_1", tool="pay",
+                            args_digest=P, approved=True, decision_index=None, principal="k1")
+    at = log.append(call)
+    log.append(ev(99, tenant="acme"))
+    newest = log.newest("acme", log.size(), 5)
+    assert [e.index for e in newest] == sorted((e.index for e in newest), reverse=True) and len(newest) == 5
+    assert all(e.event.tenant == "acme" for e in newest) and newest[0].index == log.size() - 1
+    assert [e.index for e in log.newest("acme", log.size(), 10, ["tool_call_approval"])] == [at]
+    assert [e.index for e in log.newest("acme", log.size(), 10, needles=["call_held_1"])] == [at]
+    assert log.newest("acme", at, 10, ["tool_call_approval"]) == []  # before its index
+    assert log.newest("evil", log.size(), 10, ["tool_call_approval"]) == []  # another tenant's
+    assert len(log.newest("acme", log.size(), 100, needles=["p2"])) == sum(1 for i in range(30) if i % 3 and "p2" in f"p{i}")
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:  # a writer without the key hides nothing by rewriting the type column
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("ALTER TABLE audit_entries DISABLE TRIGGER USER"))
+        else:
+            for name in conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars().all():
+                conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
+        conn.execute(sa.text("UPDATE audit_entries SET type = 'policy_loaded' WHERE idx = :i"), {"i": at})
+        conn.execute(sa.text("UPDATE audit_entries SET tenant = 'acme' WHERE idx = 0"))  # evil's row, filed as acme's
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("ALTER TABLE audit_entries ENABLE TRIGGER USER"))
+    engine.dispose()
+    assert [e.index for e in log.newest("acme", log.size(), 10, ["tool_call_approval"])] == [at]
+    assert 0 not in [e.index for e in log.newest("acme", log.size(), 100)]

@@ -222,7 +222,8 @@ def test_console_role_matrix_and_route_table(world) -> None:
     documented = _documented()
     assert set(documented) == routes, (routes ^ set(documented))
     fill = {"{sid}": world["sid"], "{digest}": world["ref"], "{request_id}": world["request_id"],
-            "{call_id}": hold(live, world["sid"], world["poison"])}
+            "{call_id}": hold(live, world["sid"], world["poison"]),
+            "{index}": str(next(iter(live.kernel.audit.entries("acme", 0, None))).index)}
     anon = browser(live)
     signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin")}
     tokens = {role: csrf_of(b, "/console/receipts") for role, b in signed.items()}
@@ -297,3 +298,88 @@ def test_the_signer_alarm_is_shown_loudly_and_no_entries(world) -> None:
     assert r.status_code == 409 and 'id="alarm">SIGNER ALARM (history_rewritten)' in r.text, r.text[-1500:]
     assert "p-forged" not in r.text and "<table class=\"entries\">" not in r.text
     assert b.get(f"/console/refs/{world['ref']}").status_code == 409  # its history is not shown either
+
+
+def test_an_entry_page_carries_a_proof_the_server_and_anyone_can_check(world) -> None:
+    """/console/audit/entries/{index}: the entry's exact bytes, its proof and the checkpoint the
+    page's script checks (here re-checked with fak's own verifier from the page's data alone);
+    the script comes from this origin only (CSP) and another tenant's index is a 404 page."""
+    import json as json_
+
+    from fak.audit import note, verify_tlog_proof  # noqa: F401 - the proof's own verifiers
+    from fak.audit.checkpoint import open_checkpoint
+    from fak.audit.merkle import hash_leaf, verify_inclusion
+
+    live = world["live"]
+    index = next(e.index for e in live.kernel.audit.entries("acme", 0, None) if e.event.type == "admission_verdict")
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    audit = b.get("/console/audit").text
+    assert f'href="/console/audit/entries/{index}"' in audit
+    page = b.get(f"/console/audit/entries/{index}")
+    assert page.status_code == 200 and 'id="server-check" class="note"' in page.text, page.text[-2000:]
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    assert "'unsafe-inline'" not in page.headers["Content-Security-Policy"]
+    assert '<script src="/console/inclusion.js"></script>' in page.text
+    data = json_.loads(html.unescape(re.search(
+        r'<script type="application/json" id="inclusion-data">(.*?)</script>', page.text, re.S).group(1)))
+    proof, body = data["proof"], data["entry"].encode()
+    assert body == live.kernel.audit.entry(index).body and data["leaf_hash"] == hash_leaf(body).hex()
+    cp = open_checkpoint(proof["checkpoint"], note.Verifier.parse(live.kernel.audit.public_key()))
+    verify_inclusion(index, proof["treeSize"], hash_leaf(body), [bytes.fromhex(h) for h in proof["hashes"]], cp.root)
+    script = b.get("/console/inclusion.js")
+    assert script.status_code == 200 and "rootFromInclusion" in script.text
+    evil, _r = sign_in(live, live.key("evil", "auditor"))
+    assert evil.get(f"/console/audit/entries/{index}").status_code == 404
+    assert browser(live).get(f"/console/audit/entries/{index}").status_code == 401
+
+
+def test_the_audit_filters_by_ref_and_session_and_the_tool_calls_queue(world) -> None:
+    live = world["live"]
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    by_ref = b.get("/console/audit", params={"ref": world["poison"]}).text
+    rows = re.findall(r'<tr class="type-(\w+)">', by_ref)
+    assert rows and "admission_verdict" in rows and all(world["poison"] in html.unescape(x) for x in
+                                                         re.findall(r'<code class="event">(.*?)</code>', by_ref))
+    by_session = b.get("/console/audit", params={"session": world["sid"], "type": "admission_verdict"}).text
+    assert len(re.findall(r'<tr class="type-admission_verdict">', by_session)) == 3  # clean, poison, lounge
+    assert b.get("/console/tool-calls").text.count('id="pending-none"') == 1
+    call_id = hold(live, world["sid"], world["poison"])
+    queue = b.get("/console/tool-calls").text
+    assert 'id="pending"' in queue and f'href="/console/tool-calls/held/{call_id}"' in queue
+    assert "confirm_payments" in queue and world["poison"][:20] in queue
+    live.kernel.services.holds.decide("acme", call_id, "rejected", "test", lambda call: 0)
+    assert call_id not in b.get("/console/tool-calls").text.split("Decisions and approvals")[0]
+
+
+def test_the_session_page_says_which_rows_are_exact(world) -> None:
+    live = world["live"]
+    agent = live.client(live.key("acme", "agent"))
+    out = agent.get(f"/v1/sessions/{world['sid']}").json()
+    assert out["exact_rows"] == out["tokens"] > 0  # no PIC, no REROPE: every row bit-exact
+    agent.close()
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    page = b.get(f"/console/sessions/{world['sid']}").text
+    assert f"({out['tokens']} bit-exact)" in page
+    live_rows = [s for s in out["segments"] if s["start"] is not None]
+    assert page.count('<td class="exactness">bit-exact</td>') == len(live_rows) > 0
+    assert "approximate</span></td>" not in page
+
+
+def test_metrics_over_time_are_drawn_from_the_samples(world) -> None:
+    """The metrics page charts the tenant's rates between samples (api/console/history.py):
+    an admission between two samples is a point on the verdicts chart; no data is said so."""
+    live = world["live"]
+    history = live.app.state.metrics_history
+    history.sample(now=time.time() - 20)
+    agent = live.client(live.key("acme", "agent"))
+    agent.post(f"/v1/sessions/{world['sid']}/tool-results", json={"tool": "flight_status", "content": "on time"})
+    agent.close()
+    history.sample(now=time.time() - 10)
+    b, _r = sign_in(live, live.key("acme", "auditor"))
+    page = b.get("/console/metrics").text
+    m = re.search(r'aria-label="admission verdicts: last ([\d.]+) per min, top ([\d.]+)"', page)
+    assert m and float(m.group(2)) >= 6.0, page[-3000:]  # one verdict in 10 s: 6 per minute
+    assert "<polyline" in page or "<circle" in page
+    assert 'aria-label="forget latency (mean): no data"' in page  # no forget between these samples
+    evil, _r = sign_in(live, live.key("evil", "auditor"))
+    assert re.search(r'aria-label="admission verdicts: last 0.0 per min, top 0.0"', evil.get("/console/metrics").text)

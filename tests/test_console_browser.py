@@ -149,3 +149,47 @@ def test_agent_key_cannot_sign_in_and_other_tenants_session_is_not_found(world, 
     assert world["sid"] not in find(chrome, By.TAG_NAME, "main").text.replace(
         find(chrome, By.ID, "detail").text, "")
     chrome.save_screenshot(str(shots / "other-tenant.png"))
+
+
+def test_the_browser_itself_checks_an_entrys_inclusion_and_the_pinned_key(world, chrome, shots) -> None:  # noqa: F811
+    """inclusion.js in Chromium: with no key pinned it checks the proof and says the signature is
+    not checked; with the log's key pinned, the signature too (WebCrypto Ed25519); with another
+    log's key pinned, it says no signature by that key; a tampered proof is NOT VERIFIED."""
+    from fak.audit import note
+
+    live = world["live"]
+    index = next(e.index for e in live.kernel.audit.entries("acme", 0, None) if e.event.type == "admission_verdict")
+    sign_in(chrome, live.url, live.key("acme", "auditor"))
+    chrome.get(live.url + "/console/audit")
+    click(chrome, find(chrome, By.LINK_TEXT, str(index)))
+
+    def verdict() -> str:
+        WebDriverWait(chrome, 15).until(lambda d: "checking" not in d.find_element(By.ID, "browser-check").text)
+        return chrome.find_element(By.ID, "browser-check").text
+
+    def pin(vkey: str) -> str:
+        field = find(chrome, By.ID, "pin")
+        field.clear()
+        field.send_keys(vkey)
+        chrome.execute_script("document.getElementById('browser-check').textContent = 'checking again'")
+        chrome.find_element(By.CSS_SELECTOR, "#pin-form button").click()
+        WebDriverWait(chrome, 15).until(lambda d: "checking" not in d.find_element(By.ID, "browser-check").text)
+        return chrome.find_element(By.ID, "browser-check").text
+
+    first = verdict()
+    assert first.startswith(f"inclusion verified in your browser: entry {index}") and "no key pinned" in first, first
+    ours = pin(live.kernel.audit.public_key())
+    assert "signed by the pinned key" in ours and find(chrome, By.ID, "browser-check").get_attribute("class") == "ok"
+    chrome.save_screenshot(str(shots / "audit-entry.png"))
+    other = note.Signer.generate(live.kernel.audit.origin).verifier().vkey()
+    assert "no signature by" in pin(other) and chrome.find_element(By.ID, "browser-check").get_attribute(
+        "class") == "error"
+    chrome.refresh()  # the pin is kept in this browser: the other key is still pinned
+    assert "no signature by" in verdict()
+    pin(live.kernel.audit.public_key())
+    chrome.execute_script(  # a proof hash changed in the page's data: the walk no longer reaches the root
+        "const d = document.getElementById('inclusion-data'); const j = JSON.parse(d.textContent);"
+        "j.proof.hashes[0] = j.proof.hashes[0].replace(/^./, c => c === '0' ? '1' : '0');"
+        "d.textContent = JSON.stringify(j); document.getElementById('browser-check').textContent = 'checking';"
+        "document.getElementById('pin-form').requestSubmit();")
+    assert verdict().startswith("NOT VERIFIED: the proof does not lead to the checkpoint's root")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,15 @@ from fastapi.templating import Jinja2Templates
 from fak import wire as w
 from fak.api.console import auth
 from fak.api.console.graph import provenance_svg
+from fak.api.console.history import MetricsHistory, Sample, series, sparkline, tenant_totals
 from fak.api.deps import caller
 from fak.api.keys import KeyStore, Role
-from fak.audit.checkpoint import SignedCheckpoint
+from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from fak.audit.errors import AuditError, AuditUnverified
 from fak.audit.events import EVENT_TYPES
+from fak.audit.merkle import hash_leaf
+from fak.audit.note import Verifier
+from fak.audit.proofs import InclusionProof
 from fak.audit.receipt import verify_receipt
 from fak.audit.verify import checkpoint_time
 from fak.errors import FakError, InvalidInput, NotFound
@@ -43,13 +47,15 @@ __all__ = ["router"]
 router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 CSS = (Path(__file__).parent / "templates" / "console.css").read_text()
+INCLUSION_JS = (Path(__file__).parent / "static" / "inclusion.js").read_text()
 MAX_FORM = 256 << 10  # bytes of one console form (a pasted receipt included)
-SCAN = 20_000  # audit indexes one page reads at most
+SCAN = 20_000  # audit entries a page with a time filter reads at most
 SHOWN = 200  # audit entries one page shows at most
 TYPES = sorted(t.model_fields["type"].default for t in EVENT_TYPES)  # the audit page's type filter
 HEADERS = {
-    # no script at all; styles only from our own stylesheet; forms post only here; never framed
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    # scripts and styles only from our own files (one script: the in-browser inclusion check), no
+    # inline script or handler, nothing fetched from elsewhere; forms post only here; never framed
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -179,6 +185,12 @@ def stylesheet() -> Response:
     return Response(CSS, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
 
+@router.get("/inclusion.js")
+def inclusion_script() -> Response:
+    """The in-browser inclusion check of an audit entry's page (no data)."""
+    return Response(INCLUSION_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=3600"})
+
+
 @router.get("")
 def home(request: Request) -> Response:
     """To the sessions page (which asks to sign in when there is no session)."""
@@ -300,7 +312,7 @@ def ref_page(digest: str, request: Request) -> Response:
             if e.status != 410:
                 raise
             state = "forgotten"
-        history = _newest(k, c, lambda e: digest in e["text"])
+        history = _newest(k, c, needles=[digest])
         if head is None and not history:
             raise NotFound(f"no ref {digest}")
         verdicts = [e for e in history if e["type"] == "admission_verdict"]
@@ -409,18 +421,22 @@ def _checkpoint(k: Kernel, c: Caller) -> dict[str, Any]:
             "age_s": None if signed is None else max(0, int(time.time()) - signed)}
 
 
-def _newest(k: Kernel, c: Caller, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    """The tenant's newest entries that ``keep`` accepts, newest first, at most ``SHOWN``: read in
-    windows of ``MAX_LIMIT`` indexes from the end of the log back, at most ``SCAN`` indexes, so
-    a page costs what it shows, not the size of the log."""
+def _newest(k: Kernel, c: Caller, keep: Callable[[dict[str, Any]], bool] | None = None, types: Sequence[str] = (),
+            needles: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The tenant's newest entries of ``types`` holding every one of ``needles`` (filtered in the
+    database, ``ops.audit_newest``) that ``keep`` accepts, newest first, at most ``SHOWN``. Read
+    in pages from the end of the log back; with ``keep``, at most ``SCAN`` entries, so a page
+    costs what it shows, not the size of the log."""
     shown: list[dict[str, Any]] = []
-    size = hi = k.audit.size()
-    while hi > 0 and len(shown) < SHOWN and size - hi < SCAN:
-        lo = max(0, hi - MAX_LIMIT)
-        got = ops.audit_entries(k, c, lo, hi - lo)  # indexes are unique: at most hi - lo of them
-        window = [{"index": e.index, "type": e.type, "text": e.event} for e in got.entries if e.index < hi]
-        shown += [e for e in reversed(window) if keep(e)]
-        hi = lo
+    before, scanned = k.audit.size(), 0
+    while len(shown) < SHOWN and scanned < SCAN:
+        got = ops.audit_newest(k, c, before, SHOWN if keep is None else MAX_LIMIT, types, needles).entries
+        page: list[dict[str, Any]] = [{"index": e.index, "type": e.type, "text": e.event} for e in got]
+        shown += [e for e in page if keep is None or keep(e)]
+        scanned += len(got)
+        if keep is None or len(got) < MAX_LIMIT:
+            break
+        before = got[-1].index
     for e in shown[:SHOWN]:
         e.setdefault("event", json.loads(e["text"]))  # parsed only for what is shown
     return shown[:SHOWN]
@@ -445,20 +461,51 @@ def audit(request: Request, type: str = "", session: str = "", ref: str = "",  #
                           filters={}, types=[])
         lo, hi = _ms(since), _ms(until)
 
-        def keep(e: dict[str, Any]) -> bool:
-            if (type and e["type"] != type) or (session and session not in e["text"]) or (ref and ref not in e["text"]):
-                return False
-            if lo is None and hi is None:
-                return True
+        def in_time(e: dict[str, Any]) -> bool:
             ts = e.setdefault("event", json.loads(e["text"])).get("ts")
             return not ((lo is not None and (ts is None or ts < lo)) or (hi is not None and (ts is None or ts > hi)))
 
-        shown = _newest(k, c, keep)
+        shown = _newest(k, c, in_time if (lo, hi) != (None, None) else None, types=[type] if type else [],
+                        needles=[x for x in (session, ref) if x])
         for e in shown:
             ts = e["event"].get("ts")
             e["time"] = datetime.fromtimestamp(ts / 1000, UTC).isoformat(timespec="seconds") if ts else ""
         return render(request, "audit.html", s=s, alarm=None, entries=shown, checkpoint=cp, types=TYPES,
                       filters={"type": type, "session": session, "ref": ref, "since": since, "until": until})
+
+    return page(request, (), run)
+
+
+def _server_check(proof: dict[str, Any], body: bytes, vkey: str) -> str | None:
+    """What is wrong with an entry's proof as the server sees it (None: nothing), the same checks
+    the page's script makes again in the browser."""
+    try:
+        p = InclusionProof.from_json(proof)
+        p.verify(hash_leaf(body))
+        cp = open_checkpoint(p.checkpoint or "", Verifier.parse(vkey))
+        if (cp.size, cp.root) != (p.tree_size, p.root_hash):
+            return "the checkpoint names another tree than the proof"
+    except (AuditError, ValueError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+@router.get("/audit/entries/{index}")
+def audit_entry(index: int, request: Request) -> Response:
+    """One of the tenant's entries with its inclusion proof against the latest checkpoint: checked
+    here by the server and again in the browser (``inclusion.js``) against the key the auditor
+    pinned there. Another tenant's index is a 404, as the API's proof route answers it."""
+    def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
+        if index < 0:
+            raise NotFound(f"no audit entry at index {index}")
+        proof = ops.audit_inclusion(k, c, index)
+        assert isinstance(proof, w.InclusionOut)
+        entry = ops.audit_entries(k, c, index, 1).entries[0]
+        checked = _server_check(proof.proof, entry.event.encode(), k.audit.public_key())
+        data = {"entry": entry.event, "leaf_hash": proof.leaf_hash, "proof": proof.proof,
+                "server_key": k.audit.public_key()}
+        return render(request, "audit_entry.html", s=s, entry=entry, event=json.loads(entry.event),
+                      proof=proof.proof, checked=checked, data=data)
 
     return page(request, (), run)
 
@@ -470,8 +517,9 @@ def tool_calls(request: Request, held: str = "") -> Response:
         if held:
             return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
                                     headers=HEADERS)
-        calls = _newest(k, c, lambda e: e["type"] in ("tool_call_decision", "tool_call_approval"))
-        return render(request, "tool_calls.html", s=s, calls=calls)
+        calls = _newest(k, c, types=("tool_call_decision", "tool_call_approval"))
+        return render(request, "tool_calls.html", s=s, calls=calls, pending=k.services.holds.pending(c.tenant),
+                      now=time.time())
 
     return page(request, (), run)
 
@@ -545,6 +593,8 @@ def metrics_page(request: Request) -> Response:
         rows += [(f"evictions {key.removeprefix('mode=')}", str(int(n)))
                  for key, n in sorted(m.get("fak_evictions_total", {}).items())]
         rows.append(("forgets completed", str(int(sum(m.get("fak_forgets_total", {}).values())))))
+        n_f, sum_f = (sum(m.get(f"fak_forget_duration_seconds_{x}", {}).values()) for x in ("count", "sum"))
+        rows.append(("forget latency (mean)", f"{1000 * sum_f / n_f:.0f} ms" if n_f else "—"))
         tokens = sum(m.get("fak_decode_tokens_total", {}).values())
         seconds = sum(m.get("fak_decode_seconds_total", {}).values())
         rows.append(("decode throughput", f"{tokens / seconds:.1f} tokens/s ({int(tokens)} tokens)" if seconds
@@ -558,6 +608,9 @@ def metrics_page(request: Request) -> Response:
         rows.append(("PIC chunk hit rate", _rate(pic.hits, pic.lookups)))
         rows += [(f"late detections {key.removeprefix('outcome=')}", str(int(n)))
                  for key, n in sorted(m.get("fak_late_detections_total", {}).items())]
-        return render(request, "metrics.html", s=s, rows=rows)
+        history: MetricsHistory = request.app.state.metrics_history
+        now = Sample(time.time(), tenant_totals(request.app.state.metrics.registry, k).get(c.tenant, {}))
+        charts = [(x, sparkline(x)) for x in series([*history.samples(c.tenant), now])]
+        return render(request, "metrics.html", s=s, rows=rows, charts=charts, interval=int(history.interval_s))
 
     return page(request, (), run)
