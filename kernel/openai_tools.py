@@ -84,11 +84,13 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class ParsedCall:
-    """A call read from the model's text: its name, its arguments (a JSON object) and the
-    arguments as the JSON text the response carries."""
+    """A call read from the model's text: its name, its arguments (a JSON object), the
+    arguments as the JSON text the response carries, and the id the model wrote (Mistral's
+    calls carry one; ``fak.kernel.tool_formats``)."""
 
     name: str
     arguments: dict[str, Any]
+    id: str | None = None
 
     @property
     def arguments_json(self) -> str:

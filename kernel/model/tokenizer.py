@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import blake3
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from fak.kernel.model.config import ModelError
+from fak.kernel.tool_formats import ToolFormat, format_of, template_has_tools
 
 CONTROL = 3
 LLAMA3_SPLIT = (
@@ -81,9 +85,13 @@ class ChatTokenizer:
         self.eos_token_id: int | None = meta.get("eos_token_id")
         self.add_bos = bool(meta.get("add_bos_token"))
         template = meta.get("chat_template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(template) if template else None
+        self.template_source: str | None = template
+        self._template = _environment().from_string(template) if template else None
+        # what the model's template can name: its BOS and EOS as text (Llama's and Mistral's write them)
+        self._names = {k: tk.id_to_token(i) for k, i in (("bos_token", self.bos_token_id),
+                                                          ("eos_token", self.eos_token_id)) if i is not None}
+        self.tool_format: ToolFormat = format_of(template)
+        self.renders_tools = template_has_tools(template)
         self.stop_token_ids: set[int] = {i for i in (self.eos_token_id,) if i is not None}
         for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>"):
             tid = tk.token_to_id(name)
@@ -180,13 +188,59 @@ class ChatTokenizer:
         """The text of generated ids: stop tokens and special tokens left out."""
         return self.decode([t for t in ids if t not in self.stop_token_ids], skip_special=True)
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The template's text for ``messages`` (and ``tools``, for a template that renders
+        them), with what ``transformers``' ``apply_chat_template`` gives a template."""
         if self._template is None:
             raise ModelError("this model has no chat template")
+        extra: dict[str, Any] = {"tools": tools} if tools is not None else {}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **self._names, **extra)
         except jinja2.TemplateError as exc:
             raise ModelError(f"chat template failed: {exc}") from exc
+
+    def encode_conversation(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = False) -> Rendered:
+        """A whole conversation (with tool calls, tool results and ``tools``) rendered by the
+        model's template, and its tokens: a special token counts only where the template's own
+        markup writes it; every client string (contents, arguments, tool results, tool
+        descriptions and schemas) is encoded with special-token strings taken literally. The
+        text between trusted special tokens is encoded in one piece, so for content without
+        special-token strings the ids are ``apply_chat_template``'s."""
+        text = self.render(messages, add_generation_prompt, tools)
+        pieces: list[str] = []
+        kept: list[str] = []
+        marked_messages = _mark(messages, pieces, kept, schema=False)
+        marked_tools = _mark(tools, pieces, kept, schema=True) if tools is not None else None
+        specials = self._special_strings()
+        if any(t in k for k in kept for t in specials):
+            raise ModelError("a role, id, type or key holds a special-token string")
+        marked = self.render(marked_messages, add_generation_prompt, marked_tools)
+        spans = _align(text, marked, pieces)
+        if spans is None:
+            raise ModelError("the chat template's markup depends on the content here: it cannot be segmented")
+        ids: list[int] = []
+        pos = 0
+        for kind, a, b in spans:
+            if kind != "markup":
+                continue
+            i = a
+            while i < b:
+                hit = next((t for t in specials if text.startswith(t, i) and i + len(t) <= b), None)
+                if hit is None:
+                    i += 1
+                    continue
+                ids += self.encode_plain(text[pos:i]) + [specials[hit]]
+                pos = i = i + len(hit)
+        ids += self.encode_plain(text[pos:])
+        return Rendered(text, ids, spans)
+
+    def _special_strings(self) -> dict[str, int]:
+        """The special tokens' strings and ids, longest first (as the tokenizer matches them)."""
+        found = {t.content: i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
+        return dict(sorted(found.items(), key=lambda kv: -len(kv[0])))
 
     def stream_text(self, ids: Iterator[int]) -> Iterator[str]:
         """Incremental detokenisation: yields text pieces, holding back incomplete UTF-8."""
@@ -206,6 +260,120 @@ class ChatTokenizer:
 
 
 _SENTINEL = "\x00fak-content\x00"
+SpanKind = Literal["markup", "content"]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A conversation as the template renders it: the text, its token ids, and its spans
+    (kind, start, end in the text): the template's markup, or a client string."""
+
+    text: str
+    ids: list[int]
+    spans: list[tuple[SpanKind, int, int]]
+
+
+# the strings of a message a template takes as given (it tests them: roles, ids, types); every
+# other string, and everything inside a content or the arguments, is the client's
+_MESSAGE_KEEP = frozenset({"role", "id", "tool_call_id", "type"})
+_MESSAGE_INSIDE = frozenset({"content", "arguments"})
+# in tools: a schema's ``type`` and ``required`` (templates test those); the rest (names,
+# descriptions, enum values, titles) is the client's
+_SCHEMA_KEEP = frozenset({"type", "required"})
+
+
+def _mark(value: Any, pieces: list[str], kept: list[str], *, schema: bool, key: str | None = None,
+          inside: bool = False) -> Any:
+    """``value`` with each client string replaced by a numbered marker (the string kept in
+    ``pieces``) that every filter a template applies (``tojson``, ``trim``) leaves as it is;
+    the strings left as they are (and every key) are listed in ``kept``."""
+    if isinstance(value, str):
+        if not value:  # an empty string stays empty: templates test emptiness ({% if message.content %})
+            return value
+        if not inside and key in (_SCHEMA_KEEP if schema else _MESSAGE_KEEP):
+            kept.append(value)
+            return value
+        pieces.append(value)
+        return f"\ue000{len(pieces) - 1}\ue001"
+    if isinstance(value, dict):
+        kept.extend(k for k in value if isinstance(k, str))
+        return {k: _mark(v, pieces, kept, schema=schema, key=k, inside=inside or (not schema and k in _MESSAGE_INSIDE))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mark(v, pieces, kept, schema=schema, key=key, inside=inside) for v in value]
+    return value
+
+
+def _forms(piece: str) -> list[str]:
+    """How a template may have written a client string: as it is, JSON-escaped (``tojson``),
+    trimmed (``trim``, Llama's), or with its leading newlines cut (Qwen3's)."""
+    escaped = json.dumps(piece, ensure_ascii=False)[1:-1]
+    return list(dict.fromkeys([piece, escaped, piece.strip(), piece.lstrip("\n"), escaped.strip()]))
+
+
+def _align(text: str, marked: str, pieces: list[str]) -> list[tuple[SpanKind, int, int]] | None:
+    """The spans of ``text`` given the same render with markers (``marked``): the markup between
+    markers must be ``text``'s, and each marker's place one of its string's ``_forms``
+    (a search that backtracks when a form leaves the rest unmatched)."""
+    parts: list[tuple[str, int | None]] = []
+    pos = 0
+    while (a := marked.find("\ue000", pos)) >= 0:
+        b = marked.find("\ue001", a)
+        if b < 0 or not marked[a + 1 : b].isdigit():
+            return None
+        parts += [(marked[pos:a], None), ("", int(marked[a + 1 : b]))]
+        pos = b + 1
+    parts.append((marked[pos:], None))
+    # stack of (part index, position in text, spans so far, forms left to try at this part)
+    stack: list[tuple[int, int, list[tuple[SpanKind, int, int]]]] = [(0, 0, [])]
+    while stack:
+        k, at, spans = stack.pop()
+        if k == len(parts):
+            if at == len(text):
+                return spans
+            continue
+        literal, index = parts[k]
+        if index is None:
+            if text.startswith(literal, at):
+                stack.append((k + 1, at + len(literal), spans + ([("markup", at, at + len(literal))] if literal else [])))
+            continue
+        for form in reversed(_forms(pieces[index])):  # the first form is tried first
+            if text.startswith(form, at):
+                stack.append((k + 1, at + len(form), spans + ([("content", at, at + len(form))] if form else [])))
+    return None
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """``namespace()`` that refuses underscore names (as ``transformers``' does)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - jinja2.utils.Namespace's signature
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        if any(isinstance(n, str) and n.startswith("_") for n in attrs):
+            raise jinja2.exceptions.SecurityError("chat templates cannot set underscore names on a namespace")
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """``tojson`` as ``transformers`` gives templates: ``json.dumps`` (no HTML escaping), with its options."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    """Today's date as a template asks for it (Llama 3.2's system header)."""
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The sandbox a model's template runs in, with what ``apply_chat_template`` provides
+    (``raise_exception``, ``strftime_now``, ``tojson`` with keywords, ``namespace``, loop controls)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _Namespace
+    return env
 
 
 def _raise(message: str) -> None:
