@@ -78,11 +78,13 @@ def assert_never_saw(seen: Session, parts: Iterable[tuple[str, list[int]]], **op
 
 
 def hf_oracle(model: Llama):
-    """transformers' LlamaForCausalLM, eager float32, holding the same weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' model of the config's family (``LlamaForCausalLM``, ``MistralForCausalLM``,
+    ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``), eager float32, holding the same weights."""
+    import transformers
 
-    hf_cfg = LlamaConfig(**model.cfg.to_hf(), attn_implementation="eager")
-    hf = LlamaForCausalLM(hf_cfg).eval()
+    hf_dict = model.cfg.to_hf()
+    hf_cfg = transformers.AutoConfig.for_model(**hf_dict, attn_implementation="eager")
+    hf = getattr(transformers, hf_dict["architectures"][0])(hf_cfg).eval()
     sd = {k: v.clone() for k, v in state_dict_from_weights(model.cfg, model.w).items()}
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     assert not unexpected, unexpected

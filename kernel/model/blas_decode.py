@@ -43,6 +43,9 @@ class _Layer:
     mlp_norm: np.ndarray
     w_gate_up: np.ndarray
     w_down: np.ndarray
+    qkv_bias: np.ndarray | None  # Qwen2
+    q_norm: np.ndarray | None  # Qwen3
+    k_norm: np.ndarray | None
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -59,7 +62,10 @@ class BlasDecoder:
         self.norm = _np(weights.norm)
         self.lm_head = _np(weights.lm_head)
         self.layers = [
-            _Layer(*(_np(t) for t in (lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down)))
+            _Layer(
+                *(_np(t) for t in (lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down)),
+                *(None if t is None else _np(t) for t in (lw.qkv_bias, lw.q_norm, lw.k_norm)),
+            )
             for lw in weights.layers
         ]
         self.eps = np.float32(cfg.rms_norm_eps)
@@ -68,6 +74,12 @@ class BlasDecoder:
     def _rms_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         variance = np.dot(x, x) / np.float32(x.shape[0])
         out: np.ndarray = weight * (x * (np.float32(1.0) / np.sqrt(variance + self.eps)))  # numpy types it Any
+        return out
+
+    def _head_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """``_rms_norm`` over each row of ``(heads, head_dim)`` (Qwen3's q/k norms)."""
+        variance = np.einsum("hd,hd->h", x, x)[:, None] / np.float32(x.shape[1])
+        out: np.ndarray = weight * (x * (np.float32(1.0) / np.sqrt(variance + self.eps)))
         return out
 
     def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin_signed: torch.Tensor) -> np.ndarray:
@@ -83,7 +95,11 @@ class BlasDecoder:
         x = self.embed[token].copy()
         for i, lw in enumerate(self.layers):
             qkv = lw.wqkv @ self._rms_norm(x, lw.attn_norm)
+            if lw.qkv_bias is not None:
+                qkv = qkv + lw.qkv_bias
             qk = qkv[:qk_rows].reshape(H + KV, hd)
+            if lw.q_norm is not None and lw.k_norm is not None:
+                qk = np.concatenate((self._head_norm(qk[:H], lw.q_norm), self._head_norm(qk[H:], lw.k_norm)))
             # rope.apply: x*cos + roll(x, half)*sin_signed (a roll is the halves swapped)
             qk_rot = qk * c + np.concatenate((qk[:, half:], qk[:, :half]), axis=1) * s
             K[i, row] = qk_rot[H:]

@@ -164,6 +164,9 @@ class _Layer(ctypes.Structure):
         ("o", _QMat),
         ("gate_up", _QMat),
         ("down", _QMat),
+        ("qkv_bias", ctypes.c_void_p),  # NULL (None) where the family has none
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
     )
 
 
@@ -377,6 +380,13 @@ def build_block_linears(
 # --- one decode step in C -------------------------------------------------------------------------
 
 
+def _float_ptr(t: torch.Tensor) -> int:
+    """The address of a contiguous float32 CPU vector the C step reads (biases, head norms)."""
+    if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"the block decoder reads contiguous float32 CPU vectors, not {t.dtype} on {t.device}")
+    return int(t.data_ptr())
+
+
 class BlockDecoder:
     """One decode step over every layer in one C call (float32 KV cache only)."""
 
@@ -390,9 +400,10 @@ class BlockDecoder:
         self._keep = (weights, linears, head)  # the arrays and tensors the structs point into
         layers = (_Layer * cfg.num_layers)()
         for i, (lw, ln) in enumerate(zip(weights.layers, linears, strict=True)):
+            extra = [None if t is None else _float_ptr(t) for t in (lw.qkv_bias, lw.q_norm, lw.k_norm)]
             layers[i] = _Layer(
                 lw.attn_norm.data_ptr(), lw.mlp_norm.data_ptr(), ln.qkv.struct, ln.o.struct,
-                ln.gate_up.struct, ln.down.struct,
+                ln.gate_up.struct, ln.down.struct, *extra,
             )  # fmt: skip
         self._layers = layers
         self._model = _Model(

@@ -1,5 +1,12 @@
-"""Model hyper-parameters for the Llama family, read from GGUF metadata or an
-HF ``config.json``."""
+"""Model hyper-parameters of the decoder families fak runs (Llama, Mistral, Qwen2, Qwen3),
+read from GGUF metadata or an HF ``config.json``.
+
+The families share one forward (``llama.py``); ``arch`` (the HF ``model_type``) decides
+where they differ: ``attention_bias`` (biases on the q/k/v projections, none on the
+output: Qwen2), ``qk_norm`` (an RMSNorm over each query and key head before RoPE: Qwen3)
+and ``gguf_permuted`` (how a GGUF file orders the Q/K rows). A config
+field whose computation fak does not run exactly (a binding sliding window, MLP or
+output biases, other RoPE scalings, MoE) is refused by name, never run approximately."""
 
 from __future__ import annotations
 
@@ -27,6 +34,44 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+              "qwen3": "Qwen3ForCausalLM"}
+
+
+def refuse(arch: str, field_name: str, value: Any, why: str) -> ModelError:
+    """The error for a config field fak cannot run exactly: it names the field and its value."""
+    return ModelError(f"{arch} config field {field_name}={value!r} is not supported: {why}")
+
+
+def _check_hf_fields(arch: str, cfg: dict[str, Any]) -> None:
+    """Refuse every field of an HF config whose computation this forward does not run exactly."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise refuse(arch, "hidden_act", act, "fak's MLP is SwiGLU with silu")
+    if cfg.get("mlp_bias"):
+        raise refuse(arch, "mlp_bias", cfg["mlp_bias"], "fak's MLP products have no biases")
+    if arch != "qwen2" and cfg.get("attention_bias"):  # llama, mistral and qwen3 would add an output bias too
+        raise refuse(arch, "attention_bias", cfg["attention_bias"], "fak's attention output product has no bias")
+    if arch in ("qwen2", "qwen3"):
+        if cfg.get("use_sliding_window"):
+            raise refuse(arch, "use_sliding_window", cfg["use_sliding_window"],
+                         "sliding-window layers are not computed; only full attention")
+        types = cfg.get("layer_types") or []
+        if any(t != "full_attention" for t in types):
+            raise refuse(arch, "layer_types", sorted(set(types)), "only full_attention layers are computed")
+    elif arch == "mistral":
+        window, limit = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
+        # a window no shorter than the context never masks a key fak can hold (the server refuses
+        # positions past max_position_embeddings); a shorter one would, and is not computed
+        if window is not None and int(window) < int(limit):
+            raise refuse(arch, "sliding_window", window,
+                         f"a window shorter than max_position_embeddings={limit} is not computed")
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        raise refuse(arch, "num_experts", cfg.get("num_experts") or cfg.get("num_local_experts"),
+                     "mixture-of-experts layers are not computed")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -44,12 +89,31 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     name: str = "llama"
+    arch: str = "llama"  # the HF model_type; it decides the two switches below
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ModelError(f"unsupported architecture {self.arch!r} (model_type; supported: {', '.join(ARCHS)})")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ModelError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def attention_bias(self) -> bool:
+        """Biases on the q, k and v projections (none on the output): Qwen2."""
+        return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """An RMSNorm over each query and key head after the projection, before RoPE: Qwen3."""
+        return self.arch == "qwen3"
+
+    @property
+    def gguf_permuted(self) -> bool:
+        """Whether llama.cpp's converter stores this family's Q/K rows rotary-permuted (its
+        ``llama`` architecture, which Mistral converts to; Qwen's use the halves order as HF)."""
+        return self.arch in ("llama", "mistral")
 
     @property
     def kv_groups(self) -> int:
@@ -70,18 +134,16 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """From an HF ``config.json`` of a Llama-family model."""
+        """From an HF ``config.json`` of a Llama, Mistral, Qwen2 or Qwen3 model."""
         arch = cfg.get("model_type", "")
-        # qwen2 (q/k/v biases) and mistral (sliding window) differ in ways this forward does not compute
-        if arch != "llama":
-            raise ModelError(f"unsupported architecture {arch!r}: fak runs Llama-family models")
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ModelError("attention or MLP biases are not supported")
+        if arch not in ARCHS:
+            raise ModelError(f"unsupported architecture {arch!r} (model_type; supported: {', '.join(ARCHS)})")
+        _check_hf_fields(arch, cfg)
         num_heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
         if rope_type not in ("default", "llama3"):
-            raise ModelError(f"unsupported RoPE scaling {rope_type!r} (supported: default, llama3)")
+            raise refuse(arch, "rope_scaling", rope_type, "supported RoPE scalings: default, llama3")
         scaling = RopeScaling()
         if rope_type == "llama3":
             scaling = RopeScaling(
@@ -109,13 +171,15 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             name=cfg.get("_name_or_path") or arch or "llama",
+            arch=arch,
         )
 
     def to_hf(self) -> dict[str, Any]:
-        """An HF ``LlamaConfig`` dict with the same hyper-parameters (for the oracle)."""
+        """An HF config dict of this family (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
+        ``Qwen3Config``) with the same hyper-parameters (for the oracle)."""
         out: dict[str, Any] = {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
+            "model_type": self.arch,
+            "architectures": [HF_CLASSES[self.arch]],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -133,6 +197,11 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
         }
+        if self.arch == "mistral":
+            out["sliding_window"] = None
+        if self.arch in ("qwen2", "qwen3"):
+            out |= {"use_sliding_window": False, "sliding_window": None,
+                    "layer_types": ["full_attention"] * self.num_layers}
         if self.rope_scaling.kind == "llama3":
             s = self.rope_scaling
             out["rope_scaling"] = {

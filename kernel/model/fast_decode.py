@@ -47,7 +47,11 @@ class FastDecoder:
         x = self.w.embed[token : token + 1]  # (1, D)
         for i, (lw, ln) in enumerate(zip(self.w.layers, self.lin, strict=True)):
             qkv = ln.qkv(F.rms_norm(x, (D,), lw.attn_norm, eps))[0]
+            if lw.qkv_bias is not None:  # Qwen2
+                qkv = qkv + lw.qkv_bias
             qk = qkv[:qk_rows].view(H + KV, hd)
+            if lw.q_norm is not None and lw.k_norm is not None:  # Qwen3: each head normalised before RoPE
+                qk = torch.cat([F.rms_norm(qk[:H], (hd,), lw.q_norm, eps), F.rms_norm(qk[H:], (hd,), lw.k_norm, eps)])
             qk_rot = rope.apply(qk, cos, sin)
             cache.k[i, row] = qk_rot[H:]
             cache.kraw[i, row] = qk[H:]

@@ -1,4 +1,5 @@
-"""How llama.cpp's GGUF files name and lay out a Llama's tensors, in HF terms.
+"""How llama.cpp's GGUF files name and lay out the tensors of a Llama (Mistral), Qwen2 or
+Qwen3, in HF terms.
 
 Read by both GGUF readers: ``weights.py`` (the dequantised floats) and ``blockdot.py``
 (the file's own blocks), so the two agree on every name and row order.
@@ -18,6 +19,8 @@ GGUF_TO_HF = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -31,7 +34,8 @@ GLOBAL_TO_HF = {
 
 
 def hf_name(name: str) -> str | None:
-    """The HF ``LlamaForCausalLM`` parameter name of GGUF tensor ``name`` (None: one fak does not read)."""
+    """The HF parameter name of GGUF tensor ``name`` (``blk.N.attn_q.bias`` →
+    ``model.layers.N.self_attn.q_proj.bias``; None: one fak does not read)."""
     if name in GLOBAL_TO_HF:
         return GLOBAL_TO_HF[name]
     if name.startswith("blk."):
@@ -42,8 +46,9 @@ def hf_name(name: str) -> str | None:
 
 
 def rotary_heads(name: str, cfg: ModelConfig) -> int | None:
-    """The head count of a Q or K projection (whose rows llama.cpp permutes), else None."""
-    if name.startswith("blk."):
+    """The head count of a Q or K projection whose rows llama.cpp permutes (its ``llama``
+    architecture only: Qwen2/Qwen3 keep HF's order), else None."""
+    if name.startswith("blk.") and cfg.gguf_permuted:
         part = name.split(".", 3)[2]
         if part == "attn_q":
             return cfg.num_heads

@@ -1,4 +1,9 @@
-"""A Llama-family transformer forward over an owned KV cache.
+"""A Llama-family transformer forward over an owned KV cache (Llama, Mistral, Qwen2, Qwen3).
+
+The families differ in two steps of attention, both here and in every decode path:
+Qwen2 adds biases to the q/k/v products, Qwen3 normalises each query and key head
+(RMSNorm over ``head_dim``) before RoPE. The cache's pre-RoPE keys (``Kraw``) are the keys
+after both, so re-rotating them at a new position is the same for every family.
 
 Two attention modes. ``eager`` follows the HF reference's operation order
 step by step (RMSNorm in float32, RoPE from float32 angles, ``repeat_kv`` then
@@ -279,15 +284,29 @@ class Llama:
         return k, v
 
     def _qkv_reference(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The reference's three products (row views of the fused weight: the same matrices)."""
+        """The reference's three products (row views of the fused weight: the same matrices),
+        with their biases in the same call where the family has them, as ``nn.Linear`` does."""
         lw = self.w.layers[i]
-        return F.linear(h, lw.wq), F.linear(h, lw.wk), F.linear(h, lw.wv)
+        return F.linear(h, lw.wq, lw.bq), F.linear(h, lw.wk, lw.bk), F.linear(h, lw.wv, lw.bv)
 
     def _qkv_fused(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One product in the model's weight format, split into q, k, v."""
+        """One product in the model's weight format (plus the fused biases), split into q, k, v."""
         H, KV, hd = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        q, k, v = torch.split(self.lin[i].qkv(h), [H * hd, KV * hd, KV * hd], dim=-1)
+        qkv = self.lin[i].qkv(h)
+        bias = self.w.layers[i].qkv_bias
+        if bias is not None:
+            qkv = qkv + bias
+        q, k, v = torch.split(qkv, [H * hd, KV * hd, KV * hd], dim=-1)
         return q, k, v
+
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3's RMSNorm over each head of ``q`` and ``k`` (``(..., heads, head_dim)``), as the
+        reference's ``Qwen3RMSNorm`` computes it; unchanged for the other families."""
+        lw = self.w.layers[i]
+        if lw.q_norm is None or lw.k_norm is None:
+            return q, k
+        eps = self.cfg.rms_norm_eps
+        return rms_norm(q, lw.q_norm, eps), rms_norm(k, lw.k_norm, eps)
 
     def _mlp_reference(self, x: torch.Tensor, i: int) -> torch.Tensor:
         lw = self.w.layers[i]
@@ -317,8 +336,9 @@ class Llama:
         for i, lw in enumerate(self.w.layers):
             h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
             q, k, v = qkv(h, i)
-            q = q.reshape(1, T, H, hd).transpose(1, 2)
-            k = k.reshape(1, T, KV, hd).transpose(1, 2)
+            q, k = self._qk_norm(q.reshape(1, T, H, hd), k.reshape(1, T, KV, hd), i)
+            q = q.transpose(1, 2)
+            k = k.transpose(1, 2)
             v = v.reshape(1, T, KV, hd).transpose(1, 2)
             q = rope.apply(q, cos, sin)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v)
@@ -357,9 +377,10 @@ class Llama:
         for i, lw in enumerate(self.w.layers):
             h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
             q, k, v = self._qkv_fused(h, i)
-            k = k.view(1, T, KV, hd).transpose(1, 2)
+            q, k = self._qk_norm(q.view(1, T, H, hd), k.view(1, T, KV, hd), i)
+            k = k.transpose(1, 2)
             self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
-            q = q.view(1, T, H, hd).transpose(1, 2)
+            q = q.transpose(1, 2)
             if last_row_only and i == last_layer and T > 1:
                 # the last token attends to every key up to its own position: no mask needed
                 # unless positions were given out of order, and then only its own row of it
@@ -406,7 +427,11 @@ class Llama:
         x = x.view(D)  # one token: matrix-vector products throughout
         for i, lw in enumerate(self.w.layers):
             qkv = torch.mv(lw.wqkv, F.rms_norm(x, (D,), lw.attn_norm, eps))
+            if lw.qkv_bias is not None:
+                qkv = qkv + lw.qkv_bias
             qk = qkv[:qk_rows].view(H + KV, hd)
+            if lw.q_norm is not None and lw.k_norm is not None:
+                qk = torch.cat([F.rms_norm(qk[:H], (hd,), lw.q_norm, eps), F.rms_norm(qk[H:], (hd,), lw.k_norm, eps)])
             qk_rot = rope.apply(qk, cos, sin)
             cache.k[i, start] = qk_rot[H:]
             cache.kraw[i, start] = qk[H:]

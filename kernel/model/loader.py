@@ -38,9 +38,13 @@ def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
             cache[key] = t.to(device=device, dtype=dtype)
         return cache[key]
 
+    def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else conv(t)
+
     layers = [
         replace(layer, attn_norm=conv(layer.attn_norm), wqkv=conv(layer.wqkv), wo=conv(layer.wo),
-                mlp_norm=conv(layer.mlp_norm), w_gate_up=conv(layer.w_gate_up), w_down=conv(layer.w_down))
+                mlp_norm=conv(layer.mlp_norm), w_gate_up=conv(layer.w_gate_up), w_down=conv(layer.w_down),
+                qkv_bias=opt(layer.qkv_bias), q_norm=opt(layer.q_norm), k_norm=opt(layer.k_norm))
         for layer in w.layers
     ]
     return Weights(embed=conv(w.embed), layers=layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
@@ -55,7 +59,8 @@ def load_model(
     kv_dtype: torch.dtype | None = None,
     cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF Llama folder.
+    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF checkpoint folder
+    (Llama, Mistral, Qwen2 or Qwen3: ``config.ModelConfig``).
 
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
     oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own

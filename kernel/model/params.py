@@ -26,6 +26,9 @@ class LayerWeights:
     w_down: torch.Tensor
     q_rows: int
     kv_rows: int
+    qkv_bias: torch.Tensor | None = None  # Qwen2: the q, k, v biases, fused as the rows of wqkv
+    q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm weights (head_dim,) over each query head
+    k_norm: torch.Tensor | None = None  # ... and each key head
 
     @classmethod
     def fuse(
@@ -39,7 +42,17 @@ class LayerWeights:
         w_gate: torch.Tensor,
         w_up: torch.Tensor,
         w_down: torch.Tensor,
+        bq: torch.Tensor | None = None,
+        bk: torch.Tensor | None = None,
+        bv: torch.Tensor | None = None,
+        q_norm: torch.Tensor | None = None,
+        k_norm: torch.Tensor | None = None,
     ) -> LayerWeights:
+        biases = [b for b in (bq, bk, bv) if b is not None]
+        if len(biases) not in (0, 3):
+            raise ValueError("q, k and v biases come together or not at all")
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q and k norms come together or not at all")
         return cls(
             attn_norm=attn_norm,
             wqkv=torch.cat([wq, wk, wv]).contiguous(),
@@ -49,6 +62,9 @@ class LayerWeights:
             w_down=w_down,
             q_rows=wq.shape[0],
             kv_rows=wk.shape[0],
+            qkv_bias=torch.cat(biases).contiguous() if biases else None,
+            q_norm=q_norm,
+            k_norm=k_norm,
         )
 
     @property
@@ -64,6 +80,18 @@ class LayerWeights:
         return self.wqkv[self.q_rows + self.kv_rows :]
 
     @property
+    def bq(self) -> torch.Tensor | None:
+        return None if self.qkv_bias is None else self.qkv_bias[: self.q_rows]
+
+    @property
+    def bk(self) -> torch.Tensor | None:
+        return None if self.qkv_bias is None else self.qkv_bias[self.q_rows : self.q_rows + self.kv_rows]
+
+    @property
+    def bv(self) -> torch.Tensor | None:
+        return None if self.qkv_bias is None else self.qkv_bias[self.q_rows + self.kv_rows :]
+
+    @property
     def w_gate(self) -> torch.Tensor:
         return self.w_gate_up[: self.w_gate_up.shape[0] // 2]
 
@@ -72,7 +100,8 @@ class LayerWeights:
         return self.w_gate_up[self.w_gate_up.shape[0] // 2 :]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down]
+        extra = [t for t in (self.qkv_bias, self.q_norm, self.k_norm) if t is not None]
+        return [self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down, *extra]
 
 
 @dataclass

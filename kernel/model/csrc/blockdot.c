@@ -220,6 +220,8 @@ void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t 
 typedef struct {
     const float *attn_norm, *mlp_norm;
     fak_qmat qkv, o, gate_up, down;
+    const float *qkv_bias;       /* Qwen2: (heads + 2 kv_heads) * head_dim biases, or NULL */
+    const float *q_norm, *k_norm; /* Qwen3: head_dim RMSNorm weights over each q and k head, or NULL */
 } fak_layer;
 
 typedef struct {
@@ -268,6 +270,17 @@ static void rms_norm(const float *x, const float *w, int64_t n, float eps, float
 static void rope(const float *x, const float *cos, const float *sin_signed, int64_t hd, float *out) {
     const int64_t half = hd / 2;
     for (int64_t j = 0; j < hd; j++) out[j] = x[j] * cos[j] + x[(j + half) % hd] * sin_signed[j];
+}
+
+/* The q/k/v product's own steps after its matrix product, in place on one row (heads + 2
+ * kv_heads heads of hd): the biases (Qwen2), then an RMSNorm over each q and k head (Qwen3). */
+static void qkv_finish(const fak_layer *lw, float *qkv, int64_t H, int64_t KV, int64_t hd, float eps) {
+    if (lw->qkv_bias)
+        for (int64_t j = 0; j < (H + 2 * KV) * hd; j++) qkv[j] += lw->qkv_bias[j];
+    if (lw->q_norm && lw->k_norm) {
+        for (int64_t h = 0; h < H; h++) rms_norm(qkv + h * hd, lw->q_norm, hd, eps, qkv + h * hd);
+        for (int64_t g = 0; g < KV; g++) rms_norm(qkv + (H + g) * hd, lw->k_norm, hd, eps, qkv + (H + g) * hd);
+    }
 }
 
 /* One query head against a session's cache rows 0..L-1: RoPE on the query, scores, softmax,
@@ -355,6 +368,7 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
             team_matvec(&lw->qkv, s->xd, s->xs, s->xq, s->qkv);
             team_barrier(&bar, team, &sense);
             if (first) {
+                qkv_finish(lw, s->qkv, H, KV, hd, m->eps);
                 const float *k = s->qkv + H * hd, *v = k + kv_row;
                 memcpy(KR + row * kv_row, k, (size_t)kv_row * sizeof(float));
                 memcpy(V + row * kv_row, v, (size_t)kv_row * sizeof(float));
@@ -566,6 +580,7 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
                 const int64_t layer_stride = caches[t].capacity * kv_row, row = rows[t];
                 float *K = caches[t].k + i * layer_stride, *KR = caches[t].kraw + i * layer_stride,
                       *V = caches[t].v + i * layer_stride;
+                qkv_finish(lw, s->qkv + t * qkv_n, H, KV, hd, m->eps);
                 const float *k = s->qkv + t * qkv_n + H * hd, *v = k + kv_row;
                 memcpy(KR + row * kv_row, k, (size_t)kv_row * sizeof(float));
                 memcpy(V + row * kv_row, v, (size_t)kv_row * sizeof(float));
