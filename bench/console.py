@@ -9,6 +9,10 @@ ledger, as evicted, and keep the context short enough for the tiny model), so th
 ``--segments`` rows. The audit log is filled with ``policy_loaded`` entries of the tenant up
 to ``--entries``. Times are the client's (request sent to last byte on 127.0.0.1), an upper
 bound on the server's render time. Target: p50 <= 300 ms for the session page and the audit page.
+
+Tiles: every hash tile and entry bundle of the log (``/v1/audit/log/tile/...``, the C2SP
+tlog-tiles an auditor's client fetches) is read once to warm the caches, then read again
+``--tile-rounds`` times, one client and four clients at once; figure: tiles served per second.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -29,6 +34,7 @@ from tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture 
 from fak import Kernel, Settings  # noqa: E402
 from fak.api.server import serve  # noqa: E402
 from fak.audit import PolicyLoaded  # noqa: E402
+from fak.audit.tiles import bundles_for_size, tiles_for_size  # noqa: E402
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -54,16 +60,34 @@ def times(b: httpx.Client, path: str, repeat: int) -> dict[str, float]:
             "bytes": len(r.content)}
 
 
+def tiles_per_second(url: str, key: str, paths: list[str], rounds: int, clients: int) -> float:
+    """Tiles served per second to ``clients`` clients reading ``paths`` ``rounds`` times."""
+    def read(share: list[str]) -> int:
+        with httpx.Client(base_url=url, trust_env=False, timeout=120,
+                          headers={"Authorization": f"Bearer {key}"}) as c:
+            for path in share:
+                r = c.get(path)
+                assert r.status_code == 200, (path, r.status_code, r.text[:200])
+        return len(share)
+
+    work = paths * rounds
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        served = sum(pool.map(read, [work[i::clients] for i in range(clients)]))
+    return round(served / (time.perf_counter() - t0), 1)
+
+
 def main() -> None:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--segments", type=int, default=1000)
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--tile-rounds", type=int, default=5)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         settings = Settings(data_dir=tmp_path / "data", model_path=make_tiny_model_dir(tmp_path / "model"),
-                            chunk_size=16)
+                            chunk_size=16, operator_tenant="ops")  # ops' auditors read entry bundles
         kernel = Kernel.open(settings, progress=None)
         try:
             with serve(kernel) as live:
@@ -86,6 +110,7 @@ def main() -> None:
                 b = sign_in(live.url, live.key("acme", "auditor"))
                 pages = {"session": f"/console/sessions/{sid}", "sessions": "/console/sessions",
                          "audit": "/console/audit", "audit_filtered": "/console/audit?type=eviction",
+                         "audit_entry": f"/console/audit/entries/{kernel.audit.size() - 1}",
                          "tool_calls": "/console/tool-calls", "metrics": "/console/metrics"}
                 results: dict[str, object] = {"segments": args.segments, "audit_entries": args.entries,
                                               "repeat": args.repeat}
@@ -94,6 +119,18 @@ def main() -> None:
                     log(f"{name}: {results[name]}")
                 b.close()
                 agent.close()
+                operator = live.key("ops", "auditor")
+                size = kernel.audit.size()
+                with httpx.Client(base_url=live.url, trust_env=False, timeout=120,
+                                  headers={"Authorization": f"Bearer {operator}"}) as c:
+                    size = int(c.get("/v1/audit/log/checkpoint").text.splitlines()[1])  # signs one covering all
+                paths = [f"/v1/audit/log/{t.path()}" for t in tiles_for_size(size) + bundles_for_size(size)]
+                tiles_per_second(live.url, operator, paths, 1, 1)  # warm
+                results["tiles"] = {"tree_size": size, "tiles": len(paths), "rounds": args.tile_rounds,
+                                    "per_s_1_client": tiles_per_second(live.url, operator, paths, args.tile_rounds, 1),
+                                    "per_s_4_clients": tiles_per_second(live.url, operator, paths,
+                                                                        args.tile_rounds, 4)}
+                log(f"tiles: {results['tiles']}")
         finally:
             kernel.close()
     session, audit = results["session"], results["audit"]
