@@ -383,3 +383,18 @@ def test_a_gguf_file_fak_cannot_run_exactly_is_refused_naming_the_field(tmp_path
     write_gguf(path, model, "F32", "llama", metadata=meta)
     with pytest.raises(ModelError, match=named):
         load_model(path, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pic_layer1_deviation_knows_each_family(family: str) -> None:
+    """PIC's selective recompute scores rows by how far their cached layer-1 keys and values are
+    from a fresh computation; rows computed in this very context score 0 up to float rounding
+    in every family (the fresh keys get Qwen2's biases and Qwen3's k norm, as the cached
+    ``Kraw`` did; without them a row scores about the squared norm of its key bias)."""
+    from fak.kernel.kv.pic_serve import layer1_deviation
+
+    model = family_model(family, attention="sdpa")
+    cache = model.new_cache()
+    model.forward(_ids(48), cache)
+    scale = float(cache.kraw[1, 10:40].pow(2).sum(dim=(1, 2)).min())
+    assert float(layer1_deviation(model, cache, 10, 40).max()) <= 1e-6 * scale

@@ -30,6 +30,7 @@ from fak.kernel.kv.pic import PicEntry, PicRegistry
 from fak.kernel.model import rope
 from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import Llama
+from fak.kernel.model.params import LayerWeights
 
 FIRST_CHUNK_POSITIONS = 32  # a chunk starting below this position is always prefilled
 
@@ -130,7 +131,10 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     qkv0, o0, gate_up0, down0, qkv1 = _linears(model)
     x = F.embedding(ids, model.w.embed)[None]
     h = F.rms_norm(x, (D,), w0.attn_norm, cfg.rms_norm_eps)
-    q = qkv0(h)[..., : H * hd].reshape(1, T, H, hd).transpose(1, 2)
+    q = _family(qkv0(h), w0)[..., : H * hd].reshape(1, T, H, hd)
+    if w0.q_norm is not None:  # Qwen3: each query head normalised before RoPE
+        q = F.rms_norm(q, (hd,), w0.q_norm, cfg.rms_norm_eps)
+    q = q.transpose(1, 2)
     allowed = cache.positions[:end][None, :] <= pos[:, None]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=cache.device).masked_fill_(~allowed, torch.finfo(dtype).min)
     attn = F.scaled_dot_product_attention(
@@ -146,14 +150,21 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     gate, up = gate_up0(h).chunk(2, dim=-1)
     x = x + down0(F.silu(gate) * up)
     h = F.rms_norm(x, (D,), w1.attn_norm, cfg.rms_norm_eps)
-    _, k, v = torch.split(qkv1(h)[0], [H * hd, KV * hd, KV * hd], dim=-1)
+    _, k, v = torch.split(_family(qkv1(h), w1)[0], [H * hd, KV * hd, KV * hd], dim=-1)
     k, v = k.reshape(T, KV, hd), v.reshape(T, KV, hd)
+    if w1.k_norm is not None:  # Kraw holds the normalised keys
+        k = F.rms_norm(k, (hd,), w1.k_norm, cfg.rms_norm_eps)
     dk = (k - cache.kraw[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
     dv = (v - cache.v[1, start:end].to(dtype)).pow(2).sum(dim=(1, 2))
     return dk + dv
 
 
 _Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _family(qkv: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    """A q/k/v product with the layer's biases added (Qwen2), as the forward adds them."""
+    return qkv if lw.qkv_bias is None else qkv + lw.qkv_bias
 
 
 def _linears(model: Llama) -> tuple[_Linear, _Linear, _Linear, _Linear, _Linear]:
