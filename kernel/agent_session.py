@@ -412,7 +412,7 @@ class KernelSession:
     # --- tool results ---------------------------------------------------------
     def admit(
         self, tool: str, data: bytes, *, media_type: str = "text/plain", tags: Sequence[str] = (),
-        source: str | None = None,
+        source: str | None = None, role: str | None = None,
     ) -> Admission:
         """A tool result's path into attention: CAS put → gate → verdict → audit event
         (the policy's half: ``fak.kernel.admission``).
@@ -421,7 +421,9 @@ class KernelSession:
         bytes are stored as their own ref and appended. ``QUARANTINE``/``DENY``: recorded in
         the ledger, never prefilled (== never saw it). In audit-only policy mode the bytes
         are admitted and the event records what the policy would have done. ``source``: the URL
-        the result came from (rules, exceptions and trust may depend on its host)."""
+        the result came from (rules, exceptions and trust may depend on its host). ``role``: the
+        chat role the admitted text is rendered as, when not ``tool`` (the door's tools block,
+        shown as the model's template shows tools: a system turn)."""
         result = admission.tool_result(tool, data, media_type, tags, source)
         self._before_use()
         with self.transaction() as tx:
@@ -434,7 +436,7 @@ class KernelSession:
             if judged.admitted:
                 segment = s.append(SegmentKind.TOOL, judged.body.decode("utf-8", errors="replace"),
                                    ref=judged.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
-                                   policy_digest=digest, segment_id=segment_id)
+                                   policy_digest=digest, segment_id=segment_id, role=role)
                 segment.expires_turn = _turns(s) + judged.turns if judged.turns is not None else None
                 segment.tool, segment.source = result.tool, result.source
                 self._check_room(s, "this tool result")

@@ -27,6 +27,7 @@ from fak.policy import VerdictKind
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
+from fak.types import TOOL_DEFINITIONS
 
 __all__ = ["DurableLedger", "Loaded"]
 
@@ -207,7 +208,8 @@ class DurableLedger:
             if kind is SegmentKind.TOOL:
                 if not row.ref:
                     raise StateError(f"session {self._id}: tool segment {row.id} has no ref")
-                message = {"role": "tool", "content": services.tool_text(self._tenant, row.ref)}
+                role = services.tokenizer.tools_role if tool == TOOL_DEFINITIONS else None
+                message = {"role": role or "tool", "content": services.tool_text(self._tenant, row.ref)}
                 tokens = services.tokenizer.encode_message(list(messages.values()), message)
             elif row.id in opened:
                 plain = opened[row.id]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from fak import wire as w
@@ -34,9 +34,10 @@ from fak.kernel.generated_call import GeneratedCall, generated_calls
 from fak.kernel.held_calls import HeldCall
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_params import ChatParameters
-from fak.kernel.openai_tools import OPEN, ParsedCall, call_id, parse_calls
+from fak.kernel.openai_tools import OPEN, ParsedCall, call_id
 from fak.kernel.operations import TextDecoder, timed_tokens
 from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
+from fak.kernel.tool_formats import format_for
 
 if TYPE_CHECKING:
     from fak.kernel.agent_session import KernelSession
@@ -64,9 +65,14 @@ class AnswerPlan:
 def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal: str, *, calls: bool) -> AnswerPlan:
     """The plan of a request's answers; ``calls``: the tools are in attention and tool_choice is not none."""
     bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
+    constrained = format_for(tokenizer).constrained
+    if not constrained and grammar(parameters, calls=calls) is not None and grammar(
+            parameters, calls=calls, call_grammar=False) is None:  # said, not silently dropped
+        parameters = replace(parameters, ignored=(*parameters.ignored, "tool_choice"))
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
-                      grammar=grammar(parameters, calls=calls), logit_bias=bias)
+                      grammar=grammar(parameters, calls=calls, call_grammar=constrained),
+                      logit_bias=bias)
 
 
 @dataclass
@@ -116,11 +122,16 @@ def _hooks(plan: AnswerPlan, tok: ChatTokenizer, grammar: TokenHook | None) -> _
     return a
 
 
-def grammar(p: ChatParameters, *, calls: bool) -> Grammar | None:
+def grammar(p: ChatParameters, *, calls: bool, call_grammar: bool = True) -> Grammar | None:
     """The grammar the answers are decoded under, if any: ``required`` or a named function make
     every answer calls of those tools; ``auto`` with a strict tool makes a started call follow
-    its schema; ``response_format`` json makes a text answer JSON (of its schema)."""
+    its schema; ``response_format`` json makes a text answer JSON (of its schema).
+    ``call_grammar`` False: the model's call syntax is not the one the call grammars write
+    (``fak.kernel.tool_formats``): its answers are decoded without a call grammar, and the calls
+    it writes are read back and judged as ever (docs/openai.md, "The tool format")."""
     mode = p.choice.mode if calls else "none"
+    if not call_grammar and mode != "none":
+        return None
     if mode in ("required", "function"):
         tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
         return tool_calls_grammar(tools, parallel=p.parallel)
@@ -145,7 +156,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
         context = ks.tokens
         decoder = TextDecoder(tok)
-        shown = Shown(a.stops.stops if a.stops is not None else [], calls=bool(names))
+        shown = Shown(a.stops.stops if a.stops is not None else [], calls=bool(names),
+                      opens=format_for(tok).opens)
         produced: list[int] = []
         sent: list[str] = []  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
@@ -220,7 +232,7 @@ def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
     text = tok.decode_turn(produced)
     if stops is not None:
         text = stops.cut(text)
-    return parse_calls(text, names) if names else (text, [])
+    return format_for(tok).parse_calls(text, names) if names else (text, [])
 
 
 class Shown:
@@ -231,8 +243,8 @@ class Shown:
     is shorter than the longest stop string or opening, and once one is found only what can
     still matter before it is kept. So each piece costs the same however long the turn."""
 
-    def __init__(self, stops: list[str], *, calls: bool) -> None:
-        self._groups = [g for g in (stops, [OPEN] if calls else []) if g]
+    def __init__(self, stops: list[str], *, calls: bool, opens: tuple[str, ...] = (OPEN,)) -> None:
+        self._groups = [g for g in (stops, list(opens) if calls else []) if g]
         self._reach = max((len(x) for g in self._groups for x in g), default=0)
         self.held = ""  # decoded, not sent
 

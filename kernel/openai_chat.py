@@ -47,8 +47,9 @@ from fak.kernel.held_calls import HeldCall, HeldCalls
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai_answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai_params import ChatParameters, UnsupportedParameter, chat_parameters
-from fak.kernel.openai_tools import json_text, render_call, render_tools
+from fak.kernel.openai_tools import ToolSpec, json_text, render_call, render_tools
 from fak.kernel.operations import Caller, Right, Stepper, check_context
+from fak.kernel.tool_formats import CallOut, HermesFormat, ToolFormat, format_for
 from fak.types import TOOL_DEFINITIONS, as_id
 
 if TYPE_CHECKING:
@@ -156,8 +157,10 @@ def render_tool_call(call: w.ToolCall | w.FunctionCall, where: str) -> tuple[str
     return _unicode(name, f"{where}.name"), _unicode(text, where)
 
 
-def plan_messages(messages: list[w.ChatMessage]) -> list[ChatOp]:
-    """Validate every message and turn it into one session operation (nothing runs yet)."""
+def plan_messages(messages: list[w.ChatMessage], fmt: ToolFormat | None = None) -> list[ChatOp]:
+    """Validate every message and turn it into one session operation (nothing runs yet). An
+    assistant's function calls are written in ``fmt``, the model's call syntax (Hermes when
+    not given: ``render_tool_call``)."""
     ops: list[ChatOp] = []
     names: dict[str, str] = {}  # tool_call_id -> tool name, from earlier assistant messages
     for i, msg in enumerate(messages):
@@ -169,11 +172,17 @@ def plan_messages(messages: list[w.ChatMessage]) -> list[ChatOp]:
             calls: list[w.ToolCall | w.FunctionCall] = list(msg.tool_calls or [])
             if msg.function_call is not None:
                 calls.append(msg.function_call)
+            outs: list[CallOut] = []
             for j, call in enumerate(calls):
                 name, line = render_tool_call(call, f"{where}.tool_calls[{j}]")
                 lines.append(line)
                 if isinstance(call, w.ToolCall) and call.id:
                     names[call.id] = name
+                fn = call if isinstance(call, w.FunctionCall) else call.function
+                if fn is not None:
+                    outs.append(CallOut(fn.name, fn.arguments, call.id if isinstance(call, w.ToolCall) else None))
+            if fmt is not None and not isinstance(fmt, HermesFormat) and outs and len(outs) == len(calls):
+                lines = lines[: len(lines) - len(calls)] + [_unicode(fmt.render_calls(outs), where)]
             ops.append(ChatOp(i, "assistant", _bounded("\n".join(lines), where)))
         else:  # tool, function: through the gate
             text = _text(msg, where, required=False)
@@ -278,11 +287,11 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     principal = _principal(c, parameters.user)
     calls = parameters.choice.mode != "none"
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
-    ops = plan_messages(body.messages)
+    ops = plan_messages(body.messages, format_for(k.tokenizer))
     holds = k.services.holds
     ops = [_tool_op(holds, c.tenant, op, op.call_id, body.messages) if op.kind == "tool" and op.call_id else op
            for op in ops]
-    tools_text = render_tools(list(parameters.tools)) if parameters.tools else None
+    tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)
     turn = ChatTurn(k, ks, ephemeral, completion_id, plan)
@@ -329,6 +338,14 @@ def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: 
     return replace(op, tool=tool, text=holds.result_text(tenant, call_id, op.text))
 
 
+def _tools_text(k: Kernel, specs: list[ToolSpec]) -> str:
+    """The tools block: as the model's own template writes a request's tools, where it does
+    (``ChatTokenizer.tools_text``), else fak's Hermes block (``render_tools``). Either is a
+    function of the tools alone: the same tools, the same bytes, ref and tokens."""
+    own = k.tokenizer.tools_text([s.definition() for s in specs]) if k.tokenizer.renders_tools else None
+    return own if own is not None else render_tools(specs)
+
+
 def _add_tools(turn: ChatTurn, text: str) -> None:
     """The tools block into attention, through the gate as content of its own (producer
     ``fak.tool_definitions``), unless the session already holds it live."""
@@ -337,7 +354,7 @@ def _add_tools(turn: ChatTurn, text: str) -> None:
     if any(x.ref == ref and x.state is SegmentState.LIVE for x in ks.segments()):
         turn.tools_ref = ref
         return
-    a = ks.admit(TOOL_DEFINITIONS, data)
+    a = ks.admit(TOOL_DEFINITIONS, data, role=turn.kernel.tokenizer.tools_role)
     turn.admissions.append(w.AdmissionInfo(message_index=-1, tool=TOOL_DEFINITIONS, tool_call_id=None,
                                            verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,
                                            admitted_ref=a.admitted_ref, admitted=a.admitted,

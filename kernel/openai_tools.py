@@ -63,11 +63,16 @@ class ToolSpec:
 
     def line(self) -> str:
         """The tool as the model sees it: one canonical JSON line."""
+        return json.dumps(self.definition(), ensure_ascii=False, sort_keys=True)
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as a chat template reads it (``tools=``): its schema's keys sorted, so the
+        same tools render to the same bytes however a client ordered them."""
         fn: dict[str, Any] = {"name": self.name}
         if self.description:
             fn["description"] = self.description
-        fn["parameters"] = self.parameters
-        return json.dumps({"type": "function", "function": fn}, ensure_ascii=False, sort_keys=True)
+        fn["parameters"] = json.loads(json.dumps(self.parameters, sort_keys=True))
+        return {"type": "function", "function": fn}
 
 
 Choice = Literal["auto", "none", "required"]

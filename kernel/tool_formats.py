@@ -27,14 +27,18 @@ import json
 import string
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import blake3
 
 from fak.kernel import openai_tools
 from fak.kernel.openai_tools import ParsedCall, json_text
 
-__all__ = ["HermesFormat", "Llama3JsonFormat", "MistralFormat", "ToolFormat", "format_of", "template_has_tools"]
+if TYPE_CHECKING:
+    from fak.kernel.model.tokenizer import ChatTokenizer
+
+__all__ = ["HermesFormat", "Llama3JsonFormat", "MistralFormat", "ToolFormat", "format_for", "format_of",
+           "template_has_tools"]
 
 _DECODER = json.JSONDecoder()
 _ALNUM = string.ascii_letters + string.digits
@@ -209,6 +213,11 @@ def format_of(source: str | None) -> ToolFormat:
     if '"parameters": ' in text or "<|python_tag|>" in text:
         return Llama3JsonFormat()
     return HermesFormat()
+
+
+def format_for(tokenizer: ChatTokenizer) -> ToolFormat:
+    """The call syntax of the model ``tokenizer`` renders for (``format_of`` its template)."""
+    return format_of(tokenizer.template_source)
 
 
 def _object(arguments: dict[str, Any] | str) -> Any:

@@ -65,6 +65,7 @@ class Session(SessionState):
         policy_digest: str | None = None,
         segment_id: str | None = None,
         regions: Sequence[int] = (),
+        role: str | None = None,
     ) -> Segment:
         """Append a segment: ``text`` is rendered as a chat message of role ``kind``
         (content encoded with special-token strings taken literally); ``tokens`` are
@@ -72,10 +73,12 @@ class Session(SessionState):
         turns see it in their history). ``chunks`` overrides the prefill chunking;
         ``content`` adds content provenance beyond the segment's own ref. ``regions``:
         token offsets where content the assembler knows (a document, a schema) begins,
-        so PIC cuts identical content identically wherever it lands."""
+        so PIC cuts identical content identically wherever it lands. ``role``: the chat role
+        ``text`` is rendered as, when not the kind's (a tools block the template shows as a
+        system turn)."""
         kind = SegmentKind(kind)
         if text is not None and tokens is None:
-            message = {"role": kind.value, "content": text}
+            message = {"role": role or kind.value, "content": text}
             ids = self._render_message(message)
         elif tokens is not None and text is None:
             ids = [int(t) for t in tokens]

@@ -9,7 +9,9 @@ digits individually, as the original SmolLM2 ``tokenizer.json`` does).
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +25,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from fak.kernel.model.config import ModelError
-from fak.kernel.tool_formats import ToolFormat, format_of, template_has_tools
 
 CONTROL = 3
 LLAMA3_SPLIT = (
@@ -90,8 +91,9 @@ class ChatTokenizer:
         # what the model's template can name: its BOS and EOS as text (Llama's and Mistral's write them)
         self._names = {k: tk.id_to_token(i) for k, i in (("bos_token", self.bos_token_id),
                                                           ("eos_token", self.eos_token_id)) if i is not None}
-        self.tool_format: ToolFormat = format_of(template)
-        self.renders_tools = template_has_tools(template)
+        # the template renders a request's tools itself (its source reads ``tools``); which call
+        # syntax it teaches is the agent kernel's to say (``fak.kernel.tool_formats.format_for``)
+        self.renders_tools = bool(template) and "tools" in (template or "")
         self.stop_token_ids: set[int] = {i for i in (self.eos_token_id,) if i is not None}
         for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>"):
             tid = tk.token_to_id(name)
@@ -102,6 +104,7 @@ class ChatTokenizer:
         self._plain = Tokenizer.from_str(tk.to_str())
         self._plain.encode_special_tokens = True
         self._turn_suffix: list[int] | None = None
+        self._special_re: re.Pattern[str] | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ChatTokenizer:
@@ -125,6 +128,13 @@ class ChatTokenizer:
         return cls(Tokenizer.from_file(str(tj)), meta)
 
     @property
+    def tools_role(self) -> str | None:
+        """The chat role the door's tools block is rendered as: a system turn where the model's
+        template writes the tools text (``tools_text``: instructions, as the template shows
+        them); None (the tool role) for fak's own Hermes block."""
+        return "system" if self.renders_tools else None
+
+    @property
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size()
 
@@ -139,8 +149,16 @@ class ChatTokenizer:
 
     def encode_message(self, history: list[dict[str, str]], message: dict[str, str]) -> list[int]:
         """Tokens the chat template adds for ``message`` after ``history``: the
-        template's own markup is encoded with special tokens, the content without."""
+        template's own markup is encoded with special tokens, the content without. A template that
+        renders tools (a model with a tool format of its own) is segmented as ``encode_conversation``
+        does it, so its filters (``tojson``, ``trim``) apply to the content as they do there."""
         before = self.render(history) if history else ""
+        if self.renders_tools:
+            whole = self.encode_conversation([*history, message])
+            cut = len(before)
+            if not whole.text.startswith(before) or any(k == "content" and a < cut < b for k, a, b in whole.spans):
+                raise ModelError("the chat template does not render messages incrementally; append tokens instead")
+            return self._ids(whole.text, whole.spans, cut)
         marked = self.render(history + [{**message, "content": _SENTINEL}])
         if not marked.startswith(before) or marked.count(_SENTINEL) != 1:
             raise ModelError("the chat template does not render messages incrementally; append tokens instead")
@@ -221,21 +239,41 @@ class ChatTokenizer:
         spans = _align(text, marked, pieces)
         if spans is None:
             raise ModelError("the chat template's markup depends on the content here: it cannot be segmented")
+        return Rendered(text, self._ids(text, spans), spans)
+
+    def _ids(self, text: str, spans: list[tuple[SpanKind, int, int]], start: int = 0) -> list[int]:
+        """Token ids of ``text[start:]``: a special token where the markup writes one, every
+        stretch between them encoded in one piece with special-token strings taken literally."""
+        specials = self._special_strings()
+        if self._special_re is None:
+            self._special_re = re.compile("|".join(re.escape(t) for t in specials)) if specials else re.compile("(?!)")
         ids: list[int] = []
-        pos = 0
+        pos = start
         for kind, a, b in spans:
-            if kind != "markup":
+            if kind != "markup" or b <= start:
                 continue
-            i = a
-            while i < b:
-                hit = next((t for t in specials if text.startswith(t, i) and i + len(t) <= b), None)
-                if hit is None:
-                    i += 1
-                    continue
-                ids += self.encode_plain(text[pos:i]) + [specials[hit]]
-                pos = i = i + len(hit)
-        ids += self.encode_plain(text[pos:])
-        return Rendered(text, ids, spans)
+            for hit in self._special_re.finditer(text, max(a, start), b):  # longest first, as the tokenizer matches
+                ids += self.encode_plain(text[pos:hit.start()]) + [specials[hit.group()]]
+                pos = hit.end()
+        return ids + self.encode_plain(text[pos:])
+
+    def tools_text(self, tools: list[dict[str, Any]]) -> str | None:
+        """The text the model's template writes to show ``tools`` (Qwen's ``# Tools`` section,
+        Llama's "Given the following functions" block, Mistral's ``[AVAILABLE_TOOLS]``): what
+        a probe conversation gains when rendered with them, its longest insertion. None when
+        the template writes no such text (or fails): the caller falls back to fak's own block."""
+        probe = [{"role": "system", "content": "\ue010s\ue011"}, {"role": "user", "content": "\ue010u\ue011"}]
+        try:
+            bare, shown = self.render(probe), self.render(probe, tools=tools)
+        except ModelError:
+            return None
+        ops = difflib.SequenceMatcher(None, bare, shown, autojunk=False).get_opcodes()
+        inserted = [shown[j1:j2] for op, _, _, j1, j2 in ops if op in ("insert", "replace")]
+        text = max(inserted, key=len, default="").strip("\n")
+        names = [t.get("function", {}).get("name", "") for t in tools]
+        if not text or "\ue010" in text or not all(n in text for n in names):
+            return None
+        return text
 
     def _special_strings(self) -> dict[str, int]:
         """The special tokens' strings and ids, longest first (as the tokenizer matches them)."""
