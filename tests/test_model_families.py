@@ -1,7 +1,7 @@
 """The decoder families fak runs besides Llama 2-style models: Qwen2 (q/k/v biases), Qwen3
-(per-head q/k RMSNorm, a head_dim of its own), Mistral (Llama's compute; a sliding window
-shorter than the context is refused) and Llama 3 (its RoPE scaling), against transformers'
-own classes for each (``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+(per-head q/k RMSNorm, a head_dim of its own), Mistral (a sliding window: a query attends to
+the keys less than ``sliding_window`` positions back) and Llama 3 (its RoPE scaling), against
+transformers' own classes for each (``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
 ``LlamaForCausalLM``), eager float32, on tiny random configs.
 
 Words as in docs/design.md: oracle-exact = max|Δlogits| = 0 against transformers eager
@@ -37,10 +37,11 @@ from fak.kernel.model.weights import state_dict_from_weights
 FAMILIES: dict[str, dict] = {
     "qwen2": dict(arch="qwen2", num_kv_heads=2, tie_word_embeddings=True, rope_theta=1000000.0),
     "qwen3": dict(arch="qwen3", num_kv_heads=2, head_dim=32, tie_word_embeddings=False, rope_theta=1000000.0),
-    "mistral": dict(arch="mistral", num_kv_heads=1, tie_word_embeddings=False),
+    # a window of 12 binds on every sequence below (prompts of 16 to 96 tokens)
+    "mistral": dict(arch="mistral", num_kv_heads=1, tie_word_embeddings=False, sliding_window=12),
     "llama3": dict(arch="llama", num_kv_heads=2, rope_scaling=LLAMA3, rope_theta=500000.0),
 }
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "llama3": "llama"}
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "llama3": "llama"}  # general.architecture
 
 
 def _ids(n: int, seed: int = 1) -> list[int]:
@@ -121,6 +122,8 @@ def write_gguf(path: Path, model: Llama, kind: str, arch: str, metadata: dict | 
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_vocab_size(cfg.vocab_size)
+    if cfg.sliding_window is not None:
+        w.add_sliding_window(cfg.sliding_window)
     for key, value in (metadata or {}).items():
         w.add_uint32(key, value)
     tokens = ["a", "b", "ab"] + [chr(0x100 + i) for i in range(cfg.vocab_size - 4)] + ["<|end|>"]
@@ -223,9 +226,18 @@ def test_oracle_qwen3_full_sequence() -> None:
 
 
 def test_oracle_mistral_full_sequence() -> None:
-    """Mistral (no sliding window binding: ``sliding_window`` null; MQA, untied head):
-    oracle-exact on the eager full sequence, and the other three witnesses."""
+    """Mistral with a sliding window of 12 positions that binds on every sequence here (MQA,
+    untied head): oracle-exact on the eager full sequence (the window is the same additive mask
+    as transformers'), greedy tokens equal to ``generate()``'s well past the window, chunked +
+    decode oracle-close in each backend (decode steps drop the rows out of the window), RECOMPUTE
+    eviction bit-exact; and without the window the logits are another computation."""
     _family_test("mistral")
+    model = family_model("mistral")
+    unwindowed = tiny_model(seed=3, attention="eager", **(FAMILIES["mistral"] | {"sliding_window": None}))
+    ids = _ids(40)
+    a = model.forward(ids, model.new_cache(), all_logits=True)
+    b = unwindowed.forward(ids, unwindowed.new_cache(), all_logits=True)
+    assert torch.equal(a[:12], b[:12]) and (a[12:] - b[12:]).abs().max() > 1e-2
 
 
 def test_oracle_llama3_full_sequence() -> None:
@@ -261,8 +273,8 @@ def test_hf_folder_loads_each_family(tmp_path, family: str, dtype: torch.dtype) 
 @pytest.mark.parametrize("kind", ["F32", "F16", "Q8_0"])
 def test_gguf_file_loads_each_family(tmp_path, family: str, kind: str) -> None:
     """A GGUF file written with llama.cpp's names and metadata keys for the family
-    (``general.architecture`` qwen2 / qwen3 / llama for Mistral and Llama 3, Q/K rows permuted
-    for llama only) loads the same tensors (F32: the same bytes; F16/Q8_0: their dequantisation);
+    (``general.architecture`` qwen2 / qwen3 / llama for Mistral and Llama 3, Mistral's window as
+    ``llama.attention.sliding_window``, Q/K rows permuted for llama only) loads the same tensors (F32: the same bytes; F16/Q8_0: their dequantisation);
     the loaded float32 model is oracle-exact on the eager full sequence and oracle-close chunked
     + decoded against HF holding the dequantised weights; RECOMPUTE eviction bit-exact."""
     model = family_model(family)
@@ -270,7 +282,8 @@ def test_gguf_file_loads_each_family(tmp_path, family: str, kind: str) -> None:
     write_gguf(path, model, kind, GGUF_ARCH[family])
     loaded = load_model(path, cache_dir=tmp_path / "cache").model
     cfg = loaded.cfg
-    assert cfg.arch == GGUF_ARCH[family] and cfg.head_dim == model.cfg.head_dim
+    assert cfg.arch == model.cfg.arch and cfg.head_dim == model.cfg.head_dim  # mistral: llama + a window
+    assert cfg.sliding_window == model.cfg.sliding_window
     assert cfg.attention_bias == model.cfg.attention_bias and cfg.qk_norm == model.cfg.qk_norm
     assert cfg.tie_word_embeddings == model.cfg.tie_word_embeddings
     a, b = loaded.w.layers[1], model.w.layers[1]
@@ -290,10 +303,11 @@ def test_gguf_file_loads_each_family(tmp_path, family: str, kind: str) -> None:
     _check_recompute_evict(loaded)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
 def test_gguf_blocks_c_decode_equals_torch_ops_per_family(tmp_path, family: str) -> None:
     """The ``gguf`` weight format's C decode step (the file's Q8_0 blocks) applies the family's
-    biases and q/k norms: its tokens equal the torch decode path running the same block products,
+    biases, q/k norms and sliding window (a 30-token prompt and 10 steps against a window of
+    12): its tokens equal the torch decode path running the same block products,
     cache rows and logits within 1e-4 of their scale; a batched step is the bytes of a lone one."""
     model = family_model(family)
     path = tmp_path / f"{family}.gguf"
@@ -336,7 +350,7 @@ def _hf_cfg(arch: str, **fields) -> dict:
 
 
 REFUSALS = {
-    "mistral_sliding_window": ("mistral", dict(sliding_window=256), "sliding_window=256"),
+    "mistral_sliding_window_zero": ("mistral", dict(sliding_window=0), "sliding_window=0"),
     "qwen2_use_sliding_window": ("qwen2", dict(use_sliding_window=True), "use_sliding_window=True"),
     "qwen3_layer_types": ("qwen3", dict(layer_types=["full_attention", "sliding_attention"]), "layer_types="),
     "llama_mlp_bias": ("llama", dict(mlp_bias=True), "mlp_bias=True"),
@@ -359,28 +373,30 @@ def test_a_config_fak_cannot_run_exactly_is_refused_naming_the_field(case: str) 
 
 
 def test_accepted_configs_round_trip_through_to_hf() -> None:
-    """from_hf(to_hf(cfg)) is cfg for every family, and a Mistral window no shorter than the
-    context (it never masks a key fak can hold) is accepted."""
+    """from_hf(to_hf(cfg)) is cfg for every family (Mistral's window included); a window on
+    another family is refused."""
     for family in FAMILIES:
         cfg = family_model(family).cfg
         assert ModelConfig.from_hf(cfg.to_hf() | {"_name_or_path": cfg.name}) == cfg, family
-    assert ModelConfig.from_hf(_hf_cfg("mistral", sliding_window=512)).arch == "mistral"
+    assert ModelConfig.from_hf(_hf_cfg("mistral", sliding_window=512)).sliding_window == 512
+    with pytest.raises(ModelError, match="sliding_window=8"):
+        ModelConfig(**(family_model("qwen2").cfg.to_dict() | {"sliding_window": 8, "rope_scaling": {}}))
     assert ModelConfig.from_dict(family_model("qwen3").cfg.to_dict()).qk_norm
 
 
 @pytest.mark.parametrize(
     ("case", "named"),
-    [("sliding_window", "attention.sliding_window=64"), ("bias", "blk.0.attn_q.bias"),
+    [("sliding_window", "qwen2.attention.sliding_window=64"), ("bias", "blk.0.attn_q.bias"),
      ("q_norm", "blk.0.attn_q_norm.weight")],
 )
 def test_a_gguf_file_fak_cannot_run_exactly_is_refused_naming_the_field(tmp_path, case: str, named: str) -> None:
-    """A llama GGUF with a binding sliding window, or with tensors of another family (q biases,
-    q/k norms under general.architecture=llama), is refused by name."""
-    donor = {"sliding_window": "mistral", "bias": "qwen2", "q_norm": "qwen3"}[case]
+    """A Qwen2 GGUF with a sliding window (Qwen's windows are per layer: not computed), or a
+    llama GGUF with tensors of another family (q biases, q/k norms), is refused by name."""
+    donor = {"sliding_window": "qwen2", "bias": "qwen2", "q_norm": "qwen3"}[case]
     model = family_model(donor)
     path = tmp_path / "x.gguf"
-    meta = {"llama.attention.sliding_window": 64} if case == "sliding_window" else None
-    write_gguf(path, model, "F32", "llama", metadata=meta)
+    meta = {"qwen2.attention.sliding_window": 64} if case == "sliding_window" else None
+    write_gguf(path, model, "F32", "qwen2" if case == "sliding_window" else "llama", metadata=meta)
     with pytest.raises(ModelError, match=named):
         load_model(path, cache_dir=tmp_path / "cache")
 

@@ -136,6 +136,8 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
         q = F.rms_norm(q, (hd,), w0.q_norm, cfg.rms_norm_eps)
     q = q.transpose(1, 2)
     allowed = cache.positions[:end][None, :] <= pos[:, None]
+    if cfg.sliding_window is not None:  # Mistral: keys less than the window back, as the forward attends
+        allowed &= cache.positions[:end][None, :] > pos[:, None] - cfg.sliding_window
     mask = torch.zeros(allowed.shape, dtype=dtype, device=cache.device).masked_fill_(~allowed, torch.finfo(dtype).min)
     attn = F.scaled_dot_product_attention(
         rope.apply(q, cos, sin),

@@ -82,16 +82,19 @@ class BlasDecoder:
         out: np.ndarray = weight * (x * (np.float32(1.0) / np.sqrt(variance + self.eps)))
         return out
 
-    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin_signed: torch.Tensor) -> np.ndarray:
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin_signed: torch.Tensor,
+             keep: torch.Tensor | None = None) -> np.ndarray:
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller) and
         return the final hidden state after the last norm, ``(hidden,)``. ``cos`` and
-        ``sin_signed`` are the ``(1, head_dim)`` tables of ``rope.cos_sin``."""
+        ``sin_signed`` are the ``(1, head_dim)`` tables of ``rope.cos_sin``; ``keep`` the
+        rows attended (a sliding window), None for all."""
         cfg = self.cfg
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         half, qk_rows = hd // 2, (H + KV) * hd
         row, end = cache.length, cache.length + 1
         c, s = cos.numpy()[0], sin_signed.numpy()[0]
         K, Kraw, V = cache.k.numpy(), cache.kraw.numpy(), cache.v.numpy()
+        dropped = None if keep is None else ~keep.numpy()
         x = self.embed[token].copy()
         for i, lw in enumerate(self.layers):
             qkv = lw.wqkv @ self._rms_norm(x, lw.attn_norm)
@@ -108,6 +111,8 @@ class BlasDecoder:
             # grouped attention over the token-major rows: q (KV, G, hd) @ K^T (KV, hd, L)
             q = qk_rot[:H].reshape(KV, H // KV, hd)
             scores = np.matmul(q, K[i, :end].transpose(1, 2, 0)) * self.scale
+            if dropped is not None:  # rows out of a sliding window weigh exactly 0
+                scores[..., dropped] = -np.inf
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs = scores / scores.sum(axis=-1, keepdims=True)
             attn = np.matmul(probs, V[i, :end].transpose(1, 0, 2))  # (KV, G, hd)

@@ -29,6 +29,7 @@ import platform
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -189,7 +190,13 @@ class _Model(ctypes.Structure):
 
 
 class _Cache(ctypes.Structure):
-    _fields_ = [("k", ctypes.c_void_p), ("kraw", ctypes.c_void_p), ("v", ctypes.c_void_p), ("capacity", ctypes.c_int64)]
+    _fields_ = [("k", ctypes.c_void_p), ("kraw", ctypes.c_void_p), ("v", ctypes.c_void_p), ("capacity", ctypes.c_int64),
+                ("keep", ctypes.c_void_p)]  # uint8 per row attended (a sliding window), NULL (None) for all
+
+
+def _keep_bytes(keep: torch.Tensor | None) -> torch.Tensor | None:
+    """A step's ``keep`` rows as the uint8 array the C step reads (None: every row)."""
+    return None if keep is None else keep.to(torch.uint8).contiguous()
 
 
 class _Scratch(ctypes.Structure):
@@ -440,14 +447,17 @@ class BlockDecoder:
         struct: _Scratch = local.struct  # threading.local's attributes are untyped
         return struct
 
-    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor,
+             keep: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller); return
-        its logits ``(1, vocab)``."""
+        its logits ``(1, vocab)``. ``keep``: the rows attended (a sliding window), None for all."""
         row = cache.length
         if row >= cache.capacity or cache.k.dtype != torch.float32 or not cache.k.is_contiguous():
             raise ValueError("the block decoder needs a reserved row in a contiguous float32 cache")
         scratch = self._scratch(row + 1)
-        kv = _Cache(cache.k.data_ptr(), cache.kraw.data_ptr(), cache.v.data_ptr(), int(cache.k.shape[1]))
+        kb = _keep_bytes(keep)
+        kv = _Cache(cache.k.data_ptr(), cache.kraw.data_ptr(), cache.v.data_ptr(), int(cache.k.shape[1]),
+                    None if kb is None else kb.data_ptr())
         cos = cos.reshape(-1).contiguous()
         sin = sin.reshape(-1).contiguous()
         logits = torch.empty((1, self.vocab))
@@ -457,7 +467,8 @@ class BlockDecoder:
         )  # fmt: skip
         return logits
 
-    def step_batch(self, tokens: list[int], caches: list[KVCache], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def step_batch(self, tokens: list[int], caches: list[KVCache], cos: torch.Tensor, sin: torch.Tensor,
+                   keeps: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
         """Run one token of each of several sessions in one pass over the weights: ``tokens[t]``
         at row ``caches[t].length`` of its own cache (room reserved by the caller), with RoPE
         tables ``cos``/``sin`` ``(b, head_dim)``; their logits ``(b, vocab)``. Row ``t``'s cache
@@ -472,7 +483,9 @@ class BlockDecoder:
                 raise ValueError("the block decoder needs a reserved row in a contiguous float32 cache")
         rows = [c.length for c in caches]
         scratch = self._batch_scratch(b, max(rows) + 1)
-        kv = (_Cache * b)(*(_Cache(c.k.data_ptr(), c.kraw.data_ptr(), c.v.data_ptr(), int(c.k.shape[1])) for c in caches))
+        kbs = [_keep_bytes(k) for k in (keeps or [None] * b)]  # held until the call returns
+        kv = (_Cache * b)(*(_Cache(c.k.data_ptr(), c.kraw.data_ptr(), c.v.data_ptr(), int(c.k.shape[1]),
+                                   None if kb is None else kb.data_ptr()) for c, kb in zip(caches, kbs, strict=True)))
         tok = torch.tensor(tokens, dtype=torch.int64)
         row = torch.tensor(rows, dtype=torch.int64)
         cos, sin = cos.contiguous(), sin.contiguous()

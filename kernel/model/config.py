@@ -4,9 +4,10 @@ read from GGUF metadata or an HF ``config.json``.
 The families share one forward (``llama.py``); ``arch`` (the HF ``model_type``) decides
 where they differ: ``attention_bias`` (biases on the q/k/v projections, none on the
 output: Qwen2), ``qk_norm`` (an RMSNorm over each query and key head before RoPE: Qwen3)
-and ``gguf_permuted`` (how a GGUF file orders the Q/K rows). A config
-field whose computation fak does not run exactly (a binding sliding window, MLP or
-output biases, other RoPE scalings, MoE) is refused by name, never run approximately."""
+and ``gguf_permuted`` (how a GGUF file orders the Q/K rows); Mistral's ``sliding_window``
+limits how far back a query attends, in every path. A config field whose computation fak
+does not run exactly (Qwen's per-layer sliding windows, MLP or output biases, other RoPE
+scalings, MoE) is refused by name, never run approximately."""
 
 from __future__ import annotations
 
@@ -61,12 +62,9 @@ def _check_hf_fields(arch: str, cfg: dict[str, Any]) -> None:
         if any(t != "full_attention" for t in types):
             raise refuse(arch, "layer_types", sorted(set(types)), "only full_attention layers are computed")
     elif arch == "mistral":
-        window, limit = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
-        # a window no shorter than the context never masks a key fak can hold (the server refuses
-        # positions past max_position_embeddings); a shorter one would, and is not computed
-        if window is not None and int(window) < int(limit):
-            raise refuse(arch, "sliding_window", window,
-                         f"a window shorter than max_position_embeddings={limit} is not computed")
+        window = cfg.get("sliding_window")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise refuse(arch, "sliding_window", window, "a window is a positive number of positions")
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
         raise refuse(arch, "num_experts", cfg.get("num_experts") or cfg.get("num_local_experts"),
                      "mixture-of-experts layers are not computed")
@@ -90,10 +88,14 @@ class ModelConfig:
     eos_token_id: int | None = None
     name: str = "llama"
     arch: str = "llama"  # the HF model_type; it decides the two switches below
+    sliding_window: int | None = None  # Mistral: a query attends to keys less than this many positions back
+
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ModelError(f"unsupported architecture {self.arch!r} (model_type; supported: {', '.join(ARCHS)})")
+        if self.sliding_window is not None and (self.arch != "mistral" or self.sliding_window < 1):
+            raise refuse(self.arch, "sliding_window", self.sliding_window, "fak computes a window for mistral only")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
@@ -114,6 +116,11 @@ class ModelConfig:
         """Whether llama.cpp's converter stores this family's Q/K rows rotary-permuted (its
         ``llama`` architecture, which Mistral converts to; Qwen's use the halves order as HF)."""
         return self.arch in ("llama", "mistral")
+
+    def window_start(self, position: int) -> int:
+        """The first key position a query at ``position`` attends to (as transformers' sliding
+        window mask: key > query - window); 0 without a window."""
+        return 0 if self.sliding_window is None else max(0, position - self.sliding_window + 1)
 
     @property
     def kv_groups(self) -> int:
@@ -172,6 +179,7 @@ class ModelConfig:
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
             name=cfg.get("_name_or_path") or arch or "llama",
             arch=arch,
+            sliding_window=cfg.get("sliding_window") if arch == "mistral" else None,
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -198,7 +206,7 @@ class ModelConfig:
             "eos_token_id": self.eos_token_id,
         }
         if self.arch == "mistral":
-            out["sliding_window"] = None
+            out["sliding_window"] = self.sliding_window
         if self.arch in ("qwen2", "qwen3"):
             out |= {"use_sliding_window": False, "sliding_window": None,
                     "layer_types": ["full_attention"] * self.num_layers}

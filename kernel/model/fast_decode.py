@@ -34,9 +34,10 @@ class FastDecoder:
         self.head = head
         self.scale = cfg.head_dim**-0.5
 
-    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor,
+             keep: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``token`` at cache row ``cache.length`` (room reserved by the caller);
-        return its logits, ``(1, vocab)`` float32."""
+        return its logits, ``(1, vocab)`` float32. ``keep``: the rows attended (a sliding window)."""
         cfg = self.cfg
         H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
         eps = cfg.rms_norm_eps
@@ -61,7 +62,10 @@ class FastDecoder:
                 keys, values = keys.float(), values.float()
             # q (kv_heads, groups, hd) @ K^T (kv_heads, hd, L) → softmax → @ V (kv_heads, L, hd)
             q = qk_rot[:H].view(KV, H // KV, hd)
-            probs = torch.softmax(torch.matmul(q, keys.permute(1, 2, 0)) * self.scale, dim=-1)
+            scores = torch.matmul(q, keys.permute(1, 2, 0)) * self.scale
+            if keep is not None:  # rows out of a sliding window weigh exactly 0
+                scores = scores.masked_fill(~keep, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
             attn = torch.matmul(probs, values.transpose(0, 1))
             x = x + ln.o(attn.view(1, H * hd))
             gate, up = ln.gate_up(F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2, dim=-1)

@@ -50,9 +50,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
-def _causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``(1, 1, T, L)``: 0 where key position ≤ query position, else the dtype's minimum."""
+def _causal_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype, window: int | None = None
+) -> torch.Tensor:
+    """Additive mask ``(1, 1, T, L)``: 0 where key position ≤ query position (and, with a sliding
+    ``window``, key position > query position - window, as transformers masks it), else the
+    dtype's minimum."""
     allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - window
     mask = torch.zeros(allowed.shape, dtype=dtype, device=q_pos.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
@@ -61,8 +67,10 @@ def _causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -
 class TokenStep(Protocol):
     """A one-token decode path other than the layer loops below (``FastDecoder``, ``BlockDecoder``)."""
 
-    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Run ``token`` at cache row ``cache.length`` (reserved by the caller); its logits ``(1, vocab)``."""
+    def step(self, token: int, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor,
+             keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``token`` at cache row ``cache.length`` (reserved by the caller); its logits ``(1, vocab)``.
+        ``keep``: the rows ``[0, length]`` it attends to (a sliding window), None for all."""
         ...
 
 
@@ -199,14 +207,16 @@ class Llama:
             if not 0 <= token < self.cfg.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size})")
         tables = []
+        keeps = []
         for _, cache in steps:
             first = cache.next_position()
             position = torch.arange(first, first + 1, dtype=torch.int64, device=self.device)
             cache.reserve(cache.length + 1)
             tables.append((position, *rope.cos_sin(self.inv_freq, position, self.dtype)))  # one row as alone
+            keeps.append(self._window_keep(cache, cache.length, first))
         cos = torch.cat([c for _, c, _ in tables])
         sin = torch.cat([s for _, _, s in tables])
-        logits = self._batch.step_batch([t for t, _ in steps], [c for _, c in steps], cos, sin)
+        logits = self._batch.step_batch([t for t, _ in steps], [c for _, c in steps], cos, sin, keeps)
         out = []
         for i, ((token, cache), (position, _, _)) in enumerate(zip(steps, tables, strict=True)):
             cache.commit(torch.tensor([token], dtype=torch.int64), position)
@@ -244,37 +254,53 @@ class Llama:
             positions = torch.arange(first, first + T, dtype=torch.int64, device=self.device)
         cache.reserve(start + T)
         cos, sin = rope.cos_sin(self.inv_freq, positions, self.dtype)
+        window = self.cfg.sliding_window
+        keep = self._window_keep(cache, start, int(positions[0])) if T == 1 else None
         if capture is not None:
             x = F.embedding(ids, self.w.embed)[None]
-            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
             x = self._layers_prefill_eager(x, cache, start, cos, sin, full, capture)
             cache.commit(ids, positions)
             x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
             return self.head(x if all_logits else x[:, -1:])[0]
         if T == 1 and self._blas is not None:
-            hidden = self._blas.step(int(ids[0]), cache, cos, sin)
+            hidden = self._blas.step(int(ids[0]), cache, cos, sin, keep)
             cache.commit(ids, positions)
             return torch.from_numpy(self._blas.logits(hidden))[None]
         if T == 1 and self._fast is not None:
-            logits = self._fast.step(int(ids[0]), cache, cos, sin)
+            logits = self._fast.step(int(ids[0]), cache, cos, sin, keep)
             cache.commit(ids, positions)
             return logits
         x = F.embedding(ids, self.w.embed)[None]  # (1, T, D)
         if T == 1:
-            x = self._layers_decode(x, cache, start, cos, sin)
+            x = self._layers_decode(x, cache, start, cos, sin, keep)
         elif self.attention == "eager":
-            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
             x = self._layers_prefill_eager(x, cache, start, cos, sin, full)
-        else:  # a first chunk needs no mask: plain causal attention
+        else:  # a first chunk needs no mask (plain causal attention) unless a window leaves keys out
             mask: torch.Tensor | None = None
-            if start > 0:
-                mask = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype)
+            if start > 0 or (window is not None and int(positions.max() - positions.min()) >= window):
+                mask = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
             x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
         cache.commit(ids, positions)
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         if not all_logits:
             x = x[:, -1:]
         return self.head(x)[0]
+
+    def _window_keep(self, cache: KVCache, start: int, position: int) -> torch.Tensor | None:
+        """The cache rows ``[0, start]`` a one-token step at ``position`` attends to under a
+        sliding window (one bool per row; the new row ``start`` always), or None when the
+        window leaves none of them out (always, for the families without one)."""
+        if self.cfg.sliding_window is None or start == 0:
+            return None
+        first = self.cfg.window_start(position)
+        past = cache.positions[:start]
+        if int(past.min()) >= first:
+            return None
+        keep = torch.ones(start + 1, dtype=torch.bool, device=cache.device)
+        keep[:start] = past >= first
+        return keep
 
     def _rows(self, cache: KVCache, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cache keys and values of a layer, ``(end, kv_heads, head_dim)``, in the compute dtype."""
@@ -414,7 +440,8 @@ class Llama:
         cache.v[layer, start:end] = v[0].transpose(0, 1)
 
     def _layers_decode(
-        self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor, sin: torch.Tensor,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token: fused projections, one RoPE call for q and k together, and
         grouped-query attention straight over the cache rows (no repeated keys).
@@ -440,6 +467,8 @@ class Llama:
             # q (kv_heads, groups, hd) @ K^T (kv_heads, hd, L) → softmax → @ V (kv_heads, L, hd)
             q = qk_rot[:H].view(KV, H // KV, hd)
             scores = torch.matmul(q, cache.k[i, :end].permute(1, 2, 0)) * self.scaling
+            if keep is not None:  # a sliding window: rows out of it weigh exactly 0
+                scores = scores.masked_fill(~keep, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             attn = torch.matmul(probs, cache.v[i, :end].transpose(0, 1))
             x = x + torch.mv(lw.wo, attn.view(H * hd))

@@ -207,9 +207,10 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
     vocab = field(p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     context = int(field(p + "context_length", 2048))
     window = field(p + "attention.sliding_window")
-    if window is not None and int(window) < context:
-        raise ModelError(f"GGUF field {p}attention.sliding_window={window} is shorter than the context "
-                         f"({context}): sliding-window attention is not computed")
+    if window is not None and arch != "llama":  # Qwen's windows are per layer: not computed
+        raise ModelError(f"GGUF field {p}attention.sliding_window={window} is not supported for {arch!r}")
+    if window is not None:  # a llama-architecture file with a window is a Mistral's conversion
+        arch = "mistral"
     names = {t.name for t in reader.tensors}
     scaling = RopeScaling()
     if field(p + "rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in names:
@@ -238,6 +239,7 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
         eos_token_id=field("tokenizer.ggml.eos_token_id"),
         name=str(field("general.name", arch)),
         arch=arch,
+        sliding_window=None if window is None else int(window),
     )
 
 

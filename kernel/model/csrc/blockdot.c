@@ -236,6 +236,7 @@ typedef struct {
 typedef struct {
     float *k, *kraw, *v;
     int64_t capacity;
+    const uint8_t *keep; /* the rows 0..row this step attends to (a sliding window), or NULL for all */
 } fak_cache;
 
 /* Scratch for one step (sizes in elements): x: dim; h: max(dim, ffn, heads * head_dim); qkv: (heads + 2 kv_heads) * head_dim;
@@ -287,13 +288,13 @@ static void qkv_finish(const fak_layer *lw, float *qkv, int64_t H, int64_t KV, i
  * the weighted sum of values. The one-session step and the batched step both call this, so
  * a head's output is the same bytes in both. `kv` is the head's group offset in a row. */
 static inline void attend_head(const float *query, const float *cos, const float *sin_signed, const float *K,
-                               const float *V, int64_t L, int64_t kv_row, int64_t kv, int64_t hd, float scale,
-                               float *sc, float *out) {
+                               const float *V, const uint8_t *keep, int64_t L, int64_t kv_row, int64_t kv,
+                               int64_t hd, float scale, float *sc, float *out) {
     float q[256]; /* head_dim <= 256, checked by the caller */
     rope(query, cos, sin_signed, hd, q);
     float mx = -INFINITY;
     for (int64_t t = 0; t < L; t++) {
-        sc[t] = dot_f32(q, K + t * kv_row + kv, hd) * scale;
+        sc[t] = keep && !keep[t] ? -INFINITY : dot_f32(q, K + t * kv_row + kv, hd) * scale; /* exp: exactly 0 */
         mx = fmaxf(mx, sc[t]);
     }
     float total = 0.0f;
@@ -377,7 +378,7 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
             team_barrier(&bar, team, &sense);
 #pragma omp for schedule(static) nowait
             for (int64_t h = 0; h < H; h++) {
-                attend_head(s->qkv + h * hd, cos, sin_signed, K, V, L, kv_row, (h / groups) * hd, hd, m->scale,
+                attend_head(s->qkv + h * hd, cos, sin_signed, K, V, c->keep, L, kv_row, (h / groups) * hd, hd, m->scale,
                             s->scores + h * L, s->att + h * hd);
             }
             team_barrier(&bar, team, &sense);
@@ -593,7 +594,7 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
                 const int64_t t = th / H, h = th % H, L = rows[t] + 1;
                 const int64_t layer_stride = caches[t].capacity * kv_row;
                 attend_head(s->qkv + t * qkv_n + h * hd, cos + t * hd, sin_signed + t * hd, caches[t].k + i * layer_stride,
-                            caches[t].v + i * layer_stride, L, kv_row, (h / groups) * hd, hd, m->scale,
+                            caches[t].v + i * layer_stride, caches[t].keep, L, kv_row, (h / groups) * hd, hd, m->scale,
                             s->scores + t * s->scores_stride + h * L, s->att + t * H * hd + h * hd);
             }
             team_barrier(&bar, team, &sense);
