@@ -82,6 +82,7 @@ def _info(args: argparse.Namespace) -> int:
     cfg = lm.model.cfg
     rows = {
         "model": cfg.name,
+        "architecture": cfg.arch + (f" (sliding window {cfg.sliding_window})" if cfg.sliding_window else ""),
         "model_id": lm.model_id,
         "source": str(lm.source),
         "parameters": f"{lm.model.w.parameters():,}",
