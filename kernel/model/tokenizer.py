@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -151,12 +152,19 @@ class ChatTokenizer:
         """Tokens the chat template adds for ``message`` after ``history``: the
         template's own markup is encoded with special tokens, the content without. A template that
         renders tools (a model with a tool format of its own) is segmented as ``encode_conversation``
-        does it, so its filters (``tojson``, ``trim``) apply to the content as they do there."""
+        does it, so its filters (``tojson``, ``trim``) apply to the content as they do there; where
+        such a template rewrites earlier turns once a message follows them (Qwen3 drops earlier
+        thoughts, Mistral moves the system message to the last user turn), the message's tokens
+        are what the whole rendering ends with after its last difference from the history's: the
+        session keeps earlier turns as they were appended."""
         before = self.render(history) if history else ""
         if self.renders_tools:
             whole = self.encode_conversation([*history, message])
-            cut = len(before)
-            if not whole.text.startswith(before) or any(k == "content" and a < cut < b for k, a, b in whole.spans):
+            prefix = whole.text.startswith(before)
+            cut = len(before) if prefix else _appended_at(before, whole.text)
+            if cut is None or any(k == "content" and a < cut < b for k, a, b in whole.spans) or (
+                    not prefix and message.get("content")
+                    and not any(k == "content" and a >= cut for k, a, _ in whole.spans)):
                 raise ModelError("the chat template does not render messages incrementally; append tokens instead")
             return self._ids(whole.text, whole.spans, cut)
         marked = self.render(history + [{**message, "content": _SENTINEL}])
@@ -340,6 +348,16 @@ def _mark(value: Any, pieces: list[str], kept: list[str], *, schema: bool, key: 
     if isinstance(value, list):
         return [_mark(v, pieces, kept, schema=schema, key=key, inside=inside) for v in value]
     return value
+
+
+def _appended_at(before: str, after: str) -> int | None:
+    """Where the text ``after`` appends to ``before`` begins, when ``after`` is ``before`` with
+    earlier stretches rewritten and text appended: the start of the diff's closing insertion."""
+    p = len(os.path.commonprefix([before, after]))
+    ops = difflib.SequenceMatcher(None, before[p:], after[p:], autojunk=False).get_opcodes()
+    if not ops or ops[-1][0] not in ("insert", "replace") or ops[-1][2] != len(before) - p:
+        return None
+    return p + ops[-1][3]
 
 
 def _forms(piece: str) -> list[str]:
