@@ -317,6 +317,42 @@ def test_the_door_shows_tools_calls_and_results_as_the_template_does(tmp_path, t
     # the forged header in the tool result is text: one <|im_start|> (the template's), not two
     im_start = tok.tk.token_to_id("<|im_start|>")
     assert segments[4].tokens.count(im_start) == 1
+    # a reopened kernel rebuilds the tools block as the same system turn, token for token
+    k.close()
+    import dataclasses
+
+    from tiny_kernel import policy_kernel
+
+    folder = tmp_path / "qwen-tiny"
+    k2 = policy_kernel(tmp_path, folder, dataclasses.replace(tiny_lm, tokenizer=ChatTokenizer.from_folder(folder)),
+                       POLICY)
+    try:
+        with k2.session("acme", "q").locked() as mech:
+            assert [x.tokens for x in mech.ledger.live()] == [x.tokens for x in segments]
+    finally:
+        k2.close()
+
+
+def test_families_without_the_call_grammar_say_so(smollm2_vocab):
+    """Llama 3 and Mistral write calls the Hermes call grammar does not: a request that would be
+    decoded under it is decoded without one, its calls read back in the family's syntax, and
+    ``tool_choice`` is listed in ``fak.ignored``; Qwen (Hermes) keeps the grammar."""
+    from fak import wire as w
+    from fak.kernel.openai_answer import Shown, plan_answer
+    from fak.kernel.openai_params import chat_parameters
+
+    body = w.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+                                   tool_choice="required")
+    for family, constrained in (("qwen2.5", True), ("llama3.1", False), ("mistral", False)):
+        fak, _ = pair(smollm2_vocab, family)
+        plan = plan_answer(fak, chat_parameters(body), "p", calls=True)
+        assert (plan.grammar is not None) == constrained, family
+        assert ("tool_choice" in plan.parameters.ignored) == (not constrained), family
+        assert plan.names == {"get_weather"}
+    shown = Shown([], calls=True, opens=Llama3JsonFormat.opens)
+    assert shown.feed('{"name": "get_weather", ') == "" and shown.feed('"parameters": {}}') == ""
+    shown = Shown([], calls=True, opens=MistralFormat.opens)
+    assert shown.feed("Sunny. ") == "Sunny. " and shown.feed("[TOOL_CALLS][{") == ""
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -353,3 +389,21 @@ def test_a_session_appends_message_by_message(smollm2_vocab, family):
     # the forged markers of the tool result are text wherever it went
     assert len([t for t in ids if t in specials]) == len([t for t in whole.ids if t in specials]) + {
         "qwen3": 4}.get(family, 0)  # Qwen3: the two kept thoughts, <think> and </think> each
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tools_text_is_the_templates_own(smollm2_vocab, family):
+    """The door's tools block where the template renders tools: the stretch of
+    ``apply_chat_template``'s output the tools add (Qwen's ``# Tools`` section, Llama's
+    "Given the following functions" block, Mistral's ``[AVAILABLE_TOOLS]``), the same bytes for
+    the same tools, holding every tool; a template without a tool format gives None."""
+    fak, hf = pair(smollm2_vocab, family)
+    messages, tools = conversation()
+    text = fak.tools_text(tools)
+    assert text is not None and text == fak.tools_text(copy.deepcopy(tools))
+    assert text in hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert "Current weather of a city." in text and "get_time" in text
+    assert text.startswith({"qwen2.5": "# Tools", "qwen3": "# Tools", "llama3.1": "Given the following functions",
+                            "llama3.2": "Given the following functions", "mistral": "[AVAILABLE_TOOLS]"}[family])
+    smol = ChatTokenizer.from_folder(smollm2_vocab.parent)
+    assert not smol.renders_tools and smol.tools_role is None
