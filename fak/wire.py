@@ -44,7 +44,9 @@ class SegmentOut(BaseModel):
 class SessionOut(BaseModel):
     id: str
     tokens: int
-    exact_rows: int  # leading KV rows bit-exact to an exact run; rows after them are approximate (PIC, REROPE)
+    # leading KV rows bit-exact to an exact run; rows after them are approximate (PIC, REROPE);
+    # None from a server older than the field
+    exact_rows: int | None = None
     fingerprint: str
     segments: list[SegmentOut]
 
