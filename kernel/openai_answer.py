@@ -68,7 +68,11 @@ def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal:
     constrained = format_for(tokenizer).constrained
     if not constrained and grammar(parameters, calls=calls) is not None and grammar(
             parameters, calls=calls, call_grammar=False) is None:  # said, not silently dropped
-        parameters = replace(parameters, ignored=(*parameters.ignored, "tool_choice"))
+        mode = parameters.choice.mode
+        dropped = (["tool_choice"] if mode in ("required", "function") else []) + (
+            ["strict"] if mode == "auto" and any(t.strict for t in parameters.tools) else []) + (
+            ["response_format"] if parameters.response_format is not None else [])
+        parameters = replace(parameters, ignored=(*parameters.ignored, *dropped))
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
                       grammar=grammar(parameters, calls=calls, call_grammar=constrained),

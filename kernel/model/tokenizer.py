@@ -355,7 +355,7 @@ def _appended_at(before: str, after: str) -> int | None:
     earlier stretches rewritten and text appended: the start of the diff's closing insertion."""
     p = len(os.path.commonprefix([before, after]))
     ops = difflib.SequenceMatcher(None, before[p:], after[p:], autojunk=False).get_opcodes()
-    if not ops or ops[-1][0] not in ("insert", "replace") or ops[-1][2] != len(before) - p:
+    if not ops or ops[-1][0] != "insert" or ops[-1][2] != len(before) - p:  # a rewritten end: not appended
         return None
     return p + ops[-1][3]
 
