@@ -1,7 +1,9 @@
 """Tool calling in the model's text: how a request's ``tools`` are shown to the model and how
 the calls it writes are read back (the chat and Responses doors share this; docs/openai.md).
 
-**The format.** A model whose chat template defines no tool format (SmolLM2's has none) is
+**The format.** A model whose chat template has a tool format of its own is shown its tools
+and read back in it (``fak.kernel.tool_formats``: Qwen's is this one, Llama 3's and Mistral's
+differ). A model whose chat template defines no tool format (SmolLM2's has none) is
 shown its tools, and writes its calls, in the Hermes format (the one Qwen2.5 and many
 open models are trained on): a system block listing each tool as one JSON line inside
 ``<tools>`` … ``</tools>``, and each call as ::
