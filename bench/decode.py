@@ -12,6 +12,7 @@ bare pass of matrix-vector products over every weight, the floor of a step;
 
     python bench/decode.py [--json PATH] [--modes float32,float16,int8,bfloat16,gguf] [--threads N]
                            [--prefill-tokens 1024] [--prompt-tokens 256] [--new-tokens 128] [--repeat 3]
+    python bench/decode.py --device cuda [--json PATH]   # fak float32 vs transformers on one GPU (cuda_main)
 """
 
 from __future__ import annotations
@@ -164,7 +165,12 @@ def main() -> None:
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     ap.add_argument("--explain", action="store_true", help="also fak's torch decode path and bare passes")
     ap.add_argument("--profile", metavar="MODE", help="print a profile of MODE's decode step and exit")
+    ap.add_argument("--device", default="cpu", help="cpu (default: every mode, llama.cpp) or cuda[:N] (fak float32 "
+                                                    "against transformers on that GPU: cuda_main)")
     args = ap.parse_args()
+    if args.device != "cpu":
+        cuda_main(args)
+        return
     modes = args.modes.split(",")
     for m in modes:
         if m not in WEIGHT_FORMATS:
@@ -319,6 +325,122 @@ def main() -> None:
             targets += [target(f"{m}_decode_vs_llama_cpp", row["decode_vs_llama_cpp"], 1.0, ">="),
                         target(f"{m}_prefill_vs_llama_cpp", row["prefill_vs_llama_cpp"], 1.0, ">=")]
         targets.append(target(f"{m}_argmax_match_vs_float32", quality[m]["argmax_match"], 0.98, ">="))
+    report("decode", results, targets, args.json)
+
+
+def cuda_main(args) -> None:  # noqa: ANN001 - argparse's namespace
+    """``--device cuda[:N]``: fak float32 (torch prefill and torch decode, KV cache on the GPU) against
+    transformers float32 (its default attention) on the same GPU, in the same run, round-robin,
+    best of ``--repeat``, CUDA synchronised around every timed call. Both run under the
+    determinism switches fak sets on CUDA (``kernel/model/device.py``: deterministic algorithms,
+    no TF32, the cuBLAS workspace), which are process-wide. Also reported: the long prompt's last
+    logits against transformers' (max|Δ|, same argmax) and whether greedy tokens are equal."""
+    from fak.kernel.model import device as devices
+
+    try:
+        device = devices.resolve(args.device)  # refuses without CUDA; the switches are set before any CUDA work
+    except devices.DeviceError as exc:
+        raise SystemExit(f"bench/decode.py: {exc}") from None
+    sync = torch.cuda.synchronize
+    torch.manual_seed(0)
+    log(f"loading fak float32 on {device} ...")
+    lm = load_model(device=device)
+    model, tok = lm.model, lm.tokenizer
+    path = default_model_path()
+    long_ids = prompt_ids(tok, args.prefill_tokens)
+    short_ids = prompt_ids(tok, args.prompt_tokens)
+    log("loading transformers peer from the same GGUF onto the same GPU ...")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    hf = hf.eval().to(device)
+    eos = frozenset({tok.eos_token_id})
+
+    def fak_prefill() -> torch.Tensor:
+        out = model.forward(long_ids, model.new_cache(len(long_ids) + 8))
+        sync()
+        return out
+
+    def fak_generate(n: int) -> tuple[list[int], float]:
+        cache = model.new_cache(len(short_ids) + n + 8)
+        it = generate(model, cache, short_ids, SamplingParams(max_tokens=n, min_tokens=n, stop_token_ids=eos))
+        out = [next(it)]
+        sync()
+        t0 = time.perf_counter()
+        out += list(it)
+        sync()
+        return out, time.perf_counter() - t0
+
+    def hf_prefill() -> torch.Tensor:
+        with torch.inference_mode():
+            out = hf(torch.tensor([long_ids], device=device), use_cache=True, logits_to_keep=1).logits[0]
+        sync()
+        return out
+
+    def hf_generate(ids: list[int], n: int) -> list[int]:
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=tok.eos_token_id)
+        sync()
+        return out[0, len(ids):].tolist()
+
+    def hf_decode(n: int) -> tuple[list[int], float]:
+        """transformers' generate() has no per-token hook here: n tokens minus one token's run."""
+        t0 = time.perf_counter()
+        hf_generate(short_ids, 1)
+        t1 = time.perf_counter()
+        out = hf_generate(short_ids, n)
+        return out, max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
+
+    peers = {"fak-float32": (fak_prefill, lambda: fak_generate(args.new_tokens)),
+             "transformers": (hf_prefill, lambda: hf_decode(args.new_tokens))}
+    log("warming up ...")
+    fak_generate(4)
+    hf_decode(4)
+    fak_prefill()
+    hf_prefill()
+    best: dict[str, list[float]] = {k: [float("inf")] * 2 for k in peers}
+    tokens: dict[str, list[int]] = {}
+    last: dict[str, torch.Tensor] = {}
+    for r in range(args.repeat):
+        log(f"round {r + 1}/{args.repeat} ...")
+        for name, (prefill, decode) in peers.items():
+            t0 = time.perf_counter()
+            last[name] = prefill()
+            best[name][0] = min(best[name][0], time.perf_counter() - t0)
+            tokens[name], seconds = decode()
+            best[name][1] = min(best[name][1], seconds)
+    steps = args.new_tokens - 1
+    rows = {name: {"prefill_tok_s": len(long_ids) / b[0], "decode_tok_s": steps / b[1]} for name, b in best.items()}
+    ours, ref = last["fak-float32"][-1].float().cpu(), last["transformers"][-1].float().cpu()
+    f32 = rows["fak-float32"]
+    f32["decode_vs_transformers"] = f32["decode_tok_s"] / rows["transformers"]["decode_tok_s"]
+    f32["prefill_vs_transformers"] = f32["prefill_tok_s"] / rows["transformers"]["prefill_tok_s"]
+    f32["greedy_tokens_equal_transformers"] = tokens["fak-float32"] == tokens["transformers"]
+    f32["prefill_last_logits_max_abs_diff"] = float((ours - ref).abs().max())
+    f32["prefill_last_argmax_equal"] = int(ours.argmax()) == int(ref.argmax())
+    results: dict[str, object] = {
+        "model": path.name, "device": str(device), "gpu": torch.cuda.get_device_name(device),
+        "cuda": torch.version.cuda, "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "tf32": torch.backends.cuda.matmul.allow_tf32, "fak_decode_path": model.decode,
+        "prefill_tokens": len(long_ids), "prompt_tokens": len(short_ids), "new_tokens": args.new_tokens,
+        "repeat": args.repeat, "peers": rows,
+        # transformers exposes the resolved attention backend only as this attribute
+        "hf_attn_implementation": hf.config._attn_implementation,  # noqa: SLF001
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(f"\n{device} ({results['gpu']}): prefill {len(long_ids)} tokens; decode {args.new_tokens} after {len(short_ids)}")
+    print(f"{'':<16}{'prefill tok/s':>14}{'decode tok/s':>14}")
+    for name, row in rows.items():
+        print(f"{name:<16}{row['prefill_tok_s']:>14.1f}{row['decode_tok_s']:>14.2f}")
+    targets = [
+        target("cuda_float32_decode_vs_transformers", f32["decode_vs_transformers"], 1.0, ">="),
+        target("cuda_float32_prefill_vs_transformers", f32["prefill_vs_transformers"], 1.0, ">="),
+        target("cuda_float32_greedy_tokens_equal_transformers", float(f32["greedy_tokens_equal_transformers"]), 1.0,
+               ">="),
+        target("cuda_float32_prefill_argmax_equal_transformers", float(f32["prefill_last_argmax_equal"]), 1.0, ">="),
+    ]
     report("decode", results, targets, args.json)
 
 

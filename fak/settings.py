@@ -111,6 +111,12 @@ class Settings(StorageSettings):
                     "a C compiler and AVX2 are present, decodes fastest with float32's argmax on the quality "
                     "prompt set; float16 keeps float32's argmax too; int8 prefills fastest and is approximate; "
                     "unset: the serving default (fak.kernel.model.blockdot.default_weights), decided when a model is loaded")
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+        description="where the model, its activations and every KV cache live (docs/decode.md, 'Device'): cpu (the "
+                    "default; the BLAS and gguf C decode paths) or cuda / cuda:N (torch on that GPU, float32 weights "
+                    "unless set otherwise, deterministic algorithms on); a CUDA device without CUDA is refused at "
+                    "Kernel.open")
     kv_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
                                "reference's")
@@ -197,6 +203,17 @@ class Settings(StorageSettings):
             return JudgeEgress.of(self.judge_egress, self.judge_key_envs)
         except ValueError as exc:  # a Settings built without validation (model_copy) can still hold one
             raise SettingsError(f"setting judge_egress / judge_key_envs: {exc}") from None
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # the workspace size that makes cuBLAS deterministic (CUDA's own docs)
+
+
+def prepare_cuda_environment() -> str:
+    """Set ``CUBLAS_WORKSPACE_CONFIG`` (unless the operator set it) before anything creates a cuBLAS
+    handle: with it cuBLAS picks the same reduction order on every call, which
+    ``torch.use_deterministic_algorithms`` requires (``fak.kernel.model.device``). Here because this
+    module is the one that touches the environment. Returns the value in force."""
+    return os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
 
 
 # --- the optional config file -------------------------------------------------

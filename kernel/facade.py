@@ -48,6 +48,7 @@ from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_tree import call_keys
+from fak.kernel.model import device as devices
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
@@ -189,8 +190,14 @@ class Kernel:
         url = settings.resolved_database_url
         master = load_master_secret(settings.data_dir, settings.master_secret_hex())
         policy = PolicyHolder(settings.policy_path or default_policy_path(), egress=settings.judge_allow_lists())
-        lm = model or load_model(settings.model_path, progress=progress, weight_format=settings.weights or default_weights(),
+        device = devices.resolve(settings.device)  # FAK_DEVICE=cuda without CUDA: refused here, naming the setting
+        # unset weights: the CPU's serving default; on a GPU float32 (the faster formats are CPU code)
+        weights = settings.weights or (default_weights() if device.type == "cpu" else "float32")
+        lm = model or load_model(settings.model_path, device=device, progress=progress, weight_format=weights,
                                  kv_dtype=getattr(torch, settings.kv_dtype), cache_dir=settings.cache_dir)
+        if lm.model.device != device:
+            raise devices.DeviceError(f"setting {devices.DEVICE_SETTING} is {settings.device!r} but the model "
+                                      f"passed to Kernel.open runs on {lm.model.device}")
         store = CasStore.open(settings.data_dir, url, master_secret=master, key_url=settings.cas_key_url,
                               settings=settings)
         audit = None

@@ -94,11 +94,11 @@ def test_blas_decode_is_bit_exact_between_runs_and_close_to_torch_decode() -> No
 def test_decode_backend_choice() -> None:
     """auto = blas on CPU float32, torch elsewhere; blas refuses what numpy cannot run."""
     from fak.kernel.model.llama import Llama
-    from fak.kernel.model.loader import _to
+    from fak.kernel.model.loader import move_weights
 
     model = tiny_model()
     assert model.decode == "blas"
-    bf16 = _to(model.w, torch.device("cpu"), torch.bfloat16)
+    bf16 = move_weights(model.w, torch.device("cpu"), torch.bfloat16)
     assert model.w.layers[0].wqkv.dtype == torch.float32  # converting made new weights
     assert Llama(model.cfg, bf16).decode == "torch"
     with pytest.raises(ValueError, match="CPU float32"):

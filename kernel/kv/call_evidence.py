@@ -115,7 +115,7 @@ def arg_logprobs(logits: torch.Tensor, turn_tokens: Sequence[int], args: Mapping
                  ) -> dict[str, float]:  # fmt: skip
     """Per argument, the sum of its tokens' log-probabilities (token ``k`` scored by the logits
     at ``k - 1``; a token at index 0 has none and is left out)."""
-    logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    logp = torch.log_softmax(logits.to("cpu", torch.float32), dim=-1)  # on the host, where the ids are
     ids = torch.as_tensor(list(turn_tokens), dtype=torch.int64)
     out: dict[str, float] = {}
     for name, (i, j) in args.items():

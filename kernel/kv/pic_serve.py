@@ -190,8 +190,9 @@ def _recompute(model: Llama, cache: KVCache, start: int, end: int, chosen: torch
     n = end - start
     keep = torch.ones(n, dtype=torch.bool)
     keep[chosen] = False
-    tokens = cache.tokens[start:end][chosen].clone()
-    positions = cache.positions[start:end][chosen].clone()
+    on_device = chosen.to(cache.device)  # the cache's device (a GPU's rows are indexed there)
+    tokens = cache.tokens[start:end][on_device].clone()
+    positions = cache.positions[start:end][on_device].clone()
     _reorder(cache, start, end, torch.cat([torch.nonzero(keep).flatten(), chosen]))
     cache.truncate(end - len(chosen))
     model.forward(tokens, cache, positions=positions)

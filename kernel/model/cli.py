@@ -25,23 +25,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
+    g.add_argument("--device", default="cpu", help=DEVICE_HELP)
     g.set_defaults(handler=_generate)
 
     i = sub.add_parser("info", help="model, cache location and KV bytes per token")
     i.add_argument("--model", default=None)
+    i.add_argument("--device", default="cpu", help=DEVICE_HELP)
     i.set_defaults(handler=_info)
 
 
-def _load(path: str | None) -> LoadedModel:
+DEVICE_HELP = "cpu (default), cuda or cuda:N (as FAK_DEVICE; float32 weights on a GPU)"
+
+
+def _load(path: str | None, device: str = "cpu") -> LoadedModel:
     from fak.kernel.model.loader import load_model
 
-    return load_model(path, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
+    return load_model(path, device=device, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
 
 
 def _generate(args: argparse.Namespace) -> int:
     from fak.kernel.model.generate import SamplingParams, generate
 
-    lm = _load(args.model)
+    lm = _load(args.model, args.device)
     tok = lm.tokenizer
     if args.raw:
         ids = tok.encode(args.prompt)
@@ -78,7 +83,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from fak.settings import StorageSettings
 
-    lm = _load(args.model)
+    lm = _load(args.model, args.device)
     cfg = lm.model.cfg
     rows = {
         "model": cfg.name,

@@ -13,7 +13,8 @@ prefill with torch's fused attention kernel: oracle-close and several times
 faster on long prompts. The one-token decode path is the same in both modes:
 fused projections and grouped attention over the cache rows, oracle-close; on
 CPU float32 it runs in numpy's BLAS (``blas_decode``, ~1.7x faster sgemv than
-torch's MKL here), elsewhere in torch. Every path is deterministic, so two runs
+torch's MKL here), elsewhere in torch (on a GPU: ``kernel/model/device.py``, which also
+sets CUDA's determinism switches). Every path is deterministic, so two runs
 that make the same calls are bit-exact.
 """
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fak.kernel.model import blas_decode, blockdot, rope
+from fak.kernel.model import device as devices
 from fak.kernel.model.config import ModelConfig
 from fak.kernel.model.fast_decode import FastDecoder
 from fak.kernel.model.kv_cache import KVCache
@@ -151,6 +153,8 @@ class Llama:
             suffix += "-q8_0"
         if self.kv_dtype != self.dtype:
             suffix += "+kv-" + str(self.kv_dtype).removeprefix("torch.")
+        if self.device.type != "cpu":  # another device's GEMMs: its rows are its own (CPU ids unchanged)
+            suffix += "+" + self.device.type
         self.model_id = model_id + suffix
         self.inv_freq = rope.inv_freq(cfg, self.device)
         self.scaling = cfg.head_dim**-0.5
@@ -252,6 +256,8 @@ class Llama:
         if positions is None:
             first = cache.next_position()
             positions = torch.arange(first, first + T, dtype=torch.int64, device=self.device)
+        else:  # a caller's positions (RECOMPUTE, PIC) may be host tensors: RoPE and masks run on the model's device
+            positions = positions.to(self.device)
         cache.reserve(start + T)
         cos, sin = rope.cos_sin(self.inv_freq, positions, self.dtype)
         window = self.cfg.sliding_window
@@ -281,7 +287,8 @@ class Llama:
             mask: torch.Tensor | None = None
             if start > 0 or (window is not None and int(positions.max() - positions.min()) >= window):
                 mask = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
-            x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
+            with devices.sdpa_backends(self.device):  # on CUDA, the deterministic kernels only
+                x = self._layers_prefill_sdpa(x, cache, start, cos, sin, mask, last_row_only=not all_logits)
         cache.commit(ids, positions)
         x = rms_norm(x, self.w.norm, self.cfg.rms_norm_eps)
         if not all_logits:

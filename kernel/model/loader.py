@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from fak.kernel.model import blockdot
+from fak.kernel.model import device as devices
 from fak.kernel.model.config import ModelError
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.params import Weights
@@ -27,7 +28,9 @@ class LoadedModel:
         return self.model.model_id
 
 
-def _to(w: Weights, device: torch.device, dtype: torch.dtype) -> Weights:
+def move_weights(w: Weights, device: torch.device, dtype: torch.dtype = torch.float32) -> Weights:
+    """``w`` on ``device`` in ``dtype`` (itself when it is there already); a tensor shared by two
+    fields (a tied LM head) stays one tensor."""
     if w.embed.device == device and w.embed.dtype == dtype:
         return w
     cache: dict[int, torch.Tensor] = {}
@@ -65,8 +68,12 @@ def load_model(
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
     oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own
     blocks), faster modes: ``kernel/model/quant.py``);
-    ``kv_dtype`` that of the KV cache (default ``dtype``); ``cache_dir`` holds the dequantised
+    ``kv_dtype`` that of the KV cache (default ``dtype``); ``device`` where it runs (``cpu``,
+    ``cuda[:N]``: ``kernel/model/device.py``; a GGUF file's blocks are dequantised to ``dtype``
+    and moved there, the ``gguf`` format's C kernel is CPU only); ``cache_dir`` holds the dequantised
     weights and the compiled gguf kernel (``Settings.cache_dir``; default ``StorageSettings()``'s)."""
+    target = devices.resolve(device)  # a CUDA device without CUDA: refused before anything loads
+    devices.check_format(target, weight_format)
     src = Path(path).expanduser() if path is not None else default_model_path()
     cache_dir = cache_dir if cache_dir is not None else StorageSettings().cache_dir
     if not src.exists():
@@ -78,7 +85,7 @@ def load_model(
     else:
         cfg, weights, tok_folder = load_gguf(src, progress, cache_dir=cache_dir)
         model_id = f"gguf:{tok_folder.name}"
-    weights = _to(weights, torch.device(device), dtype)
+    weights = move_weights(weights, target, dtype)
     blocks = None
     if weight_format == "gguf" and src.is_file():
         blockdot.library(cache_dir)  # built (or found) under the settings' cache dir before the layers load it
