@@ -137,6 +137,8 @@ class Llama:
         self.attention = attention
         self.w = weights
         self.device = weights.embed.device
+        if self.device.type == "cuda":  # also for a model built without load_model / Kernel.open
+            devices.deterministic()
         self.dtype = weights.embed.dtype
         self.kv_dtype = kv_dtype or self.dtype
         if weight_format != "float32" and self.dtype != torch.float32:
@@ -156,7 +158,8 @@ class Llama:
         if self.device.type != "cpu":  # another device's GEMMs: its rows are its own (CPU ids unchanged)
             suffix += "+" + self.device.type
         self.model_id = model_id + suffix
-        self.inv_freq = rope.inv_freq(cfg, self.device)
+        # computed on the host and moved, as transformers' buffer is: the same bytes on every device
+        self.inv_freq = rope.inv_freq(cfg).to(self.device)
         self.scaling = cfg.head_dim**-0.5
         # float32 linears are F.linear on the weights themselves: the reference ops, no copy
         self.lin: Sequence[LayerLinears[Linear]]
