@@ -82,8 +82,11 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: the model and KV cache there "
+                                                    "(each eviction's report reads its fingerprint on the host, "
+                                                    "which waits for the GPU)")
     args = ap.parse_args()
-    lm = load_model()
+    lm = load_model(device=args.device)
     model, tok = lm.model, lm.tokenizer
     plan = build_plan()
     log("building the base session ...")
@@ -93,7 +96,7 @@ def main() -> None:
     tools = [s for s in segs if s.kind.value == "tool"]
     placements = {"first": tools[0], "middle": tools[len(tools) // 2], "last": tools[-1]}
     probe = tok.generation_prompt([{"role": k, "content": t} for k, t in plan])
-    rows, results = [], {"session_tokens": total, "placements": {}}
+    rows, results = [], {"session_tokens": total, "placements": {}, "device": str(model.device)}
     targets = []
     for name, seg in placements.items():
         log(f"evicting the {name} tool result ({seg.length} tokens at row {seg.start}) ...")
