@@ -37,6 +37,11 @@ def test_registry_totals_by_tenant_and_the_ring_is_bounded() -> None:
     for t in range(5):
         h.sample(now=float(t))
     assert [s.at for s in h.samples("acme")] == [2.0, 3.0, 4.0] and h.samples("nobody") == []
+    c.labels("new", "ALLOW").inc(3)  # a tenant first seen now: its counters were 0 at the previous sample
+    h.sample(now=5.0)
+    first = h.samples("new")
+    assert [(s.at, s.totals) for s in first] == [(4.0, {}), (5.0, {f"{V}{{kind=ALLOW}}": 3.0})]
+    assert {s.name: s.points for s in series(first)}["admission verdicts"] == [(5.0, 180.0)]
 
 
 def test_sparkline_draws_runs_and_says_no_data() -> None:

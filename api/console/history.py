@@ -80,6 +80,7 @@ class MetricsHistory:
                  keep: int = KEEP) -> None:
         self._read, self.interval_s, self._keep = read, interval_s, keep
         self._rings: dict[str, deque[Sample]] = {}
+        self._last_at: float | None = None  # the previous sample's time (a new tenant's zero baseline)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,14 +95,20 @@ class MetricsHistory:
                     if len(self._rings) >= MAX_TENANTS:
                         self._rings.pop(next(iter(self._rings)))
                     ring = self._rings[tenant] = deque(maxlen=self._keep)
+                    if self._last_at is not None:  # absent from the previous sample: its counters were 0
+                        ring.append(Sample(self._last_at, {}))
                 ring.append(Sample(at, totals))
+            self._last_at = at
 
     def samples(self, tenant: str) -> list[Sample]:
         with self._lock:
             return list(self._rings.get(tenant, ()))
 
     def start(self) -> None:
+        """Sample now (the baseline every tenant's first interval is measured from), then every
+        ``interval_s`` in a daemon thread."""
         if self._thread is None:
+            self.sample()
             self._thread = threading.Thread(target=self._run, name="fak-console-metrics", daemon=True)
             self._thread.start()
 
