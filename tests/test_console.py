@@ -368,13 +368,19 @@ def test_the_session_page_says_which_rows_are_exact(world) -> None:
 def test_metrics_over_time_are_drawn_from_the_samples(world) -> None:
     """The metrics page charts the tenant's rates between samples (api/console/history.py):
     an admission between two samples is a point on the verdicts chart; no data is said so."""
+    from fak.api.console.history import MetricsHistory, tenant_totals
+
     live = world["live"]
-    history = live.app.state.metrics_history
-    history.sample(now=time.time() - 20)
+    started = live.app.state.metrics_history
+    # a history of the test's own (the server's samples every 10 s would interleave with these)
+    history = live.app.state.metrics_history = MetricsHistory(
+        lambda: tenant_totals(live.app.state.metrics.registry, live.kernel))
+    t0 = time.time()
+    history.sample(now=t0 - 20)
     agent = live.client(live.key("acme", "agent"))
     agent.post(f"/v1/sessions/{world['sid']}/tool-results", json={"tool": "flight_status", "content": "on time"})
     agent.close()
-    history.sample(now=time.time() - 10)
+    history.sample(now=t0 - 10)
     b, _r = sign_in(live, live.key("acme", "auditor"))
     page = b.get("/console/metrics").text
     m = re.search(r'aria-label="admission verdicts: last ([\d.]+) per min, top ([\d.]+)"', page)
@@ -383,3 +389,4 @@ def test_metrics_over_time_are_drawn_from_the_samples(world) -> None:
     assert 'aria-label="forget latency (mean): no data"' in page  # no forget between these samples
     evil, _r = sign_in(live, live.key("evil", "auditor"))
     assert re.search(r'aria-label="admission verdicts: last 0.0 per min, top 0.0"', evil.get("/console/metrics").text)
+    live.app.state.metrics_history = started

@@ -36,7 +36,8 @@ def test_registry_totals_by_tenant_and_the_ring_is_bounded() -> None:
     h = MetricsHistory(lambda: registry_totals(r), keep=3)
     for t in range(5):
         h.sample(now=float(t))
-    assert [s.at for s in h.samples("acme")] == [2.0, 3.0, 4.0] and h.samples("nobody") == []
+    assert [s.at for s in h.samples("acme")] == [2.0, 3.0, 4.0] and h.samples("nobody") == [Sample(4.0, {})]
+    assert MetricsHistory(lambda: {}).samples("acme") == []  # nothing sampled yet
     c.labels("new", "ALLOW").inc(3)  # a tenant first seen now: its counters were 0 at the previous sample
     h.sample(now=5.0)
     first = h.samples("new")

@@ -101,8 +101,13 @@ class MetricsHistory:
             self._last_at = at
 
     def samples(self, tenant: str) -> list[Sample]:
+        """The tenant's samples, oldest first; a tenant not seen yet has the latest sample's
+        zero baseline (none before the first sample)."""
         with self._lock:
-            return list(self._rings.get(tenant, ()))
+            ring = self._rings.get(tenant)
+            if ring:
+                return list(ring)
+            return [] if self._last_at is None else [Sample(self._last_at, {})]
 
     def start(self) -> None:
         """Sample now (the baseline every tenant's first interval is measured from), then every
