@@ -46,6 +46,7 @@ def csrf_of(b: httpx.Client, path: str) -> str:
 @pytest.fixture
 def world(live_server):  # noqa: F811
     live = live_server
+    live.app.state.metrics_history.sample()  # the baseline `fak serve` takes at start (this server runs no lifespan)
     agent = live.client(live.key("acme", "agent"))
     sid = agent.post("/v1/sessions", json={}).json()["id"]
     agent.post(f"/v1/sessions/{sid}/messages", json={"role": "user", "content": "Flight?"})

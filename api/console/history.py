@@ -190,10 +190,11 @@ def sparkline(s: Series, width: int = 480, height: int = 60) -> str:
                f'<text x="4" y="{height // 2}">no data yet</text></svg>'
     t0, t1 = s.points[0][0], s.points[-1][0]
     top = max(v for _t, v in known)
-    scale, span = top or 1.0, (t1 - t0) or 1.0
+    scale, span = top or 1.0, t1 - t0
 
-    def xy(t: float, v: float) -> str:
-        return f"{(t - t0) / span * (width - 8) + 4:.1f},{height - 4 - v / scale * (height - 16):.1f}"
+    def xy(t: float, v: float) -> str:  # one interval so far: its point at the right, where the newest go
+        x = (t - t0) / span * (width - 8) + 4 if span > 0 else width - 4
+        return f"{x:.1f},{height - 4 - v / scale * (height - 16):.1f}"
 
     runs: list[list[str]] = [[]]
     for t, v in s.points:
@@ -206,4 +207,4 @@ def sparkline(s: Series, width: int = 480, height: int = 60) -> str:
     last = known[-1][1]
     return (f'<svg class="spark" width="{width}" height="{height}" role="img" '
             f'aria-label="{s.name}: last {last:.1f} {s.unit}, top {top:.1f}">'
-            f'<text x="4" y="10">top {top:.1f}</text>{lines}</svg>')
+            f'<text x="4" y="10">top {top:.1f} {s.unit}</text>{lines}</svg>')
