@@ -1,5 +1,5 @@
-"""Constrained decoding: a grammar (a JSON schema, or tool-call blocks in the Hermes format
-``fak.kernel.openai_tools`` renders and parses) turned into a ``TokenHook`` that masks, at each
+"""Constrained decoding: a grammar (a JSON schema, or tool calls in the model family's own
+syntax, ``fak.kernel.tool_formats``' ``CallSyntax``) turned into a ``TokenHook`` that masks, at each
 step, every token the grammar forbids; what the endpoint needs for ``response_format``
 (``json_object``, ``json_schema``) and ``tool_choice`` (``required``, a named function, and the
 strict tools of ``auto``).
@@ -16,8 +16,14 @@ appears" needs, and ships abi3 wheels with no torch pin.
 **Format.** JSON is written compactly (``", "`` and ``": "`` between items, no other
 whitespace: ``json.dumps``'s separators, which ``render_call`` uses too; keys come in the
 schema's ``properties`` order), so a weak model cannot spend its token budget on whitespace. A tool
-call is ``<tool_call>\\n{"name": "<name>", "arguments": <arguments>}\\n</tool_call>``;
-several (``parallel``) are separated by ``"\\n"``; the turn then ends with a stop token.
+call is written as the family's ``CallSyntax`` says (Hermes, the default:
+``<tool_call>\\n{"name": "<name>", "arguments": <arguments>}\\n</tool_call>``, several
+(``parallel``) separated by ``"\\n"``; Llama 3: ``{"name": ..., "parameters": ...}`` joined by
+``"; "``; Mistral: ``[TOOL_CALLS]`` (a special token is ``<[id]>`` in lark) then the array of
+``{"name": ..., "arguments": ..., "id": <9 letters or digits>}``); the turn then ends with a
+stop token. A call object not behind a tag of its own is written as JSON-sized literals
+(``"{"``, ``"\\"name\\""``, ``": "``...): one literal ``{"name": ...`` beside a ``%json``
+answer shuts the answer's ``{`` lexeme out.
 
 **Auto mode** (``auto_grammar``) is one lark grammar with a free-text alternative rather
 than a hook that switches to a grammar once ``<tool_call>`` shows up in the decoded text:
@@ -26,7 +32,9 @@ matcher started afterwards could not take as tokens; in one grammar llguidance's
 follows the split inside the token. Free text is any text without ``<tool_call>`` (and no
 special tokens but the stop tokens); once it appears, the block must be a call of a listed
 tool (strict tools: their schema; the others: any JSON object), then more calls
-(``parallel``) or the end of the turn.
+(``parallel``) or the end of the turn. Families whose calls are the whole turn (Llama 3,
+Mistral: ``CallSyntax.text_first`` False) are free text or calls from the first byte: free
+text may not begin (after whitespace) with what the family's reader takes for a call.
 
 Hooks change only which token is drawn: the KV of a constrained turn is the KV of its
 tokens, and a replay or an eviction of it is as exact as of any turn.
@@ -35,6 +43,7 @@ tokens, and a replay or an eviction of it is as exact as of any turn.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -48,11 +57,14 @@ from fak.errors import FakError, InvalidInput
 from fak.kernel.model.config import ModelError
 from fak.kernel.model.generate import only
 from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax
 
-__all__ = ["ANY_OBJECT", "ConstraintViolation", "Constrainer", "Grammar", "GrammarHook", "ToolLike", "ToolSpec",
-           "auto_grammar", "json_grammar", "tool_calls_grammar"]
+__all__ = ["ANY_OBJECT", "CallSyntax", "ConstraintViolation", "Constrainer", "Grammar", "GrammarHook", "ToolLike",
+           "ToolSpec", "auto_grammar", "json_grammar", "json_or_calls_grammar", "tool_calls_grammar"]
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# Python's whitespace (``str.isspace``: what the family readers strip), as a regex class
+_PY_SPACE = r"[\t\n\x0b\x0c\r\x1c-\x1f \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+_JSON_PIECES = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:] *|[^"{}\[\],:]+')
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # llguidance's JSON compile options: json.dumps's separators and no other whitespace
 JSON_FORMAT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -110,34 +122,68 @@ def json_grammar(schema: dict[str, Any] | None, *, what: str = "response_format"
     return _checked(llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\nstart: %json {body}\n"), what)
 
 
-def tool_calls_grammar(tools: Sequence[ToolLike], *, parallel: bool) -> Grammar:
-    """One tool-call block (``parallel``: one or more) and nothing else, each calling one of
-    ``tools`` with arguments that follow its schema: ``tool_choice`` ``required`` (every tool of
-    the request) or a named function (that one). A non-strict tool's schema is enforced as far
-    as llguidance can (unknown keywords ignored); one it cannot read leaves any JSON object."""
-    body = _bodies(tools, forced=True)
-    more = ' ("\\n" call)*' if parallel else ""
-    lark = f'%llguidance {{}}\nstart: call{more}\ncall: {_lit(OPEN)} body\n{body}'
+def tool_calls_grammar(tools: Sequence[ToolLike], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
+    """One tool call (``parallel``: one or more) in the family's ``syntax`` and nothing else,
+    each calling one of ``tools`` with arguments that follow its schema: ``tool_choice``
+    ``required`` (every tool of the request) or a named function (that one). A non-strict
+    tool's schema is enforced as far as llguidance can (unknown keywords ignored); one it
+    cannot read leaves any JSON object."""
+    body = _bodies(tools, forced=True, syntax=syntax)
+    lark = f"%llguidance {{}}\nstart: {_calls(syntax, parallel)}\n{_call_rule(syntax)}{body}"
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools")
 
 
-def auto_grammar(tools: Sequence[ToolLike], *, parallel: bool) -> Grammar:
-    """``tool_choice`` ``auto``: free text, or free text then tool-call blocks (the module
-    notes). Strict tools' arguments follow their schema, the others' any JSON object."""
-    body = _bodies(tools, forced=False)
-    more = f' ("\\n" {_lit(OPEN)} body)*' if parallel else ""
-    lark = (
-        "%llguidance {}\n"
-        f"start: FREE | head body{more}\n"
-        f"FREE: /(?s:.*)/ & ~/(?s:.*){_regex_lit(OPEN)}(?s:.*)/\n"
-        f"head[lazy]: /(?s:.*){_regex_lit(OPEN)}/\n"
-        f"{body}"
-    )
+def auto_grammar(tools: Sequence[ToolLike], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
+    """``tool_choice`` ``auto``: free text, or calls in the family's ``syntax`` (after free text
+    where it allows that: the module notes). Strict tools' arguments follow their schema, the
+    others' any JSON object."""
+    body = _bodies(tools, forced=False, syntax=syntax)
+    free = "FREE: /(?s:.*)/" + "".join(f" & ~/(?s:.*){_regex_lit(x)}(?s:.*)/" for x in syntax.free_not_holding) + "".join(
+        f" & ~/{_PY_SPACE}*(?:{x})(?s:.*)/" for x in syntax.free_not_starting)
+    if syntax.text_first:  # free text, then the calls once the first opens (a lazy lexeme ends at it)
+        if syntax.marker is not None or syntax.opening or not syntax.call_open:
+            raise ValueError("free text before calls needs a textual call opening")
+        more = f" ({_lit(syntax.separator)} {_lit(syntax.call_open)} body)*" if parallel else ""
+        lark = (
+            "%llguidance {}\n"
+            f"start: FREE | head body{more}\n"
+            f"{free}\n"
+            f"head[lazy]: /(?s:.*){_regex_lit(syntax.call_open)}/\n"
+            f"{body}"
+        )
+    else:
+        lark = f"%llguidance {{}}\nstart: FREE | {_calls(syntax, parallel)}\n{free}\n{_call_rule(syntax)}{body}"
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools")
 
 
-def _bodies(tools: Sequence[ToolLike], *, forced: bool) -> str:
-    """The lark rules of a block after its opening tag: ``body`` and one ``fn_i`` per tool."""
+def _calls(syntax: CallSyntax, parallel: bool) -> str:
+    """The lark expression of a turn's calls: marker, opening, ``call`` (several joined by the
+    separator: ``parallel``), closing."""
+    parts = [f"<[{syntax.marker}]>"] if syntax.marker is not None else []
+    parts += [_lit(syntax.opening)] if syntax.opening else []  # one lexeme: free text may begin with its "["
+    parts.append("call" + (f" ({_lit(syntax.separator)} call)*" if parallel else ""))
+    parts += _texts(syntax.closing, syntax)
+    return " ".join(parts)
+
+
+def _call_rule(syntax: CallSyntax) -> str:
+    return "call: " + " ".join([*_texts(syntax.call_open, syntax), "body"]) + "\n"
+
+
+def _texts(text: str, syntax: CallSyntax) -> list[str]:
+    """``text`` as lark literals: one, or, where a call object is not behind a tag of its own
+    (it could begin a JSON answer too), pieces at JSON's punctuation and strings, so that the
+    call and a ``%json`` answer share their first lexemes (one literal ``{"name": ...`` would
+    shut the answer's ``{`` out)."""
+    if not text:
+        return []
+    if syntax.call_open:
+        return [_lit(text)]
+    return [_lit(p) for p in _JSON_PIECES.findall(text)]
+
+
+def _bodies(tools: Sequence[ToolLike], *, forced: bool, syntax: CallSyntax = HERMES_SYNTAX) -> str:
+    """The lark rules of a call after its opening: ``body`` and one ``fn_i`` per tool."""
     if not tools:
         raise InvalidInput("tools: a tool-call grammar needs at least one tool")
     names = [t.name for t in tools]
@@ -147,10 +193,14 @@ def _bodies(tools: Sequence[ToolLike], *, forced: bool) -> str:
     for i, tool in enumerate(tools):
         if not isinstance(tool.name, str) or not tool.name:
             raise InvalidInput(f"tools[{i}]: a tool needs a name")
-        head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
-        rules.append(f"fn_{i}: {_lit(head)} %json {_arguments(tool, forced)} {_lit('}')}")
+        head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{syntax.key}": '
+        tail = [*_texts(', "id": ', syntax), f"/{_regex_lit(chr(34))}[A-Za-z0-9]{{9}}{_regex_lit(chr(34))}/"] if (
+            syntax.call_id) else []
+        rules.append(f"fn_{i}: {' '.join(_texts(head, syntax))} %json {_arguments(tool, forced)} "
+                     + " ".join([*tail, _lit("}")]))
     alternatives = " | ".join(f"fn_{i}" for i in range(len(tools)))
-    return f"body: {_lit(chr(10))} ({alternatives}) {_lit(chr(10) + CLOSE)}\n" + "\n".join(rules) + "\n"
+    body = " ".join([*_texts(syntax.body_open, syntax), f"({alternatives})", *_texts(syntax.body_close, syntax)])
+    return f"body: {body}\n" + "\n".join(rules) + "\n"
 
 
 def _arguments(tool: ToolLike, forced: bool) -> str:
@@ -305,12 +355,14 @@ class GrammarHook:
 
 
 
-def json_or_calls_grammar(schema: dict[str, Any] | None, tools: Sequence[ToolLike], *, parallel: bool) -> Grammar:
+def json_or_calls_grammar(schema: dict[str, Any] | None, tools: Sequence[ToolLike], *, parallel: bool,
+                          syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
     """``tool_choice`` ``auto`` with ``response_format`` json: the answer is either one JSON
-    value following ``schema`` (``None``: any object) or tool-call blocks (what an agent with an
-    output type and tools may do: call a tool, or give its final, typed answer)."""
-    body = _bodies(tools, forced=False)
-    more = ' ("\\n" call)*' if parallel else ""
+    value following ``schema`` (``None``: any object) or calls in the family's ``syntax`` (what
+    an agent with an output type and tools may do: call a tool, or give its final, typed
+    answer). Where calls are bare JSON (Llama 3), an answer that is itself a call object of a
+    listed tool is read back as that call."""
+    body = _bodies(tools, forced=False, syntax=syntax)
     answer = _schema_json(ANY_OBJECT if schema is None else schema, "response_format")
-    lark = f'%llguidance {{}}\nstart: %json {answer} | call{more}\ncall: {_lit(OPEN)} body\n{body}'
+    lark = f"%llguidance {{}}\nstart: %json {answer} | {_calls(syntax, parallel)}\n{_call_rule(syntax)}{body}"
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "response_format")

@@ -1,10 +1,13 @@
 """Where the arguments of a call fak generated lie among the turn's tokens.
 
 The model's attention evidence and the counterfactual (``kernel/kv/call_evidence.py``) are
-about the tokens that wrote each argument's value. A call is a ``<tool_call>`` block holding
-one JSON object (``{"name": ..., "arguments": {...}}``); its text is the concatenation of the
-turn's token bytes, so each top-level argument's value is a byte span, and the span a range of
-token indexes. Read only when a firing rule asks for evidence.
+about the tokens that wrote each argument's value. A call is one JSON object in the model
+family's syntax (``fak.kernel.tool_formats``: a ``<tool_call>`` block's ``{"name": ...,
+"arguments": {...}}``, Llama 3's bare ``{"name": ..., "parameters": {...}}``, an item of
+Mistral's ``[TOOL_CALLS]`` array), found by the format's ``call_blocks``; its text is the
+concatenation of the turn's token bytes (special tokens as their text), so each top-level
+argument's value is a byte span, and the span a range of token indexes. Read only when a
+firing rule asks for evidence.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from fak.kernel.kv.call_evidence import CallEvidence as Evidence
 from fak.kernel.kv.call_evidence import RefAttention, call_evidence, token_ranges
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.kv.session import Session
-from fak.kernel.openai_tools import CallBlock, call_blocks
+from fak.kernel.openai_tools import CallBlock
+from fak.kernel.tool_formats import HermesFormat, ToolFormat
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
@@ -73,9 +77,11 @@ def _argument_spans(text: str, block: CallBlock) -> dict[str, tuple[int, int]]:
     return {k: (a, b) for k, _, a, b in _members(text, args[1])}
 
 
-def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes]) -> list[GeneratedCall]:
-    """The calls of a generated turn with their arguments' token ranges (``piece``: a token's
-    own bytes, ``sampling_hooks.token_bytes``)."""
+def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes],
+                    fmt: ToolFormat | None = None) -> list[GeneratedCall]:
+    """The calls of a generated turn (its tokens without the stop token) with their arguments'
+    token ranges (``piece``: a token's own bytes, ``sampling_hooks.token_bytes``; ``fmt``: the
+    model's call syntax, Hermes when None)."""
     pieces = [piece(int(t)) for t in tokens]
     raw = b"".join(pieces)
     text = raw.decode("utf-8", "surrogateescape")  # re-encodes to the same bytes: offsets stay exact
@@ -84,7 +90,7 @@ def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes]) -> lis
         return len(text[:char].encode("utf-8", "surrogateescape"))
 
     out: list[GeneratedCall] = []
-    for block in call_blocks(text, None):
+    for block in (fmt or HermesFormat()).call_blocks(text, None):
         try:
             spans = _argument_spans(text, block)
         except (ValueError, IndexError, RecursionError):

@@ -37,7 +37,7 @@ from fak.kernel.openai_params import ChatParameters
 from fak.kernel.openai_tools import OPEN, ParsedCall, call_id
 from fak.kernel.operations import TextDecoder, timed_tokens
 from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
-from fak.kernel.tool_formats import format_for
+from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
 
 if TYPE_CHECKING:
     from fak.kernel.agent_session import KernelSession
@@ -65,7 +65,8 @@ class AnswerPlan:
 def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal: str, *, calls: bool) -> AnswerPlan:
     """The plan of a request's answers; ``calls``: the tools are in attention and tool_choice is not none."""
     bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
-    constrained = format_for(tokenizer).constrained
+    fmt = format_for(tokenizer)
+    constrained = fmt.constrained
     if not constrained and grammar(parameters, calls=calls) is not None and grammar(
             parameters, calls=calls, call_grammar=False) is None:  # said, not silently dropped
         mode = parameters.choice.mode
@@ -75,7 +76,8 @@ def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal:
         parameters = replace(parameters, ignored=(*parameters.ignored, *dropped))
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
-                      grammar=grammar(parameters, calls=calls, call_grammar=constrained),
+                      grammar=grammar(parameters, calls=calls, call_grammar=constrained,
+                                      syntax=fmt.call_syntax(tokenizer)),
                       logit_bias=bias)
 
 
@@ -126,23 +128,25 @@ def _hooks(plan: AnswerPlan, tok: ChatTokenizer, grammar: TokenHook | None) -> _
     return a
 
 
-def grammar(p: ChatParameters, *, calls: bool, call_grammar: bool = True) -> Grammar | None:
+def grammar(p: ChatParameters, *, calls: bool, call_grammar: bool = True,
+            syntax: CallSyntax = HERMES_SYNTAX) -> Grammar | None:
     """The grammar the answers are decoded under, if any: ``required`` or a named function make
     every answer calls of those tools; ``auto`` with a strict tool makes a started call follow
     its schema; ``response_format`` json makes a text answer JSON (of its schema).
-    ``call_grammar`` False: the model's call syntax is not the one the call grammars write
-    (``fak.kernel.tool_formats``): its answers are decoded without a call grammar, and the calls
-    it writes are read back and judged as ever (docs/openai.md, "The tool format")."""
+    The calls are written in the model family's ``syntax`` (``ToolFormat.call_syntax``);
+    ``call_grammar`` False: a family the call grammars cannot write: its answers are decoded
+    without a call grammar, and the calls it writes are read back and judged as ever
+    (docs/openai.md, "The tool format")."""
     mode = p.choice.mode if calls else "none"
     if not call_grammar and mode != "none":
         return None
     if mode in ("required", "function"):
         tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
-        return tool_calls_grammar(tools, parallel=p.parallel)
+        return tool_calls_grammar(tools, parallel=p.parallel, syntax=syntax)
     if mode == "auto" and p.response_format is not None:
-        return json_or_calls_grammar(p.response_format.schema, list(p.tools), parallel=p.parallel)
+        return json_or_calls_grammar(p.response_format.schema, list(p.tools), parallel=p.parallel, syntax=syntax)
     if mode == "auto" and any(t.strict for t in p.tools):
-        return auto_grammar(list(p.tools), parallel=p.parallel)
+        return auto_grammar(list(p.tools), parallel=p.parallel, syntax=syntax)
     if p.response_format is not None:
         return json_grammar(p.response_format.schema)
     return None
@@ -179,7 +183,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                     t0 = time.perf_counter()
                     read = _read(tok, produced, a.stops, names)
                     for i, call in enumerate(read[1]):  # the turn is open: its evidence can be computed
-                        judge.judge(call.name, call.arguments, turn=_locator(tok, list(produced), i, call))
+                        judge.judge(call.name, call.arguments,
+                                    turn=_locator(tok, list(produced), i, call, format_for(tok)))
                     spent += time.perf_counter() - t0
                 piece = shown.feed(decoder.push(token))
                 if piece:
@@ -216,12 +221,14 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         return
 
 
-def _locator(tok: ChatTokenizer, produced: list[int], i: int, call: ParsedCall
+def _locator(tok: ChatTokenizer, produced: list[int], i: int, call: ParsedCall, fmt: ToolFormat
              ) -> Callable[[], GeneratedCall | None]:
-    """Finds the ``i``-th call of a turn among its tokens, when a rule asks for evidence."""
+    """Finds the ``i``-th call of a turn among its tokens (in the family's syntax ``fmt``), when
+    a rule asks for evidence; the turn's stop token is not part of its text."""
 
     def locate() -> GeneratedCall | None:
-        found = generated_calls(produced, token_bytes(tok.tk))
+        text = [t for t in produced if t not in tok.stop_token_ids]
+        found = generated_calls(text, token_bytes(tok.tk), fmt)
         same = [g for g in found if g.name == call.name and g.arguments == call.arguments]
         if i < len(found) and found[i] in same:
             return found[i]

@@ -16,9 +16,11 @@ Three families, one small class each:
 rendering writes). Every family's reader also takes Hermes blocks, so a model that was shown
 the Hermes fallback block and follows it is still read.
 
-Constrained decoding (``fak.kernel.constrain``) writes Hermes blocks only: ``constrained`` is
-False for the other families, and a request that would need a call grammar is decoded
-without one there (the door lists the grammar among what it ignored).
+Constrained decoding (``fak.kernel.constrain``) writes each family's own syntax: a format
+gives the call grammars its ``CallSyntax`` (``call_syntax``), and ``call_blocks`` finds where
+each call lies in a turn's text (what ``fak.kernel.generated_call`` needs for call evidence).
+A format with ``constrained`` False would be decoded without a call grammar (the door lists
+the grammar among what it ignored); every family here has one.
 """
 
 from __future__ import annotations
@@ -32,16 +34,45 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import blake3
 
 from fak.kernel import openai_tools
-from fak.kernel.openai_tools import ParsedCall, json_text
+from fak.kernel.openai_tools import CallBlock, ParsedCall, json_text
 
 if TYPE_CHECKING:
     from fak.kernel.model.tokenizer import ChatTokenizer
 
-__all__ = ["HermesFormat", "Llama3JsonFormat", "MistralFormat", "ToolFormat", "format_for", "format_of",
-           "template_has_tools"]
+__all__ = ["HERMES_SYNTAX", "CallSyntax", "HermesFormat", "Llama3JsonFormat", "MistralFormat", "ToolFormat",
+           "format_for", "format_of", "template_has_tools"]
 
 _DECODER = json.JSONDecoder()
 _ALNUM = string.ascii_letters + string.digits
+_JSON_WS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """A family's call syntax as the call grammars (``fak.kernel.constrain``) write it: the calls
+    are ``marker`` (a special token's id, or None) and ``opening``, then each call as
+    ``call_open`` + ``body_open`` + ``{"name": <name>, "<key>": <arguments>[, "id": <9 letters or
+    digits>]}`` + ``body_close``, the calls joined by ``separator``, then ``closing``.
+    ``text_first``: under ``auto`` free text may precede the calls (its first ``call_open`` then
+    begins them); otherwise a turn is free text or calls from its start, and free text may not
+    begin (after whitespace) with a match of a ``free_not_starting`` regex. Free text never
+    holds a ``free_not_holding`` text (what the family's reader would take for a call)."""
+
+    opening: str = ""
+    marker: int | None = None
+    call_open: str = openai_tools.OPEN
+    body_open: str = "\n"
+    body_close: str = "\n" + openai_tools.CLOSE
+    key: str = "arguments"
+    call_id: bool = False
+    separator: str = "\n"
+    closing: str = ""
+    text_first: bool = True
+    free_not_starting: tuple[str, ...] = ()
+    free_not_holding: tuple[str, ...] = (openai_tools.OPEN,)
+
+
+HERMES_SYNTAX = CallSyntax()
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,16 @@ class ToolFormat:
         """How much of a streamed turn can be sent as content now."""
         return openai_tools.safe_text_len(text)
 
+    def call_syntax(self, tokenizer: ChatTokenizer | None = None) -> CallSyntax:
+        """The syntax the call grammars write for this family (``tokenizer``: the model's, whose
+        special tokens the syntax may use; None: their text form)."""
+        return HERMES_SYNTAX
+
+    def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
+        """Where each call ``parse_calls`` reads lies in ``text`` (its JSON object's start and
+        end), in order: what call evidence locates among a turn's tokens."""
+        return openai_tools.call_blocks(text, names)
+
     def template_call(self, call: CallOut) -> dict[str, Any]:
         """A call as the chat template reads it from an assistant message's ``tool_calls``:
         arguments as an object (the templates ``tojson`` them), the id as given."""
@@ -100,27 +141,41 @@ class Llama3JsonFormat(ToolFormat):
     name: ClassVar[str] = "llama3_json"
     PYTHON_TAG: ClassVar[str] = "<|python_tag|>"
     opens: ClassVar[tuple[str, ...]] = ("{", PYTHON_TAG, openai_tools.OPEN)
-    constrained: ClassVar[bool] = False
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
-        body = text.strip()
-        if body.startswith(self.PYTHON_TAG):
-            body = body[len(self.PYTHON_TAG):].lstrip()
-        calls: list[ParsedCall] = []
-        at = 0
-        while at < len(body):  # one object, or several separated by ';' (what Llama 3.2 writes for parallel calls)
+        blocks = self._blocks(text, names)
+        if blocks:
+            return "", [b.call for b in blocks]
+        return openai_tools.parse_calls(text, names)
+
+    def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
+        return self._blocks(text, names) or openai_tools.call_blocks(text, names)
+
+    def _blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock] | None:
+        """The calls of a turn that is nothing but calls in this family's form (else None)."""
+        end = len(text.rstrip())
+        at = len(text) - len(text.lstrip())
+        if text.startswith(self.PYTHON_TAG, at):
+            at = end - len(text[at + len(self.PYTHON_TAG):end].lstrip())
+        whole = text[:end]
+        blocks: list[CallBlock] = []
+        while at < end:  # one object, or several separated by ';' (what Llama 3.2 writes for parallel calls)
             try:
-                obj, end = _DECODER.raw_decode(body, at)
+                obj, stop = _DECODER.raw_decode(whole, at)
             except (ValueError, RecursionError):
                 break
             call = _call(obj, names, "parameters")
             if call is None:
                 break
-            calls.append(call)
-            at = len(body) - len(body[end:].lstrip().lstrip(";").lstrip())
-        if calls and at >= len(body):
-            return "", calls
-        return openai_tools.parse_calls(text, names)
+            blocks.append(CallBlock(call, at, at, stop, stop))
+            at = end - len(whole[stop:].lstrip().lstrip(";").lstrip())
+        return blocks if blocks and at >= end else None
+
+    def call_syntax(self, tokenizer: ChatTokenizer | None = None) -> CallSyntax:
+        """The whole turn is the call objects joined by ``"; "`` (``render_calls``); free text
+        may not begin with ``{`` or ``<|python_tag|>``, nor hold ``<tool_call>``."""
+        return CallSyntax(call_open="", body_open="", body_close="", key="parameters", separator="; ",
+                          text_first=False, free_not_starting=(r"\{", r"<\|python_tag\|>"))
 
     def render_calls(self, calls: Sequence[CallOut]) -> str:
         return "; ".join('{"name": ' + json.dumps(c.name, ensure_ascii=False) + ', "parameters": '
@@ -143,22 +198,53 @@ class MistralFormat(ToolFormat):
     name: ClassVar[str] = "mistral"
     MARKER: ClassVar[str] = "[TOOL_CALLS]"
     opens: ClassVar[tuple[str, ...]] = (MARKER, "[{", openai_tools.OPEN)
-    constrained: ClassVar[bool] = False
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
+        blocks = self._blocks(text, names)
+        if blocks:
+            at = text.find(self.MARKER)
+            return (text[:at] if at >= 0 else "").strip(), [b.call for b in blocks]
+        return openai_tools.parse_calls(text, names)
+
+    def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
+        return self._blocks(text, names) or openai_tools.call_blocks(text, names)
+
+    def _blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock] | None:
+        """The calls of the array after the marker (or of a turn that is such an array), each
+        object's span; None when it is not an array of calls of known tools."""
         at = text.find(self.MARKER)
         start = at + len(self.MARKER) if at >= 0 else 0
-        head = text[:at] if at >= 0 else ""
-        body = text[start:].strip()
+        end = len(text.rstrip())
+        body = max(start, end - len(text[start:end].lstrip()))
+        whole = text[:end]
         try:
-            arr, end = _DECODER.raw_decode(body)
+            arr, stop = _DECODER.raw_decode(whole, body)
         except (ValueError, RecursionError):
-            arr, end = None, 0
-        if isinstance(arr, list) and arr and not body[end:].strip():
-            calls = [_call(obj, names, "arguments") for obj in arr]
-            if all(c is not None for c in calls):
-                return head.strip(), [c for c in calls if c is not None]
-        return openai_tools.parse_calls(text, names)
+            return None
+        if not isinstance(arr, list) or not arr or whole[stop:].strip():
+            return None
+        blocks: list[CallBlock] = []
+        i = body + 1
+        for obj in arr:  # the array is well-formed: between its items only JSON whitespace and commas
+            while whole[i] in _JSON_WS + ",":
+                i += 1
+            call = _call(obj, names, "arguments")
+            if call is None:
+                return None
+            _, j = _DECODER.raw_decode(whole, i)
+            blocks.append(CallBlock(call, i, i, j, j))
+            i = j
+        return blocks
+
+    def call_syntax(self, tokenizer: ChatTokenizer | None = None) -> CallSyntax:
+        """``[TOOL_CALLS]`` (the special token where the vocabulary has it, else its text) then
+        the array of call objects, each with a 9-character id, as the template writes them; free
+        text may not begin with an array of objects, nor hold ``[TOOL_CALLS]`` or ``<tool_call>``."""
+        marker = _special_id(tokenizer, self.MARKER)
+        return CallSyntax(opening="[" if marker is not None else self.MARKER + "[", marker=marker, call_open="",
+                          body_open="", body_close="", call_id=True, separator=", ", closing="]",
+                          text_first=False, free_not_starting=(r"\[[ \t\n\r]*\{",),
+                          free_not_holding=(self.MARKER, openai_tools.OPEN))
 
     def render_calls(self, calls: Sequence[CallOut]) -> str:
         items = []
@@ -218,6 +304,15 @@ def format_of(source: str | None) -> ToolFormat:
 def format_for(tokenizer: ChatTokenizer) -> ToolFormat:
     """The call syntax of the model ``tokenizer`` renders for (``format_of`` its template)."""
     return format_of(tokenizer.template_source)
+
+
+def _special_id(tokenizer: ChatTokenizer | None, text: str) -> int | None:
+    """The id of ``text`` when it is one special token of ``tokenizer``'s vocabulary."""
+    if tokenizer is None:
+        return None
+    tid = tokenizer.tk.token_to_id(text)
+    added = tokenizer.tk.get_added_tokens_decoder().get(tid) if tid is not None else None
+    return tid if tid is not None and added is not None and added.special and tid < tokenizer.vocab_size else None
 
 
 def _object(arguments: dict[str, Any] | str) -> Any:

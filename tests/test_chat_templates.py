@@ -333,21 +333,21 @@ def test_the_door_shows_tools_calls_and_results_as_the_template_does(tmp_path, t
         k2.close()
 
 
-def test_families_without_the_call_grammar_say_so(smollm2_vocab):
-    """Llama 3 and Mistral write calls the Hermes call grammar does not: a request that would be
-    decoded under it is decoded without one, its calls read back in the family's syntax, and
-    ``tool_choice`` is listed in ``fak.ignored``; Qwen (Hermes) keeps the grammar."""
+def test_every_family_has_its_call_grammar(smollm2_vocab):
+    """Each family's ``tool_choice: required`` is decoded under a call grammar in its own syntax
+    (tests/test_constrain_formats.py: Llama 3's bare objects, Mistral's ``[TOOL_CALLS]`` array,
+    the special token here), and nothing is listed in ``fak.ignored``."""
     from fak import wire as w
     from fak.kernel.openai_answer import Shown, plan_answer
     from fak.kernel.openai_params import chat_parameters
 
     body = w.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
                                    tool_choice="required")
-    for family, constrained in (("qwen2.5", True), ("llama3.1", False), ("mistral", False)):
+    for family, mark in (("qwen2.5", '"<tool_call>"'), ("llama3.1", '"\\"parameters\\""'), ("mistral", "start: <[")):
         fak, _ = pair(smollm2_vocab, family)
         plan = plan_answer(fak, chat_parameters(body), "p", calls=True)
-        assert (plan.grammar is not None) == constrained, family
-        assert ("tool_choice" in plan.parameters.ignored) == (not constrained), family
+        assert plan.grammar is not None and mark in plan.grammar.spec, (family, plan.grammar)
+        assert "tool_choice" not in plan.parameters.ignored, family
         assert plan.names == {"get_weather"}
     shown = Shown([], calls=True, opens=Llama3JsonFormat.opens)
     assert shown.feed('{"name": "get_weather", ') == "" and shown.feed('"parameters": {}}') == ""
