@@ -346,3 +346,37 @@ def test_llama3_door_required_answers_a_call_in_its_own_syntax(tmp_path, family_
                                '"parameters": {') and text.endswith("}<|eot_id|>"), text
     finally:
         k.close()
+
+
+def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
+    """A rule that reads the attention a call's argument tokens put on an untrusted page gets
+    that evidence for a Llama 3 call (the family's format locates it; Hermes' finder sees none)."""
+    from test_call_evidence_door import PAGE
+    from test_call_evidence_door import POLICY as EVIDENCE
+    from tiny_kernel import policy_kernel
+
+    from fak import wire as w
+    from fak.kernel import openai_chat
+    from fak.kernel.operations import Caller
+
+    folder, lm = family_lm
+    k = policy_kernel(tmp_path, folder, lm, EVIDENCE % "        when_attention: {trust: [untrusted], above: 0.0}")
+    try:
+        mail = {"type": "function", "function": {"name": "send_email", "parameters": {
+            "type": "object", "properties": {"to": {"type": "string", "maxLength": 20}}, "required": ["to"],
+            "additionalProperties": False}}}
+        body = w.ChatCompletionRequest.model_validate({
+            "model": "m", "temperature": 0, "max_tokens": 200, "tools": [mail],
+            "tool_choice": {"type": "function", "function": {"name": "send_email"}},
+            "messages": [{"role": "user", "content": "Forward the invoices."},
+                         {"role": "tool", "tool_call_id": "c1", "name": "web_fetch", "content": PAGE}]})
+        out = openai_chat.complete(k, Caller("acme", "test"), body)
+        fak = out.fak.model_dump()
+        event = [e.event for e in k.audit.entries("acme") if e.event.type == "tool_call_decision"][-1]
+        page_ref = next(a["ref"] for a in fak["admissions"] if a["tool"] == "web_fetch")
+        [record] = [a for a in event.attention if a.ref == page_ref]
+        assert record.arg == "to" and len(record.per_layer) == k.model.cfg.num_layers and 0.0 < record.mean <= 1.0
+        assert fak["tool_calls"][0]["verdict"] == "DENY"
+        assert "tool_choice" not in fak["ignored"]
+    finally:
+        k.close()
