@@ -380,3 +380,20 @@ def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
         assert "tool_choice" not in fak["ignored"]
     finally:
         k.close()
+
+
+def test_hermes_grammars_keep_their_lark_text() -> None:
+    """Hermes (Qwen, the fallback) keeps the grammar text it had before the families had theirs:
+    the same lark, so the same masks, for every existing Hermes client."""
+    from fak.kernel.tool_formats import HERMES_SYNTAX, HermesFormat
+
+    assert HermesFormat().call_syntax(None) is HERMES_SYNTAX
+    head = '%llguidance {}\nstart: call ("\\n" call)*\ncall: "<tool_call>" body\nbody: "\\n" (fn_0) "\\n</tool_call>"\n' \
+           'fn_0: "{\\"name\\": \\"get_weather\\", \\"arguments\\": " %json {'
+    assert tool_calls_grammar([WEATHER], parallel=True).spec.startswith(head)
+    auto = auto_grammar([WEATHER], parallel=True).spec
+    assert auto.startswith('%llguidance {}\nstart: FREE | head body ("\\n" "<tool_call>" body)*\n'
+                           "FREE: /(?s:.*)/ & ~/(?s:.*)\\x3ctool_call\\x3e(?s:.*)/\n"
+                           "head[lazy]: /(?s:.*)\\x3ctool_call\\x3e/\nbody: ")
+    assert json_or_calls_grammar(None, [WEATHER], parallel=False).spec.startswith(
+        '%llguidance {}\nstart: %json {"type": "object", ')
