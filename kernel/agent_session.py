@@ -380,10 +380,13 @@ class KernelSession:
             return s.refs()
 
     # --- appending text -------------------------------------------------------
-    def append(self, kind: SegmentKind | str, text: str) -> Segment:
+    def append(self, kind: SegmentKind | str, text: str, *, tools: list[dict[str, Any]] | None = None) -> Segment:
         """Append a system, user or assistant message (tool results go through ``admit``).
         An assistant message given as text (a client resending a history, another model's
-        turn) gets the content provenance of every ref live now, as a generated turn would."""
+        turn) gets the content provenance of every ref live now, as a generated turn would.
+        ``tools``: the request's tools, known when the message is rendered (a template whose
+        turn markup depends on them, Llama 3's system header; ``ChatTokenizer.encode_message``);
+        the segment keeps that form."""
         try:
             kind = SegmentKind(kind)
         except ValueError:
@@ -404,7 +407,12 @@ class KernelSession:
             content: frozenset[str] = frozenset()
             if kind is SegmentKind.ASSISTANT:
                 content = frozenset().union(*(x.provenance | x.content for x in s.ledger.live()))
-            seg = s.append(kind, text, content=content)
+            if tools and s.tokenizer is not None:
+                message = {"role": kind.value, "content": text}
+                ids = s.tokenizer.encode_message(s.live_messages(), message, tools)
+                seg = s.append(kind, tokens=ids, message=message, content=content)
+            else:
+                seg = s.append(kind, text, content=content)
             self._check_room(s, f"this {kind.value} message")
             tx.commit()
             return seg

@@ -292,6 +292,9 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     ops = [_tool_op(holds, c.tenant, op, op.call_id, body.messages) if op.kind == "tool" and op.call_id else op
            for op in ops]
     tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
+    # the leading system messages are rendered knowing the tools (a template whose system header
+    # depends on them: Llama 3's "Environment: ipython"); the tools block follows them
+    definitions = [spec.definition() for spec in parameters.tools] if tools_text is not None else None
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     ks, ephemeral = _chat_session(k, c, body, completion_id)
     turn = ChatTurn(k, ks, ephemeral, completion_id, plan)
@@ -308,7 +311,7 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
             if op.kind == "tool":
                 turn.admissions.append(_admit(ks, op))
             else:
-                ks.append(op.kind, op.text)
+                ks.append(op.kind, op.text, tools=definitions if i < lead else None)
         if lead == len(ops) and tools_text is not None:
             _add_tools(turn, tools_text)
         if calls and turn.tools_ref is None:  # the gate kept the tools block out: no calls to read

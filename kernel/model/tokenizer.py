@@ -148,7 +148,8 @@ class ChatTokenizer:
         cannot forge a ``<|im_start|>system`` header."""
         return self._plain.encode(text, add_special_tokens=False).ids
 
-    def encode_message(self, history: list[dict[str, str]], message: dict[str, str]) -> list[int]:
+    def encode_message(self, history: list[dict[str, str]], message: dict[str, str],
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Tokens the chat template adds for ``message`` after ``history``: the
         template's own markup is encoded with special tokens, the content without. A template that
         renders tools (a model with a tool format of its own) is segmented as ``encode_conversation``
@@ -156,7 +157,9 @@ class ChatTokenizer:
         such a template rewrites earlier turns once a message follows them (Qwen3 drops earlier
         thoughts, Mistral moves the system message to the last user turn), the message's tokens
         are what the whole rendering ends with after its last difference from the history's: the
-        session keeps earlier turns as they were appended."""
+        session keeps earlier turns as they were appended. ``tools``: the request's tools, for a
+        message appended knowing them (``_tools_markup``: Llama 3's system header then says
+        ``Environment: ipython``)."""
         before = self.render(history) if history else ""
         if self.renders_tools:
             whole = self.encode_conversation([*history, message])
@@ -166,12 +169,59 @@ class ChatTokenizer:
                     not prefix and message.get("content")
                     and not any(k == "content" and a >= cut for k, a, _ in whole.spans)):
                 raise ModelError("the chat template does not render messages incrementally; append tokens instead")
+            if tools:
+                text, spans = self._tools_markup(history, message, tools, whole, cut)
+                return self._ids(text, spans, cut)
             return self._ids(whole.text, whole.spans, cut)
         marked = self.render(history + [{**message, "content": _SENTINEL}])
         if not marked.startswith(before) or marked.count(_SENTINEL) != 1:
             raise ModelError("the chat template does not render messages incrementally; append tokens instead")
         head, tail = marked[len(before) :].split(_SENTINEL)
         return self.encode(head) + self.encode_plain(message["content"]) + self.encode(tail)
+
+    def _tools_markup(self, history: list[dict[str, str]], message: dict[str, str], tools: list[dict[str, Any]],
+                      whole: Rendered, cut: int) -> tuple[str, list[tuple[SpanKind, int, int]]]:
+        """``whole`` (the conversation up to ``message``, rendered without tools) with the markup
+        the template writes inside ``message``'s own turn only when given ``tools`` (Llama 3's
+        ``Environment: ipython`` line in its system header), so the turn is what the template
+        renders for it with them. The tools text itself is left out (the door admits it as a
+        segment of its own), and so is every change around it; the text and spans are
+        ``whole``'s when the template writes nothing else for tools there, rewrites the turn's
+        text rather than inserting, or inserts inside a client string."""
+        shown = self.tools_text(tools)
+        probe = {"role": "user", "content": "\ue010u\ue011"}  # a later user turn (Llama's tools need one)
+        try:
+            bare, given = self.render([*history, message, probe]), self.render([*history, message, probe], tools=tools)
+        except ModelError:
+            return whole.text, whole.spans
+        end = len(whole.text)
+        if shown is None or not bare.startswith(whole.text):  # the probe rewrote the turn (Mistral): not spliceable
+            return whole.text, whole.spans
+        inserts: list[tuple[int, str]] = []
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, bare, given, autojunk=False).get_opcodes():
+            if op == "equal" or i2 <= cut or i1 >= end or shown in given[j1:j2]:
+                continue  # outside the turn, or the tools text (with what surrounds it)
+            if op != "insert" or i1 <= cut or any(k == "content" and a < i1 < b for k, a, b in whole.spans):
+                return whole.text, whole.spans
+            inserts.append((i1, given[j1:j2]))
+        text, at = whole.text, 0
+        for i, piece in inserts:
+            text = text[: i + at] + piece + text[i + at :]
+            at += len(piece)
+        if not inserts or not given[cut:].startswith(text[cut:]):
+            return whole.text, whole.spans
+
+        def moved(x: int) -> int:
+            return x + sum(len(piece) for i, piece in inserts if i < x)
+
+        # the client strings move by what was inserted before them; everything else is markup
+        spans: list[tuple[SpanKind, int, int]] = []
+        pos = 0
+        for a, b in sorted((moved(a), moved(b)) for k, a, b in whole.spans if k == "content"):
+            spans += [("markup", pos, a)] if a > pos else []
+            spans.append(("content", a, b))
+            pos = b
+        return text, spans + ([("markup", pos, len(text))] if len(text) > pos else [])
 
     def encode_regions(self, history: list[dict[str, str]], role: str, pieces: list[str]) -> tuple[list[int], list[int]]:
         """A message whose content is ``pieces`` joined, encoded piece by piece, and the
