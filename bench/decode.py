@@ -22,6 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 if "--threads" in sys.argv[:-1]:  # numpy's OpenBLAS (fak's float32 decode) reads this once, on import
     os.environ.setdefault("OPENBLAS_NUM_THREADS", sys.argv[sys.argv.index("--threads") + 1])
@@ -154,6 +155,28 @@ def profile_decode(model: Llama, ids: list[int], steps: int = 32) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+def hf_greedy(hf: Any, pad_id: int | None, short_ids: list[int], device: str = "cpu",
+              sync: Callable[[], None] = lambda: None
+              ) -> tuple[Callable[[list[int], int], list[int]], Callable[[int], tuple[list[int], float]]]:
+    """transformers' greedy ``generate(ids, n)`` on ``device``, and its decode of n tokens after
+    ``short_ids`` timed as n tokens minus one token's run (generate() has no per-token hook)."""
+    def hf_generate(ids: list[int], n: int) -> list[int]:
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=pad_id)
+        sync()
+        return list(out[0, len(ids):].tolist())
+
+    def hf_decode(n: int) -> tuple[list[int], float]:
+        t0 = time.perf_counter()
+        hf_generate(short_ids, 1)
+        t1 = time.perf_counter()
+        out = hf_generate(short_ids, n)
+        return out, max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
+
+    return hf_generate, hf_decode
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--modes", default=",".join(WEIGHT_FORMATS), help="weight formats, comma-separated")
@@ -217,19 +240,7 @@ def main() -> None:
         out += list(it)
         return out, time.perf_counter() - t0
 
-    def hf_generate(ids: list[int], n: int) -> list[int]:
-        with torch.inference_mode():
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              pad_token_id=tok.eos_token_id)
-        return out[0, len(ids):].tolist()
-
-    def hf_decode(n: int) -> tuple[list[int], float]:
-        """transformers' generate() has no per-token hook here: n tokens minus one token's run."""
-        t0 = time.perf_counter()
-        hf_generate(short_ids, 1)
-        t1 = time.perf_counter()
-        out = hf_generate(short_ids, n)
-        return out, max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
+    hf_generate, hf_decode = hf_greedy(hf, tok.eos_token_id, short_ids)
 
     def llama_decode(n: int) -> tuple[list[int], float]:
         assert llama is not None
@@ -377,20 +388,7 @@ def cuda_main(args) -> None:  # noqa: ANN001 - argparse's namespace
         sync()
         return out
 
-    def hf_generate(ids: list[int], n: int) -> list[int]:
-        with torch.inference_mode():
-            out = hf.generate(torch.tensor([ids], device=device), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=tok.eos_token_id)
-        sync()
-        return out[0, len(ids):].tolist()
-
-    def hf_decode(n: int) -> tuple[list[int], float]:
-        """transformers' generate() has no per-token hook here: n tokens minus one token's run."""
-        t0 = time.perf_counter()
-        hf_generate(short_ids, 1)
-        t1 = time.perf_counter()
-        out = hf_generate(short_ids, n)
-        return out, max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
+    hf_generate, hf_decode = hf_greedy(hf, tok.eos_token_id, short_ids, device, sync)
 
     peers = {"fak-float32": (fak_prefill, lambda: fak_generate(args.new_tokens)),
              "transformers": (hf_prefill, lambda: hf_decode(args.new_tokens))}

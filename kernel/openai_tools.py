@@ -39,7 +39,7 @@ from fak.errors import InvalidInput
 from fak.types import TOOL_DEFINITIONS
 from fak.wire import HELD_PREFIX
 
-__all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "canonical_turn", "parse_calls", "render_call",
+__all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "call_of", "canonical_turn", "parse_calls", "render_call",
            "render_tools", "tool_choice", "tool_specs"]
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
@@ -243,15 +243,19 @@ def _block(text: str, at: int, names: Collection[str] | None) -> CallBlock | Non
     close = len(text) - len(text[body_end:].lstrip())
     if not text.startswith(CLOSE, close):
         return None
-    call = _call(obj, names)
+    call = call_of(obj, names)
     return CallBlock(call, at, body, body_end, close + len(CLOSE)) if call is not None else None
 
 
-def _call(obj: Any, names: Collection[str] | None) -> ParsedCall | None:
+def call_of(obj: Any, names: Collection[str] | None, key: str = "arguments", *,
+            with_id: bool = False) -> ParsedCall | None:
+    """A call object of a known tool (``names`` None: any): its arguments (an object, or the JSON
+    text of one) under ``key``, else the other family's key; its ``id`` when ``with_id`` (the
+    formats whose calls carry one, ``fak.kernel.tool_formats``). None when it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
             names is not None and obj["name"] not in names):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = obj.get(key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -259,7 +263,8 @@ def _call(obj: Any, names: Collection[str] | None) -> ParsedCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ParsedCall(obj["name"], args)
+    cid = obj.get("id") if with_id else None
+    return ParsedCall(obj["name"], args, id=cid if isinstance(cid, str) else None)
 
 
 def canonical_turn(text: str) -> str:

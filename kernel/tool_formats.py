@@ -327,16 +327,4 @@ def _object(arguments: dict[str, Any] | str) -> Any:
 
 def _call(obj: Any, names: Collection[str] | None, key: str) -> ParsedCall | None:
     """A call object of a known tool, its arguments under ``key`` (or the other family's key)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
-            names is not None and obj["name"] not in names):
-        return None
-    args = obj.get(key, obj.get("arguments", obj.get("parameters", {})))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except (ValueError, RecursionError):
-            return None
-    if not isinstance(args, dict):
-        return None
-    cid = obj.get("id")
-    return ParsedCall(obj["name"], args, id=cid if isinstance(cid, str) else None)
+    return openai_tools.call_of(obj, names, key, with_id=True)
