@@ -24,6 +24,11 @@ class ModelError(FakError):
     status = 500
 
 
+class TemplateRefused(ModelError, code="chat_template_refused", status=400):
+    """The model's own chat template refuses these messages (its ``raise_exception``: e.g.
+    Llama 3's "only supports single tool-calls at once"): the request's fault, not the server's."""
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling. ``kind`` is ``default`` or ``llama3``."""

@@ -25,7 +25,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from fak.kernel.model.config import ModelError
+from fak.kernel.model.config import ModelError, TemplateRefused
 
 CONTROL = 3
 LLAMA3_SPLIT = (
@@ -150,6 +150,24 @@ class ChatTokenizer:
 
     def encode_message(self, history: list[dict[str, str]], message: dict[str, str],
                        tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """``_encode_message``; where the template merges a message into the turn of the one
+        before it of the same role (Qwen's templates put consecutive tool results, a parallel
+        call's, in one ``user`` turn), not an append, the message becomes a turn of its own: what
+        the template renders for it right after the messages before that run of its role. The
+        session then holds one turn per result (each its own segment, evictable alone) where
+        ``apply_chat_template`` writes one for all; the same history gives the same tokens."""
+        try:
+            return self._encode_message(history, message, tools)
+        except ModelError:
+            run = 0
+            while run < len(history) and history[-1 - run].get("role") == message.get("role"):
+                run += 1
+            if run == 0:
+                raise
+            return self._encode_message(history[:-run], message, tools)
+
+    def _encode_message(self, history: list[dict[str, str]], message: dict[str, str],
+                        tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Tokens the chat template adds for ``message`` after ``history``: the
         template's own markup is encoded with special tokens, the content without. A template that
         renders tools (a model with a tool format of its own) is segmented as ``encode_conversation``
@@ -274,6 +292,8 @@ class ChatTokenizer:
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          **self._names, **extra)
+        except _Refusal as exc:
+            raise TemplateRefused(f"the model's chat template refuses these messages: {exc}") from exc
         except jinja2.TemplateError as exc:
             raise ModelError(f"chat template failed: {exc}") from exc
 
@@ -482,8 +502,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+class _Refusal(jinja2.TemplateError):
+    """The template's own ``raise_exception``: it refuses the messages it was given."""
+
+
 def _raise(message: str) -> None:
-    raise jinja2.TemplateError(message)
+    raise _Refusal(message)
 
 
 def _tokenizer_digest(tk: Tokenizer) -> str:
