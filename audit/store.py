@@ -237,28 +237,28 @@ def latest_cosigned_size(conn: Connection, witness: str) -> int | None:
 
 def body_type_match(conn: Connection, types: Sequence[str]) -> sa.ColumnElement[bool]:
     """A WHERE clause true for entries whose body names one of ``types`` as a type
-    (``"type":"<t>"``): a superset of them (the caller parses the body and checks its
-    ``type``). It reads the hashed body, never the ``type`` column, which nothing hashes: a
+    (``"type":"<t>"``; the caller parses the body and checks its ``type``). It reads the hashed body, never the ``type`` column, which nothing hashes: a
     database writer can change the column without the signer noticing, not the body."""
     return sa.or_(*(body_contains(conn, f'"type":"{t}"') for t in types))
 
 
 def body_contains(conn: Connection, needle: str) -> sa.ColumnElement[bool]:
-    """A WHERE clause true for entries whose hashed body holds ``needle``, or a superset of them
-    on PostgreSQL ('_' and '%' in it match any text there): the caller checks each body."""
+    """A WHERE clause true exactly for entries whose hashed body holds ``needle`` (bytes as
+    written, case and all: SQLite's ``instr``, PostgreSQL's ``LIKE`` with ``\\ % _`` escaped),
+    so a filter costs the rows that match, whatever text a caller puts in it."""
     body = entries_t.c.body
-    if conn.dialect.name == "postgresql":  # bytea LIKE bytea
+    if conn.dialect.name == "postgresql":  # bytea LIKE bytea, the default escape character being '\'
+        escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         like = body.op("LIKE", is_comparison=True)
-        return like(sa.literal(f"%{needle}%".encode(), sa.LargeBinary))
-    text = sa.cast(body, sa.Text)  # SQLite's LIKE ignores blobs; their text is the JSON itself
-    return text.contains(needle, autoescape=True)
+        return like(sa.literal(f"%{escaped}%".encode(), sa.LargeBinary))
+    return sa.func.instr(sa.cast(body, sa.Text), needle) > 0  # SQLite's blob text is the JSON itself
 
 
 def tenant_rows_newest(conn: Connection, tenant: str, before: int, limit: int, types: Sequence[str] = (),
                        needles: Sequence[str] = ()) -> list[tuple[int, bytes]]:
     """(index, body) of the tenant's entries before ``before``, newest first, at most ``limit``,
-    whose body names one of ``types`` (any when empty) and holds every needle: a superset
-    (see ``body_type_match``, ``body_contains``); the caller parses and checks each body. The
+    whose body names one of ``types`` (any when empty) and holds every needle
+    (``body_type_match``, ``body_contains``); the caller parses and checks each body. The
     filter runs in the database over the (tenant, idx) index, so a page of a few rare events
     costs a scan in SQL, not a parse of every entry in Python."""
     q = sa.select(entries_t.c.idx, entries_t.c.body).where(entries_t.c.tenant == tenant, entries_t.c.idx < before)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from fak import wire as w
@@ -66,18 +66,9 @@ def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal:
     """The plan of a request's answers; ``calls``: the tools are in attention and tool_choice is not none."""
     bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
     fmt = format_for(tokenizer)
-    constrained = fmt.constrained
-    if not constrained and grammar(parameters, calls=calls) is not None and grammar(
-            parameters, calls=calls, call_grammar=False) is None:  # said, not silently dropped
-        mode = parameters.choice.mode
-        dropped = (["tool_choice"] if mode in ("required", "function") else []) + (
-            ["strict"] if mode == "auto" and any(t.strict for t in parameters.tools) else []) + (
-            ["response_format"] if parameters.response_format is not None else [])
-        parameters = replace(parameters, ignored=(*parameters.ignored, *dropped))
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
-                      grammar=grammar(parameters, calls=calls, call_grammar=constrained,
-                                      syntax=fmt.call_syntax(tokenizer)),
+                      grammar=grammar(parameters, calls=calls, syntax=fmt.call_syntax(tokenizer)),
                       logit_bias=bias)
 
 
@@ -128,18 +119,13 @@ def _hooks(plan: AnswerPlan, tok: ChatTokenizer, grammar: TokenHook | None) -> _
     return a
 
 
-def grammar(p: ChatParameters, *, calls: bool, call_grammar: bool = True,
-            syntax: CallSyntax = HERMES_SYNTAX) -> Grammar | None:
+def grammar(p: ChatParameters, *, calls: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar | None:
     """The grammar the answers are decoded under, if any: ``required`` or a named function make
     every answer calls of those tools; ``auto`` with a strict tool makes a started call follow
     its schema; ``response_format`` json makes a text answer JSON (of its schema).
-    The calls are written in the model family's ``syntax`` (``ToolFormat.call_syntax``);
-    ``call_grammar`` False: a family the call grammars cannot write: its answers are decoded
-    without a call grammar, and the calls it writes are read back and judged as ever
-    (docs/openai.md, "The tool format")."""
+    The calls are written in the model family's ``syntax`` (``ToolFormat.call_syntax``;
+    docs/openai.md, "The tool format")."""
     mode = p.choice.mode if calls else "none"
-    if not call_grammar and mode != "none":
-        return None
     if mode in ("required", "function"):
         tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
         return tool_calls_grammar(tools, parallel=p.parallel, syntax=syntax)

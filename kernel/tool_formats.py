@@ -19,12 +19,11 @@ the Hermes fallback block and follows it is still read.
 Constrained decoding (``fak.kernel.constrain``) writes each family's own syntax: a format
 gives the call grammars its ``CallSyntax`` (``call_syntax``), and ``call_blocks`` finds where
 each call lies in a turn's text (what ``fak.kernel.generated_call`` needs for call evidence).
-A format with ``constrained`` False would be decoded without a call grammar (the door lists
-the grammar among what it ignored); every family here has one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import string
 from collections.abc import Collection, Sequence
@@ -87,12 +86,10 @@ class CallOut:
 
 class ToolFormat:
     """One family's call syntax. ``opens``: the texts whose appearance in a turn begins a call
-    (a stream holds back everything from there on); ``constrained``: whether constrain.py's
-    call grammar writes this syntax."""
+    (a stream holds back everything from there on)."""
 
     name: ClassVar[str] = "hermes"
     opens: ClassVar[tuple[str, ...]] = (openai_tools.OPEN,)
-    constrained: ClassVar[bool] = True
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
         """(content, calls) of a generated turn; what is not a well-formed call of a known
@@ -286,9 +283,11 @@ def template_has_tools(source: str | None) -> bool:
     return bool(source) and "tools" in (source or "")
 
 
+@functools.lru_cache(maxsize=32)
 def format_of(source: str | None) -> ToolFormat:
     """The call syntax of the model whose chat template is ``source``: the family whose
-    marker its tool-call rendering writes; Hermes where it writes none (or there is no template)."""
+    marker its tool-call rendering writes; Hermes where it writes none (or there is no template).
+    Cached: a door asks for it per token while it judges calls, and formats hold no state."""
     if not template_has_tools(source):
         return HermesFormat()
     text = source or ""

@@ -263,6 +263,8 @@ def test_newest_filters_in_the_database_and_trusts_only_the_hashed_body(log, db_
     assert [e.index for e in log.newest("acme", log.size(), 10, ["tool_call_approval"])] == [at]
     assert [e.index for e in log.newest("acme", log.size(), 10, needles=["call_held_1"])] == [at]
     assert log.newest("acme", at, 10, ["tool_call_approval"]) == []  # before its index
+    for odd in ("CALL_HELD_1", "call%held", "call_held_%", "\\", "%"):  # exact bytes: no case folding,
+        assert log.newest("acme", log.size(), 10, needles=[odd]) == []  # no wildcard, no escape error
     assert log.newest("evil", log.size(), 10, ["tool_call_approval"]) == []  # another tenant's
     assert len(log.newest("acme", log.size(), 100, needles=["p2"])) == sum(1 for i in range(30) if i % 3 and "p2" in f"p{i}")
     engine = sa.create_engine(db_url)

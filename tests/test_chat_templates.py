@@ -599,3 +599,19 @@ def test_the_door_takes_a_parallel_calls_results_with_qwens_template(tmp_path, t
         assert rain.tokens.count(im_start) == 1  # the forged header in the result is text
     finally:
         k.close()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_key_holding_part_of_a_special_token_at_its_edge_is_refused(smollm2_vocab, family):
+    """Keys are written as the template's markup: an argument key ending with the start of a
+    special-token string (or beginning with its end) could complete it across the boundary
+    with the template's own text, so it is refused (400), as a key holding a whole one is."""
+    fak, _ = pair(smollm2_vocab, family)
+    special = max((t.content for t in fak.tk.get_added_tokens_decoder().values() if t.special), key=len)
+    for key in (f"x{special[:-1]}", f"{special[1:]}x"):
+        messages = _parallel(("a", "b"))[:2]
+        messages[1] = {**messages[1], "tool_calls": [{**messages[1]["tool_calls"][0], "function": {
+            "name": "get_weather", "arguments": {key: "Paris"}}}]}
+        with pytest.raises(TemplateRefused, match="special-token") as refused:
+            fak.encode_conversation(messages)
+        assert refused.value.status == 400

@@ -500,7 +500,10 @@ def audit_entry(index: int, request: Request) -> Response:
             raise NotFound(f"no audit entry at index {index}")
         proof = ops.audit_inclusion(k, c, index)
         assert isinstance(proof, w.InclusionOut)
-        entry = ops.audit_entries(k, c, index, 1).entries[0]
+        found = ops.audit_entries(k, c, index, 1).entries
+        if not found or found[0].index != index or proof.proof.get("logIndex") != index:
+            raise NotFound(f"no audit entry at index {index}")
+        entry = found[0]
         checked = _server_check(proof.proof, entry.event.encode(), k.audit.public_key())
         data = {"entry": entry.event, "leaf_hash": proof.leaf_hash, "proof": proof.proof,
                 "server_key": k.audit.public_key()}
@@ -514,7 +517,7 @@ def audit_entry(index: int, request: Request) -> Response:
 def tool_calls(request: Request, held: str = "") -> Response:
     """Tool-call decisions and approvals from the audit log, newest first; a held call by id."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
-        if held:
+        if held.strip():
             return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
                                     headers=HEADERS)
         calls = _newest(k, c, types=("tool_call_decision", "tool_call_approval"))

@@ -264,7 +264,7 @@ class Llama:
         cache.reserve(start + T)
         cos, sin = rope.cos_sin(self.inv_freq, positions, self.dtype)
         window = self.cfg.sliding_window
-        keep = self._window_keep(cache, start, int(positions[0])) if T == 1 else None
+        keep = self._window_keep(cache, start, positions) if T == 1 and self.cfg.sliding_window is not None else None
         if capture is not None:
             x = F.embedding(ids, self.w.embed)[None]
             full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
@@ -298,13 +298,14 @@ class Llama:
             x = x[:, -1:]
         return self.head(x)[0]
 
-    def _window_keep(self, cache: KVCache, start: int, position: int) -> torch.Tensor | None:
-        """The cache rows ``[0, start]`` a one-token step at ``position`` attends to under a
-        sliding window (one bool per row; the new row ``start`` always), or None when the
-        window leaves none of them out (always, for the families without one)."""
+    def _window_keep(self, cache: KVCache, start: int, position: int | torch.Tensor) -> torch.Tensor | None:
+        """The cache rows ``[0, start]`` a one-token step at ``position`` (an int, or a tensor
+        whose first element it is) attends to under a sliding window (one bool per row; the new
+        row ``start`` always), or None when the window leaves none of them out (always, for the
+        families without one)."""
         if self.cfg.sliding_window is None or start == 0:
             return None
-        first = self.cfg.window_start(position)
+        first = self.cfg.window_start(int(position) if isinstance(position, int) else int(position[0]))
         past = cache.positions[:start]
         if int(past.min()) >= first:
             return None

@@ -158,7 +158,9 @@ class ChatTokenizer:
         ``apply_chat_template`` writes one for all; the same history gives the same tokens."""
         try:
             return self._encode_message(history, message, tools)
-        except ModelError:
+        except NotIncremental:
+            if message.get("role") != "tool":
+                raise
             run = 0
             while run < len(history) and history[-1 - run].get("role") == message.get("role"):
                 run += 1
@@ -186,14 +188,14 @@ class ChatTokenizer:
             if cut is None or any(k == "content" and a < cut < b for k, a, b in whole.spans) or (
                     not prefix and message.get("content")
                     and not any(k == "content" and a >= cut for k, a, _ in whole.spans)):
-                raise ModelError("the chat template does not render messages incrementally; append tokens instead")
+                raise NotIncremental("the chat template does not render this message as an append to the conversation")
             if tools:
                 text, spans = self._tools_markup(history, message, tools, whole, cut)
                 return self._ids(text, spans, cut)
             return self._ids(whole.text, whole.spans, cut)
         marked = self.render(history + [{**message, "content": _SENTINEL}])
         if not marked.startswith(before) or marked.count(_SENTINEL) != 1:
-            raise ModelError("the chat template does not render messages incrementally; append tokens instead")
+            raise NotIncremental("the chat template does not render this message as an append to the conversation")
         head, tail = marked[len(before) :].split(_SENTINEL)
         return self.encode(head) + self.encode_plain(message["content"]) + self.encode(tail)
 
@@ -250,7 +252,7 @@ class ChatTokenizer:
         marker = self.encode_plain(_SENTINEL)
         at = next((i for i in range(len(head) - len(marker) + 1) if head[i : i + len(marker)] == marker), None)
         if at is None:
-            raise ModelError("cannot locate a message's content in its template")
+            raise TemplateRefused("cannot locate a message's content in its template")
         ids, regions = head[:at], []
         for piece in pieces:
             regions.append(len(ids))
@@ -311,12 +313,12 @@ class ChatTokenizer:
         marked_messages = _mark(messages, pieces, kept, schema=False)
         marked_tools = _mark(tools, pieces, kept, schema=True) if tools is not None else None
         specials = self._special_strings()
-        if any(t in k for k in kept for t in specials):
-            raise ModelError("a role, id, type or key holds a special-token string")
+        if any(t in k or _borders(k, t) for k in kept for t in specials):
+            raise TemplateRefused("a role, id, type or key holds (or begins or ends with part of) a special-token string")
         marked = self.render(marked_messages, add_generation_prompt, marked_tools)
         spans = _align(text, marked, pieces)
         if spans is None:
-            raise ModelError("the chat template's markup depends on the content here: it cannot be segmented")
+            raise TemplateRefused("the chat template's markup depends on the content here: it cannot be segmented")
         return Rendered(text, self._ids(text, spans), spans)
 
     def _ids(self, text: str, spans: list[tuple[SpanKind, int, int]], start: int = 0) -> list[int]:
@@ -500,6 +502,17 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     return env
+
+
+class NotIncremental(TemplateRefused):
+    """The template does not render a message as an append to the conversation before it."""
+
+
+def _borders(kept: str, special: str) -> bool:
+    """Whether ``kept`` (a string the template writes as markup) ends with a proper prefix or
+    begins with a proper suffix of ``special``: written next to the template's own text, it
+    could complete the special token across the boundary."""
+    return any(kept.endswith(special[:i]) or kept.startswith(special[i:]) for i in range(1, len(special)))
 
 
 class _Refusal(jinja2.TemplateError):
