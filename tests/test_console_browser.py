@@ -97,9 +97,7 @@ def sign_in(driver, url: str, key: str) -> None:  # noqa: ANN001
     driver.delete_all_cookies()
     driver.get(url + "/console/login")
     find(driver, By.NAME, "key").send_keys(key)
-    old = driver.find_element(By.TAG_NAME, "html")
-    driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]").click()
-    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+    click(driver, driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]"))  # its staleness wait
 
 
 def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, shots) -> None:  # noqa: F811
