@@ -57,6 +57,8 @@ class SegmentRow(Base):
     tool: Mapped[str | None] = mapped_column(String(128), nullable=True)
     source: Mapped[str | None] = mapped_column(String(2048), nullable=True)
     producer_mac: Mapped[str | None] = mapped_column(String(80), nullable=True)  # keyed: see DerivedKeys
+    # the media type it was admitted with (its structure's declaration), under the same MAC
+    media_type: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     __table_args__ = (Index("ix_fak_segments_ref", "tenant", "ref"),)
 
