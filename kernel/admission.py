@@ -26,8 +26,9 @@ from fak.policy.late import LateJob
 from fak.state.store import now_us
 from fak.types import as_id, check_id
 
-__all__ = ["FORGOTTEN_RULE", "MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged", "RefBeingForgotten",
-           "ToolResult", "forgotten", "judge", "late_check", "record", "tool_result"]
+__all__ = ["FORGOTTEN_RULE", "MAX_MEDIA_TYPE", "MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged",
+           "RefBeingForgotten", "ToolResult", "base_media_type", "forgotten", "judge", "late_check", "record",
+           "tool_result"]
 
 MAX_SOURCE = 2048  # characters of a tool result's source URL
 QUARANTINED_RULE = "ref_quarantined"  # the rule of an admission refused because of a late quarantine
@@ -64,6 +65,21 @@ class ToolResult:
     media_type: str
     tags: list[str]
     source: str | None  # the URL it came from (rules, exceptions and trust may depend on its host)
+
+    @property
+    def base_media_type(self) -> str | None:
+        """The media type without parameters, lower case, as the segment records it (None for
+        one too long to be a real type)."""
+        return base_media_type(self.media_type)
+
+
+MAX_MEDIA_TYPE = 128
+
+
+def base_media_type(media_type: str | None) -> str | None:
+    """``Application/JSON; charset=utf-8`` → ``application/json``; None if absent or too long."""
+    base = (media_type or "").split(";", 1)[0].strip().lower()
+    return base if base and len(base) <= MAX_MEDIA_TYPE else None
 
 
 def tool_result(tool: object, data: object, media_type: str, tags: Sequence[str], source: object) -> ToolResult:

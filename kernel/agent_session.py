@@ -446,7 +446,7 @@ class KernelSession:
                                    ref=judged.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
                                    policy_digest=digest, segment_id=segment_id, role=role)
                 segment.expires_turn = _turns(s) + judged.turns if judged.turns is not None else None
-                segment.tool, segment.source = result.tool, result.source
+                segment.tool, segment.source, segment.media_type = result.tool, result.source, result.base_media_type
                 self._check_room(s, "this tool result")
             else:
                 segment = s.record_quarantined(SegmentKind.TOOL, ref=judged.ref, verdict=verdict.kind.value,

@@ -16,12 +16,21 @@ A string value of several tokens that is not trusted as a whole is also searched
 routing entities inside it (e-mail addresses, URLs, IBANs, phone numbers): a reply body the
 model wrote is ``generated``, but an IBAN inside it that only a web page contains is traced
 to that page. Each finding names the text (segment and ref), the character span and, for a
-structured result (JSON or YAML), the field path of the value there (``emails.2.sender``).
+result whose structure was *declared*, the field path of the value there (``emails.2.sender``).
+
+Field paths are evidence a policy may excuse a value by (``except_fields``: the sender of the
+mail being answered), so whoever writes a result's text must not choose them. A result has
+them only when its structure is declared, never because its text looks structured: a JSON or
+YAML media type at admission, or the tool's ``output`` in the policy (``json``, ``yaml``;
+``mail``: an RFC 5322 message, whose header fields are fields and whose body, all an outside
+sender writes, is text). A plain-text result has none, however much it looks like YAML.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import re
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +41,7 @@ import yaml
 from fak.kernel.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
 
 Origin = Literal["trusted", "internal", "untrusted", "generated"]
+Shape = Literal["text", "json", "yaml", "mail"]  # a result's declared structure
 _RANK: dict[str, int] = {"untrusted": 0, "internal": 1, "trusted": 2}
 MAX_LEAVES = 256  # a call with more leaf values is traced on its first ones; the rest count as generated
 MAX_STRUCTURED = 1 << 18  # larger results are searched as text only (no field paths)
@@ -47,12 +57,15 @@ class ContextText:
     ref: str | None
     trust: str
     text: str
+    shape: Shape = "text"  # its declared structure: only a declared one has field paths
+    tools: tuple[str, ...] = ()  # the tools that produced it (a turn: none)
 
 
 @dataclass(frozen=True)
 class ValueSource:
-    """Where a value occurs: a context text, the characters ``[start, end)`` there and, in a
-    structured result, the field path of the value that holds it."""
+    """Where a value occurs: a context text, the characters ``[start, end)`` there, the tools
+    that produced the text and, in a result of declared structure, the field path of the value
+    that holds it."""
 
     segment: str
     ref: str | None
@@ -60,6 +73,7 @@ class ValueSource:
     start: int
     end: int
     field: str | None = None
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,38 +99,36 @@ def leaves(args: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, args
 
 
-class Structure:
-    """The field path of every scalar of a structured (JSON or YAML) text, by character offset."""
+_JSON_MEDIA = re.compile(r"(application|text)/(json|[-.a-z0-9]+\+json)")
+_YAML_MEDIA = re.compile(r"(application|text)/(x-yaml|yaml|[-.a-z0-9]+\+yaml)")
 
-    def __init__(self, text: str) -> None:
+
+def shape_of_media(media_type: str | None) -> Shape:
+    """The structure a media type declares: JSON (``application/json``, ``*+json``), YAML
+    (``application/yaml``, ``*+yaml``), a mail message (``message/rfc822``), else text."""
+    base = (media_type or "").split(";", 1)[0].strip().lower()
+    if _JSON_MEDIA.fullmatch(base):
+        return "json"
+    if _YAML_MEDIA.fullmatch(base):
+        return "yaml"
+    return "mail" if base == "message/rfc822" else "text"
+
+
+class Structure:
+    """The field path of every scalar of a result of declared structure, by character offset:
+    JSON (which must parse as JSON) and YAML by their nodes, a mail by its header fields
+    (``from``, ``reply_to``: the name lower-cased, ``-`` as ``_``; the body has none). Text, or
+    a declared structure the text does not have, has no field paths."""
+
+    def __init__(self, text: str, shape: Shape = "text") -> None:
         self._starts: list[int] = []
         self._spans: list[tuple[int, int, str]] = []
-        if len(text) > MAX_STRUCTURED or not text.strip() or not _looks_structured(text):
+        if shape == "text" or len(text) > MAX_STRUCTURED or not text.strip():
             return
-        try:
-            root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        except (yaml.YAMLError, RecursionError, ValueError):
-            return
-        if root is None or isinstance(root, yaml.ScalarNode):
-            return
-        spans: list[tuple[int, int, str]] = []
-        self._walk(root, "", spans, 0)
+        spans = _mail_fields(text) if shape == "mail" else _node_fields(text, shape)
         spans.sort()
         self._spans = spans
         self._starts = [s for s, _, _ in spans]
-
-    def _walk(self, node: yaml.Node, path: str, out: list[tuple[int, int, str]], depth: int) -> None:
-        if depth > 64:
-            return
-        if isinstance(node, yaml.ScalarNode):
-            out.append((node.start_mark.index, node.end_mark.index, path))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._walk(item, f"{path}.{i}" if path else str(i), out, depth + 1)
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-                self._walk(value, f"{path}.{name}" if path else str(name), out, depth + 1)
 
     def field_at(self, start: int, end: int) -> str | None:
         """The path of the scalar holding characters ``[start, end)``, if one does."""
@@ -128,9 +140,65 @@ class Structure:
         return None
 
 
-def _looks_structured(text: str) -> bool:
-    head = text.lstrip()[:1]
-    return head in "{[-" or ":" in text[:512]
+def _node_fields(text: str, shape: Shape) -> list[tuple[int, int, str]]:
+    """The scalars of a JSON or YAML text with their paths (none if it is not what it claims)."""
+    if shape == "json":
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return []
+    try:  # JSON is read as YAML too: the composer gives each scalar's character span
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return []
+    if root is None or isinstance(root, yaml.ScalarNode):
+        return []
+    out: list[tuple[int, int, str]] = []
+    _walk(root, "", out, 0)
+    return out
+
+
+def _walk(node: yaml.Node, path: str, out: list[tuple[int, int, str]], depth: int) -> None:
+    if depth > 64:
+        return
+    if isinstance(node, yaml.ScalarNode):
+        out.append((node.start_mark.index, node.end_mark.index, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, f"{path}.{i}" if path else str(i), out, depth + 1)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            _walk(value, f"{path}.{name}" if path else str(name), out, depth + 1)
+
+
+_HEADER = re.compile(r"([!-9;-~]+)[ \t]*:[ \t]*")  # an RFC 5322 field name (printable, no colon)
+MAX_HEADER_LINES = 512
+
+
+def _mail_fields(text: str) -> list[tuple[int, int, str]]:
+    """The header fields of a mail message, each value's span (folded lines included), up to
+    the blank line that starts the body. A text whose first line is not a header field is not
+    a message: no fields."""
+    out: list[tuple[int, int, str]] = []
+    at = 0
+    for n, line in enumerate(text.splitlines(keepends=True)):
+        content = line.rstrip("\r\n")
+        if not content.strip() or n >= MAX_HEADER_LINES:
+            break
+        if content[0] in " \t":  # a folded continuation of the field before
+            if not out:
+                return []
+            s, _, name = out[-1]
+            out[-1] = (s, at + len(content.rstrip()), name)
+        else:
+            m = _HEADER.match(content)
+            if m is None:
+                return out if out else []
+            name = m.group(1).lower().replace("-", "_")
+            out.append((at + m.end(), at + len(content.rstrip()), name))
+        at += len(line)
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,10 +210,11 @@ class Indexed:
 
 
 @functools.lru_cache(maxsize=512)
-def indexed(text: str, tenant: str = "") -> Indexed:
-    """The index of a text (cached by content, per tenant: a ref's text is indexed once, not per
-    call, and how fast a decision is tells no tenant what another's context held)."""
-    return Indexed(IndexedText(text), Structure(text))
+def indexed(text: str, shape: Shape = "text", tenant: str = "") -> Indexed:
+    """The index of a text of a declared structure (cached by content, per tenant: a ref's text
+    is indexed once, not per call, and how fast a decision is tells no tenant what another's
+    context held)."""
+    return Indexed(IndexedText(text), Structure(text, shape))
 
 
 class ContextIndex:
@@ -157,7 +226,7 @@ class ContextIndex:
         # most trusted first: a value's first matches are then from the most trusted texts that
         # hold it, so the origin is right even when the search stops at its limit
         self.texts = tuple(sorted(texts, key=lambda t: -_RANK.get(t.trust, 0)))
-        self._indexed = [indexed(t.text, tenant) for t in self.texts]
+        self._indexed = [indexed(t.text, t.shape, tenant) for t in self.texts]
         self._bases: list[int] = []
         at = 0
         for ix in self._indexed:
@@ -180,7 +249,7 @@ class ContextIndex:
                 ctx, ix = self.texts[i], self._indexed[i]
                 m = ix.tokens.match_at(at - self._bases[i], count)
                 found.append(ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end,
-                                         ix.structure.field_at(m.start, m.end)))
+                                         ix.structure.field_at(m.start, m.end), ctx.tools))
             at = self._all.find(probe, at + 1)
         return found
 

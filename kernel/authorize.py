@@ -28,7 +28,15 @@ import blake3
 import rfc8785
 
 from fak.errors import InvalidInput
-from fak.kernel.argument_provenance import ArgumentTrace, ContextIndex, ContextText, trace_arguments
+from fak.kernel.argument_provenance import (
+    ArgumentTrace,
+    ContextIndex,
+    ContextText,
+    Shape,
+    ValueSource,
+    shape_of_media,
+    trace_arguments,
+)
 from fak.kernel.kv.ledger import SegmentKind
 from fak.policy import tool_settings
 
@@ -93,11 +101,14 @@ class ToolCallDecision:
 @dataclass(frozen=True)
 class ContextEntry:
     """One segment of the context a call is made in: its text and, for a tool segment, its
-    ref (the ref's producers are the context's); a system or user turn has none."""
+    ref (the ref's producers are the context's), the producer and the media type it was admitted
+    with (which declare its structure); a system or user turn has none."""
 
     segment: str
     ref: str | None
     text: str
+    producer: Producer | None = None
+    media_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,12 +234,26 @@ class Authorizer:
                 self._match[key] = hit
         return hit
 
+    def shape_of(self, entry: ContextEntry) -> Shape:
+        """The structure a tool segment's result declares: its media type at admission (JSON,
+        YAML, ``message/rfc822``), else its tool's ``output`` in this policy; else text (no
+        field paths, whatever the text looks like: its author does not choose them)."""
+        shape = shape_of_media(entry.media_type)
+        if shape == "text" and entry.producer is not None and entry.producer[0] != UNKNOWN_TOOL:
+            shape = tool_settings(self.policy, entry.producer[0], entry.producer[1]).output or "text"
+        return shape
+
     def texts(self, context: CallContext) -> list[ContextText]:
-        """The context's texts with the trust this policy gives each (turns: trusted)."""
+        """The context's texts with the trust this policy gives each (turns: trusted), the
+        structure each declares and the tools that produced it."""
         out = []
         for e in context.entries:
-            trust = "trusted" if e.ref is None else self.least_trust(context.producers.get(e.ref, ()))
-            out.append(ContextText(e.segment, e.ref, trust, e.text))
+            if e.ref is None:
+                out.append(ContextText(e.segment, None, "trusted", e.text))
+                continue
+            producers = context.producers.get(e.ref, ())
+            out.append(ContextText(e.segment, e.ref, self.least_trust(producers), e.text, self.shape_of(e),
+                                   tuple(dict.fromkeys(p[0] for p in producers))))
         return out
 
     def index(self, context: CallContext) -> ContextIndex:
@@ -359,9 +384,16 @@ def _about(cond: ArgsMatch, trace: ArgumentTrace) -> bool:
         return False
     if cond.except_fields:
         weak = [s for s in trace.sources if s.trust == trace.origin]
-        if weak and all(s.field is not None and _field_matches(s.field, cond.except_fields) for s in weak):
+        if weak and all(_excused(s, cond) for s in weak):
             return False
     return True
+
+
+def _excused(source: ValueSource, cond: ArgsMatch) -> bool:
+    """A value found in a field ``except_fields`` names, of a result of declared structure that
+    only tools ``except_tools`` names produced."""
+    return (source.field is not None and _field_matches(source.field, cond.except_fields)
+            and bool(source.tools) and all(any(fnmatchcase(t, g) for g in cond.except_tools) for t in source.tools))
 
 
 def _field_matches(path: str, globs: Sequence[str]) -> bool:
@@ -459,5 +491,6 @@ class AttentionView:
             if seg.kind in (SegmentKind.SYSTEM, SegmentKind.USER):
                 entries.append(ContextEntry(seg.id, None, message["content"]))
             elif seg.kind is SegmentKind.TOOL and seg.ref:
-                entries.append(ContextEntry(seg.id, seg.ref, message["content"]))
+                producer = (seg.tool, seg.source) if seg.tool else None
+                entries.append(ContextEntry(seg.id, seg.ref, message["content"], producer, seg.media_type))
         return CallContext(producers, tuple(entries), self._tenant)

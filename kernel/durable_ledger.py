@@ -98,26 +98,28 @@ class DurableLedger:
                 message_text=message["content"] if clear and message else None,
                 sealed=ciphertext if keep else None,
                 attention=json.dumps(sorted(seg.provenance)), content=json.dumps(sorted(seg.content)),
-                expires_turn=seg.expires_turn, tool=seg.tool, source=seg.source,
-                producer_mac=self._producer_mac(seg.id, seg.ref, seg.tool, seg.source),
+                expires_turn=seg.expires_turn, tool=seg.tool, source=seg.source, media_type=seg.media_type,
+                producer_mac=self._producer_mac(seg.id, seg.ref, seg.tool, seg.source, seg.media_type),
             ))  # fmt: skip
         return head, segs
 
-    def _producer_mac(self, segment_id: str, ref: str | None, tool: str | None, source: str | None) -> str | None:
+    def _producer_mac(self, segment_id: str, ref: str | None, tool: str | None, source: str | None,
+                      media_type: str | None) -> str | None:
         if tool is None:
             return None
-        return self._services.keys.producer_mac(self._tenant, self._id, segment_id, ref, tool, source)
+        return self._services.keys.producer_mac(self._tenant, self._id, segment_id, ref, tool, source, media_type)
 
-    def _producer(self, row: SegmentRow) -> tuple[str | None, str | None]:
-        """A tool row's recorded producer, if its MAC verifies; else unknown (judged untrusted):
-        whoever can write the database cannot raise a segment's trust, nor clear its producer
-        to fall back on the ref's record."""
+    def _producer(self, row: SegmentRow) -> tuple[str | None, str | None, str | None]:
+        """A tool row's recorded producer and media type, if its MAC verifies; else unknown
+        (judged untrusted, its structure undeclared): whoever can write the database cannot
+        raise a segment's trust, give it field paths, nor clear its producer to fall back on
+        the ref's record."""
         if row.tool is None:  # a tool row written before producers were recorded (or cleared): unknown
-            return (UNKNOWN_TOOL, None) if row.kind == SegmentKind.TOOL.value else (None, None)
-        expected = self._producer_mac(row.id, row.ref, row.tool, row.source)
+            return (UNKNOWN_TOOL, None, None) if row.kind == SegmentKind.TOOL.value else (None, None, None)
+        expected = self._producer_mac(row.id, row.ref, row.tool, row.source, row.media_type)
         if row.producer_mac is None or not hmac.compare_digest(row.producer_mac, expected or ""):
-            return UNKNOWN_TOOL, None
-        return row.tool, row.source
+            return UNKNOWN_TOOL, None, None
+        return row.tool, row.source, row.media_type
 
     def _seal_all(self, s: Session) -> dict[str, bytes]:
         """The ciphertext of every live text segment derived from tool content: from the cache
@@ -193,7 +195,7 @@ class DurableLedger:
         messages: dict[str, dict[str, str]] = {}
         for row in rows:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
-            tool, source = self._producer(row)
+            tool, source, media_type = self._producer(row)
             chunks = json.loads(row.chunks)
             content = frozenset(json.loads(row.content))
             verdict = VerdictKind(row.verdict) if row.verdict is not None else None  # persisted as its string
@@ -202,7 +204,8 @@ class DurableLedger:
                                         verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
                                         content=content, protected=row.protected,
                                         provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                                        expires_turn=row.expires_turn, tool=tool, source=source))
+                                        expires_turn=row.expires_turn, tool=tool, source=source,
+                                        media_type=media_type))
                 continue
             message: dict[str, str] | None
             if kind is SegmentKind.TOOL:
@@ -226,7 +229,8 @@ class DurableLedger:
             segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
                                     verdict=verdict, rule=row.rule, content=content,
                                     policy_digest=row.policy_digest, protected=row.protected,
-                                    expires_turn=row.expires_turn, tool=tool, source=source))
+                                    expires_turn=row.expires_turn, tool=tool, source=source,
+                                    media_type=media_type))
         return segments, messages
 
     def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fak.audit import Materialisation
 from fak.errors import InvalidInput
+from fak.kernel.admission import base_media_type
 from fak.kernel.authorize import UNKNOWN_TOOL, Producer
 from fak.kernel.events import SpanEvicted
 from fak.kernel.kv.ledger import Segment, SegmentKind
@@ -137,7 +138,8 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
     excluded = {d for _, d in _expand(svc, tenant, ws.exclude) if d}
     pieces: dict[int, Piece] = {}
     keep: dict[int, Segment] = {}  # index → live segment kept in place
-    place: dict[int, tuple[str, str, bool, Producer]] = {}  # index → (ref, text, drifted, producer) to append
+    # index → (ref, text, drifted, producer, media type) to append
+    place: dict[int, tuple[str, str, bool, Producer, str | None]] = {}
     seen: set[str] = set()
     order: list[tuple[str, str | None]] = []
     for sel, d in _expand(svc, tenant, ws.refs):
@@ -194,7 +196,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
                     verdict(PieceVerdict.REFUSE, "policy_refused")
                     continue
             producer: Producer = (meta.tool, meta.source) if meta is not None else (UNKNOWN_TOOL, None)
-            place[i] = (d, data.decode("utf-8", errors="replace"), drifted, producer)
+            place[i] = (d, data.decode("utf-8", errors="replace"), drifted, producer, base_media_type(head.media_type))
     # budget: kept pieces first claim their tokens in order, then placed ones as they are rendered
     budget = ws.budget_tokens
     used = 0
@@ -218,7 +220,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
                           "upstream_evicted" if moved else "live", exact, seg.length, seg.id)
     tok = svc.tokenizer
     for i in sorted(place):
-        d, text, drifted, producer = place[i]
+        d, text, drifted, producer, media_type = place[i]
         message = {"role": "tool", "content": text}
         history = s.live_messages()
         ids = tok.encode_message(history, message)
@@ -232,6 +234,7 @@ def materialise(svc: Services, tenant: str, session_id: str, s: Session, ws: Wor
         # placed by digest: its producer is the ref's record (the gate above judged it so); an
         # earlier segment of these bytes in this session keeps its own, and the least trusted counts
         seg.tool, seg.source = producer
+        seg.media_type = media_type  # as the CAS stored the bytes
         used += seg.length
         svc.store.record_use(d, tenant, "segment", f"{session_id}/{seg.id}")
         served = s.last_pic

@@ -185,12 +185,17 @@ class DerivedKeys:
         return "blake3k:" + blake3.blake3(fingerprint.encode(), key=key).hexdigest()
 
     def producer_mac(self, tenant: str, session_id: str, segment_id: str, ref: str | None, tool: str,
-                     source: str | None) -> str:
-        """A MAC over a tool segment's recorded producer: trust is read from it, so whoever can
-        write the state database but holds no key cannot raise a segment's trust."""
+                     source: str | None, media_type: str | None = None) -> str:
+        """A MAC over a tool segment's recorded producer and media type: trust and field paths
+        are read from them, so whoever can write the state database but holds no key cannot
+        raise a segment's trust or give it a structure (a row without a media type MACs as rows
+        written before it was recorded)."""
         if self._producer_key is None:
             self._producer_key = self.derive("fak/state/segment-producer")
-        msg = json.dumps([tenant, session_id, segment_id, ref, tool, source]).encode()
+        fields: list[str | None] = [tenant, session_id, segment_id, ref, tool, source]
+        if media_type is not None:
+            fields.append(media_type)
+        msg = json.dumps(fields).encode()
         return "blake3k:" + blake3.blake3(msg, key=self._producer_key).hexdigest()
 
     def tool_args_key(self) -> bytes:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from fak.policy import detectors, engine
 from fak.policy.detectors import Finding
 from fak.policy.policy import Policy
-from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolRule
+from fak.policy.schema import DetectorRule, Expiry, RuleException, ToolOutput, ToolRule
 from fak.policy.verdict import Audited, Exempted, GateContext, Match, Verdict
 from fak.types import TOOL_DEFINITIONS, VerdictKind
 
@@ -84,6 +84,7 @@ class ToolSettings:
     verdict: VerdictKind
     media_type_mismatch: VerdictKind = VerdictKind.DENY
     expires: Expiry | None = None  # the chosen tool entry's ``expires`` (the Kernel's ref lifetime)
+    output: ToolOutput | None = None  # the structure the entry declares its results have
 
 
 def _pick_tool(tools: list[ToolRule], tool: str, host: str | None) -> ToolRule | None:
@@ -113,6 +114,7 @@ def _tool_settings(policy: Policy, tool: str, host: str | None) -> ToolSettings:
         chosen.verdict or d.verdict,
         chosen.media_type_mismatch or d.media_type_mismatch,
         chosen.expires,
+        chosen.output,
     )
 
 

@@ -125,10 +125,17 @@ class Defaults(_Strict):
     media_type_mismatch: MismatchVerdict = VerdictKind.DENY
 
 
+ToolOutput = Literal["json", "yaml", "mail"]
+
+
 class ToolRule(_Strict):
     """Per-tool settings; ``name`` is an exact tool name or a shell-style glob. With
     ``sources`` the entry applies only to results whose source URL's host matches one of
-    them (a result without a parsable source matches none)."""
+    them (a result without a parsable source matches none). ``output``: the structure the
+    tool's results have (``json``, ``yaml``; ``mail``: an RFC 5322 message, its header fields
+    structured, its body text). Tool-call rules read field paths only in results whose
+    structure is declared: by a JSON, YAML or ``message/rfc822`` media type at admission, else
+    here; a result of neither is text, however structured it looks."""
 
     name: str = Field(min_length=1)
     sources: Sources | None = None
@@ -138,6 +145,7 @@ class ToolRule(_Strict):
     media_type_mismatch: MismatchVerdict | None = None
     verdict: VerdictKind | None = None
     expires: Expiry | None = None  # lifetime of every ref this tool produces
+    output: ToolOutput | None = None
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
@@ -229,14 +237,17 @@ class ArgsMatch(_Strict):
     ref or the tool schema; ``internal``/``untrusted``: found only in refs of that trust;
     ``generated``: found nowhere). ``entities``: also count the e-mail addresses, URLs,
     IBANs and phone numbers inside a longer string (a body that carries an account number).
-    ``except_fields``: a value whose every non-trusted source lies in a field of a
-    structured result matching one of these globs does not count (``*.sender``: replying
-    to the sender of the mail being answered is not a new recipient)."""
+    ``except_fields``: a value whose every non-trusted source lies in a field of a result of
+    declared structure matching one of these globs does not count (``*.sender``: replying to
+    the sender of the mail being answered is not a new recipient); ``except_tools``: only in
+    results of these tools (names or globs: the mail tools whose records name real parties,
+    not a web page that returns JSON)."""
 
     args: Annotated[list[str], BeforeValidator(_args_any)] = Field(default=["*"], min_length=1)
     trust: list[ArgOrigin] = Field(default=["untrusted"], min_length=1)
     entities: bool = True
     except_fields: list[str] = []
+    except_tools: list[str] = Field(default=["*"], min_length=1)
 
 
 class AttentionEvidence(_Strict):

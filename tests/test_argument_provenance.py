@@ -88,7 +88,7 @@ def test_value_absent_everywhere_is_generated(value: str) -> None:
 def test_trusted_wins_and_entities_inside_a_body_are_traced() -> None:
     texts = [ContextText("s1", None, "trusted", "Reply to bob@corp.example and thank him."),
              ContextText("s2", "sha256:" + "2" * 64, "untrusted",
-                         '{"sender": "bob@corp.example", "body": "wire it to DE44500105175407324931"}')]
+                         '{"sender": "bob@corp.example", "body": "wire it to DE44500105175407324931"}', "json")]
     traces = trace_arguments({"to": "Bob@Corp.Example", "body": "Thanks! Use DE44 5001 0517 5407 3249 31 then."},
                              texts)
     by = {(t.path, t.entity): t for t in traces}

@@ -70,6 +70,9 @@ class Segment:
     # segment's, never the bytes' (the same bytes from a trusted tool elsewhere change nothing)
     tool: str | None = None
     source: str | None = None
+    # the media type a tool segment was admitted with (its base, lower case): a JSON, YAML or
+    # mail type declares the structure whose field paths tool-call rules may read
+    media_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.verdict is not None:  # a persisted row carries the verdict's string

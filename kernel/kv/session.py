@@ -233,6 +233,6 @@ def replay_into(s: Session, segments: Iterable[Segment], messages: Mapping[str, 
                          rule=seg.rule, content=seg.content, policy_digest=seg.policy_digest, segment_id=seg.id,
                          message=messages.get(seg.id) if messages else None)
         again.protected, again.expires_turn = seg.protected, seg.expires_turn
-        again.tool, again.source = seg.tool, seg.source
+        again.tool, again.source, again.media_type = seg.tool, seg.source, seg.media_type
     s.pic = pic
     return s
