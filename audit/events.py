@@ -399,7 +399,7 @@ class KeyAlarm(_Event):
     refusals: Count
 
 
-AuthReason = Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired"]
+AuthReason = Literal["missing_key", "unknown_key", "revoked_key", "forbidden", "expired", "signed_out"]
 MAX_FINGERPRINTS = 16  # fingerprints one ``auth_failures`` entry lists (the most frequent)
 
 

@@ -40,7 +40,16 @@ CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 def sign_in(url: str, key: str) -> httpx.Client:
+    """A console session on the loopback server. The console's cookies are Secure (``__Host-``),
+    which a browser sends over http to 127.0.0.1 and Python's cookie jar only over https: kept
+    cookies are marked sendable, as the browser treats them."""
     b = httpx.Client(base_url=url, trust_env=False, timeout=120)
+
+    def loopback_is_secure(_response: httpx.Response) -> None:
+        for kept in b.cookies.jar:
+            kept.secure = False
+
+    b.event_hooks["response"].append(loopback_is_secure)
     token = CSRF.search(b.get("/console/login").text)
     assert token is not None
     r = b.post("/console/login", data={"key": key, "csrf": token.group(1)})

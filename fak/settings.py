@@ -171,6 +171,16 @@ class Settings(StorageSettings):
         "serve the audit log's C2SP tiles (/v1/audit/log/checkpoint, /v1/audit/log/tile/...) to anyone, entry "
         "bundles included: a deployment that chooses a public log (docs/audit.md, 'The log as tiles'); unset, "
         "they need an auditor or admin key, and entry bundles one of the operator tenant"))
+    audit_tiles_tenants: Literal["operator", "all"] = Field("operator", description=(
+        "whose auditor or admin keys read the log's checkpoint and hash tiles over /v1/audit/log (a level-0 hash "
+        "tile is every entry's leaf hash: other tenants' activity over time, and a way to confirm a guessed entry "
+        "offline): operator, the operator_tenant's only (other tenants verify their own entries from their export "
+        "and proofs); all, every tenant's (docs/audit.md, 'Who reads what'). Entry bundles are the operator "
+        "tenant's either way; audit_tiles_public serves everything to anyone"))
+    console_secure_cookies: bool = Field(True, description=(
+        "the console's cookies are __Host- prefixed, Secure and Path=/ (browsers keep them over https, and over "
+        "http on localhost and 127.0.0.1 only); false: plain names, Path=/console, Secure only over https, for a "
+        "console reached over plain http on another address (docs/console.md, 'Sign-in')"))
     replica: str | None = Field(
         None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
         description="this kernel's name among the replicas of one deployment (docs/scale-out.md; `fak serve --replicas N` "

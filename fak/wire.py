@@ -411,6 +411,8 @@ class FakInfo(BaseModel):
     remedies: list[RemedyInfo] = []
     tools_ref: str | None = None
     metadata: dict[str, str] | None = None
+    content_withheld: bool = Field(False, description="generated text, call arguments and instructions left out: "
+                                                      "the caller's role reads decisions, not content (an auditor)")
 
 
 class PromptTokensDetails(BaseModel):

@@ -99,7 +99,7 @@ from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel import openai_chat as chat
 from fak.kernel.kv.ledger import SegmentState
 from fak.kernel.openai_chat import UnsupportedContent, UnsupportedParameter
-from fak.kernel.operations import Caller, Right
+from fak.kernel.operations import Caller, Right, reads_content
 from fak.state.schema import ResponseRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import now_us
@@ -538,12 +538,30 @@ def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseO
 
 def get(k: Kernel, c: Caller, response_id: str) -> wr.ResponseObject:
     """A stored response of the caller's tenant; a sealed one opens with the current data
-    keys of its refs (``Forgotten``, 410, once one of them was forgotten)."""
+    keys of its refs (``Forgotten``, 410, once one of them was forgotten). A caller that does
+    not read content (``operations.reads_content``: an auditor) gets it ``withheld``."""
     c.require(Right.READ)
     row = k.state.response(c.tenant, response_id)
     if row is None or row.state not in KEPT:
         raise NotFound(f"no stored response {response_id[:80]!r}")
-    return _opened(k, c, row)
+    response = _opened(k, c, row)
+    return response if reads_content(c) else withheld(response)
+
+
+def withheld(r: wr.ResponseObject) -> wr.ResponseObject:
+    """``r`` without its content, for a caller that reads decisions only: the generated text and
+    its logprobs, each call's arguments and the chain's instructions emptied; ids, names,
+    statuses, usage, fak's own refusals and ``fak`` (verdicts, findings, refs, audit indexes:
+    what the log holds) kept, and ``fak.content_withheld`` set. The call's keyed arguments
+    digest is in its ``tool_call_decision`` entry (``fak.tool_calls[].audit_index``)."""
+    def item(o: wr.OutputMessage | wr.FunctionCallItem) -> wr.OutputMessage | wr.FunctionCallItem:
+        if isinstance(o, wr.FunctionCallItem):
+            return o.model_copy(update={"arguments": ""})
+        return o.model_copy(update={"content": [p.model_copy(update={"text": "", "logprobs": None})
+                                                if isinstance(p, wr.OutputText) else p for p in o.content]})
+
+    info = r.fak.model_copy(update={"content_withheld": True}) if r.fak is not None else None
+    return r.model_copy(update={"output": [item(o) for o in r.output], "instructions": None, "fak": info})
 
 
 def _opened(k: Kernel, c: Caller, row: ResponseRow) -> wr.ResponseObject:

@@ -67,6 +67,26 @@ class Caller:
             raise Forbidden(f"{self.principal} may not do this (needs the {right.value} right)")
 
 
+CONTENT = Right.AGENT  # the right that reads content (``reads_content``)
+
+
+def reads_content(c: Caller) -> bool:
+    """The one rule for who reads content: generated text, tool-call arguments, tool-result
+    bytes and a chain's instructions. Content may be personal data or secrets, and the audit
+    log keeps only keyed digests of it, so it is read with the ``agent`` right: the agent keys
+    that produce it and admins (who hold every right). An auditor verifies decisions, digests
+    and provenance, not content. Every route, console page and SDK call that could show
+    content asks here (docs/api.md, "Who reads content")."""
+    return CONTENT in c.rights
+
+
+def require_content(c: Caller) -> None:
+    """``Forbidden`` (403) unless ``reads_content(c)``."""
+    if not reads_content(c):
+        raise Forbidden(f"{c.principal} may not read content (generated text, tool-call arguments, tool results): "
+                        f"it needs the {CONTENT.value} right")
+
+
 # --- sessions ---------------------------------------------------------------------
 def check_context(k: Kernel, texts: list[str], what: str) -> None:
     """Refuse, before anything is stored or prefilled, texts whose own tokens already pass
@@ -334,8 +354,8 @@ def find_ref(k: Kernel, c: Caller, digest: str) -> Ref:
 
 
 def ref_content(k: Kernel, c: Caller, ref: Ref) -> bytes:
-    """The verified bytes (``NotFound``/``Forgotten`` if a forget won the race)."""
-    c.require(Right.AGENT)
+    """The verified bytes (``NotFound``/``Forgotten`` if a forget won the race): content."""
+    require_content(c)
     return k.store.get(ref.digest, c.tenant)
 
 

@@ -97,11 +97,14 @@ def test_text_response_get_and_tenants(server):
     assert chat.choices[0].message.content == r.output_text
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (u.input_tokens, u.output_tokens)
 
-    # GET by id: the same object; another tenant sees nothing; an auditor of the tenant reads it
+    # GET by id: the same object; another tenant sees nothing; an auditor of the tenant reads its
+    # decisions, not its content (tests/test_content_rule.py)
     got = c.responses.retrieve(r.id)
     assert got.model_dump() == r.model_dump()
     with http(server, "auditor") as h:
-        assert h.get(f"/v1/responses/{r.id}").json()["id"] == r.id
+        seen = h.get(f"/v1/responses/{r.id}").json()
+    assert seen["id"] == r.id and seen["fak"]["content_withheld"] and seen["instructions"] is None
+    assert seen["output"][0]["content"][0]["text"] == ""
     other = client(server, "other")
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(r.id)

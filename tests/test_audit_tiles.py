@@ -223,17 +223,24 @@ def test_tile_routes_auth_caching_and_bad_paths(live_server, monkeypatch) -> Non
         assert r.status_code == 200 and r.headers["content-type"] == "text/plain; charset=utf-8"
         assert r.headers["cache-control"] == "private, max-age=5"
         assert r.text == live.kernel.audit.latest_checkpoint().note
-        full = other.get(f"{base}/tile/0/000")  # hash tiles: every tenant's auditors
+        for path in ("checkpoint", "tile/0/000", "tile/entries/000"):  # another tenant: nothing by default
+            r = other.get(f"{base}/{path}")
+            assert r.status_code == 403 and "operator tenant" in r.json()["detail"], (path, r.text)
+        full = op.get(f"{base}/tile/0/000")  # a level-0 tile: every entry's leaf hash
         assert full.status_code == 200 and len(full.content) == 8192
         assert full.headers["content-type"] == "application/octet-stream"
         assert full.headers["cache-control"] == "private, max-age=31536000, immutable"
         leaves = [e.body for e in live.kernel.audit.entries(None, 0, 256)]
         assert full.content == b"".join(hashlib.sha256(b"\x00" + x).digest() for x in leaves)
         w = size - 256 if size < 512 else 1
-        part = other.get(f"{base}/tile/0/001.p/{w}")
+        part = op.get(f"{base}/tile/0/001.p/{w}")
         assert part.status_code == 200 and len(part.content) == 32 * w
         assert part.headers["cache-control"] == "private, max-age=60"
-        assert other.get(f"{base}/tile/entries/000").status_code == 403  # bundles: the operator tenant's
+        every = live.kernel.settings.model_copy(update={"audit_tiles_tenants": "all"})
+        monkeypatch.setattr(live.kernel, "settings", every)  # hash tiles and checkpoint for every tenant's auditors
+        assert other.get(f"{base}/tile/0/000").content == full.content
+        assert other.get(f"{base}/checkpoint").status_code == 200
+        assert other.get(f"{base}/tile/entries/000").status_code == 403  # bundles: the operator tenant's only
         bundle = op.get(f"{base}/tile/entries/000")
         assert bundle.status_code == 200 and t.parse_bundle(bundle.content, 256) == leaves
         assert bundle.headers["cache-control"] == "private, max-age=31536000, immutable"
@@ -249,7 +256,7 @@ def test_tile_routes_auth_caching_and_bad_paths(live_server, monkeypatch) -> Non
         assert anon.get(f"{base}/checkpoint").headers["cache-control"] == "public, max-age=5"
 
 
-def test_fak_audit_verify_tiles_cli(live_server, tmp_path, capsys) -> None:  # noqa: F811
+def test_fak_audit_verify_tiles_cli(live_server, tmp_path, capsys, monkeypatch) -> None:  # noqa: F811
     live = live_server
     _grow(live, 280)
     prefix = live.url + "/v1/audit/log"
@@ -277,8 +284,12 @@ def test_fak_audit_verify_tiles_cli(live_server, tmp_path, capsys) -> None:  # n
     seen.write_text(sign_checkpoint(signer, cp.origin, cp.size - 5, hashlib.sha256(b"fork").digest()).note)
     assert main([*args, "--pubkey", pub]) == 1
     assert "consistency with the last seen checkpoint" in capsys.readouterr().err
-    # an auditor of another tenant: hash tiles yes, entry bundles no (named in the error)
+    # an auditor of another tenant: nothing by default (audit_tiles_tenants: operator); with
+    # audit_tiles_tenants: all, hash tiles yes, entry bundles no (named in the error)
     evil = live.key("evil", "auditor")
+    assert main(["audit", "verify", "--tiles", prefix, "--key", evil, "--pubkey", pub]) == 1
+    assert "HTTP 403" in capsys.readouterr().err
+    monkeypatch.setattr(live.kernel, "settings", live.kernel.settings.model_copy(update={"audit_tiles_tenants": "all"}))
     assert main(["audit", "verify", "--tiles", prefix, "--key", evil, "--pubkey", pub]) == 0
     assert main(["audit", "verify", "--tiles", prefix, "--key", evil, "--pubkey", pub, "--entry", "1"]) == 1
     assert "HTTP 403" in capsys.readouterr().err

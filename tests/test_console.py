@@ -27,8 +27,20 @@ PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/recei
 
 
 def browser(live) -> httpx.Client:  # noqa: ANN001
-    """A client that keeps cookies, as a browser does (no Authorization header)."""
-    return httpx.Client(base_url=live.url, trust_env=False, follow_redirects=False)
+    """A client that keeps cookies, as a browser does (no Authorization header); like a browser
+    it sends ``Secure`` cookies over http to 127.0.0.1 (a secure context), which Python's
+    cookie jar does only over https: each kept cookie is marked sendable once it is kept."""
+    assert httpx.URL(live.url).host == "127.0.0.1"
+    b = httpx.Client(base_url=live.url, trust_env=False, follow_redirects=False)
+
+    def loopback_is_secure(_response: httpx.Response) -> None:
+        for kept in b.cookies.jar:
+            kept.secure = False
+
+    b.event_hooks["response"].append(loopback_is_secure)
+    return b
+
+
 
 
 def sign_in(live, key: str) -> tuple[httpx.Client, httpx.Response]:  # noqa: ANN001

@@ -191,3 +191,24 @@ def test_the_browser_itself_checks_an_entrys_inclusion_and_the_pinned_key(world,
         "d.textContent = JSON.stringify(j); document.getElementById('browser-check').textContent = 'checking';"
         "document.getElementById('pin-form').requestSubmit();")
     assert verdict().startswith("NOT VERIFIED: the proof does not lead to the checkpoint's root")
+
+
+def test_chromium_keeps_the_host_cookie_on_loopback_and_a_signed_out_one_is_refused(world, chrome) -> None:  # noqa: F811
+    """Chromium keeps the ``__Host-`` Secure cookie over http on 127.0.0.1 (a secure context);
+    signing out with the page's button, then putting the captured cookie back, gets the sign-in
+    form: the server refuses the cookie, not only the browser forgetting it."""
+    from fak.api.console import auth
+
+    live = world["live"]
+    sign_in(chrome, live.url, live.key("acme", "auditor"))
+    kept = {c["name"]: c for c in chrome.get_cookies()}
+    cookie = kept[auth.COOKIE]
+    assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    click(chrome, find(chrome, By.CSS_SELECTOR, "form[action='/console/logout'] button"))
+    assert find(chrome, By.NAME, "key")  # the sign-in form
+    assert auth.COOKIE not in {c["name"] for c in chrome.get_cookies()}
+    chrome.add_cookie({"name": auth.COOKIE, "value": cookie["value"], "path": "/", "secure": True,
+                       "httpOnly": True, "sameSite": "Strict"})
+    assert auth.COOKIE in {c["name"] for c in chrome.get_cookies()}  # presented again with the next request
+    chrome.get(live.url + "/console/sessions")
+    assert find(chrome, By.ID, "status").text == "Sign in" and world["sid"] not in chrome.page_source

@@ -84,6 +84,14 @@ def _codec(request: Request) -> auth.SessionCodec:
     return codec
 
 
+def _logouts(request: Request) -> auth.Logouts:
+    """The deployment's console sign-outs (in the state database: every replica sees them)."""
+    logouts: auth.Logouts | None = getattr(request.app.state, "console_logouts", None)
+    if logouts is None:
+        logouts = request.app.state.console_logouts = auth.Logouts(_kernel(request).state.engine)
+    return logouts
+
+
 def _audit_refusal(request: Request, reason: str, *, tenant: str = "", fingerprint: str | None = None,
                    presented: str | None = None) -> None:
     """Counted into the log exactly as the API's refusals are (api/authlog.py)."""
@@ -96,11 +104,14 @@ def _audit_refusal(request: Request, reason: str, *, tenant: str = "", fingerpri
 
 def signed_in(request: Request, *roles: Role) -> auth.ConsoleSession:
     """The request's session, its key re-checked now; ``Refused`` (logged) otherwise."""
-    value = request.cookies.get(auth.COOKIE)
+    value = auth.cookie(request, auth.COOKIE)
     s = _codec(request).open(value)
     if s is None:
         _audit_refusal(request, "missing_key" if not value else "unknown_key")
         raise Refused(401, "sign in with an auditor or admin API key")
+    if _logouts(request).signed_out(s):
+        _audit_refusal(request, "signed_out", tenant=s.tenant)
+        raise Refused(401, "this session was signed out: sign in again")
     keys: KeyStore = request.app.state.keys
     why = auth.still_valid(keys, s)
     if why is not None:
@@ -218,7 +229,7 @@ async def login(request: Request) -> Response:
         form = await _form(request)
     except Refused as e:
         return _error(request, e.status, "Refused", e.detail, None)
-    if not auth.same_token(request.cookies.get(auth.LOGIN_COOKIE), form.get("csrf")):
+    if not auth.same_token(auth.cookie(request, auth.LOGIN_COOKIE), form.get("csrf")):
         _audit_refusal(request, "forbidden")
         return _error(request, 403, "Forbidden", "the sign-in form's CSRF token is missing or wrong: reload it", None)
     keys: KeyStore = request.app.state.keys
@@ -241,7 +252,10 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    """Sign out: the session is recorded as signed out (``auth.Logouts``) before the answer, so
+    its cookie is refused from now on wherever it is presented, not only cleared here."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
+        _logouts(request).record(s)
         response = RedirectResponse("/console/login", status_code=303, headers=HEADERS)
         auth.clear_cookie(response, request, auth.COOKIE)
         return response
@@ -534,7 +548,7 @@ def _held(request: Request, s: auth.ConsoleSession, c: Caller, k: Kernel, call_i
     call = k.services.holds.get(c.tenant, call_id)
     if call is None:
         raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
-    arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if ops.Right.AGENT in c.rights else None
+    arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if ops.reads_content(c) else None
     return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided)
 
 

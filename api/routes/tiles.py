@@ -2,12 +2,14 @@
 ``/v1/audit/log/tile/...`` (hash tiles and entry bundles), for standard tiles clients and
 ``fak audit verify --tiles``.
 
-Who may read (docs/audit.md, "The log as tiles"): by default an auditor or admin key of any
-tenant gets the checkpoint and the hash tiles (hashes of subtrees: no event content, enough
-to verify its own entries from its export and the log's consistency); entry bundles hold
-every tenant's entries (content-free, but tenant names, ids, keyed digests and times), so
-only the ``operator_tenant``'s auditor or admin keys get them. ``audit_tiles_public`` serves
-all of it to anyone: a deployment that chooses a public log.
+Who may read (docs/audit.md, "The log as tiles"): by default only the ``operator_tenant``'s
+auditor or admin keys. A level-0 hash tile is every entry's leaf hash: it shows another
+tenant's activity over time and confirms a guessed entry offline (an entry whose fields are
+few and guessable), so the checkpoint and hash tiles go to every tenant's auditors only with
+``audit_tiles_tenants: all``; a tenant verifies its own entries from its export and proofs.
+Entry bundles hold every tenant's entries (content-free, but tenant names, ids, keyed digests
+and times): the operator tenant's keys only, whatever that setting. ``audit_tiles_public``
+serves all of it to anyone: a deployment that chooses a public log.
 
 Caching: full tiles and bundles never change (``immutable``, a year); a partial one a
 minute, the checkpoint a few seconds. Behind a key they are ``private`` (a shared cache must
@@ -36,11 +38,18 @@ OCTETS = "application/octet-stream"
 
 
 def reader(request: Request) -> Principal | None:
-    """An auditor or admin key (401/403 otherwise, logged as every route's), or nobody at all
-    when the deployment serves a public log (``audit_tiles_public``)."""
-    if kernel(request).settings.audit_tiles_public:
+    """An auditor or admin key of the operator tenant, or of any tenant with
+    ``audit_tiles_tenants: all`` (401, or 403 for another role, logged as every route's; 403 for
+    another tenant), or nobody at all when the deployment serves a public log
+    (``audit_tiles_public``)."""
+    settings = kernel(request).settings
+    if settings.audit_tiles_public:
         return None
     who: Principal = AUDITOR(request, principal(request))
+    if settings.audit_tiles_tenants != "all" and who.tenant != settings.operator_tenant:
+        raise Forbidden("the log's checkpoint and hash tiles go to the operator tenant's auditor or admin keys "
+                        "(audit_tiles_tenants: operator): verify your entries from GET /v1/audit/export and "
+                        "the proof routes")
     return who
 
 

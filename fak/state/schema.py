@@ -193,3 +193,15 @@ class ResponseRow(Base):
 
     __table_args__ = (Index("ux_fak_responses_previous", "tenant", "previous_id", unique=True),
                       Index("ix_fak_responses_session", "tenant", "session_id"))
+
+
+class ConsoleLogoutRow(Base):
+    """A console session signed out before its cookie expired (``fak.api.console.auth.Logouts``):
+    its cookie is refused on every replica and after a restart until ``expires_us`` (the
+    cookie's own expiry), then the row is pruned. Only a random id: no key, no tenant data."""
+
+    __tablename__ = "fak_console_logouts"
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_fak_console_logouts_expires", "expires_us"),)
