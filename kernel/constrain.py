@@ -36,6 +36,20 @@ tool (strict tools: their schema; the others: any JSON object), then more calls
 Mistral: ``CallSyntax.text_first`` False) are free text or calls from the first byte: free
 text may not begin (after whitespace) with what the family's reader takes for a call.
 
+**Checked before anything runs.** A grammar is compiled once, with the model's tokenizer and
+the limits decoding runs under (``Constrainer.compile``, cached), when the request is
+validated: what llguidance refuses, and what would fail only once decoding starts, is a 400
+naming the parameter before the session gets anything. The latter are (a) a subschema the
+grammar can reach that has no finite value (a ``$ref`` that only refers to itself, a required
+property or a non-empty array of its own schema: ``NoExtensionBias`` at the first mask, or
+runaway work once the model enters it), found by a static pass over the schema, and (b) an
+Earley row over llguidance's ``max_items_in_row`` (an object with ~500 optional properties
+fills 2,000 items after its ``{``): decoding allows twice ``MAX_GRAMMAR_SYMBOLS`` items a row,
+a grammar is refused over ``MAX_GRAMMAR_SYMBOLS`` symbols when it is built, and a row holds at
+most ~0.6 items per symbol (measured: optional properties, unions of objects, ``allOf``
+expansions), so a grammar that compiles never overflows a row. The first mask is computed
+at the check too. Each turn's hook is a copy of the compiled matcher: nothing is compiled twice.
+
 Hooks change only which token is drawn: the KV of a constrained turn is the KV of its
 tokens, and a replay or an eviction of it is as exact as of any turn.
 """
@@ -46,9 +60,11 @@ import json
 import re
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import llguidance
 import numpy as np
@@ -59,8 +75,9 @@ from fak.kernel.model.generate import only
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax
 
-__all__ = ["ANY_OBJECT", "CallSyntax", "ConstraintViolation", "Constrainer", "Grammar", "GrammarHook", "ToolLike",
-           "ToolSpec", "auto_grammar", "json_grammar", "json_or_calls_grammar", "tool_calls_grammar"]
+__all__ = ["ANY_OBJECT", "CallSyntax", "CompiledGrammar", "ConstraintViolation", "Constrainer", "Grammar",
+           "GrammarHook", "ToolLike", "ToolSpec", "auto_grammar", "json_grammar", "json_or_calls_grammar",
+           "tool_calls_grammar"]
 
 # Python's whitespace (``str.isspace``: what the family readers strip), as a regex class
 _PY_SPACE = r"[\t\n\x0b\x0c\r\x1c-\x1f \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -70,6 +87,17 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 JSON_FORMAT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_ERROR_CHARS = 400
 _CACHE_SIZE = 8
+_COMPILED = 32  # compiled grammars kept per tokenizer (an agent sends the same tools every request)
+# the most grammar symbols a request's grammar may have (llguidance's ``max_grammar_size``; its
+# default, 500,000, lets one grammar take minutes to compile): ~2,500 optional or ~5,000
+# required properties; decoding allows twice as many Earley items a row (the module notes)
+MAX_GRAMMAR_SYMBOLS = 20_000
+
+
+def limits() -> llguidance.LLParserLimits:
+    """llguidance's limits for fak's grammars, the same when they are checked and decoded."""
+    return llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, max_items_in_row=2 * MAX_GRAMMAR_SYMBOLS,
+                                     verbose_errors=False)
 
 
 class ConstraintViolation(FakError):
@@ -94,17 +122,19 @@ class ToolLike(Protocol):
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool as the grammar sees it: its name, the JSON schema of its arguments, and
-    whether its calls must follow that schema (``strict``)."""
+    whether its calls must follow that schema (``strict``); ``where``: the request parameter
+    that holds the schema, as errors name it (default ``tools[<name>].parameters``)."""
 
     name: str
     parameters: dict[str, Any]
     strict: bool = True
+    where: str = ""
 
 
 @dataclass(frozen=True)
 class Grammar:
     """A grammar llguidance accepts (``spec``: its serialized form), checked when built;
-    ``what`` names it in errors."""
+    ``what`` names it in errors (the request parameter it comes from)."""
 
     spec: str
     what: str
@@ -117,7 +147,7 @@ def json_grammar(schema: dict[str, Any] | None, *, what: str = "response_format"
     """One JSON value following ``schema``; ``None``: any JSON object (``json_object``). A
     schema llguidance cannot enforce raises ``InvalidInput`` naming the problem."""
     if schema is not None and not isinstance(schema, dict):
-        raise InvalidInput(f"{what}: a JSON schema is an object")
+        raise InvalidInput(f"{what}: a JSON schema is an object", param=what)
     body = _schema_json(ANY_OBJECT if schema is None else schema, what)
     return _checked(llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\nstart: %json {body}\n"), what)
 
@@ -205,37 +235,200 @@ def _bodies(tools: Sequence[ToolLike], *, forced: bool, syntax: CallSyntax = HER
 
 def _arguments(tool: ToolLike, forced: bool) -> str:
     """The ``%json`` body of a tool's arguments (the rules in ``tool_calls_grammar``/``auto_grammar``)."""
-    what = f"tools[{tool.name}].parameters"
+    what = tool.where if isinstance(tool, ToolSpec) and tool.where else f"tools[{tool.name}].parameters"
     schema = tool.parameters if tool.parameters is not None else ANY_OBJECT
     if not isinstance(schema, dict):
-        raise InvalidInput(f"{what}: a JSON schema is an object")
+        raise InvalidInput(f"{what}: a JSON schema is an object", param=what)
     if tool.strict:
         return _schema_json(schema, what)
     if not forced:
         return _schema_json(ANY_OBJECT, what)
     lenient = {**schema, "x-guidance": {**JSON_FORMAT, "lenient": True}}
     text = json.dumps(lenient, ensure_ascii=False)
-    if llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}")):
-        return _schema_json(ANY_OBJECT, what)
+    spec = llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}")
+    if llguidance.LLMatcher.validate_grammar(spec, limits=limits()) or dead_end(schema) is not None:
+        return _schema_json(ANY_OBJECT, what)  # a non-strict tool's schema fak cannot enforce: any object
     return text
 
 
 def _schema_json(schema: dict[str, Any], what: str) -> str:
     """``schema`` with fak's JSON format, as the text of a ``%json`` body; checked on its own
-    first, so that an error names the schema rather than the grammar around it."""
+    first, so that an error names the schema rather than the grammar around it: what
+    llguidance refuses, then a subschema without a finite value (``dead_end``)."""
     try:
         text = json.dumps({**schema, "x-guidance": JSON_FORMAT}, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"{what}: not a JSON schema ({exc})") from None
+        raise InvalidInput(f"{what}: not a JSON schema ({exc})", param=what) from None
     _checked(llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}"), what)
+    where = dead_end(schema)
+    if where is not None:
+        raise InvalidInput(f"{what}: the subschema at {where!r} has no finite value (it refers to itself through "
+                           "$ref with nothing that ends the recursion: a required property, a non-empty array or "
+                           "a bare $ref of its own schema), so constrained decoding could never complete it",
+                           param=what)
     return text
 
 
 def _checked(spec: str, what: str) -> Grammar:
-    message = llguidance.LLMatcher.validate_grammar(spec)
+    message = llguidance.LLMatcher.validate_grammar(spec, limits=limits())
     if message:
-        raise InvalidInput(f"{what}: the schema cannot be enforced: {_cut(message)}")
+        raise InvalidInput(f"{what}: {explain(message)}", param=what)
     return Grammar(spec, what)
+
+
+def explain(message: str) -> str:
+    """llguidance's error about a grammar, in a user's words (its own text kept, cut)."""
+    text = message.strip()
+    if "grammar size" in text and "too big" in text:
+        return (f"the schema is too large to enforce: its grammar exceeds {MAX_GRAMMAR_SYMBOLS:,} symbols "
+                "(about 2,500 optional or 5,000 required properties in all); use fewer properties, "
+                "alternatives or enum values")
+    if "max is" in text and "items" in text:
+        return ("the schema offers too many choices at one point for constrained decoding "
+                f"(llguidance: {_cut(text)}); use fewer optional properties or alternatives in one object")
+    if "NoExtensionBias" in text:
+        return ("the schema admits no value where decoding begins (a $ref that refers only to itself?); "
+                "give it something to write")
+    if "Too many items" in text:
+        return (f"the schema needs unbounded work at one point (llguidance: {_cut(text)}); a recursion "
+                "without an end, or too many alternatives")
+    return f"the schema cannot be enforced: {_cut(text)}"
+
+
+# --- a static check: every subschema the grammar can reach has a finite value -------------------
+
+_Path = tuple[str | int, ...]
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_MAPS = ("properties", "patternProperties")
+_ONE = ("additionalProperties", "items")
+
+
+def dead_end(schema: dict[str, Any]) -> str | None:
+    """The JSON pointer of a subschema the grammar can reach that has no finite value, or None.
+    llguidance compiles such a schema and fails once decoding reaches it: ``NoExtensionBias``
+    where nothing can follow (a ``$ref`` that only refers to itself), runaway Earley items
+    where the value can never close (a required property, or a non-empty array, of its own
+    schema). A schema node is finite when its ``$ref`` target, every ``allOf`` part and some
+    ``anyOf``/``oneOf`` alternative are, and some type it allows can be written: an object
+    whose required properties are finite, an array whose first ``minItems`` items are; the
+    least fixpoint over the schema's nodes, as a grammar's productive symbols are found.
+    Keywords it does not read (remote ``$ref``, ``not``, ...) count as finite: llguidance
+    judges them."""
+    nodes: dict[_Path, Any] = {}
+    todo: list[_Path] = [()]
+    while todo:  # every node reachable from the root, by its path in the document
+        path = todo.pop()
+        if path in nodes:
+            continue
+        node = _at(schema, path)
+        nodes[path] = node
+        if isinstance(node, dict):
+            todo += [p for p in _children(schema, path, node) if p not in nodes]
+    finite: set[_Path] = set()
+    grew = True
+    while grew:
+        grew = False
+        for path, node in nodes.items():
+            if path not in finite and _finite(schema, path, node, finite):
+                finite.add(path)
+                grew = True
+    dead = sorted((p for p, node in nodes.items() if p not in finite and node is not False), key=lambda p: (len(p), str(p)))
+    return _pointer(dead[0]) if dead else None  # a ``false`` subschema forbids a value, it is never entered
+
+
+def _at(schema: Any, path: _Path) -> Any:
+    node = schema
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _target(schema: dict[str, Any], ref: Any) -> _Path | None:
+    """The path of a local ``$ref`` (``#``, ``#/...``) in the document, or None (elsewhere, or not there)."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return None
+    node: Any = schema
+    path: list[str | int] = []
+    for raw in ref[2:].split("/") if ref != "#" else []:
+        key = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            path.append(key)
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            path.append(int(key))
+            node = node[int(key)]
+        else:
+            return None
+    return tuple(path)
+
+
+def _children(schema: dict[str, Any], path: _Path, node: dict[str, Any]) -> list[_Path]:
+    """The subschemas a value of ``node`` may be written under."""
+    out: list[_Path] = []
+    target = _target(schema, node.get("$ref"))
+    if target is not None:
+        out.append(target)
+    for key in _LISTS:
+        if isinstance(node.get(key), list):
+            out += [(*path, key, i) for i in range(len(node[key]))]
+    for key in _MAPS:
+        if isinstance(node.get(key), dict):
+            out += [(*path, key, name) for name in node[key]]
+    for key in _ONE:
+        if isinstance(node.get(key), (dict, bool)):
+            out.append((*path, key))
+        elif key == "items" and isinstance(node.get(key), list):  # the older tuple form
+            out += [(*path, key, i) for i in range(len(node[key]))]
+    return out
+
+
+def _finite(schema: dict[str, Any], path: _Path, node: Any, finite: set[_Path]) -> bool:
+    """Whether ``node`` has a finite value, given the nodes known ``finite`` so far."""
+    if node is False:
+        return False
+    if not isinstance(node, dict):
+        return True
+    target = _target(schema, node.get("$ref"))
+    if target is not None and target not in finite:
+        return False
+    parts = node.get("allOf")
+    if isinstance(parts, list) and not all((*path, "allOf", i) in finite for i in range(len(parts))):
+        return False
+    for key in ("anyOf", "oneOf"):
+        parts = node.get(key)
+        if isinstance(parts, list) and not any((*path, key, i) in finite for i in range(len(parts))):
+            return False
+    if node.get("enum") == []:
+        return False
+    kinds = node.get("type")
+    if kinds is None:
+        return True  # a value of any type: one the object and array keywords do not constrain
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    return not isinstance(kinds, list) or any(_writable(path, node, kind, finite) for kind in kinds)
+
+
+def _writable(path: _Path, node: dict[str, Any], kind: Any, finite: set[_Path]) -> bool:
+    """Whether a finite value of type ``kind`` satisfies ``node``."""
+    if kind == "object":
+        props = node.get("properties")
+        required = node.get("required")
+        if not isinstance(props, dict) or not isinstance(required, list):
+            return True
+        return all((*path, "properties", name) in finite for name in required if isinstance(name, str) and name in props)
+    if kind == "array":
+        least = node.get("minItems")
+        least = least if isinstance(least, int) else 0
+        items = node.get("items")
+        key, prefix = ("prefixItems", node["prefixItems"]) if isinstance(node.get("prefixItems"), list) else (
+            "items", items if isinstance(items, list) else [])
+        if any((*path, key, i) not in finite for i in range(min(least, len(prefix)))):
+            return False
+        return least <= len(prefix) or not isinstance(items, (dict, bool)) or (*path, "items") in finite
+    return True
+
+
+def _pointer(path: _Path) -> str:
+    return "#" + "".join("/" + str(k).replace("~", "~0").replace("/", "~1") for k in path)
 
 
 def _lit(text: str) -> str:
@@ -256,10 +449,28 @@ def _cut(message: str) -> str:
 # --- the tokenizer side ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A grammar compiled for one tokenizer under ``limits()``, its first mask computed
+    (``Constrainer.compile``): the matcher every turn under it starts from a copy of."""
+
+    grammar: Grammar
+    matcher: llguidance.LLMatcher  # in its initial state; never advanced
+
+    @property
+    def spec(self) -> str:
+        return self.grammar.spec
+
+    @property
+    def what(self) -> str:
+        return self.grammar.what
+
+
 class Constrainer:
     """llguidance's view of one ``ChatTokenizer`` (its token bytes, special tokens and stop
     tokens): built once per tokenizer (``for_tokenizer``, ~0.2 s for a 49k vocabulary) and
-    shared by every constrained turn; ``hook`` makes a turn's ``GrammarHook``."""
+    shared by every constrained turn; ``compile`` checks a grammar against it (cached),
+    ``hook`` makes a turn's ``GrammarHook``."""
 
     _cache: dict[tuple[str, frozenset[int], int], Constrainer] = {}
     _lock = threading.Lock()
@@ -274,6 +485,8 @@ class Constrainer:
             self.ll = llguidance.LLTokenizer(tokenizer.tk.to_str(), n_vocab=self.vocab_size, eos_token=stops)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"constrained decoding cannot read this tokenizer: {exc}") from exc
+        self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._compiling = threading.Lock()
 
     @classmethod
     def for_tokenizer(cls, tokenizer: ChatTokenizer) -> Constrainer:
@@ -288,9 +501,32 @@ class Constrainer:
                 cls._cache[key] = found
             return found
 
-    def hook(self, grammar: Grammar) -> GrammarHook:
-        """A fresh hook for one turn under ``grammar``."""
-        return GrammarHook(self, grammar)
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        """``grammar`` compiled for this tokenizer under ``limits()`` with its first mask
+        computed: what llguidance refuses of it, at compile time or at the first token, is an
+        ``InvalidInput`` naming ``grammar.what`` (a request's 400, before anything runs). The
+        last ``_COMPILED`` grammars are kept: the same grammar is compiled once."""
+        with self._compiling:
+            found = self._compiled.get(grammar.spec)
+            if found is not None:
+                self._compiled.move_to_end(grammar.spec)
+                return CompiledGrammar(grammar, found.matcher)
+        matcher = llguidance.LLMatcher(self.ll, grammar.spec, log_level=0, limits=limits())
+        if not matcher.is_error():
+            words = np.zeros((self.ll.vocab_size + 31) // 32, dtype=np.uint32)
+            matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)  # kept: each copy starts with it
+        if matcher.is_error():
+            raise InvalidInput(f"{grammar.what}: {explain(matcher.get_error())}", param=grammar.what)
+        compiled = CompiledGrammar(grammar, matcher)
+        with self._compiling:
+            self._compiled[grammar.spec] = compiled
+            while len(self._compiled) > _COMPILED:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def hook(self, grammar: Grammar | CompiledGrammar) -> GrammarHook:
+        """A fresh hook for one turn under ``grammar`` (compiled here if it is not yet)."""
+        return GrammarHook(self, grammar if isinstance(grammar, CompiledGrammar) else self.compile(grammar))
 
 
 class GrammarHook:
@@ -303,13 +539,10 @@ class GrammarHook:
     session's default ``stop_token_ids``); a turn's ``min_tokens`` must be 0, since a grammar
     that is complete allows nothing else (the generate loop then finds no token to draw)."""
 
-    def __init__(self, constrainer: Constrainer, grammar: Grammar) -> None:
+    def __init__(self, constrainer: Constrainer, grammar: CompiledGrammar) -> None:
         self.constrainer = constrainer
-        self.grammar = grammar
-        limits = llguidance.LLParserLimits(verbose_errors=False)
-        self._matcher = llguidance.LLMatcher(constrainer.ll, grammar.spec, log_level=0, limits=limits)
-        if self._matcher.is_error():
-            raise InvalidInput(f"{grammar.what}: the grammar cannot be used: {_cut(self._matcher.get_error())}")
+        self.grammar = grammar.grammar
+        self._matcher = grammar.matcher.deep_copy()  # the compiled matcher, never compiled again
         self._words = np.zeros((constrainer.ll.vocab_size + 31) // 32, dtype=np.uint32)
         self._stops = np.array(sorted(constrainer.stop_token_ids), dtype=np.int64)
         self._steps = 0
@@ -356,13 +589,13 @@ class GrammarHook:
 
 
 def json_or_calls_grammar(schema: dict[str, Any] | None, tools: Sequence[ToolLike], *, parallel: bool,
-                          syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
+                          syntax: CallSyntax = HERMES_SYNTAX, what: str = "response_format") -> Grammar:
     """``tool_choice`` ``auto`` with ``response_format`` json: the answer is either one JSON
     value following ``schema`` (``None``: any object) or calls in the family's ``syntax`` (what
     an agent with an output type and tools may do: call a tool, or give its final, typed
     answer). Where calls are bare JSON (Llama 3), an answer that is itself a call object of a
     listed tool is read back as that call."""
     body = _bodies(tools, forced=False, syntax=syntax)
-    answer = _schema_json(ANY_OBJECT if schema is None else schema, "response_format")
+    answer = _schema_json(ANY_OBJECT if schema is None else schema, what)
     lark = f"%llguidance {{}}\nstart: %json {answer} | {_calls(syntax, parallel)}\n{_call_rule(syntax)}{body}"
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "response_format")

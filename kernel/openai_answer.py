@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from fak import wire as w
 from fak.kernel.call_records import findings_out
 from fak.kernel.constrain import (
+    CompiledGrammar,
     Constrainer,
     Grammar,
     auto_grammar,
@@ -30,8 +31,10 @@ from fak.kernel.constrain import (
     json_or_calls_grammar,
     tool_calls_grammar,
 )
+from fak.kernel.constrain import ToolSpec as GrammarTool
 from fak.kernel.generated_call import GeneratedCall, generated_calls
 from fak.kernel.held_calls import HeldCall
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_params import ChatParameters
 from fak.kernel.openai_tools import OPEN, ParsedCall, call_id
@@ -57,7 +60,7 @@ class AnswerPlan:
     parameters: ChatParameters
     principal: str  # as the tool-call decisions record it
     names: frozenset[str]  # the tools whose calls are read back and judged (empty: calls off)
-    grammar: Grammar | None
+    grammar: CompiledGrammar | None  # compiled when planned: what llguidance refuses is the 400
     logit_bias: LogitBias | None
     hooks: tuple[TokenHook, ...] = ()  # an in-process caller's own sampling hooks, applied first
 
@@ -66,9 +69,10 @@ def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal:
     """The plan of a request's answers; ``calls``: the tools are in attention and tool_choice is not none."""
     bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
     fmt = format_for(tokenizer)
+    g = grammar(parameters, calls=calls, syntax=fmt.call_syntax(tokenizer))
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
-                      grammar=grammar(parameters, calls=calls, syntax=fmt.call_syntax(tokenizer)),
+                      grammar=Constrainer.for_tokenizer(tokenizer).compile(g) if g is not None else None,
                       logit_bias=bias)
 
 
@@ -90,6 +94,11 @@ class Answer:
     context: int  # tokens in the session before the answer's last attempt
     streamed: str = ""  # content already sent by a stream
     judge_s: float = 0.0  # reading the calls and judging them: what the verdicts add to the turn
+    # refs whose bytes the answer's content and calls may carry: its last attempt's content provenance
+    provenance: frozenset[str] = frozenset()
+    # and those of the retried attempts whose text a stream was already given (it stays sent):
+    # what holds the streamed text (a stored streamed response) is sealed under both
+    sent_provenance: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -126,15 +135,20 @@ def grammar(p: ChatParameters, *, calls: bool, syntax: CallSyntax = HERMES_SYNTA
     The calls are written in the model family's ``syntax`` (``ToolFormat.call_syntax``;
     docs/openai.md, "The tool format")."""
     mode = p.choice.mode if calls else "none"
+    # each schema named as the request holds it, in errors (error.param)
+    specs = [GrammarTool(t.name, t.parameters, t.strict, where=f"tools[{i}].function.parameters")
+             for i, t in enumerate(p.tools)]
+    rf = p.response_format
+    answer = "response_format.json_schema.schema" if rf is not None and rf.kind == "json_schema" else "response_format"
     if mode in ("required", "function"):
-        tools = [t for t in p.tools if mode == "required" or t.name == p.choice.function]
+        tools = [t for t in specs if mode == "required" or t.name == p.choice.function]
         return tool_calls_grammar(tools, parallel=p.parallel, syntax=syntax)
-    if mode == "auto" and p.response_format is not None:
-        return json_or_calls_grammar(p.response_format.schema, list(p.tools), parallel=p.parallel, syntax=syntax)
-    if mode == "auto" and any(t.strict for t in p.tools):
-        return auto_grammar(list(p.tools), parallel=p.parallel, syntax=syntax)
-    if p.response_format is not None:
-        return json_grammar(p.response_format.schema)
+    if mode == "auto" and rf is not None:
+        return json_or_calls_grammar(rf.schema, specs, parallel=p.parallel, syntax=syntax, what=answer)
+    if mode == "auto" and any(t.strict for t in specs):
+        return auto_grammar(specs, parallel=p.parallel, syntax=syntax)
+    if rf is not None:
+        return json_grammar(rf.schema, what=answer)
     return None
 
 
@@ -144,11 +158,13 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
     end (a sibling of the kept choice). Closing the generator early rolls the running turn back."""
     tok, p, names, g = services.tokenizer, plan.parameters, plan.names, plan.grammar
     remedies: list[w.RemedyInfo] = []
+    shown_refs: set[str] = set()  # content provenance of the retried attempts a stream sent text of
     sampled, attempt = 0, 0
     while True:
         a = _hooks(plan, tok, Constrainer.for_tokenizer(tok).hook(g) if g is not None else None)
         seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
         context = ks.tokens
+        known = {v.id for v in ks.segments()}  # the turn's segment is the one added after these
         decoder = TextDecoder(tok)
         shown = Shown(a.stops.stops if a.stops is not None else [], calls=bool(names),
                       opens=format_for(tok).opens)
@@ -180,6 +196,7 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                     yield None
         finally:
             tokens.close()  # closing early rolls the turn back
+        turn_refs = _turn_provenance(ks, known)
         sampled += len(produced)
         t0 = time.perf_counter()
         if read is None:  # ended by max_tokens, or no tools: read (and judge) now
@@ -198,13 +215,28 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                                          evicted_refs=offending, evicted_segments=evicted.segment_ids,
                                          exactness=evicted.exactness, fingerprint=evicted.fingerprint,
                                          choice=index))
+            if sent:  # the client holds this attempt's text: what keeps the stream keeps its refs
+                shown_refs |= turn_refs
             attempt += 1
             continue
         answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, "".join(sent),
                          context, stopped=a.stops is not None and a.stops.matched)
         answer.judge_s = spent + time.perf_counter() - t0
+        answer.provenance, answer.sent_provenance = turn_refs, frozenset(shown_refs)
         yield answer
         return
+
+
+def _turn_provenance(ks: KernelSession, known: set[str]) -> frozenset[str]:
+    """The content provenance of the turn just generated: its assistant segment's (every ref
+    live while it was produced, kept in the ledger through any later eviction); for a turn not
+    kept (a sibling, an empty turn) what that segment would have had, the live segments'
+    refs. A segment a concurrent request added meanwhile only widens it."""
+    views = ks.segments()
+    turns = [v for v in views if v.id not in known and v.kind is SegmentKind.ASSISTANT]
+    if turns:
+        return frozenset(r for v in turns for r in v.content_provenance)
+    return frozenset(r for v in views if v.state is SegmentState.LIVE for r in (*v.provenance, *v.content_provenance))
 
 
 def _locator(tok: ChatTokenizer, produced: list[int], i: int, call: ParsedCall, fmt: ToolFormat

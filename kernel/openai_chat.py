@@ -380,8 +380,22 @@ def _choice(a: Answer) -> w.Choice:
                     finish_reason=a.finish, logprobs=a.logprobs)
 
 
+@dataclass(frozen=True)
+class Completed:
+    """A ``chat.completion`` and the refs whose bytes its choices may carry (the union of each
+    choice's ``Answer.provenance``): what a copy of it kept is sealed under (a stored response)."""
+
+    completion: w.ChatCompletion
+    provenance: frozenset[str]
+
+
 def complete(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> w.ChatCompletion:
     """The whole answer as one ``chat.completion``; the turn is closed however this ends."""
+    return completed(k, c, body).completion
+
+
+def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
+    """``complete``, with the content provenance of what it returns."""
     turn = open_chat(k, c, body)
     answers: list[Answer] = []
     try:
@@ -393,9 +407,10 @@ def complete(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> w.ChatCompl
         fingerprint = turn.session.fingerprint()
     finally:
         turn.close()
-    return w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=k.model_id,
-                            choices=[_choice(a) for a in sorted(answers, key=lambda a: a.index)],
-                            usage=usage, fak=turn.info(fingerprint, answers))
+    completion = w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=k.model_id,
+                                  choices=[_choice(a) for a in sorted(answers, key=lambda a: a.index)],
+                                  usage=usage, fak=turn.info(fingerprint, answers))
+    return Completed(completion, frozenset(r for a in answers for r in a.provenance))
 
 
 # --- streaming -----------------------------------------------------------------------
@@ -432,6 +447,13 @@ class ChatStream:
             finally:
                 run.close()
         yield self._last()
+
+    @property
+    def provenance(self) -> frozenset[str]:
+        """The refs whose bytes what this stream sent so far may carry: each finished choice's
+        content provenance, and that of every retried attempt whose text it sent (a denied
+        call's turn: its text stays sent, though the session evicted the turn)."""
+        return frozenset(r for a in self._answers for r in a.provenance | a.sent_provenance)
 
     def start(self) -> None:
         """Run the first model step now (errors before the 200)."""

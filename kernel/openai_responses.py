@@ -60,10 +60,12 @@ stays linear) and deletes the chain's session once every response of it is delet
 **Persistence.** ``fak_responses`` (``fak.state.schema.ResponseRow``): tenant, id, the
 chain's session, the previous response, the chain's instructions, state and the response
 body as JSON. A body generated while tool content was live in the session (any ref in a
-live segment's content provenance) may repeat it, so it is kept like such a segment
-(``fak.state.seal``): sealed under the data keys of those refs, so a forget of any of them
-makes it unreadable (GET answers 410 ``forgotten``) in every copy of the database. Other
-bodies (and failed ones, which have no output) are kept in the clear. The tenant erase
+live segment's content provenance, or in the content provenance of any attempt whose text
+the body keeps: a streamed body keeps the text a denied call's attempt already sent, though
+``evict_and_retry`` evicted that turn and its refs) may repeat it, so it is kept like such a
+segment (``fak.state.seal``): sealed under the data keys of those refs, so a forget of any
+of them makes it unreadable (GET answers 410 ``forgotten``) in every copy of the database.
+Other bodies (and failed ones, which have no output) are kept in the clear. The tenant erase
 deletes the rows.
 
 **Output.** The ``response`` object: a ``message`` item with an ``output_text`` part (when
@@ -85,6 +87,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -114,8 +117,9 @@ HELD_CALLS = "fak_held_calls"
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
 IGNORED = ("reasoning", "truncation", "include", "stream_options")
 # the chat core's parameter names, as a Responses client knows them
-CHAT_NAMES = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens",
-              "logprobs": "include (message.output_text.logprobs)"}
+CHAT_NAMES = {"response_format.json_schema.schema": "text.format.schema", "response_format": "text.format",
+              "max_completion_tokens": "max_output_tokens", "logprobs": "include (message.output_text.logprobs)"}
+CHAT_TOOL = re.compile(r"tools\[(\d+)\]\.function\.")  # a chat tool's field; a Responses tool has it at top level
 
 
 # --- the request -----------------------------------------------------------------------
@@ -390,13 +394,20 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
     return Plan("resp_" + hexid, int(time.time()), k.model_id, chain, store, body, chat_body, _ignored(body))
 
 
-def _renamed(exc: UnsupportedParameter) -> UnsupportedParameter:
-    """The chat core's refusal, naming the Responses parameter."""
-    text = str(exc)
-    for chat_name, name in CHAT_NAMES.items():
-        if text.startswith(chat_name + ":"):
-            return UnsupportedParameter(name + text[len(chat_name):], param=name.split(" ")[0])
-    return exc
+def _renamed(exc: InvalidInput) -> InvalidInput:
+    """The chat core's refusal, naming the Responses parameter (in its text and ``param``)."""
+
+    def rename(name: str) -> str:
+        for chat_name, ours in CHAT_NAMES.items():  # the longer names first
+            if name == chat_name or name.startswith((chat_name + ":", chat_name + ".")):
+                return ours + name[len(chat_name):]
+        return CHAT_TOOL.sub(r"tools[\1].", name, count=1) if CHAT_TOOL.match(name) else name
+
+    text, param = rename(str(exc)), exc.param
+    if text == str(exc):
+        return exc
+    param = text.split(":")[0] if param is None or rename(param) == param else rename(param)
+    return type(exc)(text, param=param.split(" ")[0])
 
 
 # --- the chain's records ---------------------------------------------------------------
@@ -409,9 +420,12 @@ def claim(k: Kernel, c: Caller, p: Plan) -> None:
                                            state="in_progress", instructions=p.chain.instructions))
 
 
-def finish(k: Kernel, c: Caller, p: Plan, response: wr.ResponseObject) -> None:
+def finish(k: Kernel, c: Caller, p: Plan, response: wr.ResponseObject, provenance: frozenset[str]) -> None:
     """Keep the response (its body only with ``store``): sealed under the data keys of the
-    refs live in its session (any of them may have reached the answer), else in the clear."""
+    refs live in its session and of ``provenance``, the content provenance of every attempt
+    whose text the body keeps (a streamed body keeps a denied attempt's text, whose turn and
+    refs the session evicted), else in the clear. A ref among them forgotten meanwhile fails
+    it (``Forgotten``): the body is never kept readable past the forget of what it may quote."""
     if not p.claimed:
         return
     sid = p.chain.session_id
@@ -421,7 +435,7 @@ def finish(k: Kernel, c: Caller, p: Plan, response: wr.ResponseObject) -> None:
         return
     body = response.model_dump_json()
     views = k.session(c.tenant, sid).segments()
-    refs = sorted({r for v in views if v.state is SegmentState.LIVE for r in v.content_provenance})
+    refs = sorted({r for v in views if v.state is SegmentState.LIVE for r in v.content_provenance} | provenance)
     keys = k.store.content_keys(c.tenant, refs) if refs else {}
     if needs_seal(keys):
         sealed = seal(keys, c.tenant, sid, p.response_id, Plain([], "response", body))
@@ -512,7 +526,7 @@ def _run(p: Plan, k: Kernel, c: Caller, start: Callable[[], Any]) -> Any:
     claim(k, c, p)
     try:
         return start()
-    except UnsupportedParameter as exc:
+    except InvalidInput as exc:
         abandon(k, c, p, exc)
         raise _renamed(exc) from None
     except BaseException as exc:
@@ -523,13 +537,13 @@ def _run(p: Plan, k: Kernel, c: Caller, start: Callable[[], Any]) -> Any:
 def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseObject:
     """One response, not streamed."""
     p = plan(k, c, body)
-    completion: w.ChatCompletion = _run(p, k, c, lambda: chat.complete(k, c, p.chat_body))
-    d = completion.model_dump()
+    done: chat.Completed = _run(p, k, c, lambda: chat.completed(k, c, p.chat_body))
+    d = done.completion.model_dump()
     choice = d["choices"][0]
     response = p.response(_status(choice.get("finish_reason")), output_items(p, choice), _usage(d.get("usage")),
                           d.get("fak"))
     try:
-        finish(k, c, p, response)
+        finish(k, c, p, response, done.provenance)
     except BaseException as exc:
         abandon(k, c, p, exc)
         raise
@@ -763,7 +777,7 @@ class ResponseStream:
         status = _status(self._finish)
         output = [self._model(i, self._status(i)) for i in self._items]
         response = self.plan.response(status, output, _usage(self._usage), self._fak)
-        finish(self.kernel, self.caller, self.plan, response)
+        finish(self.kernel, self.caller, self.plan, response, self.stream.provenance)
         self.response = response
         self._done = True
         kind = "response.incomplete" if status == "incomplete" else "response.completed"

@@ -22,6 +22,7 @@ from fak.kernel.constrain import (
     ConstraintViolation,
     ToolSpec,
     auto_grammar,
+    dead_end,
     json_grammar,
     tool_calls_grammar,
 )
@@ -335,6 +336,59 @@ def test_an_unsupported_schema_is_invalid_input(tiny_lm, schema, problem) -> Non
     c = Constrainer.for_tokenizer(tiny_lm.tokenizer)
     for grammar in (tool_calls_grammar([loose], parallel=False), auto_grammar([loose], parallel=True)):
         assert _feeds(c, grammar, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+
+
+NODE = {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+                                        "kids": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["v", "next"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("schema", "dead"), [
+    ({"$ref": "#"}, "#"),  # a bare $ref to itself: NoExtensionBias at the first mask
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}, "#/$defs/a"),
+    ({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}, "#"),  # a value that never closes
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, "#"),
+    ({"type": "object", "properties": {"x": {"anyOf": [{"$ref": "#/properties/x"}, {"$ref": "#/properties/x"}]}}},
+     "#/properties/x"),
+])
+def test_a_schema_without_a_finite_value_is_refused_before_decoding(tiny_lm, schema, dead) -> None:
+    """llguidance compiles these and fails once decoding reaches the subschema (a 500 mid-turn);
+    the static check names it, for a response format and a strict tool alike."""
+    assert dead_end(schema) == dead
+    with pytest.raises(InvalidInput, match="no finite value") as err:
+        json_grammar(schema, what="response_format.json_schema.schema")
+    assert err.value.param == "response_format.json_schema.schema" and repr(dead) in str(err.value)
+    with pytest.raises(InvalidInput, match=r"tools\[0\]\.function\.parameters: .*no finite value"):
+        tool_calls_grammar([ToolSpec("f", schema, where="tools[0].function.parameters")], parallel=False)
+    loose = tool_calls_grammar([ToolSpec("f", schema, strict=False)], parallel=False)  # a hint: any object
+    assert _feeds(Constrainer.for_tokenizer(tiny_lm.tokenizer), loose, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("schema", [
+    NODE, {"type": "object", "properties": {"x": {"$ref": "#"}}},  {"type": "array", "items": {"$ref": "#"}},
+    {"type": "object", "properties": {"a": False, "b": {"type": "string"}}, "additionalProperties": False},
+    {"properties": {"x": {"$ref": "#"}}, "required": ["x"]},  # untyped: a string is a value of it
+])
+def test_a_recursive_schema_with_an_end_compiles_and_decodes(tiny_lm, schema) -> None:
+    c = Constrainer.for_tokenizer(tiny_lm.tokenizer)
+    assert dead_end(schema) is None
+    compiled = c.compile(json_grammar(schema))
+    assert c.compile(json_grammar(schema)).matcher is compiled.matcher  # compiled once, then copied per turn
+    hook = c.hook(compiled)
+    assert hook.allowed().any()
+
+
+def test_a_grammar_over_the_size_limit_is_refused_when_built(tiny_lm) -> None:
+    """3,000 optional properties: llguidance compiled it and failed after the model's ``{``
+    (an Earley row of 12,007 items, over 2,000); now the grammar's size is checked when built."""
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
+    with pytest.raises(InvalidInput, match="too large to enforce") as err:
+        json_grammar(wide, what="response_format.json_schema.schema")
+    assert err.value.param == "response_format.json_schema.schema"
+    # 1,000 optional properties (a 4,007-item row after ``{``) now decode: the row limit is twice the size limit
+    c = Constrainer.for_tokenizer(tiny_lm.tokenizer)
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+    assert _feeds(c, json_grammar(many), '{"p3": "a", "p999": "b"}')
 
 
 def test_bad_tool_lists_are_invalid_input() -> None:
