@@ -29,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     c = ksub.add_parser("create", help="create a key for a tenant and role; prints it once")
     c.add_argument("--tenant", required=True)
-    c.add_argument("--role", required=True, choices=("agent", "auditor", "admin"))
+    c.add_argument("--role", required=True, choices=("agent", "auditor", "admin", "approver"),
+                   help="agent: sessions and chat; auditor: the audit log; approver: a person deciding held tool "
+                        "calls; admin: everything of the tenant")
     c.add_argument("--name", help="a label for the key")
     c.add_argument("--expires", type=_duration, metavar="DURATION",
                    help="refuse the key after this long: 90s, 15m, 12h, 30d (default: never)")

@@ -47,7 +47,7 @@ class Kind(StrEnum):
     SESSION = "session"  # names an existing session: its owner, wherever the affinity cache or a 421 says
     PLACE = "place"  # may start a conversation: its owner if it has one, else placed by the replicas' scores
     ANY = "any"  # anything else: any replica (least busy, then round robin)
-    EACH = "each"  # a held tool call's decision: the replica that holds the call (tried in turn)
+    EACH = "each"  # a held tool call's decision: replicas in turn until one answers other than 404 (any does: the state database holds the calls)
 
 
 class Placement(StrEnum):
@@ -113,7 +113,7 @@ def classify(method: str, path: str, body: object | None) -> Route:
         return Route(Kind.SESSION, session_id=sid, messages=messages)
     if method != "POST":
         return Route(Kind.ANY)
-    if HELD_CALL_PATH.match(path):  # held calls live in the memory of the replica whose model wrote them
+    if HELD_CALL_PATH.match(path):  # any replica decides (the state database holds held calls); 404s are tried on
         return Route(Kind.EACH)
     if path == "/v1/sessions":
         return Route(Kind.PLACE, session_id=_session_id(fields.get("id")))

@@ -62,7 +62,8 @@ def require(*roles: Role) -> Callable[..., Principal]:
 
 
 AGENT = require(Role.AGENT, Role.ADMIN)
-READER = require(Role.AGENT, Role.AUDITOR, Role.ADMIN)
+READER = require(Role.AGENT, Role.AUDITOR, Role.APPROVER, Role.ADMIN)
+APPROVER = require(Role.APPROVER, Role.ADMIN)  # a person's decision on a held call (never an agent key)
 AUDITOR = require(Role.AUDITOR, Role.ADMIN)
 ADMIN = require(Role.ADMIN)
 
@@ -76,5 +77,6 @@ def caller(who: Principal) -> Caller:
 ROLE_RIGHTS: dict[Role, frozenset[Right]] = {
     Role.AGENT: frozenset({Right.READ, Right.AGENT}),
     Role.AUDITOR: frozenset({Right.READ, Right.AUDIT}),
+    Role.APPROVER: frozenset({Right.READ, Right.APPROVE}),
     Role.ADMIN: frozenset(Right),
 }

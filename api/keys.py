@@ -67,6 +67,7 @@ class Role(StrEnum):
     AGENT = "agent"  # sessions, tool results, generation, chat completions
     AUDITOR = "auditor"  # the tenant's audit rows, proofs, receipts (read only)
     ADMIN = "admin"  # everything of the tenant, forget, and the policy
+    APPROVER = "approver"  # a person deciding held tool calls (never an agent: it cannot chat)
 
 
 @dataclass(frozen=True)

@@ -359,7 +359,7 @@ class KeysDestroyed(_Event):
     principal: Id | None = None
 
 
-ApiRole = Literal["agent", "auditor", "admin"]
+ApiRole = Literal["agent", "auditor", "admin", "approver"]
 
 
 class KeyCreated(_Event):

@@ -152,6 +152,10 @@ class Settings(StorageSettings):
         None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
                           "(unset: nobody may; the policy file is then the operator's alone)")
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
+    approval_ttl_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400, description=(
+        "how long a tool call held for a person waits for a decision, and how long a remembered approval "
+        "allows the same call again in its session; past it a held call is unknown (its result refused) and "
+        "the call is asked about again"))
     auth_failure_window_s: float = Field(60.0, gt=0, le=86400, description=(
         "authentication failures after the first of each reason are counted for this long, then logged as "
         "one auth_failures audit entry (a flood of bogus keys adds a bounded number of entries)"))

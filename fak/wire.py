@@ -488,6 +488,30 @@ class ToolCallApprovalOut(BaseModel):
     audit_index: int | None
 
 
+class HeldCallOut(BaseModel):
+    """A tool call fak held for a person (CONFIRM), as an approver sees it: what it would do,
+    why it was held, who produced it and what became of it."""
+
+    id: str = Field(description="the held call's id (call_held_...): approve or reject it by this id")
+    state: Literal["pending", "approved", "rejected"]
+    session_id: str
+    tool_call: ToolCallOut = Field(description="the call; its arguments are 'null' once the content it was "
+                                               "written from was forgotten (it can then only be rejected)")
+    rule_id: str | None
+    offending: list[str] = Field(description="the refs in attention that made the rule fire")
+    findings: list[ArgumentFindingOut] = Field(description="the arguments that made a rule fire, and their sources")
+    decision_audit_index: int | None
+    produced_by: str | None = Field(description="the principal whose request produced it: it may not approve it")
+    created: int = Field(description="Unix seconds")
+    decided_by: str | None = None
+    audit_index: int | None = Field(None, description="the approval's or rejection's audit index")
+
+
+class HeldCallList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[HeldCallOut]
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

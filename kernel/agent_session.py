@@ -97,6 +97,12 @@ class CallJudge:
         self._pending: list[tuple[ToolCallDecision, Future[int]]] = []
         self._settled: list[ToolCallDecision] = []
 
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The refs in attention of the bound turn: what a call it writes may derive from (a
+        held call's arguments are sealed under their data keys)."""
+        return tuple(self._context.producers) if self._context is not None else ()
+
     def bind(self, context: CallContext, session: Session | None = None, base: int = 0) -> None:
         """The context of the turn, read by ``KernelSession.generate`` under the session's lock
         when the turn starts (no other operation can change it until the turn ends); with the
@@ -125,6 +131,19 @@ class CallJudge:
         return list(self._settled)
 
 
+def remember_approval(services: Services, tenant: str, session_id: str, key: str, approval_index: int,
+                      call_id: str = "") -> bool:
+    """Remember a person's approval for session ``session_id`` wherever it runs (the state
+    database; no need to load it), if the active policy remembers approvals and the session
+    still exists: whether it was kept."""
+    if not services.policy.spec.tool_calls.remember_approvals:
+        return False
+    created = services.state.session_created(tenant, session_id)
+    if created is None:
+        return False
+    return services.holds.remember(tenant, session_id, created, key, call_id, approval_index)
+
+
 def _turns(s: Session) -> int:
     """Model turns the session has had: assistant segments in its ledger, whatever their state."""
     return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
@@ -143,8 +162,6 @@ class KernelSession:
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
         self._ledger = DurableLedger(services, tenant, session_id, created_us)
         self._in_attention = AttentionView(services.producers, tenant)
-        self._approvals: dict[str, int] = {}  # remembered approvals: approval_key → its audit index
-        self._approvals_lock = threading.Lock()
         self.last_used = time.monotonic()
         if fresh:
             self._mech = new_session(services, tenant, session_id)
@@ -504,33 +521,32 @@ class KernelSession:
                     evidence: CallEvidence | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
         """The decision on a call in ``context`` (the refs in attention with the producers of their
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
-        and ``CallJudge`` log it. A CONFIRM this session's person already approved for the same
-        call with the same provenance is allowed, naming the approval."""
+        and ``CallJudge`` log it. A CONFIRM a person already approved in this session for the
+        same call under the same rule, offending refs and argument sources is allowed, naming the
+        approval (remembered in the state database: ``fak.kernel.held_calls``)."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         services = self.services
         args = parsed_args(args)  # once, for the digest and the decision
         digest = args_digest(services.keys.tool_args_key(), args)
         decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
-        if decision.verdict == "CONFIRM":
-            approved = self._approvals.get(approval_key(name, digest, decision.triggers))
+        if decision.verdict == "CONFIRM" and services.policy.spec.tool_calls.remember_approvals:
+            approved = services.holds.approved(self.tenant, self.id, self.created_us,
+                                               approval_key(name, digest, decision))
             if approved is not None:
                 decision = replace(decision, verdict="ALLOW", approved_by=approved)
         return decision, decision_event(self.tenant, self.id, name, digest, decision, principal)
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
-        """What names a held call for a remembered approval (tool, arguments, triggering sources)."""
-        return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision.triggers)
+        """What names a held call for a remembered approval (tool, arguments, rule, offending
+        refs, triggering sources: ``fak.kernel.call_records.approval_key``)."""
+        return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision)
 
-    def remember_approval(self, key: str, approval_index: int) -> None:
+    def remember_approval(self, key: str, approval_index: int, call_id: str = "") -> bool:
         """A person approved the held call ``key`` names: the same call with the same provenance
-        is allowed for the rest of the session (in this process; ``tool_calls.remember_approvals``)."""
-        if not self.services.policy.spec.tool_calls.remember_approvals:
-            return
-        with self._approvals_lock:
-            if len(self._approvals) >= 1024:
-                self._approvals.pop(next(iter(self._approvals)))
-            self._approvals[key] = approval_index
+        is allowed in this session until the approval expires (``approval_ttl_s``), on every
+        replica and after a restart (``tool_calls.remember_approvals``); whether it was kept."""
+        return remember_approval(self.services, self.tenant, self.id, key, approval_index, call_id)
 
     def call_judge(self, principal: str | None = None) -> CallJudge:
         """A judge for the calls of a turn: hand it to ``generate(judge=...)``, which binds it to

@@ -4,8 +4,9 @@ The log keeps a decision's argument provenance as paths, origins, segments, ref 
 character offsets (never a value), the model's attention evidence and the counterfactual's
 log-probabilities. A person asked to confirm sees the same findings with the field of the
 source they came from. An approval is remembered under a key that names the call exactly
-(tool, keyed digest of the arguments, the triggering sources), so the same call with the
-same provenance is not asked about twice in one session, and nothing else is let through.
+(tool, keyed digest of the arguments, the rule, the offending refs in attention and the
+triggering sources), so the same call with the same provenance is not asked about twice in
+one session, and nothing else is let through (a new untrusted ref in attention included).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import blake3
 from fak import wire as w
 from fak.audit import ToolCallDecision as DecisionEvent
 from fak.audit.events import ArgumentRecord, ArgumentSourceRecord, AttentionRecord, CounterfactualRecord
-from fak.kernel.argument_provenance import ArgumentTrace
 from fak.kernel.authorize import ToolCallDecision
 from fak.types import as_id
 
@@ -72,10 +72,15 @@ def _unit(x: float) -> float:
     return min(1.0, max(0.0, float(x)))
 
 
-def approval_key(tool: str, digest: str, triggers: tuple[ArgumentTrace, ...]) -> str:
-    """Names a held call for a remembered approval: tool, argument digest, triggering sources."""
-    h = blake3.blake3(tool.encode() + b"\x00" + digest.encode())
-    for t in sorted(triggers, key=lambda t: (t.path, t.entity or "")):
+def approval_key(tool: str, digest: str, decision: ToolCallDecision) -> str:
+    """Names a held call for a remembered approval: tool, argument digest, the rule that held
+    it, the offending refs (what a ``when_in_attention`` rule matched: a new injection in
+    attention is another key, asked about again) and the triggering sources of its arguments."""
+    h = blake3.blake3(b"approval/2\x00" + tool.encode() + b"\x00" + digest.encode())
+    h.update(b"\x00" + (decision.rule_id or "").encode())
+    for ref in sorted(set(decision.offending)):
+        h.update(b"\x02" + ref.encode())
+    for t in sorted(decision.triggers, key=lambda t: (t.path, t.entity or "")):
         h.update(f"\x00{t.path}\x00{t.entity}\x00{t.origin}".encode())
         for s in t.sources:
             h.update(f"\x01{s.ref}\x01{s.start}\x01{s.end}".encode())

@@ -44,6 +44,7 @@ from fak.kernel.agent_session import KernelSession
 from fak.kernel.authorize import Authorizer, Authorizers, Producer, Producers
 from fak.kernel.events import EventBus, LateOutcome
 from fak.kernel.forget import ForgetState
+from fak.kernel.held_calls import HeldCalls
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -94,15 +95,17 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
     events = EventBus()
     registry = SessionRegistry()
     replays = replay.Replayer()  # forgets' independent replays, after each forget returns
+    keys = DerivedKeys(master, lm.model.model_id)
     svc = Services(
         settings=settings, lm=lm, policies=policies, store=store, state=state, audit=audit,
         prefix=PrefixCache(budget_bytes=settings.prefix_budget_bytes,
                            namespace_budget_bytes=settings.tenant_prefix_budget_bytes) if settings.prefix_cache else None,
         pic=PicRegistry(lm.model.model_id, lm.tokenizer.digest, budget_bytes=settings.pic_budget_bytes,
                         namespace_budget_bytes=settings.tenant_pic_budget_bytes),
-        keys=DerivedKeys(master, lm.model.model_id), events=events, withdrawals=Withdrawals(),
+        keys=keys, events=events, withdrawals=Withdrawals(),
         producers=Producers(state), authorizers=Authorizers(), late=LateDetection(events, _stderr),
         sessions=registry, replays=replays, gate=gate,
+        holds=HeldCalls(state, store, keys, ttl_s=settings.approval_ttl_s),
         admission=Admission(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                             queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,

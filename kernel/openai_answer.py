@@ -37,7 +37,7 @@ from fak.kernel.held_calls import HeldCall
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.model.generate import TokenHook
 from fak.kernel.openai_params import ChatParameters
-from fak.kernel.openai_tools import OPEN, ParsedCall, call_id
+from fak.kernel.openai_tools import OPEN, ParsedCall
 from fak.kernel.operations import TextDecoder, timed_tokens
 from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
@@ -220,7 +220,7 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
             attempt += 1
             continue
         answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, "".join(sent),
-                         context, stopped=a.stops is not None and a.stops.matched)
+                         context, stopped=a.stops is not None and a.stops.matched, refs=judge.refs if judge else ())
         answer.judge_s = spent + time.perf_counter() - t0
         answer.provenance, answer.sent_provenance = turn_refs, frozenset(shown_refs)
         yield answer
@@ -307,7 +307,8 @@ def _begun(text: str, group: list[str]) -> int:
 
 def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
             judged: list[tuple[ParsedCall, ToolCallDecision]], remedies: list[w.RemedyInfo], produced: list[int],
-            sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool) -> Answer:
+            sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool,
+            refs: tuple[str, ...] = ()) -> Answer:
     p, holds, tok = plan.parameters, services.holds, services.tokenizer
     returned: list[w.ToolCallOut] = []
     verdicts: list[w.CallVerdictInfo] = []
@@ -315,14 +316,15 @@ def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int,
     refusal: str | None = None
     for call, d in judged:
         held = d.verdict == "CONFIRM"
-        cid = call_id(held=held)
+        cid = holds.new_id(ks.tenant, call.name, call.arguments, held=held)  # an allowed call's id names its form
         out = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
         holds.issue(ks.tenant, cid, call.name)
-        if held:
+        if held:  # kept in the state database: every replica, and a restart, refuse its result until approved
             holds.hold(HeldCall(tenant=ks.tenant, session_id=ks.id, call_id=cid, tool=call.name,
                                 arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
                                 decision_index=d.audit_index, created=time.time(),
-                                approval_key=ks.approval_key(call.name, call.arguments, d)))
+                                approval_key=ks.approval_key(call.name, call.arguments, d),
+                                producer=plan.principal, findings=tuple(findings_out(d)), refs=refs))
         give = d.verdict == "ALLOW" or (held and p.held_calls == "return")
         if give:
             returned.append(out)

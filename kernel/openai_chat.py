@@ -16,7 +16,8 @@ session, apart from HTTP (the contract, for clients: docs/openai.md). This modul
   judged, the DENY remedy) as one ``chat.completion`` (``complete``) or its
   ``chat.completion.chunk`` objects one model step at a time (``open_stream`` →
   ``ChatStream``);
-- held calls: ``decide_held_call`` (approve or reject, audited);
+- held calls: ``decide_held_call`` (approve or reject, audited; the ``approve`` right),
+  ``held_calls`` / ``held_call`` (an approver's queue);
 - the lifecycle: ``close`` rolls an unfinished turn back and deletes an ephemeral session,
   however the request ended.
 
@@ -40,10 +41,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from fak import wire as w
 from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
-from fak.kernel.agent_session import MAX_TEXT_BYTES
-from fak.kernel.authorize import args_digest
+from fak.kernel.agent_session import MAX_TEXT_BYTES, remember_approval
 from fak.kernel.chat_history import HistoryItem, new_suffix
-from fak.kernel.held_calls import HeldCall, HeldCalls
+from fak.kernel.held_calls import MAX_LISTED, HeldCall, HeldCalls, HoldState
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai_answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai_params import ChatParameters, UnsupportedParameter, chat_parameters
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 STARTED = int(time.time())  # the model cards' ``created``: when the server loaded this module
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 __all__ = ["ChatParameters", "ChatStream", "ChatTurn", "UnsupportedContent", "UnsupportedParameter", "complete",
-           "decide_held_call", "open_chat", "open_stream", "verdict_header"]
+           "decide_held_call", "held_call", "held_calls", "open_chat", "open_stream", "verdict_header"]
 
 
 class UnsupportedContent(InvalidInput):
@@ -289,8 +289,7 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
     ops = plan_messages(body.messages, format_for(k.tokenizer))
     holds = k.services.holds
-    ops = [_tool_op(holds, c.tenant, op, op.call_id, body.messages) if op.kind == "tool" and op.call_id else op
-           for op in ops]
+    ops = [_tool_op(holds, c.tenant, op, body.messages) if op.kind == "tool" else op for op in ops]
     tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
     # the leading system messages are rendered knowing the tools (a template whose system header
     # depends on them: Llama 3's "Environment: ipython"); the tools block follows them
@@ -324,10 +323,37 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     return turn
 
 
-def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: list[w.ChatMessage]) -> ChatOp:
+def _answered_call(messages: list[w.ChatMessage], op: ChatOp) -> tuple[str, Any] | None:
+    """(tool, arguments) of the call a tool message answers, as the request's assistant
+    messages carry it: the latest call with its id before it, or for a legacy ``function``
+    message without one, the function call of the assistant message before it."""
+    for msg in reversed(messages[: op.index]):
+        if msg.role != "assistant":
+            continue
+        if op.call_id is None:
+            fn = msg.function_call
+            return (fn.name, fn.arguments) if fn is not None else None
+        for call in msg.tool_calls or []:
+            if call.id != op.call_id:
+                continue
+            if call.function is not None:
+                return call.function.name, call.function.arguments
+            if isinstance(call.custom, dict) and isinstance(call.custom.get("name"), str):
+                raw = call.custom.get("input", "")
+                return call.custom["name"], raw if isinstance(raw, str) else json_text(raw)
+    return None
+
+
+def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, messages: list[w.ChatMessage]) -> ChatOp:
     """A tool result as the gate should see it: under the tool of the call it answers (a call
-    the door returned earlier, when the request does not carry it) and, for a held call, what
-    the model may read (``HeldCalls.result_text``)."""
+    the door returned earlier, when the request does not carry it) and what the model may read
+    of it: a held call's result is refused and a rejected one's replaced by a notice, matched
+    by the call's id, or, when the request carries the call it answers under an id fak did not
+    give it, by the call's form (tool and canonical arguments: ``HeldCalls.result_for``)."""
+    answered = _answered_call(messages, op)
+    call_id = op.call_id
+    if call_id is None:
+        return op if answered is None else replace(op, text=holds.result_for(tenant, "", *answered, op.text))
     issued = holds.tool_of(tenant, call_id)
     if issued is not None and op.tool != issued:
         # the server's record of the call it returned wins: a result is never admitted under
@@ -338,7 +364,9 @@ def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, call_id: str, messages: 
             raise InvalidInput(f"tool message {op.index} answers call {call_id}, which fak returned as a call to "
                                f"{issued!r}; it names another tool")
     tool = issued or op.tool
-    return replace(op, tool=tool, text=holds.result_text(tenant, call_id, op.text))
+    text = (holds.result_text(tenant, call_id, op.text) if answered is None
+            else holds.result_for(tenant, call_id, *answered, op.text))
+    return replace(op, tool=tool, text=text)
 
 
 def _tools_text(k: Kernel, specs: list[ToolSpec]) -> str:
@@ -529,21 +557,53 @@ def open_stream(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatStre
 # --- held calls ------------------------------------------------------------------------
 def decide_held_call(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.ToolCallApprovalOut:
     """A person approves or rejects a held call (audited ``ToolCallApproval``, naming who).
-    An approved call's result may then enter the conversation; a rejected one's never."""
-    c.require(Right.AGENT)
+    An approved call's result may then enter the conversation; a rejected one's never. Needs
+    the ``approve`` right (an approver or admin key, a person in the console, never an agent
+    key), and the principal whose request produced the call may not approve it."""
+    c.require(Right.APPROVE)
 
     def log(held: HeldCall) -> int:
         return k.audit.append(ToolCallApproval(
             tenant=c.tenant, session_id=held.session_id, call_id=as_id(call_id), tool=as_id(held.tool),
-            args_digest=args_digest(k.services.keys.tool_args_key(), held.arguments), approved=approve,
-            decision_index=held.decision_index, principal=as_id(c.principal)))
+            args_digest=held.args_digest, approved=approve, decision_index=held.decision_index,
+            principal=as_id(c.principal)))
 
     held = k.services.holds.decide(c.tenant, call_id, "approved" if approve else "rejected", c.principal, log)
     if approve and held.approval_key and held.approval_index is not None:
-        with contextlib.suppress(NotFound):  # the session is gone: nothing to remember the approval in
-            k.session(c.tenant, held.session_id).remember_approval(held.approval_key, held.approval_index)
-    call = w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(
-        name=held.tool, arguments=json.dumps(held.arguments, ensure_ascii=False)))
+        # kept in the state database: honoured on the replica the session runs on, after a restart
+        remember_approval(k.services, c.tenant, held.session_id, held.approval_key, held.approval_index, held.call_id)
     return w.ToolCallApprovalOut(id=held.call_id, state="approved" if approve else "rejected",
-                                 session_id=held.session_id, tool_call=call, decided_by=held.decided_by or c.principal,
-                                 audit_index=held.approval_index)
+                                 session_id=held.session_id, tool_call=_call_out(held),
+                                 decided_by=held.decided_by or c.principal, audit_index=held.approval_index)
+
+
+def _call_out(held: HeldCall) -> w.ToolCallOut:
+    return w.ToolCallOut(id=held.call_id, function=w.FunctionCallOut(
+        name=held.tool, arguments=json.dumps(held.arguments, ensure_ascii=False)))
+
+
+def held_call_out(held: HeldCall) -> w.HeldCallOut:
+    """A held call as an approver reads it."""
+    return w.HeldCallOut(id=held.call_id, state=held.state, session_id=held.session_id, tool_call=_call_out(held),
+                         rule_id=held.rule_id, offending=list(held.offending), findings=list(held.findings),
+                         decision_audit_index=held.decision_index, produced_by=held.producer,
+                         created=int(held.created), decided_by=held.decided_by, audit_index=held.approval_index)
+
+
+def held_calls(k: Kernel, c: Caller, state: HoldState = "pending", limit: int = MAX_LISTED) -> w.HeldCallList:
+    """The tenant's held calls in ``state``, oldest first: an approver's queue (``approve`` right)."""
+    c.require(Right.APPROVE)
+    if state not in ("pending", "approved", "rejected"):
+        raise InvalidInput("state is one of pending, approved, rejected")
+    if not 1 <= limit <= MAX_LISTED:
+        raise InvalidInput(f"limit is between 1 and {MAX_LISTED}")
+    return w.HeldCallList(data=[held_call_out(x) for x in k.services.holds.listed(c.tenant, state, limit)])
+
+
+def held_call(k: Kernel, c: Caller, call_id: str) -> w.HeldCallOut:
+    """One held call of the tenant (``approve`` right)."""
+    c.require(Right.APPROVE)
+    found = k.services.holds.get(c.tenant, call_id)
+    if found is None:
+        raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or its record fails its check)")
+    return held_call_out(found)

@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from fak.errors import InvalidInput
 from fak.types import TOOL_DEFINITIONS
-from fak.wire import HELD_PREFIX
 
 __all__ = ["TOOL_DEFINITIONS", "ParsedCall", "ToolChoice", "ToolSpec", "call_of", "canonical_turn", "parse_calls", "render_call",
            "render_tools", "tool_choice", "tool_specs"]
@@ -273,12 +271,6 @@ def canonical_turn(text: str) -> str:
     resends (content and ``tool_calls``, with other spacing) are equal in this form."""
     content, calls = parse_calls(text, None)
     return "\n".join(([content] if content else []) + [render_call(c.name, c.arguments) for c in calls])
-
-
-def call_id(*, held: bool = False) -> str:
-    """A new call id; a held call's says so (``fak.wire.HELD_PREFIX``), so its result is refused
-    even once the server no longer knows it."""
-    return (HELD_PREFIX if held else "call_") + secrets.token_hex(12)
 
 
 def safe_text_len(text: str) -> int:

@@ -52,6 +52,7 @@ class Right(StrEnum):
     AGENT = "agent"  # sessions, tool results, generation, quarantine, ref bytes
     AUDIT = "audit"  # the tenant's audit rows, proofs, export, forget status
     ADMIN = "admin"  # forget
+    APPROVE = "approve"  # decide a tool call held for a person (never one the caller's own request produced)
 
 
 @dataclass(frozen=True)

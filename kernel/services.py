@@ -292,7 +292,7 @@ class Services:
     sessions: SessionDirectory
     replays: ReplayQueue
     gate: Gate  # the admission gate (``fak.policy.gate``)
-    holds: HeldCalls = field(default_factory=HeldCalls)  # tool calls held for a person (CONFIRM)
+    holds: HeldCalls  # tool calls held for a person (CONFIRM) and remembered approvals, in the state database
     admission: Admission = field(default_factory=Admission)  # generations at once, the queue beyond (429)
     engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.scheduler)
     replication: Replication | None = None  # this kernel's place among replicas (None: a single process)

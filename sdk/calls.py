@@ -178,6 +178,17 @@ class Calls:
                     op="decide_tool_call", args={"call_id": call_id, "approve": approve})
 
     @staticmethod
+    def held_tool_calls(state: str = "pending", limit: int = 100) -> Call[m.HeldCallList]:
+        """The tenant's calls held for a person (an approver's queue; approver or admin key)."""
+        return Call("GET", "/v1/tool-calls", _model(m.HeldCallList), params={"state": state, "limit": limit},
+                    op="held_tool_calls")
+
+    @staticmethod
+    def held_tool_call(call_id: str) -> Call[m.HeldCallOut]:
+        return Call("GET", f"/v1/tool-calls/{call_id}", _model(m.HeldCallOut), op="held_tool_call",
+                    args={"call_id": call_id})
+
+    @staticmethod
     def ref_content(ref: str) -> Call[bytes]:
         return Call("GET", f"/v1/refs/{ref}", lambda r: r.content, raw=True, op="ref_content", args={"ref": ref})
 

@@ -294,8 +294,18 @@ class BlockingAPI:
         return self.call(Calls.quarantine(ref, reason))
 
     # held tool calls (the OpenAI door's CONFIRM)
+    def held_tool_calls(self, state: str = "pending", limit: int = 100) -> m.HeldCallList:
+        """The tenant's calls held for a person, oldest first (``pending``: the queue to decide);
+        an approver or admin key."""
+        return self.call(Calls.held_tool_calls(state, limit))
+
+    def held_tool_call(self, call_id: str) -> m.HeldCallOut:
+        """One held call: its arguments, why it was held, who produced it, its state."""
+        return self.call(Calls.held_tool_call(call_id))
+
     def approve_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
-        """A person approves a call fak held: audited, naming this key; its result may then enter."""
+        """A person approves a call fak held: audited, naming this key (an approver or admin key,
+        never the agent key whose request produced the call); its result may then enter."""
         return self.call(Calls.decide_tool_call(call_id, True))
 
     def reject_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
@@ -598,6 +608,12 @@ class AsyncClient:
 
     async def quarantine(self, ref: str, reason: str) -> m.QuarantineOut:
         return await self.call(Calls.quarantine(ref, reason))
+
+    async def held_tool_calls(self, state: str = "pending", limit: int = 100) -> m.HeldCallList:
+        return await self.call(Calls.held_tool_calls(state, limit))
+
+    async def held_tool_call(self, call_id: str) -> m.HeldCallOut:
+        return await self.call(Calls.held_tool_call(call_id))
 
     async def approve_tool_call(self, call_id: str) -> m.ToolCallApprovalOut:
         return await self.call(Calls.decide_tool_call(call_id, True))

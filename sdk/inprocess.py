@@ -106,6 +106,9 @@ OPS: dict[str, Op] = {
     "forget_status": lambda k, c, a, b, q: ops.forget_status(k, c, a["request_id"]),
     "quarantine": lambda k, c, a, b, q: ops.quarantine(k, c, QuarantineIn.model_validate(b)),
     "decide_tool_call": lambda k, c, a, b, q: openai_chat.decide_held_call(k, c, a["call_id"], approve=a["approve"]),
+    "held_tool_calls": lambda k, c, a, b, q: openai_chat.held_calls(
+        k, c, q["state"], _bounded(q["limit"], "limit", 1, MAX_LIMIT)),
+    "held_tool_call": lambda k, c, a, b, q: openai_chat.held_call(k, c, a["call_id"]),
     "ref_content": lambda k, c, a, b, q: _ref(k, c, a, content=True),
     "ref_head": lambda k, c, a, b, q: _ref(k, c, a, content=False),
     "audit_entries": lambda k, c, a, b, q: ops.audit_entries(

@@ -8,7 +8,7 @@
     from fak.sdk import Client
     from fak.sdk.langgraph import FAK_HELD_CALLS, fak_held_tools
 
-    fak = Client("http://127.0.0.1:8077", api_key="fak_...")
+    fak = Client("http://127.0.0.1:8077", api_key=APPROVER_KEY)  # the person who decides: an approver key
     llm = ChatOpenAI(base_url="http://127.0.0.1:8077/v1", api_key="fak_...", extra_body=FAK_HELD_CALLS)
     agent = create_react_agent(llm, fak_held_tools([send_email], fak), checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t1"}}
@@ -22,7 +22,8 @@ call is held (id ``call_held_…``) until a person decides at ``POST /v1/tool-ca
 held call reaches the framework, so the framework's own human-in-the-loop is where the person
 decides. Each wrapped tool, invoked with a ``ToolCall`` whose id is a held one, calls
 ``langgraph.types.interrupt`` (so it must run inside a graph with a checkpointer, as
-``ToolNode`` runs it). On resume, ``True`` approves at fak (audited, naming the client's key)
+``ToolNode`` runs it). On resume, ``True`` approves at fak (audited, naming the client's key:
+the person's ``approver`` or ``admin`` key, never the agent's, which fak refuses)
 and runs the tool; any other value rejects at fak and returns a ``ToolMessage`` saying the
 call did not run (fak shows the model its own rejection notice in its place). A call that
 was not held runs unchanged. The interrupt's value says what waits: the call's id, tool
@@ -69,7 +70,7 @@ class FakHeldTool(BaseTool):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     inner: BaseTool = Field(description="the wrapped tool")
-    client: Any = Field(description="a fak.sdk Client or AsyncClient with the agent's key")
+    client: Any = Field(description="a fak.sdk Client or AsyncClient with the deciding person's approver key")
 
     def _ask(self, call: dict[str, Any]) -> bool:
         """The person's answer (the resume value; only ``True`` approves)."""

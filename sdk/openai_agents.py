@@ -48,15 +48,17 @@ authorization of that tool is refused again.
 
 **fak as the model** (``fak serve``'s OpenAI door; docs/openai.md): fak judges every call
 its model writes before the response leaves the server, and holds a CONFIRM call for a
-person. ``fak_approvals`` maps that hold onto the SDK's own tool approval::
+person. ``fak_approvals`` maps that hold onto the SDK's own tool approval; the client it
+records decisions with holds the person's ``approver`` key (fak refuses an agent key's)::
 
     from fak.sdk.openai_agents import FAK_MODEL_SETTINGS, approve, fak_approvals, reject
 
-    agent = Agent(name="assistant", tools=fak_approvals([send_email], fak), model_settings=FAK_MODEL_SETTINGS)
+    person = Client("http://127.0.0.1:8077", api_key=APPROVER_KEY)
+    agent = Agent(name="assistant", tools=fak_approvals([send_email], person), model_settings=FAK_MODEL_SETTINGS)
     result = await Runner.run(agent, "...")
     state = result.to_state()
     for item in result.interruptions:          # the calls fak held
-        await approve(state, item, fak)        # or: await reject(state, item, fak)
+        await approve(state, item, person)     # or: await reject(state, item, person)
     result = await Runner.run(agent, state)
 
 ``FAK_MODEL_SETTINGS`` asks fak to return held calls (marked, ids ``call_held_…``) instead of
@@ -181,7 +183,9 @@ def _call_id(item: ToolApprovalItem) -> str:
 def fak_approvals(tools: Iterable[Any], client: Any) -> list[Any]:
     """Copies of ``tools`` whose function tools need the SDK's approval for a call fak held
     (besides any approval they needed already), and tell fak a held call was approved before
-    running it. ``client``: a ``fak.sdk.Client`` or ``AsyncClient`` with the agent's key."""
+    running it. ``client``: a ``fak.sdk.Client`` or ``AsyncClient`` with the key of the person
+    who decides (an ``approver`` or ``admin`` key): fak refuses an approval from an agent key,
+    and from the key whose request produced the call."""
     out = []
     for tool in tools:
         if isinstance(tool, FunctionTool):

@@ -57,7 +57,7 @@ def run_agent(server, decide):  # noqa: ANN001
     async def go():  # noqa: ANN202
         http = openai.DefaultAsyncHttpxClient(trust_env=False)
         oc = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.key, max_retries=0, http_client=http)
-        fak = AsyncClient(server.url, api_key=server.key)
+        fak = AsyncClient(server.url, api_key=server.live.key("acme", "approver"))  # the person who decides
         try:
             agent = Agent(
                 name="mailer", instructions="Help with the user's mail.", tools=fak_approvals([send_email], fak),

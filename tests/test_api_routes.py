@@ -24,8 +24,8 @@ from fak.kernel.facade import default_policy_path
 
 PROBLEM = "application/problem+json"
 TYPES = "https://fak.dev/problems/"
-ROLES = ("agent", "auditor", "admin")
-AGENT, READER, AUDITOR, ADMIN = {"agent", "admin"}, set(ROLES), {"auditor", "admin"}, {"admin"}
+ROLES = ("agent", "auditor", "admin", "approver")
+AGENT, READER, AUDITOR, ADMIN = {"agent", "admin"}, set(ROLES), {"auditor", "admin"}, {"admin"}  # R: an approver too
 PUBLIC = {"/healthz"}
 # FastAPI's generated description (behind a key) and its viewers (off): see docs/api.md
 FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}

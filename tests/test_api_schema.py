@@ -50,11 +50,15 @@ def test_schemathesis_finds_no_server_error(live_server, tmp_path) -> None:  # n
         # a session and a ref that exist, so that generated ids sometimes hit real objects
         sid = c.post("/v1/sessions", json={}).json()["id"]
         c.post(f"/v1/sessions/{sid}/messages", json={"role": "system", "content": "fuzz"})
-        held = [c.post("/v1/chat/completions", json={
+    # the held calls come from an agent key's requests: the admin key that fuzzes may then decide them
+    # (the key whose request produced a call may not approve it)
+    with live.client(live.key("fuzz", "agent")) as agent:
+        held = [agent.post("/v1/chat/completions", json={
             "model": "m", "messages": [{"role": "user", "content": "pay"}], "tools": [PAY], "max_tokens": 200,
             "tool_choice": "required", "temperature": 0, "seed": i, "fak_held_calls": "return"})
             .json()["choices"][0]["message"]["tool_calls"][0]["id"] for i in range(3)]
         assert all(h.startswith("call_held_") for h in held)
+    with live.client(key) as c:
         stored = [c.post("/v1/responses", json={"model": "m", "input": f"hi {i}", "max_output_tokens": 4}).json()["id"]
                   for i in range(2)]
     path = tmp_path / "openapi.json"

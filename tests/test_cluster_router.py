@@ -64,7 +64,7 @@ def test_other_routes() -> None:
     for method, path in [("GET", "/v1/models"), ("POST", "/v1/forget"), ("GET", "/v1/audit/checkpoint"),
                          ("GET", "/v1/responses/resp_x"), ("GET", "/v1/chat/completions")]:
         assert classify(method, path, None).kind is Kind.ANY, path
-    for verb in ("approve", "reject"):  # a held call is in one replica's memory: each is asked in turn
+    for verb in ("approve", "reject"):  # the first replica that answers decides (held calls are in the state database)
         assert classify("POST", f"/v1/tool-calls/call_held_1/{verb}", None).kind is Kind.EACH
 
 

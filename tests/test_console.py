@@ -220,15 +220,19 @@ def test_admin_forgets_through_the_console_and_sees_a_verified_receipt(world) ->
 DOCS_API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
+CONSOLE_ROLES = {"none": {"auditor", "admin", "approver"}, "U": {"auditor", "admin"}, "admin": {"admin"},
+                 "UP": {"auditor", "admin", "approver"}, "P": {"approver", "admin"}}  # docs/api.md's tokens
+
+
 def _documented() -> dict[tuple[str, str], str]:
-    """docs/api.md's "Console routes" table: (method, path) -> none | U | admin."""
+    """docs/api.md's "Console routes" table: (method, path) -> none | U | admin | UP | P."""
     rows = re.findall(r"^\| (GET|POST) \| `(/console[^`]*)` \| (\w+) \|", DOCS_API.read_text(), re.M)
     return {(m, p): role for m, p, role in rows}
 
 
 def test_console_role_matrix_and_route_table(world) -> None:
     """Every console route is in docs/api.md's table, and answers each role as the table says:
-    401 without a session (for U and admin rows), 403 for an auditor on an admin row."""
+    401 without a session (for every row but none), 403 for a signed-in role the row does not name."""
     live = world["live"]
     routes = {(m, rc.path_format) for rc in iter_route_contexts(live.app.routes)
               if rc.path_format.startswith("/console") for m in rc.methods or ()}
@@ -238,8 +242,8 @@ def test_console_role_matrix_and_route_table(world) -> None:
             "{call_id}": hold(live, world["sid"], world["poison"]),
             "{index}": str(next(iter(live.kernel.audit.entries("acme", 0, None))).index)}
     anon = browser(live)
-    signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin")}
-    tokens = {role: csrf_of(b, "/console/receipts") for role, b in signed.items()}
+    signed = {role: sign_in(live, live.key("acme", role))[0] for role in ("auditor", "admin", "approver")}
+    tokens = {role: csrf_of(b, "/console/tool-calls") for role, b in signed.items()}  # a page every role reaches
     for (method, path), role in sorted(documented.items()):
         if path in ("/console/logout", "/console/login"):
             continue  # signs out / in: test_no_session_no_data, the sign-in tests
@@ -251,7 +255,7 @@ def test_console_role_matrix_and_route_table(world) -> None:
         assert (r.status_code == 401) == (role != "none"), (method, path, r.status_code)
         for who, b in signed.items():
             r = b.request(method, url, data=(data or {}) | {"csrf": tokens[who]} if method == "POST" else None)
-            if role == "admin" and who != "admin":
+            if who not in CONSOLE_ROLES[role]:
                 assert r.status_code == 403, (method, path, who)
             else:
                 assert r.status_code < 400, (method, path, who, r.status_code, r.text[:300])

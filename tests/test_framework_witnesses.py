@@ -192,7 +192,7 @@ def test_langgraph_interrupt_decides_a_call_fak_held(server) -> None:
         sent.append(to)
         return f"sent to {to}"
 
-    fak = Client(server.url, api_key=server.key, trust_env=False)
+    fak = Client(server.url, api_key=server.live.key("acme", "approver"), trust_env=False)  # the person
     tools = fak_held_tools([send_email], fak)
     agent = create_react_agent(forcing(chat_model(server, extra_body=FAK_HELD_CALLS), tools), tools,
                                checkpointer=InMemorySaver())
@@ -252,7 +252,7 @@ def test_langgraph_interrupt_async_with_an_async_client(server) -> None:
         return f"sent to {to}"
 
     async def run() -> tuple[Any, Any]:
-        fak = AsyncClient(server.url, api_key=server.key, trust_env=False)
+        fak = AsyncClient(server.url, api_key=server.live.key("acme", "approver"), trust_env=False)
         tools = fak_held_tools([send_email], fak)
         agent = create_react_agent(forcing(chat_model(server, extra_body=FAK_HELD_CALLS), tools), tools,
                                    checkpointer=InMemorySaver())

@@ -180,7 +180,7 @@ def test_deny_refused_by_policy(tmp_path, tiny_dir, tiny_lm):
 
 def test_confirm_holds_the_call_until_a_person_approves(server):
     c = client(server)
-    auth = {"Authorization": f"Bearer {server.key}"}
+    auth = {"Authorization": f"Bearer {server.live.key('acme', 'approver')}"}  # a person decides
     r = c.chat.completions.create(model="m", messages=USER, tools=[PAY], tool_choice="required", **FEW)
     assert r.choices[0].message.tool_calls is None  # withheld: a plain client cannot run it
     [v] = fak(r)["tool_calls"]
@@ -308,15 +308,16 @@ def test_the_judge_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny
         k.close()
 
 
-def test_a_decision_on_a_held_call_is_logged_before_it_takes_effect():
+def test_a_decision_on_a_held_call_is_logged_before_it_takes_effect(tmp_path, tiny_dir, tiny_lm):
     """A failed audit append leaves the held call pending; the same decision again is answered
     as it was, without a second event."""
     import time
 
-    from fak.kernel.held_calls import HeldCall, HeldCalls
+    from fak.kernel.held_calls import HeldCall
     from fak.wire import HELD_PREFIX
 
-    holds, cid = HeldCalls(), HELD_PREFIX + "0" * 24
+    k = make_server(tmp_path, tiny_dir, tiny_lm)
+    holds, cid = k.services.holds, HELD_PREFIX + "0" * 24
     holds.hold(HeldCall(tenant="acme", session_id="s", call_id=cid, tool="pay", arguments={}, rule_id=None,
                         offending=(), decision_index=None, created=time.time()))
 
@@ -334,9 +335,10 @@ def test_a_decision_on_a_held_call_is_logged_before_it_takes_effect():
     assert (first.approval_index, again.approval_index, logged) == (7, 7, [cid])
     with pytest.raises(Exception, match="already approved"):
         holds.decide("acme", cid, "rejected", "key_1", lambda c: 9)
-    # a held call the server no longer knows (a restart): its result is refused, fail-closed
+    # a held call the server does not know (expired, its row gone): its result is refused, fail-closed
     with pytest.raises(Exception, match="no longer known"):
-        HeldCalls().result_text("acme", cid, "paid")
+        holds.result_text("acme", HELD_PREFIX + "1" * 24, "paid")
+    k.close()
 
 
 def test_a_bad_schema_is_refused_before_the_session_changes(server):
@@ -376,7 +378,7 @@ def test_an_approved_call_is_not_held_again_in_its_session(server):
     """A person approves a held call; the same call (same arguments, same provenance) in the
     same session is then allowed, naming the approval; in another session it is held again."""
     c = client(server)
-    auth = {"Authorization": f"Bearer {server.key}"}
+    auth = {"Authorization": f"Bearer {server.live.key('acme', 'approver')}"}
     first = c.chat.completions.create(model="m", messages=USER, tools=[PAY], tool_choice="required",
                                       extra_body={"fak_session": "payer"}, **FEW)
     [held] = fak(first)["tool_calls"]
@@ -444,7 +446,7 @@ def test_a_decision_the_log_cannot_commit_rolls_the_turn_back(tmp_path, tiny_dir
         k.close()
 
 
-def test_one_tenants_calls_never_evict_anothers():
+def test_one_tenants_calls_never_evict_anothers(tmp_path, tiny_dir, tiny_lm):
     """The held and issued calls are bounded per tenant: a tenant that writes many calls evicts
     only its own, and another tenant's held call stays held (and its issued tool known)."""
     import time
@@ -454,9 +456,10 @@ def test_one_tenants_calls_never_evict_anothers():
 
     def held(tenant: str, n: int) -> HeldCall:
         return HeldCall(tenant=tenant, session_id="s", call_id=f"{HELD_PREFIX}{n:024d}", tool="pay", arguments={},
-                        rule_id=None, offending=(), decision_index=None, created=time.time())
+                        rule_id=None, offending=(), decision_index=None, created=time.time() + n / 1000)
 
-    holds = HeldCalls(limit=3)
+    k = make_server(tmp_path, tiny_dir, tiny_lm)
+    holds = HeldCalls(k.state, k.store, k.services.keys, limit=3)
     holds.hold(held("acme", 0))
     holds.issue("acme", "call_a", "get_weather")
     for n in range(10):
@@ -464,3 +467,4 @@ def test_one_tenants_calls_never_evict_anothers():
         holds.issue("globex", f"call_{n}", "web_fetch")
     assert holds.get("acme", held("acme", 0).call_id) is not None and holds.tool_of("acme", "call_a") == "get_weather"
     assert holds.get("globex", held("globex", 0).call_id) is None and holds.get("globex", held("globex", 9).call_id)
+    k.close()

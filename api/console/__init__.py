@@ -39,6 +39,7 @@ from fak.errors import FakError, InvalidInput, NotFound
 from fak.kernel import openai_chat as chat
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
+from fak.kernel.held_calls import same_principal
 from fak.kernel.operations import MAX_LIMIT, Caller
 from fak.wire import ForgetIn
 
@@ -51,6 +52,7 @@ INCLUSION_JS = (Path(__file__).parent / "static" / "inclusion.js").read_text()
 MAX_FORM = 256 << 10  # bytes of one console form (a pasted receipt included)
 SCAN = 20_000  # audit entries a page with a time filter reads at most
 SHOWN = 200  # audit entries one page shows at most
+HELD_ROLES = (Role.AUDITOR, Role.ADMIN, Role.APPROVER)  # who sees held calls (approvers and admins decide them)
 TYPES = sorted(t.model_fields["type"].default for t in EVENT_TYPES)  # the audit page's type filter
 HEADERS = {
     # scripts and styles only from our own files (one script: the in-browser inclusion check), no
@@ -242,9 +244,11 @@ async def login(request: Request) -> Response:
     if who.role not in auth.CONSOLE_ROLES:
         _audit_refusal(request, "forbidden", tenant=who.tenant)
         return _error(request, 403, "Forbidden",
-                      f"role {who.role.value} may not sign in to the console (needs admin, auditor)", None)
+                      f"role {who.role.value} may not sign in to the console (needs admin, auditor, approver)", None)
     s = auth.start(who)
-    response = RedirectResponse("/console/sessions", status_code=303, headers=HEADERS)
+    # a person who decides held calls lands on their queue; the other pages are the auditors'
+    landing = "/console/tool-calls" if who.role is Role.APPROVER else "/console/sessions"
+    response = RedirectResponse(landing, status_code=303, headers=HEADERS)
     auth.set_cookie(response, request, auth.COOKIE, _codec(request).seal(s), max(1, s.expires_s - int(time.time())))
     auth.clear_cookie(response, request, auth.LOGIN_COOKIE)
     return response
@@ -529,37 +533,46 @@ def audit_entry(index: int, request: Request) -> Response:
 
 @router.get("/tool-calls")
 def tool_calls(request: Request, held: str = "") -> Response:
-    """Tool-call decisions and approvals from the audit log, newest first; a held call by id."""
+    """The calls held for a person; the tool-call decisions and approvals from the audit log,
+    newest first, for a role that reads the log; a held call by id."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
         if held.strip():
             return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
                                     headers=HEADERS)
-        calls = _newest(k, c, types=("tool_call_decision", "tool_call_approval"))
+        calls = _newest(k, c, types=("tool_call_decision", "tool_call_approval")) if ops.Right.AUDIT in c.rights else []
         return render(request, "tool_calls.html", s=s, calls=calls, pending=k.services.holds.pending(c.tenant),
-                      now=time.time())
+                      now=time.time(), audits=ops.Right.AUDIT in c.rights)
 
-    return page(request, (), run)
+    return page(request, HELD_ROLES, run)
 
 
 def _held(request: Request, s: auth.ConsoleSession, c: Caller, k: Kernel, call_id: str,
           decided: w.ToolCallApprovalOut | None = None) -> HTMLResponse:
-    """A held call: tool, session, rule, offending refs, state; its arguments only for a role
-    that may read tool-call content (an admin, as the API's approve route answers them)."""
+    """A held call: tool, session, rule, offending refs, findings, state; its arguments only for
+    a role that reads tool-call content or decides held calls (the person deciding sees what the
+    call would do, as the API's approve route answers them). The decision buttons only where
+    this key may decide: the ``approve`` right, and never the key whose request produced it."""
     call = k.services.holds.get(c.tenant, call_id)
     if call is None:
-        raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or the server restarted)")
-    arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if ops.reads_content(c) else None
-    return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided)
+        raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or its record fails its check)")
+    decides = ops.Right.APPROVE in c.rights
+    shown = (ops.reads_content(c) or decides) and call.arguments is not None
+    arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if shown else None
+    may_approve = decides and not same_principal(call.producer, c.principal) and call.arguments is not None
+    return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided, decides=decides,
+                  may_approve=may_approve)
 
 
 @router.get("/tool-calls/held/{call_id}")
 def held_call(call_id: str, request: Request) -> Response:
-    return page(request, (), lambda s, c, k: _held(request, s, c, k, call_id))
+    return page(request, HELD_ROLES, lambda s, c, k: _held(request, s, c, k, call_id))
 
 
 @router.post("/tool-calls/held/{call_id}")
 async def decide_held(call_id: str, request: Request) -> Response:
-    """Admins approve or reject a held call (``decision``): audited as the API's approve/reject."""
+    """A person (an approver or admin key) approves or rejects a held call (``decision``):
+    audited as the API's approve/reject, with the same rule (the key whose request produced the
+    call may not approve it)."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel, form: dict[str, str]) -> Response:
         decision = form.get("decision")
         if decision not in ("approve", "reject"):
@@ -567,7 +580,7 @@ async def decide_held(call_id: str, request: Request) -> Response:
         decided = chat.decide_held_call(k, c, call_id, approve=decision == "approve")
         return _held(request, s, c, k, call_id, decided)
 
-    return await post_page(request, (Role.ADMIN,), run)
+    return await post_page(request, (Role.APPROVER, Role.ADMIN), run)
 
 
 # --- metrics ------------------------------------------------------------------------------

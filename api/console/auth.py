@@ -40,7 +40,7 @@ HOST_PREFIX = "__Host-"  # Secure, Path=/, no Domain: the browser refuses it oth
 COOKIE = HOST_PREFIX + "fak_console"
 LOGIN_COOKIE = HOST_PREFIX + "fak_console_login"  # the sign-in form's own CSRF token (double submit)
 LIFETIME_S = 15 * 60  # a signed-in session lasts this long, then the key is asked for again
-CONSOLE_ROLES = frozenset({Role.AUDITOR, Role.ADMIN})
+CONSOLE_ROLES = frozenset({Role.AUDITOR, Role.ADMIN, Role.APPROVER})  # an approver: the held calls' pages only
 MAC_DOMAIN = b"fak-console-session/v2\0"  # v2: the session id; a v1 cookie (without one) is refused
 
 

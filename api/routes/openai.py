@@ -2,7 +2,8 @@
 ``stream: true``) and ``GET /v1/models``, so agent frameworks that speak the OpenAI chat
 API run unchanged against fak (``openai.OpenAI(base_url=URL + "/v1", api_key=FAK_KEY)``).
 Authentication is the same as everywhere: the Bearer API key names the tenant; chat
-needs the ``agent`` (or ``admin``) role, the model list any role.
+needs the ``agent`` (or ``admin``) role, the model list any role; the held calls' queue and
+decisions (``/v1/tool-calls``) the ``approver`` (or ``admin``) role.
 
 A thin adapter: what a request does to a session (sessions, messages, parameters, the
 response, the chunks of a stream, cleanup) is ``fak.kernel.openai_chat``, whose module
@@ -16,13 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Literal
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from fak import wire as w
-from fak.api.deps import AGENT, READER, caller, kernel
+from fak.api.deps import AGENT, APPROVER, READER, caller, kernel
 from fak.api.keys import Principal
 from fak.api.streaming import open_sse, steps
 from fak.kernel import openai_chat as chat
@@ -57,15 +59,32 @@ async def chat_completions(body: w.ChatCompletionRequest, response: Response,
     return await open_sse(lambda: chat.open_stream(k, c, body), server_sent_events)
 
 
+@router.get("/tool-calls", response_model=w.HeldCallList)
+def list_held_calls(state: Literal["pending", "approved", "rejected"] = "pending",
+                    limit: int = Query(100, ge=1, le=1000),  # noqa: B008
+                    who: Principal = Depends(APPROVER), k: Kernel = Depends(kernel)) -> w.HeldCallList:  # noqa: B008
+    """The tenant's tool calls held for a person, oldest first (``state=pending``: the approver's
+    queue): approver and admin keys only."""
+    return chat.held_calls(k, caller(who), state, limit)
+
+
+@router.get("/tool-calls/{call_id}", response_model=w.HeldCallOut)
+def get_held_call(call_id: str, who: Principal = Depends(APPROVER),  # noqa: B008
+                  k: Kernel = Depends(kernel)) -> w.HeldCallOut:  # noqa: B008
+    """One held call: what it would do, why it was held, who produced it, what became of it."""
+    return chat.held_call(k, caller(who), call_id)
+
+
 @router.post("/tool-calls/{call_id}/approve", response_model=w.ToolCallApprovalOut)
-def approve_tool_call(call_id: str, who: Principal = Depends(AGENT),  # noqa: B008
+def approve_tool_call(call_id: str, who: Principal = Depends(APPROVER),  # noqa: B008
                       k: Kernel = Depends(kernel)) -> w.ToolCallApprovalOut:  # noqa: B008
-    """A person approves a call the policy held (CONFIRM): audited, naming the key that approved."""
+    """A person approves a call the policy held (CONFIRM): audited, naming the key that approved.
+    Approver and admin keys only; never the key whose request produced the call (403)."""
     return chat.decide_held_call(k, caller(who), call_id, approve=True)
 
 
 @router.post("/tool-calls/{call_id}/reject", response_model=w.ToolCallApprovalOut)
-def reject_tool_call(call_id: str, who: Principal = Depends(AGENT),  # noqa: B008
+def reject_tool_call(call_id: str, who: Principal = Depends(APPROVER),  # noqa: B008
                      k: Kernel = Depends(kernel)) -> w.ToolCallApprovalOut:  # noqa: B008
     """A person rejects a held call: its result can never enter the conversation."""
     return chat.decide_held_call(k, caller(who), call_id, approve=False)

@@ -205,3 +205,54 @@ class ConsoleLogoutRow(Base):
     expires_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_fak_console_logouts_expires", "expires_us"),)
+
+
+class HeldCallRow(Base):
+    """A tool call the policy held for a person (CONFIRM, ``fak.kernel.held_calls``), shared by
+    every replica and kept across restarts. ``form``: a keyed digest of the tool and its
+    canonical arguments (a result sent under another id is matched by it). The arguments and
+    the findings shown to the person are ``sealed`` under the data keys of the refs in
+    ``content`` (in attention when the call was written), or in the clear in ``plain`` when
+    none carries a key; ``mac`` binds every column under a key derived from the master secret:
+    a row that fails it is read as absent (its result refused, no decision taken on it)."""
+
+    __tablename__ = "fak_held_calls"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(128))
+    form: Mapped[str] = mapped_column(String(80))
+    args_digest: Mapped[str] = mapped_column(String(80))  # as the audit events carry it
+    plain: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON {arguments, findings}
+    sealed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    content: Mapped[str] = mapped_column(Text)  # JSON list of refs
+    rule_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    offending: Mapped[str] = mapped_column(Text)  # JSON list of refs
+    decision_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    producer: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the principal whose request wrote it
+    approval_key: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))  # pending | approved | rejected
+    deciding: Mapped[str | None] = mapped_column(String(16), nullable=True)  # a decision claimed, not yet logged
+    decided_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    approval_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    mac: Mapped[str] = mapped_column(String(80))
+
+    __table_args__ = (Index("ix_fak_held_calls_form", "tenant", "form"),
+                      Index("ix_fak_held_calls_created", "tenant", "state", "created_us"))
+
+
+class ToolApprovalRow(Base):
+    """A remembered approval (``tool_calls.remember_approvals``): in session ``session_id`` the
+    held call ``key`` names (tool, arguments, the rule and the provenance it was approved with)
+    is allowed until ``expires_us``, naming the approval's audit index. MAC'd as held calls are."""
+
+    __tablename__ = "fak_tool_approvals"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(64))
+    approval_index: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    expires_us: Mapped[int] = mapped_column(BigInteger)
+    mac: Mapped[str] = mapped_column(String(80))

@@ -26,11 +26,13 @@ from fak.state.apikeys import row_mac
 from fak.state.schema import (
     ApiKeyRow,
     ForgetRow,
+    HeldCallRow,
     RefLinkRow,
     RefRow,
     ResponseRow,
     SegmentRow,
     SessionRow,
+    ToolApprovalRow,
     WithdrawalTaskRow,
 )
 from fak.state.seal import ContentKeys, Plain, needs_seal, seal
@@ -144,6 +146,9 @@ class StateStore:
         with self.tx() as s:
             s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == tenant, SegmentRow.session_id == session_id))
             s.execute(sa.delete(SessionRow).where(SessionRow.tenant == tenant, SessionRow.id == session_id))
+            # a session created later under the same id starts without them
+            s.execute(sa.delete(ToolApprovalRow).where(ToolApprovalRow.tenant == tenant,
+                                                       ToolApprovalRow.session_id == session_id))
 
     def session_count(self, tenant: str) -> int:
         with self._session() as s:
@@ -177,6 +182,12 @@ class StateStore:
         """Ids of the tenant's sessions placed on the replicas ``on`` (None in it: unplaced)."""
         with self._session() as s:
             return sorted(s.scalars(_placed(tenant, on)))
+
+    def session_created(self, tenant: str, session_id: str) -> int | None:
+        """When the session was created (what tells it from a later session of the same id), None if it does not exist."""
+        with self._session() as s:
+            return s.scalar(sa.select(SessionRow.created_us).where(SessionRow.tenant == tenant,
+                                                                   SessionRow.id == session_id))
 
     def placement(self, tenant: str, session_id: str) -> tuple[bool, str | None]:
         """(the session exists, the replica it is placed on; None: unplaced)."""
@@ -279,6 +290,8 @@ class StateStore:
             s.execute(sa.delete(RefRow).where(RefRow.tenant == tenant))
             s.execute(sa.delete(RefLinkRow).where(RefLinkRow.tenant == tenant))
             s.execute(sa.delete(ResponseRow).where(ResponseRow.tenant == tenant))
+            s.execute(sa.delete(HeldCallRow).where(HeldCallRow.tenant == tenant))
+            s.execute(sa.delete(ToolApprovalRow).where(ToolApprovalRow.tenant == tenant))
             when = now_us()
             rows = list(s.scalars(sa.select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_us.is_(None))))
             for row in rows:  # revoked and sealed again: the MAC covers the revocation
@@ -430,3 +443,61 @@ class StateStore:
             q = sa.select(sa.func.count()).select_from(ResponseRow).where(
                 ResponseRow.tenant == tenant, ResponseRow.session_id == session_id, ResponseRow.state != "deleted")
             return s.scalar(q) or 0
+
+    # --- held tool calls and remembered approvals (fak.kernel.held_calls) ----------------------
+    def add_held_call(self, row: HeldCallRow, *, limit: int, since_us: int) -> None:
+        """Insert a held call. The tenant's rows created before ``since_us`` (expired) go in the
+        same transaction, and beyond ``limit`` rows its oldest: a tenant evicts only its own."""
+        with self.tx() as s:
+            s.execute(sa.delete(HeldCallRow).where(HeldCallRow.tenant == row.tenant, HeldCallRow.created_us < since_us))
+            s.add(row)
+            s.flush()
+            count = s.scalar(sa.select(sa.func.count()).select_from(HeldCallRow)
+                             .where(HeldCallRow.tenant == row.tenant)) or 0
+            if count > limit:
+                oldest = sa.select(HeldCallRow.call_id).where(HeldCallRow.tenant == row.tenant).order_by(
+                    HeldCallRow.created_us, HeldCallRow.call_id).limit(count - limit)
+                s.execute(sa.delete(HeldCallRow).where(HeldCallRow.tenant == row.tenant,
+                                                       HeldCallRow.call_id.in_(list(s.scalars(oldest)))))
+
+    def held_call(self, tenant: str, call_id: str) -> HeldCallRow | None:
+        with self._session() as s:
+            return s.get(HeldCallRow, (tenant, call_id))
+
+    def held_calls_of_form(self, tenant: str, form: str, since_us: int, limit: int = 64) -> list[HeldCallRow]:
+        """The tenant's held calls created since ``since_us`` whose canonical form is ``form``."""
+        with self._session() as s:
+            q = (sa.select(HeldCallRow).where(HeldCallRow.tenant == tenant, HeldCallRow.form == form,
+                                              HeldCallRow.created_us >= since_us)
+                 .order_by(HeldCallRow.created_us).limit(limit))
+            return list(s.scalars(q))
+
+    def held_calls(self, tenant: str, state: str, since_us: int, limit: int) -> list[HeldCallRow]:
+        """The tenant's held calls in ``state`` created since ``since_us``, oldest first."""
+        with self._session() as s:
+            q = (sa.select(HeldCallRow).where(HeldCallRow.tenant == tenant, HeldCallRow.state == state,
+                                              HeldCallRow.created_us >= since_us)
+                 .order_by(HeldCallRow.created_us, HeldCallRow.call_id).limit(limit))
+            return list(s.scalars(q))
+
+    def update_held_call(self, tenant: str, call_id: str, mac: str, values: dict[str, Any]) -> bool:
+        """Change a held call only if its row is still the one read (its ``mac``): of two replicas
+        deciding the same call at once, one changes it. Whether it changed."""
+        with self.tx() as s:
+            q = (sa.update(HeldCallRow)
+                 .where(HeldCallRow.tenant == tenant, HeldCallRow.call_id == call_id, HeldCallRow.mac == mac)
+                 .values(**values))
+            return bool(s.execute(q).rowcount)  # type: ignore[attr-defined]
+
+    def remember_approval(self, row: ToolApprovalRow) -> bool:
+        """Keep an approval for its session, if the session exists (its row locked, so a delete
+        waits and takes the approval with it); whether it was kept."""
+        with self.tx() as s:
+            if s.get(SessionRow, (row.tenant, row.session_id), with_for_update=True) is None:
+                return False
+            s.merge(row)
+            return True
+
+    def approval(self, tenant: str, session_id: str, key: str) -> ToolApprovalRow | None:
+        with self._session() as s:
+            return s.get(ToolApprovalRow, (tenant, session_id, key))
