@@ -39,7 +39,7 @@ from fak.kernel.authorize import (
     parsed_args,
 )
 from fak.kernel.call_records import approval_key, decision_event
-from fak.kernel.durable_ledger import DurableLedger
+from fak.kernel.durable_ledger import CommittedSession, DurableLedger
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.generated_call import GeneratedCall, TurnEvidence
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
@@ -346,6 +346,13 @@ class KernelSession:
         return s
 
     # --- reading --------------------------------------------------------------
+    def committed(self) -> CommittedSession:
+        """The session as its last audited change committed it, read from the durable ledger:
+        what the REST API, the SDK and the console show. It takes no lock (a running turn is not
+        waited for), never rebuilds an offloaded KV and writes nothing to the audit log, so a
+        reader cannot slow an agent down; the reads below are the kernel's own, on the KV."""
+        return self._ledger.committed()
+
     def segments(self) -> list[SegmentView]:
         """The ledger as others may see it, typed: ids, digests, verdicts, provenance."""
         with self._locked() as s:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fak.cas.errors import CasError
 from fak.errors import NotFound
 from fak.kernel.authorize import UNKNOWN_TOOL
-from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
+from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import Session, SessionOptions, replay
 from fak.kernel.services import Services
 from fak.kernel.transaction import ForgetProgress
@@ -29,7 +30,7 @@ from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import TOOL_DEFINITIONS
 
-__all__ = ["DurableLedger", "Loaded"]
+__all__ = ["CommittedSession", "DurableLedger", "Loaded"]
 
 
 def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
@@ -50,6 +51,47 @@ class Loaded:
     def replaces_record(self) -> bool:
         """The replay is not the recorded KV but the exact state of the same ledger: it replaces it."""
         return self.model_changed or self.approximate
+
+
+@dataclass(frozen=True)
+class CommittedSession:
+    """A session as its durable ledger last recorded it: what a read shows (the REST API, the
+    SDK, the console). Read from the rows alone: no lock, no KV, no prefill, no audit entry. It
+    is the state the last audited change committed: a turn still running shows once it is kept,
+    and a withdrawal left pending on a busy session once that session applies it. The
+    fingerprint is the recorded one (a rebuild checks it by replay before the KV is used)."""
+
+    id: str
+    tokens: int
+    exact_rows: int
+    fingerprint: str
+    approximate: bool
+    segments: tuple[SegmentView, ...]
+
+    def ledger(self) -> list[dict[str, object]]:
+        """The segments as JSON-ready dicts (``KernelSession.ledger``'s form)."""
+        return [v.as_dict() for v in self.segments]
+
+
+def committed_of(head: SessionRow, rows: Sequence[SegmentRow]) -> CommittedSession:
+    """The rows of a session as a ``CommittedSession``: each live segment starts where the live
+    ones before it end (the cache holds the live segments in ledger order, nothing else)."""
+    views: list[SegmentView] = []
+    start = 0
+    for row in rows:
+        state = SegmentState(row.state)
+        live = state is SegmentState.LIVE
+        views.append(SegmentView(
+            id=row.id, kind=SegmentKind(row.kind), ref=row.ref, start=start if live else None, length=row.ntokens,
+            state=state, verdict=VerdictKind(row.verdict) if row.verdict is not None else None, rule=row.rule,
+            provenance=tuple(sorted(json.loads(row.attention))),
+            content_provenance=tuple(sorted(json.loads(row.content))), protected=row.protected,
+            expires_turn=row.expires_turn,
+        ))  # fmt: skip
+        start += row.ntokens if live else 0
+    exact = head.exact_rows if head.exact_rows is not None else (0 if head.approximate else head.tokens)
+    return CommittedSession(id=head.id, tokens=head.tokens, exact_rows=exact, fingerprint=head.fingerprint,
+                            approximate=head.approximate, segments=tuple(views))
 
 
 class DurableLedger:
@@ -79,7 +121,7 @@ class DurableLedger:
             tenant=self._tenant, id=self._id, created_us=self._created_us, updated_us=now_us(),
             model_id=services.model_id, tokenizer_id=services.tokenizer_id, chunk_size=s.chunk_size,
             next_segment=s.ledger.next_number, fingerprint=fingerprint or s.fingerprint(), tokens=s.cache.length,
-            approximate=s.approximate, replica=services.settings.replica,
+            approximate=s.approximate, exact_rows=s.exact_rows, replica=services.settings.replica,
         )  # fmt: skip
         segs = []
         sealed = self._seal_all(s)
@@ -162,6 +204,13 @@ class DurableLedger:
                              "to drop what derives from it") from exc
 
     # --- reading --------------------------------------------------------------
+    def committed(self) -> CommittedSession:
+        """The session as last committed, from its rows alone (``NotFound`` once deleted)."""
+        found = self._services.state.committed_ledger(self._tenant, self._id)
+        if found is None:
+            raise NotFound(f"no session {self._id!r}")
+        return committed_of(*found)
+
     def load(self, options: SessionOptions) -> Loaded:
         """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) into a
         ``Session`` built with ``options`` (the recorded chunk size wins), and check that the KV

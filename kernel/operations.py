@@ -109,8 +109,11 @@ def session(k: Kernel, c: Caller, sid: str, right: Right = Right.AGENT) -> Kerne
 
 
 def session_out(ks: KernelSession) -> w.SessionOut:
-    return w.SessionOut(id=ks.id, tokens=ks.tokens, exact_rows=ks.exact_rows, fingerprint=ks.fingerprint(),
-                        segments=[w.SegmentOut(**x) for x in ks.ledger()])
+    """The session as last committed (``KernelSession.committed``): a read takes no lock, never
+    rebuilds an offloaded KV and logs nothing, so reading every session costs database reads."""
+    c = ks.committed()
+    return w.SessionOut(id=c.id, tokens=c.tokens, exact_rows=c.exact_rows, fingerprint=c.fingerprint,
+                        segments=[w.SegmentOut(**x) for x in c.ledger()])
 
 
 def create_session(k: Kernel, c: Caller, body: w.SessionCreate | None) -> w.SessionOut:
@@ -197,10 +200,11 @@ def sampling(body: w.GenerateIn) -> dict[str, Any]:
 def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOut:
     ks = session(k, c, sid)
     ids = list(timed_tokens(ks.generate(**sampling(body)), k.events, ks.tenant))
-    last = ks.segments()[-1] if ids else None
+    after = ks.committed()  # the turn as it was kept (no lock: the KV may be offloaded by now)
+    last = after.segments[-1] if ids else None
     return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids,
                          segment=w.SegmentOut(**last.as_dict()) if last else None,
-                         fingerprint=ks.fingerprint())
+                         fingerprint=after.fingerprint)
 
 
 class Stepper(Generic[T]):
@@ -309,7 +313,8 @@ class Turn:
         if token is not None:
             return "message", {"token": token, "text": self._decoder.push(token)}
         self._ended = True
-        return "done", {"segment": self._ks.ledger()[-1], "fingerprint": self._ks.fingerprint()}
+        after = self._ks.committed()  # the turn as it was kept
+        return "done", {"segment": after.ledger()[-1], "fingerprint": after.fingerprint}
 
     def close(self) -> None:
         self._stepper.close()
@@ -352,6 +357,32 @@ def find_ref(k: Kernel, c: Caller, digest: str) -> Ref:
     if ref.state != "live":
         raise Forgotten(f"ref {digest} was forgotten: its key and ciphertext were destroyed")
     return ref
+
+
+HOLDERS = 200  # segments a ref's holders list at most (the console's ref page)
+
+
+@dataclass(frozen=True)
+class RefHolder:
+    """A segment of the tenant's sessions that holds a ref (``holds``) or whose attention or
+    content provenance names it, in any state."""
+
+    session: str
+    segment: str
+    kind: str
+    state: str
+    holds: bool
+
+
+def ref_holders(k: Kernel, c: Caller, digest: str, limit: int | None = None) -> tuple[list[RefHolder], bool]:
+    """The first ``limit`` (default ``HOLDERS``) segments that hold ``digest`` or name it in their
+    provenance, and whether there are more: one bounded query of the durable ledgers, however
+    many sessions the tenant has (no session is read whole, none is loaded or locked)."""
+    c.require(Right.READ)
+    parse_digest(digest)
+    rows, more = k.state.segments_naming(c.tenant, digest, HOLDERS if limit is None else limit)
+    return [RefHolder(session=r.session_id, segment=r.id, kind=r.kind, state=r.state, holds=r.ref == digest)
+            for r in rows], more
 
 
 def ref_content(k: Kernel, c: Caller, ref: Ref) -> bytes:

@@ -23,6 +23,9 @@ class SessionRow(Base):
     fingerprint: Mapped[str] = mapped_column(String(80))
     tokens: Mapped[int] = mapped_column(Integer)
     approximate: Mapped[bool] = mapped_column(Boolean, default=False)  # REROPE was used: no exact rebuild
+    # leading KV rows an exact run computes (PIC or REROPE make the rest approximate), so a read
+    # answers from the row without the KV; None: written before it was recorded (state_0012)
+    exact_rows: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
     # the replica the session lives on (docs/scale-out.md); None: a single-process kernel's
     replica: Mapped[str | None] = mapped_column(String(32), nullable=True, default=None)
 

@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import InstrumentedAttribute, sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute, defer, sessionmaker
 from sqlalchemy.orm import Session as OrmSession
 
 from fak import db
@@ -87,6 +87,11 @@ def unpack_tokens(raw: bytes) -> list[int]:
     return out.tolist()
 
 
+def _like_escaped(text: str) -> str:
+    """``text`` as a literal inside a LIKE pattern whose escape character is a backslash."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _linked_of(linked: str | None) -> set[str]:
     """The refs of a ``fak_forgets.linked`` column: JSON [{ref, key_id, kek_version}, ...]."""
     return {x["ref"] for x in json.loads(linked or "[]")}
@@ -141,6 +146,42 @@ class StateStore:
                 .order_by(SegmentRow.seq)
             ).all()
             return row, list(segs)
+
+    def committed_ledger(self, tenant: str, session_id: str) -> tuple[SessionRow, list[SegmentRow]] | None:
+        """A session's rows as last committed, for a read: one statement (one snapshot, also under
+        PostgreSQL's read committed, while a writer may replace the ledger), without the columns
+        that hold text or tokens (a read shows ids, digests and counts, never content)."""
+        q = (
+            sa.select(SessionRow, SegmentRow)
+            .outerjoin(SegmentRow, sa.and_(SegmentRow.tenant == SessionRow.tenant,
+                                           SegmentRow.session_id == SessionRow.id))
+            .where(SessionRow.tenant == tenant, SessionRow.id == session_id)
+            .order_by(SegmentRow.seq)
+            .options(defer(SegmentRow.tokens), defer(SegmentRow.message_text), defer(SegmentRow.sealed))
+        )
+        with self._session() as s:
+            found = s.execute(q).all()
+        if not found:
+            return None
+        return found[0][0], [seg for _, seg in found if seg is not None]
+
+    def segments_naming(self, tenant: str, ref: str, limit: int) -> tuple[list[SegmentRow], bool]:
+        """The first ``limit`` segment rows of the tenant's sessions (any state, by session and
+        order) whose own ref, content or attention provenance names ``ref``, and whether there
+        are more: one bounded query, whatever the number of sessions (the console's ref page)."""
+        pattern = "%" + _like_escaped(json.dumps(ref)) + "%"
+        q = (
+            sa.select(SegmentRow)
+            .where(SegmentRow.tenant == tenant,
+                   sa.or_(SegmentRow.ref == ref, SegmentRow.content.like(pattern, escape="\\"),
+                          SegmentRow.attention.like(pattern, escape="\\")))
+            .order_by(SegmentRow.session_id, SegmentRow.seq)
+            .limit(limit + 1)
+            .options(defer(SegmentRow.tokens), defer(SegmentRow.message_text), defer(SegmentRow.sealed))
+        )
+        with self._session() as s:
+            rows = list(s.scalars(q))
+        return rows[:limit], len(rows) > limit
 
     def delete_session(self, tenant: str, session_id: str) -> None:
         with self.tx() as s:
