@@ -143,11 +143,8 @@ class Structure:
 def _node_fields(text: str, shape: Shape) -> list[tuple[int, int, str]]:
     """The scalars of a JSON or YAML text with their paths (none if it is not what it claims)."""
     if shape == "json":
-        try:
-            json.loads(text)
-        except (ValueError, RecursionError):
-            return []
-    try:  # JSON is read as YAML too: the composer gives each scalar's character span
+        return _json_fields(text)
+    try:  # the composer gives each scalar's character span
         root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (yaml.YAMLError, RecursionError, ValueError):
         return []
@@ -156,6 +153,59 @@ def _node_fields(text: str, shape: Shape) -> list[tuple[int, int, str]]:
     out: list[tuple[int, int, str]] = []
     _walk(root, "", out, 0)
     return out
+
+
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+_JSON = json.JSONDecoder()
+MAX_DEPTH = 64  # deeper values are parsed, and have no field paths
+
+
+def _json_fields(text: str) -> list[tuple[int, int, str]]:
+    """The scalars of a JSON text with their paths, read by a JSON parser (a YAML reader refuses
+    some JSON, ``"\\/"``); none if the text is not one JSON value."""
+    out: list[tuple[int, int, str]] = []
+    try:
+        end = _json_value(text, _JSON_WS.match(text, 0).end(), "", out, 0)
+    except (ValueError, RecursionError, IndexError):
+        return []
+    whole = _JSON_WS.match(text, end).end() == len(text)
+    return out if whole and not (len(out) == 1 and out[0][2] == "") else []  # a lone scalar has no fields
+
+
+def _json_value(text: str, i: int, path: str, out: list[tuple[int, int, str]], depth: int) -> int:
+    """Read the JSON value at ``i`` (no leading space), noting its scalars; where it ends."""
+    opener = text[i:i + 1]
+    if opener not in ("{", "[") or depth >= MAX_DEPTH:
+        _, end = _JSON.raw_decode(text, i)
+        if opener not in ("{", "["):
+            out.append((i, end, path))
+        return end
+    closer = "}" if opener == "{" else "]"
+    i = _JSON_WS.match(text, i + 1).end()
+    if text[i:i + 1] == closer:
+        return i + 1
+    n = 0
+    while True:
+        if opener == "{":
+            key, i = _JSON.raw_decode(text, i)
+            if not isinstance(key, str):
+                raise ValueError("a JSON object's key is a string")
+            i = _JSON_WS.match(text, i).end()
+            if text[i:i + 1] != ":":
+                raise ValueError("':' expected")
+            name = key
+            i = _JSON_WS.match(text, i + 1).end()
+        else:
+            name = str(n)
+        i = _json_value(text, i, f"{path}.{name}" if path else name, out, depth + 1)
+        n += 1
+        i = _JSON_WS.match(text, i).end()
+        if text[i:i + 1] == ",":
+            i = _JSON_WS.match(text, i + 1).end()
+        elif text[i:i + 1] == closer:
+            return i + 1
+        else:
+            raise ValueError(f"',' or '{closer}' expected")
 
 
 def _walk(node: yaml.Node, path: str, out: list[tuple[int, int, str]], depth: int) -> None:

@@ -161,3 +161,15 @@ def test_except_tools_is_read_from_the_sources_tools() -> None:
                          ("get_webpage",))]
     [trace] = trace_arguments({"to": ATTACKER}, texts)
     assert trace.sources[0].field == "from" and trace.sources[0].tools == ("get_webpage",)
+
+
+def test_json_is_read_by_a_json_parser() -> None:
+    """JSON a YAML reader refuses (an escaped slash) still has its fields; JSON that is not one
+    whole value, or a lone scalar, has none."""
+    text = '{"emails": [{"sender": "anna@x.example", "link": "https:\\/\\/x.example\\/a"}]}'
+    at = text.index("anna@x.example")
+    assert Structure(text, "json").field_at(at, at + 14) == "emails.0.sender"
+    for bad in ['{"a": 1,}', '{"a": "x"} trailing', '"x"', "[1 2]"]:
+        assert Structure(bad, "json").field_at(1, 2) is None
+    deep = '{"a":' * 100 + '"x"' + "}" * 100
+    assert Structure(deep, "json").field_at(deep.index('"x"'), deep.index('"x"') + 3) is None  # past 64 levels
