@@ -93,6 +93,11 @@ class Server:
             return None
         return None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (``bench/faults.py``)."""
+        if self.process:
+            self.process.kill()
+
     def stop(self) -> None:
         if self.process:
             self.process.stop()
