@@ -157,6 +157,13 @@ def _node_fields(text: str, shape: Shape) -> list[tuple[int, int, str]]:
 
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _JSON = json.JSONDecoder()
+
+
+def _skip_ws(text: str, i: int) -> int:
+    """The first index at or after ``i`` that is not JSON white space."""
+    m = _JSON_WS.match(text, i)
+    return m.end() if m else i
+
 MAX_DEPTH = 64  # deeper values are parsed, and have no field paths
 
 
@@ -165,10 +172,10 @@ def _json_fields(text: str) -> list[tuple[int, int, str]]:
     some JSON, ``"\\/"``); none if the text is not one JSON value."""
     out: list[tuple[int, int, str]] = []
     try:
-        end = _json_value(text, _JSON_WS.match(text, 0).end(), "", out, 0)
+        end = _json_value(text, _skip_ws(text, 0), "", out, 0)
     except (ValueError, RecursionError, IndexError):
         return []
-    whole = _JSON_WS.match(text, end).end() == len(text)
+    whole = _skip_ws(text, end) == len(text)
     return out if whole and not (len(out) == 1 and out[0][2] == "") else []  # a lone scalar has no fields
 
 
@@ -181,7 +188,7 @@ def _json_value(text: str, i: int, path: str, out: list[tuple[int, int, str]], d
             out.append((i, end, path))
         return end
     closer = "}" if opener == "{" else "]"
-    i = _JSON_WS.match(text, i + 1).end()
+    i = _skip_ws(text, i + 1)
     if text[i:i + 1] == closer:
         return i + 1
     n = 0
@@ -190,18 +197,18 @@ def _json_value(text: str, i: int, path: str, out: list[tuple[int, int, str]], d
             key, i = _JSON.raw_decode(text, i)
             if not isinstance(key, str):
                 raise ValueError("a JSON object's key is a string")
-            i = _JSON_WS.match(text, i).end()
+            i = _skip_ws(text, i)
             if text[i:i + 1] != ":":
                 raise ValueError("':' expected")
             name = key
-            i = _JSON_WS.match(text, i + 1).end()
+            i = _skip_ws(text, i + 1)
         else:
             name = str(n)
         i = _json_value(text, i, f"{path}.{name}" if path else name, out, depth + 1)
         n += 1
-        i = _JSON_WS.match(text, i).end()
+        i = _skip_ws(text, i)
         if text[i:i + 1] == ",":
-            i = _JSON_WS.match(text, i + 1).end()
+            i = _skip_ws(text, i + 1)
         elif text[i:i + 1] == closer:
             return i + 1
         else:
