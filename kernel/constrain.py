@@ -60,8 +60,8 @@ import json
 import re
 import sys
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -243,10 +243,14 @@ def _arguments(tool: ToolLike, forced: bool) -> str:
         return _schema_json(schema, what)
     if not forced:
         return _schema_json(ANY_OBJECT, what)
-    lenient = {**schema, "x-guidance": {**JSON_FORMAT, "lenient": True}}
-    text = json.dumps(lenient, ensure_ascii=False)
-    spec = llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}")
-    if llguidance.LLMatcher.validate_grammar(spec, limits=limits()) or dead_end(schema) is not None:
+    try:
+        text = json.dumps({**schema, "x-guidance": {**JSON_FORMAT, "lenient": True}}, ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return _schema_json(ANY_OBJECT, what)
+    graph = SchemaGraph(schema)  # before llguidance reads it: a chain too deep crashes its compiler
+    if graph.depth() > MAX_SCHEMA_DEPTH or graph.dead_end() is not None or llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}"), limits=limits()):
         return _schema_json(ANY_OBJECT, what)  # a non-strict tool's schema fak cannot enforce: any object
     return text
 
@@ -254,13 +258,19 @@ def _arguments(tool: ToolLike, forced: bool) -> str:
 def _schema_json(schema: dict[str, Any], what: str) -> str:
     """``schema`` with fak's JSON format, as the text of a ``%json`` body; checked on its own
     first, so that an error names the schema rather than the grammar around it: what
-    llguidance refuses, then a subschema without a finite value (``dead_end``)."""
+    llguidance refuses, then a subschema without a finite value (``SchemaGraph.dead_end``); a
+    schema deeper than ``MAX_SCHEMA_DEPTH`` is refused before llguidance reads it."""
     try:
         text = json.dumps({**schema, "x-guidance": JSON_FORMAT}, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what}: not a JSON schema ({exc})", param=what) from None
+    graph = SchemaGraph(schema)
+    depth = graph.depth()
+    if depth > MAX_SCHEMA_DEPTH:  # checked before llguidance compiles it: its compiler recurses on the stack
+        raise InvalidInput(f"{what}: the schema is nested {depth:,} levels deep through its subschemas and $refs; "
+                           f"at most {MAX_SCHEMA_DEPTH:,} can be enforced", param=what)
     _checked(llguidance.LLMatcher.grammar_from_lark(f"start: %json {text}"), what)
-    where = dead_end(schema)
+    where = graph.dead_end()
     if where is not None:
         raise InvalidInput(f"{what}: the subschema at {where!r} has no finite value (it refers to itself through "
                            "$ref with nothing that ends the recursion: a required property, a non-empty array or "
@@ -303,37 +313,112 @@ _MAPS = ("properties", "patternProperties")
 _ONE = ("additionalProperties", "items")
 
 
+# the longest path of subschemas (nesting and local $refs, recursion counted once) a schema may
+# have: llguidance's compiler recurses along it on the thread's stack, and a $ref chain of ~2,500
+# (or 300 $refs each 10 levels deep) overflowed an 8 MiB stack: the process died (SIGSEGV)
+MAX_SCHEMA_DEPTH = 1000
+
+
+class SchemaGraph:
+    """The subschemas of a schema a value may be written under (nested keywords and local
+    ``$ref`` targets), by their path in the document: what the static checks read."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = schema
+        self.nodes: dict[_Path, Any] = {}
+        self.edges: dict[_Path, list[_Path]] = {}
+        todo: list[_Path] = [()]
+        while todo:  # every node reachable from the root
+            path = todo.pop()
+            if path in self.nodes:
+                continue
+            node = _at(schema, path)
+            self.nodes[path] = node
+            self.edges[path] = _children(schema, path, node) if isinstance(node, dict) else []
+            todo += [p for p in self.edges[path] if p not in self.nodes]
+
+    def depth(self) -> int:
+        """The most subschemas on a path from the root, a recursion (a cycle of them) counted as
+        one: Tarjan's components, which come out successors first, then the longest path."""
+        index: dict[_Path, int] = {}
+        low: dict[_Path, int] = {}
+        component: dict[_Path, int] = {}
+        longest: list[int] = []
+        stack: list[_Path] = []
+        on_stack: set[_Path] = set()
+
+        def visit(v: _Path) -> None:
+            index[v] = low[v] = len(index)
+            stack.append(v)
+            on_stack.add(v)
+
+        visit(())
+        work: list[tuple[_Path, Iterator[_Path]]] = [((), iter(self.edges[()]))]
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    visit(w)
+                    work.append((w, iter(self.edges[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[v])
+                if low[v] == index[v]:  # v roots a component: every successor's is done
+                    c = len(longest)
+                    members = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component[w] = c
+                        members.append(w)
+                        if w == v:
+                            break
+                    longest.append(1 + max((longest[component[x]] for m in members for x in self.edges[m]
+                                            if component.get(x, c) != c), default=0))
+        return longest[component[()]]
+
+    def dead_end(self) -> str | None:
+        """The JSON pointer of a subschema the grammar can reach that has no finite value, or
+        None. llguidance compiles such a schema and fails once decoding reaches it:
+        ``NoExtensionBias`` where nothing can follow (a ``$ref`` that only refers to itself),
+        runaway Earley items where the value can never close (a required property, or a
+        non-empty array, of its own schema). A node is finite when its ``$ref`` target, every
+        ``allOf`` part and some ``anyOf``/``oneOf`` alternative are, and some type it allows can
+        be written: an object whose required properties are finite, an array whose first
+        ``minItems`` items are; the least fixpoint over the nodes (as a grammar's productive
+        symbols are found), by a worklist: a node is looked at again only when one of its
+        subschemas became finite. Keywords it does not read (remote ``$ref``, ``not``, ...)
+        count as finite: llguidance judges them."""
+        parents: dict[_Path, list[_Path]] = {}
+        for v, children in self.edges.items():
+            for w in children:
+                parents.setdefault(w, []).append(v)
+        finite: set[_Path] = set()
+        queue = deque(reversed(self.nodes))  # found after their parents: subschemas first
+        queued = set(queue)
+        while queue:
+            path = queue.popleft()
+            queued.discard(path)
+            if path in finite or not _finite(self.schema, path, self.nodes[path], finite):
+                continue
+            finite.add(path)
+            for parent in parents.get(path, ()):
+                if parent not in finite and parent not in queued:
+                    queue.append(parent)
+                    queued.add(parent)
+        dead = sorted((p for p, node in self.nodes.items() if p not in finite and node is not False),
+                      key=lambda p: (len(p), str(p)))
+        return _pointer(dead[0]) if dead else None  # a ``false`` subschema forbids a value, it is never entered
+
+
 def dead_end(schema: dict[str, Any]) -> str | None:
-    """The JSON pointer of a subschema the grammar can reach that has no finite value, or None.
-    llguidance compiles such a schema and fails once decoding reaches it: ``NoExtensionBias``
-    where nothing can follow (a ``$ref`` that only refers to itself), runaway Earley items
-    where the value can never close (a required property, or a non-empty array, of its own
-    schema). A schema node is finite when its ``$ref`` target, every ``allOf`` part and some
-    ``anyOf``/``oneOf`` alternative are, and some type it allows can be written: an object
-    whose required properties are finite, an array whose first ``minItems`` items are; the
-    least fixpoint over the schema's nodes, as a grammar's productive symbols are found.
-    Keywords it does not read (remote ``$ref``, ``not``, ...) count as finite: llguidance
-    judges them."""
-    nodes: dict[_Path, Any] = {}
-    todo: list[_Path] = [()]
-    while todo:  # every node reachable from the root, by its path in the document
-        path = todo.pop()
-        if path in nodes:
-            continue
-        node = _at(schema, path)
-        nodes[path] = node
-        if isinstance(node, dict):
-            todo += [p for p in _children(schema, path, node) if p not in nodes]
-    finite: set[_Path] = set()
-    grew = True
-    while grew:
-        grew = False
-        for path, node in nodes.items():
-            if path not in finite and _finite(schema, path, node, finite):
-                finite.add(path)
-                grew = True
-    dead = sorted((p for p, node in nodes.items() if p not in finite and node is not False), key=lambda p: (len(p), str(p)))
-    return _pointer(dead[0]) if dead else None  # a ``false`` subschema forbids a value, it is never entered
+    """``SchemaGraph(schema).dead_end()``."""
+    return SchemaGraph(schema).dead_end()
 
 
 def _at(schema: Any, path: _Path) -> Any:

@@ -1,8 +1,9 @@
 """Schemas that llguidance compiles but cannot decode under are refused when the request is
 validated, never once decoding started (issue 41, item 6a): a ``$ref`` that refers only to
 itself (the first mask failed with ``NoExtensionBias``: a 500 after the messages were
-appended) and an object with 3,000 optional properties (an Earley row of 12,007 items after
-its ``{``, over llguidance's 2,000: a 500 likewise). Each is a 400 ``invalid_request_error``
+appended), an object with 3,000 optional properties (an Earley row of 12,007 items after
+its ``{``, over llguidance's 2,000: a 500 likewise) and a chain of 3,000 ``$ref``s (the
+compiler overflowed its thread's stack: the server process died). Each is a 400 ``invalid_request_error``
 naming the parameter and the problem, for ``response_format``, a strict tool's ``parameters``
 and the Responses API's ``text.format``; nothing is appended, audited or stored, and the next
 request works. A real uvicorn server on 127.0.0.1, the official ``openai`` client, tiny model."""
@@ -16,7 +17,12 @@ from fak.api.server import serve
 
 SELF = {"$defs": {"node": {"$ref": "#/$defs/node"}}, "$ref": "#/$defs/node"}
 WIDE = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(3000)}}
-SCHEMAS = [pytest.param(SELF, "no finite value", id="self-ref"), pytest.param(WIDE, "too large", id="3000-optional")]
+# flat JSON, 3,000 definitions each a $ref to the next: llguidance's compiler overflowed the
+# stack of the thread that read it, and the server process died (SIGSEGV)
+CHAIN = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(3000)} | {"d3000": {"type": "string"}},
+         "$ref": "#/$defs/d0"}
+SCHEMAS = [pytest.param(SELF, "no finite value", id="self-ref"), pytest.param(WIDE, "too large", id="3000-optional"),
+           pytest.param(CHAIN, "levels deep", id="3000-ref-chain")]
 USER = [{"role": "user", "content": "Hello"}]
 FEW = {"temperature": 0, "max_tokens": 2}
 

@@ -20,6 +20,7 @@ from fak.errors import InvalidInput
 from fak.kernel.constrain import (
     Constrainer,
     ConstraintViolation,
+    SchemaGraph,
     ToolSpec,
     auto_grammar,
     dead_end,
@@ -422,3 +423,36 @@ def test_smollm2_json_turn_validates(tmp_path, smollm2) -> None:
         hook = c.hook(tool_calls_grammar([WEATHER], parallel=False))
         calls = _calls(s.tokenizer.decode_turn(s.generate(hooks=(hook,), max_tokens=60)))
         _validate(calls, [WEATHER])
+
+
+def _ref_chain(n: int, nested: int = 0) -> dict:
+    """``n`` definitions, each ``nested`` arrays deep around a ``$ref`` to the next."""
+    defs = {}
+    for i in range(n):
+        node: dict = {"$ref": f"#/$defs/d{i + 1}"} if i < n - 1 else {"type": "string"}
+        for _ in range(nested):
+            node = {"type": "array", "items": node}
+        defs[f"d{i}"] = node
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+@pytest.mark.parametrize(("n", "nested"), [(5000, 0), (300, 10)])
+def test_a_schema_too_deep_for_the_compiler_is_refused_before_it_reads_it(n: int, nested: int) -> None:
+    """A chain of $refs (flat JSON, so no body-depth limit stops it) made llguidance's compiler
+    overflow the thread's stack: the server process died (SIGSEGV) on one request. It is a 400
+    before llguidance reads it, strict or as a non-strict tool's hint (any object then), and the
+    static checks stay linear (a chain of 5,000 took 15 s when each pass settled one node)."""
+    schema = _ref_chain(n, nested)
+    started = time.perf_counter()
+    with pytest.raises(InvalidInput, match=r"nested [\d,]+ levels deep") as err:
+        json_grammar(schema, what="response_format.json_schema.schema")
+    assert err.value.param == "response_format.json_schema.schema"
+    assert tool_calls_grammar([ToolSpec("f", schema, strict=False)], parallel=False).spec  # a hint: any object
+    assert SchemaGraph(schema).dead_end() is None
+    assert time.perf_counter() - started < 10
+
+
+def test_depth_counts_a_recursion_once() -> None:
+    assert SchemaGraph(NODE).depth() <= 6  # recursive through "#": one component
+    assert SchemaGraph(_ref_chain(999)).depth() == 1000  # the root, then 999 definitions
+    json_grammar(_ref_chain(999))  # at the limit: compiles
