@@ -79,7 +79,7 @@ def test_a_cookie_captured_before_sign_out_is_refused_after_it(world) -> None:  
 
 def test_a_sign_out_is_kept_until_the_cookie_expires_then_pruned(kernel) -> None:
     """The row lives exactly as long as the cookie would: a later sign-out prunes it."""
-    logouts = auth.Logouts(kernel.state.engine)
+    logouts = auth.Logouts(kernel.state)
     who = Principal("0123456789abcdef", "acme", Role.AUDITOR)
     first, second = auth.start(who, now_s=1000), auth.start(who, now_s=2000)
     logouts.record(first, now_s=1001)

@@ -123,6 +123,45 @@ def test_an_approval_given_with_page_a_asks_again_once_page_b_is_in_attention(ke
     assert ks.authorize_tool_call("send_email", args).approved_by == approved.audit_index
 
 
+def test_held_calls_and_approvals_expire_after_approval_ttl(tmp_path, tiny_dir, tiny_lm) -> None:
+    """``approval_ttl_s``: a remembered approval past it asks again (and its row goes when the
+    session remembers another); a held call past it is unknown, its result still refused."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    ttl = 1.0
+    with Kernel.open(Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=path,
+                              approval_ttl_s=ttl), model=tiny_lm, progress=None) as k:
+        ks = k.create_session("acme", "mail")
+        ks.append("system", "You are an assistant.")
+        ks.admit("web_fetch", PAGE_A)
+
+        def approve(args: dict) -> int:
+            d = ks.authorize_tool_call("send_email", args, principal=AGENT.principal)
+            call_id = "call_held_" + secrets.token_hex(12)
+            k.services.holds.hold(HeldCall(tenant="acme", session_id=ks.id, call_id=call_id, tool="send_email",
+                                           arguments=args, rule_id=d.rule_id, offending=d.offending,
+                                           decision_index=d.audit_index, created=time.time(),
+                                           approval_key=ks.approval_key("send_email", args, d)))
+            index = chat.decide_held_call(k, approver(), call_id, approve=True).audit_index
+            assert index is not None
+            return index
+
+        first = {"to": "billing-archive@example.net"}
+        index = approve(first)
+        assert ks.authorize_tool_call("send_email", first).approved_by == index
+        pending, args = held_pay(k, session=None)
+        time.sleep(ttl + 0.2)
+        assert ks.authorize_tool_call("send_email", first).verdict == "CONFIRM"  # expired: asked again
+        assert k.services.holds.get("acme", pending) is None
+        with pytest.raises(CallHeld, match="no longer known"):
+            send(k, with_result(pending, args))
+        approve({"to": "someone-else@example.net"})
+        with k.state.engine.connect() as db:  # the expired approval's row went with the new one
+            rows = db.execute(sa.text("SELECT count(*) FROM fak_tool_approvals WHERE session_id = :s"),
+                              {"s": ks.id}).scalar()
+        assert rows == 1
+
+
 # --- item 5: the person in the loop is a person --------------------------------------------------
 @pytest.fixture
 def server(tmp_path, tiny_dir, tiny_lm):

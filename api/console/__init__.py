@@ -90,7 +90,7 @@ def _logouts(request: Request) -> auth.Logouts:
     """The deployment's console sign-outs (in the state database: every replica sees them)."""
     logouts: auth.Logouts | None = getattr(request.app.state, "console_logouts", None)
     if logouts is None:
-        logouts = request.app.state.console_logouts = auth.Logouts(_kernel(request).state.engine)
+        logouts = request.app.state.console_logouts = auth.Logouts(_kernel(request).state)
     return logouts
 
 

@@ -25,15 +25,10 @@ import time
 from dataclasses import dataclass
 
 from fastapi import Request
-from sqlalchemy import delete, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import sessionmaker
 from starlette.responses import Response
 
 from fak.api.keys import KeyStore, Principal, Role
-from fak.db import WRITE
-from fak.state.schema import ConsoleLogoutRow
+from fak.state.store import StateStore
 
 LABEL = "fak/api/console-session"  # the MAC key of the session cookie
 HOST_PREFIX = "__Host-"  # Secure, Path=/, no Domain: the browser refuses it otherwise
@@ -113,7 +108,8 @@ def still_valid(keys: KeyStore, s: ConsoleSession) -> str | None:
 
 class Logouts:
     """The sign-outs of sessions whose cookies have not expired yet, in the state database
-    (``fak_console_logouts``), so they hold on every replica sharing it and across a restart.
+    (``fak_console_logouts``, ``StateStore.record_console_logout``), so they hold on every
+    replica sharing it and across a restart.
 
     Written before the sign-out answers: a client that goes away mid-request or a crash after
     the write leaves the session signed out. A row is only a random session id and its expiry
@@ -122,28 +118,17 @@ class Logouts:
     again until its expiry: they also need the cookie itself, which the browser no longer
     holds. Adding rows only signs sessions out."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._read = sessionmaker(engine)
-        self._write = sessionmaker(engine.execution_options(**{WRITE: True}))
+    def __init__(self, state: StateStore) -> None:
+        self._state = state
 
     def record(self, s: ConsoleSession, now_s: float | None = None) -> None:
         """Sign ``s`` out until its cookie expires (idempotent); prune sign-outs that expired."""
         now_us = int((time.time() if now_s is None else now_s) * 1_000_000)
-        try:
-            with self._write.begin() as db:
-                db.execute(delete(ConsoleLogoutRow).where(ConsoleLogoutRow.expires_us < now_us))
-                if db.get(ConsoleLogoutRow, s.session_id) is None:
-                    db.add(ConsoleLogoutRow(session_id=s.session_id, expires_us=s.expires_s * 1_000_000))
-        except IntegrityError:  # the same session signed out at the same moment elsewhere: signed out
-            if not self.signed_out(s):
-                raise
+        self._state.record_console_logout(s.session_id, s.expires_s * 1_000_000, now_us)
 
     def signed_out(self, s: ConsoleSession) -> bool:
-        """Whether ``s`` was signed out (one primary-key read)."""
-        with self._read() as db:
-            found = db.execute(select(ConsoleLogoutRow.session_id)
-                               .where(ConsoleLogoutRow.session_id == s.session_id)).first()
-        return found is not None
+        """Whether ``s`` was signed out."""
+        return self._state.console_signed_out(s.session_id)
 
 
 def secure_cookies(request: Request) -> bool:

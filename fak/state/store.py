@@ -25,6 +25,7 @@ from fak.scrub import scrub
 from fak.state.apikeys import row_mac
 from fak.state.schema import (
     ApiKeyRow,
+    ConsoleLogoutRow,
     ForgetRow,
     HeldCallRow,
     RefLinkRow,
@@ -536,9 +537,29 @@ class StateStore:
         with self.tx() as s:
             if s.get(SessionRow, (row.tenant, row.session_id), with_for_update=True) is None:
                 return False
+            s.execute(sa.delete(ToolApprovalRow).where(  # the session's expired ones go: rows stay bounded
+                ToolApprovalRow.tenant == row.tenant, ToolApprovalRow.session_id == row.session_id,
+                ToolApprovalRow.expires_us < row.created_us))
             s.merge(row)
             return True
 
     def approval(self, tenant: str, session_id: str, key: str) -> ToolApprovalRow | None:
         with self._session() as s:
             return s.get(ToolApprovalRow, (tenant, session_id, key))
+
+    # --- console sign-outs (fak.api.console.auth) ------------------------------------------------
+    def record_console_logout(self, session_id: str, expires_us: int, now_us: int) -> None:
+        """Sign a console session out until ``expires_us`` (idempotent, also when two replicas
+        record it at once), pruning the sign-outs whose cookies expired before ``now_us``."""
+        try:
+            with self.tx() as s:
+                s.execute(sa.delete(ConsoleLogoutRow).where(ConsoleLogoutRow.expires_us < now_us))
+                s.merge(ConsoleLogoutRow(session_id=session_id, expires_us=expires_us))
+        except sa.exc.IntegrityError:  # another replica recorded it at the same moment: signed out
+            if not self.console_signed_out(session_id):
+                raise
+
+    def console_signed_out(self, session_id: str) -> bool:
+        """Whether the console session was signed out (one primary-key read)."""
+        with self._session() as s:
+            return s.get(ConsoleLogoutRow, session_id) is not None
