@@ -81,6 +81,12 @@ def reads_content(c: Caller) -> bool:
     return CONTENT in c.rights
 
 
+def reads_held_call(c: Caller) -> bool:
+    """Who reads a held call's arguments and findings: the readers of content, and the person
+    who decides it (the ``approve`` right: a call is not decided blind)."""
+    return reads_content(c) or Right.APPROVE in c.rights
+
+
 def require_content(c: Caller) -> None:
     """``Forbidden`` (403) unless ``reads_content(c)``."""
     if not reads_content(c):

@@ -15,7 +15,7 @@ from test_console import hold, sign_in, world  # noqa: F401
 
 from fak.api.deps import ROLE_RIGHTS
 from fak.api.keys import Role
-from fak.kernel.operations import Caller, reads_content
+from fak.kernel.operations import Caller, reads_content, reads_held_call
 
 INSTRUCTIONS = "You are a payments assistant. The account PIN is 4711."
 PAY = {"type": "function", "name": "pay", "description": "Pay an amount",
@@ -70,12 +70,13 @@ def test_an_auditor_reads_a_stored_responses_decisions_not_its_content(stored) -
 
 
 def test_the_console_shows_a_held_calls_arguments_by_the_same_rule(world) -> None:  # noqa: F811
-    """The console's held-call page and the API answer each role alike: arguments for a role the
-    rule lets read content (admin), none for one it does not (auditor)."""
+    """The console's held-call page and the API answer each role alike: arguments for a role that
+    reads a held call (``reads_held_call``: admin, and the approver deciding it), none for one
+    that does not (auditor)."""
     live = world["live"]
     call_id = hold(live, world["sid"], world["poison"])
-    for role in (Role.AUDITOR, Role.ADMIN):
+    for role in (Role.AUDITOR, Role.ADMIN, Role.APPROVER):
         b, _r = sign_in(live, live.key("acme", role.value))
         page = html.unescape(b.get(f"/console/tool-calls/held/{call_id}").text)
-        assert ('"amount": 5' in page) == reads_content(Caller("acme", "k", ROLE_RIGHTS[role])), role
+        assert ('"amount": 5' in page) == reads_held_call(Caller("acme", "k", ROLE_RIGHTS[role])), role
         b.close()

@@ -552,7 +552,7 @@ def _held(request: Request, s: auth.ConsoleSession, c: Caller, k: Kernel, call_i
     if call is None:
         raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or its record fails its check)")
     decides = ops.Right.APPROVE in c.rights
-    shown = (ops.reads_content(c) or decides) and call.arguments is not None
+    shown = ops.reads_held_call(c) and call.arguments is not None
     arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if shown else None
     may_approve = decides and not same_principal(call.producer, c.principal) and call.arguments is not None
     return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided, decides=decides,
