@@ -35,7 +35,7 @@ import json
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -174,6 +174,8 @@ class HeldCalls:
         """Keep a held call (state ``pending``); its arguments and findings sealed under the data
         keys of ``call.refs`` where any carries one. A seal that cannot be made (a ref forgotten
         meanwhile) keeps the call without them: its result is refused all the same."""
+        if not call.call_id.startswith(HELD_PREFIX):  # what refuses its result when no row is found
+            raise ValueError(f"a held call's id starts with {HELD_PREFIX!r}")
         body = json.dumps({"arguments": call.arguments, "findings": [f.model_dump() for f in call.findings]},
                           ensure_ascii=False)
         plain: str | None = body
@@ -271,21 +273,38 @@ class HeldCalls:
         """What the model reads as the result of call ``call_id``: ``text`` for a call that was
         never held or was approved; for a rejected call, a notice instead of whatever the client
         sent (frameworks answer a rejected call with a message of their own); a pending or
-        unknown held call's result is refused (``CallHeld``)."""
+        unknown held call's result is refused (``CallHeld``). Only a held call's id (``HELD_PREFIX``)
+        names a row: another id is not looked up."""
+        if not call_id.startswith(HELD_PREFIX):
+            return text
         call = self.get(tenant, call_id)
         if call is None and call_id.startswith(HELD_PREFIX):
             raise CallHeld(f"tool call {call_id} was held for approval and is no longer known (expired, or its record "
                            "fails its check): its result cannot enter the conversation; ask the model again")
         return self._answer(call, call_id, text)
 
-    def result_for(self, tenant: str, call_id: str, tool: str, args: Any, text: str) -> str:
+    def forms_held(self, tenant: str, calls: Sequence[tuple[str, Any]]) -> frozenset[str]:
+        """Of the forms of ``calls`` (tool, arguments), those some unexpired held call of the
+        tenant has (any state, whether or not its row verifies): one query for a request's
+        results, so ``result_for`` looks up the rows of a form only where there are some."""
+        forms: set[str] = set()
+        for tool, args in calls:
+            try:
+                forms.add(self.form(tool, args))
+            except FakError:
+                continue
+        return frozenset(self._state.held_forms(tenant, forms, now_us() - self._ttl_us)) if forms else frozenset()
+
+    def result_for(self, tenant: str, call_id: str, tool: str, args: Any, text: str, *,
+                   held_forms: Container[str] | None = None) -> str:
         """What the model reads as the result of the client's call ``call_id`` to ``tool`` with
         ``args`` (an assistant call the request carries). A held id answers as ``result_text``
         when the call it carries is the held call's; an id the door gave exactly this call
         (``new_id``) passes; any other id (an approved held call's id carrying other arguments
         included) is matched by the call's form against the tenant's held calls: a pending one
         (or one whose record fails its check) refuses the result, a rejected one replaces it by
-        the notice."""
+        the notice. ``held_forms`` (``forms_held`` of the request's calls): a form not in it has
+        no held call, and no row is read for it."""
         try:
             form: str | None = self.form(tool, args)
         except FakError:
@@ -299,6 +318,8 @@ class HeldCalls:
             return self.result_text(tenant, call_id, text)
         if form is None:
             return self.result_text(tenant, call_id, text)
+        if held_forms is not None and form not in held_forms:
+            return text
         rows = self._state.held_calls_of_form(tenant, form, now_us() - self._ttl_us)
         calls = [self._read(r) for r in rows]
         if any(c is None for c in calls):

@@ -34,7 +34,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Container, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -289,7 +289,10 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
     ops = plan_messages(body.messages, format_for(k.tokenizer))
     holds = k.services.holds
-    ops = [_tool_op(holds, c.tenant, op, body.messages) if op.kind == "tool" else op for op in ops]
+    answered = {op.index: _answered_call(body.messages, op) for op in ops if op.kind == "tool"}
+    held_forms = holds.forms_held(c.tenant, [a for a in answered.values() if a is not None])  # one query
+    ops = [_tool_op(holds, c.tenant, op, body.messages, answered[op.index], held_forms) if op.kind == "tool" else op
+           for op in ops]
     tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
     # the leading system messages are rendered knowing the tools (a template whose system header
     # depends on them: Llama 3's "Environment: ipython"); the tools block follows them
@@ -344,16 +347,18 @@ def _answered_call(messages: list[w.ChatMessage], op: ChatOp) -> tuple[str, Any]
     return None
 
 
-def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, messages: list[w.ChatMessage]) -> ChatOp:
+def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, messages: list[w.ChatMessage],
+             answered: tuple[str, Any] | None, held_forms: Container[str]) -> ChatOp:
     """A tool result as the gate should see it: under the tool of the call it answers (a call
     the door returned earlier, when the request does not carry it) and what the model may read
     of it: a held call's result is refused and a rejected one's replaced by a notice, matched
     by the call's id, or, when the request carries the call it answers under an id fak did not
-    give it, by the call's form (tool and canonical arguments: ``HeldCalls.result_for``)."""
-    answered = _answered_call(messages, op)
+    give it, by the call's form (tool and canonical arguments: ``HeldCalls.result_for``;
+    ``held_forms``: the forms of the request's calls that some held call has)."""
     call_id = op.call_id
     if call_id is None:
-        return op if answered is None else replace(op, text=holds.result_for(tenant, "", *answered, op.text))
+        return op if answered is None else replace(op, text=holds.result_for(tenant, "", *answered, op.text,
+                                                                               held_forms=held_forms))
     issued = holds.tool_of(tenant, call_id)
     if issued is not None and op.tool != issued:
         # the server's record of the call it returned wins: a result is never admitted under
@@ -365,7 +370,7 @@ def _tool_op(holds: HeldCalls, tenant: str, op: ChatOp, messages: list[w.ChatMes
                                f"{issued!r}; it names another tool")
     tool = issued or op.tool
     text = (holds.result_text(tenant, call_id, op.text) if answered is None
-            else holds.result_for(tenant, call_id, *answered, op.text))
+            else holds.result_for(tenant, call_id, *answered, op.text, held_forms=held_forms))
     return replace(op, tool=tool, text=text)
 
 

@@ -514,6 +514,16 @@ class StateStore:
                  .order_by(HeldCallRow.created_us).limit(limit))
             return list(s.scalars(q))
 
+    def held_forms(self, tenant: str, forms: Iterable[str], since_us: int) -> set[str]:
+        """Which of ``forms`` a held call of the tenant created since ``since_us`` has."""
+        wanted, found = sorted(set(forms)), set()
+        with self._session() as s:
+            for at in range(0, len(wanted), 500):  # bounded IN lists
+                found |= set(s.scalars(sa.select(HeldCallRow.form).distinct().where(
+                    HeldCallRow.tenant == tenant, HeldCallRow.form.in_(wanted[at:at + 500]),
+                    HeldCallRow.created_us >= since_us)))
+        return found
+
     def held_calls(self, tenant: str, state: str, since_us: int, limit: int) -> list[HeldCallRow]:
         """The tenant's held calls in ``state`` created since ``since_us``, oldest first."""
         with self._session() as s:
