@@ -219,10 +219,11 @@ def test_forget_again_after_readmission_and_no_admission_during_a_forget(setting
     first = k.forget("acme", ref)
     again = s.admit("booking", SECRET)  # a later fetch of the same bytes is a new admission
     assert again.ref == ref and again.admitted
-    second = k.forget("acme", ref)
+    # waits for the replay: a repeat asked while it runs would gain its proof (and a larger tree)
+    second = k.forget("acme", ref, wait_replay=True)
     assert second.request_id != first.request_id and second.log_index > first.log_index
     assert {u.id for u in second.units_dropped if u.kind == "segment"} == {again.segment.id}
-    assert k.forget("acme", ref) == second  # idempotent again
+    assert second.replay == "verified" and k.forget("acme", ref) == second  # idempotent again
     # while a forget is pending, the same bytes cannot come back in (they would outlive the shred)
     third = s.admit("booking", SECRET)
     pending = ForgetRow(tenant="acme", ref=ref, request_id="fgt_pending_test", started_us=now_us(),
