@@ -1,4 +1,4 @@
-"""The engine loop's series for ``/metrics`` (``fak.kernel.scheduler``), read at scrape time.
+"""The engine loop's series for ``/metrics`` (``fak.kernel.model.scheduler``), read at scrape time.
 
 Per tenant, like every series: the caller's generations waiting for room and running, its
 forward calls waiting for a step, histograms of its decode rows and of its tokens per

@@ -44,7 +44,7 @@ import counterfactual_cost
 from common import log, parser, report, target
 
 from fak import Kernel, Settings
-from fak.kernel.call_records import decision_event
+from fak.kernel.calls.records import decision_event
 from fak.kernel.model.loader import load_model
 
 POLICY = """\

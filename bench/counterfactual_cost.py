@@ -31,7 +31,7 @@ from fak.kernel.kv.call_evidence import (
 from fak.kernel.kv.session import Session, replay
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.loader import LoadedModel, load_model
-from fak.kernel.sampling_hooks import token_bytes
+from fak.kernel.openai.sampling import token_bytes
 
 REF_DIRECTORY, REF_CALENDAR = "blake3k:" + "d1" * 32, "blake3k:" + "ca" * 32
 ADDRESS = "dana.whitfield@acme-corp.example"

@@ -19,7 +19,7 @@ mechanism they wrap.
   done with ``KernelSession.evict`` on the same N sessions built in another
   kernel, summed. ``Kernel.forget`` returns once the erasure is done; the replay of
   each session's survivors in a fresh session (fingerprints compared: the receipt's
-  second event, ``ReplayVerified``, ``fak.kernel.replay``) runs after it: the time until it
+  second event, ``ReplayVerified``, ``fak.kernel.withdrawal.replay_check``) runs after it: the time until it
   is logged is waited for before the peer runs and reported beside the ratio (and the
   same replay timed apart, ``replay_fingerprint`` on the sessions after the forget).
   Prefix cache off on both kernels.
@@ -296,7 +296,7 @@ def forget_and_restart(lm: LoadedModel, tmp: Path, n: int, repeat: int) -> tuple
         meter = meter_forget(fk, fs)
         load = os.getloadavg()[0]
         # forget answers once the erasure is done; the replay that completes its receipt runs after
-        # (fak.kernel.replay): it is waited for, and timed, before the peer runs, so they never overlap
+        # (fak.kernel.withdrawal.replay_check): it is waited for, and timed, before the peer runs, so they never overlap
         if r % 2 == 0:
             t_forget, receipt, inside = forget_timed(fk, ref, meter)
             t_verified = timed(fk.replays.wait, receipt.request_id)[0]
@@ -368,7 +368,7 @@ def forget_and_restart(lm: LoadedModel, tmp: Path, n: int, repeat: int) -> tuple
         "rest = the receipt (signed checkpoint, inclusion proofs), lookups, locks. replay_check_sum_ms is the "
         "same replay timed again apart (replay_fingerprint on the sessions after the forget). The replay "
         "(Session.replay_fingerprint per session: a full prefill of the survivors in a fresh session) runs after "
-        "forget returns, on the kernel's replay worker (fak.kernel.replay), and ends in ReplayVerified: "
+        "forget returns, on the kernel's replay worker (fak.kernel.withdrawal.replay_check), and ends in ReplayVerified: "
         "replay_after_forget_ms = from forget's return until it is logged (waited for before the peer runs); "
         "ratio_until_replay_verified = (forget + that) / Σ evictions, median over repetitions",
     }

@@ -3,7 +3,7 @@ what constrained decoding costs per token, and what fak's verdict adds to a tool
 
     python bench/openai.py [--json PATH] [--max-tokens 160] [--decode-tokens 48] [--weights gguf]
 
-Driven through the door's core (``fak.kernel.openai_chat``: the same turn, grammar, parsing
+Driven through the door's core (``fak.kernel.openai.chat``: the same turn, grammar, parsing
 and authorization as ``POST /v1/chat/completions``, without HTTP), greedy, over a prompt set
 of agent requests and four function tools with bounded schemas:
 
@@ -35,11 +35,11 @@ from common import log, parser, report, target
 
 from fak import Kernel, Settings
 from fak import wire as w
-from fak.kernel import openai_chat as chat
+from fak.kernel.calls.tool_text import OPEN, parse_calls
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.loader import load_model
-from fak.kernel.openai_answer import Answer
-from fak.kernel.openai_tools import OPEN, parse_calls
+from fak.kernel.openai import chat
+from fak.kernel.openai.answer import Answer
 from fak.kernel.operations import Caller
 
 POLICY = """\

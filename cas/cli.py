@@ -105,7 +105,7 @@ def _forget(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _logged(args: argparse.Namespace) -> Iterator[tuple[CasStore, AuditLog]]:
     """The store and the audit log of the same deployment: key rotations and destructions
-    are decisions, logged like every other (``fak.kernel.keyops``)."""
+    are decisions, logged like every other (``fak.kernel.withdrawal.keys``)."""
     from fak.audit import AuditLog
     from fak.settings import Settings
 
@@ -117,7 +117,7 @@ def _logged(args: argparse.Namespace) -> Iterator[tuple[CasStore, AuditLog]]:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    from fak.kernel import keyops
+    from fak.kernel.withdrawal import keys as keyops
 
     with _logged(args) as (store, audit):
         result = keyops.rotate(store, audit, args.tenant, principal="cli")
@@ -132,7 +132,7 @@ def _rotate(args: argparse.Namespace) -> int:
 
 
 def _destroy(args: argparse.Namespace) -> int:
-    from fak.kernel import keyops
+    from fak.kernel.withdrawal import keys as keyops
 
     with _logged(args) as (store, audit):
         print(keyops.destroy_retired(store, audit, args.older_than, principal="cli").model_dump_json())

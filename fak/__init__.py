@@ -15,10 +15,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
-    from fak.kernel.materialise import WorkingSet
+    from fak.kernel.session.materialise import WorkingSet
     from fak.settings import Settings
 
-_LAZY = {"Kernel": "fak.kernel.facade", "Settings": "fak.settings", "WorkingSet": "fak.kernel.materialise"}
+_LAZY = {"Kernel": "fak.kernel.facade", "Settings": "fak.settings", "WorkingSet": "fak.kernel.session.materialise"}
 __all__ = ["Kernel", "Settings", "WorkingSet", "__version__"]
 
 

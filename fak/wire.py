@@ -284,7 +284,7 @@ class ReceiptCheckOut(BaseModel):
 
 # --- the OpenAI-compatible chat: POST /v1/chat/completions, GET /v1/models --------------------
 # OpenAI's wire format, not fak's: a request allows fields fak does not know (clients send them;
-# ``fak.kernel.openai_chat`` reports them as ignored). The class names are the OpenAPI schema's.
+# ``fak.kernel.openai.chat`` reports them as ignored). The class names are the OpenAPI schema's.
 CHAT_MAX_TOKENS = 4096  # max_completion_tokens (and max_tokens, min_tokens) of one request
 CHAT_MAX_MESSAGES = 4096  # messages of one request
 CHAT_MAX_CHOICES = 8  # n

@@ -1,6 +1,6 @@
 """The wire models of the OpenAI Responses door (``POST /v1/responses``, ``GET`` and ``DELETE
 /v1/responses/{id}``): OpenAI's format, not fak's, so a request allows fields fak does not
-know (``fak.kernel.openai_responses`` refuses or reports them). The response models follow
+know (``fak.kernel.openai.responses`` refuses or reports them). The response models follow
 the ``openai`` package's ``Response`` type closely enough that the official client and the
 Agents SDK parse them. Import-light like ``fak.wire``: pydantic and ``fak.wire`` only."""
 

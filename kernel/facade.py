@@ -38,13 +38,9 @@ from fak.cas import CasStore
 from fak.cas.models import DestroyResult, RotationResult
 from fak.db import make_engine, release
 from fak.errors import FakError, InvalidInput, NotFound, Unavailable
-from fak.kernel import forget as forgets
-from fak.kernel import keyops, replay, withdraw
-from fak.kernel.agent_session import KernelSession
-from fak.kernel.authorize import Authorizer, Authorizers, Producer, Producers
+from fak.kernel.calls.authorize import Authorizer, Authorizers, Producer, Producers
+from fak.kernel.calls.held import HeldCalls
 from fak.kernel.events import EventBus, LateOutcome
-from fak.kernel.forget import ForgetState
-from fak.kernel.held_calls import HeldCalls
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -53,13 +49,19 @@ from fak.kernel.model import device as devices
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
+from fak.kernel.model.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.replicas import Replication, SessionElsewhere, WithdrawalPending
-from fak.kernel.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
-from fak.kernel.session_options import pic_binding, prefix_binding
-from fak.kernel.sessions import SessionRegistry
-from fak.kernel.withdraw import QuarantineReport
+from fak.kernel.session.kernel_session import KernelSession
+from fak.kernel.session.options import pic_binding, prefix_binding
+from fak.kernel.session.registry import SessionRegistry
+from fak.kernel.withdrawal import forget as forgets
+from fak.kernel.withdrawal import keys as keyops
+from fak.kernel.withdrawal import quarantine as withdraw
+from fak.kernel.withdrawal import replay_check as replay
+from fak.kernel.withdrawal.forget import ForgetState
+from fak.kernel.withdrawal.quarantine import QuarantineReport
+from fak.kernel.withdrawal.replicas import Replication, SessionElsewhere, WithdrawalPending
 from fak.keys import derive_key, load_master_secret
 from fak.owner import Claim, claim
 from fak.policy import Policy, PolicyHolder, gate
@@ -407,7 +409,7 @@ class Kernel:
 
     # --- forget and late quarantine --------------------------------------------
     def engine_figures(self, tenant: str) -> TenantFigures:
-        """The tenant's view of the engine loop and the generation queue (``fak.kernel.scheduler``):
+        """The tenant's view of the engine loop and the generation queue (``fak.kernel.model.scheduler``):
         its waiting calls and requests, rows and tokens per step; nothing of other tenants' work."""
         engine = self.services.engine
         admission = self.services.admission
@@ -443,7 +445,7 @@ class Kernel:
     # --- expiry -------------------------------------------------------------------
     def expire_due(self, now_us_: int | None = None, tenant: str | None = None) -> list[QuarantineReport]:
         """Execute every expiry whose time has come: all tenants' (the sweeper, every
-        ``settings.expiry_sweep_s``), or one tenant's (``fak.kernel.withdraw.expire_due``)."""
+        ``settings.expiry_sweep_s``), or one tenant's (``fak.kernel.withdrawal.quarantine.expire_due``)."""
         return withdraw.expire_due(self.services, now_us_, tenant)
 
     def _start_sweeper(self) -> None:
@@ -554,7 +556,7 @@ class Kernel:
 
     def _join_replicas(self, progress: Callable[[str], None] | None) -> None:
         """A replica applies the withdrawals written for it while it was down before it serves,
-        then tails the ones to come (``fak.kernel.replicas``)."""
+        then tails the ones to come (``fak.kernel.withdrawal.replicas``)."""
         rep = self.services.replication
         if rep is None:
             return

@@ -27,18 +27,18 @@ from fak.audit.tenant_export import tenant_export_lines
 from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
 from fak.errors import Forbidden, InvalidInput, NotFound
-from fak.kernel.agent_session import ContextFull
-from fak.kernel.call_records import counterfactual_out, findings_out
+from fak.kernel.calls.records import counterfactual_out, findings_out
 from fak.kernel.events import EventBus, TokensTimed
+from fak.kernel.session.kernel_session import ContextFull
 from fak.policy import GateContext, VerdictKind, gate
 
 if TYPE_CHECKING:
     from fak.audit.receipt import ForgetReceipt
     from fak.cas.models import Ref
-    from fak.kernel.agent_session import Admission, KernelSession
-    from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
     from fak.kernel.model.tokenizer import ChatTokenizer
+    from fak.kernel.session.kernel_session import Admission, KernelSession
 
 T = TypeVar("T")
 MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
@@ -190,7 +190,7 @@ def evict_refs(k: Kernel, c: Caller, sid: str, body: w.EvictRefsIn) -> w.RefsEvi
 
 
 def materialise(k: Kernel, c: Caller, sid: str, body: dict[str, Any]) -> w.MaterialiseOut:
-    """``body`` is a working set as JSON; the kernel parses it (``kernel/materialise.py``)."""
+    """``body`` is a working set as JSON; the kernel parses it (``kernel/session/materialise.py``)."""
     r = session(k, c, sid).materialise(body)
     return w.MaterialiseOut(pieces=[w.PieceOut(**p.as_dict()) for p in r.pieces], evicted=r.evicted,
                             segments=[w.SegmentOut(**x) for x in r.ledger], context_tokens=r.context_tokens,

@@ -1,7 +1,7 @@
 """The services a ``Kernel`` builds once and hands down (docs/architecture.md, "Layers").
 
 ``Kernel.open`` opens the store, the state database, the audit log and the model, then
-builds one ``Services`` bundle; sessions (``fak.kernel.agent_session``), withdrawal
+builds one ``Services`` bundle; sessions (``fak.kernel.session.kernel_session``), withdrawal
 (``forget``, ``withdraw``, expiry), working sets (``materialise``) and the forget's replay
 (``replay``) take that bundle, never the façade. Nothing here imports the modules that use
 it: the session registry and the replay queue are typed by the Protocols below, so the
@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Protocol
 import blake3
 
 from fak.errors import Conflict
-from fak.kernel.authorize import Authorizers, Producers
+from fak.kernel.calls.authorize import Authorizers, Producers
+from fak.kernel.calls.held import HeldCalls
 from fak.kernel.events import EventBus, LateOutcome
-from fak.kernel.held_calls import HeldCalls
 from fak.kernel.kv.ledger import Segment, SegmentState
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
-from fak.kernel.replicas import Replication
-from fak.kernel.scheduler import Admission, Scheduler
-from fak.kernel.transaction import ForgetProgress, Transaction
+from fak.kernel.model.scheduler import Admission, Scheduler
+from fak.kernel.session.transaction import ForgetProgress, Transaction
+from fak.kernel.withdrawal.replicas import Replication
 from fak.keys import derive_key, tenant_salt
 from fak.policy import Policy, PolicyHolder
 from fak.policy.egress import CLOSED, JudgeEgress
@@ -56,7 +56,7 @@ class SessionBusy(Conflict):
 
 class HeldSession(Protocol):
     """What withdrawal, the replay and the registry need of a kernel session
-    (``fak.kernel.agent_session.KernelSession``)."""
+    (``fak.kernel.session.kernel_session.KernelSession``)."""
 
     tenant: str
     id: str
@@ -74,7 +74,7 @@ class HeldSession(Protocol):
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]: ...
 
     def transaction(self, wait: bool = True) -> AbstractContextManager[Transaction]:
-        """One audited change under the lock (``fak.kernel.transaction``)."""
+        """One audited change under the lock (``fak.kernel.session.transaction``)."""
         ...
 
     def held_transaction(self) -> Transaction:
@@ -107,7 +107,7 @@ class HeldSession(Protocol):
 
 
 class SessionDirectory(Protocol):
-    """The registry of sessions (``fak.kernel.sessions.SessionRegistry``)."""
+    """The registry of sessions (``fak.kernel.session.registry.SessionRegistry``)."""
 
     def session(self, tenant: str, id: str) -> HeldSession:  # noqa: A002 - the API's word
         """The loaded or stored session (``NotFound`` for an unknown or another tenant's id)."""
@@ -122,7 +122,7 @@ class SessionDirectory(Protocol):
 
 @dataclass
 class SessionJob:
-    """One session's part of a forget's independent replay (``fak.kernel.replay``)."""
+    """One session's part of a forget's independent replay (``fak.kernel.withdrawal.replay_check``)."""
 
     session_id: str
     fingerprint_after: str  # keyed per tenant, as ForgetCompleted logs it
@@ -145,7 +145,7 @@ class ReplayJob:
 
 
 class ReplayQueue(Protocol):
-    """Where a forget queues its replay (``fak.kernel.replay.Replayer``)."""
+    """Where a forget queues its replay (``fak.kernel.withdrawal.replay_check.Replayer``)."""
 
     def submit(self, job: ReplayJob) -> Future[int]: ...
 
@@ -207,7 +207,7 @@ class DerivedKeys:
 
 class Withdrawals:
     """What forget, quarantine and expiry share across sessions: the forget lock, the refs
-    whose withdrawal a busy session has still to apply (``fak.kernel.withdraw``), and when
+    whose withdrawal a busy session has still to apply (``fak.kernel.withdrawal.quarantine``), and when
     the next expiry is due."""
 
     def __init__(self) -> None:
@@ -294,7 +294,7 @@ class Services:
     gate: Gate  # the admission gate (``fak.policy.gate``)
     holds: HeldCalls  # tool calls held for a person (CONFIRM) and remembered approvals, in the state database
     admission: Admission = field(default_factory=Admission)  # generations at once, the queue beyond (429)
-    engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.scheduler)
+    engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.model.scheduler)
     replication: Replication | None = None  # this kernel's place among replicas (None: a single process)
 
     @property

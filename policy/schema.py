@@ -467,7 +467,7 @@ class Retention(_Strict):
 
 
 class Forget(_Strict):
-    """What an admission does with bytes whose ref an admin forgot (``fak.kernel.forget``).
+    """What an admission does with bytes whose ref an admin forgot (``fak.kernel.withdrawal.forget``).
     ``readmit: false`` (the default): bytes whose keyed digest is a forgotten ref (the CAS
     keeps a tombstone of that digest, never the bytes) are refused, QUARANTINE with rule
     ``ref_forgotten``, so a client resending its history does not undo a forget; so are bytes

@@ -29,8 +29,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from fak.errors import FakError, InvalidInput
-from fak.kernel import openai_chat
 from fak.kernel import operations as ops
+from fak.kernel.openai import chat as openai_chat
 from fak.kernel.operations import MAX_INDEX, MAX_LIMIT, Caller, Right
 from fak.sdk.calls import Call
 from fak.sdk.client import BlockingAPI, Session
@@ -49,8 +49,8 @@ from fak.wire import (
 )
 
 if TYPE_CHECKING:
-    from fak.kernel.agent_session import KernelSession
     from fak.kernel.facade import Kernel
+    from fak.kernel.session.kernel_session import KernelSession
     from fak.settings import Settings
 
 T = TypeVar("T")

@@ -343,8 +343,8 @@ def test_stream_text_is_the_whole_text(kernel):
 
     from fak import wire as w
     from fak.api.routes import openai as route
-    from fak.kernel import openai_chat as chat
     from fak.kernel.model.generate import only
+    from fak.kernel.openai import chat
     from fak.kernel.operations import Caller
 
     tok = kernel.tokenizer

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from tiny_kernel import policy_kernel
 
 from fak import Kernel
-from fak.kernel.argument_provenance import ContextText, trace_arguments
-from fak.kernel.value_forms import canonical_tokens, needle_of
+from fak.kernel.calls.provenance import ContextText, trace_arguments
+from fak.kernel.calls.value_forms import canonical_tokens, needle_of
 from fak.policy.gate import UNPARSABLE, source_host
 
 # --- normalisation ---------------------------------------------------------------------

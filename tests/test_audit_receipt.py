@@ -388,7 +388,7 @@ def test_receipt_witness_quorum(log, tmp_path, capsys):
 
 
 def _deferred(log, *, request_id="f-1", replay=FP, verified=True, sessions=("s1",)):  # noqa: ANN001, ANN202
-    """A forget whose replay is logged after its completion (fak.kernel.replay): (completion, replay) indexes."""
+    """A forget whose replay is logged after its completion (fak.kernel.withdrawal.replay_check): (completion, replay) indexes."""
     from fak.audit import ReplayVerified
     from fak.audit.events import SessionReplay
 

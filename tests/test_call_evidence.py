@@ -182,7 +182,7 @@ def test_smollm2_counterfactual_is_never_saw_and_the_address_is_attended(smollm2
     """On the real model, in float32 and in the serving default's gguf format (the file's own blocks)."""
     from fak.kernel.model import blockdot
     from fak.kernel.model.weights import default_model_path
-    from fak.kernel.sampling_hooks import token_bytes
+    from fak.kernel.openai.sampling import token_bytes
 
     model, tok = smollm2.model, smollm2.tokenizer
     if fmt == "gguf":

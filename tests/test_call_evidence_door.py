@@ -13,10 +13,10 @@ from tiny_kernel import policy_kernel
 
 from fak import Kernel
 from fak import wire as w
-from fak.kernel import openai_chat
-from fak.kernel.generated_call import generated_calls
+from fak.kernel.calls.generated import generated_calls
+from fak.kernel.openai import chat as openai_chat
+from fak.kernel.openai.sampling import token_bytes
 from fak.kernel.operations import Caller
-from fak.kernel.sampling_hooks import token_bytes
 
 POLICY = """\
 apiVersion: fak.dev/v1

@@ -1,4 +1,4 @@
-"""History matching for persistent chat sessions (``fak.kernel.chat_history.new_suffix``):
+"""History matching for persistent chat sessions (``fak.kernel.openai.history.new_suffix``):
 a client resending its whole conversation gets only the new suffix appended; a resent tool
 result the kernel evicted, quarantined or forgot is matched, never admitted again; an edited
 history is a Conflict naming the first differing index; a request of new messages only (the
@@ -11,8 +11,8 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER
 
 from fak import Kernel
 from fak.errors import Conflict, InvalidInput
-from fak.kernel.chat_history import HistoryItem, new_suffix
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.openai.history import HistoryItem, new_suffix
 
 SYSTEM = "You are a travel assistant."
 ASK = "Is my flight on time?"

@@ -19,11 +19,7 @@ from gguf import GGUFReader
 from tokenizers import AddedToken, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from fak.kernel.model.config import ModelError, TemplateRefused
-from fak.kernel.model.tokenizer import ChatTokenizer, tokenizer_files_from_gguf
-from fak.kernel.model.weights import default_model_path
-from fak.kernel.openai_tools import tool_specs
-from fak.kernel.tool_formats import (
+from fak.kernel.calls.formats import (
     CallOut,
     HermesFormat,
     Llama3JsonFormat,
@@ -32,6 +28,10 @@ from fak.kernel.tool_formats import (
     format_for,
     format_of,
 )
+from fak.kernel.calls.tool_text import tool_specs
+from fak.kernel.model.config import ModelError, TemplateRefused
+from fak.kernel.model.tokenizer import ChatTokenizer, tokenizer_files_from_gguf
+from fak.kernel.model.weights import default_model_path
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 QWEN = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
@@ -234,7 +234,7 @@ def test_mistral_ids_and_marker():
 
 def test_hermes_is_the_fallback(smollm2_vocab):
     """SmolLM2's template (no tool format) and no template at all: Hermes, and the door's own
-    Hermes block (``fak.kernel.openai_tools.render_tools``) shows the tools."""
+    Hermes block (``fak.kernel.calls.tool_text.render_tools``) shows the tools."""
     smol = ChatTokenizer.from_folder(smollm2_vocab.parent)
     assert not smol.renders_tools and type(format_for(smol)) is HermesFormat
     assert isinstance(format_of(None), HermesFormat) and type(format_of("{{ messages }}")) is HermesFormat
@@ -338,8 +338,8 @@ def test_every_family_has_its_call_grammar(smollm2_vocab):
     (tests/test_constrain_formats.py: Llama 3's bare objects, Mistral's ``[TOOL_CALLS]`` array,
     the special token here), and nothing is listed in ``fak.ignored``."""
     from fak import wire as w
-    from fak.kernel.openai_answer import Shown, plan_answer
-    from fak.kernel.openai_params import chat_parameters
+    from fak.kernel.openai.answer import Shown, plan_answer
+    from fak.kernel.openai.params import chat_parameters
 
     body = w.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
                                    tool_choice="required")

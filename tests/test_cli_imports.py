@@ -17,7 +17,7 @@ SCRIPT = r"""
 import contextlib, io, json, sys
 from fak.cli import main
 
-MODEL = ("torch", "fak.kernel.agent_session", "fak.kernel.facade", "fak.kernel.demo")
+MODEL = ("torch", "fak.kernel.session.kernel_session", "fak.kernel.facade", "fak.kernel.demo")
 # the packages and command registrations every ``fak`` command imports to build its parser
 REGISTRATIONS = ("fak.kernel.model", "fak.kernel.model.cli")
 report = []

@@ -19,7 +19,7 @@ from kernel_facade_helpers import CLEAN, POISON
 
 from fak.api.console import auth
 from fak.api.keys import Principal, Role
-from fak.kernel.held_calls import HeldCall
+from fak.kernel.calls.held import HeldCall
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = ("/console/sessions", "/console/refs", "/console/audit", "/console/receipts", "/console/tool-calls",
@@ -262,7 +262,7 @@ def test_console_role_matrix_and_route_table(world) -> None:
 
 
 def hold(live, sid: str, ref: str) -> str:  # noqa: ANN001
-    """A held call in acme's session ``sid``, as the chat door holds a CONFIRM (kernel/openai_chat.py)."""
+    """A held call in acme's session ``sid``, as the chat door holds a CONFIRM (kernel/openai/chat.py)."""
     call_id = "call_held_" + secrets.token_hex(8)
     live.kernel.services.holds.hold(HeldCall(tenant="acme", session_id=sid, call_id=call_id, tool="pay",
                                              arguments={"amount": 5}, rule_id="confirm_payments",

@@ -1,4 +1,4 @@
-"""Constrained decoding (fak.kernel.constrain) with the real tokenizers and the real
+"""Constrained decoding (fak.kernel.openai.constrain) with the real tokenizers and the real
 generate loop: the tiny random model writes junk unless constrained, so every turn here
 that parses and validates does so because of the mask; the mask changes sampling only
 (a constrained turn replays and evicts bit-exactly); a schema llguidance cannot enforce is
@@ -17,7 +17,8 @@ import pytest
 
 from fak import Kernel, Settings
 from fak.errors import InvalidInput
-from fak.kernel.constrain import (
+from fak.kernel.model.generate import SamplingParams, generate
+from fak.kernel.openai.constrain import (
     Constrainer,
     ConstraintViolation,
     SchemaGraph,
@@ -27,7 +28,6 @@ from fak.kernel.constrain import (
     json_grammar,
     tool_calls_grammar,
 )
-from fak.kernel.model.generate import SamplingParams, generate
 
 WEATHER = ToolSpec("get_weather", {
     "type": "object",

@@ -22,19 +22,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from fak import Kernel, Settings
-from fak.kernel.constrain import (
+from fak.kernel.calls.formats import CallOut, Llama3JsonFormat, MistralFormat, ToolFormat, format_for
+from fak.kernel.calls.generated import generated_calls
+from fak.kernel.model.config import ModelConfig
+from fak.kernel.model.loader import load_model
+from fak.kernel.model.weights import random_weights, state_dict_from_weights
+from fak.kernel.openai.constrain import (
     Constrainer,
     ToolSpec,
     auto_grammar,
     json_or_calls_grammar,
     tool_calls_grammar,
 )
-from fak.kernel.generated_call import generated_calls
-from fak.kernel.model.config import ModelConfig
-from fak.kernel.model.loader import load_model
-from fak.kernel.model.weights import random_weights, state_dict_from_weights
-from fak.kernel.sampling_hooks import token_bytes
-from fak.kernel.tool_formats import CallOut, Llama3JsonFormat, MistralFormat, ToolFormat, format_for
+from fak.kernel.openai.sampling import token_bytes
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 # Llama 3's special tokens, and Mistral's call marker, after the 256 byte tokens
@@ -356,7 +356,7 @@ def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
     from tiny_kernel import policy_kernel
 
     from fak import wire as w
-    from fak.kernel import openai_chat
+    from fak.kernel.openai import chat as openai_chat
     from fak.kernel.operations import Caller
 
     folder, lm = family_lm
@@ -385,7 +385,7 @@ def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
 def test_hermes_grammars_keep_their_lark_text() -> None:
     """Hermes (Qwen, the fallback) keeps the grammar text it had before the families had theirs:
     the same lark, so the same masks, for every existing Hermes client."""
-    from fak.kernel.tool_formats import HERMES_SYNTAX, HermesFormat
+    from fak.kernel.calls.formats import HERMES_SYNTAX, HermesFormat
 
     assert HermesFormat().call_syntax(None) is HERMES_SYNTAX
     head = '%llguidance {}\nstart: call ("\\n" call)*\ncall: "<tool_call>" body\nbody: "\\n" (fn_0) "\\n</tool_call>"\n' \

@@ -47,7 +47,7 @@ CHILD = textwrap.dedent("""
             store.forget(json.load(open(data_dir + "/refs.json"))["acme"][0], "acme")
         elif op == "rotate":
             from fak.audit import AuditLog
-            from fak.kernel.keyops import rotate
+            from fak.kernel.withdrawal.keys import rotate
             rotate(store, AuditLog.open(url, data_dir), None, principal="ops")
     print("finished without reaching the fault point", flush=True)
 """)
@@ -67,7 +67,7 @@ def _seed(data_dir: Path, url: str) -> dict[str, list[str]]:
     with CasStore.open(data_dir, url) as store, AuditLog.open(url, data_dir) as log:
         for tenant, payloads in PAYLOADS.items():
             refs[tenant] = [store.put(p, "text/plain", tenant).digest for p in payloads]
-        from fak.kernel.keyops import rotate
+        from fak.kernel.withdrawal.keys import rotate
 
         rotate(store, log, None, principal="ops")  # a logged rotation before the crash
     (data_dir / "refs.json").write_text(json.dumps(refs))
@@ -158,7 +158,7 @@ def test_killed_rotation_leaves_every_ref_readable(db_url, tmp_path, point) -> N
     _child(point, "rotate", data_dir, db_url)
     _check_stores(data_dir, db_url, refs)
     with CasStore.open(data_dir, db_url) as store, AuditLog.open(db_url, data_dir) as log:
-        from fak.kernel.keyops import rotate
+        from fak.kernel.withdrawal.keys import rotate
 
         result = rotate(store, log, None, principal="ops")  # the next rotation completes
         assert set(result.versions) == set(PAYLOADS)

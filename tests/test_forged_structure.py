@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from fak import Kernel, Settings
-from fak.kernel.argument_provenance import ContextText, Structure, shape_of_media, trace_arguments
+from fak.kernel.calls.provenance import ContextText, Structure, shape_of_media, trace_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIL = ROOT / "examples/policies/mail.yaml"

@@ -16,8 +16,8 @@ import openai
 import pytest
 from tiny_kernel import served
 
-from fak.kernel import openai_chat
 from fak.kernel.model.generate import only
+from fak.kernel.openai import chat as openai_chat
 
 POLICY = """\
 apiVersion: fak.dev/v1

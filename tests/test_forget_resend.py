@@ -1,4 +1,4 @@
-"""A forgotten ref's bytes, resent, stay out (``fak.kernel.admission``, rule ``ref_forgotten``).
+"""A forgotten ref's bytes, resent, stay out (``fak.kernel.session.admission``, rule ``ref_forgotten``).
 
 A stateless client (the OpenAI door without ``fak_session``) resends its whole history on
 every request, so each tool message is admitted again. After an admin's forget the same
@@ -18,9 +18,9 @@ from kernel_facade_helpers import CLEAN, events
 
 from fak import Kernel
 from fak.cas.errors import CasError
-from fak.kernel.admission import FORGOTTEN_RULE
 from fak.kernel.facade import default_policy_path
 from fak.kernel.kv.ledger import SegmentState
+from fak.kernel.session.admission import FORGOTTEN_RULE
 from fak.types import VerdictKind
 
 SECRET = b"Booking reference QX7Y2Z for passenger Ada Lovelace, card ending 4242, seat 14C."

@@ -26,8 +26,8 @@ from tiny_kernel import policy_kernel, served
 from fak import Kernel, Settings
 from fak import wire as w
 from fak.errors import Conflict, Forbidden, NotFound
-from fak.kernel import openai_chat as chat
-from fak.kernel.held_calls import REJECTED_NOTICE, CallHeld, HeldCall
+from fak.kernel.calls.held import REJECTED_NOTICE, CallHeld, HeldCall
+from fak.kernel.openai import chat
 from fak.kernel.operations import Caller, Right
 
 POLICY = """\

@@ -25,7 +25,7 @@ import httpx
 from api_server import live_server  # noqa: F401  (fixture)
 from test_api_routes import ROLES, World, _same, ok, random_digest, settings, world  # noqa: F401
 
-from fak.kernel.held_calls import HeldCall
+from fak.kernel.calls.held import HeldCall
 from fak.wire import HELD_PREFIX
 
 # path-parameter names that name something a tenant owns, and how to make an unknown one

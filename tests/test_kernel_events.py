@@ -102,7 +102,7 @@ def test_bus_delivers_by_type() -> None:
 def test_no_string_keyed_notify_is_left() -> None:
     hits = [f"{p.relative_to(ROOT)}:{n}" for d in ("fak", "api") for p in sorted((ROOT / d).rglob("*.py"))
             for n, line in enumerate(p.read_text().splitlines(), 1)
-            if re.search(r"(?<!pg)_notify", line)]  # PostgreSQL's pg_notify is another thing (kernel/replicas.py)
+            if re.search(r"(?<!pg)_notify", line)]  # PostgreSQL's pg_notify is another thing (kernel/withdrawal/replicas.py)
     assert hits == []
 
 

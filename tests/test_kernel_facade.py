@@ -13,8 +13,8 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER, events
 from fak import Kernel, Settings
 from fak.audit.errors import AuditError
 from fak.errors import InvalidInput, NotFound
-from fak.kernel.agent_session import SessionBusy
 from fak.kernel.events import AdmissionDecided, ForgetDone, KernelEvent, SpanEvicted, TokensDecoded
+from fak.kernel.session.kernel_session import SessionBusy
 from fak.settings import SettingsError
 from fak.state.store import StateError
 
@@ -217,7 +217,7 @@ def test_rerope_needs_the_policy_and_rebuilds_exact(tmp_path, settings, tiny_lm)
 
 
 def test_context_limit(settings, tiny_lm) -> None:
-    from fak.kernel.agent_session import GENERATION_OVERHEAD, ContextFull
+    from fak.kernel.session.kernel_session import GENERATION_OVERHEAD, ContextFull
 
     settings.max_context_tokens = 120
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:

@@ -202,9 +202,9 @@ def test_late_quarantine_evicts_everywhere(kernel) -> None:
 
 
 def test_forget_again_after_readmission_and_no_admission_during_a_forget(settings, tiny_lm, tmp_path, request) -> None:
-    from fak.kernel.agent_session import RefBeingForgotten
     from fak.kernel.facade import default_policy_path
-    from fak.kernel.forget import resume
+    from fak.kernel.session.kernel_session import RefBeingForgotten
+    from fak.kernel.withdrawal.forget import resume
     from fak.state.schema import ForgetRow
     from fak.state.store import now_us
 
@@ -255,7 +255,7 @@ def test_quarantine_is_logged_before_it_acts(settings, tiny_lm) -> None:
 
 
 def test_forget_returns_before_its_replay_and_a_mismatch_alarms(kernel, capsys) -> None:
-    from fak.kernel.replay import ReplayJob, SessionJob, run
+    from fak.kernel.withdrawal.replay_check import ReplayJob, SessionJob, run
 
     k = kernel
     held = _holding(k, "acme")

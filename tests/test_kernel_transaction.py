@@ -1,4 +1,4 @@
-"""The audited transaction (``fak.kernel.transaction``): a failure once a change began
+"""The audited transaction (``fak.kernel.session.transaction``): a failure once a change began
 leaves the session exactly as the durable ledger says, the error propagates, the next
 operation works; and no module of the kernel rolls a session back by hand.
 
@@ -18,9 +18,9 @@ from kernel_facade_helpers import CLEAN, LOUNGE, events
 
 import fak.kernel
 from fak import Kernel
-from fak.kernel.agent_session import KernelSession
 from fak.kernel.kv.ledger import SegmentKind
-from fak.kernel.transaction import TransactionError
+from fak.kernel.session.kernel_session import KernelSession
+from fak.kernel.session.transaction import TransactionError
 
 REFUSE = "CREATE TRIGGER fak_test_refuse BEFORE INSERT ON fak_segments BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
 
@@ -136,7 +136,9 @@ def test_reads_and_refusals_before_the_change_keep_the_session_loaded(kernel) ->
 
 # --- no hand-written copy --------------------------------------------------------------
 KERNEL = Path(fak.kernel.__file__).parent
-# the only functions of agent_session.py that write the ledger themselves: creating a session,
+TRANSACTION = KERNEL / "session" / "transaction.py"
+KERNEL_SESSION = KERNEL / "session" / "kernel_session.py"
+# the only functions of kernel_session.py that write the ledger themselves: creating a session,
 # recording a rebuilt one, and the transaction's own commit
 WRITERS = {"__init__", "_rebuild", "persist"}
 
@@ -157,10 +159,10 @@ def _calls(tree: ast.AST, attr: str) -> Iterator[tuple[ast.Call, list[str]]]:
 
 def test_only_the_transaction_rolls_a_session_back() -> None:
     modules = sorted(KERNEL.rglob("*.py"))
-    assert KERNEL / "transaction.py" in modules and KERNEL / "agent_session.py" in modules
+    assert TRANSACTION in modules and KERNEL_SESSION in modules
     found = []
     for path in modules:
-        if path.name == "transaction.py" and path.parent == KERNEL:
+        if path == TRANSACTION:
             continue
         tree = ast.parse(path.read_text(), str(path))
         where = path.relative_to(KERNEL.parent)
@@ -168,7 +170,7 @@ def test_only_the_transaction_rolls_a_session_back() -> None:
         # the ledger write are the transaction's: a caller of either is a hand-written copy
         found += [f"{where}:{c.lineno} .discard()" for c, _ in _calls(tree, "discard") if not c.args]
         found += [f"{where}:{c.lineno} .persist()" for c, _ in _calls(tree, "persist")]
-        if path == KERNEL / "agent_session.py":
+        if path == KERNEL_SESSION:
             found += [f"{where}:{c.lineno} ._persist() in {scope[-1] if scope else 'module'}"
                       for c, scope in _calls(tree, "_persist") if not scope or scope[-1] not in WRITERS]
-    assert not found, "write or roll back a session through fak.kernel.transaction, not by hand:\n" + "\n".join(found)
+    assert not found, "write or roll back a session through fak.kernel.session.transaction, not by hand:\n" + "\n".join(found)

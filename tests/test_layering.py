@@ -14,8 +14,22 @@ PACKAGES = {"fak": "fak", "kernel": "fak.kernel", "cas": "fak.cas", "policy": "f
             "api": "fak.api", "sdk": "fak.sdk"}
 # the mechanisms under the agent kernel: the model forward and the KV structures (``kernel/model``, ``kernel/kv``)
 MECHANISMS = ("fak.kernel.model", "fak.kernel.kv")
-# the agent kernel built on them (``kernel/*.py``): the mechanisms never reach up into it
-AGENT_KERNEL = tuple(f"fak.kernel.{p.stem}" for p in sorted((ROOT / "kernel").glob("*.py")) if p.stem != "__init__")
+# the agent kernel built on them (``kernel/`` but ``model/`` and ``kv/``): the mechanisms never reach up into it
+AGENT_KERNEL = tuple(sorted(
+    ".".join(["fak.kernel", *p.relative_to(ROOT / "kernel").with_suffix("").parts]).removesuffix(".__init__")
+    for p in (ROOT / "kernel").rglob("*.py") if p.relative_to(ROOT / "kernel").parts[0] not in ("model", "kv")
+    and p.name != "__init__.py" or p.parent.name in ("openai", "calls", "withdrawal", "session")))
+# the agent kernel's parts (issue 42) and what each may import of the kernel besides the mechanisms:
+# tool calls sit on the KV structures; withdrawal on the services; the agent session on both; the
+# OpenAI door on top. The root modules (``facade``, ``services``, ``events``, ``operations``, ``cli``,
+# ``demo``) wire the parts together.
+PARTS: dict[str, tuple[str, ...]] = {
+    "fak.kernel.calls": (),
+    "fak.kernel.withdrawal": ("fak.kernel.events", "fak.kernel.services"),
+    "fak.kernel.session": ("fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.events", "fak.kernel.services"),
+    "fak.kernel.openai": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services",
+                          "fak.kernel.operations"),
+}
 # the packages whose modules must not import each other in a cycle: everything but the adapters
 CORE = ("fak", "fak.kernel", "fak.policy", "fak.cas", "fak.audit", "fak.state")
 ADAPTERS = ("fak.api", "fak.sdk")
@@ -130,8 +144,14 @@ def test_the_tree_shows_the_architecture() -> None:
     ``from fak import Kernel`` is a name lookup, not an import edge; ``fak.cli`` gathers each
     layer's subcommands and so is no part of the ground."""
     # the façade, sessions, the transaction, withdrawal, materialisation and authorization
-    for part in ("facade", "agent_session", "transaction", "forget", "withdraw", "materialise", "authorize"):
+    for part in ("facade", "session.kernel_session", "session.transaction", "withdrawal.forget",
+                 "withdrawal.quarantine", "session.materialise", "calls.authorize", "openai.chat"):
         assert f"fak.kernel.{part}" in AGENT_KERNEL, part
+    assert not [m for m in AGENT_KERNEL if any(_within(m, mech) for mech in MECHANISMS)]
+    # nothing but the four parts and the wiring modules sits in ``kernel/``
+    assert {p.name for p in (ROOT / "kernel").iterdir() if not p.name.startswith("__")} == {
+        "model", "kv", "openai", "calls", "withdrawal", "session",
+        "facade.py", "services.py", "events.py", "operations.py", "cli.py", "demo.py"}
     ground = {"db", "egress", "errors", "faults", "keys", "owner", "protocols", "scrub", "settings", "types", "wire",
               "wire_responses"}
     assert {p.stem for p in (ROOT / "fak").glob("*.py")} <= {"__init__", "cli", *ground}
@@ -142,12 +162,37 @@ def test_the_tree_shows_the_architecture() -> None:
     assert not bad, "the shared ground imports a layer built on it: " + "; ".join(_shown(bad))
 
 
+def test_kernel_parts_import_only_below_them() -> None:
+    """Issue 42: each part of the agent kernel imports the mechanisms, the shared ground and the
+    parts ``PARTS`` names for it, at any level (inside a function included); nothing but the
+    adapters (``fak.api``, ``fak.sdk``) imports the OpenAI door, which sits on top."""
+    kernel_parts = ("fak.kernel.openai", "fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.session",
+                    "fak.kernel.facade", "fak.kernel.services", "fak.kernel.events", "fak.kernel.operations",
+                    "fak.kernel.cli", "fak.kernel.demo")
+    bad = []
+    for part, allowed in PARTS.items():
+        for e in EDGES:
+            if not _within(e.source, part) or _within(e.target, part) or not _within(e.target, "fak.kernel"):
+                continue
+            if e.target == "fak.kernel" or any(_within(e.target, m) for m in MECHANISMS):
+                continue
+            if not any(_within(e.target, a) for a in allowed) and any(_within(e.target, k) for k in kernel_parts):
+                bad.append(e)
+    assert not bad, _shown(bad)
+    into_door = [e for e in EDGES if _within(e.target, "fak.kernel.openai") and not _within(e.source, "fak.kernel.openai")
+                 and not any(_within(e.source, a) for a in ADAPTERS)]
+    assert not into_door, _shown(into_door)
+    # the walk sees the parts: the door reads calls and sessions, a session authorizes calls
+    assert any(_within(e.source, "fak.kernel.openai") and _within(e.target, "fak.kernel.calls") for e in EDGES)
+    assert any(_within(e.source, "fak.kernel.session") and _within(e.target, "fak.kernel.calls") for e in EDGES)
+
+
 def test_key_operations_do_not_import_the_model() -> None:
-    """``fak.kernel.keyops`` (KEK rotation and destruction, logged) and the ``fak cas`` / ``fak audit``
+    """``fak.kernel.withdrawal.keys`` (KEK rotation and destruction, logged) and the ``fak cas`` / ``fak audit``
     commands import no part of the model package, the session layer or torch, at any level
     (``tests/test_cli_imports.py`` runs the commands and checks what they load)."""
-    heavy = (*MECHANISMS, "fak.kernel.agent_session", "fak.kernel.facade", "torch")
-    sources = ("fak.kernel.keyops", "fak.cas.cli", "fak.audit.cli")
+    heavy = (*MECHANISMS, "fak.kernel.session.kernel_session", "fak.kernel.facade", "torch")
+    sources = ("fak.kernel.withdrawal.keys", "fak.cas.cli", "fak.audit.cli")
     bad = [e for e in EDGES if e.source in sources and any(_within(e.target, h) for h in heavy)]
     assert not bad, _shown(bad)
 
@@ -175,11 +220,11 @@ def test_sdk_does_not_import_the_server() -> None:
     loads, ``tests/test_sdk_client_only_install.py`` that it installs and runs without the server."""
     to_api = [e for e in EDGES if _within(e.source, "fak.sdk") and _within(e.target, "fak.api")]
     assert not to_api, _shown(to_api)
-    core_to_api = [e for e in EDGES if e.source in ("fak.kernel.operations", "fak.kernel.openai_chat")
+    core_to_api = [e for e in EDGES if e.source in ("fak.kernel.operations", "fak.kernel.openai.chat")
                    and _within(e.target, "fak.api")]
     assert not core_to_api, _shown(core_to_api)
     assert any(e.source == "fak.sdk.inprocess" and e.target == "fak.kernel.operations" for e in EDGES)
-    assert any(e.source == "fak.api.routes.openai" and e.target == "fak.kernel.openai_chat" for e in EDGES)
+    assert any(e.source == "fak.api.routes.openai" and e.target == "fak.kernel.openai.chat" for e in EDGES)
     wire = {e.target.split(".")[0] if not e.target.startswith("fak.") else e.target
             for e in EDGES if e.source == "fak.wire"}
     assert {t for t in wire if t.startswith("fak.")} <= {"fak.types", "fak.types.Digest", "fak.types.Id"}, wire
@@ -263,15 +308,15 @@ def test_core_has_no_import_cycles() -> None:
         graph[e.source].add(target)
     cycles = _sccs(graph)
     assert not cycles, "import cycles in the core: " + "; ".join(" <-> ".join(c) for c in cycles)
-    assert "fak.kernel.services" in graph["fak.kernel.forget"]  # the graph holds the edges it should
+    assert "fak.kernel.services" in graph["fak.kernel.withdrawal.forget"]  # the graph holds the edges it should
 
 
 def test_nothing_below_the_facade_imports_it() -> None:
     """Sessions, withdrawal, working sets, the replay and the services take the services the
     façade built, not the façade: no module of the agent kernel imports it, not even for the
     type checker (``fak chat`` / ``fak demo`` and the operations adapters use it)."""
-    users = {"fak.kernel.cli", "fak.kernel.demo", "fak.kernel.operations", "fak.kernel.openai_chat",
-             "fak.kernel.openai_responses"}
+    users = {"fak.kernel.cli", "fak.kernel.demo", "fak.kernel.operations", "fak.kernel.openai.chat",
+             "fak.kernel.openai.responses"}
     bad = []
     for folder, package in (("kernel", "fak.kernel"),):
         for path in sorted((ROOT / folder).glob("*.py")):

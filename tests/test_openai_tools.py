@@ -276,7 +276,7 @@ def test_parse_calls_reads_a_body_that_holds_the_closing_tag():
     """A string argument may contain ``</tool_call>`` (constrained decoding allows any string):
     the body is read as one JSON value, then its closing tag. Blocks that are not calls of a
     known tool, and an unterminated one, stay in the content."""
-    from fak.kernel.openai_tools import parse_calls
+    from fak.kernel.calls.tool_text import parse_calls
 
     text = ('Sure.\n<tool_call>\n{"name": "send_email", "arguments": {"to": "a", "body": "x</tool_call>y"}}\n'
             '</tool_call>\n<tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_call>\n{"name": "send_email"')
@@ -289,7 +289,7 @@ def test_the_judge_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny
     """A call judge is bound when the turn starts, under its lock: a result admitted between
     making the judge and starting the turn is in the attention it judges (a snapshot taken
     earlier would have allowed send_email)."""
-    from fak.kernel.transaction import TransactionError
+    from fak.kernel.session.transaction import TransactionError
 
     k = make_server(tmp_path, tiny_dir, tiny_lm)
     try:
@@ -313,7 +313,7 @@ def test_a_decision_on_a_held_call_is_logged_before_it_takes_effect(tmp_path, ti
     as it was, without a second event."""
     import time
 
-    from fak.kernel.held_calls import HeldCall
+    from fak.kernel.calls.held import HeldCall
     from fak.wire import HELD_PREFIX
 
     k = make_server(tmp_path, tiny_dir, tiny_lm)
@@ -416,7 +416,7 @@ def test_a_decision_the_log_cannot_commit_rolls_the_turn_back(tmp_path, tiny_dir
     from concurrent.futures import Future
 
     from fak import wire as w
-    from fak.kernel import openai_chat
+    from fak.kernel.openai import chat as openai_chat
     from fak.kernel.operations import Caller
 
     k = make_server(tmp_path, tiny_dir, tiny_lm)
@@ -451,7 +451,7 @@ def test_one_tenants_calls_never_evict_anothers(tmp_path, tiny_dir, tiny_lm):
     only its own, and another tenant's held call stays held (and its issued tool known)."""
     import time
 
-    from fak.kernel.held_calls import HeldCall, HeldCalls
+    from fak.kernel.calls.held import HeldCall, HeldCalls
     from fak.wire import HELD_PREFIX
 
     def held(tenant: str, n: int) -> HeldCall:

@@ -20,7 +20,7 @@ from fak.audit.events import ForgetCompleted
 from fak.audit.receipt import verify_receipt
 from fak.cas.errors import CasError
 from fak.errors import Conflict
-from fak.kernel.replicas import Replication, SessionElsewhere
+from fak.kernel.withdrawal.replicas import Replication, SessionElsewhere
 from fak.settings import SettingsError
 
 pytestmark = pytest.mark.postgres
@@ -198,7 +198,7 @@ def test_a_session_taken_from_a_replica_that_is_down_carries_no_withdrawn_ref(op
 
 
 def test_a_report_written_without_the_key_signs_nothing(opener) -> None:
-    from fak.kernel.replicas import ReportForged
+    from fak.kernel.withdrawal.replicas import ReportForged
 
     r0 = opener("r0")
     rep = r0.services.replication

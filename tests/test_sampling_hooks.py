@@ -1,4 +1,4 @@
-"""OpenAI's sampling parameters as token hooks (fak.kernel.sampling_hooks): on numpy rows,
+"""OpenAI's sampling parameters as token hooks (fak.kernel.openai.sampling): on numpy rows,
 on the tiny model's real byte-level tokenizer, and through real kernel generations."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from fak.errors import InvalidInput
 from fak.kernel.model.generate import only
-from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
+from fak.kernel.openai.sampling import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 
 EOS = 257  # the tiny model's <|im_end|>
 

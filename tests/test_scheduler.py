@@ -1,4 +1,4 @@
-"""The engine loop (``fak.kernel.scheduler``): sessions batched into one forward call per
+"""The engine loop (``fak.kernel.model.scheduler``): sessions batched into one forward call per
 step compute the bytes they compute alone, in every weight format; admission is fair and
 bounded (429 with Retry-After beyond the queue)."""
 
@@ -17,7 +17,7 @@ from kernel_helpers import random_weights, tiny_config
 from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.quant import fbgemm_supported, int8_supported
-from fak.kernel.scheduler import Admission, Overloaded, Scheduler, SchedulerLimits, tenant_scope
+from fak.kernel.model.scheduler import Admission, Overloaded, Scheduler, SchedulerLimits, tenant_scope
 
 VOCAB = 257
 

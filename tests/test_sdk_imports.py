@@ -22,7 +22,7 @@ with Client("http://127.0.0.1:9", api_key="fak_x") as c:  # built, never sent
     pass
 SessionOut.model_validate({"id": "s", "tokens": 0, "fingerprint": "f", "segments": []})
 HEAVY = ("fak.api", "fastapi", "starlette", "uvicorn", "sqlalchemy", "torch", "fak.kernel", "fak.kernel.facade",
-         "fak.kernel.agent_session", "fak.db", "fak.sdk.inprocess")
+         "fak.kernel.session.kernel_session", "fak.db", "fak.sdk.inprocess")
 print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in HEAVY))))
 """
 

@@ -27,8 +27,8 @@ from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER
 
 from fak import Kernel, Settings
 from fak.kernel import operations as ops
-from fak.kernel.agent_session import KernelSession
 from fak.kernel.facade import default_policy_path
+from fak.kernel.session.kernel_session import KernelSession
 from fak.sdk import local
 from fak.state.schema import SessionRow
 

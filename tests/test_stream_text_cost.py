@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import random
 
-from fak.kernel.openai_answer import Shown
-from fak.kernel.openai_tools import OPEN, safe_text_len
+from fak.kernel.calls.tool_text import OPEN, safe_text_len
+from fak.kernel.openai.answer import Shown
+from fak.kernel.openai.sampling import StopStrings
 from fak.kernel.operations import TextDecoder
-from fak.kernel.sampling_hooks import StopStrings
 
 TEXT = ("Flight LH400 Frankfurt–Boston leaves at 14:05 from gate B22; café déjà vu, naïve façade, "
         "東京 → Zürich ✈ 🙂. Boarding starts forty minutes before departure.\n")

@@ -36,10 +36,10 @@ from fak.audit.proofs import InclusionProof
 from fak.audit.receipt import verify_receipt
 from fak.audit.verify import checkpoint_time
 from fak.errors import FakError, InvalidInput, NotFound
-from fak.kernel import openai_chat as chat
 from fak.kernel import operations as ops
+from fak.kernel.calls.held import same_principal
 from fak.kernel.facade import Kernel
-from fak.kernel.held_calls import same_principal
+from fak.kernel.openai import chat
 from fak.kernel.operations import MAX_LIMIT, Caller
 from fak.wire import ForgetIn
 

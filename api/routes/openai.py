@@ -6,7 +6,7 @@ needs the ``agent`` (or ``admin``) role, the model list any role; the held calls
 decisions (``/v1/tool-calls``) the ``approver`` (or ``admin``) role.
 
 A thin adapter: what a request does to a session (sessions, messages, parameters, the
-response, the chunks of a stream, cleanup) is ``fak.kernel.openai_chat``, whose module
+response, the chunks of a stream, cleanup) is ``fak.kernel.openai.chat``, whose module
 notes are this door's contract; the bodies are ``fak.wire``'s OpenAI models. This module
 keeps the HTTP side: the role check, the worker threads, the SSE framing (``data: …``,
 ``data: [DONE]``) and the cleanup of a stream however its response ends (a client that
@@ -27,8 +27,8 @@ from fak import wire as w
 from fak.api.deps import AGENT, APPROVER, READER, caller, kernel
 from fak.api.keys import Principal
 from fak.api.streaming import open_sse, steps
-from fak.kernel import openai_chat as chat
 from fak.kernel.facade import Kernel
+from fak.kernel.openai import chat
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

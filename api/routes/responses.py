@@ -5,7 +5,7 @@ agent frameworks that speak the Responses API (the ``openai`` package's
 the ``agent`` (or ``admin``) role, reading any role; a response is its tenant's only.
 
 A thin adapter: what a request does (its chain's session, the input items, the
-parameters, the events of a stream, what is kept) is ``fak.kernel.openai_responses``, whose
+parameters, the events of a stream, what is kept) is ``fak.kernel.openai.responses``, whose
 module notes are this door's contract; the bodies are ``fak.wire_responses``. This module
 keeps the HTTP side: the role check, the worker threads, the SSE framing (``event: <type>``
 and ``data: <json>``) and the cleanup of a stream however its response ends."""
@@ -24,9 +24,9 @@ from fak import wire_responses as wr
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
 from fak.api.streaming import open_sse, steps
-from fak.kernel import openai_responses as responses
 from fak.kernel.facade import Kernel
-from fak.kernel.openai_chat import verdict_header
+from fak.kernel.openai import responses
+from fak.kernel.openai.chat import verdict_header
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

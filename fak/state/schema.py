@@ -94,7 +94,7 @@ class ForgetRow(Base):
     tenant: Mapped[str] = mapped_column(String(64))
     ref: Mapped[str] = mapped_column(String(80))
     started_us: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16))  # requested | replaying (fak.kernel.replay) | completed
+    state: Mapped[str] = mapped_column(String(16))  # requested | replaying (fak.kernel.withdrawal.replay_check) | completed
     principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
     reason: Mapped[str | None] = mapped_column(String(128), nullable=True)
     requested_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -174,7 +174,7 @@ class ApiKeyRow(Base):
 
 
 class ResponseRow(Base):
-    """A response of the OpenAI Responses door (``fak.kernel.openai_responses``): its chain's
+    """A response of the OpenAI Responses door (``fak.kernel.openai.responses``): its chain's
     session and the response it follows. The unique (tenant, previous_id) index makes the
     chain linear: a response is followed at most once (its session holds the later turns).
     ``state``: in_progress (claimed, generating), completed, incomplete, failed (``body`` or
@@ -211,7 +211,7 @@ class ConsoleLogoutRow(Base):
 
 
 class HeldCallRow(Base):
-    """A tool call the policy held for a person (CONFIRM, ``fak.kernel.held_calls``), shared by
+    """A tool call the policy held for a person (CONFIRM, ``fak.kernel.calls.held``), shared by
     every replica and kept across restarts. ``form``: a keyed digest of the tool and its
     canonical arguments (a result sent under another id is matched by it). The arguments and
     the findings shown to the person are ``sealed`` under the data keys of the refs in

@@ -442,12 +442,12 @@ class StateStore:
             return list(s.scalars(q))
 
     def forgets_replaying(self) -> list[ForgetRow]:
-        """Forgets whose erasure is done and whose independent replay is not logged yet (``fak.kernel.replay``)."""
+        """Forgets whose erasure is done and whose independent replay is not logged yet (``fak.kernel.withdrawal.replay_check``)."""
         with self._session() as s:
             q = sa.select(ForgetRow).where(ForgetRow.state == "replaying").order_by(ForgetRow.started_us)
             return list(s.scalars(q))
 
-    # --- responses (the OpenAI Responses door, fak.kernel.openai_responses) -----------------
+    # --- responses (the OpenAI Responses door, fak.kernel.openai.responses) -----------------
     def claim_response(self, row: ResponseRow) -> None:
         """Insert a new response row; ``Conflict`` when ``row.previous_id`` already has a
         follower (the unique index: two follow-ups of one response race, one wins)."""
@@ -486,7 +486,7 @@ class StateStore:
                 ResponseRow.tenant == tenant, ResponseRow.session_id == session_id, ResponseRow.state != "deleted")
             return s.scalar(q) or 0
 
-    # --- held tool calls and remembered approvals (fak.kernel.held_calls) ----------------------
+    # --- held tool calls and remembered approvals (fak.kernel.calls.held) ----------------------
     def add_held_call(self, row: HeldCallRow, *, limit: int, since_us: int) -> None:
         """Insert a held call. The tenant's rows created before ``since_us`` (expired) go in the
         same transaction, and beyond ``limit`` rows its oldest: a tenant evicts only its own."""

@@ -86,7 +86,7 @@ class AttentionCapture(Protocol):
 
 
 class ForwardRouter(Protocol):
-    """Where a model's forward calls run when something schedules them (``fak.kernel.scheduler``):
+    """Where a model's forward calls run when something schedules them (``fak.kernel.model.scheduler``):
     calls made on other threads are handed to it; it runs them by calling the model again."""
 
     def routes_here(self) -> bool:

@@ -93,7 +93,7 @@ class ChatTokenizer:
         self._names = {k: tk.id_to_token(i) for k, i in (("bos_token", self.bos_token_id),
                                                           ("eos_token", self.eos_token_id)) if i is not None}
         # the template renders a request's tools itself (its source reads ``tools``); which call
-        # syntax it teaches is the agent kernel's to say (``fak.kernel.tool_formats.format_for``)
+        # syntax it teaches is the agent kernel's to say (``fak.kernel.calls.formats.format_for``)
         self.renders_tools = bool(template) and "tools" in (template or "")
         self.stop_token_ids: set[int] = {i for i in (self.eos_token_id,) if i is not None}
         for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>"):

@@ -1,4 +1,4 @@
-"""The OpenAI Responses door's responses (``fak.kernel.openai_responses``): ``fak_responses``
+"""The OpenAI Responses door's responses (``fak.kernel.openai.responses``): ``fak_responses``
 holds each stored response (its JSON body, sealed under the data keys of the refs live in
 its session when it was generated, as ``fak_segments.sealed``), the persistent session its
 chain lives in, the chain's instructions and the response it follows; the unique (tenant,

@@ -1,5 +1,5 @@
 """The OpenAI Responses API in the core: what ``POST /v1/responses`` does, apart from HTTP,
-built on the chat door (``fak.kernel.openai_chat``, whose notes hold for everything not
+built on the chat door (``fak.kernel.openai.chat``, whose notes hold for everything not
 said here). A request becomes one ``fak.wire.ChatCompletionRequest``; its answer (or its
 stream of chunks) is translated back into a ``response`` object (or the Responses events).
 Like the chat core, this module never imports ``fak.api``. Creating needs the ``agent``
@@ -99,9 +99,9 @@ from pydantic import ValidationError
 from fak import wire as w
 from fak import wire_responses as wr
 from fak.errors import Conflict, FakError, InvalidInput, NotFound
-from fak.kernel import openai_chat as chat
 from fak.kernel.kv.ledger import SegmentState
-from fak.kernel.openai_chat import UnsupportedContent, UnsupportedParameter
+from fak.kernel.openai import chat
+from fak.kernel.openai.chat import UnsupportedContent, UnsupportedParameter
 from fak.kernel.operations import Caller, Right, reads_content
 from fak.state.schema import ResponseRow
 from fak.state.seal import Plain, needs_seal, seal, unseal

@@ -18,7 +18,7 @@ import blake3
 from fak import wire as w
 from fak.audit import ToolCallDecision as DecisionEvent
 from fak.audit.events import ArgumentRecord, ArgumentSourceRecord, AttentionRecord, CounterfactualRecord
-from fak.kernel.authorize import ToolCallDecision
+from fak.kernel.calls.authorize import ToolCallDecision
 from fak.types import as_id
 
 MAX_SOURCES_LOGGED = 8  # per argument: the most trusted first; the decision itself reads them all

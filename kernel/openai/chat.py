@@ -7,12 +7,12 @@ session, apart from HTTP (the contract, for clients: docs/openai.md). This modul
 - the messages (``plan_messages``): each validated and turned into one session operation
   before any runs; an assistant's own tool calls rendered in the model's tool-call format;
   ``tool`` messages admitted through the gate (a held call's result refused, a rejected
-  call's replaced by a notice: ``fak.kernel.held_calls``);
+  call's replaced by a notice: ``fak.kernel.calls.held``);
 - the session (``open_chat`` → ``ChatTurn``): ephemeral or the persistent ``fak_session``,
   the request's messages replayed into it, the tools block admitted as content with a ref
-  of its own (``fak.kernel.openai_tools``), and what the answer reports;
+  of its own (``fak.kernel.calls.tool_text``), and what the answer reports;
 - the answer: ``n`` choices (siblings undone, choice 0 kept), each a ``run_answer``
-  (``fak.kernel.openai_answer``: sampling hooks, the grammar, the calls read back and
+  (``fak.kernel.openai.answer``: sampling hooks, the grammar, the calls read back and
   judged, the DENY remedy) as one ``chat.completion`` (``complete``) or its
   ``chat.completion.chunk`` objects one model step at a time (``open_stream`` →
   ``ChatStream``);
@@ -23,7 +23,7 @@ session, apart from HTTP (the contract, for clients: docs/openai.md). This modul
 
 The route (``fak.api.routes.openai``) keeps authentication, the worker threads, the SSE
 framing and cancellation; the wire models are ``fak.wire``'s (its OpenAI section). The
-Responses API (``fak.kernel.openai_responses``) is a translation onto this module. Like
+Responses API (``fak.kernel.openai.responses``) is a translation onto this module. Like
 ``kernel/operations.py``, this module never imports ``fak.api``. Chat needs the ``agent``
 right, the model list ``read``.
 """
@@ -41,21 +41,21 @@ from typing import TYPE_CHECKING, Any, Literal
 from fak import wire as w
 from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
-from fak.kernel.agent_session import MAX_TEXT_BYTES, remember_approval
-from fak.kernel.chat_history import HistoryItem, new_suffix
-from fak.kernel.held_calls import MAX_LISTED, HeldCall, HeldCalls, HoldState
+from fak.kernel.calls.formats import CallOut, HermesFormat, ToolFormat, format_for
+from fak.kernel.calls.held import MAX_LISTED, HeldCall, HeldCalls, HoldState
+from fak.kernel.calls.tool_text import ToolSpec, json_text, render_call, render_tools
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
-from fak.kernel.openai_answer import Answer, AnswerPlan, plan_answer, run_answer
-from fak.kernel.openai_params import ChatParameters, UnsupportedParameter, chat_parameters
-from fak.kernel.openai_tools import ToolSpec, json_text, render_call, render_tools
+from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
+from fak.kernel.openai.history import HistoryItem, new_suffix
+from fak.kernel.openai.params import ChatParameters, UnsupportedParameter, chat_parameters
 from fak.kernel.operations import Caller, Right, Stepper, check_context
-from fak.kernel.tool_formats import CallOut, HermesFormat, ToolFormat, format_for
+from fak.kernel.session.kernel_session import MAX_TEXT_BYTES, remember_approval
 from fak.types import TOOL_DEFINITIONS, as_id
 
 if TYPE_CHECKING:
-    from fak.kernel.agent_session import KernelSession
     from fak.kernel.facade import Kernel
     from fak.kernel.kv.session import Session
+    from fak.kernel.session.kernel_session import KernelSession
 
 STARTED = int(time.time())  # the model cards' ``created``: when the server loaded this module
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
@@ -143,7 +143,7 @@ def _unicode(text: str, where: str) -> str:
 
 def render_tool_call(call: w.ToolCall | w.FunctionCall, where: str) -> tuple[str, str]:
     """(name, text) of one of the assistant's own calls, in the model's tool-call format
-    (``fak.kernel.openai_tools.render_call``)."""
+    (``fak.kernel.calls.tool_text.render_call``)."""
     if isinstance(call, w.FunctionCall):
         name, text = call.name, render_call(call.name, call.arguments)
     elif call.type == "function" and call.function is not None:

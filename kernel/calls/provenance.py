@@ -3,7 +3,7 @@
 Whole-context taint asks a person whenever anything untrusted is in attention, which is
 nearly always (read the mail, then reply). What matters is narrower: did the *recipient*, the
 *account*, the *URL* come from content an attacker could write? Every leaf value of a call's
-arguments is traced, in canonical form (``kernel/value_forms.py``), to the texts of the context
+arguments is traced, in canonical form (``kernel/calls/value_forms.py``), to the texts of the context
 that contain it:
 
 - found in trusted context (a system or user turn, a ref whose producer the policy trusts,
@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import yaml
 
-from fak.kernel.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
+from fak.kernel.calls.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
 
 Origin = Literal["trusted", "internal", "untrusted", "generated"]
 Shape = Literal["text", "json", "yaml", "mail"]  # a result's declared structure

@@ -18,7 +18,7 @@ segments (``KernelSession.history``), every state included:
   text (an assistant segment the model generated also matches the text the door returned
   for it, which leaves special tokens out, compared in ``canonical_turn``'s form: its tool
   calls re-rendered, so other JSON spacing matches); the caller renders an assistant's tool
-  calls into text first (``render_tool_call`` of ``fak.kernel.openai_chat``);
+  calls into text first (``render_tool_call`` of ``fak.kernel.openai.chat``);
 - a segment that left the KV (evicted, quarantined, forgotten, expired) keeps no text: it
   matches an item of its kind unless that item matches a later segment exactly, and it is
   skipped when the client leaves it out (it is not in attention either way);
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from fak.errors import Conflict, InvalidInput
-from fak.kernel.agent_session import KernelSession
+from fak.kernel.calls.tool_text import canonical_turn
 from fak.kernel.kv.ledger import SegmentKind, SegmentState, SegmentView
-from fak.kernel.openai_tools import canonical_turn
+from fak.kernel.session.kernel_session import KernelSession
 from fak.types import TOOL_DEFINITIONS, VerdictKind
 
 __all__ = ["HistoryItem", "HistoryKind", "new_suffix"]

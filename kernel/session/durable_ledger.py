@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from fak.cas.errors import CasError
 from fak.errors import NotFound
-from fak.kernel.authorize import UNKNOWN_TOOL
+from fak.kernel.calls.authorize import UNKNOWN_TOOL
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import Session, SessionOptions, replay
 from fak.kernel.services import Services
-from fak.kernel.transaction import ForgetProgress
+from fak.kernel.session.transaction import ForgetProgress
 from fak.policy import VerdictKind
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal

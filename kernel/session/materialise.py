@@ -39,11 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fak.audit import Materialisation
 from fak.errors import InvalidInput
-from fak.kernel.admission import base_media_type
-from fak.kernel.authorize import UNKNOWN_TOOL, Producer
+from fak.kernel.calls.authorize import UNKNOWN_TOOL, Producer
 from fak.kernel.events import SpanEvicted
 from fak.kernel.kv.ledger import Segment, SegmentKind
 from fak.kernel.services import Services
+from fak.kernel.session.admission import base_media_type
 from fak.policy import GateContext, VerdictKind
 from fak.types import check_digest, check_id
 

@@ -1,10 +1,10 @@
 """A kernel session: one conversation's KV (``fak.kernel.kv.session.Session``), its
 lock, and the audited operations on it. Below it, each a module with one job: the durable
-ledger's rows and rebuild (``fak.kernel.durable_ledger``), how its ``Session`` is built
-(``fak.kernel.session_options``), the policy's half of an admission (``fak.kernel.admission``).
+ledger's rows and rebuild (``fak.kernel.session.durable_ledger``), how its ``Session`` is built
+(``fak.kernel.session.options``), the policy's half of an admission (``fak.kernel.session.admission``).
 
 Every operation is all or nothing: each change runs in one ``transaction()``
-(``fak.kernel.transaction``), which validates the audit event before anything changes,
+(``fak.kernel.session.transaction``), which validates the audit event before anything changes,
 changes the in-memory session, appends the event, and only then writes the ledger to
 the database. If the append or the write fails, the in-memory session is discarded and
 rebuilt from the durable ledger on next use (bit-exact: replay makes the same prefill
@@ -28,9 +28,7 @@ from pydantic import ValidationError
 from fak.audit import Eviction, SessionRebuilt
 from fak.audit import ToolCallDecision as DecisionEvent
 from fak.errors import Conflict, Forbidden, InvalidInput
-from fak.kernel import admission
-from fak.kernel.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
-from fak.kernel.authorize import (
+from fak.kernel.calls.authorize import (
     AttentionView,
     CallContext,
     CallEvidence,
@@ -38,20 +36,22 @@ from fak.kernel.authorize import (
     args_digest,
     parsed_args,
 )
-from fak.kernel.call_records import approval_key, decision_event
-from fak.kernel.durable_ledger import CommittedSession, DurableLedger
+from fak.kernel.calls.generated import GeneratedCall, TurnEvidence
+from fak.kernel.calls.records import approval_key, decision_event
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
-from fak.kernel.generated_call import GeneratedCall, TurnEvidence
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import EvictionReport, EvictMode, Session
-from fak.kernel.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.model.generate import SamplingParams
+from fak.kernel.model.scheduler import tenant_scope
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.scheduler import tenant_scope
 from fak.kernel.services import Services, SessionBusy
-from fak.kernel.session_options import new_session, pic_binding, replayed, session_options
-from fak.kernel.transaction import ForgetProgress, Transaction, TransactionError
-from fak.kernel.withdraw import evict_in_place, expire, expire_due
+from fak.kernel.session import admission
+from fak.kernel.session.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
+from fak.kernel.session.durable_ledger import CommittedSession, DurableLedger
+from fak.kernel.session.materialise import MaterialiseResult, WorkingSet, materialise
+from fak.kernel.session.options import new_session, pic_binding, replayed, session_options
+from fak.kernel.session.transaction import ForgetProgress, Transaction, TransactionError
+from fak.kernel.withdrawal.quarantine import evict_in_place, expire, expire_due
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
@@ -239,7 +239,7 @@ class KernelSession:
     @contextmanager
     def transaction(self, wait: bool = True) -> Iterator[Transaction]:
         """One audited change: the lock taken, the session loaded, pending withdrawals settled;
-        a failure once ``tx.change()`` was called rolls back (``fak.kernel.transaction``)."""
+        a failure once ``tx.change()`` was called rolls back (``fak.kernel.session.transaction``)."""
         with self._locked(wait), Transaction(self, self.services.audit.append) as tx:
             yield tx
 
@@ -247,7 +247,7 @@ class KernelSession:
         """A transaction for a caller that already holds the lock (a settle, a withdrawal)."""
         return Transaction(self, self.services.audit.append)
 
-    # --- for the withdrawal paths (fak.kernel.forget, fak.kernel.withdraw) and the façade ------
+    # --- for the withdrawal paths (fak.kernel.withdrawal.forget, fak.kernel.withdrawal.quarantine) and the façade ------
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
         """The session under its lock, loaded and with pending withdrawals settled: what a
         delete holds while it removes the session (a change goes through ``transaction``)."""
@@ -287,7 +287,7 @@ class KernelSession:
 
     def discard(self) -> None:
         """Drop the in-memory session after a failed change; the durable ledger rebuilds it.
-        The rollback primitive: only ``fak.kernel.transaction`` calls it."""
+        The rollback primitive: only ``fak.kernel.session.transaction`` calls it."""
         self._mech = None
         self._cause = "rollback"
 
@@ -318,7 +318,7 @@ class KernelSession:
             raise ContextFull(f"{what} would make the session {s.cache.length} tokens long; "
                               f"the context holds {limit}")
 
-    # --- durable ledger (``fak.kernel.durable_ledger``) ------------------------
+    # --- durable ledger (``fak.kernel.session.durable_ledger``) ------------------------
     def _persist(self, forget: ForgetProgress | None = None, fingerprint: str | None = None) -> None:
         """Write the ledger of the loaded session; ``fingerprint``: the KV's, when the caller has
         just computed it (hashing the whole KV again is the costliest part of a write)."""
@@ -362,7 +362,7 @@ class KernelSession:
         """Each segment's view with the text of its chat message: for a live segment, what was
         appended, admitted (a REDACT: the redacted text) or generated; None once it left the KV
         (evicted, quarantined, forgotten: no content kept). What a resent conversation is
-        matched against (``fak.kernel.chat_history``)."""
+        matched against (``fak.kernel.openai.history``)."""
         with self._locked() as s:
             return [(seg.view(), m["content"] if (m := s.message(seg.id)) is not None else None)
                     for seg in s.ledger.segments]
@@ -447,7 +447,7 @@ class KernelSession:
         source: str | None = None, role: str | None = None,
     ) -> Admission:
         """A tool result's path into attention: CAS put → gate → verdict → audit event
-        (the policy's half: ``fak.kernel.admission``).
+        (the policy's half: ``fak.kernel.session.admission``).
 
         ``ALLOW``: appended as a tool segment carrying the ref. ``REDACT``: the redacted
         bytes are stored as their own ref and appended. ``QUARANTINE``/``DENY``: recorded in
@@ -530,7 +530,7 @@ class KernelSession:
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
         and ``CallJudge`` log it. A CONFIRM a person already approved in this session for the
         same call under the same rule, offending refs and argument sources is allowed, naming the
-        approval (remembered in the state database: ``fak.kernel.held_calls``)."""
+        approval (remembered in the state database: ``fak.kernel.calls.held``)."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
         services = self.services
@@ -546,7 +546,7 @@ class KernelSession:
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         """What names a held call for a remembered approval (tool, arguments, rule, offending
-        refs, triggering sources: ``fak.kernel.call_records.approval_key``)."""
+        refs, triggering sources: ``fak.kernel.calls.records.approval_key``)."""
         return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision)
 
     def remember_approval(self, key: str, approval_index: int, call_id: str = "") -> bool:
@@ -652,7 +652,7 @@ class KernelSession:
 
     # --- working sets ---------------------------------------------------------
     def materialise(self, working_set: WorkingSet | dict[str, Any]) -> MaterialiseResult:
-        """Make the session's tool context the working set; see ``fak.kernel.materialise``."""
+        """Make the session's tool context the working set; see ``fak.kernel.session.materialise``."""
         try:
             ws = working_set if isinstance(working_set, WorkingSet) else WorkingSet.model_validate(working_set)
         except ValidationError as exc:
@@ -673,7 +673,7 @@ class KernelSession:
         then, if any survivor still attended to it (a REROPE trace, a PIC chunk computed
         beside it), rebuild exactly. Returns the dropped segments, the prefix-cache nodes and
         PIC chunks dropped with them, the fingerprint after and a copy of the survivors (what
-        the forget's independent replay, ``fak.kernel.replay``, replays once the forget returned).
+        the forget's independent replay, ``fak.kernel.withdrawal.replay_check``, replays once the forget returned).
         ``ref`` may be several refs (a REDACTed result's two forms): one drop, one replay.
         The caller holds the lock."""
         s = self._loaded()

@@ -28,7 +28,7 @@ import blake3
 import rfc8785
 
 from fak.errors import InvalidInput
-from fak.kernel.argument_provenance import (
+from fak.kernel.calls.provenance import (
     ArgumentTrace,
     ContextIndex,
     ContextText,

@@ -6,7 +6,7 @@ step that shows nothing yet, ``str`` for content a stream may send, an ``Answer`
 the streamed and the non-streamed answers are the same computation. For every call the
 model wrote, the decision is ``KernelSession.authorize_tool_call``'s (the same decision and
 audit event as the SDK's): ``ALLOW`` calls are returned; ``CONFIRM`` calls are held for a
-person (``fak.kernel.held_calls``) and returned only, marked held, to clients that asked
+person (``fak.kernel.calls.held``) and returned only, marked held, to clients that asked
 for them (``fak_held_calls: return``); a ``DENY`` never reaches the client: under the
 policy's ``tool_calls.on_deny: evict_and_retry`` (the default) the offending refs and the
 turns they caused are evicted exactly and the model asked again (at most
@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from fak import wire as w
-from fak.kernel.call_records import findings_out
-from fak.kernel.constrain import (
+from fak.kernel.calls.formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
+from fak.kernel.calls.generated import GeneratedCall, generated_calls
+from fak.kernel.calls.held import HeldCall
+from fak.kernel.calls.records import findings_out
+from fak.kernel.calls.tool_text import OPEN, ParsedCall
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
+from fak.kernel.model.generate import TokenHook
+from fak.kernel.openai.constrain import (
     CompiledGrammar,
     Constrainer,
     Grammar,
@@ -31,22 +37,16 @@ from fak.kernel.constrain import (
     json_or_calls_grammar,
     tool_calls_grammar,
 )
-from fak.kernel.constrain import ToolSpec as GrammarTool
-from fak.kernel.generated_call import GeneratedCall, generated_calls
-from fak.kernel.held_calls import HeldCall
-from fak.kernel.kv.ledger import SegmentKind, SegmentState
-from fak.kernel.model.generate import TokenHook
-from fak.kernel.openai_params import ChatParameters
-from fak.kernel.openai_tools import OPEN, ParsedCall
+from fak.kernel.openai.constrain import ToolSpec as GrammarTool
+from fak.kernel.openai.params import ChatParameters
+from fak.kernel.openai.sampling import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 from fak.kernel.operations import TextDecoder, timed_tokens
-from fak.kernel.sampling_hooks import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
-from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
 
 if TYPE_CHECKING:
-    from fak.kernel.agent_session import KernelSession
-    from fak.kernel.authorize import ToolCallDecision
+    from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.model.tokenizer import ChatTokenizer
     from fak.kernel.services import Services
+    from fak.kernel.session.kernel_session import KernelSession
 
 Finish = Literal["stop", "length", "tool_calls"]
 

@@ -1,5 +1,5 @@
 """Constrained decoding: a grammar (a JSON schema, or tool calls in the model family's own
-syntax, ``fak.kernel.tool_formats``' ``CallSyntax``) turned into a ``TokenHook`` that masks, at each
+syntax, ``fak.kernel.calls.formats``' ``CallSyntax``) turned into a ``TokenHook`` that masks, at each
 step, every token the grammar forbids; what the endpoint needs for ``response_format``
 (``json_object``, ``json_schema``) and ``tool_choice`` (``required``, a named function, and the
 strict tools of ``auto``).
@@ -70,10 +70,10 @@ import llguidance
 import numpy as np
 
 from fak.errors import FakError, InvalidInput
+from fak.kernel.calls.formats import HERMES_SYNTAX, CallSyntax
 from fak.kernel.model.config import ModelError
 from fak.kernel.model.generate import only
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.tool_formats import HERMES_SYNTAX, CallSyntax
 
 __all__ = ["ANY_OBJECT", "CallSyntax", "CompiledGrammar", "ConstraintViolation", "Constrainer", "Grammar",
            "GrammarHook", "ToolLike", "ToolSpec", "auto_grammar", "json_grammar", "json_or_calls_grammar",
@@ -107,7 +107,7 @@ class ConstraintViolation(FakError):
 
 
 class ToolLike(Protocol):
-    """What a tool grammar needs of a tool (``fak.kernel.openai_tools.ToolSpec`` has it)."""
+    """What a tool grammar needs of a tool (``fak.kernel.calls.tool_text.ToolSpec`` has it)."""
 
     @property
     def name(self) -> str: ...

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, cast
 from fak.audit import RefExpired, RefQuarantined
 from fak.errors import NotFound
 from fak.kernel.events import SpanEvicted
-from fak.kernel.forget import holders
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import EvictMode
-from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import HeldSession, Services, SessionBusy
+from fak.kernel.withdrawal.forget import holders
+from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.policy import tool_settings
 from fak.state.schema import WithdrawalTaskRow
 from fak.state.store import now_us

@@ -20,7 +20,7 @@ from fak.audit import AdmissionVerdict
 from fak.errors import Conflict, InvalidInput
 from fak.kernel.kv.ledger import Segment, SegmentState
 from fak.kernel.services import Services
-from fak.kernel.withdraw import lifetime
+from fak.kernel.withdrawal.quarantine import lifetime
 from fak.policy import GateContext, Policy, Verdict, VerdictKind
 from fak.policy.late import LateJob
 from fak.state.store import now_us

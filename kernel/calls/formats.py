@@ -6,7 +6,7 @@ Three families, one small class each:
 
 - ``hermes`` (``HermesFormat``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
   blocks; Qwen2.5's and Qwen3's templates, and the fallback for a template that defines no
-  tool format (SmolLM2's): ``fak.kernel.openai_tools`` is this format's implementation.
+  tool format (SmolLM2's): ``fak.kernel.calls.tool_text`` is this format's implementation.
 - ``llama3_json`` (``Llama3JsonFormat``): the whole assistant turn is one JSON object
   ``{"name": ..., "parameters": {...}}``, possibly after ``<|python_tag|>`` (Llama 3.1/3.2).
 - ``mistral`` (``MistralFormat``): ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]``
@@ -16,9 +16,9 @@ Three families, one small class each:
 rendering writes). Every family's reader also takes Hermes blocks, so a model that was shown
 the Hermes fallback block and follows it is still read.
 
-Constrained decoding (``fak.kernel.constrain``) writes each family's own syntax: a format
+Constrained decoding (``fak.kernel.openai.constrain``) writes each family's own syntax: a format
 gives the call grammars its ``CallSyntax`` (``call_syntax``), and ``call_blocks`` finds where
-each call lies in a turn's text (what ``fak.kernel.generated_call`` needs for call evidence).
+each call lies in a turn's text (what ``fak.kernel.calls.generated`` needs for call evidence).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import blake3
 
-from fak.kernel import openai_tools
-from fak.kernel.openai_tools import CallBlock, ParsedCall, json_text
+from fak.kernel.calls import tool_text as openai_tools
+from fak.kernel.calls.tool_text import CallBlock, ParsedCall, json_text
 
 if TYPE_CHECKING:
     from fak.kernel.model.tokenizer import ChatTokenizer
@@ -48,7 +48,7 @@ _JSON_WS = " \t\n\r"
 
 @dataclass(frozen=True)
 class CallSyntax:
-    """A family's call syntax as the call grammars (``fak.kernel.constrain``) write it: the calls
+    """A family's call syntax as the call grammars (``fak.kernel.openai.constrain``) write it: the calls
     are ``marker`` (a special token's id, or None) and ``opening``, then each call as
     ``call_open`` + ``body_open`` + ``{"name": <name>, "<key>": <arguments>[, "id": <9 letters or
     digits>]}`` + ``body_close``, the calls joined by ``separator``, then ``closing``.
@@ -128,7 +128,7 @@ class ToolFormat:
 
 
 class HermesFormat(ToolFormat):
-    """``<tool_call>`` blocks (``fak.kernel.openai_tools``)."""
+    """``<tool_call>`` blocks (``fak.kernel.calls.tool_text``)."""
 
 
 class Llama3JsonFormat(ToolFormat):

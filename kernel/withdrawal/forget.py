@@ -7,7 +7,7 @@ Forget, in this order, each step durable before the next:
 3. per session holding the ref (its own ref, content or attention provenance):
    evict every segment derived from it (tool segments of the ref and generated
    segments produced while it was live), RECOMPUTE the survivors, copy them for
-   the independent replay that runs after the forget returns (``fak.kernel.replay``: it
+   the independent replay that runs after the forget returns (``fak.kernel.withdrawal.replay_check``: it
    completes the receipt with ``ReplayVerified``; unequal raises an audit alarm), and
    write the ledger together with the forget's progress in one transaction;
 4. drop the tenant's prefix-cache nodes that attended to the ref;
@@ -26,7 +26,7 @@ A crash anywhere leaves the row ``requested``; ``Kernel.open`` resumes it, and t
 steps above are idempotent. Forgetting a forgotten ref returns the first receipt.
 
 What stays is content-free: the CAS tombstone (the ref's keyed digest, a size bucket) and
-the row. An admission reads them (``fak.kernel.admission.forgotten``): the same bytes sent
+the row. An admission reads them (``fak.kernel.session.admission.forgotten``): the same bytes sent
 again, during the forget or after it, are refused unstored (QUARANTINE ``ref_forgotten``)
 unless the policy allows re-admission (``spec.forget.readmit``); then they are a new
 admission, and a forget of them is a new forget.
@@ -47,11 +47,11 @@ from fak.audit.events import LinkedRef, ReplicaPart
 from fak.audit.receipt import ForgetReceipt, find_replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
-from fak.kernel import replay
 from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
-from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import Services
+from fak.kernel.withdrawal import replay_check as replay
+from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.state.replicas import DROPPED, PENDING
 from fak.state.schema import ForgetRow, WithdrawalTaskRow
 from fak.state.store import now_us
@@ -232,7 +232,7 @@ def drop_derived(svc: Services, request_id: str, task_of: str | None, tenant: st
 
 
 def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
-    """A replica's part of a forget (``fak.kernel.replicas``): drop what it holds (state
+    """A replica's part of a forget (``fak.kernel.withdrawal.replicas``): drop what it holds (state
     ``dropped``, with its units and sessions), then, on the next call, replay each session's
     survivors independently (state ``done``, with each replay's fingerprint)."""
     rep = svc.replication

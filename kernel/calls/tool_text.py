@@ -2,7 +2,7 @@
 the calls it writes are read back (the chat and Responses doors share this; docs/openai.md).
 
 **The format.** A model whose chat template has a tool format of its own is shown its tools
-and read back in it (``fak.kernel.tool_formats``: Qwen's is this one, Llama 3's and Mistral's
+and read back in it (``fak.kernel.calls.formats``: Qwen's is this one, Llama 3's and Mistral's
 differ). A model whose chat template defines no tool format (SmolLM2's has none) is
 shown its tools, and writes its calls, in the Hermes format (the one Qwen2.5 and many
 open models are trained on): a system block listing each tool as one JSON line inside
@@ -91,7 +91,7 @@ class ToolChoice:
 class ParsedCall:
     """A call read from the model's text: its name, its arguments (a JSON object), the
     arguments as the JSON text the response carries, and the id the model wrote (Mistral's
-    calls carry one; ``fak.kernel.tool_formats``)."""
+    calls carry one; ``fak.kernel.calls.formats``)."""
 
     name: str
     arguments: dict[str, Any]
@@ -249,7 +249,7 @@ def call_of(obj: Any, names: Collection[str] | None, key: str = "arguments", *,
             with_id: bool = False) -> ParsedCall | None:
     """A call object of a known tool (``names`` None: any): its arguments (an object, or the JSON
     text of one) under ``key``, else the other family's key; its ``id`` when ``with_id`` (the
-    formats whose calls carry one, ``fak.kernel.tool_formats``). None when it is not one."""
+    formats whose calls carry one, ``fak.kernel.calls.formats``). None when it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (
             names is not None and obj["name"] not in names):
         return None

@@ -2,7 +2,7 @@
 
 The model's attention evidence and the counterfactual (``kernel/kv/call_evidence.py``) are
 about the tokens that wrote each argument's value. A call is one JSON object in the model
-family's syntax (``fak.kernel.tool_formats``: a ``<tool_call>`` block's ``{"name": ...,
+family's syntax (``fak.kernel.calls.formats``: a ``<tool_call>`` block's ``{"name": ...,
 "arguments": {...}}``, Llama 3's bare ``{"name": ..., "parameters": {...}}``, an item of
 Mistral's ``[TOOL_CALLS]`` array), found by the format's ``call_blocks``; its text is the
 concatenation of the turn's token bytes (special tokens as their text), so each top-level
@@ -16,12 +16,12 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from fak.kernel.calls.formats import HermesFormat, ToolFormat
+from fak.kernel.calls.tool_text import CallBlock
 from fak.kernel.kv.call_evidence import CallEvidence as Evidence
 from fak.kernel.kv.call_evidence import RefAttention, call_evidence, token_ranges
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.kv.session import Session
-from fak.kernel.openai_tools import CallBlock
-from fak.kernel.tool_formats import HermesFormat, ToolFormat
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"

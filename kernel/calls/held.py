@@ -43,7 +43,7 @@ import blake3
 
 from fak import wire as w
 from fak.errors import Conflict, ContentStoreError, FakError, Forbidden, NotFound
-from fak.kernel.authorize import args_bytes, args_digest
+from fak.kernel.calls.authorize import args_bytes, args_digest
 from fak.state.schema import HeldCallRow, ToolApprovalRow
 from fak.state.seal import ContentKeys, Plain, needs_seal, seal, unseal
 from fak.state.store import StateStore, now_us

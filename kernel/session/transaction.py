@@ -50,7 +50,7 @@ class TransactionError(RuntimeError):
 
 
 class Ledgered(Protocol):
-    """What a transaction needs of a kernel session (``fak.kernel.agent_session.KernelSession``)."""
+    """What a transaction needs of a kernel session (``fak.kernel.session.kernel_session.KernelSession``)."""
 
     tenant: str
     id: str

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from fak import wire as w
 from fak.errors import InvalidInput
-from fak.kernel.openai_tools import ToolChoice, ToolSpec, tool_choice, tool_specs
+from fak.kernel.calls.tool_text import ToolChoice, ToolSpec, tool_choice, tool_specs
 
 DEFAULT_MAX_TOKENS = 256
 IGNORED = ("store", "service_tier")  # accepted, without effect on the answer (fak has one tier, keeps no store)

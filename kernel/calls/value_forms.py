@@ -1,7 +1,7 @@
 """Canonical forms of values, so an argument is recognised in a text whatever way either writes it.
 
 A tool-call argument is traced to the texts in attention that contain it (argument
-provenance, ``kernel/argument_provenance.py``). The model rarely copies bytes verbatim: it
+provenance, ``kernel/calls/provenance.py``). The model rarely copies bytes verbatim: it
 changes case, spacing, the form of a number (``1,234.50`` → ``1234.5``), of a URL
 (``https://www.Example.com/a/`` → ``example.com/a``), of an e-mail address or an IBAN
 (``DE89 3704 0044 …`` → ``de893704…``). Both sides are therefore cut into canonical tokens:

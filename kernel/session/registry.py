@@ -14,10 +14,10 @@ import threading
 import uuid
 
 from fak.errors import Conflict, FakError, InvalidInput, NotFound
-from fak.kernel.agent_session import KernelSession
 from fak.kernel.kv.ledger import SegmentKind
-from fak.kernel.replicas import SessionElsewhere
 from fak.kernel.services import HeldSession, Services
+from fak.kernel.session.kernel_session import KernelSession
+from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.state.store import now_us
 from fak.types import check_tenant
 

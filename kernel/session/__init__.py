@@ -1,0 +1,1 @@
+"""The agent session: admission, materialisation, the durable ledger, transactions, the registry."""

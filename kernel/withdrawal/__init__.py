@@ -1,0 +1,1 @@
+"""Taking a ref back: forget with its receipt and replay check, quarantine and expiry, keys, replicas."""
