@@ -3,22 +3,22 @@ model in (``fak.wire``), a kernel call, a wire model out. The routes (``fak.api.
 thin FastAPI adapters over these functions (authentication, status codes, HTTP framing) and
 the in-process client calls them directly; this module never imports ``fak.api``.
 
-Every operation takes a ``Caller``: the tenant it acts for, the name the audit log records
-and the rights it holds. An operation checks its right itself, so the in-process client,
-which has no API key, acts with the rights it was given and nothing more; the API maps a
-key's role to rights (``fak.api.deps.caller``) after its own logged role check.
+Every operation takes a ``Caller`` (``fak.kernel.session.caller``, re-exported here): the
+tenant it acts for, the name the audit log records and the rights it holds. An operation
+checks its right itself, so the in-process client, which has no API key, acts with the rights
+it was given and nothing more; the API maps a key's role to rights (``fak.api.deps.caller``)
+after its own logged role check. The token helpers the OpenAI door shares with ``generate``
+and ``Turn`` (``Stepper``, ``timed_tokens``, ``TextDecoder``, ``check_context``) are
+``fak.kernel.session.tokens``'.
 See docs/architecture.md ("Layers", "Data flow")."""
 
 from __future__ import annotations
 
 import itertools
-import threading
-import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from fak import wire as w
 from fak.audit.receipt import verify_receipt as check_receipt
@@ -26,10 +26,14 @@ from fak.audit.signer_state import SignerRefused
 from fak.audit.tenant_export import tenant_export_lines
 from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
-from fak.errors import Forbidden, InvalidInput, NotFound
+from fak.errors import InvalidInput, NotFound
 from fak.kernel.calls.records import counterfactual_out, findings_out
-from fak.kernel.events import EventBus, TokensTimed
-from fak.kernel.session.kernel_session import ContextFull
+from fak.kernel.session.caller import Caller as Caller
+from fak.kernel.session.caller import Right as Right
+from fak.kernel.session.caller import reads_content as reads_content
+from fak.kernel.session.caller import reads_held_call as reads_held_call
+from fak.kernel.session.caller import require_content as require_content
+from fak.kernel.session.tokens import Stepper, TextDecoder, check_context, timed_tokens
 from fak.policy import GateContext, VerdictKind, gate
 
 if TYPE_CHECKING:
@@ -37,78 +41,13 @@ if TYPE_CHECKING:
     from fak.cas.models import Ref
     from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
-    from fak.kernel.model.tokenizer import ChatTokenizer
     from fak.kernel.session.kernel_session import Admission, KernelSession
 
-T = TypeVar("T")
 MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
 MAX_LIMIT = 1000  # audit entries in one page
 
 
-class Right(StrEnum):
-    """What a caller may do within its tenant."""
-
-    READ = "read"  # list and read sessions, ref metadata, check a receipt
-    AGENT = "agent"  # sessions, tool results, generation, quarantine, ref bytes
-    AUDIT = "audit"  # the tenant's audit rows, proofs, export, forget status
-    ADMIN = "admin"  # forget
-    APPROVE = "approve"  # decide a tool call held for a person (never one the caller's own request produced)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who asks: the tenant acted for, the principal the audit log names, the rights held."""
-
-    tenant: str
-    principal: str
-    rights: frozenset[Right] = field(default_factory=lambda: frozenset(Right))
-
-    def require(self, right: Right) -> None:
-        if right not in self.rights:
-            raise Forbidden(f"{self.principal} may not do this (needs the {right.value} right)")
-
-
-CONTENT = Right.AGENT  # the right that reads content (``reads_content``)
-
-
-def reads_content(c: Caller) -> bool:
-    """The one rule for who reads content: generated text, tool-call arguments, tool-result
-    bytes and a chain's instructions. Content may be personal data or secrets, and the audit
-    log keeps only keyed digests of it, so it is read with the ``agent`` right: the agent keys
-    that produce it and admins (who hold every right). An auditor verifies decisions, digests
-    and provenance, not content. Every route, console page and SDK call that could show
-    content asks here (docs/api.md, "Who reads content")."""
-    return CONTENT in c.rights
-
-
-def reads_held_call(c: Caller) -> bool:
-    """Who reads a held call's arguments and findings: the readers of content, and the person
-    who decides it (the ``approve`` right: a call is not decided blind)."""
-    return reads_content(c) or Right.APPROVE in c.rights
-
-
-def require_content(c: Caller) -> None:
-    """``Forbidden`` (403) unless ``reads_content(c)``."""
-    if not reads_content(c):
-        raise Forbidden(f"{c.principal} may not read content (generated text, tool-call arguments, tool results): "
-                        f"it needs the {CONTENT.value} right")
-
-
 # --- sessions ---------------------------------------------------------------------
-def check_context(k: Kernel, texts: list[str], what: str) -> None:
-    """Refuse, before anything is stored or prefilled, texts whose own tokens already pass
-    the context (``409 context_full``). The kernel checks the exact length after its
-    prefill; without this a 1 MiB message would be prefilled in full (minutes of CPU)
-    only to be refused. A text of n UTF-8 bytes has at most n tokens, so short texts are
-    not tokenised here."""
-    limit = k.context_limit
-    if sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
-        return
-    tokens = sum(len(k.tokenizer.encode(t)) for t in texts)
-    if tokens > limit:
-        raise ContextFull(f"{what} is {tokens} tokens long; the context holds {limit}")
-
-
 def session(k: Kernel, c: Caller, sid: str, right: Right = Right.AGENT) -> KernelSession:
     c.require(right)
     return k.session(c.tenant, sid)  # another tenant's id: NotFound, as an unknown one
@@ -211,85 +150,6 @@ def generate(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> w.GenerateOu
     return w.GenerateOut(text=k.tokenizer.decode_turn(ids), tokens=ids,
                          segment=w.SegmentOut(**last.as_dict()) if last else None,
                          fingerprint=after.fingerprint)
-
-
-class Stepper(Generic[T]):
-    """An iterator (of tokens, of a stream's chunks) driven from worker threads one step at a
-    time; ``close`` waits for a running step, then closes it (the session rolls the partial
-    turn back)."""
-
-    def __init__(self, tokens: Iterator[T]) -> None:
-        self._it = tokens
-        self._lock = threading.Lock()
-        self.done = False
-
-    def step(self) -> T | None:
-        with self._lock:
-            if self.done:
-                return None
-            try:
-                return next(self._it)
-            except StopIteration:
-                self.done = True
-                return None
-
-    def close(self) -> None:
-        with self._lock:
-            self.done = True
-            self._it.close()  # type: ignore[attr-defined]
-
-
-def timed_tokens(tokens: Iterator[int], events: EventBus, tenant: str) -> Generator[int, None, None]:
-    """``tokens`` as they come, stamped (one clock read a token); when they end, however they
-    end (exhausted, closed early: ``close`` closes ``tokens`` too), ``TokensTimed`` is published
-    if there was any."""
-    first = last = 0.0
-    count = 0
-    try:
-        for token in tokens:
-            last = time.perf_counter()
-            if not count:
-                first = last
-            count += 1
-            yield token
-    finally:
-        tokens.close()  # type: ignore[attr-defined]  # a generator: closing early rolls the turn back
-        if count:
-            events.publish(TokensTimed(tenant, count, first, last))
-
-
-class TextDecoder:
-    """Incremental detokenisation that holds back an incomplete UTF-8 character. Each step
-    decodes only the tokens since the last complete piece, after a few tokens of context (a
-    tokenizer may render a token differently at the start of a text), so a long answer costs
-    the same per token as a short one."""
-
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self._pieces: list[str] = []  # what ``push`` returned (joined only when asked: ``emitted``)
-        self._prefix = 0  # ids[prefix:read]: context decoded again before the new tokens
-        self._read = 0  # ids before read are in ``emitted``
-
-    @property
-    def emitted(self) -> str:
-        """The text so far (the pieces ``push`` returned)."""
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
-
-    def push(self, token: int) -> str:
-        if token in self.tok.stop_token_ids:
-            return ""
-        self.ids.append(token)
-        before = self.tok.decode(self.ids[self._prefix:self._read], skip_special=True)
-        text = self.tok.decode(self.ids[self._prefix:], skip_special=True)
-        if text.endswith("\ufffd") or len(text) <= len(before):
-            return ""
-        piece = text[len(before):]
-        self._pieces.append(piece)
-        self._prefix, self._read = self._read, len(self.ids)
-        return piece
 
 
 class Turn:

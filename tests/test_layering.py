@@ -21,14 +21,15 @@ AGENT_KERNEL = tuple(sorted(
     and p.name != "__init__.py" or p.parent.name in ("openai", "calls", "withdrawal", "session")))
 # the agent kernel's parts (issue 42) and what each may import of the kernel besides the mechanisms:
 # tool calls sit on the KV structures; withdrawal on the services; the agent session on both; the
-# OpenAI door on top. The root modules (``facade``, ``services``, ``events``, ``operations``, ``cli``,
-# ``demo``) wire the parts together.
+# OpenAI door on top, beside the REST operations layer (``operations``), not on it: the caller
+# and its rights (``session.caller``) and the token helpers (``session.tokens``) that both use
+# are the session part's. The root modules (``facade``, ``services``, ``events``, ``operations``,
+# ``cli``, ``demo``) wire the parts together.
 PARTS: dict[str, tuple[str, ...]] = {
     "fak.kernel.calls": (),
     "fak.kernel.withdrawal": ("fak.kernel.events", "fak.kernel.services"),
     "fak.kernel.session": ("fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.events", "fak.kernel.services"),
-    "fak.kernel.openai": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services",
-                          "fak.kernel.operations"),
+    "fak.kernel.openai": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services"),
 }
 # the packages whose modules must not import each other in a cycle: everything but the adapters
 CORE = ("fak", "fak.kernel", "fak.policy", "fak.cas", "fak.audit", "fak.state")

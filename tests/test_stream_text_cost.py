@@ -11,7 +11,7 @@ import random
 from fak.kernel.calls.tool_text import OPEN, safe_text_len
 from fak.kernel.openai.answer import Shown
 from fak.kernel.openai.sampling import StopStrings
-from fak.kernel.operations import TextDecoder
+from fak.kernel.session.tokens import TextDecoder
 
 TEXT = ("Flight LH400 Frankfurt–Boston leaves at 14:05 from gate B22; café déjà vu, naïve façade, "
         "東京 → Zürich ✈ 🙂. Boarding starts forty minutes before departure.\n")

@@ -40,7 +40,7 @@ from fak.kernel.openai.constrain import (
 from fak.kernel.openai.constrain import ToolSpec as GrammarTool
 from fak.kernel.openai.params import ChatParameters
 from fak.kernel.openai.sampling import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
-from fak.kernel.operations import TextDecoder, timed_tokens
+from fak.kernel.session.tokens import TextDecoder, timed_tokens
 
 if TYPE_CHECKING:
     from fak.kernel.calls.authorize import ToolCallDecision

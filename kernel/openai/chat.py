@@ -48,8 +48,9 @@ from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai.history import HistoryItem, new_suffix
 from fak.kernel.openai.params import ChatParameters, UnsupportedParameter, chat_parameters
-from fak.kernel.operations import Caller, Right, Stepper, check_context
+from fak.kernel.session.caller import Caller, Right
 from fak.kernel.session.kernel_session import MAX_TEXT_BYTES, remember_approval
+from fak.kernel.session.tokens import Stepper, check_context
 from fak.types import TOOL_DEFINITIONS, as_id
 
 if TYPE_CHECKING:

@@ -102,7 +102,7 @@ from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel.kv.ledger import SegmentState
 from fak.kernel.openai import chat
 from fak.kernel.openai.chat import UnsupportedContent, UnsupportedParameter
-from fak.kernel.operations import Caller, Right, reads_content
+from fak.kernel.session.caller import Caller, Right, reads_content
 from fak.state.schema import ResponseRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import now_us
@@ -553,7 +553,7 @@ def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseO
 def get(k: Kernel, c: Caller, response_id: str) -> wr.ResponseObject:
     """A stored response of the caller's tenant; a sealed one opens with the current data
     keys of its refs (``Forgotten``, 410, once one of them was forgotten). A caller that does
-    not read content (``operations.reads_content``: an auditor) gets it ``withheld``."""
+    not read content (``fak.kernel.session.caller.reads_content``: an auditor) gets it ``withheld``."""
     c.require(Right.READ)
     row = k.state.response(c.tenant, response_id)
     if row is None or row.state not in KEPT:
