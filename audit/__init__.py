@@ -17,7 +17,7 @@ from typing import Any
 
 _EXPORTS = {
     "AuditLog": "fak.audit.log",
-    "LogEntry": "fak.audit.log",
+    "LogEntry": "fak.audit.log_reads",
     "SignedCheckpoint": "fak.audit.checkpoint",
     "InclusionProof": "fak.audit.proofs",
     "ConsistencyProof": "fak.audit.proofs",

@@ -15,68 +15,46 @@ tree from the entries themselves and checks that the tree it remembers signing (
 file beside its key, ``signer_state``) is a prefix of it; a database rewritten behind
 its back makes it refuse, with an ``AuditAlarm`` in the log. Witnesses (C2SP
 tlog-witness) cosign each new checkpoint from a separate thread, so a slow or absent
-witness never delays appends; their cosignature lines are served with the checkpoint.
-What a witness gives (and a verifier needs) is coverage, not a line on every checkpoint:
-when checkpoints are signed faster than a witness answers, only the newest is sent, and
-its cosignature covers the ones before it; ``witness_stats`` measures how long each signed
-checkpoint waits for that. On close the unsigned tail is signed and cosigned; on open the
-newest checkpoint a witness lacks is sent to it.
+witness never delays appends (``fak.audit.cosigner``: only the newest checkpoint is sent to a
+slow witness; ``witness_stats`` measures coverage); the writer stores their cosignature lines,
+served with the checkpoint. On close the unsigned tail is signed and cosigned.
+
+This module is the writer and the remembering signer; ``AuditLog`` reads its entries, serves its
+checkpoints and proves inclusion and consistency through ``fak.audit.log_reads.LogReads``.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import queue
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import rfc8785
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fak.audit import merkle, note, store
-from fak.audit.checkpoint import SignedCheckpoint, from_note, open_checkpoint, sign_checkpoint
-from fak.audit.cosignature import add_lines
+from fak.audit.checkpoint import SignedCheckpoint, open_checkpoint, sign_checkpoint
+from fak.audit.cosigner import Cosignature, Cosigner
 from fak.audit.errors import AuditError, AuditUnverified
-from fak.audit.events import (
-    MAX_INT,
-    AdmissionVerdict,
-    AuditAlarm,
-    Event,
-    ReplayVerified,
-    parse_event,
-    to_event,
-)
+from fak.audit.events import MAX_INT, AuditAlarm, Event, to_event
+from fak.audit.log_reads import LogReads, tenant_tail
 from fak.audit.note import Signer
-from fak.audit.proofs import ConsistencyProof, InclusionProof
 from fak.audit.signer_state import CheckpointSuperseded, SignerMemory, SignerRefused, read_state, state_path
 from fak.audit.signing import load_signer
 from fak.audit.statement import statement_text
-from fak.audit.witness import WitnessClient, WitnessConflict, WitnessEndpoint
+from fak.audit.witness import WitnessEndpoint
 from fak.settings import StorageSettings
 
 if TYPE_CHECKING:
     from fak.audit.verify import VerifyReport  # verify imports this module
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    index: int
-    event: Event
-    body: bytes  # the canonical JSON that was hashed: leaf hash = SHA-256(0x00 || body)
-
-    @property
-    def leaf_hash(self) -> bytes:
-        return merkle.hash_leaf(self.body)
 
 
 # An event's canonical bytes are made by the caller with this placeholder as its ``tseq``
@@ -120,68 +98,7 @@ class _Control(Generic[_R]):
     kind: str  # "checkpoint" | "reset" | "cosignature" | "wake" | "stop"
     future: Future[_R]
     reset: tuple[int, str | None] | None = None  # "reset": the size to accept, the principal
-    cosignatures: list[tuple[int, str, str]] = field(default_factory=list)  # "cosignature": (size, vkey, line)
-
-
-@dataclass
-class _Cosign:
-    size: int
-    note: str
-    done: Future[None]
-
-
-@dataclass
-class WitnessStats:
-    """Per witness: checkpoints cosigned, failures (down, refused, bad answer), latencies
-    (``latency_ms``: proof, HTTP round trip and the witness's fsync, answer verified;
-    ``store_ms``: then until the line is committed with the checkpoint)."""
-
-    cosigned: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
-    store_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
-    # coverage (what a verifier relies on: the newest cosigned checkpoint covers every entry):
-    # the largest size whose cosignature is stored; per signed checkpoint, the seconds and entries
-    # until a stored cosignature covered it (it, or a later one: only the newest is sent)
-    covered_size: int = 0
-    cover_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
-    cover_lag_entries: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
-    uncovered: deque[tuple[int, float]] = field(default_factory=deque)  # (size, monotonic time signed), not yet covered
-
-    def signed(self, size: int, at: float) -> None:
-        """A checkpoint of ``size`` was signed (or asked again) at ``at``: it waits for coverage."""
-        if size > self.covered_size and (not self.uncovered or self.uncovered[-1][0] < size):
-            self.uncovered.append((size, at))
-
-    def covered(self, size: int, at: float) -> None:
-        """A cosignature of ``size`` was stored at ``at``: every checkpoint up to it is covered."""
-        self.covered_size = max(self.covered_size, size)
-        while self.uncovered and self.uncovered[0][0] <= size:
-            s, t = self.uncovered.popleft()
-            self.cover_lag_ms.append((at - t) * 1000)
-            self.cover_lag_entries.append(size - s)
-
-
-def _cp(row: tuple[int, bytes, str], lines: Sequence[str] = ()) -> SignedCheckpoint:
-    """A stored checkpoint as served: the log's note with the witnesses' cosignature lines."""
-    return from_note(add_lines(row[2], list(lines)) if lines else row[2])
-
-
-def _tenant_tail(conn: Connection, tenant: str, stop: int) -> tuple[int, int | None]:
-    """Among entries [0, stop), as the ``tenant`` column finds them (which no hash covers: the
-    signer's remembered tails are what a statement states): the tenant's last sequence number
-    (its latest entry's ``tseq``, or, when that entry was logged before tseq existed, how many
-    entries it has) and the index of its latest entry (None: it has none). A latest row whose
-    body is another tenant's counts as none."""
-    row = store.tenant_last(conn, tenant, stop)
-    if row is None:
-        return 0, None
-    obj = json.loads(row[1])
-    if obj.get("tenant") != tenant:
-        return 0, None
-    seq = obj.get("tseq")
-    return (seq if type(seq) is int else store.tenant_count(conn, tenant, stop)), row[0]
+    cosignatures: list[Cosignature] = field(default_factory=list)  # "cosignature": (size, vkey, line)
 
 
 def _digest(root: bytes | None) -> str | None:
@@ -192,7 +109,7 @@ def _b64(root: bytes | None) -> str:
     return "none" if root is None else base64.b64encode(root).decode()
 
 
-class AuditLog:
+class AuditLog(LogReads):
     """Open with ``AuditLog.open(...)``; safe to use from many threads."""
 
     def __init__(
@@ -213,14 +130,15 @@ class AuditLog:
         self._every = max(1, checkpoint_every)
         self._interval = max(1, checkpoint_ms) / 1000.0
         self._max_batch = max_batch
-        self._engine = store.make_engine(url)
+        engine = store.make_engine(url)
         try:
-            store.migrate(self._engine)
+            store.migrate(engine)
         except Exception as exc:  # a DB that is unreachable or not ours
-            store.release(self._engine)
+            store.release(engine)
             if isinstance(exc, AuditError):
                 raise
             raise AuditError(f"cannot open the audit log at {url!r}: {exc}") from exc
+        super().__init__(engine)
         self._frontier: merkle.Frontier | None = None
         self._tseq: dict[str, int] = {}  # tenant -> its last sequence number, exact at log size _tseq_size
         self._tseq_size = -1
@@ -239,15 +157,12 @@ class AuditLog:
         self._alarm_state: object = None  # the state file's content when the alarm was raised
         self.refusals = 0  # checkpoints refused by the signer
         self.alarms = 0  # AuditAlarms this process appended
-        self.witnesses = [WitnessEndpoint.parse(w) for w in witnesses]
-        self.witness_stats = {w.url: WitnessStats() for w in self.witnesses}
-        self._witness_timeout = witness_timeout
-        self._witness_size: dict[str, int] = {}  # vkey -> last size it cosigned (as far as we know)
-        self._cosign_q: queue.SimpleQueue[_Cosign | None] = queue.SimpleQueue()  # None: stop
+        self._cosigner = Cosigner(engine, witnesses, witness_timeout, self._hand_over)
+        self.witnesses = self._cosigner.witnesses
+        self.witness_stats = self._cosigner.stats
         # cosignature lines for the writer to store: not behind the appends queued before them
         # (a flood of appends would otherwise hold a line back for the whole backlog)
         self._urgent: queue.SimpleQueue[_Control[None]] = queue.SimpleQueue()
-        self._any_cosig = False  # once a cosignature is stored, served checkpoints look them up
         self._moved: set[int] = set()  # indexes of rows found under another tenant's column (alarmed once)
         if self._memory is not None:
             try:
@@ -257,11 +172,7 @@ class AuditLog:
                 raise
         self._writer = threading.Thread(target=self._run, name="fak-audit-writer", daemon=True)
         self._writer.start()
-        self._cosigner: threading.Thread | None = None
-        if self.witnesses:
-            self._cosigner = threading.Thread(target=self._cosign_run, name="fak-audit-cosigner", daemon=True)
-            self._cosigner.start()
-            self._ask_latest()
+        self._cosigner.start()
 
     @classmethod
     def open(
@@ -308,11 +219,6 @@ class AuditLog:
         if expect != stop:
             raise SignerRefused("history_rewritten", f"refusing to sign: audit entry {expect} is missing",
                                 None, stop, None)
-
-    def read_snapshot(self) -> contextlib.AbstractContextManager[Connection]:
-        """A read connection (one snapshot) on the log's database: the export reads entries,
-        checkpoints and cosignatures consistently through it."""
-        return self._engine.connect()
 
     def _open_memory(self) -> None:
         """Check the database against the signer's memory (one full recomputation); on a
@@ -443,7 +349,7 @@ class AuditLog:
         row, done = fut.result()
         if done is not None and wait_witnesses:
             with contextlib.suppress(Exception):
-                done.result(timeout=2 * self._witness_timeout * len(self.witnesses) + 1)
+                done.result(timeout=2 * self._cosigner.timeout * len(self.witnesses) + 1)
         with self._read() as conn:
             return self._served(conn, row)
 
@@ -461,9 +367,7 @@ class AuditLog:
             if self._closed:
                 return
             self._closed = True  # no new appends; the cosigner finishes (its cosignatures are stored)
-        if self._cosigner is not None:
-            self._cosign_q.put(None)
-            self._cosigner.join()
+        self._cosigner.stop()
         self._queue.put(_Control("stop", fut))
         fut.result()
         self._writer.join()
@@ -564,7 +468,7 @@ class AuditLog:
                     t = req.tenant
                     if t not in seqs:  # the column's count, never below the signer's (a moved row)
                         seqs[t] = self._tseq[t] if t in self._tseq else max(
-                            _tenant_tail(conn, t, first)[0], 0 if self._memory is None else self._memory.remembered_tail(t))
+                            tenant_tail(conn, t, first)[0], 0 if self._memory is None else self._memory.remembered_tail(t))
                     seqs[t] += 1
                     body = req.body.replace(_TSEQ_MARK, b'"tseq":%d' % seqs[t], 1)
                     nodes.extend(frontier.append(merkle.hash_leaf(body)))
@@ -594,13 +498,7 @@ class AuditLog:
                 f.set_exception(err)
             self._last_cp_time = time.monotonic()  # do not spin on a persistent failure
             return
-        done: Future[None] | None = None
-        if cosign:
-            done = Future()
-            now = time.monotonic()
-            for stats in self.witness_stats.values():
-                stats.signed(row[0], now)
-            self._cosign_q.put(_Cosign(row[0], row[2], done))
+        done = self._cosigner.send(row[0], row[2]) if cosign else None
         for f in waiters or []:
             f.set_result((row, done))
 
@@ -658,72 +556,15 @@ class AuditLog:
             return False
         return True
 
-    # ------------------------------------------------------------------ witnesses
+    # ------------------------------------------------------------------ witnesses' lines
 
-    def _ask_latest(self) -> None:
-        """On open: ask the witnesses that have not cosigned the newest stored checkpoint (a
-        crash or a shutdown before their answer) to cosign it, so coverage resumes at once."""
-        with self._read() as conn:
-            row = store.latest_checkpoint(conn)
-            if row is None:
-                return
-            have = {w for w, _ in store.cosignature_lines(conn, row[0])}
-        lacking = [w for w in self.witnesses if w.vkey not in have]
-        if lacking:
-            now = time.monotonic()
-            for w in lacking:
-                self.witness_stats[w.url].signed(row[0], now)
-            self._cosign_q.put(_Cosign(row[0], row[2], Future()))
-
-    def _cosign_run(self) -> None:
-        """Cosigner thread: ask each witness to cosign each new checkpoint. When checkpoints
-        queue up behind a slow witness, only the newest is sent (its proof covers the rest)."""
-        clients = {w.vkey: WitnessClient(w, self._witness_timeout) for w in self.witnesses}
-        try:
-            while True:
-                job = self._cosign_q.get()
-                if job is None:
-                    return
-                jobs = [job]
-                with contextlib.suppress(queue.Empty):
-                    while True:
-                        nxt = self._cosign_q.get_nowait()
-                        if nxt is None:
-                            self._cosign_q.put(None)
-                            break
-                        jobs.append(nxt)
-                newest = max(jobs, key=lambda j: j.size)
-                got = []
-                for w in self.witnesses:
-                    line = self._cosign_one(clients[w.vkey], w, newest.size, newest.note)
-                    if line is not None:
-                        got.append((newest.size, w.vkey, line))
-                self._store_later(got, jobs)
-        finally:
-            for c in clients.values():
-                c.close()
-
-    def _store_later(self, got: list[tuple[int, str, str]], jobs: list[_Cosign]) -> None:
-        """Hand the cosignatures to the writer thread (one writer, no lock contention) without
-        waiting: the cosigner moves on; the jobs' waiters are released once they are stored.
-        With nothing new (a line already asked for), the jobs still go through the writer's
-        queue: it releases them after any line still on its way, so ``checkpoint()`` serves it."""
+    def _hand_over(self, rows: list[Cosignature]) -> Future[None]:
+        """The cosigner's verified lines, queued for the writer ahead of any appends; the future
+        resolves once they are stored."""
         stored: Future[None] = Future()
-        t0 = time.perf_counter()
-
-        def finish(f: Future[None]) -> None:
-            for j in jobs:
-                if f.exception() is None:
-                    j.done.set_result(None)
-                else:
-                    j.done.set_exception(f.exception())
-            for _, vkey, _ in got:
-                url = next(w.url for w in self.witnesses if w.vkey == vkey)
-                self.witness_stats[url].store_ms.append((time.perf_counter() - t0) * 1000)
-
-        stored.add_done_callback(finish)
-        self._urgent.put(_Control("cosignature", stored, cosignatures=got))
+        self._urgent.put(_Control("cosignature", stored, cosignatures=rows))
         self._queue.put(_Control("wake", Future()))  # an idle writer wakes for it
+        return stored
 
     def _store_cosignatures(self, cosigs: list[_Control[None]]) -> None:
         rows = [r for c in cosigs for r in c.cosignatures]
@@ -738,56 +579,11 @@ class AuditLog:
                 c.future.set_exception(exc)
             return
         self._any_cosig = self._any_cosig or bool(rows)
-        now = time.monotonic()
-        url = {w.vkey: w.url for w in self.witnesses}
-        for size, vkey, _ in rows:
-            self.witness_stats[url[vkey]].covered(size, now)
+        self._cosigner.covered(rows)
         for c in cosigs:
             c.future.set_result(None)
 
-    def _cosign_one(self, client: WitnessClient, w: WitnessEndpoint, size: int, signed: str) -> str | None:
-        """Ask one witness; its verified cosignature line, or None (failure counted, stderr)."""
-        stats = self.witness_stats[w.url]
-        t0 = time.perf_counter()
-        try:
-            old = self._witness_size.get(w.vkey)
-            if old == size:
-                return None  # asked already (its line is stored or on its way)
-            with self._read() as conn:
-                if any(v == w.vkey for v, _ in store.cosignature_lines(conn, size)):
-                    return None
-                if old is None:
-                    old = store.latest_cosigned_size(conn, w.vkey) or 0
-            for attempt in range(3):
-                if old > size:
-                    raise AuditError(f"the witness has cosigned size {old}, beyond this checkpoint ({size})")
-                with self._read() as conn:
-                    proof = merkle.consistency_proof(old, size, lambda ids: store.get_nodes(conn, ids))
-                try:
-                    lines = client.add_checkpoint(old, proof, signed)
-                    break
-                except WitnessConflict as exc:
-                    if attempt == 2:
-                        raise
-                    old = exc.size
-            self._witness_size[w.vkey] = size
-            stats.cosigned += 1
-            stats.latency_ms.append((time.perf_counter() - t0) * 1000)
-            return lines[0]
-        except Exception as exc:
-            stats.failures += 1
-            stats.last_error = str(exc)
-            print(f"fak audit: witness {w.url} did not cosign checkpoint {size}: {exc}", file=sys.stderr, flush=True)
-            return None
-
-    # ------------------------------------------------------------------ reading
-
-    def _read(self) -> contextlib.AbstractContextManager[Connection]:
-        return self._engine.connect()
-
-    def size(self) -> int:
-        with self._read() as conn:
-            return store.size(conn)
+    # ------------------------------------------------------------------ the signer's answers
 
     def public_key(self) -> str:
         """The verifier key string ``<origin>+<key id>+<base64 key>`` auditors pin."""
@@ -831,135 +627,13 @@ class AuditLog:
             if row is None or (row[0], row[1]) != (cp.size, cp.root):
                 raise AuditError(f"this log signed no checkpoint of size {cp.size} with root {_b64(cp.root)}")
             if self._memory is None:
-                count, latest = _tenant_tail(conn, tenant, cp.size)
+                count, latest = tenant_tail(conn, tenant, cp.size)
         if self._memory is not None:
             tails = self._memory.tails_at(cp.size, cp.root)
             if tails is None:
                 raise CheckpointSuperseded(f"the signer's latest signature is not the checkpoint of size {cp.size}")
             count, latest = tails.get(tenant, (0, None))
         return note.sign(statement_text(self.origin, cp.size, cp.root, tenant, count, latest), self._signer)
-
-    def _served(self, conn: Connection, row: tuple[int, bytes, str]) -> SignedCheckpoint:
-        return _cp(row, [ln for _, ln in store.cosignature_lines(conn, row[0])] if self._cosigned(conn) else ())
-
-    def _cosigned(self, conn: Connection) -> bool:
-        """Whether any cosignature is stored (cached once true: proofs skip the query otherwise)."""
-        if not self._any_cosig:
-            self._any_cosig = conn.exec_driver_sql("SELECT 1 FROM audit_cosignatures LIMIT 1").first() is not None
-        return self._any_cosig
-
-    def latest_checkpoint(self) -> SignedCheckpoint | None:
-        """The newest checkpoint, with the witnesses' cosignature lines after the log's."""
-        with self._read() as conn:
-            row = store.latest_checkpoint(conn)
-            return None if row is None else self._served(conn, row)
-
-    def checkpoints(self) -> list[SignedCheckpoint]:
-        with self._read() as conn:
-            cos = store.all_cosignatures(conn)
-            return [_cp(row, cos.get(row[0], ())) for row in store.all_checkpoints(conn)]
-
-    def root(self, size: int | None = None) -> bytes:
-        with self._read() as conn:
-            n = store.size(conn) if size is None else size
-            return merkle.root_from(n, lambda ids: store.get_nodes(conn, ids))
-
-    def entry(self, index: int) -> LogEntry:
-        rows = list(self._entry_rows(index, index + 1, None))
-        if not rows:
-            raise AuditError(f"no audit entry at index {index}")
-        return rows[0]
-
-    def entries(
-        self, tenant: str | None = None, start: int = 0, stop: int | None = None
-    ) -> Generator[LogEntry, None, None]:
-        """Entries in index order; ``tenant=None`` means all, ``""`` the system's only. A
-        generator: ``close()`` it when stopping early, which releases its read connection."""
-        return self._entry_rows(start, stop, tenant)
-
-    def newest(self, tenant: str, before: int, limit: int, types: Sequence[str] = (),
-               needles: Sequence[str] = ()) -> list[LogEntry]:
-        """The tenant's entries before index ``before``, newest first, at most ``limit``: those
-        of one of ``types`` (any when empty) whose canonical body holds every one of ``needles``.
-        Filtered in the database (``store.tenant_rows_newest``) and checked again here on the
-        hashed body: the ``type`` and ``tenant`` columns, which nothing hashes, decide nothing
-        (a row filed under another tenant's column is skipped and alarmed, as ``entries`` does)."""
-        out: list[LogEntry] = []
-        moved: list[int] = []
-        pos = before
-        with self._read() as conn:
-            while len(out) < limit:
-                rows = store.tenant_rows_newest(conn, tenant, pos, limit, types, needles)
-                for idx, body in rows:
-                    event = parse_event(body)
-                    if event.tenant != tenant:
-                        moved.append(idx)
-                    elif (not types or event.type in types) and all(n.encode() in body for n in needles):
-                        out.append(LogEntry(idx, event, body))
-                if len(rows) < limit:
-                    break
-                pos = rows[-1][0]
-        for idx in moved:
-            self._column_changed(idx, tenant)
-        return out[:limit]
-
-    def find_admission(self, tenant: str, ref: str, before: int) -> tuple[int, bytes] | None:
-        """The newest AdmissionVerdict of ``tenant`` naming ``ref`` (as its ref or its admitted ref)
-        logged before index ``before``: (index, canonical bytes), or None. Reads backwards from
-        ``before`` through the tenant's entries (index on tenant, idx) whose hashed body is an
-        admission (the ``type`` column, which nothing hashes, is not trusted). Here, not in
-        ``fak.audit.receipt``, so that a receipt's model loads no database code (the SDK's)."""
-        t = store.entries_t
-        pos = before
-        with self._read() as conn:
-            while True:
-                rows = conn.execute(
-                    sa.select(t.c.idx, t.c.body)
-                    .where(t.c.tenant == tenant, store.body_type_match(conn, ["admission_verdict"]), t.c.idx < pos)
-                    .order_by(t.c.idx.desc())
-                    .limit(500)
-                ).all()
-                for idx, body in rows:
-                    raw = bytes(body)
-                    if _names_ref(raw, ref) and _is_admission_of(raw, tenant, ref):
-                        return int(idx), raw
-                if len(rows) < 500:
-                    return None
-                pos = int(rows[-1][0])
-
-    def find_replay(self, tenant: str, request_id: str, after: int) -> int | None:
-        """The index of the ReplayVerified of forget ``request_id`` (logged after its completion at
-        ``after``), or None while it is pending. Reads the tenant's replay events only."""
-        t = store.entries_t
-        needle = f'"request_id":"{request_id}"'.encode()
-        with self._read() as conn:
-            rows = conn.execute(sa.select(t.c.idx, t.c.body)  # by the hashed body, never the unhashed type column
-                                .where(t.c.tenant == tenant, store.body_type_match(conn, ["replay_verified"]),
-                                       t.c.idx > after)
-                                .order_by(t.c.idx))
-            for idx, body in rows:
-                raw = bytes(body)
-                if needle in raw:
-                    ev = parse_event(raw)
-                    if isinstance(ev, ReplayVerified) and ev.request_id == request_id and ev.completed_index == after:
-                        return int(idx)
-        return None
-
-    def _entry_rows(self, start: int, stop: int | None, tenant: str | None) -> Generator[LogEntry, None, None]:
-        """With ``tenant``: rows found by the ``tenant`` column (which no hash covers) whose
-        body is another tenant's are skipped (never served as the column's) and alarmed."""
-        moved = []
-        try:
-            with self._read() as conn:
-                for idx, body in store.entry_rows(conn, start, stop, tenant):
-                    event = parse_event(body)
-                    if tenant is not None and event.tenant != tenant:
-                        moved.append(idx)
-                        continue
-                    yield LogEntry(idx, event, body)
-        finally:  # also when a page (islice, then close()) stops the iteration early
-            for idx in moved:
-                self._column_changed(idx, tenant)  # type: ignore[arg-type]
 
     def _column_changed(self, index: int, column: str) -> None:
         """A row stands under another tenant's column: say so once per row (stderr and an
@@ -974,56 +648,6 @@ class AuditLog:
               "served as that tenant's", file=sys.stderr, flush=True)
         with contextlib.suppress(AuditError):
             self.try_submit(AuditAlarm(kind="tenant_column_changed", found_size=index))
-
-    def inclusion_proof(self, index: int, size: int | None = None) -> InclusionProof:
-        """Proof for ``index``; by default in the first signed checkpoint that covers it
-        (signing one now if none does yet), with that checkpoint attached. With ``size``:
-        in the tree of that size, with its checkpoint if one was signed at exactly that size."""
-        if index < 0:
-            raise AuditError("index must be >= 0")
-        for attempt in (0, 1):
-            with self._read() as conn:
-
-                def get(ids: Sequence[int]) -> dict[int, bytes]:
-                    return store.get_nodes(conn, ids)
-
-                if size is not None:
-                    if not index < size <= store.size(conn):
-                        raise AuditError(f"cannot prove index {index} in a tree of size {size}")
-                    row = store.checkpoint_at_least(conn, size)
-                    signed = self._served(conn, row).note if row is not None and row[0] == size else None
-                    root = merkle.root_from(size, get)
-                    hashes = merkle.inclusion_proof(index, size, get)
-                    return InclusionProof(log_index=index, tree_size=size, root_hash=root, hashes=hashes,
-                                          checkpoint=signed)
-                row = store.checkpoint_at_least(conn, index + 1)
-                if row is not None:
-                    hashes = merkle.inclusion_proof(index, row[0], get)
-                    return InclusionProof(log_index=index, tree_size=row[0], root_hash=row[1], hashes=hashes,
-                                          checkpoint=self._served(conn, row).note)
-                current = store.size(conn)
-            if index >= current:
-                raise AuditError(f"no audit entry at index {index} (log size {current})")
-            if attempt == 0:
-                self.checkpoint()
-        raise AuditError(f"no checkpoint covers index {index}")
-
-    def consistency_proof(self, size1: int, size2: int | None = None) -> ConsistencyProof:
-        with self._read() as conn:
-            n = store.size(conn) if size2 is None else size2
-            if not 0 <= size1 <= n <= store.size(conn):
-                raise AuditError(f"no consistency proof from size {size1} to size {n}")
-
-            def get(ids: Sequence[int]) -> dict[int, bytes]:
-                return store.get_nodes(conn, ids)
-
-            return ConsistencyProof(
-                size1=size1,
-                size2=n,
-                root1=merkle.root_from(size1, get),
-                root2=merkle.root_from(n, get),
-                hashes=merkle.consistency_proof(size1, n, get),
-            )
 
     # ------------------------------------------------------------------ export and verification
 
@@ -1040,14 +664,3 @@ class AuditLog:
 
         return verify_export(path, pubkey=pubkey, since=since)
 
-
-def _names_ref(body: bytes, ref: str) -> bool:
-    return f'"ref":"{ref}"'.encode() in body or f'"admitted_ref":"{ref}"'.encode() in body
-
-
-def _is_admission_of(raw: bytes, tenant: str, ref: str) -> bool:
-    try:
-        ev = parse_event(raw)
-    except AuditError:
-        return False
-    return isinstance(ev, AdmissionVerdict) and ev.tenant == tenant and ref in (ev.ref, ev.admitted_ref)

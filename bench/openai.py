@@ -190,7 +190,7 @@ def measure(k: Kernel, args) -> int:  # noqa: ANN001
                 modes[mode].append(valid_calls(answer) and answer.finish == "tool_calls" or
                                    valid_calls(answer) and all(v.held for v in answer.verdicts))
             if answer.verdicts:
-                judge_per_call.append(answer.judge_s / len(answer.verdicts))
+                judge_per_call.append(answer.decide_s / len(answer.verdicts))
                 for v in answer.verdicts:
                     verdicts[v.verdict] = verdicts.get(v.verdict, 0) + 1
         answer, _, raw = run(k, body(prompt, tools(False), "auto", args.max_tokens))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from fak.audit.checkpoint import SignedCheckpoint
-    from fak.audit.log import LogEntry
+    from fak.audit.log_reads import LogEntry
     from fak.audit.proofs import InclusionProof
     from fak.cas.models import Ref, ShredRecord, TenantErasure, Use
     from fak.policy.policy import Policy

@@ -49,7 +49,7 @@ from fak.kernel.model import device as devices
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.loader import LoadedModel, load_model
-from fak.kernel.model.scheduler import Admission, Scheduler, SchedulerLimits, TenantFigures
+from fak.kernel.model.scheduler import GenerationSlots, Scheduler, SchedulerLimits, TenantFigures
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawals
 from fak.kernel.session.kernel_session import KernelSession
@@ -108,8 +108,8 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         producers=Producers(state), authorizers=Authorizers(), late=LateDetection(events, _stderr),
         sessions=registry, replays=replays, gate=gate,
         holds=HeldCalls(state, store, keys, ttl_s=settings.approval_ttl_s),
-        admission=Admission(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
-                            queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
+        generation_slots=GenerationSlots(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
+                                         queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
     )  # fmt: skip
     registry.bind(svc)
@@ -405,17 +405,17 @@ class Kernel:
 
     def replica_load(self) -> int:
         """Loaded sessions and running generations: the router's tie-breaker."""
-        return len(self.registry.loaded()) + self.services.admission.running()
+        return len(self.registry.loaded()) + self.services.generation_slots.running()
 
     # --- forget and late quarantine --------------------------------------------
     def engine_figures(self, tenant: str) -> TenantFigures:
         """The tenant's view of the engine loop and the generation queue (``fak.kernel.model.scheduler``):
         its waiting calls and requests, rows and tokens per step; nothing of other tenants' work."""
         engine = self.services.engine
-        admission = self.services.admission
+        slots = self.services.generation_slots
         if engine is not None:
-            return engine.figures(tenant, admission)
-        return TenantFigures.idle(admission.queued(tenant), admission.active(tenant), admission.rejected(tenant))
+            return engine.figures(tenant, slots)
+        return TenantFigures.idle(slots.queued(tenant), slots.active(tenant), slots.rejected(tenant))
 
     def forget(
         self, tenant: str, ref: str, *, requested_by: str | None = None, reason: str | None = None,

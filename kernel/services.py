@@ -30,7 +30,7 @@ from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
-from fak.kernel.model.scheduler import Admission, Scheduler
+from fak.kernel.model.scheduler import GenerationSlots, Scheduler
 from fak.kernel.session.transaction import ForgetProgress, Transaction
 from fak.kernel.withdrawal.replicas import Replication
 from fak.keys import derive_key, tenant_salt
@@ -293,7 +293,7 @@ class Services:
     replays: ReplayQueue
     gate: Gate  # the admission gate (``fak.policy.gate``)
     holds: HeldCalls  # tool calls held for a person (CONFIRM) and remembered approvals, in the state database
-    admission: Admission = field(default_factory=Admission)  # generations at once, the queue beyond (429)
+    generation_slots: GenerationSlots = field(default_factory=GenerationSlots)  # generations at once, the queue beyond (429)
     engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.model.scheduler)
     replication: Replication | None = None  # this kernel's place among replicas (None: a single process)
 

@@ -285,9 +285,9 @@ def test_parse_calls_reads_a_body_that_holds_the_closing_tag():
     assert content == 'Sure.\n\n<tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_call>\n{"name": "send_email"'
 
 
-def test_the_judge_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny_dir, tiny_lm):
-    """A call judge is bound when the turn starts, under its lock: a result admitted between
-    making the judge and starting the turn is in the attention it judges (a snapshot taken
+def test_the_call_decider_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny_dir, tiny_lm):
+    """A call decider is bound when the turn starts, under its lock: a result admitted between
+    making the decider and starting the turn is in the attention it decides under (a snapshot taken
     earlier would have allowed send_email)."""
     from fak.kernel.session.transaction import TransactionError
 
@@ -295,13 +295,13 @@ def test_the_judge_reads_the_attention_the_turn_is_generated_with(tmp_path, tiny
     try:
         ks = k.create_session("acme", "race")
         ks.append("user", "hi")
-        judge = ks.call_judge("test")
+        decider = ks.call_decider("test")
         with pytest.raises(TransactionError):  # unbound: no turn yet
-            judge.judge("send_email", {"to": "x"})
+            decider.decide("send_email", {"to": "x"})
         page = ks.admit("web_fetch", PAGE.encode())  # untrusted, in attention before the turn starts
-        list(ks.generate(judge=judge, max_tokens=2, temperature=0))
-        denied = judge.judge("send_email", {"to": "x"})
-        [settled] = judge.settle()
+        list(ks.generate(decider=decider, max_tokens=2, temperature=0))
+        denied = decider.decide("send_email", {"to": "x"})
+        [settled] = decider.settle()
         assert denied.verdict == "DENY" and denied.offending == (page.ref,)
         assert settled.audit_index is not None
     finally:

@@ -17,7 +17,7 @@ from kernel_helpers import random_weights, tiny_config
 from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.quant import fbgemm_supported, int8_supported
-from fak.kernel.model.scheduler import Admission, Overloaded, Scheduler, SchedulerLimits, tenant_scope
+from fak.kernel.model.scheduler import GenerationSlots, Overloaded, Scheduler, SchedulerLimits, tenant_scope
 
 VOCAB = 257
 
@@ -194,7 +194,7 @@ def test_an_error_in_a_call_reaches_its_own_caller_only() -> None:
 
 
 def test_admission_bounds_a_tenant_and_refuses_beyond_the_queue() -> None:
-    adm = Admission(total=3, per_tenant=2, queue=1, wait_s=5)
+    adm = GenerationSlots(total=3, per_tenant=2, queue=1, wait_s=5)
     held = [adm.slot("a"), adm.slot("a")]
     for h in held:
         h.__enter__()
@@ -223,7 +223,7 @@ def test_admission_bounds_a_tenant_and_refuses_beyond_the_queue() -> None:
 def test_admission_serves_the_tenant_with_fewer_running_first() -> None:
     """With the whole server busy, the next free place goes to a tenant with nothing running,
     not to the tenant that queued first with many running (a tenant cannot starve others)."""
-    adm = Admission(total=2, per_tenant=2, queue=8, wait_s=5)
+    adm = GenerationSlots(total=2, per_tenant=2, queue=8, wait_s=5)
     a1, a2 = adm.slot("a"), adm.slot("a")
     a1.__enter__()
     a2.__enter__()
@@ -252,7 +252,7 @@ def test_admission_serves_the_tenant_with_fewer_running_first() -> None:
 def test_a_tenant_cannot_fill_the_queue_for_others() -> None:
     """One tenant holds at most its share of the queue (per_tenant places): with the server
     full and that tenant's share waiting, its next request is refused, another tenant's waits."""
-    adm = Admission(total=1, per_tenant=1, queue=8, wait_s=5)
+    adm = GenerationSlots(total=1, per_tenant=1, queue=8, wait_s=5)
     held: dict[str, object] = {}
 
     def enter(name: str, tenant: str) -> None:
@@ -282,7 +282,7 @@ def test_a_tenant_cannot_fill_the_queue_for_others() -> None:
 
 
 def test_a_wait_past_its_limit_is_refused() -> None:
-    adm = Admission(total=1, per_tenant=1, queue=4, wait_s=0.05)
+    adm = GenerationSlots(total=1, per_tenant=1, queue=4, wait_s=0.05)
     with adm.slot("a"), pytest.raises(Overloaded, match="retry"), adm.slot("a"):
         pass
     assert adm.queued("a") == 0 and adm.active("a") == 0

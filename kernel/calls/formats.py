@@ -287,7 +287,7 @@ def template_has_tools(source: str | None) -> bool:
 def format_of(source: str | None) -> ToolFormat:
     """The call syntax of the model whose chat template is ``source``: the family whose
     marker its tool-call rendering writes; Hermes where it writes none (or there is no template).
-    Cached: a door asks for it per token while it judges calls, and formats hold no state."""
+    Cached: a door asks for it per token while it decides calls, and formats hold no state."""
     if not template_has_tools(source):
         return HermesFormat()
     text = source or ""

@@ -2,7 +2,7 @@
 decode steps of all sessions that are generating into one call per step.
 
 Requests still run on their own threads, and so does everything that governs them
-(admission gates, audit events, withdrawals, tool-call judgement, sampling): only the
+(admission gates, audit events, withdrawals, tool-call decisions, sampling): only the
 model's arithmetic moves. A session's ``Llama.forward`` call made on a request thread is
 handed to the engine (``Llama.router``) and the thread waits for its logits. Each step
 the engine takes
@@ -25,7 +25,7 @@ recorded chunks), and a batched decode row is the bytes its own step computes
 a call (float32/float16/bfloat16/int8 GEMMs) are not batched: their steps run one call
 each, still on the engine's thread (``Llama.batches_decode``).
 
-``Admission`` bounds the work in flight: per-tenant and total limits on generating
+``GenerationSlots`` bounds the work in flight: per-tenant and total limits on generating
 requests, a bounded fair queue beyond them, and ``Overloaded`` (HTTP 429 with
 ``Retry-After``) beyond the queue.
 """
@@ -120,7 +120,7 @@ class TenantFigures:
     """One tenant's view of the engine: nothing about other tenants' work."""
 
     waiting_calls: int  # forward calls of this tenant waiting for a step
-    queued_requests: int  # generating requests of this tenant waiting for admission
+    queued_requests: int  # generating requests of this tenant waiting for a generation slot
     active_requests: int
     rows: tuple[tuple[float, int], ...]  # histogram of this tenant's decode rows per step: (bound, cumulative)
     rows_sum: float
@@ -130,7 +130,7 @@ class TenantFigures:
 
     @classmethod
     def idle(cls, queued: int, active: int, rejected: int) -> TenantFigures:
-        """The figures of a kernel that runs no engine (batching off): admission only."""
+        """The figures of a kernel that runs no engine (batching off): the generation slots only."""
         return cls(0, queued, active, ((float("inf"), 0),), 0.0, ((float("inf"), 0),), 0.0, rejected)
 
 
@@ -194,7 +194,7 @@ class Scheduler:
         return job.result
 
     # --- figures -----------------------------------------------------------------
-    def figures(self, tenant: str, admission: Admission) -> TenantFigures:
+    def figures(self, tenant: str, slots: GenerationSlots) -> TenantFigures:
         with self._cond:
             waiting = sum(1 for j in (*self._decode, *self._calls) if j.tenant == tenant)
             rows, toks = self._rows, self._tokens
@@ -202,13 +202,13 @@ class Scheduler:
             tok_counts = toks.counts.get(tenant, [0] * (len(toks.buckets) + 1))
             return TenantFigures(
                 waiting_calls=waiting,
-                queued_requests=admission.queued(tenant),
-                active_requests=admission.active(tenant),
+                queued_requests=slots.queued(tenant),
+                active_requests=slots.active(tenant),
                 rows=(*zip(map(float, rows.buckets), row_counts, strict=False), (float("inf"), row_counts[-1])),
                 rows_sum=rows.sums.get(tenant, 0.0),
                 tokens=(*zip(map(float, toks.buckets), tok_counts, strict=False), (float("inf"), tok_counts[-1])),
                 tokens_sum=toks.sums.get(tenant, 0.0),
-                rejected=admission.rejected(tenant),
+                rejected=slots.rejected(tenant),
             )
 
     # --- the engine loop -------------------------------------------------------------
@@ -323,7 +323,7 @@ def _fair(queue: deque[_Job], limit: int, turn: int) -> list[_Job]:
     return taken
 
 
-class Admission:
+class GenerationSlots:
     """How many generating requests run at once: at most ``per_tenant`` of one tenant and
     ``total`` in all; beyond that a request waits in a queue of at most ``queue`` requests,
     of which at most ``per_tenant`` are one tenant's (at most ``wait_s`` seconds), served fairly (the tenant with the fewest running first,
@@ -331,7 +331,7 @@ class Admission:
 
     def __init__(self, total: int = 32, per_tenant: int = 16, queue: int = 64, wait_s: float = 30.0) -> None:
         if min(total, per_tenant) < 1 or queue < 0 or wait_s < 0:
-            raise ValueError("admission limits must be positive")
+            raise ValueError("generation slot limits must be positive")
         self.total, self.per_tenant, self.queue_limit, self.wait_s = total, per_tenant, queue, wait_s
         self._cond = threading.Condition()
         self._active: dict[str, int] = {}

@@ -26,8 +26,8 @@ from fak.policy.late import LateJob
 from fak.state.store import now_us
 from fak.types import as_id, check_id
 
-__all__ = ["FORGOTTEN_RULE", "MAX_MEDIA_TYPE", "MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Judged",
-           "RefBeingForgotten", "ToolResult", "base_media_type", "forgotten", "judge", "late_check", "record",
+__all__ = ["FORGOTTEN_RULE", "MAX_MEDIA_TYPE", "MAX_SOURCE", "QUARANTINED_RULE", "Admission", "Decided",
+           "RefBeingForgotten", "ToolResult", "base_media_type", "decide", "forgotten", "late_check", "record",
            "tool_result"]
 
 MAX_SOURCE = 2048  # characters of a tool result's source URL
@@ -96,11 +96,11 @@ def tool_result(tool: object, data: object, media_type: str, tags: Sequence[str]
 
 
 @dataclass(frozen=True)
-class Judged:
+class Decided:
     """What the policy made of one tool result, before the ledger changes."""
 
     result: ToolResult
-    policy: Policy  # the policy that judged it (a reload meanwhile does not mix two)
+    policy: Policy  # the policy that decided it (a reload meanwhile does not mix two)
     verdict: Verdict
     ref: str  # of the bytes as given
     admitted_ref: str | None  # the ref whose bytes enter attention; None: they do not
@@ -141,16 +141,16 @@ def forgotten(services: Services, tenant: str, ref: str) -> bool:
     return state.forget_covering(tenant, ref) is not None
 
 
-def _refused_forgotten(result: ToolResult, policy: Policy, ref: str, *, stored: bool) -> Judged:
+def _refused_forgotten(result: ToolResult, policy: Policy, ref: str, *, stored: bool) -> Decided:
     """QUARANTINE ``ref_forgotten``, decided before the gate reads the bytes (in audit mode too:
     a forget is an erasure, not a detection)."""
     verdict = Verdict(kind=VerdictKind.QUARANTINE, rule_id=FORGOTTEN_RULE, policy_digest=policy.digest,
                       tool=result.tool, input_bytes=len(result.data))
-    return Judged(result, policy, verdict, ref, None, b"", None, None, stored=stored)
+    return Decided(result, policy, verdict, ref, None, b"", None, None, stored=stored)
 
 
-def judge(services: Services, tenant: str, session_id: str, result: ToolResult) -> Judged:
-    """Store the bytes and judge them under the active policy (the session's lock is held).
+def decide(services: Services, tenant: str, session_id: str, result: ToolResult) -> Decided:
+    """Store the bytes and decide on them under the active policy (the session's lock is held).
     Bytes of a forgotten ref are refused unstored unless the policy allows re-admission
     (``spec.forget.readmit``); a forget in progress refuses them either way."""
     state, store, policy = services.state, services.store, services.policy
@@ -191,37 +191,37 @@ def judge(services: Services, tenant: str, session_id: str, result: ToolResult) 
     if admitted:
         seconds, turns = lifetime(policy, tool, verdict, result.source)
         expires_us = now_us() + seconds * 1_000_000 if seconds is not None else None
-    return Judged(result, policy, verdict, ref, admitted_ref, body, expires_us, turns)
+    return Decided(result, policy, verdict, ref, admitted_ref, body, expires_us, turns)
 
 
-def record(services: Services, tenant: str, session_id: str, judged: Judged, segment_id: str) -> None:
+def record(services: Services, tenant: str, session_id: str, decided: Decided, segment_id: str) -> None:
     """Record what later decisions read of an admission, once its event is logged: the refs'
     metadata and producers, the CAS use, the next expiry; a refused ref's taint. Nothing for
     bytes refused unstored (a forgotten ref: no record of them is made again)."""
-    if not judged.stored:
+    if not decided.stored:
         return
-    state, store, result = services.state, services.store, judged.result
-    tool, tags, source, kind = result.tool, result.tags, result.source, judged.verdict.kind.value
+    state, store, result = services.state, services.store, decided.result
+    tool, tags, source, kind = result.tool, result.tags, result.source, decided.verdict.kind.value
     producer = (tool, source)
-    if judged.admitted_ref is not None:
-        state.record_ref(tenant, judged.admitted_ref, tool, tags, kind, judged.policy.digest,
-                         expires_us=judged.expires_us, source=source)
-        store.record_use(judged.admitted_ref, tenant, "segment", f"{session_id}/{segment_id}")
-        services.producers.note(tenant, judged.admitted_ref, producer)
-        services.withdrawals.note_expiry(judged.expires_us)
-        services.withdrawals.clear(tenant, judged.admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
-    if judged.admitted_ref != judged.ref:
-        state.record_ref(tenant, judged.ref, tool, tags, kind, judged.policy.digest, source=source)
-        services.producers.note(tenant, judged.ref, producer)
-    if not judged.admitted:
-        store.set_taint(judged.ref, tenant, "quarantined")
+    if decided.admitted_ref is not None:
+        state.record_ref(tenant, decided.admitted_ref, tool, tags, kind, decided.policy.digest,
+                         expires_us=decided.expires_us, source=source)
+        store.record_use(decided.admitted_ref, tenant, "segment", f"{session_id}/{segment_id}")
+        services.producers.note(tenant, decided.admitted_ref, producer)
+        services.withdrawals.note_expiry(decided.expires_us)
+        services.withdrawals.clear(tenant, decided.admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
+    if decided.admitted_ref != decided.ref:
+        state.record_ref(tenant, decided.ref, tool, tags, kind, decided.policy.digest, source=source)
+        services.producers.note(tenant, decided.ref, producer)
+    if not decided.admitted:
+        store.set_taint(decided.ref, tenant, "quarantined")
 
 
-def late_check(services: Services, tenant: str, session_id: str, judged: Judged) -> None:
+def late_check(services: Services, tenant: str, session_id: str, decided: Decided) -> None:
     """Hand an admitted result to the late detectors, with the trust the gate applied."""
     late = services.late
-    if judged.admitted_ref is None or late.runner is None:
+    if decided.admitted_ref is None or late.runner is None:
         return
-    late.submit(LateJob(tenant=tenant, session=session_id, ref=judged.admitted_ref, tool=judged.result.tool,
-                        trust=judged.verdict.trust or "untrusted", text=judged.body.decode("utf-8", errors="replace"),
+    late.submit(LateJob(tenant=tenant, session=session_id, ref=decided.admitted_ref, tool=decided.result.tool,
+                        trust=decided.verdict.trust or "untrusted", text=decided.body.decode("utf-8", errors="replace"),
                         admitted_at=time.time()), services.policy)

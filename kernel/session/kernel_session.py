@@ -55,7 +55,7 @@ from fak.kernel.withdrawal.quarantine import evict_in_place, expire, expire_due
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
-           "CallJudge", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
+           "CallDecider", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
 
 MAX_TEXT_BYTES = 1 << 20
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
@@ -78,10 +78,10 @@ class RefsEvicted:
     audit_indexes: list[int]
 
 
-class CallJudge:
+class CallDecider:
     """Decides the tool calls one generated turn writes, as ``authorize_tool_call`` does (the
     same decision, the same audit event), against the attention the turn was generated with.
-    ``judge`` logs each decision without waiting for the log's commit, so a door can judge the
+    ``decide`` logs each decision without waiting for the log's commit, so a door can decide the
     calls as soon as the model's last token is drawn and let the commit run while the turn
     closes (its closing tokens' forward); the turn waits for every commit before it is kept
     (a decision the log cannot commit rolls the turn back), and ``settle`` returns the
@@ -109,13 +109,13 @@ class CallJudge:
         session and the turn's first row, the model's evidence can be computed for a call."""
         self._context, self._session, self._base = context, session, base
 
-    def judge(self, name: str, args: Any = None, turn: Callable[[], GeneratedCall | None] | None = None
+    def decide(self, name: str, args: Any = None, turn: Callable[[], GeneratedCall | None] | None = None
               ) -> ToolCallDecision:
         """The decision on one call (its audit index once settled); logged, not waited for.
         ``turn``: locates the call among the turn's tokens, for rules that ask for the model's
-        evidence; call ``judge`` with it only while the turn is open (it holds the lock)."""
+        evidence; call ``decide`` with it only while the turn is open (it holds the lock)."""
         if self._context is None:
-            raise TransactionError("a call judge is bound by the generation it judges (generate(judge=...))")
+            raise TransactionError("a call decider is bound by the generation it decides for (generate(decider=...))")
         evidence = TurnEvidence(self._session, self._base, turn) if turn is not None and self._session else None
         decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence)
         self._pending.append((decision, self._ks.services.audit.submit(event)))
@@ -123,7 +123,7 @@ class CallJudge:
         return decision
 
     def settle(self) -> list[ToolCallDecision]:
-        """Every decision judged so far, in order, once the log holds it (its audit index);
+        """Every decision made so far, in order, once the log holds it (its audit index);
         raises what the log raised for one it could not commit. ``generate`` settles before it
         keeps the turn, so a turn whose decisions are not logged is rolled back."""
         self._settled += [replace(d, audit_index=f.result()) for d, f in self._pending]
@@ -460,27 +460,27 @@ class KernelSession:
         self._before_use()
         with self.transaction() as tx:
             s = tx.session
-            judged = admission.judge(self.services, self.tenant, self.id, result)
+            decided = admission.decide(self.services, self.tenant, self.id, result)
             segment_id = s.ledger.new_id()
-            event = judged.event(self.tenant, self.id, segment_id)  # validated before anything changes
-            verdict, digest = judged.verdict, judged.policy.digest
+            event = decided.event(self.tenant, self.id, segment_id)  # validated before anything changes
+            verdict, digest = decided.verdict, decided.policy.digest
             tx.change()
-            if judged.admitted:
-                segment = s.append(SegmentKind.TOOL, judged.body.decode("utf-8", errors="replace"),
-                                   ref=judged.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
+            if decided.admitted:
+                segment = s.append(SegmentKind.TOOL, decided.body.decode("utf-8", errors="replace"),
+                                   ref=decided.admitted_ref, verdict=verdict.kind.value, rule=verdict.rule_id,
                                    policy_digest=digest, segment_id=segment_id, role=role)
-                segment.expires_turn = _turns(s) + judged.turns if judged.turns is not None else None
+                segment.expires_turn = _turns(s) + decided.turns if decided.turns is not None else None
                 segment.tool, segment.source, segment.media_type = result.tool, result.source, result.base_media_type
                 self._check_room(s, "this tool result")
             else:
-                segment = s.record_quarantined(SegmentKind.TOOL, ref=judged.ref, verdict=verdict.kind.value,
+                segment = s.record_quarantined(SegmentKind.TOOL, ref=decided.ref, verdict=verdict.kind.value,
                                                rule=verdict.rule_id, policy_digest=digest, segment_id=segment_id)
             index = tx.audit(event)
-            admission.record(self.services, self.tenant, self.id, judged, segment.id)
+            admission.record(self.services, self.tenant, self.id, decided, segment.id)
             tx.commit()
             self.services.events.publish(AdmissionDecided(self.tenant, verdict.kind))
-            admission.late_check(self.services, self.tenant, self.id, judged)
-            return Admission(verdict, judged.ref, judged.admitted_ref, segment, index)
+            admission.late_check(self.services, self.tenant, self.id, decided)
+            return Admission(verdict, decided.ref, decided.admitted_ref, segment, index)
 
     # --- eviction -------------------------------------------------------------
     def evict(self, segment_id: str, mode: EvictMode | str | None = None, *, reason: str = "manual") -> EvictionReport:
@@ -528,7 +528,7 @@ class KernelSession:
                     evidence: CallEvidence | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
         """The decision on a call in ``context`` (the refs in attention with the producers of their
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
-        and ``CallJudge`` log it. A CONFIRM a person already approved in this session for the
+        and ``CallDecider`` log it. A CONFIRM a person already approved in this session for the
         same call under the same rule, offending refs and argument sources is allowed, naming the
         approval (remembered in the state database: ``fak.kernel.calls.held``)."""
         if not isinstance(name, str) or not name or len(name) > 128:
@@ -555,11 +555,11 @@ class KernelSession:
         replica and after a restart (``tool_calls.remember_approvals``); whether it was kept."""
         return remember_approval(self.services, self.tenant, self.id, key, approval_index, call_id)
 
-    def call_judge(self, principal: str | None = None) -> CallJudge:
-        """A judge for the calls of a turn: hand it to ``generate(judge=...)``, which binds it to
+    def call_decider(self, principal: str | None = None) -> CallDecider:
+        """A decider for the calls of a turn: hand it to ``generate(decider=...)``, which binds it to
         the attention the turn is generated with (read under the turn's lock: generation adds no
         ref to it), so each call the model writes is decided the moment it is written."""
-        return CallJudge(self, principal)
+        return CallDecider(self, principal)
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
@@ -588,16 +588,16 @@ class KernelSession:
             return RefsEvicted([x.id for x in victims], report.exactness, report.fingerprint, indexes)
 
     # --- generation -----------------------------------------------------------
-    def generate(self, params: SamplingParams | None = None, *, keep: bool = True, judge: CallJudge | None = None,
+    def generate(self, params: SamplingParams | None = None, *, keep: bool = True, decider: CallDecider | None = None,
                  **sampling: Any) -> Iterator[int]:
         """Generate an assistant turn, yielding token ids. Stop tokens come from the model
         unless ``params`` names its own; ``sampling`` overrides fields (max_tokens,
         temperature, top_p, seed, min_tokens, hooks). The turn is kept once the iterator is
         exhausted (with ``keep=False`` it is undone then: a sibling answer); the session
-        stays locked until then (close the iterator to give up). ``judge``: bound to the
-        turn's attention once the lock is held (``call_judge``)."""
+        stays locked until then (close the iterator to give up). ``decider``: bound to the
+        turn's attention once the lock is held (``call_decider``)."""
         params = self._params(params, sampling)
-        return self._generate(params, keep, judge)
+        return self._generate(params, keep, decider)
 
     def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
         params = params or SamplingParams()
@@ -609,14 +609,14 @@ class KernelSession:
             params = replace(params, stop_token_ids=frozenset(self.services.tokenizer.stop_token_ids))
         return params
 
-    def _generate(self, params: SamplingParams, keep: bool = True, judge: CallJudge | None = None) -> Iterator[int]:
+    def _generate(self, params: SamplingParams, keep: bool = True, decider: CallDecider | None = None) -> Iterator[int]:
         self._before_use()
         # a place among the generations running at once (or the fair queue, or Overloaded: 429),
         # taken before the session's lock so a queued request holds nothing
-        with self.services.admission.slot(self.tenant), self.transaction() as tx:
+        with self.services.generation_slots.slot(self.tenant), self.transaction() as tx:
             s = tx.session
-            if judge is not None:
-                judge.bind(self._in_attention.of(s), s, s.cache.length)
+            if decider is not None:
+                decider.bind(self._in_attention.of(s), s, s.cache.length)
             room = self.services.context_limit - s.cache.length - GENERATION_OVERHEAD
             if room < 1:
                 raise ContextFull(f"the session holds {s.cache.length} tokens: no room left in the "
@@ -633,9 +633,9 @@ class KernelSession:
                     yield token
             finally:
                 inner.close()  # rolls the partial turn back if the consumer stopped early
-            if judge is not None:
-                try:  # the calls judged while the turn was open are logged before it is kept
-                    judge.settle()
+            if decider is not None:
+                try:  # the calls decided while the turn was open are logged before it is kept
+                    decider.settle()
                 except BaseException:
                     tx.change()  # the turn is in the cache, unlogged: discard it (rebuilt from the ledger)
                     raise
