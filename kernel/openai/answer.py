@@ -53,13 +53,13 @@ Finish = Literal["stop", "length", "tool_calls"]
 
 @dataclass(frozen=True)
 class AnswerPlan:
-    """What every choice of a request is decoded and judged under, built once (``plan_answer``)
+    """What every choice of a request is decoded and decided under, built once (``plan_answer``)
     before the request changes anything: a schema the grammar engine refuses, or a token id
     outside the vocabulary, is a 400 with nothing appended to the session."""
 
     parameters: ChatParameters
     principal: str  # as the tool-call decisions record it
-    names: frozenset[str]  # the tools whose calls are read back and judged (empty: calls off)
+    names: frozenset[str]  # the tools whose calls are read back and decided (empty: calls off)
     grammar: CompiledGrammar | None  # compiled when planned: what llguidance refuses is the 400
     logit_bias: LogitBias | None
     hooks: tuple[TokenHook, ...] = ()  # an in-process caller's own sampling hooks, applied first
@@ -93,7 +93,7 @@ class Answer:
     logprobs: w.ChoiceLogprobs | None
     context: int  # tokens in the session before the answer's last attempt
     streamed: str = ""  # content already sent by a stream
-    judge_s: float = 0.0  # reading the calls and judging them: what the verdicts add to the turn
+    decide_s: float = 0.0  # reading the calls and deciding them: what the verdicts add to the turn
     # refs whose bytes the answer's content and calls may carry: its last attempt's content provenance
     provenance: frozenset[str] = frozenset()
     # and those of the retried attempts whose text a stream was already given (it stays sent):
@@ -171,22 +171,22 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         produced: list[int] = []
         sent: list[str] = []  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
-        judge = ks.call_judge(plan.principal) if names else None  # bound to the turn's attention by generate
+        decider = ks.call_decider(plan.principal) if names else None  # bound to the turn's attention by generate
         read: tuple[str, list[ParsedCall]] | None = None
-        spent = 0.0  # judging, while the turn is still open
-        tokens = timed_tokens(ks.generate(keep=keep, judge=judge, hooks=tuple(a.hooks), **sampling),
+        spent = 0.0  # deciding, while the turn is still open
+        tokens = timed_tokens(ks.generate(keep=keep, decider=decider, hooks=tuple(a.hooks), **sampling),
                               services.events, ks.tenant)
         try:
             for token in tokens:
                 produced.append(token)
-                if judge is not None and read is None and token in tok.stop_token_ids:
-                    # the calls are all written: judge them now, so the log commits the decisions
+                if decider is not None and read is None and token in tok.stop_token_ids:
+                    # the calls are all written: decide them now, so the log commits the decisions
                     # while the turn closes (its closing forward and ledger write come next)
                     t0 = time.perf_counter()
                     read = _read(tok, produced, a.stops, names)
                     for i, call in enumerate(read[1]):  # the turn is open: its evidence can be computed
-                        judge.judge(call.name, call.arguments,
-                                    turn=_locator(tok, list(produced), i, call, format_for(tok)))
+                        decider.decide(call.name, call.arguments,
+                                       turn=_locator(tok, list(produced), i, call, format_for(tok)))
                     spent += time.perf_counter() - t0
                 piece = shown.feed(decoder.push(token))
                 if piece:
@@ -199,13 +199,13 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         turn_refs = _turn_provenance(ks, known)
         sampled += len(produced)
         t0 = time.perf_counter()
-        if read is None:  # ended by max_tokens, or no tools: read (and judge) now
+        if read is None:  # ended by max_tokens, or no tools: read (and decide) now
             read = _read(tok, produced, a.stops, names)
-            if judge is not None:
+            if decider is not None:
                 for call in read[1]:
-                    judge.judge(call.name, call.arguments)
-        content, calls = read  # calls only where tools are enabled, hence a judge
-        judged = list(zip(calls, judge.settle() if judge is not None else [], strict=True))
+                    decider.decide(call.name, call.arguments)
+        content, calls = read  # calls only where tools are enabled, hence a decider
+        judged = list(zip(calls, decider.settle() if decider is not None else [], strict=True))
         denied = [d for _, d in judged if d.verdict == "DENY"]
         policy = services.policy.spec.tool_calls
         offending = sorted({r for d in denied for r in d.offending})
@@ -220,8 +220,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
             attempt += 1
             continue
         answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, "".join(sent),
-                         context, stopped=a.stops is not None and a.stops.matched, refs=judge.refs if judge else ())
-        answer.judge_s = spent + time.perf_counter() - t0
+                         context, stopped=a.stops is not None and a.stops.matched, refs=decider.refs if decider else ())
+        answer.decide_s = spent + time.perf_counter() - t0
         answer.provenance, answer.sent_provenance = turn_refs, frozenset(shown_refs)
         yield answer
         return

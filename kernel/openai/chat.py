@@ -13,7 +13,7 @@ session, apart from HTTP (the contract, for clients: docs/openai.md). This modul
   of its own (``fak.kernel.calls.tool_text``), and what the answer reports;
 - the answer: ``n`` choices (siblings undone, choice 0 kept), each a ``run_answer``
   (``fak.kernel.openai.answer``: sampling hooks, the grammar, the calls read back and
-  judged, the DENY remedy) as one ``chat.completion`` (``complete``) or its
+  decided, the DENY remedy) as one ``chat.completion`` (``complete``) or its
   ``chat.completion.chunk`` objects one model step at a time (``open_stream`` →
   ``ChatStream``);
 - held calls: ``decide_held_call`` (approve or reject, audited; the ``approve`` right),
@@ -211,7 +211,7 @@ class ChatTurn:
     session: KernelSession
     ephemeral: bool  # created for this request, deleted by close
     completion_id: str
-    plan: AnswerPlan  # what every choice is decoded and judged under
+    plan: AnswerPlan  # what every choice is decoded and decided under
     cached: int = 0  # prompt tokens whose KV was not computed for this request
     admissions: list[w.AdmissionInfo] = field(default_factory=list)
     tools_ref: str | None = None  # the ref of the tools block in attention
@@ -454,7 +454,7 @@ class ChatStream:
     is opened (``open_stream``), so a busy session or a refused parameter fails before any
     chunk. Content is sent as it is decoded, except what may still become a tool call or a
     stop string; a choice's tool calls follow once the model has finished them and fak has
-    judged them, as one tool-call delta each. ``close`` however the stream ended: it rolls an
+    decided them, as one tool-call delta each. ``close`` however the stream ended: it rolls an
     unfinished turn back and closes the turn (safe from another thread)."""
 
     def __init__(self, turn: ChatTurn, *, include_usage: bool) -> None:
