@@ -137,8 +137,9 @@ def _serve_cluster(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from fak.api.cluster_router import Placement
-    from fak.api.cluster_serve import RAY_MISSING, check_replicated, run_cluster, shutdown_cluster, wait_ready
+    from fak.api.cluster.lifecycle import RAY_MISSING, run_cluster, shutdown_cluster, wait_ready
+    from fak.api.cluster.rules import Placement
+    from fak.kernel.facade import check_replicated
     from fak.settings import Settings
 
     settings = Settings.load(args.config)

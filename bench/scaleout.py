@@ -19,7 +19,7 @@ process group, SIGKILL after ``STOP_TIMEOUT_S``) and its databases dropped after
     clients for ``--duration`` seconds after a warm-up. ``fak serve --replicas 1`` is the plain
     single-process server (the CLI starts no Ray for one replica): reported as
     ``single_process``; ``cluster_1`` is the router over one replica, started through
-    ``fak.api.cluster_serve.run_cluster`` directly. On a machine with few cores the replicas
+    ``fak.api.cluster.lifecycle.run_cluster`` directly. On a machine with few cores the replicas
     share them, so this is not a scaling figure (``notes`` says so).
 
 Also recorded: each cluster's start time (until ``/healthz`` answers and every replica has
@@ -82,8 +82,8 @@ LOAD_SYSTEM = ("You are a concise assistant for a travel company. Answer in one 
                "booking references, flight numbers or prices; say when you do not know.")
 LAUNCH_ONE = """
 import signal, sys, threading
-from fak.api.cluster_router import Placement
-from fak.api.cluster_serve import run_cluster, shutdown_cluster
+from fak.api.cluster.lifecycle import run_cluster, shutdown_cluster
+from fak.api.cluster.rules import Placement
 from fak.settings import Settings
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -117,15 +117,21 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
     return svc, registry, replays
 
 
-def check_replicated(settings: Settings) -> None:
+def check_replicated(settings: Settings, replicas: int | None = None) -> None:
     """A replica shares its governance plane with its peers (docs/scale-out.md): both databases
-    must be PostgreSQL, which several processes and machines can write; SQLite cannot."""
+    must be PostgreSQL, which several processes and machines can write; SQLite cannot. Checked
+    by each replica's ``Kernel.open`` (``replicas`` None) and by ``fak serve --replicas N``
+    before it starts any (one replica shares nothing and needs no PostgreSQL)."""
+    who = f"replica {settings.replica!r}" if replicas is None else f"--replicas {replicas}"
+    if replicas is not None and replicas < 1:
+        raise SettingsError(f"{who}: a deployment has at least 1 replica")
+    if replicas == 1:
+        return
     for name, url in (("database_url", settings.database_url), ("cas_key_url", settings.cas_key_url)):
         if url is None or not url.startswith("postgresql"):
             shown = "unset (SQLite in the data directory)" if url is None else "not PostgreSQL"
-            raise SettingsError(f"replica {settings.replica!r}: setting {name} is {shown}; a replicated deployment "
-                                "shares its state on PostgreSQL (e.g. postgresql+psycopg://host/fak) and refuses "
-                                "SQLite")
+            raise SettingsError(f"{who}: setting {name} is {shown}; a replicated deployment shares its state on "
+                                f"PostgreSQL (FAK_{name.upper()}=postgresql+psycopg://host/fak) and refuses SQLite")
 
 
 def _engine(settings: Settings, lm: LoadedModel) -> Scheduler | None:

@@ -1,4 +1,4 @@
-"""The replicated deployment's routing rules (fak.api.cluster_router), without Ray: which
+"""The replicated deployment's routing rules (fak.api.cluster.rules), without Ray: which
 requests name a session, which are placed by prefix score, the affinity cache, the choice
 among scores, and /metrics merged across replicas."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fak.api.cluster_router import (
+from fak.api.cluster.rules import (
     AffinityCache,
     Kind,
     Placement,
@@ -220,7 +220,7 @@ def _items(app: Any, method: str, path: str, key: str | None = None, body: objec
            stop_after: int | None = None) -> list[Any]:
     """What ``stream_asgi`` yields (all of it, or the first ``stop_after`` items, then the
     caller leaves as a disconnecting client would)."""
-    from fak.api.cluster_serve import stream_asgi
+    from fak.api.cluster.asgi import stream_asgi
 
     headers = [("content-type", "application/json")] + ([("authorization", f"Bearer {key}")] if key else [])
     raw = json.dumps(body).encode() if body is not None else b""
@@ -269,7 +269,7 @@ def test_a_json_answer_is_one_item_and_a_stream_stays_a_stream(kernel: Any) -> N
 
 def test_score_request(kernel: Any) -> None:
     from fak.api.app import create_app
-    from fak.api.cluster_serve import score_request
+    from fak.api.cluster.replica import score_request
 
     app = create_app(kernel)
     keys = app.state.keys

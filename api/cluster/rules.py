@@ -5,7 +5,7 @@ A replica is a whole kernel (its model, sessions, KV and prefix caches) sharing 
 governance plane (PostgreSQL) with the others. A session lives on one replica, so every
 request that names a session must reach that replica; a request that starts a conversation
 is best placed where its prompt's prefix is already cached. This module decides, from what
-the request says and what the replicas report; ``fak.api.cluster_serve`` does the Ray side
+the request says and what the replicas report; ``fak.api.cluster`` does the Ray side
 (handles, forwarding, streaming). Kept free of Ray so every rule is unit-tested alone.
 
 - ``classify``: a request's ``Route`` (session-scoped, a placement, ``/metrics``, anything else);
