@@ -1,16 +1,39 @@
-"""Shared fixtures: isolated data directories and a real PostgreSQL database."""
+"""Shared fixtures: isolated data directories, a real PostgreSQL database, the tiny-model kernel
+and a live server around it. Tests never import a fixture by name: the ones here, and those of
+the plugin modules named in ``pytest_plugins``, reach every test under tests/. Plain helpers are
+in tests/support/ (``from support.pg import pg_scratch``)."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import pytest
+from support.pg import pg_scratch, pg_server_url
 
-PG_HOST, PG_PORT, PG_DB = "127.0.0.1", 5432, "test"
+if TYPE_CHECKING:
+    from fak.api.server import LiveServer
+
+# fixture modules shared by several test files (the console's signed-in ``world``)
+pytest_plugins = ("support.console",)
+
+# Files whose tests take long (a Ray cluster, a browser, a fresh venv, schemathesis, measured
+# minutes): marked ``slow`` here, by file, so ``make test-fast`` (-m "not slow") leaves them out.
+SLOW_FILES = frozenset({
+    "test_scaleout.py",  # Ray Serve: three replica processes
+    "test_console_browser.py",  # headless Chromium
+    "test_sdk_client_only_install.py",  # a bare venv, pip install from the registry
+    "test_api_schema.py",  # schemathesis over every operation
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``slow`` on every test of SLOW_FILES (before ``-m`` selects)."""
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
@@ -22,40 +45,6 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     # the reference weights, as the shared models (tiny_lm, smollm2) load them: a Kernel a test or its
     # child process opens from Settings then computes the same KV (fingerprints are per weight format)
     monkeypatch.setenv("FAK_WEIGHTS", "float32")
-
-
-def _pg_answers() -> bool:
-    try:
-        with socket.create_connection((PG_HOST, PG_PORT), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def pg_server_url(database: str = PG_DB) -> str:
-    """The URL of ``database`` on the local PostgreSQL server; skips (saying why) only when
-    no server answers."""
-    if not _pg_answers():
-        pytest.skip(f"PostgreSQL: no server answers at {PG_HOST}:{PG_PORT}; PostgreSQL tests skipped")
-    user = os.environ.get("FAK_PG_USER", "postgres")
-    return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{database}"
-
-
-@contextmanager
-def pg_scratch(create: str, drop: str) -> Iterator[None]:
-    """Runs ``create`` (DDL: a schema, a database) on the server's ``test`` database, and ``drop``
-    afterwards; autocommit, as ``CREATE DATABASE`` needs."""
-    import sqlalchemy as sa
-
-    admin = sa.create_engine(pg_server_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(create))
-    try:
-        yield
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(drop))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -122,3 +111,23 @@ def judge_stub():
     stub = JudgeStub()
     yield stub
     stub.close()
+
+
+@pytest.fixture
+def live_server(kernel) -> Iterator[LiveServer]:
+    """A real uvicorn server on 127.0.0.1 (a free port, a background thread) around
+    ``create_app(kernel)`` (``fak.api.server.serve``), for API tests that go through sockets, HTTP
+    parsing and streaming as a client does; stopped after the test. It wraps the ``kernel``
+    fixture (override ``settings`` or ``kernel`` in a test module to change it);
+    ``fak.api.server.serve(kernel, **create_app_options)`` is the same as a context manager, for
+    a second server or other app options (``max_body``).
+
+        def test_x(live_server):
+            key = live_server.key("acme", "agent")
+            with live_server.client(key) as c:
+                assert c.get("/v1/sessions").status_code == 200
+    """
+    from fak.api.server import serve
+
+    with serve(kernel) as live:
+        yield live

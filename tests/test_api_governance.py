@@ -5,8 +5,7 @@ both modes, and the roles and tenants the rest of the API enforces."""
 from __future__ import annotations
 
 import pytest
-from api_server import live_server  # noqa: F401 - the fixture
-from test_kernel_governance import INJECTION, POLICY
+from support.governance import INJECTION, POLICY
 
 from fak.sdk import Client, FakAPIError, local
 
@@ -48,7 +47,7 @@ def _same(a, b) -> bool:  # noqa: ANN001
             == {k: v for k, v in b.model_dump().items() if k not in drop})
 
 
-def test_authorize_and_remedy_over_http_and_locally(live_server, tmp_path, tiny_dir, tiny_lm):  # noqa: F811
+def test_authorize_and_remedy_over_http_and_locally(live_server, tmp_path, tiny_dir, tiny_lm):
     from fak import Kernel, Settings
 
     with Client(live_server.url, live_server.key("acme", "agent"), trust_env=False, timeout=60) as c:
@@ -80,7 +79,7 @@ def test_authorize_and_remedy_over_http_and_locally(live_server, tmp_path, tiny_
         assert _same(http[name], here[name]), name
 
 
-def test_roles_tenants_and_bad_bodies(live_server):  # noqa: F811
+def test_roles_tenants_and_bad_bodies(live_server):
     agent = live_server.client(live_server.key("acme", "agent"))
     sid = agent.post("/v1/sessions", json={}).json()["id"]
     url = f"/v1/sessions/{sid}/tool-calls/authorize"
@@ -102,7 +101,7 @@ def test_roles_tenants_and_bad_bodies(live_server):  # noqa: F811
     assert nothing.status_code == 200 and nothing.json()["segment_ids"] == []
 
 
-def test_sdk_raises_problems(live_server):  # noqa: F811
+def test_sdk_raises_problems(live_server):
     with Client(live_server.url, live_server.key("acme", "auditor"), trust_env=False) as c:
         with pytest.raises(FakAPIError) as e:
             c.session("nope").authorize_tool_call("send_email")

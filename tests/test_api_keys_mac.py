@@ -14,7 +14,6 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from api_server import live_server  # noqa: F401
 
 from fak.db import writing
 
@@ -57,7 +56,7 @@ def _refused_like_unknown(live, key: str, path: str = "/v1/sessions") -> None:  
     assert r.json() == unknown.json()  # the same problem document: nothing says the row exists
 
 
-def test_tenant_moved_in_the_database_is_refused_and_alarmed(live_server) -> None:  # noqa: F811
+def test_tenant_moved_in_the_database_is_refused_and_alarmed(live_server) -> None:
     live = live_server
     mine, theirs = live.key("acme", "agent"), live.key("globex", "agent")
     with live.client(theirs) as c:
@@ -73,7 +72,7 @@ def test_tenant_moved_in_the_database_is_refused_and_alarmed(live_server) -> Non
         assert c.get("/v1/sessions").json() == {"sessions": ["globex-secret"]}
 
 
-def test_role_escalated_in_the_database_is_refused(live_server) -> None:  # noqa: F811
+def test_role_escalated_in_the_database_is_refused(live_server) -> None:
     live = live_server
     key = live.key("acme", "agent")
     with live.client(key) as c:
@@ -84,7 +83,7 @@ def test_role_escalated_in_the_database_is_refused(live_server) -> None:  # noqa
     assert _events(live.kernel, "key_alarm", wait=5)
 
 
-def test_unrevoked_in_the_database_is_refused(live_server) -> None:  # noqa: F811
+def test_unrevoked_in_the_database_is_refused(live_server) -> None:
     live = live_server
     key = live.key("acme", "agent")
     live.app.state.keys.revoke(_key_id(key))
@@ -95,7 +94,7 @@ def test_unrevoked_in_the_database_is_refused(live_server) -> None:  # noqa: F81
     assert _events(live.kernel, "key_alarm", wait=5)
 
 
-def test_expiry_moved_later_in_the_database_is_refused(live_server) -> None:  # noqa: F811
+def test_expiry_moved_later_in_the_database_is_refused(live_server) -> None:
     live = live_server
     key, who = live.app.state.keys.create("acme", "agent", expires_in=3600)
     with live.client(key) as c:
@@ -107,7 +106,7 @@ def test_expiry_moved_later_in_the_database_is_refused(live_server) -> None:  # 
     assert _events(live.kernel, "key_alarm", wait=5)
 
 
-def test_an_expired_key_is_refused(live_server) -> None:  # noqa: F811
+def test_an_expired_key_is_refused(live_server) -> None:
     live = live_server
     key, who = live.app.state.keys.create("acme", "agent", expires_in=1.0)
     lasting = live.key("acme", "agent")
@@ -125,7 +124,7 @@ def test_an_expired_key_is_refused(live_server) -> None:  # noqa: F811
             live.app.state.keys.create("acme", "agent", expires_in=bad)
 
 
-def test_create_and_revoke_are_audited_without_the_secret(live_server) -> None:  # noqa: F811
+def test_create_and_revoke_are_audited_without_the_secret(live_server) -> None:
     live = live_server
     key, who = live.app.state.keys.create("acme", "auditor", name="ci", expires_in=86400)
     live.app.state.keys.revoke(who.key_id, principal="operator")
@@ -145,7 +144,7 @@ def test_create_and_revoke_are_audited_without_the_secret(live_server) -> None: 
     assert "key_created" in types and "key_revoked" in types
 
 
-def test_a_flood_on_an_edited_row_is_one_alarm_with_a_count(live_server) -> None:  # noqa: F811
+def test_a_flood_on_an_edited_row_is_one_alarm_with_a_count(live_server) -> None:
     live = live_server
     key = live.key("acme", "agent")
     _edit(live, key, role="admin")

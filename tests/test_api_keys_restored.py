@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from api_server import live_server  # noqa: F401
 
 from fak.db import writing
 
@@ -115,7 +114,7 @@ def _refused_within(live, key: str, bound_s: float) -> float:  # noqa: ANN001
     return time.monotonic() - start
 
 
-def test_a_restored_pre_revocation_row_is_refused_and_alarmed(live_server) -> None:  # noqa: F811
+def test_a_restored_pre_revocation_row_is_refused_and_alarmed(live_server) -> None:
     live = live_server
     key, before = _backed_up_key(live)
     other = live.key("acme", "agent")
@@ -129,7 +128,7 @@ def test_a_restored_pre_revocation_row_is_refused_and_alarmed(live_server) -> No
     assert live.app.state.keys.state(live.app.state.keys.list("acme")[0]) == "tampered"
 
 
-def test_a_restored_row_of_an_erased_tenant_is_refused(live_server) -> None:  # noqa: F811
+def test_a_restored_row_of_an_erased_tenant_is_refused(live_server) -> None:
     live = live_server
     key, before = _backed_up_key(live)
     theirs = live.key("globex", "agent")
@@ -142,7 +141,7 @@ def test_a_restored_row_of_an_erased_tenant_is_refused(live_server) -> None:  # 
     assert _status(live, fresh) == 200 and _status(live, theirs) == 200
 
 
-def test_a_revocation_by_another_process_is_honoured_within_the_refresh_bound(live_server, settings) -> None:  # noqa: F811
+def test_a_revocation_by_another_process_is_honoured_within_the_refresh_bound(live_server, settings) -> None:
     """``fak keys revoke`` in its own process beside the running server: the row refuses the
     key at once; the row restored right after is refused within the refresh interval
     (1 s), by the log."""
@@ -239,7 +238,7 @@ def test_a_fresh_deployment_and_a_first_upgrade_still_seal(settings, tiny_lm) ->
         k.close()
 
 
-def test_renaming_the_revocation_in_the_type_column_hides_nothing(live_server) -> None:  # noqa: F811
+def test_renaming_the_revocation_in_the_type_column_hides_nothing(live_server) -> None:
     """The log's ``type`` column is not hashed: a writer who renames the ``key_revoked``
     entry there (the append-only triggers dropped) and restores the row gains nothing, in
     a server that reads the log afresh (restarted) as in one that read it before."""

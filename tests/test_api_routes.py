@@ -1,4 +1,4 @@
-"""The REST API against a real uvicorn server on 127.0.0.1 (tests/api_server.py): every
+"""The REST API against a real uvicorn server on 127.0.0.1 (``live_server``): every
 route, every role, a cross-tenant probe for every id a route takes, problem+json
 shapes, body limits, bad inputs, and a client that walks away from an SSE stream."""
 
@@ -12,10 +12,11 @@ import time
 
 import httpx
 import pytest
-from api_server import live_server, serve  # noqa: F401
 from fastapi.routing import iter_route_contexts
-from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER
+from kernel_facade_helpers import CLEAN, WEATHER
+from support.api_world import ROLES, World, ok, random_digest, same, writable_policy
 
+from fak.api.server import serve
 from fak.audit import merkle, note
 from fak.audit.checkpoint import open_checkpoint
 from fak.audit.proofs import InclusionProof, verify_tlog_proof
@@ -24,20 +25,10 @@ from fak.kernel.facade import default_policy_path
 
 PROBLEM = "application/problem+json"
 TYPES = "https://fak.dev/problems/"
-ROLES = ("agent", "auditor", "admin", "approver")
 AGENT, READER, AUDITOR, ADMIN = {"agent", "admin"}, set(ROLES), {"auditor", "admin"}, {"admin"}  # R: an approver too
 PUBLIC = {"/healthz"}
 # FastAPI's generated description (behind a key) and its viewers (off): see docs/api.md
 FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-
-
-@pytest.fixture
-def settings(settings, tmp_path):
-    """conftest's settings with a writable copy of the default policy (PUT /v1/policy
-    writes it; the packaged file is never the target)."""
-    path = tmp_path / "policy.yaml"
-    path.write_bytes(default_policy_path().read_bytes())
-    return settings.model_copy(update={"policy_path": path, "operator_tenant": "acme"})
 
 
 def assert_problem(r: httpx.Response, status: int, code: str | None = None) -> dict:
@@ -53,57 +44,18 @@ def assert_problem(r: httpx.Response, status: int, code: str | None = None) -> d
     return body
 
 
-def random_digest() -> str:
-    return "blake3k:" + secrets.token_hex(32)
-
-
-class World:
-    """Two tenants with a key per role; acme has a session with a clean, a quarantined and
-    a forgettable tool result, and one completed forget."""
-
-    def __init__(self, live) -> None:  # noqa: ANN001
-        self.live = live
-        self.keys = {(t, r): live.key(t, r) for t in ("acme", "evil") for r in ROLES}
-        self.c = {tr: live.client(k) for tr, k in self.keys.items()}
-        agent = self.c["acme", "agent"]
-        self.sid = ok(agent.post("/v1/sessions", json={}), 201)["id"]
-        ok(agent.post(f"/v1/sessions/{self.sid}/messages", json={"role": "system", "content": "You are terse."}), 201)
-        ok(agent.post(f"/v1/sessions/{self.sid}/messages", json={"role": "user", "content": "Flight?"}), 201)
-        admit = ok(agent.post(f"/v1/sessions/{self.sid}/tool-results",
-                              json={"tool": "flight_status", "content": CLEAN.decode()}), 201)
-        self.ref, self.ref_index, self.ref_segment = admit["ref"], admit["audit_index"], admit["segment"]["id"]
-        bad = ok(agent.post(f"/v1/sessions/{self.sid}/tool-results",
-                            json={"tool": "web_search", "content": POISON.decode()}), 201)
-        assert bad["verdict"] == "QUARANTINE" and not bad["admitted"]
-        self.poison_ref = bad["ref"]
-        gone = ok(agent.post(f"/v1/sessions/{self.sid}/tool-results",
-                             json={"tool": "lounge", "content": LOUNGE.decode()}), 201)
-        self.gone_ref = gone["ref"]
-        first = ok(self.c["acme", "admin"].post("/v1/forget", json={"ref": self.gone_ref, "reason": "gdpr"}))
-        assert first["replay_event"] is None  # answered before the independent replay is logged
-        self.request_id = first["request_id"]
-        assert live.kernel.replays.wait(self.request_id, timeout=120)
-        self.receipt = ok(self.c["acme", "admin"].post("/v1/forget", json={"ref": self.gone_ref}))  # completed
-        assert self.receipt["request_id"] == self.request_id and self.receipt["replay_event"]
-
-    def __call__(self, tenant: str, role: str) -> httpx.Client:
-        return self.c[tenant, role]
-
-    def close(self) -> None:
-        for c in self.c.values():
-            c.close()
+@pytest.fixture
+def settings(settings, tmp_path):
+    """conftest's settings with a writable copy of the default policy (PUT /v1/policy
+    writes it; the packaged file is never the target)."""
+    return writable_policy(settings, tmp_path)
 
 
 @pytest.fixture
-def world(live_server):  # noqa: F811
+def world(live_server):
     w = World(live_server)
     yield w
     w.close()
-
-
-def ok(r: httpx.Response, status: int = 200) -> dict:
-    assert r.status_code == status, (r.request.method, r.request.url, r.status_code, r.text[:800])
-    return r.json()
 
 
 # --- authentication: /healthz is the only route that answers without a key ------------------
@@ -125,7 +77,7 @@ def _fill(template: str) -> str:
     return re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: values.get(m.group(1), "x"), template)
 
 
-def test_only_healthz_answers_without_a_key(live_server) -> None:  # noqa: F811
+def test_only_healthz_answers_without_a_key(live_server) -> None:
     live = live_server
     admin_key = live.key("acme", "admin")
     revoked = live.key("acme", "admin")
@@ -243,17 +195,6 @@ def test_evicting_an_unknown_or_evicted_segment_is_a_client_error(world) -> None
 
 
 # --- cross-tenant probes -----------------------------------------------------------------------
-def _normal(content: bytes, ident: str) -> bytes:
-    """``content`` with each whole occurrence of ``ident`` (not inside a longer word) as {ID}."""
-    return re.sub(rb"(?<![\w:])" + re.escape(ident.encode()) + rb"(?![\w])", b"{ID}", content)
-
-
-def _same(r1: httpx.Response, id1: str, r2: httpx.Response, id2: str) -> None:
-    assert r1.status_code == r2.status_code, (r1.status_code, r2.status_code, r1.text, r2.text)
-    assert r1.headers.get("content-type") == r2.headers.get("content-type")
-    assert _normal(r1.content, id1) == _normal(r2.content, id2), (r1.text, r2.text)
-
-
 def test_cross_tenant_ids_answer_as_unknown_ids(world) -> None:
     w = world
     k = w.live.kernel
@@ -285,7 +226,7 @@ def test_cross_tenant_ids_answer_as_unknown_ids(world) -> None:
         r1 = evil.request(method, template.format(theirs), json=body)
         r2 = evil.request(method, template.format(unknown), json=body)
         assert r1.status_code == 404, (method, template, r1.status_code, r1.text)
-        _same(r1, theirs, r2, unknown)
+        same(r1, theirs, r2, unknown)
     body_probes = [
         ("POST", "/v1/forget", lambda ref: {"ref": ref, "reason": "probe"}),
         ("POST", "/v1/quarantine", lambda ref: {"ref": ref, "reason": "probe"}),
@@ -294,7 +235,7 @@ def test_cross_tenant_ids_answer_as_unknown_ids(world) -> None:
         for method, path, make in body_probes:
             r1, r2 = evil.request(method, path, json=make(theirs)), evil.request(method, path, json=make(unknown_ref))
             assert r1.status_code == 404
-            _same(r1, theirs, r2, unknown_ref)
+            same(r1, theirs, r2, unknown_ref)
         # a working set naming another tenant's ref: the same piece verdict as an unknown ref
         p1 = ok(evil.post(f"/v1/sessions/{evil_sid}/materialise", json={"refs": [theirs]}))["pieces"]
         p2 = ok(evil.post(f"/v1/sessions/{evil_sid}/materialise", json={"refs": [unknown_ref]}))["pieces"]
@@ -418,7 +359,7 @@ spec:
 """
 
 
-def test_policy_routes(live_server, tmp_path, capsys) -> None:  # noqa: F811
+def test_policy_routes(live_server, tmp_path, capsys) -> None:
     from fak.cli import main
 
     live = live_server
@@ -620,7 +561,7 @@ def test_problem_shapes_and_bad_inputs_are_400_not_500(world) -> None:
         assert_problem(admin.get(path), 400)
 
 
-def test_body_limit_413(live_server) -> None:  # noqa: F811
+def test_body_limit_413(live_server) -> None:
     from fak.api.app import MAX_BODY
 
     live = live_server

@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from api_server import live_server  # noqa: F401
 
 ST = str(Path(sys.executable).with_name("st"))
 EXAMPLES = 170  # per operation: the smallest route group (forget: 3 operations) gets >= 500 requests
@@ -41,7 +40,7 @@ def settings(tmp_path, tiny_dir):  # conftest's, with a policy that holds calls 
     return Settings(data_dir=tmp_path / "data", model_path=tiny_dir, chunk_size=16, policy_path=policy)
 
 
-def test_schemathesis_finds_no_server_error(live_server, tmp_path) -> None:  # noqa: F811
+def test_schemathesis_finds_no_server_error(live_server, tmp_path) -> None:
     live = live_server
     key = live.key("fuzz", "admin")
     with live.client(key) as c:

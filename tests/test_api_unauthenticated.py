@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_server import serve
 
+from fak.api.server import serve
 from fak.audit import AuthFailure
 
 FAK = str(Path(sys.executable).with_name("fak"))

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import sqlalchemy as sa
-from api_server import live_server  # noqa: F401
 
 from fak.audit import AuditError, AuditLog, PolicyLoaded, merkle, store, tenant_export, verify_export
 from fak.audit.events import canonical, parse_event
@@ -184,7 +183,7 @@ def test_old_log_without_tseq_still_verifies(tmp_path):
         assert not r.ok and "missing tenant sequence" in r.reason, r.reason
 
 
-def test_api_export_omission_detected(live_server, tmp_path):  # noqa: F811
+def test_api_export_omission_detected(live_server, tmp_path):
     """The server's GET /v1/audit/export, lines removed by whoever holds the file."""
     live = live_server
     for i in range(8):

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import sqlalchemy as sa
-from api_server import live_server  # noqa: F401
 
 from fak.audit import AuditError, AuditLog, PolicyLoaded, tenant_export
 from fak.audit.signer_state import STATE_FILE, read_state
@@ -107,7 +106,7 @@ def test_signer_state_without_tails_is_rebuilt_once(tmp_path, capsys):
         assert log.alarms == 0
 
 
-def test_api_export_and_entries_of_moved_rows(live_server, tmp_path):  # noqa: F811
+def test_api_export_and_entries_of_moved_rows(live_server, tmp_path):
     """Over the real HTTP API: acme's latest rows moved to globex's column. acme's export
     fails naming them; globex's entries and export do not carry acme's events."""
     live = live_server

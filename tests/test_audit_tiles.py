@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from api_server import live_server  # noqa: F401
 
 from fak.audit import AuditLog, PolicyLoaded, merkle, note
 from fak.audit import tiles as t
@@ -208,7 +207,7 @@ def _grow(live, n: int) -> None:  # noqa: ANN001
     live.kernel.audit.checkpoint()
 
 
-def test_tile_routes_auth_caching_and_bad_paths(live_server, monkeypatch) -> None:  # noqa: F811
+def test_tile_routes_auth_caching_and_bad_paths(live_server, monkeypatch) -> None:
     live = live_server
     _grow(live, 300)
     size = live.kernel.audit.latest_checkpoint().size
@@ -256,7 +255,7 @@ def test_tile_routes_auth_caching_and_bad_paths(live_server, monkeypatch) -> Non
         assert anon.get(f"{base}/checkpoint").headers["cache-control"] == "public, max-age=5"
 
 
-def test_fak_audit_verify_tiles_cli(live_server, tmp_path, capsys, monkeypatch) -> None:  # noqa: F811
+def test_fak_audit_verify_tiles_cli(live_server, tmp_path, capsys, monkeypatch) -> None:
     live = live_server
     _grow(live, 280)
     prefix = live.url + "/v1/audit/log"

@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from api_server import live_server  # noqa: F401
 
 from fak.audit import PolicyLoaded, note
 
@@ -50,7 +49,7 @@ def settings(settings):  # noqa: ANN001
     return settings.model_copy(update={"operator_tenant": "acme"})  # entry bundles: the operator's auditors
 
 
-def test_go_tlog_verifies_the_served_tiles(live_server, tlog_client: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_go_tlog_verifies_the_served_tiles(live_server, tlog_client: Path, tmp_path: Path) -> None:
     live = live_server
     futures = [live.kernel.audit.submit(PolicyLoaded(policy_id=f"p{i}", policy_digest=P, tenant="evil"))
                for i in range(700)]  # past two full tiles: full, partial and level-1 tiles all read

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from api_server import serve
-from test_audit_signer import rewrite_history
+from support.audit import rewrite_history
 
+from fak.api.server import serve
 from fak.audit import AuditError, AuditLog, PolicyLoaded
 from fak.audit.events import canonical
 

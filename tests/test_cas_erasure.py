@@ -59,7 +59,7 @@ def _private_pg_database() -> Iterator[str]:
     """A fresh PostgreSQL database of its own: the VACUUM horizon is per database, so
     other suites' open transactions in ``test`` cannot keep our dead tuples alive (the
     store would rightly report ``pending_vacuum``)."""
-    from conftest import pg_scratch, pg_server_url
+    from support.pg import pg_scratch, pg_server_url
 
     name = f"fak_erase_{secrets.token_hex(6)}"
     with pg_scratch(f'CREATE DATABASE "{name}"', f'DROP DATABASE "{name}" WITH (FORCE)'):

@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_server import live_server  # noqa: F401
-from test_console import world  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
@@ -100,7 +98,7 @@ def sign_in(driver, url: str, key: str) -> None:  # noqa: ANN001
     click(driver, driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]"))  # its staleness wait
 
 
-def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, shots) -> None:  # noqa: F811
+def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, shots) -> None:
     live = world["live"]
     sign_in(chrome, live.url, live.key("acme", "auditor"))
     assert chrome.current_url.endswith("/console/sessions")
@@ -133,7 +131,7 @@ def test_auditor_sees_the_quarantined_result_and_admin_forgets(world, chrome, sh
     print(f"screenshots: {shots}")
 
 
-def test_agent_key_cannot_sign_in_and_other_tenants_session_is_not_found(world, chrome, shots) -> None:  # noqa: F811
+def test_agent_key_cannot_sign_in_and_other_tenants_session_is_not_found(world, chrome, shots) -> None:
     live = world["live"]
     sign_in(chrome, live.url, live.key("acme", "agent"))
     assert find(chrome, By.ID, "status").text == "Forbidden"
@@ -149,7 +147,7 @@ def test_agent_key_cannot_sign_in_and_other_tenants_session_is_not_found(world, 
     chrome.save_screenshot(str(shots / "other-tenant.png"))
 
 
-def test_the_browser_itself_checks_an_entrys_inclusion_and_the_pinned_key(world, chrome, shots) -> None:  # noqa: F811
+def test_the_browser_itself_checks_an_entrys_inclusion_and_the_pinned_key(world, chrome, shots) -> None:
     """inclusion.js in Chromium: with no key pinned it checks the proof and says the signature is
     not checked; with the log's key pinned, the signature too (WebCrypto Ed25519); with another
     log's key pinned, it says no signature by that key; a tampered proof is NOT VERIFIED."""
@@ -193,7 +191,7 @@ def test_the_browser_itself_checks_an_entrys_inclusion_and_the_pinned_key(world,
     assert verdict().startswith("NOT VERIFIED: the proof does not lead to the checkpoint's root")
 
 
-def test_chromium_keeps_the_host_cookie_on_loopback_and_a_signed_out_one_is_refused(world, chrome) -> None:  # noqa: F811
+def test_chromium_keeps_the_host_cookie_on_loopback_and_a_signed_out_one_is_refused(world, chrome) -> None:
     """Chromium keeps the ``__Host-`` Secure cookie over http on 127.0.0.1 (a secure context);
     signing out with the page's button, then putting the captured cookie back, gets the sign-in
     form: the server refuses the cookie, not only the browser forgetting it."""

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from api_server import live_server, serve  # noqa: F401
-from conftest import pg_scratch, pg_server_url
-from test_console import browser, csrf_of, sign_in, world  # noqa: F401
+from support.console import browser, csrf_of, sign_in
+from support.pg import pg_scratch, pg_server_url
 
 from fak import Kernel, Settings
 from fak.api.console import auth
 from fak.api.keys import Principal, Role
+from fak.api.server import serve
 
 
 def attributes(header: str) -> tuple[str, dict[str, str]]:
@@ -38,7 +38,7 @@ def presenting(url: str, cookie: str) -> httpx.Client:
     return thief
 
 
-def test_console_cookies_are_host_prefixed_secure_httponly_strict(world) -> None:  # noqa: F811
+def test_console_cookies_are_host_prefixed_secure_httponly_strict(world) -> None:
     live = world["live"]
     form = browser(live).get("/console/login")
     _b, signed = sign_in(live, live.key("acme", "auditor"))
@@ -51,7 +51,7 @@ def test_console_cookies_are_host_prefixed_secure_httponly_strict(world) -> None
         assert attrs["path"] == "/" and "domain" not in attrs, header
 
 
-def test_a_cookie_captured_before_sign_out_is_refused_after_it(world) -> None:  # noqa: F811
+def test_a_cookie_captured_before_sign_out_is_refused_after_it(world) -> None:
     live = world["live"]
     key = live.key("acme", "admin")
     b, _r = sign_in(live, key)

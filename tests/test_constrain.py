@@ -14,35 +14,22 @@ from dataclasses import replace
 import jsonschema
 import numpy as np
 import pytest
+from support.constrain import ADD, TOOLS, WEATHER, forcing
 
 from fak import Kernel, Settings
 from fak.errors import InvalidInput
+from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.model.generate import SamplingParams, generate
 from fak.kernel.openai.constrain import (
     Constrainer,
     ConstraintViolation,
     SchemaGraph,
-    ToolSpec,
     auto_grammar,
     dead_end,
     json_grammar,
     tool_calls_grammar,
 )
 
-WEATHER = ToolSpec("get_weather", {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city"],
-    "additionalProperties": False,
-}, strict=True)
-ADD = ToolSpec("add", {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": -50, "maximum": 50},
-                   "b": {"type": "integer", "minimum": 0, "maximum": 9}, "exact": {"type": "boolean"}},
-    "required": ["a", "b", "exact"],
-    "additionalProperties": False,
-}, strict=True)
-TOOLS = [WEATHER, ADD]
 PERSON = {
     "type": "object",
     "properties": {
@@ -186,23 +173,6 @@ def test_json_object_output_is_an_object(kernel) -> None:
         assert isinstance(json.loads(text), dict)
 
 
-def _forcing(tokenizer, text: str):
-    """A hook that forces the tokens of ``text`` first (what a model that chose to call a
-    tool would write), then leaves the draw alone."""
-    ids = tokenizer.encode(text)
-
-    class Prefix:
-        def adjust(self, step: int, row: np.ndarray) -> np.ndarray:
-            if step < len(ids):
-                row[ids[step]] = 1e9
-            return row
-
-        def chosen(self, step: int, token: int) -> None:
-            pass
-
-    return Prefix()
-
-
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=str)
 def test_auto_mode_free_text_then_a_strict_call(kernel, sampling) -> None:
     c = Constrainer.for_tokenizer(kernel.tokenizer)
@@ -217,7 +187,7 @@ def test_auto_mode_free_text_then_a_strict_call(kernel, sampling) -> None:
     s = _session(kernel)
     prefix = "Let me check.\n<tool_call>\n"
     hook = c.hook(grammar)
-    ids = list(s.generate(hooks=(_forcing(s.tokenizer, prefix), hook), max_tokens=400, **sampling))
+    ids = list(s.generate(hooks=(forcing(s.tokenizer, prefix), hook), max_tokens=400, **sampling))
     assert ids[-1] in c.stop_token_ids and hook.accepting
     text = s.tokenizer.decode_turn(ids)
     assert text.startswith(prefix)
@@ -260,7 +230,7 @@ def test_grammars_accept_and_refuse_exact_texts(tiny_lm) -> None:
     assert _feeds(c, auto_grammar(TOOLS, parallel=True), "Checking.\n" + two)
     assert not _feeds(c, auto, "<tool_call>\nnot json\n</tool_call>")
     assert not _feeds(c, auto, one + "\nand some text after")
-    loose = ToolSpec("note", {"type": "object", "properties": {"x": {"type": "string"}}}, strict=False)
+    loose = ToolSpec("note", "", {"type": "object", "properties": {"x": {"type": "string"}}}, strict=False)
     note = '<tool_call>\n{"name": "note", "arguments": {"x": 1, "y": [true]}}\n</tool_call>'
     assert _feeds(c, auto_grammar([WEATHER, loose], parallel=False), note)  # non-strict: any object
     assert not _feeds(c, auto_grammar([WEATHER, replace(loose, strict=True)], parallel=False), note)
@@ -327,13 +297,13 @@ def test_an_unsupported_schema_is_invalid_input(tiny_lm, schema, problem) -> Non
     with pytest.raises(InvalidInput, match=problem) as err:
         json_grammar(schema)
     assert err.value.status == 400 and "response_format" in str(err.value)
-    strict = ToolSpec("f", schema, strict=True)
+    strict = ToolSpec("f", "", schema, strict=True)
     with pytest.raises(InvalidInput, match=r"tools\[f\]\.parameters"):
         tool_calls_grammar([strict], parallel=False)
     with pytest.raises(InvalidInput, match=r"tools\[f\]\.parameters"):
         auto_grammar([strict], parallel=False)
     # a non-strict tool's schema is a hint: never a 400
-    loose = ToolSpec("f", schema, strict=False)
+    loose = ToolSpec("f", "", schema, strict=False)
     c = Constrainer.for_tokenizer(tiny_lm.tokenizer)
     for grammar in (tool_calls_grammar([loose], parallel=False), auto_grammar([loose], parallel=True)):
         assert _feeds(c, grammar, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
@@ -360,8 +330,8 @@ def test_a_schema_without_a_finite_value_is_refused_before_decoding(tiny_lm, sch
         json_grammar(schema, what="response_format.json_schema.schema")
     assert err.value.param == "response_format.json_schema.schema" and repr(dead) in str(err.value)
     with pytest.raises(InvalidInput, match=r"tools\[0\]\.function\.parameters: .*no finite value"):
-        tool_calls_grammar([ToolSpec("f", schema, where="tools[0].function.parameters")], parallel=False)
-    loose = tool_calls_grammar([ToolSpec("f", schema, strict=False)], parallel=False)  # a hint: any object
+        tool_calls_grammar([ToolSpec("f", "", schema, True, where="tools[0].function.parameters")], parallel=False)
+    loose = tool_calls_grammar([ToolSpec("f", "", schema, strict=False)], parallel=False)  # a hint: any object
     assert _feeds(Constrainer.for_tokenizer(tiny_lm.tokenizer), loose, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
 
 
@@ -447,7 +417,7 @@ def test_a_schema_too_deep_for_the_compiler_is_refused_before_it_reads_it(n: int
     with pytest.raises(InvalidInput, match=r"nested [\d,]+ levels deep") as err:
         json_grammar(schema, what="response_format.json_schema.schema")
     assert err.value.param == "response_format.json_schema.schema"
-    assert tool_calls_grammar([ToolSpec("f", schema, strict=False)], parallel=False).spec  # a hint: any object
+    assert tool_calls_grammar([ToolSpec("f", "", schema, strict=False)], parallel=False).spec  # a hint: any object
     assert SchemaGraph(schema).dead_end() is None
     assert time.perf_counter() - started < 10
 

@@ -16,7 +16,7 @@ import jsonschema
 import numpy as np
 import pytest
 from safetensors.torch import save_file
-from test_constrain import ADD, TOOLS, WEATHER, _forcing
+from support.constrain import ADD, TOOLS, WEATHER, forcing
 from tiny_kernel import TINY_HF
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
@@ -24,12 +24,12 @@ from tokenizers.pre_tokenizers import ByteLevel
 from fak import Kernel, Settings
 from fak.kernel.calls.formats import CallOut, Llama3JsonFormat, MistralFormat, ToolFormat, format_for
 from fak.kernel.calls.generated import generated_calls
+from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.model.config import ModelConfig
 from fak.kernel.model.loader import load_model
 from fak.kernel.model.weights import random_weights, state_dict_from_weights
 from fak.kernel.openai.constrain import (
     Constrainer,
-    ToolSpec,
     auto_grammar,
     json_or_calls_grammar,
     tool_calls_grammar,
@@ -188,7 +188,7 @@ def test_auto_free_text_or_a_strict_call(case, sampling, family_kernel, kernel) 
     if syntax.marker is not None:
         force = _ForceToken(syntax.marker)
     else:
-        force = _forcing(s.tokenizer, syntax.opening + '{"name": "')
+        force = forcing(s.tokenizer, syntax.opening + '{"name": "')
     ids = _turn(s, c, grammar, force, **sampling)
     assert len(_read(fmt, s, ids, TOOLS)) == 1
 
@@ -351,8 +351,8 @@ def test_llama3_door_required_answers_a_call_in_its_own_syntax(tmp_path, family_
 def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
     """A rule that reads the attention a call's argument tokens put on an untrusted page gets
     that evidence for a Llama 3 call (the family's format locates it; Hermes' finder sees none)."""
-    from test_call_evidence_door import PAGE
-    from test_call_evidence_door import POLICY as EVIDENCE
+    from support.call_evidence import PAGE
+    from support.call_evidence import POLICY as EVIDENCE
     from tiny_kernel import policy_kernel
 
     from fak import wire as w

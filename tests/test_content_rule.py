@@ -10,8 +10,7 @@ import html
 import json
 
 import pytest
-from api_server import live_server  # noqa: F401
-from test_console import hold, sign_in, world  # noqa: F401
+from support.console import hold, sign_in
 
 from fak.api.deps import ROLE_RIGHTS
 from fak.api.keys import Role
@@ -31,7 +30,7 @@ def test_the_rule_by_role() -> None:
 
 
 @pytest.fixture
-def stored(world):  # noqa: F811
+def stored(world):
     """A stored response with instructions, text or a function call, and its tool result's ref."""
     live = world["live"]
     agent = live.client(live.key("acme", "agent"))
@@ -69,7 +68,7 @@ def test_an_auditor_reads_a_stored_responses_decisions_not_its_content(stored) -
     assert ref.status_code == 403  # tool-result bytes: content too
 
 
-def test_the_console_shows_a_held_calls_arguments_by_the_same_rule(world) -> None:  # noqa: F811
+def test_the_console_shows_a_held_calls_arguments_by_the_same_rule(world) -> None:
     """The console's held-call page and the API answer each role alike: arguments for a role that
     reads a held call (``reads_held_call``: admin, and the approver deciding it), none for one
     that does not (auditor)."""

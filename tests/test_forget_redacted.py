@@ -15,7 +15,6 @@ import sys
 import textwrap
 
 import pytest
-from api_server import live_server  # noqa: F401  (the fixture)
 
 from fak import Kernel
 from fak.audit.receipt import ForgetReceipt, verify_receipt
@@ -149,7 +148,7 @@ def test_forget_of_either_form_resumes_after_crash(settings, tiny_lm, tiny_dir, 
 
 
 @pytest.mark.parametrize("which", ["original", "redacted"])
-def test_forget_over_http_erases_both_forms(kernel, live_server, which) -> None:  # noqa: F811
+def test_forget_over_http_erases_both_forms(kernel, live_server, which) -> None:
     def admit(tenant: str) -> tuple[str, dict]:
         c = clients[tenant, "agent"]
         sid = c.post("/v1/sessions", json={}).json()["id"]

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 import sqlalchemy as sa
-from conftest import pg_scratch, pg_server_url
+from support.pg import pg_scratch, pg_server_url
 from tiny_kernel import policy_kernel, served
 
 from fak import Kernel, Settings
@@ -401,7 +401,7 @@ def test_the_console_lets_a_person_decide_and_never_the_producer(server) -> None
     """An approver key signs in to the console and lands on the held calls; it sees a call's
     arguments and approves it. An admin key whose own request produced a call is shown no
     approve button and refused (403) if it posts one; it may still reject its own call."""
-    from test_console import CSRF, sign_in
+    from support.console import CSRF, sign_in
 
     live = server.live
     held, _args = _held_over_http(server.url, server.key)

@@ -13,7 +13,6 @@ import re
 
 import httpx
 import pytest
-from api_server import live_server  # noqa: F401  (fixture)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -74,7 +73,7 @@ def _check(r: httpx.Response, what: object, *, may_succeed: bool = False) -> Non
 
 
 @pytest.fixture
-def hostile(live_server):  # noqa: F811
+def hostile(live_server):
     live = live_server
     key = live.key("acme", "admin")
     c = live.client(key, timeout=120)
@@ -243,7 +242,7 @@ def _mapping_alias_bomb(depth: int) -> str:
 
 
 @pytest.mark.parametrize("name", ["alias bomb under mappings", "deep nesting", "5001-digit integer"])
-def test_reported_policy_bombs_are_located_client_errors(name, live_server) -> None:  # noqa: F811
+def test_reported_policy_bombs_are_located_client_errors(name, live_server) -> None:
     """Issue 25.5, as reported, through POST /v1/policy/validate with an auditor key: the
     alias bomb (1 KB; 35 s and 3.7 GB before), ``'[' * 50000`` (a 500: RecursionError) and a
     5,001-digit integer (a 500: Python's int-string limit) are each a 400 ``policy_invalid``

@@ -22,11 +22,25 @@ import secrets
 import time
 
 import httpx
-from api_server import live_server  # noqa: F401  (fixture)
-from test_api_routes import ROLES, World, _same, ok, random_digest, settings, world  # noqa: F401
+import pytest
+from support.api_world import ROLES, World, ok, random_digest, same, writable_policy
 
 from fak.kernel.calls.held import HeldCall
 from fak.wire import HELD_PREFIX
+
+
+@pytest.fixture
+def settings(settings, tmp_path):
+    """conftest's settings with a writable copy of the default policy."""
+    return writable_policy(settings, tmp_path)
+
+
+@pytest.fixture
+def world(live_server):
+    w = World(live_server)
+    yield w
+    w.close()
+
 
 # path-parameter names that name something a tenant owns, and how to make an unknown one
 TENANT_IDS = {"sid", "digest", "index", "request_id", "call_id", "response_id"}
@@ -97,7 +111,7 @@ def _ids(w: World) -> dict[str, list[tuple[str, str]]]:
     return {name: [(x, unknown[name]()) for x in values] for name, values in theirs.items()}
 
 
-def test_every_path_id_route_answers_another_tenants_id_as_an_unknown_one(world) -> None:  # noqa: F811
+def test_every_path_id_route_answers_another_tenants_id_as_an_unknown_one(world) -> None:
     w = world
     spec = _spec(w)
     routes = _path_routes(spec)
@@ -131,7 +145,7 @@ def test_every_path_id_route_answers_another_tenants_id_as_an_unknown_one(world)
                             assert r1.headers["content-type"].startswith("application/problem+json"), where
                             if method != "HEAD":
                                 assert r1.json()["type"].endswith("/not_found"), where
-                        _same(r1, theirs, r2, unknown)
+                        same(r1, theirs, r2, unknown)
                         probed += 1
     assert probed >= 60
     # and nothing of acme's changed
@@ -143,7 +157,7 @@ def k_state(w: World, ref: str) -> str:
     return w.live.kernel.store.head(ref, "acme").state
 
 
-def test_every_body_id_field_is_probed(world) -> None:  # noqa: F811
+def test_every_body_id_field_is_probed(world) -> None:
     w = world
     spec = _spec(w)
     schemas = spec["components"]["schemas"]
@@ -166,7 +180,7 @@ def test_every_body_id_field_is_probed(world) -> None:  # noqa: F811
             r1 = evil.post(path, json={"ref": theirs, "reason": "probe"})
             r2 = evil.post(path, json={"ref": unknown_ref, "reason": "probe"})
             assert r1.status_code == 404, (path, r1.text)
-            _same(r1, theirs, r2, unknown_ref)
+            same(r1, theirs, r2, unknown_ref)
         for path in (f"/v1/sessions/{evil_sid}/materialise", f"/v1/sessions/{evil_sid}/evict-refs"):
             r1 = evil.post(path, json={"refs": [theirs]})
             r2 = evil.post(path, json={"refs": [unknown_ref]})
@@ -196,7 +210,7 @@ def _hits(c: httpx.Client) -> float:
     return float(m.group(1))
 
 
-def test_identical_prompts_never_hit_across_tenants(world) -> None:  # noqa: F811
+def test_identical_prompts_never_hit_across_tenants(world) -> None:
     w = world
     k = w.live.kernel
     assert k.prefix is not None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from api_server import live_server  # noqa: F401  (fixture)
 
 from fak.kernel.facade import default_policy_path
 
@@ -55,7 +54,7 @@ def _reuse(live, tenant: str, header: str) -> tuple[float, float]:  # noqa: ANN0
     return _counter(live, tenant, "fak_pic_hit_tokens") - pic0, prefix1 - prefix0
 
 
-def test_identical_content_is_never_reused_across_tenants_through_the_api(live_server) -> None:  # noqa: F811
+def test_identical_content_is_never_reused_across_tenants_through_the_api(live_server) -> None:
     live = live_server
     _reuse(live, "acme", HEADER)  # acme's chunks and prefix nodes are in the caches now
     k = live.kernel

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_server import live_server  # noqa: F401 - the fixture
 from kernel_facade_helpers import events
 from late_models import JudgeStub
 
@@ -87,7 +86,7 @@ def _errors_at(body: dict, line: int) -> list[str]:
 
 
 # --- the attacks of issue 25.6, over a real HTTP server ------------------------------------
-def test_put_policy_with_a_judge_url_not_allow_listed_is_refused_at_its_line(live_server, elsewhere):  # noqa: F811
+def test_put_policy_with_a_judge_url_not_allow_listed_is_refused_at_its_line(live_server, elsewhere):
     k = live_server.kernel
     before = k.policy.digest
     text = judge_policy(elsewhere.url, tenants=None)  # what an operator key could PUT before the fix
@@ -103,7 +102,7 @@ def test_put_policy_with_a_judge_url_not_allow_listed_is_refused_at_its_line(liv
 
 
 @pytest.mark.parametrize("variable", ["FAK_MASTER_SECRET", "FAK_DATA_DIR", "HOME"])
-def test_put_policy_naming_a_variable_off_the_allow_list_is_refused(live_server, judge, monkeypatch,  # noqa: F811
+def test_put_policy_naming_a_variable_off_the_allow_list_is_refused(live_server, judge, monkeypatch,
                                                                       variable):
     monkeypatch.setenv("FAK_MASTER_SECRET", "ab" * 32)  # what a leak would have sent
     k = live_server.kernel
@@ -122,7 +121,7 @@ def test_put_policy_naming_a_variable_off_the_allow_list_is_refused(live_server,
     assert all(os.environ.get(variable, "") not in str(req) for req in judge.requests)
 
 
-def test_a_judge_scoped_to_one_tenant_never_receives_another_tenants_results(live_server, judge):  # noqa: F811
+def test_a_judge_scoped_to_one_tenant_never_receives_another_tenants_results(live_server, judge):
     k = live_server.kernel
     r = _put(live_server, judge_policy(judge.url, tenants="[acme]"))
     assert r.status_code == 200, r.text
@@ -139,7 +138,7 @@ def test_a_judge_scoped_to_one_tenant_never_receives_another_tenants_results(liv
     assert k.wait_late(10) and any(GLOBEX_TEXT in req["body"]["messages"][-1]["content"] for req in judge.requests)
 
 
-def test_the_judges_destination_and_tenant_scope_are_in_the_audit_log(live_server, judge):  # noqa: F811
+def test_the_judges_destination_and_tenant_scope_are_in_the_audit_log(live_server, judge):
     k = live_server.kernel
     assert _put(live_server, judge_policy(judge.url, tenants="[acme, initech]")).status_code == 200
     loaded = events(k, "policy_loaded")[-1]
@@ -152,7 +151,7 @@ def test_the_judges_destination_and_tenant_scope_are_in_the_audit_log(live_serve
     assert scope.all_tenants is True and scope.tenants == []
 
 
-def test_a_judge_must_name_the_tenants_it_sees(live_server, judge):  # noqa: F811
+def test_a_judge_must_name_the_tenants_it_sees(live_server, judge):
     """No default scope: a judge without ``tenants`` is refused at its line (closed and loud,
     rather than silently sending every tenant's results, or silently judging nothing)."""
     text = judge_policy(judge.url, tenants=None)

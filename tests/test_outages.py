@@ -17,10 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from api_server import serve
 from pg_cluster import available, throwaway_cluster
 
 from fak import Kernel
+from fak.api.server import serve
 
 PROBLEM = "application/problem+json"
 

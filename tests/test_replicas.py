@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
-from conftest import pg_scratch, pg_server_url
 from kernel_facade_helpers import LOUNGE, WEATHER
+from support.pg import pg_scratch, pg_server_url
 
 from fak import Kernel, Settings
 from fak.audit.events import ForgetCompleted

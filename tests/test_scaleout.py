@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from conftest import pg_scratch, pg_server_url
+from support.pg import pg_scratch, pg_server_url
 
 from fak.audit.signing import load_signer
 from fak.audit.tenant_export import verify_tenant_export

@@ -1,5 +1,5 @@
 """fak.sdk: the HTTP Client against a real uvicorn server on 127.0.0.1 (``live_server``
-of tests/api_server.py, around the tiny-model ``kernel``), the same flow through
+of tests/conftest.py, around the tiny-model ``kernel``), the same flow through
 ``local()`` over a second in-process Kernel, AsyncClient, and the retry rules (those
 against ``httpx.MockTransport``, where the server's answers are scripted)."""
 
@@ -10,7 +10,6 @@ import io
 
 import httpx
 import pytest
-from api_server import live_server  # noqa: F401 - the fixture
 from kernel_facade_helpers import CLEAN, LOUNGE, POISON
 
 from fak.sdk import AsyncClient, Client, FakAPIError, FakConnectionError, local
@@ -42,7 +41,7 @@ def local_kernel(tmp_path, tiny_dir, tiny_lm):
 
 
 @pytest.fixture
-def admin(live_server):  # noqa: F811
+def admin(live_server):
     with Client(live_server.url, live_server.key("acme", "admin"), trust_env=False, timeout=60) as c:
         yield c
 
@@ -119,7 +118,7 @@ def test_stream_closed_early_rolls_back(admin):
     assert after == before
 
 
-def test_forget_receipt_verifies(admin, live_server):  # noqa: F811
+def test_forget_receipt_verifies(admin, live_server):
     s = admin.create_session()
     s.append("user", QUESTION)
     a = s.admit("lounge_info", LOUNGE)
@@ -153,7 +152,7 @@ def test_quarantine_late(admin):
     assert [seg.state for seg in s.ledger() if seg.ref == a.ref] == ["quarantined"]
 
 
-def test_errors_are_problems(live_server, admin):  # noqa: F811
+def test_errors_are_problems(live_server, admin):
     with pytest.raises(FakAPIError) as e:
         admin.session("no-such-session").info()
     assert (e.value.status, e.value.type, e.value.code) == (404, TYPE_BASE + "not_found", "not_found")
@@ -181,7 +180,7 @@ def test_errors_are_problems(live_server, admin):  # noqa: F811
     assert e.value.status == 404
 
 
-def test_audit_helpers(admin, live_server):  # noqa: F811
+def test_audit_helpers(admin, live_server):
     s = admin.create_session()
     a = s.admit("flight_status", CLEAN)
     with Client(live_server.url, live_server.key("acme", "auditor"), trust_env=False) as auditor:
@@ -296,7 +295,7 @@ def test_local_audit_proofs_and_explicit_rights(local_kernel):
 
 
 # --- AsyncClient ------------------------------------------------------------------
-def test_async_client_flow(live_server):  # noqa: F811
+def test_async_client_flow(live_server):
     key = live_server.key("acme", "admin")
 
     async def flow() -> tuple:

@@ -23,9 +23,8 @@ import asyncio
 import json
 
 import pytest
-from api_server import live_server  # noqa: F401 - the fixture
 from kernel_facade_helpers import CLEAN, POISON
-from test_kernel_governance import INJECTION, POLICY
+from support.governance import INJECTION, POLICY
 
 from fak.sdk import Agent, AsyncClient, local, parse_tool_call
 from fak.sdk.agent import ToolCall, tool_instructions
@@ -114,7 +113,7 @@ def test_agents_sdk_guardrail_raise(session):
     assert e.value.output.output_info.verdict == "QUARANTINE"
 
 
-def test_agents_sdk_guard_tools_and_http_session(live_server):  # noqa: F811
+def test_agents_sdk_guard_tools_and_http_session(live_server):
     """``guard_tools`` over an ``AsyncSession`` of the real server: the guardrail awaits the HTTP admission."""
     from agents import FunctionTool, ToolOutputGuardrailData, function_tool
     from agents.tool_context import ToolContext
@@ -238,7 +237,7 @@ def test_agent_stops_after_max_steps(session):
     assert [x.kind for x in session.ledger()][:2] == ["system", "user"]  # no instructions appended
 
 
-def test_agent_over_http(live_server):  # noqa: F811
+def test_agent_over_http(live_server):
     """The default model turn (``session.generate``) through the HTTP client; the tiny model answers
     without a tool call."""
     from fak.sdk import Client
@@ -504,7 +503,7 @@ class TestAuthorizeBeforeRunning:
         assert send.invoke({"to": "me@example.com"}) == "sent to me@example.com" and box.sent == ["me@example.com"]
         assert [s.verdict for s in send.screened] == ["ALLOW"] and send.decisions[-1].verdict == "ALLOW"
 
-    def test_agents_sdk_input_guardrail_over_http(self, live_server):  # noqa: F811
+    def test_agents_sdk_input_guardrail_over_http(self, live_server):
         """An ``AsyncSession`` of the real server: the input guardrail awaits the HTTP authorization."""
         from agents import ToolInputGuardrailData, function_tool
         from agents.tool_context import ToolContext

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from api_server import live_server  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.client_install
 
@@ -105,7 +104,7 @@ def test_the_bare_venv_has_the_client_and_none_of_the_server(client_venv: Path) 
     assert "include-system-site-packages = false" in cfg
 
 
-def test_a_client_only_install_talks_to_a_real_server(client_venv: Path, live_server) -> None:  # noqa: F811
+def test_a_client_only_install_talks_to_a_real_server(client_venv: Path, live_server) -> None:
     """A real server from this venv (uvicorn on a socket), a client from the bare one: a session,
     an admitted tool result, a generated turn, a forget whose receipt verifies offline."""
     key = live_server.key("acme", "admin")

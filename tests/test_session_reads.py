@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from api_server import serve
 from kernel_facade_helpers import CLEAN, LOUNGE, POISON, WEATHER
 
 from fak import Kernel, Settings
+from fak.api.server import serve
 from fak.kernel import operations as ops
 from fak.kernel.facade import default_policy_path
 from fak.kernel.session.kernel_session import KernelSession
