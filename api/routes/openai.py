@@ -95,5 +95,5 @@ async def server_sent_events(stream: chat.ChatStream) -> AsyncIterator[str]:
     async with aclosing(steps(stream.next_chunks)) as steps_:
         async for chunks in steps_:
             for chunk in chunks:
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield f"data: {json.dumps(chunk.as_dict(), ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"

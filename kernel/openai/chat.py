@@ -46,6 +46,7 @@ from fak.kernel.calls.held import MAX_LISTED, HeldCall, HeldCalls, HoldState
 from fak.kernel.calls.tool_text import ToolSpec, json_text, render_call, render_tools
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
+from fak.kernel.openai.chunks import ChatChunk, ChoiceDelta, Delta, ToolCallDelta
 from fak.kernel.openai.history import HistoryItem, new_suffix
 from fak.kernel.openai.params import ChatParameters, UnsupportedParameter, chat_parameters
 from fak.kernel.session.caller import Caller, Right
@@ -449,8 +450,8 @@ def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
 
 # --- streaming -----------------------------------------------------------------------
 class ChatStream:
-    """A streamed answer as ``chat.completion.chunk`` objects (JSON-ready dicts), one model
-    step per ``next_chunks`` call, None after the last. The first step runs when the stream
+    """A streamed answer as ``chat.completion.chunk`` objects (``ChatChunk``: typed, see
+    ``fak.kernel.openai.chunks``), one model step per ``next_chunks`` call, None after the last. The first step runs when the stream
     is opened (``open_stream``), so a busy session or a refused parameter fails before any
     chunk. Content is sent as it is decoded, except what may still become a tool call or a
     stop string; a choice's tool calls follow once the model has finished them and fak has
@@ -460,24 +461,24 @@ class ChatStream:
     def __init__(self, turn: ChatTurn, *, include_usage: bool) -> None:
         self.turn = turn
         self._runs = turn.answers()
-        self._stepper: Stepper[list[dict[str, Any]]] = Stepper(self._steps())
+        self._stepper: Stepper[list[ChatChunk]] = Stepper(self._steps())
         self._include_usage = include_usage
         self._answers: list[Answer] = []
         self._ended = False
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[ChatChunk] = []
 
-    def _steps(self) -> Generator[list[dict[str, Any]], None, None]:
+    def _steps(self) -> Generator[list[ChatChunk], None, None]:
         """Every step's chunks, choice after choice, then the tail; closing it mid-way closes
         the running answer (which rolls its turn back)."""
         for index, run in self._runs:
-            yield [self._delta(index, {"role": "assistant", "content": ""})]
+            yield [self._delta(index, Delta(role="assistant", content=""))]
             try:
                 for step in run:
                     if isinstance(step, Answer):
                         self._answers.append(step)
                         yield self._choice_end(step)
                     else:
-                        yield [self._delta(index, {"content": step})] if step else []
+                        yield [self._delta(index, Delta(content=step))] if step else []
             finally:
                 run.close()
         yield self._last()
@@ -491,10 +492,10 @@ class ChatStream:
 
     def start(self) -> None:
         """Run the first model step now (errors before the 200)."""
-        role: list[dict[str, Any]] = self._stepper.step() or []  # the role chunk of the first choice
+        role: list[ChatChunk] = self._stepper.step() or []  # the role chunk of the first choice
         self._pending = role + (self._stepper.step() or [])
 
-    def next_chunks(self) -> list[dict[str, Any]] | None:
+    def next_chunks(self) -> list[ChatChunk] | None:
         """The chunks of the next model step, None once the stream is over."""
         if self._pending:
             out, self._pending = self._pending, []
@@ -507,38 +508,35 @@ class ChatStream:
             return None
         return chunks
 
-    def _choice_end(self, a: Answer) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def _choice_end(self, a: Answer) -> list[ChatChunk]:
+        out: list[ChatChunk] = []
         final = a.content or ""
         if final.startswith(a.streamed) and len(final) > len(a.streamed):
-            out.append(self._delta(a.index, {"content": final[len(a.streamed):]}))
+            out.append(self._delta(a.index, Delta(content=final[len(a.streamed):])))
         if a.refusal:
-            out.append(self._delta(a.index, {"refusal": a.refusal}))
+            out.append(self._delta(a.index, Delta(refusal=a.refusal)))
         if a.tool_calls:
-            out.append(self._delta(a.index, {"tool_calls": [
-                {"index": j, "id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": call.function.arguments}}
-                for j, call in enumerate(a.tool_calls)]}))
-        last = self._delta(a.index, {}, a.finish)
-        if a.logprobs is not None:
-            last["choices"][0]["logprobs"] = a.logprobs.model_dump()
-        if a.index == 0:  # the kept choice comes last: the fak field carries every choice's verdicts
-            last["fak"] = self.turn.info(self.turn.session.fingerprint(), self._answers).model_dump()
-        out.append(last)
+            out.append(self._delta(a.index, Delta(tool_calls=tuple(
+                ToolCallDelta(j, call.id, call.function.name, call.function.arguments)
+                for j, call in enumerate(a.tool_calls)))))
+        # the kept choice comes last: its fak field carries every choice's verdicts
+        info = self.turn.info(self.turn.session.fingerprint(), self._answers) if a.index == 0 else None
+        out.append(self._chunk((ChoiceDelta(a.index, Delta(), a.finish, a.logprobs),), fak=info))
         return out
 
-    def _last(self) -> list[dict[str, Any]]:
+    def _last(self) -> list[ChatChunk]:
         """The usage chunk, if asked."""
         if not self._include_usage:
             return []
-        return [self._chunk([], usage=self.turn.usage(self._answers).model_dump())]
+        return [self._chunk((), usage=self.turn.usage(self._answers))]
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self.turn.completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.turn.kernel.model_id, "system_fingerprint": None, "choices": choices} | extra
+    def _chunk(self, choices: tuple[ChoiceDelta, ...], *, usage: w.Usage | None = None,
+               fak: w.FakInfo | None = None) -> ChatChunk:
+        return ChatChunk(id=self.turn.completion_id, created=int(time.time()), model=self.turn.kernel.model_id,
+                         choices=choices, usage=usage, fak=fak)
 
-    def _delta(self, index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}])
+    def _delta(self, index: int, delta: Delta) -> ChatChunk:
+        return self._chunk((ChoiceDelta(index, delta),))
 
     def close(self) -> None:
         try:
