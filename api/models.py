@@ -13,6 +13,9 @@ from fak.wire import (
     EvictionOut,
     EvictRefsIn,
     ForgetIn,
+    ForgetPendingOut,
+    ForgetReceiptOut,
+    ForgetStatusOut,
     GenerateIn,
     GenerateOut,
     InclusionOut,
@@ -34,6 +37,7 @@ from fak.wire import (
 
 __all__ = [
     "AdmissionOut", "CheckpointOut", "EntriesOut", "EntryOut", "EvictIn", "EvictRefsIn", "EvictionOut", "ForgetIn",
+    "ForgetPendingOut", "ForgetReceiptOut", "ForgetStatusOut",
     "GenerateIn", "GenerateOut", "InclusionOut", "MaterialiseOut", "MessageIn", "PieceOut", "QuarantineIn",
     "QuarantineOut", "ReceiptCheckOut", "RefsEvictedOut", "SegmentOut", "SessionCreate", "SessionList", "SessionOut",
     "ToolCallDecisionOut", "ToolCallIn", "ToolResultIn",

@@ -236,6 +236,87 @@ class ForgetIn(Strict):
     reason: Id | None = None
 
 
+class DroppedUnitOut(BaseModel):
+    """A KV unit a forget dropped (``fak.audit.events.DroppedUnit``)."""
+
+    kind: str  # segment | generated_segment | prefix_node | pic_chunk
+    id: str
+    session_id: str | None = None  # segments: the session they belonged to
+    replica: str | None = Field(None, exclude_if=lambda v: v is None)  # a replicated deployment's replica
+
+
+class SessionFingerprintsOut(BaseModel):
+    """A session's KV fingerprint after a forget's drop (``fak.audit.events.SessionFingerprints``)."""
+
+    session_id: str
+    fingerprint_after: str
+    fingerprint_replay: str | None = None  # inline in older receipts; else in ``replay_event``
+    replica: str | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class LinkedRefOut(BaseModel):
+    """A ref erased with the forgotten one and its shredded key (``fak.audit.events.LinkedRef``)."""
+
+    ref: str
+    shredded_key_id: str | None = None
+    kek_version: int | None = None
+
+
+class ReplicaPartOut(BaseModel):
+    """One replica's part of a forget (``fak.audit.events.ReplicaPart``)."""
+
+    replica: str
+    applied_by: str
+    units: int
+    sessions: int
+
+
+class ForgetReceiptOut(BaseModel):
+    """``POST /v1/forget``: the signed receipt, field for field ``fak.audit.receipt.ForgetReceipt``
+    as JSON (the SDK reads it into that class, which verifies it offline)."""
+
+    ref: str
+    request_id: str
+    tenant: str = ""
+    units_dropped: list[DroppedUnitOut]
+    sessions: list[SessionFingerprintsOut]
+    shredded_key_id: str | None
+    kek_version: int | None
+    requested_index: int  # log index of ForgetRequested
+    log_index: int  # log index of ForgetCompleted
+    event: str  # canonical JSON of the logged ForgetCompleted
+    inclusion_proof: dict[str, Any]
+    requested_event: str
+    requested_inclusion_proof: dict[str, Any]
+    checkpoint: str  # the signed note the proofs lead to
+    admitted_index: int | None = None
+    admitted_event: str | None = None
+    admitted_inclusion_proof: dict[str, Any] | None = None
+    consistency_proof: dict[str, Any] | None = None
+    shred_status: str | None = None
+    linked_refs: list[LinkedRefOut] | None = None
+    replicas: list[ReplicaPartOut] | None = Field(None, exclude_if=lambda v: v is None)  # None: one process
+    replay_index: int | None = None  # the independent replay's ReplayVerified: None while it is pending
+    replay_event: str | None = None
+    replay_inclusion_proof: dict[str, Any] | None = None
+
+
+class ForgetStatusOut(ForgetReceiptOut):
+    """``GET /v1/forget/{request_id}`` once the erasure is done: the receipt as it stands, its state
+    and where its replay is (``verified``, ``mismatch``, ``pending``, ``none``, ``inline``)."""
+
+    state: str  # completed
+    replay: str
+
+
+class ForgetPendingOut(Strict):
+    """``GET /v1/forget/{request_id}`` before the erasure is done (a crash left it ``requested``)."""
+
+    request_id: str
+    ref: str
+    state: str
+
+
 class QuarantineIn(Strict):
     ref: Digest
     reason: Id

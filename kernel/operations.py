@@ -37,7 +37,6 @@ from fak.kernel.session.tokens import Stepper, TextDecoder, check_context, timed
 from fak.policy import GateContext, VerdictKind, gate
 
 if TYPE_CHECKING:
-    from fak.audit.receipt import ForgetReceipt
     from fak.cas.models import Ref
     from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
@@ -191,18 +190,20 @@ def open_turn(k: Kernel, c: Caller, sid: str, body: w.GenerateIn) -> Turn:
 
 
 # --- forget and quarantine ----------------------------------------------------------
-def forget(k: Kernel, c: Caller, body: w.ForgetIn) -> ForgetReceipt:
+def forget(k: Kernel, c: Caller, body: w.ForgetIn) -> w.ForgetReceiptOut:
     c.require(Right.ADMIN)
-    return k.forget(c.tenant, body.ref, requested_by=c.principal, reason=body.reason)
+    receipt = k.forget(c.tenant, body.ref, requested_by=c.principal, reason=body.reason)
+    return w.ForgetReceiptOut.model_validate(receipt.model_dump(mode="json"))
 
 
-def forget_status(k: Kernel, c: Caller, request_id: str) -> dict[str, Any]:
+def forget_status(k: Kernel, c: Caller, request_id: str) -> w.ForgetStatusOut | w.ForgetPendingOut:
     """``GET /v1/forget/{request_id}``: the receipt with its state once complete, else the state."""
     c.require(Right.AUDIT)
     st = k.forget_status(c.tenant, request_id)
     if st.receipt is None:
-        return {"request_id": st.request_id, "ref": st.ref, "state": st.state}
-    return st.receipt.model_dump(mode="json") | {"state": st.state, "replay": st.receipt.replay}
+        return w.ForgetPendingOut(request_id=st.request_id, ref=st.ref, state=st.state)
+    return w.ForgetStatusOut.model_validate(st.receipt.model_dump(mode="json")
+                                           | {"state": st.state, "replay": st.receipt.replay})
 
 
 def quarantine(k: Kernel, c: Caller, body: w.QuarantineIn) -> w.QuarantineOut:

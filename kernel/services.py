@@ -97,9 +97,7 @@ class HeldSession(Protocol):
 
     def replace_with_replay(self, s: Session) -> Session: ...
 
-    def drop_derived(
-        self, ref: str | Collection[str], *, forget: bool
-    ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]: ...
+    def evict_derived(self, refs: Collection[str]) -> DerivedEviction: ...
 
     def replay_of(self, segment_ids: Sequence[str]) -> str | None: ...
 
@@ -118,6 +116,17 @@ class SessionDirectory(Protocol):
     def kv_exists_elsewhere(self, tenant: str, ref: str, session_id: str) -> bool: ...
 
     def enforce_kv_budget(self, keep: HeldSession | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class DerivedEviction:
+    """What evicting a session's segments derived from refs did (``HeldSession.evict_derived``)."""
+
+    segments: list[Segment]  # the segments dropped (tool segments of the refs, generations that read them)
+    prefix_nodes: list[str]  # prefix-cache nodes dropped with them
+    pic_chunks: list[str]  # PIC chunks dropped with them
+    fingerprint: str  # the session's KV fingerprint after the drop (raw: the caller keys it for the log)
+    survivors: list[Segment]  # a copy of the live segments after it, for the independent replay
 
 
 @dataclass

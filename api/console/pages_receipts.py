@@ -15,6 +15,7 @@ from fak.audit.receipt import verify_receipt
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 from fak.kernel.operations import Caller
+from fak.wire import ForgetPendingOut
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -49,11 +50,10 @@ def receipt_of(request_id: str, request: Request) -> Response:
     """A forget's receipt as it stands now (with its replay once logged), verified."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
         st = ops.forget_status(k, c, request_id)
-        if "receipt" not in st and "log_index" not in st:
-            return render(request, "forget_pending.html", s=s, forget=st)
-        for extra in ("state", "replay"):  # forget_status adds these beside the receipt's own fields
-            st.pop(extra, None)
-        return receipt_page(request, s, k, st)
+        if isinstance(st, ForgetPendingOut):
+            return render(request, "forget_pending.html", s=s, forget=st.model_dump())
+        # forget_status adds these beside the receipt's own fields
+        return receipt_page(request, s, k, st.model_dump(mode="json", exclude={"state", "replay"}))
 
     return page(request, (), run)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends
 
 from fak.api import models as m
@@ -15,19 +13,22 @@ from fak.kernel.facade import Kernel
 router = APIRouter(prefix="/v1", tags=["forget"])
 
 
-@router.post("/forget", response_model=dict)
-def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN), k: Kernel = Depends(kernel)) -> dict[str, Any]:  # noqa: B008
+@router.post("/forget", response_model=m.ForgetReceiptOut)
+def forget(body: m.ForgetIn, who: Principal = Depends(ADMIN),  # noqa: B008
+           k: Kernel = Depends(kernel)) -> m.ForgetReceiptOut:  # noqa: B008
     """Erase a ref from every session, cache and store of the caller's tenant; the signed
     receipt verifies offline (``fak audit verify-receipt``). It answers once the erasure is done;
     the independent replay of each session's survivors follows (``replay_event`` null until
     then: ``GET /v1/forget/{request_id}`` serves the receipt with it). Repeating it returns
     the receipt as it stands."""
-    return ops.forget(k, caller(who), body).model_dump(mode="json")
+    return ops.forget(k, caller(who), body)
 
 
-@router.get("/forget/{request_id}", response_model=dict)
+@router.get("/forget/{request_id}", response_model=m.ForgetStatusOut | m.ForgetPendingOut)
 def get_forget(request_id: str, who: Principal = Depends(AUDITOR),  # noqa: B008
-               k: Kernel = Depends(kernel)) -> dict[str, Any]:  # noqa: B008
+               k: Kernel = Depends(kernel)) -> m.ForgetStatusOut | m.ForgetPendingOut:  # noqa: B008
+    """A forget by request id: its receipt as it stands (with the replay once logged), its state
+    and the replay's; before its erasure is done (a crash interrupted it), only its state."""
     return ops.forget_status(k, caller(who), request_id)
 
 

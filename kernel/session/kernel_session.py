@@ -44,7 +44,7 @@ from fak.kernel.kv.session import EvictionReport, EvictMode, Session
 from fak.kernel.model.generate import SamplingParams
 from fak.kernel.model.scheduler import tenant_scope
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.services import Services, SessionBusy
+from fak.kernel.services import DerivedEviction, Services, SessionBusy
 from fak.kernel.session import admission
 from fak.kernel.session.admission import MAX_SOURCE, QUARANTINED_RULE, Admission, RefBeingForgotten
 from fak.kernel.session.durable_ledger import CommittedSession, DurableLedger
@@ -666,33 +666,29 @@ class KernelSession:
             return result
 
     # --- forget and quarantine (driven by the Kernel) ---------------------------
-    def drop_derived(
-        self, ref: str | Collection[str], *, forget: bool
-    ) -> tuple[list[Segment], list[str], list[str], str, list[Segment]]:
-        """Evict every live segment derived from ``ref`` (forget) or carrying it (quarantine);
-        then, if any survivor still attended to it (a REROPE trace, a PIC chunk computed
-        beside it), rebuild exactly. Returns the dropped segments, the prefix-cache nodes and
-        PIC chunks dropped with them, the fingerprint after and a copy of the survivors (what
-        the forget's independent replay, ``fak.kernel.withdrawal.replay_check``, replays once the forget returned).
-        ``ref`` may be several refs (a REDACTed result's two forms): one drop, one replay.
-        The caller holds the lock."""
+    def evict_derived(self, refs: Collection[str]) -> DerivedEviction:
+        """A forget's drop in this session: evict every live segment derived from ``refs`` (their
+        tool segments, the generations produced while one was live) and mark them forgotten;
+        then, if any survivor still attended to one (a REROPE trace, a PIC chunk computed
+        beside it), rebuild exactly. Returns what was dropped, the fingerprint after and a copy
+        of the survivors (what the forget's independent replay, ``fak.kernel.withdrawal.replay_check``,
+        replays once the forget returned). Several refs (a REDACTed result's two forms): one
+        drop, one replay. The caller holds the lock."""
         s = self._loaded()
-        refs = {ref} if isinstance(ref, str) else set(ref)
-        victims = [x for x in s.ledger.live()
-                   if any((x.derived_from(r) if forget else x.ref == r) for r in refs)]
+        wanted = set(refs)
+        victims = [x for x in s.ledger.live() if any(x.derived_from(r) for r in wanted)]
         nodes: list[str] = []
         chunks: list[str] = []
         if victims:
             report = s.evict([x.id for x in victims], force=True)
             nodes = list(report.prefix_nodes_dropped)
             chunks = list(report.pic_chunks_dropped)
-            if forget:
-                for x in victims:
-                    x.mark(SegmentState.FORGOTTEN)
-        if any(refs & x.provenance for x in s.ledger.live()) or s.approximate:
+            for x in victims:
+                x.mark(SegmentState.FORGOTTEN)
+        if any(wanted & x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = replayed(self.services, self.tenant, self.id, s)
         survivors = [replace(x, tokens=list(x.tokens), chunks=list(x.chunks)) for x in s.ledger.live()]
-        return victims, nodes, chunks, s.fingerprint(), survivors
+        return DerivedEviction(victims, nodes, chunks, s.fingerprint(), survivors)
 
     def replay_of(self, segment_ids: Sequence[str]) -> str | None:
         """Fingerprint of an independent replay of the segments ``segment_ids`` (the survivors

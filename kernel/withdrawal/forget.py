@@ -39,11 +39,10 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from fak.audit import ForgetCompleted, ForgetRequested
-from fak.audit.events import LinkedRef, ReplicaPart
+from fak.audit.events import DroppedUnit, ReplicaPart
 from fak.audit.receipt import ForgetReceipt, find_replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
@@ -51,18 +50,19 @@ from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.services import Services
 from fak.kernel.withdrawal import replay_check as replay
+from fak.kernel.withdrawal.records import (
+    STORED_LINKED,
+    STORED_SESSIONS,
+    STORED_UNITS,
+    LinkedForm,
+    SessionDrop,
+    UnitKind,
+)
 from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.state.replicas import DROPPED, PENDING
 from fak.state.schema import ForgetRow, WithdrawalTaskRow
 from fak.state.store import now_us
 from fak.types import as_id, check_digest, check_tenant
-
-
-def _unit(kind: str, unit_id: str, session_id: str | None = None) -> dict[str, str]:
-    out = {"kind": kind, "id": unit_id}
-    if session_id is not None:
-        out["session_id"] = session_id
-    return out
 
 
 def forget(
@@ -86,15 +86,17 @@ def forget(
                                "account for the sessions that held it")
             request_id = "fgt_" + uuid.uuid4().hex[:24]
             linked = _linked(svc, tenant, ref, [])
-            ForgetRequested(tenant=tenant, request_id=request_id, ref=ref, principal=principal, reason=why,
-                            linked_refs=[x["ref"] for x in linked] or None)
             key_id, kek_version = svc.store.key_info(ref, tenant)
             row = ForgetRow(tenant=tenant, ref=ref, request_id=request_id, started_us=now_us(), state="requested",
                             principal=principal,
                             reason=why, requested_index=None, completed_index=None, key_id=key_id,
-                            kek_version=kek_version, units="[]", sessions="[]",
-                            linked=json.dumps(linked) if linked else None)  # fmt: skip
+                            kek_version=kek_version, units=STORED_UNITS.dump([]), sessions=STORED_SESSIONS.dump([]),
+                            linked=STORED_LINKED.dump(linked) if linked else None)  # fmt: skip
+            # the event the run logs, built (and so validated) before the row is written: a row
+            # whose request cannot be logged would stay pending for ever
+            requested = _requested(row, linked)
             svc.state.start_forget(row)
+            return _run(svc, row, requested)
         return _run(svc, row)
 
 
@@ -120,42 +122,48 @@ def forget_lock(svc: Services) -> Iterator[None]:
             yield
 
 
-def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
+def _requested(row: ForgetRow, linked: list[LinkedForm]) -> ForgetRequested:
+    return ForgetRequested(tenant=row.tenant, request_id=row.request_id, ref=row.ref, principal=row.principal,
+                           reason=row.reason, linked_refs=[x.ref for x in linked] or None)
+
+
+def _run(svc: Services, row: ForgetRow, requested: ForgetRequested | None = None) -> ForgetReceipt:
+    """Steps 2 to 6 of the forget of ``row`` (``requested``: its event, built when the row was)."""
     started = time.monotonic()
     tenant, ref = row.tenant, row.ref
     resumed = row.requested_index is not None  # ForgetRequested is in the log: this run continues a forget
-    known = json.loads(row.linked or "[]")
+    known = STORED_LINKED.load(row.linked)
     linked = _linked(svc, tenant, ref, known)  # a link recorded since the request joins it
     if linked != known:
-        row.linked = json.dumps(linked)
+        row.linked = STORED_LINKED.dump(linked)
         svc.state.update_forget(row.request_id, linked=row.linked)
-    refs = [ref] + [x["ref"] for x in linked]
+        requested = None  # the event names the joined link too
+    refs = [ref] + [x.ref for x in linked]
     if row.requested_index is None:
-        row.requested_index = svc.audit.append(ForgetRequested(
-            tenant=tenant, request_id=row.request_id, ref=ref, principal=row.principal, reason=row.reason,
-            linked_refs=refs[1:] or None))
+        row.requested_index = svc.audit.append(requested or _requested(row, linked))
         svc.state.update_forget(row.request_id, requested_index=row.requested_index)
     fault_point("forget.after_requested")
     rep = svc.replication
     parts: list[ReplicaPart] | None = None
-    fresh: dict[str, replay.SessionJob] = {}  # this run's sessions, with their survivors' copies
     if rep is None:
-        units: list[dict[str, Any]] = json.loads(row.units)
-        sessions: list[dict[str, Any]] = json.loads(row.sessions)
-        drop_derived(svc, row.request_id, None, tenant, refs, units, sessions, fresh)
-        svc.state.update_forget(row.request_id, units=json.dumps(units))
+        dropped = drop_held_units(svc, tenant, refs, Dropped(STORED_UNITS.load(row.units),
+                                                             STORED_SESSIONS.load(row.sessions)),
+                                  request_id=row.request_id)
+        svc.state.update_forget(row.request_id, units=STORED_UNITS.dump(dropped.units))
     else:  # every replica drops what it holds (docs/scale-out.md); this one waits for all of them
         rep.publish(row.request_id, "forget", tenant, refs)
-        tasks = rep.settle(row.request_id, until=DROPPED)
-        units = [u for t in tasks for u in json.loads(t.units)]
-        sessions = [x for t in tasks for x in json.loads(t.sessions)]
+        reports = [(t, Dropped(STORED_UNITS.load(t.units), STORED_SESSIONS.load(t.sessions)))
+                   for t in rep.settle(row.request_id, until=DROPPED)]
+        dropped = Dropped([u for _, d in reports for u in d.units], [x for _, d in reports for x in d.sessions])
         parts = [ReplicaPart(replica=as_id(t.replica), applied_by=as_id(t.applied_by or t.replica),
-                             units=len(json.loads(t.units)), sessions=len(json.loads(t.sessions))) for t in tasks]
-        svc.state.update_forget(row.request_id, units=json.dumps(units), sessions=json.dumps(sessions))
+                             units=len(d.units), sessions=len(d.sessions)) for t, d in reports]
+        svc.state.update_forget(row.request_id, units=STORED_UNITS.dump(dropped.units),
+                                sessions=STORED_SESSIONS.dump(dropped.sessions))
+    units, sessions = dropped.units, dropped.sessions
     fault_point("forget.before_shred")
     for x in linked:  # the other forms first: the row keeps their key ids for a resumed run
-        if svc.store.head(x["ref"], tenant) is not None:
-            svc.store.forget(x["ref"], tenant)
+        if svc.store.head(x.ref, tenant) is not None:
+            svc.store.forget(x.ref, tenant)
     shred = svc.store.forget(ref, tenant)
     key_id = shred.key_id or row.key_id
     kek_version = shred.kek_version if shred.kek_version is not None else row.kek_version
@@ -166,11 +174,10 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
     if index is None:
         index = svc.audit.append(ForgetCompleted(
             tenant=tenant, request_id=row.request_id, ref=ref, requested_index=row.requested_index,
-            units_dropped=units, sessions=replay.logged_sessions(sessions), shredded_key_id=key_id,
+            units_dropped=units, sessions=[x.logged() for x in sessions], shredded_key_id=key_id,
             kek_version=kek_version,
             shred_status=getattr(shred, "shred_status", None),
-            linked_refs=[LinkedRef(ref=x["ref"], shredded_key_id=x["key_id"], kek_version=x["kek_version"])
-                         for x in linked] or None,
+            linked_refs=[x.logged() for x in linked] or None,
             replicas=parts,
         ))  # fmt: skip
     fault_point("forget.after_completed")
@@ -179,26 +186,42 @@ def _run(svc: Services, row: ForgetRow) -> ForgetReceipt:
     if rep is not None:
         rep.store.nudge(row.request_id)  # the replicas' replays wait for this (apply_task)
     if sessions:
-        row.sessions, row.completed_index = json.dumps(sessions), index
-        svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index, replay.jobs_from_row(row, fresh),
+        row.sessions, row.completed_index = STORED_SESSIONS.dump(sessions), index
+        svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index,
+                                          replay.jobs_from_row(row, dropped.copies),
                                           resumed=resumed or rep is not None))
     svc.events.publish(ForgetDone(tenant, time.monotonic() - started))
     return ForgetReceipt.from_log(svc.audit, index)
 
 
-def drop_derived(svc: Services, request_id: str, task_of: str | None, tenant: str, refs: list[str],
-                 units: list[dict[str, Any]], sessions: list[dict[str, Any]], fresh: dict[str, replay.SessionJob],
-                 acting_for: str | None = None) -> None:
-    """Drop every unit derived from ``refs`` that this kernel holds, appending to ``units`` and
-    ``sessions`` (each session's ledger written with the progress, one transaction each).
-    ``task_of``: the replica whose task row records the progress (None: the forget's own row);
-    ``acting_for``: the replica whose sessions to visit (a peer that is down: its sessions move
-    here; its caches died with it). None: a single process, every session and cache here."""
+@dataclass(frozen=True)
+class Dropped:
+    """What a forget's drop has done where it runs (a forget's row, or one replica's task row):
+    the units and the sessions, and the survivors' copies of the sessions this run dropped from
+    (the replay replays them; a session dropped from before a crash is replayed from its ids)."""
+
+    units: list[DroppedUnit]
+    sessions: list[SessionDrop]
+    copies: dict[str, replay.SessionJob] = field(default_factory=dict)
+
+
+def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: Dropped, *, request_id: str,
+                    task_of: str | None = None, acting_for: str | None = None) -> Dropped:
+    """Drop every unit derived from ``refs`` that this kernel holds, continuing ``so_far`` (what
+    the progress row records: a resumed run adds to it); returns all of it. Each session's
+    ledger is written with the progress, one transaction each: the row of ``request_id``
+    (``task_of``: that replica's task row instead). ``acting_for``: the replica whose sessions
+    to visit (a peer that is down: its sessions move here; its caches died with it). None: a
+    single process, every session and cache here."""
     rep = svc.replication
     here = acting_for is None or rep is None or acting_for == rep.name
-    tag = {} if acting_for is None else {"replica": acting_for}
+    units, sessions, copies = list(so_far.units), list(so_far.sessions), dict(so_far.copies)
+
+    def unit(kind: UnitKind, unit_id: str, session_id: str | None = None) -> DroppedUnit:
+        return DroppedUnit(kind=kind, id=unit_id, session_id=session_id, replica=acting_for)
+
     if here:  # chunks that attended to the ref go first, so no session is served one while this runs
-        units += [_unit("pic_chunk", c) | tag for r in refs
+        units += [unit("pic_chunk", c) for r in refs
                   for c in svc.shared.drop_ref(svc.keys.namespace(tenant), r, prefix=False).pic_chunks]
     found = set().union(*(holders(svc, tenant, r, acting_for) for r in refs))
     # an admission checks for a pending forget inside its session lock, which this waits for
@@ -211,24 +234,25 @@ def drop_derived(svc: Services, request_id: str, task_of: str | None, tenant: st
             if not any(x.derived_from(r) or r in x.provenance for x in tx.session.ledger.live() for r in refs):
                 continue
             tx.change()
-            victims, nodes, chunks, after, survivors = ks.drop_derived(refs, forget=True)
-            units += [_unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid) | tag
-                      for x in victims]
-            units += [_unit("prefix_node", n) | tag for n in nodes]
-            units += [_unit("pic_chunk", c) | tag for c in chunks]
-            sessions[:] = [x for x in sessions if x["session_id"] != sid]
-            keyed = svc.keys.audit_fingerprint(tenant, after)  # keyed: no guess oracle
-            ids = [x.id for x in survivors]  # kept until the replay is logged: a crash re-runs it from them
-            sessions.append({"session_id": sid, "fingerprint_after": keyed, "survivors": ids} | tag)
-            fresh[sid] = replay.SessionJob(sid, keyed, ids, survivors, tx.session)
-            tx.commit(forget=(request_id, task_of, {"units": json.dumps(units), "sessions": json.dumps(sessions)}),
-                      fingerprint=after)
+            ev = ks.evict_derived(refs)
+            units += [unit("generated_segment" if x.kind is SegmentKind.ASSISTANT else "segment", x.id, sid)
+                      for x in ev.segments]
+            units += [unit("prefix_node", n) for n in ev.prefix_nodes]
+            units += [unit("pic_chunk", c) for c in ev.pic_chunks]
+            keyed = svc.keys.audit_fingerprint(tenant, ev.fingerprint)  # keyed: no guess oracle
+            ids = [x.id for x in ev.survivors]  # kept until the replay is logged: a crash re-runs it from them
+            sessions = [x for x in sessions if x.session_id != sid]
+            sessions.append(SessionDrop(session_id=sid, fingerprint_after=keyed, survivors=ids, replica=acting_for))
+            copies[sid] = replay.SessionJob(sid, keyed, ids, ev.survivors, tx.session)
+            progress = {"units": STORED_UNITS.dump(units), "sessions": STORED_SESSIONS.dump(sessions)}
+            tx.commit(forget=(request_id, task_of, progress), fingerprint=ev.fingerprint)
         fault_point("forget.after_session")
     if here:
         for r in refs:
-            dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
-            units += [_unit("prefix_node", n) | tag for n in dropped.prefix_nodes]
-            units += [_unit("pic_chunk", c) | tag for c in dropped.pic_chunks]
+            gone = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
+            units += [unit("prefix_node", n) for n in gone.prefix_nodes]
+            units += [unit("pic_chunk", c) for c in gone.pic_chunks]
+    return Dropped(units, sessions, copies)
 
 
 def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
@@ -240,24 +264,22 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
     refs: list[str] = json.loads(task.refs)
     key = (task.request_id, task.replica)
     if task.state == PENDING:
-        units: list[dict[str, Any]] = json.loads(task.units)
-        sessions: list[dict[str, Any]] = json.loads(task.sessions)
-        fresh: dict[str, replay.SessionJob] = {}
-        drop_derived(svc, task.request_id, task.replica, task.tenant, refs, units, sessions, fresh, acting_for)
-        rep.copies[key] = fresh
+        dropped = drop_held_units(svc, task.tenant, refs, Dropped(STORED_UNITS.load(task.units),
+                                                                  STORED_SESSIONS.load(task.sessions)),
+                                  request_id=task.request_id, task_of=task.replica, acting_for=acting_for)
+        rep.copies[key] = dropped.copies
         rep.store.update(task.request_id, task.replica, state=DROPPED, applied_by=rep.name,
-                         units=json.dumps(units), sessions=json.dumps(sessions))
+                         units=STORED_UNITS.dump(dropped.units), sessions=STORED_SESSIONS.dump(dropped.sessions))
         return
     forget_row = svc.state.forget_by_request(task.tenant, task.request_id)
     if forget_row is not None and forget_row.state == "requested":
         return  # a replay is a full prefill: it runs once the forget has returned, not beside its last steps
-    copies = rep.copies.pop(key, {})
-    entries = json.loads(task.sessions)
-    for x in entries:
-        job = copies.get(x["session_id"]) or replay.SessionJob(x["session_id"], x["fingerprint_after"],
-                                                               list(x.get("survivors", [])))
-        x["fingerprint_replay"] = replay.replay_session(svc, task.tenant, job)
-    rep.store.finish(task.request_id, task.replica, task.applied_by or rep.name, sessions=json.dumps(entries))
+    copies: dict[str, replay.SessionJob] = rep.copies.pop(key, {})
+    replayed = [x.model_copy(update={"fingerprint_replay": replay.replay_session(
+                    svc, task.tenant, copies.get(x.session_id) or x.job())})
+                for x in STORED_SESSIONS.load(task.sessions)]
+    rep.store.finish(task.request_id, task.replica, task.applied_by or rep.name,
+                     sessions=STORED_SESSIONS.dump(replayed))
 
 
 def _logged_completion(svc: Services, row: ForgetRow) -> int | None:
@@ -295,18 +317,18 @@ def receipt_of(svc: Services, row: ForgetRow) -> ForgetReceipt:
     return ForgetReceipt.from_log(svc.audit, row.completed_index, replay_index=found)
 
 
-def _linked(svc: Services, tenant: str, ref: str, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _linked(svc: Services, tenant: str, ref: str, known: list[LinkedForm]) -> list[LinkedForm]:
     """The refs a forget of ``ref`` erases with it (``known``, then any other live ref linked
     to it by a redaction, ``StateStore.linked_refs``), each with its data key id read before the
-    shred: [{ref, key_id, kek_version}]."""
+    shred."""
     out = list(known)
-    have = {x["ref"] for x in out}
+    have = {x.ref for x in out}
     for r in svc.state.linked_refs(tenant, ref):
         head = svc.store.head(r, tenant)
         if r in have or head is None or head.state != "live":
             continue
         key_id, kek_version = svc.store.key_info(r, tenant)
-        out.append({"ref": r, "key_id": key_id, "kek_version": kek_version})
+        out.append(LinkedForm(ref=r, key_id=key_id, kek_version=kek_version))
     return out
 
 

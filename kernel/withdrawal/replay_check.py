@@ -19,12 +19,11 @@ survivor evicted in between leaves that session's replay fingerprint empty: not 
 
 from __future__ import annotations
 
-import json
 import queue
 import sys
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fak.audit import AuditAlarm, ReplayVerified
 from fak.audit.events import SessionReplay
@@ -32,29 +31,20 @@ from fak.audit.receipt import find_replay
 from fak.errors import NotFound
 from fak.faults import fault_point
 from fak.kernel.services import ReplayJob, Services, SessionJob
+from fak.kernel.withdrawal.records import STORED_SESSIONS
 from fak.state.replicas import DONE as TASK_DONE
 
 if TYPE_CHECKING:
     from fak.state.schema import ForgetRow
 
-__all__ = ["DONE", "ReplayJob", "Replayer", "SessionJob", "jobs_from_row", "logged_sessions", "resume", "run"]
+__all__ = ["DONE", "ReplayJob", "Replayer", "SessionJob", "jobs_from_row", "resume", "run"]
 
 DONE = ("replaying", "completed")  # forget row states once the erasure is done (the receipt exists)
-LOGGED = ("session_id", "fingerprint_after", "replica")  # what ForgetCompleted carries of a row's session entry
-
-
-def logged_sessions(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A row's session entries as ``ForgetCompleted`` logs them (without the survivors' ids)."""
-    return [{k: x[k] for k in LOGGED if k in x} for x in sessions]
 
 
 def jobs_from_row(row: ForgetRow, fresh: dict[str, SessionJob]) -> list[SessionJob]:
     """Every session of the row: the in-memory copy where this run took one, else by ids."""
-    out = []
-    for x in json.loads(row.sessions):
-        sid = x["session_id"]
-        out.append(fresh.get(sid) or SessionJob(sid, x["fingerprint_after"], list(x.get("survivors", []))))
-    return out
+    return [fresh.get(x.session_id) or x.job() for x in STORED_SESSIONS.load(row.sessions)]
 
 
 class Replayer:
@@ -134,8 +124,8 @@ def run(svc: Services, job: ReplayJob) -> int:
                  for sj in job.sessions]
     else:  # each replica replays the sessions it dropped from (docs/scale-out.md): collect them
         tasks = rep.settle(job.request_id, until=TASK_DONE)
-        found = [SessionReplay(session_id=x["session_id"], fingerprint_replay=x.get("fingerprint_replay"))
-                 for t in tasks for x in json.loads(t.sessions)]
+        found = [SessionReplay(session_id=x.session_id, fingerprint_replay=x.fingerprint_replay)
+                 for t in tasks for x in STORED_SESSIONS.load(t.sessions)]
         with rep.cluster_lock("forget"):  # one replay event, whoever else resumed the same forget
             return _log_replay(svc, job, found, resumed=True)
     return _log_replay(svc, job, found, job.resumed)
@@ -174,8 +164,8 @@ def _log_replay(svc: Services, job: ReplayJob, found: list[SessionReplay], resum
         print(f"fak: the replay of forget {job.request_id} did not verify", file=sys.stderr, flush=True)
     fault_point("forget.after_replay_verified")
     row = svc.state.forget_by_request(job.tenant, job.request_id)
-    sessions = logged_sessions(json.loads(row.sessions)) if row is not None else []
-    svc.state.update_forget(job.request_id, state="completed", sessions=json.dumps(sessions))
+    sessions = [x.settled() for x in STORED_SESSIONS.load(row.sessions)] if row is not None else []
+    svc.state.update_forget(job.request_id, state="completed", sessions=STORED_SESSIONS.dump(sessions))
     return index
 
 
