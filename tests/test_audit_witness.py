@@ -12,7 +12,7 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
-from test_audit_signer import rewrite_history
+from support.audit import rewrite_history
 
 from fak.audit import AuditError, AuditLog, PolicyLoaded, merkle, note
 from fak.audit.checkpoint import sign_checkpoint
