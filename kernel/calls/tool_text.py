@@ -54,12 +54,15 @@ POSTAMBLE = ("\n</tools>\n\nFor each function call, return a json object with fu
 @dataclass(frozen=True)
 class ToolSpec:
     """One callable function of a request: its name, description, the JSON schema of its
-    arguments (an object schema), and whether its calls must validate (``strict``)."""
+    arguments (an object schema), and whether its calls must validate (``strict``); ``where``:
+    the request parameter that holds the schema, as a grammar's errors name it (default
+    ``tools[<name>].parameters``; ``fak.kernel.openai.constrain``)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
     strict: bool
+    where: str = ""
 
     def line(self) -> str:
         """The tool as the model sees it: one canonical JSON line."""

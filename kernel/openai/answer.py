@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from fak import wire as w
@@ -37,7 +37,6 @@ from fak.kernel.openai.constrain import (
     json_or_calls_grammar,
     tool_calls_grammar,
 )
-from fak.kernel.openai.constrain import ToolSpec as GrammarTool
 from fak.kernel.openai.params import ChatParameters
 from fak.kernel.openai.sampling import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
 from fak.kernel.session.tokens import TextDecoder, timed_tokens
@@ -136,8 +135,7 @@ def grammar(p: ChatParameters, *, calls: bool, syntax: CallSyntax = HERMES_SYNTA
     docs/openai.md, "The tool format")."""
     mode = p.choice.mode if calls else "none"
     # each schema named as the request holds it, in errors (error.param)
-    specs = [GrammarTool(t.name, t.parameters, t.strict, where=f"tools[{i}].function.parameters")
-             for i, t in enumerate(p.tools)]
+    specs = [replace(t, where=f"tools[{i}].function.parameters") for i, t in enumerate(p.tools)]
     rf = p.response_format
     answer = "response_format.json_schema.schema" if rf is not None and rf.kind == "json_schema" else "response_format"
     if mode in ("required", "function"):

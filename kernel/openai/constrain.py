@@ -63,7 +63,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 import llguidance
@@ -71,12 +71,13 @@ import numpy as np
 
 from fak.errors import FakError, InvalidInput
 from fak.kernel.calls.formats import HERMES_SYNTAX, CallSyntax
+from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.model.config import ModelError
 from fak.kernel.model.generate import only
 from fak.kernel.model.tokenizer import ChatTokenizer
 
 __all__ = ["ANY_OBJECT", "CallSyntax", "CompiledGrammar", "ConstraintViolation", "Constrainer", "Grammar",
-           "GrammarHook", "ToolLike", "ToolSpec", "auto_grammar", "json_grammar", "json_or_calls_grammar",
+           "GrammarHook", "auto_grammar", "json_grammar", "json_or_calls_grammar",
            "tool_calls_grammar"]
 
 # Python's whitespace (``str.isspace``: what the family readers strip), as a regex class
@@ -106,31 +107,6 @@ class ConstraintViolation(FakError):
     ``internal``, status 500); the turn is rolled back."""
 
 
-class ToolLike(Protocol):
-    """What a tool grammar needs of a tool (``fak.kernel.calls.tool_text.ToolSpec`` has it)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def parameters(self) -> dict[str, Any]: ...
-
-    @property
-    def strict(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A tool as the grammar sees it: its name, the JSON schema of its arguments, and
-    whether its calls must follow that schema (``strict``); ``where``: the request parameter
-    that holds the schema, as errors name it (default ``tools[<name>].parameters``)."""
-
-    name: str
-    parameters: dict[str, Any]
-    strict: bool = True
-    where: str = ""
-
-
 @dataclass(frozen=True)
 class Grammar:
     """A grammar llguidance accepts (``spec``: its serialized form), checked when built;
@@ -152,7 +128,7 @@ def json_grammar(schema: dict[str, Any] | None, *, what: str = "response_format"
     return _checked(llguidance.LLMatcher.grammar_from_lark(f"%llguidance {{}}\nstart: %json {body}\n"), what)
 
 
-def tool_calls_grammar(tools: Sequence[ToolLike], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
+def tool_calls_grammar(tools: Sequence[ToolSpec], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
     """One tool call (``parallel``: one or more) in the family's ``syntax`` and nothing else,
     each calling one of ``tools`` with arguments that follow its schema: ``tool_choice``
     ``required`` (every tool of the request) or a named function (that one). A non-strict
@@ -163,7 +139,7 @@ def tool_calls_grammar(tools: Sequence[ToolLike], *, parallel: bool, syntax: Cal
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools")
 
 
-def auto_grammar(tools: Sequence[ToolLike], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
+def auto_grammar(tools: Sequence[ToolSpec], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
     """``tool_choice`` ``auto``: free text, or calls in the family's ``syntax`` (after free text
     where it allows that: the module notes). Strict tools' arguments follow their schema, the
     others' any JSON object."""
@@ -212,7 +188,7 @@ def _texts(text: str, syntax: CallSyntax) -> list[str]:
     return [_lit(p) for p in _JSON_PIECES.findall(text)]
 
 
-def _bodies(tools: Sequence[ToolLike], *, forced: bool, syntax: CallSyntax = HERMES_SYNTAX) -> str:
+def _bodies(tools: Sequence[ToolSpec], *, forced: bool, syntax: CallSyntax = HERMES_SYNTAX) -> str:
     """The lark rules of a call after its opening: ``body`` and one ``fn_i`` per tool."""
     if not tools:
         raise InvalidInput("tools: a tool-call grammar needs at least one tool")
@@ -233,9 +209,9 @@ def _bodies(tools: Sequence[ToolLike], *, forced: bool, syntax: CallSyntax = HER
     return f"body: {body}\n" + "\n".join(rules) + "\n"
 
 
-def _arguments(tool: ToolLike, forced: bool) -> str:
+def _arguments(tool: ToolSpec, forced: bool) -> str:
     """The ``%json`` body of a tool's arguments (the rules in ``tool_calls_grammar``/``auto_grammar``)."""
-    what = tool.where if isinstance(tool, ToolSpec) and tool.where else f"tools[{tool.name}].parameters"
+    what = tool.where or f"tools[{tool.name}].parameters"
     schema = tool.parameters if tool.parameters is not None else ANY_OBJECT
     if not isinstance(schema, dict):
         raise InvalidInput(f"{what}: a JSON schema is an object", param=what)
@@ -673,7 +649,7 @@ class GrammarHook:
 
 
 
-def json_or_calls_grammar(schema: dict[str, Any] | None, tools: Sequence[ToolLike], *, parallel: bool,
+def json_or_calls_grammar(schema: dict[str, Any] | None, tools: Sequence[ToolSpec], *, parallel: bool,
                           syntax: CallSyntax = HERMES_SYNTAX, what: str = "response_format") -> Grammar:
     """``tool_choice`` ``auto`` with ``response_format`` json: the answer is either one JSON
     value following ``schema`` (``None``: any object) or calls in the family's ``syntax`` (what
