@@ -5,8 +5,11 @@ audit log and the kernel state database, builds the services every operation tak
 (``fak.kernel.services.Services``: shared KV caches, derived keys and tenant namespaces,
 events, withdrawal bookkeeping, the session registry, the replay queue) and hands them
 down: sessions, withdrawal, working sets and the replay never see the façade. What is
-left here is the lifecycle (open, resume, close), policy reload, the expiry sweeper,
-the late-detector runner, key operations and tenant erase, and the calls adapters make.
+left here is the wiring: the lifecycle (open, resume, close), policy reload, and the calls
+adapters make, each handed to the part that does it. Tenant erase is
+``fak.kernel.withdrawal.tenant_erase``; the replica's withdrawal tasks and the forgets a
+crash interrupted, ``fak.kernel.withdrawal.replica_tasks``; the expiry sweeper and the late
+detectors (the background threads), ``fak.kernel.withdrawal.background``.
 
     from fak import Kernel
     with Kernel.open() as k:
@@ -18,11 +21,9 @@ the late-detector runner, key operations and tenant erase, and the calls adapter
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import logging
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -30,17 +31,16 @@ from typing import Any, cast
 
 import torch
 
-from fak.audit import PolicyLoaded, TenantErased, TenantEraseRequested
+from fak.audit import PolicyLoaded, TenantErased
 from fak.audit.events import JudgeScope
 from fak.audit.log import AuditLog
 from fak.audit.receipt import ForgetReceipt
 from fak.cas import CasStore
 from fak.cas.models import DestroyResult, RotationResult
 from fak.db import make_engine, release
-from fak.errors import FakError, InvalidInput, NotFound, Unavailable
 from fak.kernel.calls.authorize import Authorizer, Authorizers, Producer, Producers
 from fak.kernel.calls.held import HeldCalls
-from fak.kernel.events import EventBus, LateOutcome
+from fak.kernel.events import EventBus
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -55,23 +55,22 @@ from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawal
 from fak.kernel.session.kernel_session import KernelSession
 from fak.kernel.session.options import pic_binding, prefix_binding
 from fak.kernel.session.registry import SessionRegistry
+from fak.kernel.withdrawal import background, tenant_erase
 from fak.kernel.withdrawal import forget as forgets
 from fak.kernel.withdrawal import keys as keyops
 from fak.kernel.withdrawal import quarantine as withdraw
 from fak.kernel.withdrawal import replay_check as replay
+from fak.kernel.withdrawal import replica_tasks as tasks
 from fak.kernel.withdrawal.forget import ForgetState
 from fak.kernel.withdrawal.quarantine import QuarantineReport
-from fak.kernel.withdrawal.replicas import Replication, SessionElsewhere, WithdrawalPending
+from fak.kernel.withdrawal.replicas import Replication
 from fak.keys import derive_key, load_master_secret
 from fak.owner import Claim, claim
 from fak.policy import Policy, PolicyHolder, gate
 from fak.policy.egress import JudgeEgress, origin_of
-from fak.policy.late import LateJob, LateRunner, build_detectors
-from fak.policy.late_detector import LateFinding
+from fak.policy.late import LateRunner
 from fak.settings import Settings, SettingsError
 from fak.state.apikeys import MAC_LABEL
-from fak.state.replicas import DONE as TASK_DONE
-from fak.state.schema import WithdrawalTaskRow
 from fak.state.store import StateStore, now_us
 from fak.types import as_id, check_tenant
 
@@ -162,8 +161,7 @@ class Kernel:
         # was cut by the end of the process that owned the data directory then
         self.opened_us = now_us()
         self._owned: Claim | None = None  # this process's claim on the data directory (fak.owner)
-        self._stop = threading.Event()
-        self._sweeper: threading.Thread | None = None
+        self._sweeper = background.ExpirySweeper(services, _stderr)
 
     # --- opening and closing --------------------------------------------------
     @classmethod
@@ -228,10 +226,10 @@ class Kernel:
                 replication.join()
             kernel = cls(*build_services(settings, lm, policy, store, audit, state, master, replication))
             kernel._log_policy(None, None)
-            kernel._join_replicas(progress)
-            kernel._resume_forgets(progress)
-            kernel._start_late()
-            kernel._start_sweeper()
+            tasks.join_replicas(kernel.services, kernel._reload_from_peer, progress)
+            tasks.resume_forgets(kernel.services, progress)
+            background.start_late(kernel.services, _stderr)
+            kernel._sweeper.start()
         except BaseException:
             if kernel is not None and kernel.services.engine is not None:
                 kernel.services.engine.close()
@@ -250,12 +248,11 @@ class Kernel:
         self._closed = True
         if self.services.engine is not None:
             self.services.engine.close()  # calls queued finish; later ones run on their own threads
-        self._stop.set()
+        self._sweeper.stop()
         runner = self.services.late.runner
         if runner is not None:
             runner.close()
-        if self._sweeper is not None:
-            self._sweeper.join(timeout=5)
+        self._sweeper.join(timeout=5)
         if self.services.replication is not None:
             self.services.replication.close()
         self.registry.clear()
@@ -329,8 +326,12 @@ class Kernel:
             holder.restore(before)  # a policy whose loading is not in the log is not enforced
             raise
         if self.services.late.runner is not None or self.policy.spec.late_detectors:
-            self._start_late()
+            background.start_late(self.services, _stderr)
         return self.policy
+
+    def _reload_from_peer(self, principal: str) -> None:
+        """A peer replica replaced the policy (its ``policy`` task): load it, telling no one."""
+        self.reload_policy(principal=principal, peers=False)
 
     def _log_policy(self, previous: str | None, principal: str | None) -> None:
         p = self.policy
@@ -454,53 +455,12 @@ class Kernel:
         ``settings.expiry_sweep_s``), or one tenant's (``fak.kernel.withdrawal.quarantine.expire_due``)."""
         return withdraw.expire_due(self.services, now_us_, tenant)
 
-    def _start_sweeper(self) -> None:
-        withdrawals = self.services.withdrawals
-        withdrawals.set_next_expiry(self.state.next_expiry())
-
-        def sweep() -> None:
-            while not self._stop.wait(self.settings.expiry_sweep_s):
-                if withdrawals.expiry_due():
-                    try:
-                        self.expire_due()
-                    except Exception as exc:  # noqa: BLE001 - retried on the next sweep; said loudly
-                        _stderr(f"expiry sweep failed (retried): {type(exc).__name__}: {exc}")
-
-        self._sweeper = threading.Thread(target=sweep, name="fak-expiry", daemon=True)
-        self._sweeper.start()
-
     # --- late detectors -------------------------------------------------------------
-    def _start_late(self) -> None:
-        """(Re)build the late detectors of the active policy; a policy without any runs none."""
-        late = self.services.late
-        rules = self.policy.spec.late_detectors
-        if not rules:
-            if late.runner is not None:
-                late.runner.set_detectors([])
-            return
-        detectors = build_detectors(list(rules), self.judge_egress)
-        if late.runner is None:
-            late.runner = LateRunner(self._late_fired, self._late_failed, workers=self.settings.late_workers,
-                                     queue_max=self.settings.late_queue)
-        late.runner.set_detectors(detectors)
-
     @property
     def late_runner(self) -> LateRunner | None:
         """The late-detector runner, None until a policy with late detectors loads: an
         admission builds a job only when there is one; benches read its stats."""
         return self.services.late.runner
-
-    def _late_fired(self, job: LateJob, finding: LateFinding) -> None:
-        self.events.publish(LateOutcome(job.tenant, "fired"))
-        reason = f"late:{finding.detector_id}:{finding.label}"
-        try:
-            self.quarantine(job.tenant, job.ref, reason=reason, principal=f"detector:{finding.detector_id}")
-        except FakError as exc:  # e.g. forgotten meanwhile: nothing left to evict
-            _stderr(f"late detector {finding.detector_id} fired on {job.ref[:24]}…, quarantine failed: {exc}")
-
-    def _late_failed(self, job: LateJob, detector_id: str, exc: BaseException) -> None:
-        self.events.publish(LateOutcome(job.tenant, "error"))
-        _stderr(f"late detector {detector_id} failed on {job.ref[:24]}…: {type(exc).__name__}: {exc}")
 
     def wait_late(self, timeout: float = 30.0) -> bool:
         """Wait until every admitted result has been through the late detectors (tests, bench)."""
@@ -532,95 +492,10 @@ class Kernel:
         key it has in the CAS (so no backup of its data keys opens again), its refs' records
         and its API keys. Logged write-ahead (``TenantEraseRequested``, then ``TenantErased``);
         each step is idempotent, so a crash in between is finished by calling it again.
-        ``confirm`` must repeat the tenant: this cannot be undone."""
-        tenant = check_tenant(tenant)
-        if confirm != tenant:
-            raise InvalidInput("erasing a tenant cannot be undone: pass confirm=<the tenant's name>")
-        who, why = (as_id(requested_by) if requested_by else None), (as_id(reason) if reason else None)
-        svc = self.services
-        with forgets.forget_lock(svc):
-            requested = self.audit.append(TenantEraseRequested(tenant=tenant, principal=who, reason=why))
-            sessions = self.sessions(tenant)
-            rep = svc.replication
-            if rep is None:
-                for sid in sessions:
-                    with contextlib.suppress(NotFound):
-                        self.delete_session(tenant, sid)
-                self._drop_tenant_here(tenant)
-            else:  # every replica drops the tenant's sessions and caches it holds, then the stores go
-                request = f"era_{requested}"
-                rep.publish(request, "erase", tenant, [])
-                rep.settle(request, until=TASK_DONE)
-            erasure = self.store.erase_tenant(tenant)
-            revoked = self.state.erase_tenant_records(tenant)
-            event = TenantErased(tenant=tenant, requested_index=requested, sessions=len(sessions),
-                                 refs_forgotten=erasure.refs_forgotten,
-                                 keys_destroyed=[as_id(x) for x in erasure.keys_destroyed],
-                                 api_keys_revoked=revoked, shred_status=erasure.shred_status)
-            self.audit.append(event)
-        return event
-
-    def _join_replicas(self, progress: Callable[[str], None] | None) -> None:
-        """A replica applies the withdrawals written for it while it was down before it serves,
-        then tails the ones to come (``fak.kernel.withdrawal.replicas``)."""
-        rep = self.services.replication
-        if rep is None:
-            return
-        svc = self.services
-        rep.on("forget", lambda task, acting_for: forgets.apply_task(svc, task, acting_for))
-        rep.on("quarantine", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
-        rep.on("expire", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
-        rep.on("erase", self._apply_erase)
-        rep.on("policy", self._apply_policy)
-        moved = rep.run_pending()
-        if moved and progress:
-            progress(f"replica {rep.name}: applied {moved} withdrawal task(s) written while it was down")
-        rep.start()
-
-    def _apply_erase(self, task: WithdrawalTaskRow, acting_for: str) -> None:
-        """A replica's part of a tenant erase: the tenant's sessions placed on ``acting_for``
-        (this replica, or a peer that is down), and here its caches, pending withdrawals and producers."""
-        rep = self.services.replication
-        assert rep is not None
-        tenant = task.tenant
-        for sid in self.state.session_ids_on(tenant, frozenset({acting_for})):
-            with contextlib.suppress(NotFound, SessionElsewhere):
-                self.delete_session(tenant, sid)
-        if acting_for == rep.name:
-            self._drop_tenant_here(tenant)
-        rep.store.finish(task.request_id, task.replica, rep.name)
-
-    def _apply_policy(self, task: WithdrawalTaskRow, acting_for: str) -> None:
-        """A peer replaced the deployment's policy: load the file it wrote (a replica that is
-        down loads it when it opens, so a stand-in has nothing to do)."""
-        rep = self.services.replication
-        assert rep is not None
-        if acting_for == rep.name:
-            try:
-                self.reload_policy(principal=f"replica:{task.request_id}", peers=False)
-            except FakError as exc:  # the file changed again since, or is broken: keep the old one, say so
-                log.error("replica %s: loading the policy a peer replaced failed: %s", rep.name, exc)
-        rep.store.finish(task.request_id, task.replica, rep.name)
-
-    def _drop_tenant_here(self, tenant: str) -> None:
-        svc = self.services
-        svc.shared.drop_namespace(self.namespace(tenant))
-        svc.withdrawals.drop_tenant(tenant)
-        svc.producers.forget_tenant(tenant)
-
-    def _resume_forgets(self, progress: Callable[[str], None] | None) -> None:
-        for row in self.state.pending_forgets():
-            if progress:
-                progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
-            try:
-                forgets.resume(self.services, row)
-            except (Unavailable, WithdrawalPending) as exc:
-                if self.services.replication is None:
-                    raise
-                # a peer holds the deployment's forget lock (its forget, maybe this one) or has not
-                # applied its part yet: the forget stays pending, resumed by the next to ask or open
-                log.warning("replica %s: the forget %s stays pending: %s", self.replica, row.request_id, exc)
-        replay.resume(self.services)  # replays a crash interrupted: run again, in the background
+        ``confirm`` must repeat the tenant: this cannot be undone. Done by
+        ``fak.kernel.withdrawal.tenant_erase``."""
+        return tenant_erase.erase_tenant(self.services, tenant, confirm=confirm, requested_by=requested_by,
+                                         reason=reason)
 
 
 def _judge_scopes(policy: Policy) -> list[Any] | None:
