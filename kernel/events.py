@@ -87,7 +87,7 @@ class TokensTimed(KernelEvent):
     of an OpenAI answer) produced ``tokens``, the first at ``first_at`` and the last at
     ``last_at`` (``time.perf_counter`` stamps of this process): what a door's time to first
     token and time per output token are read from. Published when the generation ends, also
-    one given up part way (``fak.kernel.operations.timed_tokens``)."""
+    one given up part way (``fak.kernel.session.tokens.timed_tokens``)."""
 
     tokens: int
     first_at: float
