@@ -213,8 +213,8 @@ def test_shared_ground_does_not_import_what_builds_on_it() -> None:
 
 
 def test_sdk_does_not_import_the_server() -> None:
-    """The SDK's wire models come from ``fak.wire`` (pydantic and ``fak.types`` only), which the
-    server re-exports as ``fak.api.models``; the in-process mode (``fak.sdk.local``) calls the
+    """The SDK's wire models come from ``fak.wire`` (pydantic and ``fak.types`` only), the very
+    classes the routes declare; the in-process mode (``fak.sdk.local``) calls the
     kernel's operations (``fak.kernel.operations``), as the routes do. So no module of
     ``fak.sdk`` imports ``fak.api``, not even inside a function, and the operations never import
     the server either. ``tests/test_sdk_imports.py`` checks what an import of the HTTP client

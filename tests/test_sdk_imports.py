@@ -41,12 +41,13 @@ def test_the_http_client_imports_no_server() -> None:
 
 
 def test_the_server_and_the_sdk_share_one_wire_model() -> None:
-    """``fak.api.models`` (what the routes declare) and ``fak.sdk.models`` (what the client
-    parses) are the very classes of ``fak.wire``: the OpenAPI document and the SDK cannot drift."""
-    import fak.api.models as api_models
+    """The routes declare the classes of ``fak.wire`` and ``fak.sdk.models`` (what the client
+    parses) re-exports them: the OpenAPI document and the SDK cannot drift."""
     import fak.sdk.models as sdk_models
     import fak.wire as wire
+    from fak.api.routes import audit, sessions
 
     for name in ("SessionOut", "SegmentOut", "AdmissionOut", "GenerateOut", "ToolCallDecisionOut", "EntriesOut"):
-        assert getattr(api_models, name) is getattr(wire, name) is getattr(sdk_models, name), name
-    assert api_models.ToolResultIn is wire.ToolResultIn
+        assert getattr(wire, name) is getattr(sdk_models, name), name
+    declared = {getattr(r, "response_model", None) for r in (*sessions.router.routes, *audit.router.routes)}
+    assert {wire.SessionOut, wire.AdmissionOut, wire.GenerateOut, wire.EntriesOut} <= declared

@@ -21,11 +21,11 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from fak.api.deps import AUDITOR, READER, caller, kernel
 from fak.api.keys import Principal
-from fak.api.models import CheckpointOut, EntriesOut, InclusionOut, ReceiptCheckOut
 from fak.audit.tenant_export import FORMAT
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
 from fak.kernel.operations import MAX_INDEX, MAX_LIMIT
+from fak.wire import CheckpointOut, EntriesOut, InclusionOut, ReceiptCheckOut
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 

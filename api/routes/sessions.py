@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from fak.api import models as m
+from fak import wire as w
 from fak.api.deps import AGENT, READER, caller, kernel
 from fak.api.keys import Principal
 from fak.api.streaming import open_sse, steps
@@ -24,64 +24,64 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-@router.post("", status_code=201, response_model=m.SessionOut)
-def create_session(body: m.SessionCreate | None = None, who: Principal = Depends(AGENT),  # noqa: B008
-                   k: Kernel = Depends(kernel)) -> m.SessionOut:  # noqa: B008
+@router.post("", status_code=201, response_model=w.SessionOut)
+def create_session(body: w.SessionCreate | None = None, who: Principal = Depends(AGENT),  # noqa: B008
+                   k: Kernel = Depends(kernel)) -> w.SessionOut:  # noqa: B008
     return ops.create_session(k, caller(who), body)
 
 
-@router.get("", response_model=m.SessionList)
-def list_sessions(who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> m.SessionList:  # noqa: B008
+@router.get("", response_model=w.SessionList)
+def list_sessions(who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> w.SessionList:  # noqa: B008
     return ops.list_sessions(k, caller(who))
 
 
-@router.get("/{sid}", response_model=m.SessionOut)
-def get_session(sid: str, who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> m.SessionOut:  # noqa: B008
+@router.get("/{sid}", response_model=w.SessionOut)
+def get_session(sid: str, who: Principal = Depends(READER), k: Kernel = Depends(kernel)) -> w.SessionOut:  # noqa: B008
     return ops.get_session(k, caller(who), sid)
 
 
-@router.post("/{sid}/messages", status_code=201, response_model=m.SegmentOut)
-def append_message(sid: str, body: m.MessageIn, who: Principal = Depends(AGENT),  # noqa: B008
-                   k: Kernel = Depends(kernel)) -> m.SegmentOut:  # noqa: B008
+@router.post("/{sid}/messages", status_code=201, response_model=w.SegmentOut)
+def append_message(sid: str, body: w.MessageIn, who: Principal = Depends(AGENT),  # noqa: B008
+                   k: Kernel = Depends(kernel)) -> w.SegmentOut:  # noqa: B008
     return ops.append(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/tool-results", status_code=201, response_model=m.AdmissionOut)
-def admit_tool_result(sid: str, body: m.ToolResultIn, who: Principal = Depends(AGENT),  # noqa: B008
-                      k: Kernel = Depends(kernel)) -> m.AdmissionOut:  # noqa: B008
+@router.post("/{sid}/tool-results", status_code=201, response_model=w.AdmissionOut)
+def admit_tool_result(sid: str, body: w.ToolResultIn, who: Principal = Depends(AGENT),  # noqa: B008
+                      k: Kernel = Depends(kernel)) -> w.AdmissionOut:  # noqa: B008
     return ops.admit(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/evict", response_model=m.EvictionOut)
-def evict(sid: str, body: m.EvictIn, who: Principal = Depends(AGENT),  # noqa: B008
-          k: Kernel = Depends(kernel)) -> m.EvictionOut:  # noqa: B008
+@router.post("/{sid}/evict", response_model=w.EvictionOut)
+def evict(sid: str, body: w.EvictIn, who: Principal = Depends(AGENT),  # noqa: B008
+          k: Kernel = Depends(kernel)) -> w.EvictionOut:  # noqa: B008
     return ops.evict(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/tool-calls/authorize", response_model=m.ToolCallDecisionOut)
-def authorize_tool_call(sid: str, body: m.ToolCallIn, who: Principal = Depends(AGENT),  # noqa: B008
-                        k: Kernel = Depends(kernel)) -> m.ToolCallDecisionOut:  # noqa: B008
+@router.post("/{sid}/tool-calls/authorize", response_model=w.ToolCallDecisionOut)
+def authorize_tool_call(sid: str, body: w.ToolCallIn, who: Principal = Depends(AGENT),  # noqa: B008
+                        k: Kernel = Depends(kernel)) -> w.ToolCallDecisionOut:  # noqa: B008
     """May the agent make this call now, given what is in attention? ALLOW, CONFIRM or DENY."""
     return ops.authorize_tool_call(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/evict-refs", response_model=m.RefsEvictedOut)
-def evict_refs(sid: str, body: m.EvictRefsIn, who: Principal = Depends(AGENT),  # noqa: B008
-               k: Kernel = Depends(kernel)) -> m.RefsEvictedOut:  # noqa: B008
+@router.post("/{sid}/evict-refs", response_model=w.RefsEvictedOut)
+def evict_refs(sid: str, body: w.EvictRefsIn, who: Principal = Depends(AGENT),  # noqa: B008
+               k: Kernel = Depends(kernel)) -> w.RefsEvictedOut:  # noqa: B008
     """The exact remedy for a DENY/CONFIRM: evict the offending refs (and the turns they caused)."""
     return ops.evict_refs(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/materialise", response_model=m.MaterialiseOut)
+@router.post("/{sid}/materialise", response_model=w.MaterialiseOut)
 def materialise(sid: str, body: dict[str, Any], who: Principal = Depends(AGENT),  # noqa: B008
-                k: Kernel = Depends(kernel)) -> m.MaterialiseOut:  # noqa: B008
+                k: Kernel = Depends(kernel)) -> w.MaterialiseOut:  # noqa: B008
     return ops.materialise(k, caller(who), sid, body)
 
 
-@router.post("/{sid}/generate", response_model=m.GenerateOut,
+@router.post("/{sid}/generate", response_model=w.GenerateOut,
              responses={200: {"content": {"text/event-stream": {}}}})
-async def generate(sid: str, body: m.GenerateIn, request: Request, who: Principal = Depends(AGENT),  # noqa: B008
-                   k: Kernel = Depends(kernel)) -> m.GenerateOut | StreamingResponse:  # noqa: B008
+async def generate(sid: str, body: w.GenerateIn, request: Request, who: Principal = Depends(AGENT),  # noqa: B008
+                   k: Kernel = Depends(kernel)) -> w.GenerateOut | StreamingResponse:  # noqa: B008
     if not body.stream:
         return await run_in_threadpool(ops.generate, k, caller(who), sid, body)
     # errors before any 200; a handler cancelled while the turn opens closes it (open_sse), and
