@@ -59,10 +59,10 @@ from fak.kernel.withdrawal import background, tenant_erase
 from fak.kernel.withdrawal import forget as forgets
 from fak.kernel.withdrawal import keys as keyops
 from fak.kernel.withdrawal import quarantine as withdraw
-from fak.kernel.withdrawal import replay_check as replay
 from fak.kernel.withdrawal import replica_tasks as tasks
 from fak.kernel.withdrawal.forget import ForgetState
 from fak.kernel.withdrawal.quarantine import QuarantineReport
+from fak.kernel.withdrawal.replay_check import ReplayChecker
 from fak.kernel.withdrawal.replicas import Replication
 from fak.keys import derive_key, load_master_secret
 from fak.owner import Claim, claim
@@ -90,12 +90,12 @@ def _stderr(message: str) -> None:
 
 def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, store: CasStore, audit: AuditLog,
                    state: StateStore, master: bytes, replication: Replication | None = None,
-                   ) -> tuple[Services, SessionRegistry, replay.Replayer]:
+                   ) -> tuple[Services, SessionRegistry, ReplayChecker]:
     """The services of one Kernel, wired: the session registry and the replay queue are part
     of the bundle and use it, so both are bound to it once it exists."""
     events = EventBus()
     registry = SessionRegistry()
-    replays = replay.Replayer()  # forgets' independent replays, after each forget returns
+    replays = ReplayChecker()  # forgets' independent replays, after each forget returns
     keys = DerivedKeys(master, lm.model.model_id)
     svc = Services(
         settings=settings, lm=lm, policies=policies, store=store, state=state, audit=audit,
@@ -145,7 +145,7 @@ def _engine(settings: Settings, lm: LoadedModel) -> Scheduler | None:
 class Kernel:
     """Open with ``Kernel.open(settings)``; close with ``close()`` or a ``with`` block."""
 
-    def __init__(self, services: Services, registry: SessionRegistry, replays: replay.Replayer) -> None:
+    def __init__(self, services: Services, registry: SessionRegistry, replays: ReplayChecker) -> None:
         self.services = services
         self.registry = registry
         self.replays = replays  # forgets' independent replays, after each forget returns

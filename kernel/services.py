@@ -162,7 +162,7 @@ class ReplayJob:
 
 
 class ReplayQueue(Protocol):
-    """Where a forget queues its replay (``fak.kernel.withdrawal.replay_check.Replayer``)."""
+    """Where a forget queues its replay (``fak.kernel.withdrawal.replay_check.ReplayChecker``)."""
 
     def submit(self, job: ReplayJob) -> Future[int]: ...
 

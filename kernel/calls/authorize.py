@@ -137,7 +137,7 @@ class RefMass(Protocol):
     def mean(self) -> float: ...
 
 
-class CallEvidence(Protocol):
+class EvidenceSource(Protocol):
     """The model's side of a call fak generated: what its argument tokens attended to, and
     how likely it wrote them without some refs. Computed only when a firing rule asks; None
     when it cannot be had (the call's tokens could not be located): the rule then fires."""
@@ -271,7 +271,7 @@ class Authorizer:
         return index
 
     def decide(self, tool: str, context: CallContext | Mapping[str, Producer], args: Any = None,
-               evidence: CallEvidence | None = None) -> ToolCallDecision:
+               evidence: EvidenceSource | None = None) -> ToolCallDecision:
         """The decision on calling ``tool`` with ``args`` in ``context`` (a ``CallContext``, or
         a plain ref → producer map). ``evidence``: the model's, for a call fak generated."""
         if not isinstance(context, CallContext):
@@ -331,7 +331,7 @@ class Authorizer:
             offending += [src.ref for t in found for src in t.sources if src.ref and src.trust == t.origin]
         return _Firing(rule, list(dict.fromkeys(offending)), triggers)
 
-    def _weigh(self, firing: list[_Firing], context: CallContext, evidence: CallEvidence
+    def _weigh(self, firing: list[_Firing], context: CallContext, evidence: EvidenceSource
                ) -> tuple[list[_Firing], Mapping[str, Mapping[str, RefMass]], Counterfactual | None]:
         """Acquit firing rules the model's evidence clears: attention below the rule's
         threshold, or a counterfactual in which the call is as likely without the refs."""

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 from fak.kernel.calls.formats import HermesFormat, ToolFormat
 from fak.kernel.calls.tool_text import CallBlock
-from fak.kernel.kv.call_evidence import CallEvidence as Evidence
-from fak.kernel.kv.call_evidence import RefAttention, call_evidence, token_ranges
+from fak.kernel.kv.call_evidence import CallEvidence, RefAttention, call_evidence, token_ranges
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.kv.session import Session
 
@@ -103,7 +102,7 @@ def generated_calls(tokens: Sequence[int], piece: Callable[[int], bytes],
 
 
 class TurnEvidence:
-    """The model's evidence about one call fak is generating in a session (``CallEvidence``
+    """The model's evidence about one call fak is generating in a session (``EvidenceSource``
     for the authorizer), computed on forks of the session while the turn holds its lock; the
     call's tokens are located only when a firing rule asks."""
 
@@ -111,7 +110,7 @@ class TurnEvidence:
         self._s, self._base, self._locate = s, base, call
         self._call: GeneratedCall | None = None
         self._located = False
-        self._found: dict[frozenset[str], Evidence] = {}
+        self._found: dict[frozenset[str], CallEvidence] = {}
 
     def _generated(self) -> GeneratedCall | None:
         if not self._located:
@@ -125,7 +124,7 @@ class TurnEvidence:
                 rows.setdefault(seg.ref, []).append((seg.start, seg.start + seg.length))
         return rows
 
-    def _evidence(self, refs: frozenset[str]) -> Evidence | None:
+    def _evidence(self, refs: frozenset[str]) -> CallEvidence | None:
         call = self._generated()
         if call is None or not call.args:
             return None

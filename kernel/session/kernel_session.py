@@ -31,7 +31,7 @@ from fak.errors import Conflict, Forbidden, InvalidInput
 from fak.kernel.calls.authorize import (
     AttentionView,
     CallContext,
-    CallEvidence,
+    EvidenceSource,
     ToolCallDecision,
     args_digest,
     parsed_args,
@@ -525,7 +525,7 @@ class KernelSession:
             return self._in_attention.of(s)
 
     def decide_call(self, name: str, args: Any, context: CallContext, principal: str | None,
-                    evidence: CallEvidence | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
+                    evidence: EvidenceSource | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
         """The decision on a call in ``context`` (the refs in attention with the producers of their
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
         and ``CallDecider`` log it. A CONFIRM a person already approved in this session for the

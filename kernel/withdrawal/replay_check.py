@@ -37,7 +37,7 @@ from fak.state.replicas import DONE as TASK_DONE
 if TYPE_CHECKING:
     from fak.state.schema import ForgetRow
 
-__all__ = ["DONE", "ReplayJob", "Replayer", "SessionJob", "jobs_from_row", "resume", "run"]
+__all__ = ["DONE", "ReplayChecker", "ReplayJob", "SessionJob", "jobs_from_row", "resume", "run"]
 
 DONE = ("replaying", "completed")  # forget row states once the erasure is done (the receipt exists)
 
@@ -47,8 +47,8 @@ def jobs_from_row(row: ForgetRow, fresh: dict[str, SessionJob]) -> list[SessionJ
     return [fresh.get(x.session_id) or x.job() for x in STORED_SESSIONS.load(row.sessions)]
 
 
-class Replayer:
-    """One worker thread running replay jobs in order; ``wait`` for one or all of them.
+class ReplayChecker:
+    """One worker thread running replay checks in order; ``wait`` for one or all of them.
     ``bind`` it to the services it replays with (they hold it) before the first job."""
 
     def __init__(self) -> None:
@@ -104,7 +104,7 @@ class Replayer:
                 return
             try:
                 if self._svc is None:
-                    raise RuntimeError("Replayer used before bind()")
+                    raise RuntimeError("ReplayChecker used before bind()")
                 job.done.set_result(run(self._svc, job))
             except BaseException as exc:  # the row stays replaying; the next open runs it again
                 print(f"fak: the replay of forget {job.request_id} failed: {exc}", file=sys.stderr, flush=True)
