@@ -34,15 +34,15 @@ test: $(STAMP)
 # The inner loop (about 3 minutes on 2 cores): a few files per package on the tiny model, SQLite only,
 # no slow file and no real model. `make test` is still what CI runs.
 FAST_TESTS := \
-	tests/test_kernel_facade.py tests/test_kernel_cache.py tests/test_prefix_tree.py tests/test_kernel_pic.py \
-	tests/test_chat_history.py tests/test_sampling_hooks.py tests/test_argument_provenance.py \
-	tests/test_kernel_forget.py tests/test_kernel_materialise.py tests/test_kernel_segment_view.py \
-	tests/test_audit_events.py tests/test_audit_receipt.py tests/test_audit_tiles.py tests/test_audit_verify_closed.py \
-	tests/test_cas_digest.py tests/test_cas_store.py \
-	tests/test_policy_detect.py tests/test_policy_schema.py tests/test_signatures.py \
-	tests/test_api_openai.py tests/test_console_history.py tests/test_sdk.py tests/test_sdk_imports.py \
-	tests/test_errors.py tests/test_protocols.py \
-	tests/test_layering.py tests/test_docs_links.py tests/test_docs_paths.py tests/test_settings_only_env_reader.py
+	tests/kernel/test_kernel_facade.py tests/kernel/model/test_kernel_cache.py tests/kernel/kv/test_prefix_tree.py tests/kernel/kv/test_kernel_pic.py \
+	tests/kernel/openai/test_chat_history.py tests/kernel/openai/test_sampling_hooks.py tests/kernel/calls/test_argument_provenance.py \
+	tests/kernel/withdrawal/test_kernel_forget.py tests/kernel/session/test_kernel_materialise.py tests/kernel/session/test_kernel_segment_view.py \
+	tests/audit/test_audit_events.py tests/audit/test_audit_receipt.py tests/audit/test_audit_tiles.py tests/audit/test_audit_verify_closed.py \
+	tests/cas/test_cas_digest.py tests/cas/test_cas_store.py \
+	tests/policy/test_policy_detect.py tests/policy/test_policy_schema.py tests/policy/test_signatures.py \
+	tests/api/test_api_openai.py tests/api/console/test_console_history.py tests/sdk/test_sdk.py tests/sdk/test_sdk_imports.py \
+	tests/ground/test_errors.py tests/ground/test_protocols.py \
+	tests/repo/test_layering.py tests/repo/test_docs_links.py tests/repo/test_docs_paths.py tests/repo/test_settings_only_env_reader.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not real_model and not postgres" $(FAST_TESTS) $(PYTEST_ARGS)

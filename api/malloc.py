@@ -23,7 +23,7 @@ SERVER_ARENAS = 2
 def limit_arenas(arenas: int = SERVER_ARENAS) -> bool:
     """Cap glibc's malloc arenas unless ``MALLOC_ARENA_MAX`` already says (the operator's
     choice wins). Call before threads start. True if the cap was set here."""
-    # glibc's own variable, read to let the operator's choice win: an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
+    # glibc's own variable, read to let the operator's choice win: an allowed exception to "only fak.settings reads the environment" (tests/repo/test_settings_only_env_reader.py)
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
     name = ctypes.util.find_library("c")

@@ -5,7 +5,7 @@ counted into one ``auth_failures`` entry at the window's end or at shutdown (api
 
     python bench/auth_flood.py [--requests 10000] [--keys 500] [--json out.json]
 
-The model does not matter here: a tiny random one (tests/tiny_kernel.py) keeps startup short.
+The model does not matter here: a tiny random one (tests/support/tiny_kernel.py) keeps startup short.
 The target: the log grows by at most 4 entries for the whole flood (one window).
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from common import ROOT, log, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
+from support.tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
 
 from fak import Kernel, Settings  # noqa: E402
 from fak.api.server import serve  # noqa: E402

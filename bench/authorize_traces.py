@@ -19,7 +19,7 @@ tasks), overall and per family, with the trace ids of every miss. The floor is m
 the policies' detectors are removed for the replay (detection is a tripwire on top, not the
 floor), so every result reaches attention (``--detectors`` keeps them;
 ``quarantined_results`` counts the results the gate kept out). The decision does not read
-the model: a tiny random one (tests/tiny_kernel.py) keeps the run short (about a minute
+the model: a tiny random one (tests/support/tiny_kernel.py) keeps the run short (about a minute
 per policy on two CPUs).
 """
 
@@ -37,7 +37,7 @@ import yaml
 from common import ROOT, log, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
+from support.tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
 from workloads.call_traces import FAMILIES, SIDE_EFFECT_TOOLS, Trace, traces  # noqa: E402
 
 from fak import Kernel, Settings  # noqa: E402
@@ -159,7 +159,7 @@ def measure(policy_path: str | Path = DEFAULT_POLICY, detectors: bool = False) -
             "policy": str(policy_path),
             "detectors": ("kept: results the gate quarantined never reach attention" if detectors else
                           "removed for the replay: the authorization floor (detection is a tripwire on top)"),
-            "model": "tiny random (tests/tiny_kernel.py): decisions do not read the model",
+            "model": "tiny random (tests/support/tiny_kernel.py): decisions do not read the model",
             "traces": len(all_traces),
             "tasks": len({t.task for t in all_traces}),
             "argument_provenance": run_policy(doc, all_traces, model_dir, lm, tmp, "argument-provenance"),

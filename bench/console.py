@@ -3,7 +3,7 @@ audit entries, each page fetched over HTTP from a real server on localhost.
 
     python bench/console.py [--segments 1000] [--entries 10000] [--repeat 20] [--json out.json]
 
-The model does not matter here: a tiny random one (tests/tiny_kernel.py) keeps startup short.
+The model does not matter here: a tiny random one (tests/support/tiny_kernel.py) keeps startup short.
 Three of every four segments are evicted right after they are appended (they stay in the
 ledger, as evicted, and keep the context short enough for the tiny model), so the ledger holds
 ``--segments`` rows. The audit log is filled with ``policy_loaded`` entries of the tenant up
@@ -29,7 +29,7 @@ import httpx
 from common import ROOT, log, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
+from support.tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
 
 from fak import Kernel, Settings  # noqa: E402
 from fak.api.server import serve  # noqa: E402

@@ -40,7 +40,7 @@ from fak.kernel.model.weights import default_model_path
 
 WORDS = ["agent", "tool", "result", "cache", "policy", "kernel", "token", "model", "span", "audit", "reference", "session", "tenant", "the", "a", "of", "and", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this", "it", "be", "are", "was", "were", "has", "have", "search", "web", "page", "email", "file", "shell", "output", "request", "response", "server", "client", "data", "value", "error"]
 
-# the fixed prompt set of the quality gap (tests/test_kernel_modes.py uses its first four)
+# the fixed prompt set of the quality gap (tests/kernel/model/test_kernel_modes.py uses its first four)
 QUALITY_PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",

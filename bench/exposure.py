@@ -26,7 +26,7 @@ import httpx
 from common import ROOT, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
+from support.tiny_kernel import make_tiny_model_dir  # noqa: E402 - tests/ is a fixture folder
 
 from fak import Kernel, Settings  # noqa: E402
 from fak.api.server import LiveServer, serve  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU witnesses of fak's device support (issue 32, part 4; docs/decode.md, "Device"), in one
 # short run for a machine with a CUDA GPU:
-#   1. the exactness suite on CUDA: pytest -m gpu (tests/test_device.py: oracle-close and greedy
+#   1. the exactness suite on CUDA: pytest -m gpu (tests/kernel/model/test_device.py: oracle-close and greedy
 #      tokens against transformers on the same GPU per family, write-time eviction, RECOMPUTE and
 #      prefix reuse bit-exact, repeat runs bit-exact, a Kernel session with the real SmolLM2);
 #   2. bench/decode.py --device cuda: fak float32 against transformers on the same GPU in the same
@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 print(f"gpu_check: torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
 PY
 
-"$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 300 tests/test_device.py \
+"$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 300 tests/kernel/model/test_device.py \
     --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 

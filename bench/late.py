@@ -8,7 +8,7 @@ detection evicts the ref, exactly.
 * Admission latency: a ~256-token benign tool result (ALLOW, no detector fires) admitted
   with ``KernelSession.admit`` into a fresh session (system + user) of two kernels on the
   same model object: the packaged default policy, and the same policy plus two late
-  detectors covering the tool (the tiny classifier of ``tests/late_models.py`` and a judge
+  detectors covering the tool (the tiny classifier of ``tests/support/late_models.py`` and a judge
   stub on loopback). Unique bytes every repetition, prefix cache off, the order of the two
   kernels alternating, and the late runner idle before each measured admission (so the
   figure is the synchronous path: enqueueing the job, not the detection).
@@ -42,7 +42,7 @@ from pathlib import Path
 from common import ROOT, log, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from late_models import JudgeStub, make_tiny_classifier  # noqa: E402 - tests/ is a fixture folder
+from support.late_models import JudgeStub, make_tiny_classifier  # noqa: E402 - tests/ is a fixture folder
 
 from fak import Kernel, Settings  # noqa: E402
 from fak.kernel.events import LateOutcome  # noqa: E402

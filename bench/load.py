@@ -34,7 +34,7 @@ import httpx
 from common import ROOT, log, parser, report, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from serve_process import ServeProcess, ServerDown, free_port  # noqa: E402 - tests/ is a fixture folder
+from support.serve_process import ServeProcess, ServerDown, free_port  # noqa: E402 - tests/ is a fixture folder
 
 TENANTS = ("load-a", "load-b", "load-c", "load-d")
 ROLES = ("agent", "auditor", "admin")

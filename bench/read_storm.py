@@ -137,7 +137,7 @@ def main() -> None:
                                "lock_timeout_s": 3600.0}
     if args.tiny:
         sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_kernel import make_tiny_model_dir
+        from support.tiny_kernel import make_tiny_model_dir
 
         options["model_path"] = make_tiny_model_dir(tmp / "tiny")
     settings = Settings(**options)

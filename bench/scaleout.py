@@ -56,7 +56,7 @@ import httpx
 from common import ROOT, log, parser, report, skipped, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from serve_process import FAK, free_port  # noqa: E402 - tests/ is a fixture folder
+from support.serve_process import FAK, free_port  # noqa: E402 - tests/ is a fixture folder
 
 PG_SERVER = os.environ.get("FAK_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REPLICA_HEADER = "x-fak-replica"

@@ -57,7 +57,7 @@ import httpx
 from common import ROOT, log, parser, report, skipped, target
 
 sys.path.insert(0, str(ROOT / "tests"))
-from serve_process import FAK, ServeProcess, ServerDown, free_port  # noqa: E402 - tests/ is a fixture folder
+from support.serve_process import FAK, ServeProcess, ServerDown, free_port  # noqa: E402 - tests/ is a fixture folder
 
 from fak.kernel.model.weights import default_model_path  # noqa: E402
 

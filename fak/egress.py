@@ -13,7 +13,7 @@ a ``/``). Hosts compare lower-cased, ports with the scheme's default filled in. 
 whose name starts with ``FAK_`` (any case) are the server's own and are never allowed.
 
 It lives in the shared ground because ``Settings`` validates its two lists with it (``fak/``
-imports no layer built on it, ``tests/test_layering.py``); the policy layer, which checks a
+imports no layer built on it, ``tests/repo/test_layering.py``); the policy layer, which checks a
 policy's judges against these allow-lists, re-exports it as ``fak.policy.egress``.
 """
 

@@ -21,7 +21,7 @@ import os
 import signal
 
 ENV = "FAK_FAULT_POINT"
-# test fault injection, armed by the test harness in a child process: an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
+# test fault injection, armed by the test harness in a child process: an allowed exception to "only fak.settings reads the environment" (tests/repo/test_settings_only_env_reader.py)
 _ARMED = os.environ.get(ENV)  # read once: the hot paths pay one comparison of None
 
 

@@ -4,7 +4,7 @@ variables, then explicit keyword arguments (each overrides the one before).
 The config file is TOML or YAML, named by ``Settings.load(path)`` or ``FAK_CONFIG``;
 its keys are the field names below (``data_dir = "/srv/fak"``).
 
-This module is the only reader of the environment (issue 26.6; ``tests/test_settings_only_env_reader.py``
+This module is the only reader of the environment (issue 26.6; ``tests/repo/test_settings_only_env_reader.py``
 lists the few justified exceptions): the store, the audit log and the weight caches receive these
 values from whoever holds the settings (``Kernel.open``, a CLI command), or build a ``StorageSettings``
 when their caller passes nothing."""

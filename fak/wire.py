@@ -4,7 +4,7 @@ SDK (``fak.sdk``, which sends and parses them). Ids and digests are the shared `
 grammar, sizes are bounded, unknown fields are refused.
 
 Import-light on purpose: pydantic and ``fak.types`` only, so that the HTTP client loads no
-part of the server, the database or the kernel (``tests/test_sdk_imports.py``)."""
+part of the server, the database or the kernel (``tests/sdk/test_sdk_imports.py``)."""
 
 from __future__ import annotations
 

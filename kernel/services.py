@@ -5,7 +5,7 @@ builds one ``Services`` bundle; sessions (``fak.kernel.session.kernel_session``)
 (``forget``, ``withdraw``, expiry), working sets (``materialise``) and the forget's replay
 (``replay``) take that bundle, never the façade. Nothing here imports the modules that use
 it: the session registry and the replay queue are typed by the Protocols below, so the
-agent kernel's imports form no cycle (``tests/test_layering.py``).
+agent kernel's imports form no cycle (``tests/repo/test_layering.py``).
 """
 
 from __future__ import annotations

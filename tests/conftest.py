@@ -75,7 +75,7 @@ def smollm2():
 # --- Kernel tests: a tiny model folder loaded once per run, a kernel per test ---------
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from tiny_kernel import make_tiny_model_dir
+    from support.tiny_kernel import make_tiny_model_dir
 
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
 
@@ -106,7 +106,7 @@ def kernel(settings, tiny_lm):
 @pytest.fixture
 def judge_stub():
     """A real OpenAI-compatible judge on loopback (``tests/late_models.JudgeStub``)."""
-    from late_models import JudgeStub
+    from support.late_models import JudgeStub
 
     stub = JudgeStub()
     yield stub

@@ -58,7 +58,7 @@ _lib_lock = threading.Lock()
 
 def _compiler() -> str:
     # CC is the C toolchain's own variable (as make and setuptools read it), not a fak setting:
-    # an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
+    # an allowed exception to "only fak.settings reads the environment" (tests/repo/test_settings_only_env_reader.py)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise ModelError("weights='gguf' compiles a small C kernel on first use and found no C compiler (cc, gcc or clang)")

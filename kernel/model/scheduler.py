@@ -21,7 +21,7 @@ more rows (its turn is rolled back by its own thread, as without the engine).
 Exactness: a call runs exactly as it would alone (prefill chunks are the segment's own
 recorded chunks), and a batched decode row is the bytes its own step computes
 (``fak_decode_batch``), so every bit-exact claim holds under batching
-(``tests/test_scheduler.py``). Formats whose decode products depend on the other rows of
+(``tests/kernel/model/test_scheduler.py``). Formats whose decode products depend on the other rows of
 a call (float32/float16/bfloat16/int8 GEMMs) are not batched: their steps run one call
 each, still on the engine's thread (``Llama.batches_decode``).
 

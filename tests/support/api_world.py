@@ -10,9 +10,9 @@ import secrets
 from pathlib import Path
 
 import httpx
-from kernel_facade_helpers import CLEAN, LOUNGE, POISON
 
 from fak.kernel.facade import default_policy_path
+from support.kernel_facade_helpers import CLEAN, LOUNGE, POISON
 
 ROLES = ("agent", "auditor", "admin", "approver")
 

@@ -11,9 +11,9 @@ import time
 
 import httpx
 import pytest
-from kernel_facade_helpers import CLEAN, POISON
 
 from fak.kernel.calls.held import HeldCall
+from support.kernel_facade_helpers import CLEAN, POISON
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 

@@ -1,5 +1,5 @@
 // A tiles client that is not fak's code: it verifies a log fak serves per C2SP tlog-tiles with
-// Go's golang.org/x/mod/sumdb/tlog and sumdb/note (tests/test_audit_tiles_go.py builds and runs it).
+// Go's golang.org/x/mod/sumdb/tlog and sumdb/note (tests/audit/test_audit_tiles_go.py builds and runs it).
 //
 // Usage: tlog_client PREFIX VKEY ENTRY LEAF_FILE   (API key in $FAK_KEY)
 // It checks the checkpoint's signature with the pinned VKEY, the tree hash from the hash tiles,
