@@ -1,7 +1,7 @@
 """Optional acceleration: one Hyperscan pass over the raw bytes proves most of an input
 clean, and only the lines around what it finds go to the reference path.
 
-Contract (tests/test_policy_triage.py): ``findings`` here equals
+Contract (tests/policy/test_policy_triage.py): ``findings`` here equals
 ``reference.findings`` on every input. How it holds:
 
 * every signature and every trigger of a derived view (de-spacing, escapes, base64
@@ -45,7 +45,7 @@ from fak.policy.normalize import fold
 
 try:
     # read at import, before any Settings exists: it picks the matcher for the whole process (the
-    # reference path's tests run it in a child); an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
+    # reference path's tests run it in a child); an allowed exception to "only fak.settings reads the environment" (tests/repo/test_settings_only_env_reader.py)
     if os.environ.get("FAK_NO_HYPERSCAN") == "1":
         raise ImportError("disabled by FAK_NO_HYPERSCAN=1")
     import hyperscan
@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 # Repeats bounded above this become unbounded (still a superset). Below 15 on purpose: the
 # Hyperscan of python-hyperscan 0.9.1 misses ``a[x ]{0,15}e?bcd`` in ``qqqqqqqqqqqqqqqqaebcd``
 # (a bounded repeat of 15 or more, then an optional atom, after 15 or more bytes); unbounded
-# repeats do not (tests/test_policy_triage.py keeps the case).
+# repeats do not (tests/policy/test_policy_triage.py keeps the case).
 REPEAT_CAP = 12
 WIDTH_CAP = 1 << 15  # widest match a region is sized for
 MERGE_GAP = 2048  # regions closer than this are scanned as one (fewer, larger scans cost less)

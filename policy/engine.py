@@ -3,7 +3,7 @@ and how findings combine into a score. ``gate.py`` decides from them.
 
 ``findings`` takes the accelerated path (``accel.py``) when Hyperscan is there and
 the reference path (``reference.py``) otherwise, or when asked; both give the same
-findings (the equivalence tests in tests/test_policy_triage.py).
+findings (the equivalence tests in tests/policy/test_policy_triage.py).
 """
 
 from __future__ import annotations

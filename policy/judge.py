@@ -106,7 +106,7 @@ class JudgeDetector:
             raise LateDetectorInvalid(f"late detector {rule.id!r}: api_key_env {rule.api_key_env} is not in the "
                                       "deployment's judge_key_envs (FAK_* variables never are)")
         # the variable the operator allow-listed (judge_key_envs) is read here, on purpose: its value is the
-        # judge's bearer key, which Settings must not hold; an allowed exception to "only fak.settings reads the environment" (tests/test_settings_only_env_reader.py)
+        # judge's bearer key, which Settings must not hold; an allowed exception to "only fak.settings reads the environment" (tests/repo/test_settings_only_env_reader.py)
         if rule.api_key_env and not os.environ.get(rule.api_key_env):
             raise LateDetectorInvalid(f"late detector {rule.id!r}: the environment variable "
                                       f"{rule.api_key_env} (api_key_env) is not set")

@@ -48,7 +48,7 @@ class Signature:
     match: tuple[str | bytes, ...]
     no_match: tuple[str | bytes, ...]
     # the phrases whose key words ``{~...}`` makes typo-tolerant, written correctly
-    # (tests/test_tripwire_typos.py edits them), and those key words
+    # (tests/policy/test_tripwire_typos.py edits them), and those key words
     canonical: tuple[str, ...] = ()
     keywords: frozenset[str] = frozenset()
 
