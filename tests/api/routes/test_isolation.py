@@ -22,25 +22,10 @@ import secrets
 import time
 
 import httpx
-import pytest
-from support.api_world import ROLES, World, ok, random_digest, same, writable_policy
+from support.api_world import ROLES, World, ok, random_digest, same
 
 from fak.kernel.calls.held import HeldCall
 from fak.wire import HELD_PREFIX
-
-
-@pytest.fixture
-def settings(settings, tmp_path):
-    """conftest's settings with a writable copy of the default policy."""
-    return writable_policy(settings, tmp_path)
-
-
-@pytest.fixture
-def world(live_server):
-    w = World(live_server)
-    yield w
-    w.close()
-
 
 # path-parameter names that name something a tenant owns, and how to make an unknown one
 TENANT_IDS = {"sid", "digest", "index", "request_id", "call_id", "response_id"}

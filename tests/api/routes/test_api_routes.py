@@ -9,11 +9,12 @@ import re
 import secrets
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.routing import iter_route_contexts
-from support.api_world import ROLES, World, ok, random_digest, same, writable_policy
+from support.api_world import ROLES, World, ok, random_digest, same
 from support.kernel_facade_helpers import CLEAN, WEATHER
 
 from fak.api.server import serve
@@ -43,19 +44,6 @@ def assert_problem(r: httpx.Response, status: int, code: str | None = None) -> d
         assert body["type"] == TYPES + code, body
     return body
 
-
-@pytest.fixture
-def settings(settings, tmp_path):
-    """conftest's settings with a writable copy of the default policy (PUT /v1/policy
-    writes it; the packaged file is never the target)."""
-    return writable_policy(settings, tmp_path)
-
-
-@pytest.fixture
-def world(live_server):
-    w = World(live_server)
-    yield w
-    w.close()
 
 
 # --- authentication: /healthz is the only route that answers without a key ------------------
@@ -648,7 +636,7 @@ def test_client_leaving_an_sse_stream_leaves_the_session_consistent(world) -> No
 
 
 # --- docs/api.md says what the server does ------------------------------------------------------
-DOCS_API = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "api.md"
+DOCS_API = Path(__file__).resolve().parents[3] / "docs" / "api.md"
 DOC_ROLES = {"none": set(), "R": READER, "A": AGENT, "U": AUDITOR, "admin": ADMIN,
              "admin of the operator tenant": ADMIN}
 
