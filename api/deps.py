@@ -12,7 +12,7 @@ from fak.api.keys import Principal, Role
 from fak.api.problems import Unauthorized
 from fak.errors import Forbidden
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller, Right
+from fak.kernel.session.caller import Caller, Right
 
 
 def kernel(request: Request) -> Kernel:

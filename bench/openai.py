@@ -40,7 +40,7 @@ from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.loader import load_model
 from fak.kernel.openai import chat
 from fak.kernel.openai.answer import Answer
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 
 POLICY = """\
 apiVersion: fak.dev/v1

@@ -3,7 +3,7 @@ model in (``fak.wire``), a kernel call, a wire model out. The routes (``fak.api.
 thin FastAPI adapters over these functions (authentication, status codes, HTTP framing) and
 the in-process client calls them directly; this module never imports ``fak.api``.
 
-Every operation takes a ``Caller`` (``fak.kernel.session.caller``, re-exported here): the
+Every operation takes a ``Caller`` (``fak.kernel.session.caller``): the
 tenant it acts for, the name the audit log records and the rights it holds. An operation
 checks its right itself, so the in-process client, which has no API key, acts with the rights
 it was given and nothing more; the API maps a key's role to rights (``fak.api.deps.caller``)
@@ -28,11 +28,7 @@ from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
 from fak.errors import InvalidInput, NotFound
 from fak.kernel.calls.records import counterfactual_out, findings_out
-from fak.kernel.session.caller import Caller as Caller
-from fak.kernel.session.caller import Right as Right
-from fak.kernel.session.caller import reads_content as reads_content
-from fak.kernel.session.caller import reads_held_call as reads_held_call
-from fak.kernel.session.caller import require_content as require_content
+from fak.kernel.session.caller import Caller, Right, require_content
 from fak.kernel.session.tokens import Stepper, TextDecoder, check_context, timed_tokens
 from fak.policy import GateContext, VerdictKind, gate
 

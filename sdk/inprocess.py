@@ -31,7 +31,8 @@ from pydantic import BaseModel, ValidationError
 from fak.errors import FakError, InvalidInput
 from fak.kernel import operations as ops
 from fak.kernel.openai import chat as openai_chat
-from fak.kernel.operations import MAX_INDEX, MAX_LIMIT, Caller, Right
+from fak.kernel.operations import MAX_INDEX, MAX_LIMIT
+from fak.kernel.session.caller import Caller, Right
 from fak.sdk.calls import Call
 from fak.sdk.client import BlockingAPI, Session
 from fak.sdk.errors import TYPE_BASE, FakAPIError, invalid_input
@@ -204,7 +205,7 @@ def local(settings: Settings | None = None, *, kernel: Kernel | None = None, ten
     """The SDK over an in-process Kernel: ``kernel`` if given (left open on ``close``),
     else ``Kernel.open(settings or Settings.load(), model=model)`` (closed on ``close``).
     ``rights`` (default: all) limits what the client may do in ``tenant``: ``read``,
-    ``agent``, ``audit``, ``admin`` (``fak.kernel.operations.Right``)."""
+    ``agent``, ``audit``, ``admin`` (``fak.kernel.session.caller.Right``)."""
     if kernel is not None:
         return LocalClient(kernel, tenant, rights=rights)
     from fak.kernel.facade import Kernel

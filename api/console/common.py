@@ -20,7 +20,7 @@ from fak.api.deps import caller
 from fak.api.keys import KeyStore, Role
 from fak.errors import FakError
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 CSS = (Path(__file__).parent / "templates" / "console.css").read_text()

@@ -26,7 +26,8 @@ from fak.audit.verify import checkpoint_time
 from fak.errors import FakError, NotFound
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import MAX_LIMIT, Caller
+from fak.kernel.operations import MAX_LIMIT
+from fak.kernel.session.caller import Caller
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 SCAN = 20_000  # audit entries a page with a time filter reads at most

@@ -10,9 +10,8 @@ from fastapi.responses import Response
 from fak.api.console import auth
 from fak.api.console.common import page, render
 from fak.api.console.history import MetricsHistory, Sample, series, sparkline, tenant_totals
-from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller, Right
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -45,7 +44,7 @@ def metrics_page(request: Request) -> Response:
     """The tenant's figures since the server started: verdict rates, prefix and PIC hit rates,
     forgets, decode throughput, time to first token (what ``GET /metrics`` exposes)."""
     def run(s: auth.ConsoleSession, c: Caller, k: Kernel) -> Response:
-        c.require(ops.Right.AUDIT)  # as GET /metrics
+        c.require(Right.AUDIT)  # as GET /metrics
         m = _series(request, c.tenant)
         verdicts = {key.removeprefix("kind="): v for key, v in m.get("fak_admission_verdicts_total", {}).items()}
         calls = {key.removeprefix("verdict="): v for key, v in m.get("fak_tool_call_decisions_total", {}).items()}

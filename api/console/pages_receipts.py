@@ -14,7 +14,7 @@ from fak.api.console.common import page, post_page, render
 from fak.audit.receipt import verify_receipt
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 from fak.wire import ForgetPendingOut
 
 router = APIRouter(prefix="/console", include_in_schema=False)

@@ -17,7 +17,7 @@ from fak.api.keys import Role
 from fak.errors import FakError, NotFound
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 from fak.wire import ForgetIn
 
 router = APIRouter(prefix="/console", include_in_schema=False)

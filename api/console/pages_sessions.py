@@ -11,7 +11,7 @@ from fak.api.console.common import page, render
 from fak.api.console.graph import provenance_svg
 from fak.kernel import operations as ops
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 

@@ -26,7 +26,7 @@ from fak.api.console.common import (
 )
 from fak.api.keys import KeyStore, Role
 from fak.kernel.facade import Kernel
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 

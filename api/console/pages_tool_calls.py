@@ -16,11 +16,10 @@ from fak.api.console.common import HEADERS, page, post_page, render
 from fak.api.console.pages_audit import newest_entries
 from fak.api.keys import Role
 from fak.errors import InvalidInput, NotFound
-from fak.kernel import operations as ops
 from fak.kernel.calls.held import same_principal
 from fak.kernel.facade import Kernel
 from fak.kernel.openai import chat
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller, Right, reads_held_call
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 HELD_ROLES = (Role.AUDITOR, Role.ADMIN, Role.APPROVER)  # who sees held calls (approvers and admins decide them)
@@ -34,9 +33,9 @@ def tool_calls(request: Request, held: str = "") -> Response:
         if held.strip():
             return RedirectResponse("/console/tool-calls/held/" + quote(held.strip(), safe=""), status_code=303,
                                     headers=HEADERS)
-        calls = newest_entries(k, c, types=("tool_call_decision", "tool_call_approval")) if ops.Right.AUDIT in c.rights else []
+        calls = newest_entries(k, c, types=("tool_call_decision", "tool_call_approval")) if Right.AUDIT in c.rights else []
         return render(request, "tool_calls.html", s=s, calls=calls, pending=k.services.holds.pending(c.tenant),
-                      now=time.time(), audits=ops.Right.AUDIT in c.rights)
+                      now=time.time(), audits=Right.AUDIT in c.rights)
 
     return page(request, HELD_ROLES, run)
 
@@ -50,8 +49,8 @@ def _held(request: Request, s: auth.ConsoleSession, c: Caller, k: Kernel, call_i
     call = k.services.holds.get(c.tenant, call_id)
     if call is None:
         raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or its record fails its check)")
-    decides = ops.Right.APPROVE in c.rights
-    shown = ops.reads_held_call(c) and call.arguments is not None
+    decides = Right.APPROVE in c.rights
+    shown = reads_held_call(c) and call.arguments is not None
     arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False) if shown else None
     may_approve = decides and not same_principal(call.producer, c.principal) and call.arguments is not None
     return render(request, "held.html", s=s, call=call, arguments=arguments, decided=decided, decides=decides,

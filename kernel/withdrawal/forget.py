@@ -146,15 +146,15 @@ def _run(svc: Services, row: ForgetRow, requested: ForgetRequested | None = None
     rep = svc.replication
     parts: list[ReplicaPart] | None = None
     if rep is None:
-        dropped = drop_held_units(svc, tenant, refs, Dropped(STORED_UNITS.load(row.units),
+        dropped = drop_held_units(svc, tenant, refs, ForgetDrop(STORED_UNITS.load(row.units),
                                                              STORED_SESSIONS.load(row.sessions)),
                                   request_id=row.request_id)
         svc.state.update_forget(row.request_id, units=STORED_UNITS.dump(dropped.units))
     else:  # every replica drops what it holds (docs/scale-out.md); this one waits for all of them
         rep.publish(row.request_id, "forget", tenant, refs)
-        reports = [(t, Dropped(STORED_UNITS.load(t.units), STORED_SESSIONS.load(t.sessions)))
+        reports = [(t, ForgetDrop(STORED_UNITS.load(t.units), STORED_SESSIONS.load(t.sessions)))
                    for t in rep.settle(row.request_id, until=DROPPED)]
-        dropped = Dropped([u for _, d in reports for u in d.units], [x for _, d in reports for x in d.sessions])
+        dropped = ForgetDrop([u for _, d in reports for u in d.units], [x for _, d in reports for x in d.sessions])
         parts = [ReplicaPart(replica=as_id(t.replica), applied_by=as_id(t.applied_by or t.replica),
                              units=len(d.units), sessions=len(d.sessions)) for t, d in reports]
         svc.state.update_forget(row.request_id, units=STORED_UNITS.dump(dropped.units),
@@ -195,7 +195,7 @@ def _run(svc: Services, row: ForgetRow, requested: ForgetRequested | None = None
 
 
 @dataclass(frozen=True)
-class Dropped:
+class ForgetDrop:
     """What a forget's drop has done where it runs (a forget's row, or one replica's task row):
     the units and the sessions, and the survivors' copies of the sessions this run dropped from
     (the replay replays them; a session dropped from before a crash is replayed from its ids)."""
@@ -205,8 +205,8 @@ class Dropped:
     copies: dict[str, replay.SessionJob] = field(default_factory=dict)
 
 
-def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: Dropped, *, request_id: str,
-                    task_of: str | None = None, acting_for: str | None = None) -> Dropped:
+def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetDrop, *, request_id: str,
+                    task_of: str | None = None, acting_for: str | None = None) -> ForgetDrop:
     """Drop every unit derived from ``refs`` that this kernel holds, continuing ``so_far`` (what
     the progress row records: a resumed run adds to it); returns all of it. Each session's
     ledger is written with the progress, one transaction each: the row of ``request_id``
@@ -252,7 +252,7 @@ def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: Dropped
             gone = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
             units += [unit("prefix_node", n) for n in gone.prefix_nodes]
             units += [unit("pic_chunk", c) for c in gone.pic_chunks]
-    return Dropped(units, sessions, copies)
+    return ForgetDrop(units, sessions, copies)
 
 
 def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
@@ -264,7 +264,7 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
     refs: list[str] = json.loads(task.refs)
     key = (task.request_id, task.replica)
     if task.state == PENDING:
-        dropped = drop_held_units(svc, task.tenant, refs, Dropped(STORED_UNITS.load(task.units),
+        dropped = drop_held_units(svc, task.tenant, refs, ForgetDrop(STORED_UNITS.load(task.units),
                                                                   STORED_SESSIONS.load(task.sessions)),
                                   request_id=task.request_id, task_of=task.replica, acting_for=acting_for)
         rep.copies[key] = dropped.copies

@@ -345,7 +345,7 @@ def test_stream_text_is_the_whole_text(kernel):
     from fak.api.routes import openai as route
     from fak.kernel.model.generate import only
     from fak.kernel.openai import chat
-    from fak.kernel.operations import Caller
+    from fak.kernel.session.caller import Caller
 
     tok = kernel.tokenizer
     ids = tok.encode_plain("a é€ 🙂") + tok.encode_plain("€")[:1] + [min(tok.stop_token_ids)]

@@ -13,8 +13,9 @@ from fak.api.routes.sessions import _sse
 from fak.api.streaming import ClosingStream
 from fak.kernel import operations as ops
 from fak.kernel.services import SessionBusy
+from fak.kernel.session.caller import Caller
 
-CALLER = ops.Caller("acme", "test")
+CALLER = Caller("acme", "test")
 
 
 async def _gone(_message: object) -> None:

@@ -1,4 +1,4 @@
-"""One rule for who reads content (``fak.kernel.operations.reads_content``): generated text,
+"""One rule for who reads content (``fak.kernel.session.caller.reads_content``): generated text,
 tool-call arguments, tool-result bytes and a chain's instructions are read by the agent keys
 that produce them and by admins; an auditor reads decisions, digests and provenance. Checked
 on both surfaces through a real server: the REST API (``GET /v1/responses/{id}``,
@@ -14,7 +14,7 @@ from support.console import hold, sign_in
 
 from fak.api.deps import ROLE_RIGHTS
 from fak.api.keys import Role
-from fak.kernel.operations import Caller, reads_content, reads_held_call
+from fak.kernel.session.caller import Caller, reads_content, reads_held_call
 
 INSTRUCTIONS = "You are a payments assistant. The account PIN is 4711."
 PAY = {"type": "function", "name": "pay", "description": "Pay an amount",

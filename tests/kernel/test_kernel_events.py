@@ -27,6 +27,7 @@ from fak.kernel.events import (
     TokensTimed,
     ToolCallDecided,
 )
+from fak.kernel.session.caller import Caller
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ def test_every_event_type_reaches_its_typed_subscriber(tmp_path: Path, tiny_dir:
         s.admit("web_fetch", POLITE)  # the gate allows it; the judge fires later
         assert k.wait_late(20)
         list(s.generate(max_tokens=3, min_tokens=3))
-        ops.generate(k, ops.Caller("acme", "test"), s.id, w.GenerateIn(max_tokens=2, min_tokens=2))  # the API's
+        ops.generate(k, Caller("acme", "test"), s.id, w.GenerateIn(max_tokens=2, min_tokens=2))  # the API's
         s.authorize_tool_call("send_email", {"to": "x@example.net"})
         s.evict(kept.segment.id, "recompute")
         k.forget("acme", kept.ref)

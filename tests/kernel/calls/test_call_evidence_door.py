@@ -17,7 +17,7 @@ from fak import wire as w
 from fak.kernel.calls.generated import generated_calls
 from fak.kernel.openai import chat as openai_chat
 from fak.kernel.openai.sampling import token_bytes
-from fak.kernel.operations import Caller
+from fak.kernel.session.caller import Caller
 
 MAIL = {"type": "function", "function": {
     "name": "send_email", "parameters": {"type": "object", "properties": {"to": {"type": "string", "maxLength": 20}},

@@ -28,7 +28,7 @@ from fak import wire as w
 from fak.errors import Conflict, Forbidden, NotFound
 from fak.kernel.calls.held import REJECTED_NOTICE, CallHeld, HeldCall
 from fak.kernel.openai import chat
-from fak.kernel.operations import Caller, Right
+from fak.kernel.session.caller import Caller, Right
 
 POLICY = """\
 apiVersion: fak.dev/v1

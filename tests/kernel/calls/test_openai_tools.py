@@ -417,7 +417,7 @@ def test_a_decision_the_log_cannot_commit_rolls_the_turn_back(tmp_path, tiny_dir
 
     from fak import wire as w
     from fak.kernel.openai import chat as openai_chat
-    from fak.kernel.operations import Caller
+    from fak.kernel.session.caller import Caller
 
     k = make_server(tmp_path, tiny_dir, tiny_lm)
     try:

@@ -357,7 +357,7 @@ def test_llama3_call_evidence_through_the_door(tmp_path, family_lm) -> None:
 
     from fak import wire as w
     from fak.kernel.openai import chat as openai_chat
-    from fak.kernel.operations import Caller
+    from fak.kernel.session.caller import Caller
 
     folder, lm = family_lm
     k = policy_kernel(tmp_path, folder, lm, EVIDENCE % "        when_attention: {trust: [untrusted], above: 0.0}")
