@@ -31,7 +31,7 @@ from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
 from fak.kernel.model.scheduler import GenerationSlots, Scheduler
-from fak.kernel.session.transaction import ForgetProgress, Transaction
+from fak.kernel.session.transaction import Transaction
 from fak.kernel.withdrawal.replicas import Replication
 from fak.keys import derive_key, tenant_salt
 from fak.policy import Policy, PolicyHolder
@@ -39,7 +39,7 @@ from fak.policy.egress import CLOSED, JudgeEgress
 from fak.policy.late import LateJob, LateRunner, applies
 from fak.protocols import ContentStore, Gate
 from fak.settings import Settings
-from fak.state.store import StateStore, now_us
+from fak.state.store import ForgetProgress, StateStore, now_us
 
 if TYPE_CHECKING:
     from fak.audit.log import AuditLog

@@ -10,6 +10,7 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -98,6 +99,18 @@ def _linked_of(linked: str | None) -> set[str]:
     return {x["ref"] for x in json.loads(linked or "[]")}
 
 
+@dataclass(frozen=True)
+class ForgetProgress:
+    """A forget's progress, written with the session ledger it changed, in one transaction: the
+    request, the replica whose task row records it (None: the forget's own row) and the JSON of
+    its units and sessions so far (``fak.kernel.withdrawal.records`` writes and reads them)."""
+
+    request_id: str
+    replica: str | None
+    units: str
+    sessions: str
+
+
 class StateStore:
     def __init__(self, engine: Engine, *, api_key_mac: bytes) -> None:
         """``api_key_mac``: the API key rows' MAC key (``fak.state.apikeys``), derived from the
@@ -118,23 +131,23 @@ class StateStore:
     # --- sessions -------------------------------------------------------------
     def save_session(
         self, row: SessionRow, segments: list[SegmentRow],
-        forget: tuple[str, str | None, dict[str, Any]] | None = None,
+        forget: ForgetProgress | None = None,
     ) -> None:
-        """Replace a session's metadata and ledger in one transaction; ``forget`` =
-        (request id, replica, values) updates that forget's progress in the same transaction
-        (replica None: the forget's own row; else that replica's task row, ``fak_withdrawal_tasks``),
-        so a crash never leaves a dropped segment unrecorded in its receipt."""
+        """Replace a session's metadata and ledger in one transaction; ``forget`` updates that
+        forget's progress in the same transaction (its own row, or a replica's task row,
+        ``fak_withdrawal_tasks``), so a crash never leaves a dropped segment unrecorded in its receipt."""
         with self.tx() as s:
             s.execute(sa.delete(SegmentRow).where(SegmentRow.tenant == row.tenant, SegmentRow.session_id == row.id))
             s.merge(row)
             s.add_all(segments)
             if forget is not None:
-                request_id, replica, values = forget
-                if replica is None:
-                    s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == request_id).values(**values))
+                values = {"units": forget.units, "sessions": forget.sessions}
+                if forget.replica is None:
+                    s.execute(sa.update(ForgetRow).where(ForgetRow.request_id == forget.request_id).values(**values))
                 else:
-                    s.execute(sa.update(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == request_id,
-                                                                 WithdrawalTaskRow.replica == replica).values(**values))
+                    s.execute(sa.update(WithdrawalTaskRow).where(WithdrawalTaskRow.request_id == forget.request_id,
+                                                                 WithdrawalTaskRow.replica == forget.replica)
+                              .values(**values))
 
     def session(self, tenant: str, session_id: str) -> tuple[SessionRow, list[SegmentRow]] | None:
         with self._session() as s:

@@ -23,11 +23,10 @@ from fak.kernel.calls.authorize import UNKNOWN_TOOL
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import Session, SessionOptions, replay
 from fak.kernel.services import Services
-from fak.kernel.session.transaction import ForgetProgress
 from fak.policy import VerdictKind
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
-from fak.state.store import StateError, now_us, pack_tokens, unpack_tokens
+from fak.state.store import ForgetProgress, StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import TOOL_DEFINITIONS
 
 __all__ = ["CommittedSession", "DurableLedger", "Loaded"]

@@ -50,8 +50,9 @@ from fak.kernel.session.admission import MAX_SOURCE, QUARANTINED_RULE, Admission
 from fak.kernel.session.durable_ledger import CommittedSession, DurableLedger
 from fak.kernel.session.materialise import MaterialiseResult, WorkingSet, materialise
 from fak.kernel.session.options import new_session, pic_binding, replayed, session_options
-from fak.kernel.session.transaction import ForgetProgress, Transaction, TransactionError
+from fak.kernel.session.transaction import Transaction, TransactionError
 from fak.kernel.withdrawal.quarantine import evict_in_place, expire, expire_due
+from fak.state.store import ForgetProgress
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",

@@ -38,11 +38,10 @@ from fak.audit.events import ChangeRolledBack
 
 if TYPE_CHECKING:
     from fak.kernel.kv.session import Session
+    from fak.state.store import ForgetProgress
 
 log = logging.getLogger(__name__)
 
-# (forget request id, the replica whose task row records it (None: the forget's own row), the new values)
-ForgetProgress = tuple[str, str | None, dict[str, Any]]
 
 
 class TransactionError(RuntimeError):

@@ -61,7 +61,7 @@ from fak.kernel.withdrawal.records import (
 from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.state.replicas import DROPPED, PENDING
 from fak.state.schema import ForgetRow, WithdrawalTaskRow
-from fak.state.store import now_us
+from fak.state.store import ForgetProgress, now_us
 from fak.types import as_id, check_digest, check_tenant
 
 
@@ -244,8 +244,8 @@ def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetD
             sessions = [x for x in sessions if x.session_id != sid]
             sessions.append(SessionDrop(session_id=sid, fingerprint_after=keyed, survivors=ids, replica=acting_for))
             copies[sid] = replay.SessionJob(sid, keyed, ids, ev.survivors, tx.session)
-            progress = {"units": STORED_UNITS.dump(units), "sessions": STORED_SESSIONS.dump(sessions)}
-            tx.commit(forget=(request_id, task_of, progress), fingerprint=ev.fingerprint)
+            progress = ForgetProgress(request_id, task_of, STORED_UNITS.dump(units), STORED_SESSIONS.dump(sessions))
+            tx.commit(forget=progress, fingerprint=ev.fingerprint)
         fault_point("forget.after_session")
     if here:
         for r in refs:
