@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from fak.audit import RefExpired, RefQuarantined
+from fak.audit.events import DroppedUnit
 from fak.errors import NotFound
 from fak.kernel.events import SpanEvicted
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import EvictMode
 from fak.kernel.services import HeldSession, Services, SessionBusy
 from fak.kernel.withdrawal.forget import holders
+from fak.kernel.withdrawal.records import STORED_UNITS, UnitKind
 from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.policy import tool_settings
 from fak.state.schema import WithdrawalTaskRow
@@ -39,20 +41,12 @@ if TYPE_CHECKING:
     from fak.policy import Policy, Verdict
 
 
-@dataclass(frozen=True)
-class WithdrawnUnit:
-    """One unit a withdrawal dropped: a session's segment, a prefix-cache node or a PIC chunk."""
-
-    kind: str  # segment | prefix_node | pic_chunk
-    id: str
-    session_id: str | None = None  # a segment's session
-
-    def as_dict(self) -> dict[str, str]:
-        """The unit as the audit events and the wire carry it (no ``session_id`` key when None)."""
-        out = {"kind": self.kind, "id": self.id}
-        if self.session_id is not None:
-            out["session_id"] = self.session_id
-        return out
+def unit(kind: UnitKind, unit_id: str, session_id: str | None = None) -> DroppedUnit:
+    """One unit a withdrawal dropped: a session's segment (``session_id``: its session), a
+    prefix-cache node or a PIC chunk. The forget path's type (``fak.kernel.withdrawal.records``);
+    no ``replica``: a quarantine's or an expiry's units never carried one (its task row names the
+    replica), and its rows and answers keep that shape."""
+    return DroppedUnit(kind=kind, id=unit_id, session_id=session_id)
 
 
 @dataclass(frozen=True)
@@ -61,14 +55,15 @@ class WithdrawReport:
     sessions), prefix nodes dropped, the eviction mode, the decision's audit index."""
 
     ref: str
-    units: list[WithdrawnUnit]
+    units: list[DroppedUnit]
     mode: str
     audit_index: int
     pending: list[str] = field(default_factory=list)  # sessions that evict it on their next use
 
     def unit_dicts(self) -> list[dict[str, str]]:
-        """The units as the wire carries them (``fak.wire.QuarantineOut``)."""
-        return [u.as_dict() for u in self.units]
+        """The units as the wire carries them (``fak.wire.QuarantineOut``): no key for a None
+        (no ``session_id`` for a prefix node or a PIC chunk), the order of ``DroppedUnit``."""
+        return [u.model_dump(exclude_none=True) for u in self.units]
 
 
 QuarantineReport = WithdrawReport  # the name callers of Kernel.quarantine know
@@ -82,9 +77,9 @@ def quarantine(svc: Services, tenant: str, ref: str, *, reason: str, principal: 
         raise NotFound(f"no ref {ref}")
     who, why = (as_id(principal) if principal else None), as_id(reason)
 
-    def log(planned: list[WithdrawnUnit]) -> int:
+    def log(planned: list[DroppedUnit]) -> int:
         return svc.audit.append(RefQuarantined(tenant=tenant, ref=ref, reason=why, principal=who,
-                                             units=[u.as_dict() for u in planned]))
+                                             units=planned))
 
     def mark() -> None:
         if head.state != "forgotten":
@@ -101,8 +96,8 @@ def expire(svc: Services, tenant: str, ref: str, *, cause: str, held: HeldSessio
     tenant, ref = check_tenant(tenant), check_digest(ref)
     when = now_us()
 
-    def log(planned: list[WithdrawnUnit]) -> int:
-        return svc.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=[u.as_dict() for u in planned]))
+    def log(planned: list[DroppedUnit]) -> int:
+        return svc.audit.append(RefExpired(tenant=tenant, ref=ref, cause=cause, units=planned))
 
     def mark() -> None:
         svc.state.set_expired(tenant, ref, when)
@@ -114,7 +109,7 @@ def _victims(s: Session, ref: str) -> list[Segment]:
     return [x for x in s.ledger.live() if x.ref == ref and x.kind is SegmentKind.TOOL]
 
 
-def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, SegmentState]) -> list[WithdrawnUnit]:
+def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, SegmentState]) -> list[DroppedUnit]:
     """Evict every live tool segment of ``refs`` from ``s`` (its lock is held) in the policy's
     mode, mark them, write the ledger; a session whose other rows still attended to one of
     ``refs`` (PIC chunks computed beside it elsewhere) is then replayed exactly. Returns
@@ -124,16 +119,16 @@ def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, S
     if not victims and not traced:
         return []
     mode = svc.evict_mode()
-    units: list[WithdrawnUnit] = []
+    units: list[DroppedUnit] = []
     with ks.held_transaction() as tx:
         tx.change()
         if mode is EvictMode.REROPE:
             for x in victims:
                 report = s.evict([x.id], EvictMode.AUTO if not s.ledger.later_live(x) else mode, force=True)
-                units += [WithdrawnUnit("pic_chunk", c) for c in report.pic_chunks_dropped]
+                units += [unit("pic_chunk", c) for c in report.pic_chunks_dropped]
         elif victims:
             report = s.evict([x.id for x in victims], force=True)
-            units += [WithdrawnUnit("pic_chunk", c) for c in report.pic_chunks_dropped]
+            units += [unit("pic_chunk", c) for c in report.pic_chunks_dropped]
         for x in victims:
             x.mark(refs[cast(str, x.ref)])  # a victim is a tool segment of one of refs
         if any(r in x.provenance for x in s.ledger.live() for r in refs):
@@ -141,12 +136,12 @@ def evict_in_place(svc: Services, ks: HeldSession, s: Session, refs: dict[str, S
         tx.commit()
     for _ in victims:
         svc.events.publish(SpanEvicted(ks.tenant, "recompute" if mode is EvictMode.AUTO else mode.value))
-    return [WithdrawnUnit("segment", x.id, ks.id) for x in victims] + units
+    return [unit("segment", x.id, ks.id) for x in victims] + units
 
 
-def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[WithdrawnUnit]], int],
+def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Callable[[list[DroppedUnit]], int],
               mark: Callable[[], None], held: HeldSession | None = None) -> WithdrawReport:
-    planned: list[WithdrawnUnit] = []
+    planned: list[DroppedUnit] = []
     for sid in holders(svc, tenant, ref):
         try:
             ks = svc.sessions.session(tenant, sid)
@@ -158,12 +153,12 @@ def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Ca
             if mech is None:
                 mech = ks.live_session  # busy: a snapshot of its live segments names what it will evict
         if mech is not None:
-            planned += [WithdrawnUnit("segment", x.id, sid) for x in _victims(mech, ref)]
+            planned += [unit("segment", x.id, sid) for x in _victims(mech, ref)]
     index = log(planned)
     mark()
     # from here on, whoever takes a holder's lock first evicts the ref (KernelSession._settle)
     svc.withdrawals.defer(tenant, ref, state)
-    units: list[WithdrawnUnit] = []
+    units: list[DroppedUnit] = []
     pending: list[str] = []
     for sid in holders(svc, tenant, ref):  # again: an admission may have landed since the plan
         try:
@@ -185,13 +180,13 @@ def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Ca
     if not pending:
         svc.withdrawals.clear(tenant, ref, state)
     dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), ref)
-    units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
-    units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
+    units += [unit("prefix_node", n) for n in dropped.prefix_nodes]
+    units += [unit("pic_chunk", c) for c in dropped.pic_chunks]
     rep = svc.replication
     if rep is not None:  # every other replica evicts it too, from its own task (docs/scale-out.md)
         request = "wdr_" + uuid.uuid4().hex[:24]
         rep.publish(request, TASK_KINDS[state], tenant, [ref])
-        rep.store.finish(request, rep.name, rep.name, units=json.dumps([u.as_dict() for u in units]))
+        rep.store.finish(request, rep.name, rep.name, units=STORED_UNITS.dump(units))
     mode = svc.evict_mode()
     shown = "recompute" if mode is EvictMode.AUTO else mode.value
     return WithdrawReport(ref=ref, units=units, mode=shown, audit_index=index, pending=pending)
@@ -207,7 +202,7 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
     rep = svc.replication
     assert rep is not None
     state = SegmentState.QUARANTINED if task.kind == "quarantine" else SegmentState.EXPIRED
-    units: list[WithdrawnUnit] = []
+    units: list[DroppedUnit] = []
     for ref in json.loads(task.refs):
         svc.withdrawals.defer(task.tenant, ref, state)  # a busy session evicts it on its next use
         busy = False
@@ -228,9 +223,9 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
             svc.withdrawals.clear(task.tenant, ref, state)
         if acting_for == rep.name:  # a peer that is down lost its caches with its memory
             dropped = svc.shared.drop_ref(svc.keys.namespace(task.tenant), ref)
-            units += [WithdrawnUnit("prefix_node", n) for n in dropped.prefix_nodes]
-            units += [WithdrawnUnit("pic_chunk", c) for c in dropped.pic_chunks]
-    rep.store.finish(task.request_id, task.replica, rep.name, units=json.dumps([u.as_dict() for u in units]))
+            units += [unit("prefix_node", n) for n in dropped.prefix_nodes]
+            units += [unit("pic_chunk", c) for c in dropped.pic_chunks]
+    rep.store.finish(task.request_id, task.replica, rep.name, units=STORED_UNITS.dump(units))
 
 
 def expire_due(svc: Services, now: int | None = None, tenant: str | None = None) -> list[WithdrawReport]:

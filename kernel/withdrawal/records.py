@@ -1,7 +1,9 @@
-"""The forget path's records, typed, and the JSON a forget's row and a replica's task row keep of them.
+"""The withdrawals' records, typed, and the JSON a forget's row and a replica's task row keep of them.
 
+Every withdrawal (a forget, a quarantine, an expiry) reports its units as ``DroppedUnit``s.
 A forget's progress is durable as JSON text (``fak_forgets.units``, ``.sessions``, ``.linked``;
-``fak_withdrawal_tasks.units``, ``.sessions``): each column is written and read by one pair,
+``fak_withdrawal_tasks.units``, ``.sessions``; a quarantine's or an expiry's task row has its
+units only): each column is written and read by one pair,
 ``STORED_UNITS`` / ``STORED_SESSIONS`` / ``STORED_LINKED`` (``dump`` and ``load``), so no other
 code handles its dicts. The JSON is the shape rows have always had (``json.dumps`` of the
 dicts, keys in the same order, an absent key for None): rows written before these types, a

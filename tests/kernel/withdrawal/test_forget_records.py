@@ -88,3 +88,26 @@ def test_a_forget_left_with_old_shaped_rows_resumes(kernel) -> None:
     assert json.dumps(w.ForgetReceiptOut.model_validate(body).model_dump(mode="json")) == json.dumps(body)
     status = body | {"state": "completed", "replay": "verified"}
     assert json.dumps(w.ForgetStatusOut.model_validate(status).model_dump(mode="json")) == json.dumps(status)
+
+
+def test_a_quarantines_units_are_dropped_units_in_the_shape_it_always_had(kernel) -> None:
+    """Quarantine and expiry report ``DroppedUnit``s (the forget path's type): the route's JSON
+    and a replica task row's units are the dicts they always were (no key for a None, no
+    replica), and a task row written before reads back the same."""
+    k = kernel
+    s = k.session("acme")
+    s.append("system", "You are a travel assistant.")
+    adm = s.admit("weather", WEATHER)
+    report = k.quarantine("acme", adm.ref, reason="late_detection", principal="classifier")
+    old = []  # what ``WithdrawnUnit.as_dict`` wrote: kind, id, then session_id when it had one
+    for u in report.units:
+        old.append({"kind": u.kind, "id": u.id} | ({"session_id": u.session_id} if u.session_id else {}))
+    assert {"kind": "segment", "id": adm.segment.id, "session_id": s.id} in old
+    assert json.dumps(report.unit_dicts()) == json.dumps(old)
+    out = w.QuarantineOut(ref=report.ref, units=report.unit_dicts(), mode=report.mode,
+                          audit_index=report.audit_index, pending=report.pending)
+    assert json.dumps(out.model_dump(mode="json")["units"]) == json.dumps(old)
+    assert STORED_UNITS.dump(report.units) == json.dumps(old)
+    assert STORED_UNITS.load(json.dumps(old)) == report.units
+    (ev,) = [e.event for e in k.audit.entries("acme") if e.event.type == "ref_quarantined"]
+    assert ev.units == [u for u in report.units if u.kind == "segment"]  # logged before the effect
