@@ -22,7 +22,6 @@ detectors (the background threads), ``fak.kernel.withdrawal.background``.
 from __future__ import annotations
 
 import importlib.resources
-import logging
 import sys
 import uuid
 from collections.abc import Callable
@@ -75,8 +74,6 @@ from fak.state.store import StateStore, now_us
 from fak.types import as_id, check_tenant
 
 __all__ = ["Kernel", "Producer", "default_policy_path"]
-
-log = logging.getLogger("fak.kernel")
 
 
 def default_policy_path() -> Path:

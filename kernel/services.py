@@ -2,10 +2,12 @@
 
 ``Kernel.open`` opens the store, the state database, the audit log and the model, then
 builds one ``Services`` bundle; sessions (``fak.kernel.session.kernel_session``), withdrawal
-(``forget``, ``withdraw``, expiry), working sets (``materialise``) and the forget's replay
-(``replay``) take that bundle, never the façade. Nothing here imports the modules that use
-it: the session registry and the replay queue are typed by the Protocols below, so the
-agent kernel's imports form no cycle (``tests/repo/test_layering.py``).
+(``fak.kernel.withdrawal``: ``forget``, ``quarantine`` and expiry, ``tenant_erase``, the
+background threads), working sets (``fak.kernel.session.materialise``) and the forget's
+replay check (``fak.kernel.withdrawal.replay_check``) take that bundle, never the façade.
+Nothing here imports the modules that use it: the session registry and the replay queue
+are typed by the Protocols below, so the agent kernel's imports form no cycle
+(``tests/repo/test_layering.py``).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def kernel(settings, tiny_lm):
 
 @pytest.fixture
 def judge_stub():
-    """A real OpenAI-compatible judge on loopback (``tests/late_models.JudgeStub``)."""
+    """A real OpenAI-compatible judge on loopback (``tests/support/late_models.py``: ``JudgeStub``)."""
     from support.late_models import JudgeStub
 
     stub = JudgeStub()
