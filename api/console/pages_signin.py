@@ -103,4 +103,4 @@ async def logout(request: Request) -> Response:
         auth.clear_cookie(response, request, auth.COOKIE)
         return response
 
-    return await post_page(request, (), run)
+    return await post_page(request, tuple(auth.CONSOLE_ROLES), run)  # whoever may sign in may sign out

@@ -77,6 +77,19 @@ def test_a_cookie_captured_before_sign_out_is_refused_after_it(world) -> None:
     assert any(e.type == "auth_failure" and e.reason == "signed_out" for e in refused), refused
 
 
+@pytest.mark.parametrize("role", sorted(r.value for r in auth.CONSOLE_ROLES))
+def test_every_console_role_can_sign_out(world, role: str) -> None:
+    """Whoever may sign in may sign out (an approver's sign-out was refused with 403, leaving
+    its cookie good until it expired)."""
+    live = world["live"]
+    b, _r = sign_in(live, live.key("acme", role))
+    captured = b.cookies[auth.COOKIE]
+    token = csrf_of(b, "/console/tool-calls" if role == "approver" else "/console/receipts")
+    out = b.post("/console/logout", data={"csrf": token})
+    assert out.status_code == 303 and out.headers["location"] == "/console/login", out.text[:300]
+    assert presenting(live.url, captured).get("/console/tool-calls").status_code == 401
+
+
 def test_a_sign_out_is_kept_until_the_cookie_expires_then_pruned(kernel) -> None:
     """The row lives exactly as long as the cookie would: a later sign-out prunes it."""
     logouts = auth.Logouts(kernel.state)
