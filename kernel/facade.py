@@ -117,12 +117,11 @@ def check_replicated(settings: Settings, replicas: int | None = None) -> None:
     """A replica shares its governance plane with its peers (docs/scale-out.md): both databases
     must be PostgreSQL, which several processes and machines can write; SQLite cannot. Checked
     by each replica's ``Kernel.open`` (``replicas`` None) and by ``fak serve --replicas N``
-    before it starts any (one replica shares nothing and needs no PostgreSQL)."""
+    before it starts any, N = 1 included: even one replica is a named replica in its own
+    process beside the router, and its ``Kernel.open`` would refuse SQLite after Ray started."""
     who = f"replica {settings.replica!r}" if replicas is None else f"--replicas {replicas}"
     if replicas is not None and replicas < 1:
         raise SettingsError(f"{who}: a deployment has at least 1 replica")
-    if replicas == 1:
-        return
     for name, url in (("database_url", settings.database_url), ("cas_key_url", settings.cas_key_url)):
         if url is None or not url.startswith("postgresql"):
             shown = "unset (SQLite in the data directory)" if url is None else "not PostgreSQL"

@@ -68,6 +68,18 @@ def test_sqlite_is_refused(tmp_path, tiny_dir) -> None:
         Kernel.open(Settings(data_dir=tmp_path / "d", model_path=tiny_dir, replica="r0"), progress=None)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_fak_serve_replicas_refuses_sqlite_before_ray_starts(tmp_path, replicas: int) -> None:
+    """``fak serve --replicas N`` checks what each replica's ``Kernel.open`` would refuse, N = 1
+    included (it let one replica through, which then failed inside Ray)."""
+    from fak.kernel.facade import check_replicated
+
+    with pytest.raises(SettingsError, match=f"--replicas {replicas}: setting database_url is unset"):
+        check_replicated(Settings(data_dir=tmp_path / "d"), replicas)
+    with pytest.raises(SettingsError, match="at least 1 replica"):
+        check_replicated(Settings(data_dir=tmp_path / "d"), 0)
+
+
 def test_a_session_lives_on_one_replica(opener) -> None:
     r0, r1 = opener("r0"), opener("r1")
     s = r0.session(TENANT)
