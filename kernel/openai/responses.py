@@ -140,10 +140,9 @@ def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseO
     """One response, not streamed."""
     p = plan(k, c, body)
     done: chat.Completed = _run(p, k, c, lambda: chat.completed(k, c, p.chat_body))
-    d = done.completion.model_dump()
-    choice = d["choices"][0]
-    response = p.response(status_of(choice.get("finish_reason")), output_items(p, choice),
-                          usage_of(done.completion.usage), d.get("fak"))
+    choice = done.completion.choices[0]
+    response = p.response(status_of(choice.finish_reason), output_items(p, choice),
+                          usage_of(done.completion.usage), done.completion.fak.model_dump())
     try:
         finish(k, c, p, response, done.provenance)
     except BaseException as exc:

@@ -6,7 +6,6 @@ read content."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fak import wire as w
@@ -29,16 +28,17 @@ def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def _logprobs(choice: dict[str, Any]) -> list[dict[str, Any]] | None:
-    lp = choice.get("logprobs")
-    return list(lp.get("content") or []) if isinstance(lp, dict) else None
+def _logprobs(choice: w.Choice) -> list[dict[str, Any]] | None:
+    """The choice's token logprobs as the stream sends them (``[]`` for logprobs with no content)."""
+    lp = choice.logprobs
+    return [t.model_dump() for t in lp.content or []] if lp is not None else None
 
 
-def output_items(p: Plan, choice: dict[str, Any]) -> list[wr.OutputMessage | wr.FunctionCallItem]:
-    """A chat choice (dumped) as Responses output items."""
-    msg = choice.get("message") or {}
-    text, refusal, calls = msg.get("content") or "", msg.get("refusal"), msg.get("tool_calls") or []
-    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
+def output_items(p: Plan, choice: w.Choice) -> list[wr.OutputMessage | wr.FunctionCallItem]:
+    """A chat completion's choice as Responses output items."""
+    msg = choice.message
+    text, refusal, calls = msg.content or "", msg.refusal, msg.tool_calls or []
+    status = status_of(choice.finish_reason)
     items: list[wr.OutputMessage | wr.FunctionCallItem] = []
     parts: list[wr.OutputText | wr.OutputRefusal] = []
     if text or not (calls or refusal):
@@ -48,15 +48,10 @@ def output_items(p: Plan, choice: dict[str, Any]) -> list[wr.OutputMessage | wr.
     if parts:
         items.append(wr.OutputMessage(id=item_id(p, "msg", 0), status=status, content=parts))
     for j, call in enumerate(calls):
-        fn = call.get("function") or {}
-        items.append(wr.FunctionCallItem(id=item_id(p, "fc", j), call_id=call.get("id") or item_id(p, "call", j),
-                                         name=fn.get("name", ""), arguments=_arguments(fn.get("arguments")),
+        items.append(wr.FunctionCallItem(id=item_id(p, "fc", j), call_id=call.id or item_id(p, "call", j),
+                                         name=call.function.name, arguments=call.function.arguments,
                                          status="completed"))
     return items
-
-
-def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value if value is not None else {}, ensure_ascii=False)
 
 
 def item_id(p: Plan, prefix: str, index: int) -> str:
