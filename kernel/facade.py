@@ -54,10 +54,9 @@ from fak.kernel.services import DerivedKeys, LateDetection, Services, Withdrawal
 from fak.kernel.session.kernel_session import KernelSession
 from fak.kernel.session.options import pic_binding, prefix_binding
 from fak.kernel.session.registry import SessionRegistry
-from fak.kernel.withdrawal import background, tenant_erase
+from fak.kernel.withdrawal import background, quarantine, tenant_erase
 from fak.kernel.withdrawal import forget as forgets
 from fak.kernel.withdrawal import keys as keyops
-from fak.kernel.withdrawal import quarantine as withdraw
 from fak.kernel.withdrawal import replica_tasks as tasks
 from fak.kernel.withdrawal.forget import ForgetState
 from fak.kernel.withdrawal.quarantine import QuarantineReport
@@ -443,13 +442,13 @@ class Kernel:
         self, tenant: str, ref: str, *, reason: str, principal: str | None = None
     ) -> QuarantineReport:
         """A late detection: evict ``ref`` from every live session of the tenant, refuse it after."""
-        return withdraw.quarantine(self.services, tenant, ref, reason=reason, principal=principal)
+        return quarantine.quarantine(self.services, tenant, ref, reason=reason, principal=principal)
 
     # --- expiry -------------------------------------------------------------------
     def expire_due(self, now_us_: int | None = None, tenant: str | None = None) -> list[QuarantineReport]:
         """Execute every expiry whose time has come: all tenants' (the sweeper, every
         ``settings.expiry_sweep_s``), or one tenant's (``fak.kernel.withdrawal.quarantine.expire_due``)."""
-        return withdraw.expire_due(self.services, now_us_, tenant)
+        return quarantine.expire_due(self.services, now_us_, tenant)
 
     # --- late detectors -------------------------------------------------------------
     @property

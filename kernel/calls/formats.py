@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import blake3
 
-from fak.kernel.calls import tool_text as openai_tools
+from fak.kernel.calls import tool_text
 from fak.kernel.calls.tool_text import CallBlock, ParsedCall, json_text
 
 if TYPE_CHECKING:
@@ -59,16 +59,16 @@ class CallSyntax:
 
     opening: str = ""
     marker: int | None = None
-    call_open: str = openai_tools.OPEN
+    call_open: str = tool_text.OPEN
     body_open: str = "\n"
-    body_close: str = "\n" + openai_tools.CLOSE
+    body_close: str = "\n" + tool_text.CLOSE
     key: str = "arguments"
     call_id: bool = False
     separator: str = "\n"
     closing: str = ""
     text_first: bool = True
     free_not_starting: tuple[str, ...] = ()
-    free_not_holding: tuple[str, ...] = (openai_tools.OPEN,)
+    free_not_holding: tuple[str, ...] = (tool_text.OPEN,)
 
 
 HERMES_SYNTAX = CallSyntax()
@@ -89,20 +89,20 @@ class ToolFormat:
     (a stream holds back everything from there on)."""
 
     name: ClassVar[str] = "hermes"
-    opens: ClassVar[tuple[str, ...]] = (openai_tools.OPEN,)
+    opens: ClassVar[tuple[str, ...]] = (tool_text.OPEN,)
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
         """(content, calls) of a generated turn; what is not a well-formed call of a known
         tool (``names`` None: any) stays in the content."""
-        return openai_tools.parse_calls(text, names)
+        return tool_text.parse_calls(text, names)
 
     def render_calls(self, calls: Sequence[CallOut]) -> str:
         """The calls as the model writes them (what a turn holding only these calls says)."""
-        return "\n".join(openai_tools.render_call(c.name, c.arguments) for c in calls)
+        return "\n".join(tool_text.render_call(c.name, c.arguments) for c in calls)
 
     def safe_text_len(self, text: str) -> int:
         """How much of a streamed turn can be sent as content now."""
-        return openai_tools.safe_text_len(text)
+        return tool_text.safe_text_len(text)
 
     def call_syntax(self, tokenizer: ChatTokenizer | None = None) -> CallSyntax:
         """The syntax the call grammars write for this family (``tokenizer``: the model's, whose
@@ -112,7 +112,7 @@ class ToolFormat:
     def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
         """Where each call ``parse_calls`` reads lies in ``text`` (its JSON object's start and
         end), in order: what call evidence locates among a turn's tokens."""
-        return openai_tools.call_blocks(text, names)
+        return tool_text.call_blocks(text, names)
 
     def template_call(self, call: CallOut) -> dict[str, Any]:
         """A call as the chat template reads it from an assistant message's ``tool_calls``:
@@ -137,16 +137,16 @@ class Llama3JsonFormat(ToolFormat):
 
     name: ClassVar[str] = "llama3_json"
     PYTHON_TAG: ClassVar[str] = "<|python_tag|>"
-    opens: ClassVar[tuple[str, ...]] = ("{", PYTHON_TAG, openai_tools.OPEN)
+    opens: ClassVar[tuple[str, ...]] = ("{", PYTHON_TAG, tool_text.OPEN)
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
         blocks = self._blocks(text, names)
         if blocks:
             return "", [b.call for b in blocks]
-        return openai_tools.parse_calls(text, names)
+        return tool_text.parse_calls(text, names)
 
     def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
-        return self._blocks(text, names) or openai_tools.call_blocks(text, names)
+        return self._blocks(text, names) or tool_text.call_blocks(text, names)
 
     def _blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock] | None:
         """The calls of a turn that is nothing but calls in this family's form (else None)."""
@@ -184,7 +184,7 @@ class Llama3JsonFormat(ToolFormat):
         head = text.lstrip()
         if not head or head.startswith(("{", self.PYTHON_TAG)) or self.PYTHON_TAG.startswith(head):
             return 0
-        return openai_tools.safe_text_len(text)
+        return tool_text.safe_text_len(text)
 
 
 class MistralFormat(ToolFormat):
@@ -194,17 +194,17 @@ class MistralFormat(ToolFormat):
 
     name: ClassVar[str] = "mistral"
     MARKER: ClassVar[str] = "[TOOL_CALLS]"
-    opens: ClassVar[tuple[str, ...]] = (MARKER, "[{", openai_tools.OPEN)
+    opens: ClassVar[tuple[str, ...]] = (MARKER, "[{", tool_text.OPEN)
 
     def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
         blocks = self._blocks(text, names)
         if blocks:
             at = text.find(self.MARKER)
             return (text[:at] if at >= 0 else "").strip(), [b.call for b in blocks]
-        return openai_tools.parse_calls(text, names)
+        return tool_text.parse_calls(text, names)
 
     def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
-        return self._blocks(text, names) or openai_tools.call_blocks(text, names)
+        return self._blocks(text, names) or tool_text.call_blocks(text, names)
 
     def _blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock] | None:
         """The calls of the array after the marker (or of a turn that is such an array), each
@@ -241,7 +241,7 @@ class MistralFormat(ToolFormat):
         return CallSyntax(opening="[" if marker is not None else self.MARKER + "[", marker=marker, call_open="",
                           body_open="", body_close="", call_id=True, separator=", ", closing="]",
                           text_first=False, free_not_starting=(r"\[[ \t\n\r]*\{",),
-                          free_not_holding=(self.MARKER, openai_tools.OPEN))
+                          free_not_holding=(self.MARKER, tool_text.OPEN))
 
     def render_calls(self, calls: Sequence[CallOut]) -> str:
         items = []
@@ -261,8 +261,8 @@ class MistralFormat(ToolFormat):
             return 0  # an array from the start may be the calls (their marker decoded away)
         for k in range(min(len(self.MARKER) - 1, len(text)), 0, -1):
             if self.MARKER.startswith(text[-k:]):
-                return min(len(text) - k, openai_tools.safe_text_len(text))
-        return openai_tools.safe_text_len(text)
+                return min(len(text) - k, tool_text.safe_text_len(text))
+        return tool_text.safe_text_len(text)
 
     def template_call_id(self, call_id: str) -> str:
         """Mistral's templates refuse ids that are not 9 letters or digits: such an id is
@@ -326,4 +326,4 @@ def _object(arguments: dict[str, Any] | str) -> Any:
 
 def _call(obj: Any, names: Collection[str] | None, key: str) -> ParsedCall | None:
     """A call object of a known tool, its arguments under ``key`` (or the other family's key)."""
-    return openai_tools.call_of(obj, names, key, with_id=True)
+    return tool_text.call_of(obj, names, key, with_id=True)

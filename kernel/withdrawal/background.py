@@ -12,7 +12,7 @@ from collections.abc import Callable
 from fak.errors import FakError
 from fak.kernel.events import LateOutcome
 from fak.kernel.services import Services
-from fak.kernel.withdrawal import quarantine as withdraw
+from fak.kernel.withdrawal import quarantine
 from fak.policy.late import LateJob, LateRunner, build_detectors
 from fak.policy.late_detector import LateFinding
 
@@ -35,7 +35,7 @@ class ExpirySweeper:
             while not self._stop.wait(svc.settings.expiry_sweep_s):
                 if withdrawals.expiry_due():
                     try:
-                        withdraw.expire_due(svc, None, None)
+                        quarantine.expire_due(svc, None, None)
                     except Exception as exc:  # noqa: BLE001 - retried on the next sweep; said loudly
                         self._warn(f"expiry sweep failed (retried): {type(exc).__name__}: {exc}")
 
@@ -71,7 +71,7 @@ def late_fired(svc: Services, warn: Callable[[str], None], job: LateJob, finding
     svc.events.publish(LateOutcome(job.tenant, "fired"))
     reason = f"late:{finding.detector_id}:{finding.label}"
     try:
-        withdraw.quarantine(svc, job.tenant, job.ref, reason=reason, principal=f"detector:{finding.detector_id}")
+        quarantine.quarantine(svc, job.tenant, job.ref, reason=reason, principal=f"detector:{finding.detector_id}")
     except FakError as exc:  # e.g. forgotten meanwhile: nothing left to evict
         warn(f"late detector {finding.detector_id} fired on {job.ref[:24]}…, quarantine failed: {exc}")
 

@@ -49,7 +49,7 @@ from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FA
 from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.services import Services
-from fak.kernel.withdrawal import replay_check as replay
+from fak.kernel.withdrawal import replay_check
 from fak.kernel.withdrawal.records import (
     STORED_LINKED,
     STORED_SESSIONS,
@@ -74,7 +74,7 @@ def forget(
     with forget_lock(svc):
         row = svc.state.forget_covering(tenant, ref)  # of this ref, or of one linked to it
         head = svc.store.head(ref, tenant)
-        if row is not None and row.state in replay.DONE:
+        if row is not None and row.state in replay_check.DONE:
             if head is None or head.state == "forgotten":
                 return receipt_of(svc, row)
             row = None  # the same bytes were admitted again since: this is a new forget
@@ -187,9 +187,9 @@ def _run(svc: Services, row: ForgetRow, requested: ForgetRequested | None = None
         rep.store.nudge(row.request_id)  # the replicas' replays wait for this (apply_task)
     if sessions:
         row.sessions, row.completed_index = STORED_SESSIONS.dump(sessions), index
-        svc.replays.submit(replay.ReplayJob(tenant, row.request_id, ref, index,
-                                          replay.jobs_from_row(row, dropped.copies),
-                                          resumed=resumed or rep is not None))
+        svc.replays.submit(replay_check.ReplayJob(tenant, row.request_id, ref, index,
+                                                  replay_check.jobs_from_row(row, dropped.copies),
+                                                  resumed=resumed or rep is not None))
     svc.events.publish(ForgetDone(tenant, time.monotonic() - started))
     return ForgetReceipt.from_log(svc.audit, index)
 
@@ -202,7 +202,7 @@ class ForgetDrop:
 
     units: list[DroppedUnit]
     sessions: list[SessionDrop]
-    copies: dict[str, replay.SessionJob] = field(default_factory=dict)
+    copies: dict[str, replay_check.SessionJob] = field(default_factory=dict)
 
 
 def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetDrop, *, request_id: str,
@@ -243,7 +243,7 @@ def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetD
             ids = [x.id for x in ev.survivors]  # kept until the replay is logged: a crash re-runs it from them
             sessions = [x for x in sessions if x.session_id != sid]
             sessions.append(SessionDrop(session_id=sid, fingerprint_after=keyed, survivors=ids, replica=acting_for))
-            copies[sid] = replay.SessionJob(sid, keyed, ids, ev.survivors, tx.session)
+            copies[sid] = replay_check.SessionJob(sid, keyed, ids, ev.survivors, tx.session)
             progress = ForgetProgress(request_id, task_of, STORED_UNITS.dump(units), STORED_SESSIONS.dump(sessions))
             tx.commit(forget=progress, fingerprint=ev.fingerprint)
         fault_point("forget.after_session")
@@ -274,8 +274,8 @@ def apply_task(svc: Services, task: WithdrawalTaskRow, acting_for: str) -> None:
     forget_row = svc.state.forget_by_request(task.tenant, task.request_id)
     if forget_row is not None and forget_row.state == "requested":
         return  # a replay is a full prefill: it runs once the forget has returned, not beside its last steps
-    copies: dict[str, replay.SessionJob] = rep.copies.pop(key, {})
-    replayed = [x.model_copy(update={"fingerprint_replay": replay.replay_session(
+    copies: dict[str, replay_check.SessionJob] = rep.copies.pop(key, {})
+    replayed = [x.model_copy(update={"fingerprint_replay": replay_check.replay_session(
                     svc, task.tenant, copies.get(x.session_id) or x.job())})
                 for x in STORED_SESSIONS.load(task.sessions)]
     rep.store.finish(task.request_id, task.replica, task.applied_by or rep.name,
@@ -304,7 +304,7 @@ def status(svc: Services, tenant: str, request_id: str) -> ForgetState:
     row = svc.state.forget_by_request(check_tenant(tenant), request_id)
     if row is None:  # unknown, or another tenant's: the same answer
         raise NotFound(f"no forget {request_id!r}")
-    if row.state in replay.DONE and row.completed_index is not None:
+    if row.state in replay_check.DONE and row.completed_index is not None:
         return ForgetState(row.request_id, row.ref, "completed", receipt_of(svc, row))
     return ForgetState(row.request_id, row.ref, row.state, None)
 

@@ -12,9 +12,7 @@ from collections.abc import Callable
 from fak.errors import FakError, Unavailable
 from fak.kernel.services import Services
 from fak.kernel.withdrawal import forget as forgets
-from fak.kernel.withdrawal import quarantine as withdraw
-from fak.kernel.withdrawal import replay_check as replay
-from fak.kernel.withdrawal import tenant_erase
+from fak.kernel.withdrawal import quarantine, replay_check, tenant_erase
 from fak.kernel.withdrawal.replicas import WithdrawalPending
 from fak.state.schema import WithdrawalTaskRow
 
@@ -30,8 +28,8 @@ def join_replicas(svc: Services, reload_policy: Callable[[str], object],
     if rep is None:
         return
     rep.on("forget", lambda task, acting_for: forgets.apply_task(svc, task, acting_for))
-    rep.on("quarantine", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
-    rep.on("expire", lambda task, acting_for: withdraw.apply_task(svc, task, acting_for))
+    rep.on("quarantine", lambda task, acting_for: quarantine.apply_task(svc, task, acting_for))
+    rep.on("expire", lambda task, acting_for: quarantine.apply_task(svc, task, acting_for))
     rep.on("erase", lambda task, acting_for: tenant_erase.apply_erase(svc, task, acting_for))
     rep.on("policy", lambda task, acting_for: apply_policy(svc, task, acting_for, reload_policy))
     moved = rep.run_pending()
@@ -69,4 +67,4 @@ def resume_forgets(svc: Services, progress: Callable[[str], None] | None) -> Non
             # a peer holds the deployment's forget lock (its forget, maybe this one) or has not
             # applied its part yet: the forget stays pending, resumed by the next to ask or open
             log.warning("replica %s: the forget %s stays pending: %s", svc.settings.replica, row.request_id, exc)
-    replay.resume(svc)  # replays a crash interrupted: run again, in the background
+    replay_check.resume(svc)  # replays a crash interrupted: run again, in the background
