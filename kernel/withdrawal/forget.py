@@ -49,7 +49,7 @@ from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FA
 from fak.kernel.events import ForgetDone
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.services import Services
-from fak.kernel.withdrawal import replay_check
+from fak.kernel.withdrawal import records, replay_check
 from fak.kernel.withdrawal.records import (
     STORED_LINKED,
     STORED_SESSIONS,
@@ -218,7 +218,7 @@ def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetD
     units, sessions, copies = list(so_far.units), list(so_far.sessions), dict(so_far.copies)
 
     def unit(kind: UnitKind, unit_id: str, session_id: str | None = None) -> DroppedUnit:
-        return DroppedUnit(kind=kind, id=unit_id, session_id=session_id, replica=acting_for)
+        return records.unit(kind, unit_id, session_id, replica=acting_for)
 
     if here:  # chunks that attended to the ref go first, so no session is served one while this runs
         units += [unit("pic_chunk", c) for r in refs

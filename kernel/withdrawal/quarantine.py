@@ -29,7 +29,7 @@ from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState
 from fak.kernel.kv.session import EvictMode
 from fak.kernel.services import HeldSession, Services, SessionBusy
 from fak.kernel.withdrawal.forget import holders
-from fak.kernel.withdrawal.records import STORED_UNITS, UnitKind
+from fak.kernel.withdrawal.records import STORED_UNITS, unit
 from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.policy import tool_settings
 from fak.state.schema import WithdrawalTaskRow
@@ -39,14 +39,6 @@ from fak.types import as_id, check_digest, check_tenant
 if TYPE_CHECKING:
     from fak.kernel.kv.session import Session
     from fak.policy import Policy, Verdict
-
-
-def unit(kind: UnitKind, unit_id: str, session_id: str | None = None) -> DroppedUnit:
-    """One unit a withdrawal dropped: a session's segment (``session_id``: its session), a
-    prefix-cache node or a PIC chunk. The forget path's type (``fak.kernel.withdrawal.records``);
-    no ``replica``: a quarantine's or an expiry's units never carried one (its task row names the
-    replica), and its rows and answers keep that shape."""
-    return DroppedUnit(kind=kind, id=unit_id, session_id=session_id)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,17 @@ from fak.audit.events import DroppedUnit, LinkedRef, SessionFingerprints
 from fak.kernel.services import SessionJob
 
 __all__ = ["STORED_LINKED", "STORED_SESSIONS", "STORED_UNITS", "DroppedUnit", "LinkedForm", "SessionDrop", "Stored",
-           "UnitKind"]
+           "UnitKind", "unit"]
 
 T = TypeVar("T", bound=BaseModel)
 UnitKind = Literal["segment", "generated_segment", "prefix_node", "pic_chunk"]  # ``DroppedUnit.kind``
+
+
+def unit(kind: UnitKind, unit_id: str, session_id: str | None = None, replica: str | None = None) -> DroppedUnit:
+    """One unit a withdrawal dropped: a session's segment (``session_id``: its session), a
+    generated segment, a prefix-cache node or a PIC chunk; ``replica``: the replica a forget
+    acted for (a quarantine's or an expiry's units never name one: its task row does)."""
+    return DroppedUnit(kind=kind, id=unit_id, session_id=session_id, replica=replica)
 
 
 class SessionDrop(BaseModel):

@@ -1,18 +1,14 @@
-"""The non-streamed Responses output (``fak.kernel.openai.responses_output.output_items``) reads
-the chat door's typed choice (``fak.wire.Choice``); its items are the JSON the dumped choice gave
-before, field for field, for text, logprobs (none, empty, some), a refusal and tool calls."""
+"""The non-streamed Responses output (``fak.kernel.openai.responses_output.output_items``): a
+chat choice (``fak.wire.Choice``) as output items, case by case: text, an empty answer, a cut
+answer, logprobs (some, none asked, asked but empty), a refusal, tool calls (one without an id)."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 from typing import Any, cast
 
-import pytest
-
 from fak import wire as w
-from fak import wire_responses as wr
-from fak.kernel.openai.responses_output import item_id, output_items
+from fak.kernel.openai.responses_output import output_items
 from fak.kernel.openai.responses_request import Plan
 
 PLAN = cast(Plan, SimpleNamespace(response_id="resp_" + "a" * 24))
@@ -21,42 +17,40 @@ TOKEN = w.TokenLogprob(token="hi", logprob=-0.5, bytes=[104, 105],
 CALL = w.ToolCallOut(id="call_1", function=w.FunctionCallOut(name="get_weather", arguments='{"city": "Oslo"}'))
 
 
-def _old_items(p: Plan, choice: dict[str, Any]) -> list[wr.OutputMessage | wr.FunctionCallItem]:
-    """``output_items`` as it read the dumped choice, before the typed one."""
-    msg = choice.get("message") or {}
-    text, refusal, calls = msg.get("content") or "", msg.get("refusal"), msg.get("tool_calls") or []
-    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
-    lp = choice.get("logprobs")
-    logprobs = list(lp.get("content") or []) if isinstance(lp, dict) else None
-    items: list[wr.OutputMessage | wr.FunctionCallItem] = []
-    parts: list[wr.OutputText | wr.OutputRefusal] = []
-    if text or not (calls or refusal):
-        parts.append(wr.OutputText(text=text, logprobs=logprobs))
-    if refusal:
-        parts.append(wr.OutputRefusal(refusal=refusal))
-    if parts:
-        items.append(wr.OutputMessage(id=item_id(p, "msg", 0), status=status, content=parts))
-    for j, call in enumerate(calls):
-        fn = call.get("function") or {}
-        items.append(wr.FunctionCallItem(id=item_id(p, "fc", j), call_id=call.get("id") or item_id(p, "call", j),
-                                         name=fn.get("name", ""), arguments=fn.get("arguments"), status="completed"))
-    return items
+def items(choice: w.Choice) -> list[dict[str, Any]]:
+    return [x.model_dump(mode="json") for x in output_items(PLAN, choice)]
 
 
-@pytest.mark.parametrize("choice", [
-    w.Choice(message=w.AssistantMessage(content="Hello."), finish_reason="stop"),
-    w.Choice(message=w.AssistantMessage(content=None), finish_reason="stop"),
-    w.Choice(message=w.AssistantMessage(content="Hel"), finish_reason="length"),
-    w.Choice(message=w.AssistantMessage(content="hi"), finish_reason="stop",
-             logprobs=w.ChoiceLogprobs(content=[TOKEN, TOKEN])),
-    w.Choice(message=w.AssistantMessage(content="hi"), finish_reason="stop", logprobs=w.ChoiceLogprobs(content=None)),
-    w.Choice(message=w.AssistantMessage(content="", refusal="denied: send_email"), finish_reason="stop"),
-    w.Choice(message=w.AssistantMessage(content=None, tool_calls=[CALL, CALL.model_copy(update={"id": ""})]),
-             finish_reason="tool_calls"),
-    w.Choice(message=w.AssistantMessage(content="Let me look.", refusal="one call denied", tool_calls=[CALL]),
-             finish_reason="tool_calls", logprobs=w.ChoiceLogprobs(content=[TOKEN])),
-])
-def test_output_items_read_the_typed_choice_as_the_dumped_one_read(choice: w.Choice) -> None:
-    new = [x.model_dump(mode="json") for x in output_items(PLAN, choice)]
-    old = [x.model_dump(mode="json") for x in _old_items(PLAN, choice.model_dump())]
-    assert json.dumps(new) == json.dumps(old)
+def test_text_is_one_message_completed_or_incomplete_when_cut() -> None:
+    [msg] = items(w.Choice(message=w.AssistantMessage(content="Hello."), finish_reason="stop"))
+    assert msg["type"] == "message" and msg["id"] == "msg_" + "a" * 24 + "00" and msg["status"] == "completed"
+    assert [(p["type"], p["text"], p["logprobs"]) for p in msg["content"]] == [("output_text", "Hello.", None)]
+    [cut] = items(w.Choice(message=w.AssistantMessage(content="Hel"), finish_reason="length"))
+    assert cut["status"] == "incomplete"
+    [empty] = items(w.Choice(message=w.AssistantMessage(content=None), finish_reason="stop"))
+    assert [p["text"] for p in empty["content"]] == [""]  # an empty answer is still one message
+
+
+def test_logprobs_are_the_tokens_an_empty_list_when_asked_for_none_and_absent_unasked() -> None:
+    [msg] = items(w.Choice(message=w.AssistantMessage(content="hi"), finish_reason="stop",
+                           logprobs=w.ChoiceLogprobs(content=[TOKEN, TOKEN])))
+    assert msg["content"][0]["logprobs"] == [TOKEN.model_dump(mode="json")] * 2
+    [asked] = items(w.Choice(message=w.AssistantMessage(content="hi"), finish_reason="stop",
+                             logprobs=w.ChoiceLogprobs(content=None)))
+    assert asked["content"][0]["logprobs"] == []
+
+
+def test_a_refusal_is_its_own_part_and_calls_are_items_after_the_message() -> None:
+    [refused] = items(w.Choice(message=w.AssistantMessage(content="", refusal="denied: send_email"),
+                               finish_reason="stop"))
+    assert [(p["type"], p.get("refusal")) for p in refused["content"]] == [("refusal", "denied: send_email")]
+    both = items(w.Choice(message=w.AssistantMessage(content="Let me look.", refusal="one call denied",
+                                                     tool_calls=[CALL]), finish_reason="tool_calls"))
+    assert [x["type"] for x in both] == ["message", "function_call"]
+    assert [p["type"] for p in both[0]["content"]] == ["output_text", "refusal"]
+    calls = items(w.Choice(message=w.AssistantMessage(content=None, tool_calls=[CALL, CALL.model_copy(update={"id": ""})]),
+                           finish_reason="tool_calls"))
+    assert [x["type"] for x in calls] == ["function_call", "function_call"]  # no empty message before them
+    assert [(x["id"], x["call_id"], x["name"], x["arguments"], x["status"]) for x in calls] == [
+        ("fc_" + "a" * 24 + "00", "call_1", "get_weather", '{"city": "Oslo"}', "completed"),
+        ("fc_" + "a" * 24 + "01", "call_" + "a" * 24 + "01", "get_weather", '{"city": "Oslo"}', "completed")]
