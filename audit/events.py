@@ -81,7 +81,9 @@ class Eviction(_Event):
     session_id: Id
     segment_id: Id
     ref: Digest | None = None
-    mode: Literal["TRUNCATE", "RECOMPUTE", "REROPE"]
+    # FORWARD: a gateway session's span left the history fak forwards to an upstream model
+    # (docs/gateway.md): the upstream recomputes without it, exact by construction
+    mode: Literal["TRUNCATE", "RECOMPUTE", "REROPE", "FORWARD"]
     exact: bool
     tokens: Count
     reason: Id | None = None
@@ -133,9 +135,10 @@ class LinkedRef(_Strict):
 
 
 class DroppedUnit(_Strict):
-    """A KV unit dropped because it was derived from a ref."""
+    """A unit dropped because it was derived from a ref: a KV unit, or a message of a gateway
+    session's forwarded history (``gateway_segment``, docs/gateway.md)."""
 
-    kind: Literal["segment", "generated_segment", "prefix_node", "pic_chunk"]
+    kind: Literal["segment", "generated_segment", "prefix_node", "pic_chunk", "gateway_segment"]
     id: Id
     session_id: Id | None = None  # segments: the session they belonged to
     # a replicated deployment's replica that held it (docs/scale-out.md); absent for one process
@@ -278,6 +281,9 @@ class ToolCallDecision(_Event):
     attention: list[AttentionRecord] = Field(default_factory=list, max_length=MAX_ITEMS)  # the model's evidence
     counterfactual: CounterfactualRecord | None = None
     approved_by: Count | None = None  # a remembered approval (its audit index) that allowed the call
+    # the upstream model that wrote the call (a gateway session, docs/gateway.md): fak saw no
+    # attention of it, so no rule was acquitted by evidence; absent for fak's own model and the SDK
+    upstream: Id | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ToolCallApproval(_Event):

@@ -12,13 +12,14 @@ when their caller passes nothing."""
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.egress import JudgeEgress, check_key_env, parse_destination
@@ -99,6 +100,40 @@ class StorageSettings(BaseSettings):
         return self.audit_signing_key.get_secret_value() if self.audit_signing_key is not None else None
 
 
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
+
+
+class UpstreamSettings(BaseModel):
+    """One model fak serves by forwarding to an OpenAI-compatible server (docs/gateway.md): the
+    deployment names it, no request can. fak connects to ``url`` only (no redirect is followed),
+    sends the key read from ``api_key_env`` (never a ``FAK_*`` variable), and with ``cache_salt``
+    a per-tenant ``cache_salt`` (vLLM's prefix-cache isolation; a server that does not know the
+    field may refuse it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="base URL of the OpenAI-compatible API, e.g. http://gpu-1:8000/v1 "
+                                 "(fak posts to <url>/chat/completions)")
+    model: str | None = Field(None, max_length=256, description="the model name the upstream knows "
+                                                                  "(default: the name clients use)")
+    api_key_env: str | None = Field(None, description="environment variable holding the upstream's bearer key")
+    cache_salt: bool = Field(False, description="send a per-tenant cache_salt (vLLM): one tenant's prefix-cache "
+                                                "hits never reveal another's prompts")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="longest wait for the upstream's next byte")
+    max_connections: int = Field(64, ge=1, le=4096, description="connections kept open to the upstream")
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parse_destination(v)  # ValueError: the settings error names the field
+        return v.rstrip("/")
+
+    @field_validator("api_key_env", mode="after")
+    @classmethod
+    def _key_env(cls, v: str | None) -> str | None:
+        return check_key_env(v) if v is not None else None
+
+
 class Settings(StorageSettings):
     """Everything ``Kernel.open`` and the server take (``StorageSettings`` and the rest)."""
 
@@ -168,6 +203,11 @@ class Settings(StorageSettings):
     judge_key_envs: list[str] = Field(
         default_factory=list, description="environment variables a judge's api_key_env may name (their value is sent "
                                           "as its bearer key); FAK_* variables are never allowed")
+    upstreams: dict[str, UpstreamSettings] = Field(
+        default_factory=dict, description="models served by forwarding to OpenAI-compatible servers (vLLM, SGLang, "
+        "llama.cpp, hosted APIs), by the name clients use: {name: {url, model, api_key_env, cache_salt, timeout_s}} "
+        "(docs/gateway.md); the gate, argument provenance, verdicts, audit and forget apply to them; a request can "
+        "name no other upstream")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
@@ -204,6 +244,25 @@ class Settings(StorageSettings):
         for name in v:
             check_key_env(name)
         return v
+
+    @field_validator("upstreams", mode="after")
+    @classmethod
+    def _upstream_names(cls, v: dict[str, UpstreamSettings]) -> dict[str, UpstreamSettings]:
+        for name in v:
+            if not re.fullmatch(MODEL_NAME, name):
+                raise ValueError(f"{name!r:.80} is not a model name (letters, digits and ._:/@+-, at most 128)")
+        return v
+
+    def upstream_key(self, name: str) -> str | None:
+        """The bearer key of upstream ``name``, read from its ``api_key_env`` (None: none set);
+        here because this module is the one reader of the environment."""
+        env = self.upstreams[name].api_key_env
+        if env is None:
+            return None
+        value = os.environ.get(env)
+        if not value:
+            raise SettingsError(f"upstream {name}: api_key_env {env} is not set in the environment")
+        return value
 
     @field_validator("model_path", "policy_path", mode="after")
     @classmethod

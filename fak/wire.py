@@ -466,6 +466,9 @@ class CallVerdictInfo(BaseModel):
                                                description="the arguments that made a rule fire, with their sources")
     approved_by: int | None = None
     choice: int = 0
+    upstream: str | None = Field(None, description="the upstream model that wrote the call (docs/gateway.md): fak "
+                                 "saw none of its attention, so no rule was acquitted by evidence and no "
+                                 "counterfactual ran")
 
 
 class RemedyInfo(BaseModel):
@@ -494,6 +497,8 @@ class FakInfo(BaseModel):
     metadata: dict[str, str] | None = None
     content_withheld: bool = Field(False, description="generated text, call arguments and instructions left out: "
                                                       "the caller's role reads decisions, not content (an auditor)")
+    upstream: str | None = Field(None, description="the upstream this answer was forwarded to (a gateway session, "
+                                                   "docs/gateway.md); None: fak's own model")
 
 
 class PromptTokensDetails(BaseModel):
@@ -598,6 +603,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "fak"
+    fak_runs: bool = Field(True, description="fak runs this model itself (its KV: exact eviction, attention "
+                                             "evidence); false: an upstream fak governs as a gateway (docs/gateway.md)")
 
 
 class ModelList(BaseModel):

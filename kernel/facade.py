@@ -40,6 +40,8 @@ from fak.db import make_engine, release
 from fak.kernel.calls.authorize import Authorizer, Authorizers, Producer, Producers
 from fak.kernel.calls.held import HeldCalls
 from fak.kernel.events import EventBus
+from fak.kernel.gateway.registry import GatewaySessions
+from fak.kernel.gateway.upstream import Upstreams
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -106,6 +108,7 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         generation_slots=GenerationSlots(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                                          queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
+        upstreams=Upstreams.from_settings(settings), gateways=GatewaySessions(),
     )  # fmt: skip
     registry.bind(svc)
     replays.bind(svc)
@@ -251,6 +254,7 @@ class Kernel:
         if self.services.replication is not None:
             self.services.replication.close()
         self.registry.clear()
+        self.services.upstreams.close()
         self.audit.close()
         self.store.close()
         release(self.state.engine)
@@ -275,6 +279,14 @@ class Kernel:
     @property
     def model_id(self) -> str:
         return self.services.model_id
+
+    @property
+    def gateway_sessions(self) -> GatewaySessions:
+        """The gateway sessions running now (docs/gateway.md): the door opens each request's here."""
+        found = self.services.gateways
+        if not isinstance(found, GatewaySessions):
+            raise TypeError("this kernel's services were built without a gateway registry")
+        return found
 
     @property
     def policy(self) -> Policy:

@@ -26,6 +26,7 @@ from fak.errors import Conflict
 from fak.kernel.calls.authorize import Authorizers, Producers
 from fak.kernel.calls.held import HeldCalls
 from fak.kernel.events import EventBus, LateOutcome
+from fak.kernel.gateway.upstream import Upstreams
 from fak.kernel.kv.ledger import Segment, SegmentState
 from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefix_cache import PrefixCache
@@ -126,6 +127,27 @@ class SessionDirectory(Protocol):
     def kv_exists_elsewhere(self, tenant: str, ref: str, session_id: str) -> bool: ...
 
     def enforce_kv_budget(self, keep: HeldSession | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class GatewayDrop:
+    """What a withdrawal took out of one gateway session's forwarded history (docs/gateway.md)."""
+
+    session_id: str
+    segment_ids: list[str]
+    fingerprint: str  # of the forwarded history after it (raw: the caller keys it for the log)
+
+
+class GatewayDirectory(Protocol):
+    """The gateway sessions alive in this process (``fak.kernel.gateway.registry.GatewaySessions``):
+    a withdrawal takes a ref out of each one's forwarded history."""
+
+    def drop(self, tenant: str, refs: Sequence[str], state: SegmentState) -> list[GatewayDrop]: ...
+
+
+class _NoGateways:
+    def drop(self, tenant: str, refs: Sequence[str], state: SegmentState) -> list[GatewayDrop]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -315,6 +337,8 @@ class Services:
     generation_slots: GenerationSlots = field(default_factory=GenerationSlots)  # generations at once, the queue beyond (429)
     engine: Scheduler | None = None  # the engine loop running the model's calls (fak.kernel.model.scheduler)
     replication: Replication | None = None  # this kernel's place among replicas (None: a single process)
+    upstreams: Upstreams = field(default_factory=lambda: Upstreams({}))  # models served by forwarding (gateway)
+    gateways: GatewayDirectory = field(default_factory=_NoGateways)  # the gateway sessions alive now
 
     @property
     def shared(self) -> SharedKV:

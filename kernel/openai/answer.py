@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fak import wire as w
 from fak.kernel.calls.formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
@@ -303,44 +303,78 @@ def _begun(text: str, group: list[str]) -> int:
     return 0
 
 
+class CallSession(Protocol):
+    """What issuing a turn's calls needs of its session: a kernel session, or a gateway session
+    (``fak.kernel.gateway.session``)."""
+
+    tenant: str
+    id: str
+
+    def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str: ...
+
+
+@dataclass
+class Issued:
+    """A turn's decided calls as the answer carries them: those returned, every verdict, the
+    notes a message gets for held calls, and the refusal of a denied one."""
+
+    returned: list[w.ToolCallOut]
+    verdicts: list[w.CallVerdictInfo]
+    notes: list[str]
+    refusal: str | None
+
+
+def issue_calls(services: Services, session: CallSession, principal: str, held_calls: str, index: int,
+                judged: list[tuple[ParsedCall, ToolCallDecision]], refs: tuple[str, ...] = (),
+                upstream: str | None = None) -> Issued:
+    """Give each decided call its id and fate: ALLOW returned, CONFIRM held for a person (kept in
+    the state database) and returned only to clients that asked (``held_calls == "return"``),
+    DENY refused."""
+    holds = services.holds
+    out = Issued([], [], [], None)
+    for call, d in judged:
+        held = d.verdict == "CONFIRM"
+        cid = holds.new_id(session.tenant, call.name, call.arguments, held=held)  # an allowed call's id names its form
+        tool_call = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
+        holds.issue(session.tenant, cid, call.name)
+        if held:  # kept in the state database: every replica, and a restart, refuse its result until approved
+            holds.hold(HeldCall(tenant=session.tenant, session_id=session.id, call_id=cid, tool=call.name,
+                                arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
+                                decision_index=d.audit_index, created=time.time(),
+                                approval_key=session.approval_key(call.name, call.arguments, d),
+                                producer=principal, findings=tuple(findings_out(d)), refs=refs))
+        give = d.verdict == "ALLOW" or (held and held_calls == "return")
+        if give:
+            out.returned.append(tool_call)
+        elif held:
+            out.notes.append(f"[fak] The call to {call.name} is held for approval ({cid}); a person approves it with "
+                             f"POST /v1/tool-calls/{cid}/approve.")
+        else:
+            out.refusal = (f"fak refused the call to {call.name}: policy rule {d.rule_id or 'unlisted'} denies it"
+                           + (f" ({len(d.offending)} ref(s) involved)." if d.offending else "."))
+        out.verdicts.append(w.CallVerdictInfo(id=cid, name=call.name, verdict=d.verdict, rule_id=d.rule_id,
+                                              offending=list(d.offending), enforced=d.enforced, returned=give,
+                                              held=held, audit_index=d.audit_index, findings=findings_out(d),
+                                              approved_by=d.approved_by, choice=index, upstream=upstream))
+    return out
+
+
+def refusal_remedy(issued: Issued, index: int) -> w.RemedyInfo:
+    """The ``refuse`` remedy of an answer whose denied call was not retried."""
+    denied = next(v for v in issued.verdicts if v.verdict == "DENY")
+    return w.RemedyInfo(action="refuse", tool=denied.name, rule_id=denied.rule_id, evicted_refs=[],
+                        evicted_segments=[], exactness=None, fingerprint=None, choice=index)
+
+
 def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
             judged: list[tuple[ParsedCall, ToolCallDecision]], remedies: list[w.RemedyInfo], produced: list[int],
             sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool,
             refs: tuple[str, ...] = ()) -> Answer:
-    p, holds, tok = plan.parameters, services.holds, services.tokenizer
-    returned: list[w.ToolCallOut] = []
-    verdicts: list[w.CallVerdictInfo] = []
-    notes: list[str] = []
-    refusal: str | None = None
-    for call, d in judged:
-        held = d.verdict == "CONFIRM"
-        cid = holds.new_id(ks.tenant, call.name, call.arguments, held=held)  # an allowed call's id names its form
-        out = w.ToolCallOut(id=cid, function=w.FunctionCallOut(name=call.name, arguments=call.arguments_json))
-        holds.issue(ks.tenant, cid, call.name)
-        if held:  # kept in the state database: every replica, and a restart, refuse its result until approved
-            holds.hold(HeldCall(tenant=ks.tenant, session_id=ks.id, call_id=cid, tool=call.name,
-                                arguments=call.arguments, rule_id=d.rule_id, offending=d.offending,
-                                decision_index=d.audit_index, created=time.time(),
-                                approval_key=ks.approval_key(call.name, call.arguments, d),
-                                producer=plan.principal, findings=tuple(findings_out(d)), refs=refs))
-        give = d.verdict == "ALLOW" or (held and p.held_calls == "return")
-        if give:
-            returned.append(out)
-        elif held:
-            notes.append(f"[fak] The call to {call.name} is held for approval ({cid}); a person approves it with "
-                         f"POST /v1/tool-calls/{cid}/approve.")
-        else:
-            refusal = (f"fak refused the call to {call.name}: policy rule {d.rule_id or 'unlisted'} denies it"
-                       + (f" ({len(d.offending)} ref(s) involved)." if d.offending else "."))
-        verdicts.append(w.CallVerdictInfo(id=cid, name=call.name, verdict=d.verdict, rule_id=d.rule_id,
-                                          offending=list(d.offending), enforced=d.enforced, returned=give,
-                                          held=held, audit_index=d.audit_index, findings=findings_out(d),
-                                          approved_by=d.approved_by, choice=index))
+    p, tok = plan.parameters, services.tokenizer
+    issued = issue_calls(services, ks, plan.principal, p.held_calls, index, judged, refs)
+    returned, verdicts, notes, refusal = issued.returned, issued.verdicts, issued.notes, issued.refusal
     if refusal is not None:
-        remedies.append(w.RemedyInfo(action="refuse", tool=next(v.name for v in verdicts if v.verdict == "DENY"),
-                                     rule_id=next(v.rule_id for v in verdicts if v.verdict == "DENY"),
-                                     evicted_refs=[], evicted_segments=[], exactness=None, fingerprint=None,
-                                     choice=index))
+        remedies.append(refusal_remedy(issued, index))
     text = "\n".join([t for t in (content, *notes, refusal or "") if t])
     finish: Finish
     if returned:

@@ -47,6 +47,7 @@ from fak.kernel.calls.tool_text import ToolSpec, json_text, render_call, render_
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai.chunks import ChatChunk, ChoiceDelta, Delta, ToolCallDelta
+from fak.kernel.openai.forward import ForwardTurn, open_forward
 from fak.kernel.openai.history import HistoryItem, new_suffix
 from fak.kernel.openai.params import ChatParameters, UnsupportedParameter, chat_parameters
 from fak.kernel.session.caller import Caller, Right
@@ -72,17 +73,25 @@ class UnsupportedContent(InvalidInput):
 
 
 # --- models --------------------------------------------------------------------------
+def _cards(k: Kernel) -> list[w.ModelCard]:
+    """The kernel's own model, then the deployment's upstreams (``fak_runs: false``)."""
+    return [w.ModelCard(id=k.model_id, created=STARTED),
+            *(w.ModelCard(id=name, created=STARTED, owned_by="upstream", fak_runs=False)
+              for name in k.services.upstreams.names())]
+
+
 def list_models(k: Kernel, c: Caller) -> w.ModelList:
-    """The kernel's one model."""
+    """The kernel's model and the upstreams it governs as a gateway."""
     c.require(Right.READ)
-    return w.ModelList(data=[w.ModelCard(id=k.model_id, created=STARTED)])
+    return w.ModelList(data=_cards(k))
 
 
 def get_model(k: Kernel, c: Caller, model_id: str) -> w.ModelCard:
     c.require(Right.READ)
-    if model_id != k.model_id:
-        raise NotFound(f"no model {model_id[:80]!r}")
-    return w.ModelCard(id=k.model_id, created=STARTED)
+    for card in _cards(k):
+        if card.id == model_id:
+            return card
+    raise NotFound(f"no model {model_id[:80]!r}")
 
 
 # --- messages --------------------------------------------------------------------------
@@ -222,6 +231,13 @@ class ChatTurn:
     def parameters(self) -> ChatParameters:
         return self.plan.parameters
 
+    @property
+    def model(self) -> str:
+        return self.kernel.model_id
+
+    def fingerprint(self) -> str:
+        return self.session.fingerprint()
+
     def close(self) -> None:
         """Delete an ephemeral session (idempotent; the generation must be over)."""
         if self.ephemeral and not self.closed:
@@ -280,6 +296,30 @@ def _principal(c: Caller, user: str | None) -> str:
     return as_id(c.principal + (f"/user={user}" if user else ""))
 
 
+Turn = ChatTurn | ForwardTurn  # fak's own model, or an upstream it forwards to (``fak.kernel.openai.forward``)
+
+
+def open_turn(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Turn:
+    """The request's turn: forwarded when ``model`` names one of the deployment's upstreams
+    (docs/gateway.md), else on fak's own model (which answers to any other name)."""
+    up = k.services.upstreams.find(body.model)
+    if up is None:
+        return open_chat(k, c, body)
+    c.require(Right.AGENT)
+    ops = _settled(k, c, body, plan_messages(body.messages))
+    return open_forward(k, c, body, up, ops, _principal(c, body.user))
+
+
+def _settled(k: Kernel, c: Caller, body: w.ChatCompletionRequest, ops: list[ChatOp]) -> list[ChatOp]:
+    """The ops with each tool message under the tool of the call it answers, and a held or
+    rejected call's result refused or replaced (``_tool_op``)."""
+    holds = k.services.holds
+    answered = {op.index: _answered_call(body.messages, op) for op in ops if op.kind == "tool"}
+    held_forms = holds.forms_held(c.tenant, [a for a in answered.values() if a is not None])  # one query
+    return [_tool_op(holds, c.tenant, op, body.messages, answered[op.index], held_forms) if op.kind == "tool" else op
+            for op in ops]
+
+
 def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     """Validate, get the session, replay the messages into it (the tools block after the
     leading system messages). Nothing is created when validation fails; an ephemeral session
@@ -289,12 +329,7 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
     principal = _principal(c, parameters.user)
     calls = parameters.choice.mode != "none"
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
-    ops = plan_messages(body.messages, format_for(k.tokenizer))
-    holds = k.services.holds
-    answered = {op.index: _answered_call(body.messages, op) for op in ops if op.kind == "tool"}
-    held_forms = holds.forms_held(c.tenant, [a for a in answered.values() if a is not None])  # one query
-    ops = [_tool_op(holds, c.tenant, op, body.messages, answered[op.index], held_forms) if op.kind == "tool" else op
-           for op in ops]
+    ops = _settled(k, c, body, plan_messages(body.messages, format_for(k.tokenizer)))
     tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
     # the leading system messages are rendered knowing the tools (a template whose system header
     # depends on them: Llama 3's "Environment: ipython"); the tools block follows them
@@ -431,7 +466,7 @@ def complete(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> w.ChatCompl
 
 def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
     """``complete``, with the content provenance of what it returns."""
-    turn = open_chat(k, c, body)
+    turn = open_turn(k, c, body)
     answers: list[Answer] = []
     try:
         for _, run in turn.answers():
@@ -439,10 +474,10 @@ def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
                 if isinstance(step, Answer):
                     answers.append(step)
         usage = turn.usage(answers)
-        fingerprint = turn.session.fingerprint()
+        fingerprint = turn.fingerprint()
     finally:
         turn.close()
-    completion = w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=k.model_id,
+    completion = w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=turn.model,
                                   choices=[_choice(a) for a in sorted(answers, key=lambda a: a.index)],
                                   usage=usage, fak=turn.info(fingerprint, answers))
     return Completed(completion, frozenset(r for a in answers for r in a.provenance))
@@ -458,7 +493,7 @@ class ChatStream:
     decided them, as one tool-call delta each. ``close`` however the stream ended: it rolls an
     unfinished turn back and closes the turn (safe from another thread)."""
 
-    def __init__(self, turn: ChatTurn, *, include_usage: bool) -> None:
+    def __init__(self, turn: Turn, *, include_usage: bool) -> None:
         self.turn = turn
         self._runs = turn.answers()
         self._stepper: Stepper[list[ChatChunk]] = Stepper(self._steps())
@@ -520,7 +555,7 @@ class ChatStream:
                 ToolCallDelta(j, call.id, call.function.name, call.function.arguments)
                 for j, call in enumerate(a.tool_calls)))))
         # the kept choice comes last: its fak field carries every choice's verdicts
-        info = self.turn.info(self.turn.session.fingerprint(), self._answers) if a.index == 0 else None
+        info = self.turn.info(self.turn.fingerprint(), self._answers) if a.index == 0 else None
         out.append(self._chunk((ChoiceDelta(a.index, Delta(), a.finish, a.logprobs),), fak=info))
         return out
 
@@ -532,7 +567,7 @@ class ChatStream:
 
     def _chunk(self, choices: tuple[ChoiceDelta, ...], *, usage: w.Usage | None = None,
                fak: w.FakInfo | None = None) -> ChatChunk:
-        return ChatChunk(id=self.turn.completion_id, created=int(time.time()), model=self.turn.kernel.model_id,
+        return ChatChunk(id=self.turn.completion_id, created=int(time.time()), model=self.turn.model,
                          choices=choices, usage=usage, fak=fak)
 
     def _delta(self, index: int, delta: Delta) -> ChatChunk:
@@ -548,7 +583,7 @@ class ChatStream:
 
 def open_stream(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatStream:
     """Open the turn and run its first model step; on any failure the turn is closed here."""
-    turn = open_chat(k, c, body)
+    turn = open_turn(k, c, body)
     stream = ChatStream(turn, include_usage=bool(body.stream_options and body.stream_options.include_usage))
     try:
         stream.start()

@@ -56,7 +56,7 @@ from fak.state.store import ForgetProgress
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
-           "CallDecider", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy"]
+           "CallDecider", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy", "decide_call"]
 
 MAX_TEXT_BYTES = 1 << 20
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
@@ -143,6 +143,29 @@ def remember_approval(services: Services, tenant: str, session_id: str, key: str
     if created is None:
         return False
     return services.holds.remember(tenant, session_id, created, key, call_id, approval_index)
+
+
+def decide_call(services: Services, tenant: str, session_id: str, created_us: int, name: str, args: Any,
+                context: CallContext, principal: str | None, evidence: EvidenceSource | None = None,
+                upstream: str | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
+    """The decision on a call in ``context`` and its audit event, not logged: what
+    ``KernelSession.decide_call`` and a gateway session (``fak.kernel.gateway``, ``upstream``: the
+    model that wrote the call, whose attention fak cannot see) both decide with. A CONFIRM a person
+    already approved in this session for the same call under the same rule, offending refs and
+    argument sources is allowed, naming the approval."""
+    if not isinstance(name, str) or not name or len(name) > 128:
+        raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
+    args = parsed_args(args)  # once, for the digest and the decision
+    digest = args_digest(services.keys.tool_args_key(), args)
+    decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
+    if decision.verdict == "CONFIRM" and services.policy.spec.tool_calls.remember_approvals:
+        approved = services.holds.approved(tenant, session_id, created_us, approval_key(name, digest, decision))
+        if approved is not None:
+            decision = replace(decision, verdict="ALLOW", approved_by=approved)
+    event = decision_event(tenant, session_id, name, digest, decision, principal)
+    if upstream is not None:
+        event = event.model_copy(update={"upstream": as_id(upstream)})
+    return decision, event
 
 
 def _turns(s: Session) -> int:
@@ -532,18 +555,8 @@ class KernelSession:
         and ``CallDecider`` log it. A CONFIRM a person already approved in this session for the
         same call under the same rule, offending refs and argument sources is allowed, naming the
         approval (remembered in the state database: ``fak.kernel.calls.held``)."""
-        if not isinstance(name, str) or not name or len(name) > 128:
-            raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
-        services = self.services
-        args = parsed_args(args)  # once, for the digest and the decision
-        digest = args_digest(services.keys.tool_args_key(), args)
-        decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
-        if decision.verdict == "CONFIRM" and services.policy.spec.tool_calls.remember_approvals:
-            approved = services.holds.approved(self.tenant, self.id, self.created_us,
-                                               approval_key(name, digest, decision))
-            if approved is not None:
-                decision = replace(decision, verdict="ALLOW", approved_by=approved)
-        return decision, decision_event(self.tenant, self.id, name, digest, decision, principal)
+        return decide_call(self.services, self.tenant, self.id, self.created_us, name, args, context, principal,
+                           evidence)
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         """What names a held call for a remembered approval (tool, arguments, rule, offending

@@ -47,7 +47,7 @@ from fak.audit.receipt import ForgetReceipt, find_replay
 from fak.errors import Conflict, NotFound
 from fak.faults import fault_point  # crash tests: SIGKILL at a named point ($FAK_FAULT_POINT)
 from fak.kernel.events import ForgetDone
-from fak.kernel.kv.ledger import SegmentKind
+from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.services import Services
 from fak.kernel.withdrawal import records, replay_check
 from fak.kernel.withdrawal.records import (
@@ -247,7 +247,9 @@ def drop_held_units(svc: Services, tenant: str, refs: list[str], so_far: ForgetD
             progress = ForgetProgress(request_id, task_of, STORED_UNITS.dump(units), STORED_SESSIONS.dump(sessions))
             tx.commit(forget=progress, fingerprint=ev.fingerprint)
         fault_point("forget.after_session")
-    if here:
+    if here:  # the gateway sessions running now: the refs leave their forwarded history
+        units += [unit("gateway_segment", x, d.session_id)
+                  for d in svc.gateways.drop(tenant, refs, SegmentState.FORGOTTEN) for x in d.segment_ids]
         for r in refs:
             gone = svc.shared.drop_ref(svc.keys.namespace(tenant), r)
             units += [unit("prefix_node", n) for n in gone.prefix_nodes]

@@ -171,6 +171,8 @@ def _withdraw(svc: Services, tenant: str, ref: str, state: SegmentState, log: Ca
             ks.release()
     if not pending:
         svc.withdrawals.clear(tenant, ref, state)
+    units += [unit("gateway_segment", x, d.session_id)  # the gateway sessions running now
+              for d in svc.gateways.drop(tenant, [ref], state) for x in d.segment_ids]
     dropped = svc.shared.drop_ref(svc.keys.namespace(tenant), ref)
     units += [unit("prefix_node", n) for n in dropped.prefix_nodes]
     units += [unit("pic_chunk", c) for c in dropped.pic_chunks]

@@ -26,7 +26,7 @@ __all__ = ["STORED_LINKED", "STORED_SESSIONS", "STORED_UNITS", "DroppedUnit", "L
            "UnitKind", "unit"]
 
 T = TypeVar("T", bound=BaseModel)
-UnitKind = Literal["segment", "generated_segment", "prefix_node", "pic_chunk"]  # ``DroppedUnit.kind``
+UnitKind = Literal["segment", "generated_segment", "prefix_node", "pic_chunk", "gateway_segment"]  # ``DroppedUnit.kind``
 
 
 def unit(kind: UnitKind, unit_id: str, session_id: str | None = None, replica: str | None = None) -> DroppedUnit:
