@@ -91,6 +91,7 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
                    ) -> tuple[Services, SessionRegistry, ReplayChecker]:
     """The services of one Kernel, wired: the session registry and the replay queue are part
     of the bundle and use it, so both are bound to it once it exists."""
+    upstreams = Upstreams.from_settings(settings)  # first: an unset key variable fails before any thread starts
     events = EventBus()
     registry = SessionRegistry()
     replays = ReplayChecker()  # forgets' independent replays, after each forget returns
@@ -108,7 +109,7 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         generation_slots=GenerationSlots(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                                          queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
-        upstreams=Upstreams.from_settings(settings), gateways=GatewaySessions(),
+        upstreams=upstreams, gateways=GatewaySessions(),
     )  # fmt: skip
     registry.bind(svc)
     replays.bind(svc)
