@@ -94,6 +94,7 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
     upstreams = Upstreams.from_settings(settings)  # first: an unset key variable fails before any thread starts
     events = EventBus()
     registry = SessionRegistry()
+    gateways = GatewaySessions()
     replays = ReplayChecker()  # forgets' independent replays, after each forget returns
     keys = DerivedKeys(master, lm.model.model_id)
     svc = Services(
@@ -109,9 +110,10 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         generation_slots=GenerationSlots(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                                          queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
-        upstreams=upstreams, gateways=GatewaySessions(),
+        upstreams=upstreams, gateways=gateways,
     )  # fmt: skip
     registry.bind(svc)
+    gateways.bind(svc)
     replays.bind(svc)
     return svc, registry, replays
 

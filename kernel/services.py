@@ -138,16 +138,24 @@ class GatewayDrop:
     fingerprint: str  # of the forwarded history after it (raw: the caller keys it for the log)
 
 
+GATEWAY_MODEL_PREFIX = "upstream:"  # a gateway session's recorded ``model_id``: the upstream's name after it
+
+
 class GatewayDirectory(Protocol):
-    """The gateway sessions alive in this process (``fak.kernel.gateway.registry.GatewaySessions``):
-    a withdrawal takes a ref out of each one's forwarded history."""
+    """The gateway sessions (``fak.kernel.gateway.registry.GatewaySessions``): a withdrawal takes a
+    ref out of each one's forwarded history, the session registry deletes a persistent one."""
 
     def drop(self, tenant: str, refs: Sequence[str], state: SegmentState) -> list[GatewayDrop]: ...
+
+    def delete(self, tenant: str, session_id: str) -> None: ...
 
 
 class _NoGateways:
     def drop(self, tenant: str, refs: Sequence[str], state: SegmentState) -> list[GatewayDrop]:
         return []
+
+    def delete(self, tenant: str, session_id: str) -> None:
+        raise Conflict(f"session {session_id} is a gateway session and this kernel has no gateway")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from fak.kernel.calls.authorize import CallContext, ContextEntry, Producer, Tool
 from fak.kernel.calls.records import approval_key
 from fak.kernel.events import AdmissionDecided, SpanEvicted, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
+from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import GatewayDrop, Services
 from fak.kernel.session import admission
 from fak.kernel.session.admission import Admission
@@ -78,6 +79,7 @@ class GatewaySegment:
     content: frozenset[str] = frozenset()  # refs whose bytes the message may carry
     attention: frozenset[str] = frozenset()  # refs live before it (what the upstream read with it)
     in_history: bool = True  # False: content sent beside the messages (the tools block), not as one
+    match_text: str = ""  # the message as the chat door's history matching reads it (``history``)
 
     @property
     def live(self) -> bool:
@@ -116,27 +118,42 @@ class GatewaySession:
     upstream: str
     id: str = field(default_factory=lambda: "gw_" + uuid.uuid4().hex[:24])
     created_us: int = field(default_factory=lambda: time.time_ns() // 1000)
+    persistent: bool = False  # kept in the durable ledger between requests (``fak_session``)
+    next_number: int = 1
     segments: list[GatewaySegment] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
-    _next: int = 1
 
     def _new_id(self) -> str:
-        sid, self._next = f"seg_{self._next}", self._next + 1
+        sid, self.next_number = f"seg_{self.next_number}", self.next_number + 1
         return sid
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        """fak's own tokenizer: the history matching reads a returned turn's visible text with it."""
+        return self.services.tokenizer
+
+    def history(self) -> list[tuple[SegmentView, str | None]]:
+        """Each segment's view with the text a resent request's message is matched against (None
+        once it left the forwarded history): ``fak.kernel.openai.history.new_suffix``."""
+        with self._lock:
+            return [(x.view(), x.match_text if x.live else None) for x in self.segments]
 
     def _live_refs(self) -> frozenset[str]:
         return frozenset(x.ref for x in self.segments if x.live and x.kind is SegmentKind.TOOL and x.ref)
 
     # --- building the conversation ---------------------------------------------------
-    def append(self, kind: SegmentKind, message: dict[str, Any]) -> GatewaySegment:
-        """A system, user or assistant message as the client sent it. An assistant message gets
-        the content provenance of every ref live now (it may repeat what they said), as a
-        generated turn does in a kernel session."""
+    def append(self, kind: SegmentKind, message: dict[str, Any], text: str | None = None) -> GatewaySegment:
+        """A system, user or assistant message as the client sent it (or the upstream's answer);
+        ``text``: what a resent copy of it is matched against (default: its content). An
+        assistant message gets the content provenance of every ref live now (it may repeat what
+        they said), as a generated turn does in a kernel session."""
         with self._lock:
             live = self._live_refs()
             content = frozenset().union(live, *(x.content for x in self.segments if x.live)) \
                 if kind is SegmentKind.ASSISTANT else frozenset()
-            seg = GatewaySegment(self._new_id(), kind, message, content=content, attention=live)
+            match = text if text is not None else (message.get("content") if isinstance(message.get("content"), str)
+                                                   else "")
+            seg = GatewaySegment(self._new_id(), kind, message, content=content, attention=live, match_text=match or "")
             self.segments.append(seg)
             return seg
 

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from fak import wire as w
 from fak.kernel.calls.authorize import parsed_args
-from fak.kernel.calls.tool_text import ParsedCall, tool_choice, tool_specs
+from fak.kernel.calls.tool_text import ParsedCall, render_call, tool_choice, tool_specs
 from fak.kernel.gateway.session import GatewaySession
 from fak.kernel.gateway.upstream import Upstream, UpstreamError
 from fak.kernel.kv.ledger import SegmentKind
 from fak.kernel.openai.answer import Answer, Finish, issue_calls, refusal_remedy
+from fak.kernel.openai.history import HistoryItem, new_suffix
 from fak.kernel.openai.params import UnsupportedParameter
 from fak.kernel.session.caller import Caller, Right
 from fak.types import TOOL_DEFINITIONS
@@ -72,9 +73,6 @@ class ForwardPlan:
 def forward_plan(body: w.ChatCompletionRequest, principal: str) -> ForwardPlan:
     if body.n not in (None, 1):
         raise UnsupportedParameter("n: a forwarded model answers one choice per request (n = 1)", param="n")
-    if body.fak_session is not None:
-        raise UnsupportedParameter("fak_session: a gateway session lasts one request (the history you send is the "
-                                   "conversation); persistent sessions run on fak's own model", param="fak_session")
     specs = tool_specs(body.tools if body.tools is not None else
                        [{"type": "function", "function": f} for f in body.functions or []])
     choice = tool_choice(body.tool_choice if body.tool_choice is not None else body.function_call, specs)
@@ -103,7 +101,9 @@ class ForwardTurn:
     usage_in: list[dict[str, Any]] = field(default_factory=list)  # each upstream call's usage
     _scope: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
-    ephemeral = True
+    @property
+    def ephemeral(self) -> bool:
+        return not self.session.persistent
 
     @property
     def model(self) -> str:
@@ -143,7 +143,7 @@ class ForwardTurn:
                        prompt_tokens_details=w.PromptTokensDetails(cached_tokens=min(cached, prompt)))
 
     def info(self, fingerprint: str | None, answers: list[Answer]) -> w.FakInfo:
-        return w.FakInfo(session_id=self.session.id, ephemeral=True, fingerprint=fingerprint,
+        return w.FakInfo(session_id=self.session.id, ephemeral=self.ephemeral, fingerprint=fingerprint,
                          admissions=self.admissions, ignored=list(self.plan.ignored),
                          tool_calls=[v for a in answers for v in a.verdicts],
                          remedies=[r for a in answers for r in a.remedies], tools_ref=self.tools_ref,
@@ -161,12 +161,13 @@ def open_forward(k: Kernel, c: Caller, body: w.ChatCompletionRequest, up: Upstre
     any failure."""
     c.require(Right.AGENT)
     plan = forward_plan(body, principal)
-    services = k.services
     turn: ForwardTurn | None = None
     scope = contextlib.ExitStack()
     try:
-        gs = scope.enter_context(k.gateway_sessions.open(services, c.tenant, up.name))
+        gs = scope.enter_context(k.gateway_sessions.open(c.tenant, up.name, body.fak_session))
         turn = ForwardTurn(k, gs, up, plan, bool(body.stream), _scope=scope)
+        if gs.segments:  # a persistent session: a resent history appends only its new suffix
+            ops = ops[new_suffix(gs, [HistoryItem(op.kind, op.text, op.tool) for op in ops]):]
         tools = body.tools if body.tools is not None else body.functions
         lead = next((i for i, op in enumerate(ops) if op.kind != "system"), len(ops))
         for i, op in enumerate(ops):
@@ -180,8 +181,7 @@ def open_forward(k: Kernel, c: Caller, body: w.ChatCompletionRequest, up: Upstre
                     rule_id=a.verdict.rule_id, ref=a.ref, admitted_ref=a.admitted_ref, admitted=a.admitted,
                     segment_id=a.segment.id, audit_index=a.audit_index))
             else:
-                kind = SegmentKind.ASSISTANT if op.kind == "assistant" else SegmentKind(op.kind)
-                gs.append(kind, msg.model_dump(exclude_none=True))
+                gs.append(SegmentKind(op.kind), msg.model_dump(exclude_none=True), text=op.text)
         if lead == len(ops) and tools:
             _add_tools(turn, tools)
     except BaseException:
@@ -340,8 +340,20 @@ def forward_answer(turn: ForwardTurn) -> Generator[None | str | Answer, None, No
                         logprobs=_logprobs(reply.logprobs), context=0, streamed="".join(sent))
         answer.decide_s = time.perf_counter() - t0
         answer.provenance, answer.sent_provenance = frozenset(refs), frozenset(shown_refs)
+        _keep(gs, answer)
         yield answer
         return
+
+
+def _keep(gs: GatewaySession, answer: Answer) -> None:
+    """The answer as the session's next assistant message (the client resends it as it got it:
+    its content and fak's calls, matched as the chat door renders them)."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in answer.tool_calls]
+    lines = [answer.content] if answer.content else []
+    lines += [render_call(c.function.name, c.function.arguments) for c in answer.tool_calls]
+    gs.append(SegmentKind.ASSISTANT, message, text="\n".join(lines))
 
 
 def _logprobs(value: Any) -> w.ChoiceLogprobs | None:

@@ -7,7 +7,7 @@ send only the messages that are new since its last call (the older protocol of
 forgot is not appended again because a client resent it.
 
 **Matching.** The request's items are matched in order against the session's ledger
-segments (``KernelSession.history``), every state included:
+segments (``HistorySource.history``), every state included:
 
 - a ``tool`` item matches a ``tool`` segment whose ref is the tenant's keyed digest of the
   item's UTF-8 bytes (lone surrogates passed through, as the door admits them), whether the
@@ -50,17 +50,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from fak.errors import Conflict, InvalidInput
 from fak.kernel.calls.tool_text import canonical_turn
 from fak.kernel.kv.ledger import SegmentKind, SegmentState, SegmentView
-from fak.kernel.session.kernel_session import KernelSession
+from fak.kernel.model.tokenizer import ChatTokenizer
+from fak.kernel.services import Services
 from fak.types import TOOL_DEFINITIONS, VerdictKind
 
 __all__ = ["HistoryItem", "HistoryKind", "new_suffix"]
 
 HistoryKind = Literal["system", "user", "assistant", "tool"]
+
+
+class HistorySource(Protocol):
+    """What the matching reads of a session: a kernel session (``HistorySource``) or a
+    persistent gateway session (``fak.kernel.gateway.session.GatewaySession``)."""
+
+    services: Services
+    tenant: str
+    id: str
+
+    @property
+    def tokenizer(self) -> ChatTokenizer: ...
+
+    def history(self) -> list[tuple[SegmentView, str | None]]: ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ class _Segment:
         return self.view.state is not SegmentState.LIVE or self.kernel_added
 
 
-def _kernel_added(ks: KernelSession, view: SegmentView) -> bool:
+def _kernel_added(ks: HistorySource, view: SegmentView) -> bool:
     """The tools block (its ref's producer is ``TOOL_DEFINITIONS``), or a text segment carrying a
     ref (a client's text carries none)."""
     if view.ref is None:
@@ -106,7 +121,7 @@ def _kernel_added(ks: KernelSession, view: SegmentView) -> bool:
 class _Matcher:
     """Exact and text-less matches of items against segments, with the digests and links cached."""
 
-    def __init__(self, ks: KernelSession, items: Sequence[HistoryItem]) -> None:
+    def __init__(self, ks: HistorySource, items: Sequence[HistoryItem]) -> None:
         self.ks = ks
         self.items = items
         self._digests: dict[int, str] = {}
@@ -198,7 +213,7 @@ def _walk(m: _Matcher, segments: list[_Segment]) -> _Walk:
     return _Walk(i, exact, None)
 
 
-def new_suffix(ks: KernelSession, messages: Sequence[HistoryItem]) -> int:
+def new_suffix(ks: HistorySource, messages: Sequence[HistoryItem]) -> int:
     """How many leading ``messages`` the session already holds: append ``messages[n:]``.
     Raises ``Conflict`` (naming the first differing index) for a resent history that diverges
     from the session; 0 for a request of new messages only (the module docstring's rules)."""

@@ -15,7 +15,7 @@ import uuid
 
 from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel.kv.ledger import SegmentKind
-from fak.kernel.services import HeldSession, Services
+from fak.kernel.services import GATEWAY_MODEL_PREFIX, HeldSession, Services
 from fak.kernel.session.kernel_session import KernelSession
 from fak.kernel.withdrawal.replicas import SessionElsewhere
 from fak.state.store import now_us
@@ -63,6 +63,10 @@ class SessionRegistry:
         found = self._services.state.session(tenant, id)
         if found is None:
             raise NotFound(f"no session {id!r}")
+        if found[0].model_id.startswith(GATEWAY_MODEL_PREFIX):
+            raise NotFound(f"session {id!r} is a gateway session of the upstream "
+                           f"{found[0].model_id[len(GATEWAY_MODEL_PREFIX):]!r}: it is used through the chat door "
+                           "(docs/gateway.md)")
         self._check_placement(tenant, id, found[0].replica)  # outside the lock: it may apply a peer's tasks
         with self._lock:
             ks = self._sessions.get(key)
@@ -106,6 +110,10 @@ class SessionRegistry:
         """Drop a session: its KV, its durable ledger. Its refs stay in the CAS (forget erases)."""
         svc = self._services
         tenant = check_tenant(tenant)
+        stored = svc.state.session(tenant, check_session_id(id))
+        if stored is not None and stored[0].model_id.startswith(GATEWAY_MODEL_PREFIX):
+            svc.gateways.delete(tenant, id)
+            return
         ks = self.session(tenant, id)  # NotFound for unknown or another tenant's
         with self._lock, ks.locked():
             found = svc.state.session(tenant, id)

@@ -167,7 +167,7 @@ def test_forget_reaches_running_gateway_sessions_and_refuses_a_resend(gateway_wo
                                                     "messages": _mail_history()}).json()
         ref = next(a["admitted_ref"] for a in out["fak"]["admissions"] if a["tool"] == "read_mail")
         # a gateway session still running holds the ref when the forget comes
-        with k.gateway_sessions.open(k.services, "acme", "up") as gs:
+        with k.gateway_sessions.open("acme", "up") as gs:
             gs.admit("read_mail", INJECTED.encode(), call_id="call_read")
             receipt = k.forget("acme", ref, requested_by="admin-test")
             assert MARKER not in json.dumps(gs.forwarded())
@@ -295,3 +295,62 @@ def test_langgraph_calls_a_tool_and_finishes_through_the_gateway(gateway_world):
     # the tool's result reached the upstream through the gate (admitted under the call's tool)
     last = w.proxy.bodies[-1]["messages"]
     assert last[-1]["role"] == "tool" and last[-1]["content"] == f"{seen[0]} is a city."
+
+
+def test_persistent_gateway_session_keeps_its_history_and_a_forget_reaches_it_stored(gateway_world):
+    """``fak_session`` with an upstream: the history is kept in the durable ledger (the
+    assistant's text sealed under the refs it may repeat), a resend appends only its new
+    suffix, and a forget finds the stored session, drops the result and the turn that read it,
+    and no later request of it carries them."""
+    w = gateway_world
+    k = w.gateway.kernel
+    base = {"model": "up", "max_tokens": 4, "temperature": 0, "fak_session": "gw-chat-1"}
+    history = _mail_history()
+    with w.gateway.client(w.key("acme"), timeout=120) as c:
+        first = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
+        assert first["fak"]["ephemeral"] is False and first["fak"]["session_id"] == "gw-chat-1"
+        ref = next(a["admitted_ref"] for a in first["fak"]["admissions"] if a["tool"] == "read_mail")
+        history += [first["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+        second = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
+        assert second["fak"]["admissions"] == []  # nothing admitted twice: the session holds the result
+        sent = w.proxy.bodies[-1]["messages"]
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert MARKER in w.proxy.texts()[-1]
+        # the rows: the result's bytes are not kept, the assistant turns are sealed
+        head, rows = k.state.session("acme", "gw-chat-1")
+        assert head.model_id == "upstream:up"
+        assert not any(MARKER in (r.message_text or "") for r in rows)
+        answers = [r for r in rows if r.kind == "assistant" and json.loads(r.content)]
+        assert len(answers) == 2 and all(r.sealed is not None and r.message_text is None for r in answers)
+        receipt = k.forget("acme", ref, requested_by="admin-test")
+        dropped = {u.id for u in receipt.units_dropped if u.kind == "gateway_segment" and u.session_id == "gw-chat-1"}
+        assert len(dropped) == 3  # the result and the two answers that read it
+        history += [second["choices"][0]["message"], {"role": "user", "content": "Anything else?"}]
+        third = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
+        assert third["fak"]["admissions"] == []
+        sent = w.proxy.bodies[-1]["messages"]
+        # the answers that read the result are gone, the resent copy of the second is not appended again
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user", "user"]
+        assert "was withdrawn (forgotten)" in sent[3]["content"] and MARKER not in w.proxy.texts()[-1]
+        # a kernel session's verbs do not reach it; deleting it does
+        r = c.get("/v1/sessions/gw-chat-1")
+        assert r.status_code == 404 and "gateway session" in r.json()["detail"]
+    k.delete_session("acme", "gw-chat-1")  # as a tenant erase does
+    assert k.state.session("acme", "gw-chat-1") is None
+
+
+def test_a_session_belongs_to_one_model(gateway_world):
+    w = gateway_world
+    with w.gateway.client(w.key("acme"), timeout=120) as c:
+        msg = [{"role": "user", "content": "hi"}]
+        own = w.gateway.kernel.model_id
+        assert c.post("/v1/chat/completions", json={"model": own, "max_tokens": 2, "messages": msg,
+                                                     "fak_session": "own-1"}).status_code == 200
+        r = c.post("/v1/chat/completions", json={"model": "up", "max_tokens": 2, "messages": msg,
+                                                  "fak_session": "own-1"})
+        assert r.status_code == 409 and "fak's own model" in r.json()["detail"]
+        assert c.post("/v1/chat/completions", json={"model": "up", "max_tokens": 2, "messages": msg,
+                                                     "fak_session": "gw-1"}).status_code == 200
+        r = c.post("/v1/chat/completions", json={"model": own, "max_tokens": 2, "messages": msg,
+                                                  "fak_session": "gw-1"})
+        assert r.status_code == 404 and "gateway session" in r.json()["detail"]
