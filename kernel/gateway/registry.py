@@ -107,6 +107,14 @@ class GatewaySessions:
                            f"{upstream!r}: a session's history is one model's")
         return ledger.load(svc, head, rows)
 
+    def snapshot(self, tenant: str, session_id: str) -> GatewaySession | None:
+        """A persistent gateway session as its rows last recorded it (a read: no lock), None if
+        there is none of that id."""
+        found = self._services.state.session(tenant, session_id)
+        if found is None or not ledger.is_gateway(found[0]):
+            return None
+        return ledger.load(self._services, *found)
+
     def live(self, tenant: str) -> list[GatewaySession]:
         with self._lock:
             return list(self._live.get(tenant, {}).values())

@@ -100,10 +100,8 @@ from typing import TYPE_CHECKING, Any
 from fak import wire_responses as wr
 from fak.errors import InvalidInput
 from fak.kernel.openai import chat
-from fak.kernel.openai.params import UnsupportedParameter
 from fak.kernel.openai.responses_output import output_items, status_of, usage_of
 from fak.kernel.openai.responses_request import (
-    Chain,
     Plan,
     chat_request,
     ignored_fields,
@@ -125,26 +123,12 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
     c.require(Right.AGENT)
     items = input_items(body)
     hexid = uuid.uuid4().hex
-    if k.services.upstreams.find(body.model) is not None:
-        return _forwarded(body, items, hexid, stream=stream)
     store = body.store is not False
     chain = resolve_chain(k, c, body, hexid, store)
     chat_body = chat_request(body, items, chain, stream=stream)
-    return Plan("resp_" + hexid, int(time.time()), k.model_id, chain, store, body, chat_body, ignored_fields(body))
-
-
-def _forwarded(body: wr.ResponseCreateRequest, items: list[dict[str, Any]], hexid: str, *, stream: bool) -> Plan:
-    """A response of an upstream model (docs/gateway.md): its gateway session lasts the request,
-    so nothing is kept to continue from: ``previous_response_id`` is refused, and the response
-    is not stored (``store: false``; a request that asked to store it finds ``store`` in
-    ``fak.ignored``). Send the whole input each time, as the Agents SDK does by default."""
-    if body.previous_response_id is not None:
-        raise UnsupportedParameter(f"previous_response_id: {body.model!r} is an upstream model; fak keeps no "
-                                   "conversation for it: send the whole input", param="previous_response_id")
-    chain = Chain(None, True, None, body.instructions)
-    chat_body = chat_request(body, items, chain, stream=stream)
-    ignored = sorted({*ignored_fields(body), *(["store"] if body.store is not False else [])})
-    return Plan("resp_" + hexid, int(time.time()), body.model, chain, False, body, chat_body, ignored)
+    # an upstream's responses name it (docs/gateway.md); any other name runs on fak's own model
+    model = body.model if k.services.upstreams.find(body.model) is not None else k.model_id
+    return Plan("resp_" + hexid, int(time.time()), model, chain, store, body, chat_body, ignored_fields(body))
 
 
 def _run(p: Plan, k: Kernel, c: Caller, start: Callable[[], Any]) -> Any:

@@ -182,15 +182,27 @@ def test_forget_reaches_running_gateway_sessions_and_refuses_a_resend(gateway_wo
 
 
 def test_responses_through_the_gateway(gateway_world):
+    """The Responses API on an upstream: a stored response's chain lives in a persistent gateway
+    session, so a follow-up sends only its new input and the upstream receives the whole
+    conversation; a stored response is read back; a stream ends as the Responses events do."""
     w = gateway_world
     client = openai.OpenAI(base_url=w.gateway.url + "/v1", api_key=w.key("acme"), max_retries=0, timeout=120,
                            http_client=httpx.Client(trust_env=False))
-    r = client.responses.create(model="up", input="Say hi.", max_output_tokens=8, temperature=0)
-    assert r.model == "up" and r.store is False and "store" in r.model_extra["fak"]["ignored"]
-    assert r.model_extra["fak"]["upstream"] == "up"
-    assert w.proxy.bodies[-1]["messages"] == [{"role": "user", "content": "Say hi."}]
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        client.responses.create(model="up", input="again", previous_response_id=r.id)
+    r = client.responses.create(model="up", instructions="Be brief.", input="Say hi.", max_output_tokens=8,
+                                temperature=0)
+    assert r.model == "up" and r.store is True and r.model_extra["fak"]["upstream"] == "up"
+    assert w.proxy.bodies[-1]["messages"] == [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Say hi."}]
+    follow = client.responses.create(model="up", input="Again.", previous_response_id=r.id, max_output_tokens=8,
+                                     temperature=0)
+    assert follow.previous_response_id == r.id and follow.model_extra["fak"]["session_id"] == "resp-" + r.id[5:]
+    sent = w.proxy.bodies[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"] and sent[-1]["content"] == "Again."
+    assert client.responses.retrieve(follow.id).output_text == follow.output_text
+    with pytest.raises(openai.ConflictError):  # the chain is linear: r is no longer its latest
+        client.responses.create(model="up", input="fork", previous_response_id=r.id)
+    unstored = client.responses.create(model="up", input="Say hi.", max_output_tokens=8, store=False)
+    assert unstored.store is False and unstored.model_extra["fak"]["ephemeral"] is True
     events = [e.type for e in client.responses.create(model="up", input="Say hi.", max_output_tokens=8, stream=True)]
     assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
 
