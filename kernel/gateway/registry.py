@@ -13,12 +13,11 @@ receipt names the session. A persistent session is used by one request at a time
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from fak.errors import Conflict, FakError, NotFound
+from fak.errors import Conflict, NotFound
 from fak.kernel.gateway import ledger
 from fak.kernel.gateway.session import GatewaySession
 from fak.kernel.kv.ledger import SegmentState
@@ -141,14 +140,10 @@ class GatewaySessions:
         return out
 
     def delete(self, tenant: str, session_id: str) -> None:
-        """Delete a persistent gateway session: its rows and the CAS's record of its uses."""
+        """Delete a persistent gateway session: its rows (its refs stay in the CAS: forget erases)."""
         svc = self._services
         with self._held(tenant, session_id):
             found = svc.state.session(tenant, session_id)
             if found is None or not ledger.is_gateway(found[0]):
                 raise NotFound(f"no gateway session {session_id!r}")
-            for row in found[1]:
-                if row.ref and row.kind == "tool":
-                    with contextlib.suppress(FakError):  # a forgotten ref has no uses left
-                        svc.store.release_use(row.ref, tenant, "segment", f"{session_id}/{row.id}")
-            svc.state.delete_session(tenant, session_id)
+            svc.state.delete_session(tenant, session_id)  # its admissions recorded no KV unit in the CAS

@@ -187,7 +187,7 @@ class GatewaySession:
             seg.in_history = in_history
             index = services.audit.append(event)  # logged before the segment is used
             self.segments.append(seg)
-        admission.record(services, self.tenant, self.id, decided, seg.id)
+        admission.record(services, self.tenant, self.id, decided, seg.id, kv_unit=False)  # no KV holds it
         services.events.publish(AdmissionDecided(self.tenant, verdict.kind))
         admission.late_check(services, self.tenant, self.id, decided)
         return Admission(verdict, decided.ref, decided.admitted_ref, _as_segment(seg), index)

@@ -194,10 +194,12 @@ def decide(services: Services, tenant: str, session_id: str, result: ToolResult)
     return Decided(result, policy, verdict, ref, admitted_ref, body, expires_us, turns)
 
 
-def record(services: Services, tenant: str, session_id: str, decided: Decided, segment_id: str) -> None:
+def record(services: Services, tenant: str, session_id: str, decided: Decided, segment_id: str, *,
+           kv_unit: bool = True) -> None:
     """Record what later decisions read of an admission, once its event is logged: the refs'
-    metadata and producers, the CAS use, the next expiry; a refused ref's taint. Nothing for
-    bytes refused unstored (a forgotten ref: no record of them is made again)."""
+    metadata and producers, the CAS use (the KV unit that holds the ref; ``kv_unit`` False: the
+    segment holds no KV, a gateway session's), the next expiry; a refused ref's taint. Nothing
+    for bytes refused unstored (a forgotten ref: no record of them is made again)."""
     if not decided.stored:
         return
     state, store, result = services.state, services.store, decided.result
@@ -206,7 +208,8 @@ def record(services: Services, tenant: str, session_id: str, decided: Decided, s
     if decided.admitted_ref is not None:
         state.record_ref(tenant, decided.admitted_ref, tool, tags, kind, decided.policy.digest,
                          expires_us=decided.expires_us, source=source)
-        store.record_use(decided.admitted_ref, tenant, "segment", f"{session_id}/{segment_id}")
+        if kv_unit:
+            store.record_use(decided.admitted_ref, tenant, "segment", f"{session_id}/{segment_id}")
         services.producers.note(tenant, decided.admitted_ref, producer)
         services.withdrawals.note_expiry(decided.expires_us)
         services.withdrawals.clear(tenant, decided.admitted_ref, SegmentState.EXPIRED)  # admitted again: a new lifetime
