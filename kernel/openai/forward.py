@@ -68,6 +68,7 @@ class ForwardPlan:
     fields: dict[str, Any]
     metadata: dict[str, str] | None
     ignored: tuple[str, ...] = ()
+    include_usage: bool = False  # a stream's usage chunk, asked by the client (and then of the upstream)
 
 
 def forward_plan(body: w.ChatCompletionRequest, principal: str) -> ForwardPlan:
@@ -81,7 +82,7 @@ def forward_plan(body: w.ChatCompletionRequest, principal: str) -> ForwardPlan:
     ignored = tuple(k for k in ("store", "metadata") if k in body.model_fields_set)
     return ForwardPlan(principal=principal, calls=bool(specs) and choice.mode != "none",
                        held_calls=body.fak_held_calls or "withhold", fields=fields, metadata=body.metadata,
-                       ignored=ignored)
+                       ignored=ignored, include_usage=bool(body.stream_options and body.stream_options.include_usage))
 
 
 @dataclass
@@ -125,7 +126,7 @@ class ForwardTurn:
             for name in TOOL_FIELDS:
                 body.pop(name, None)
         body |= {"model": self.upstream.model, "messages": self.session.forwarded(), "stream": self.streaming}
-        if self.streaming:
+        if self.streaming and self.plan.include_usage:  # as the client asked: not every upstream takes it
             body["stream_options"] = {"include_usage": True}
         salt = self.upstream.salt(self.kernel.services.keys.derive(f"fak/gateway/cache-salt:{self.session.tenant}"))
         if salt is not None:

