@@ -53,7 +53,7 @@ def engine(tmp_path_factory) -> Iterator[str]:
     if folders:  # bench/serve.py converted the GGUF for vLLM
         cmd = [str(vllm), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folders[-1].parent),
                "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
-               "--dtype", "float32"]
+               "--dtype", "float32", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         env |= {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
     elif llamacpp.exists():
         cmd = [str(llamacpp), "-m", "llama_cpp.server", "--model", str(_gguf()), "--model_alias", NAME,
