@@ -119,6 +119,9 @@ class UpstreamSettings(BaseModel):
     api_key_env: str | None = Field(None, description="environment variable holding the upstream's bearer key")
     cache_salt: bool = Field(False, description="send a per-tenant cache_salt (vLLM): one tenant's prefix-cache "
                                                 "hits never reveal another's prompts")
+    scores: bool = Field(False, description="the upstream is a vLLM server: fak runs the counterfactual of a rule that "
+                                            "asks for it by scoring the call there (/tokenize, /v1/completions with "
+                                            "prompt_logprobs at the URL's root)")
     timeout_s: float = Field(120.0, gt=0, le=3600, description="longest wait for the upstream's next byte")
     max_connections: int = Field(64, ge=1, le=4096, description="connections kept open to the upstream")
 

@@ -36,6 +36,7 @@ from fak.audit import ToolCallDecision as DecisionEvent
 from fak.kernel.calls.authorize import CallContext, ContextEntry, Producer, ToolCallDecision, args_digest
 from fak.kernel.calls.records import approval_key
 from fak.kernel.events import AdmissionDecided, SpanEvicted, ToolCallDecided
+from fak.kernel.gateway.score import UpstreamEvidence
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import GatewayDrop, Services
@@ -193,31 +194,37 @@ class GatewaySession:
         return Admission(verdict, decided.ref, decided.admitted_ref, _as_segment(seg), index)
 
     # --- what the upstream reads ----------------------------------------------------------
-    def forwarded(self) -> list[dict[str, Any]]:
+    def forwarded(self, without: Collection[str] = ()) -> list[dict[str, Any]]:
         """The history the upstream is sent: every live message; a tool result kept out or
         withdrawn as a notice (the call it answers stays answered); an assistant message a
-        remedy evicted left out, with the tool results that answer its calls."""
+        remedy evicted left out, with the tool results that answer its calls. ``without``: as
+        it would be once ``evict_refs(without)`` ran (a counterfactual; nothing changes)."""
+        gone = frozenset(without)
         with self._lock:
             out: list[dict[str, Any]] = []
             answered: set[str] = set()  # call ids of the assistant messages sent
             for seg in self.segments:
                 if not seg.in_history:
                     continue
+                state = seg.state
+                if gone and seg.live and ((seg.kind is SegmentKind.TOOL and seg.ref in gone)
+                                          or (seg.kind is SegmentKind.ASSISTANT and seg.content & gone)):
+                    state = SegmentState.EVICTED
                 if seg.kind is SegmentKind.ASSISTANT:
-                    if seg.live:
+                    if state is SegmentState.LIVE:
                         out.append(seg.message)
                         answered |= {c["id"] for c in seg.message.get("tool_calls") or []
                                      if isinstance(c, dict) and isinstance(c.get("id"), str)}
                     continue
                 if seg.kind is not SegmentKind.TOOL:
-                    if seg.live:
+                    if state is SegmentState.LIVE:
                         out.append(seg.message)
                     continue
                 call_id = seg.message.get("tool_call_id")
                 if call_id is not None and call_id not in answered:
                     continue  # its call was evicted with the turn that wrote it
-                out.append(seg.message if seg.live else {**seg.message, "content": notice(seg.state, seg.verdict,
-                                                                                             seg.rule)})
+                out.append(seg.message if state is SegmentState.LIVE
+                           else {**seg.message, "content": notice(state, seg.verdict, seg.rule)})
             return out
 
     def fingerprint(self) -> str:
@@ -261,8 +268,10 @@ class GatewaySession:
 
     def decide_unlogged(self, name: str, args: Any, principal: str | None
                         ) -> tuple[ToolCallDecision, DecisionEvent]:
+        up = self.services.upstreams.find(self.upstream)
+        evidence = UpstreamEvidence(self.services.upstreams, up, self, name, args) if up and up.scores else None
         return decide_call(self.services, self.tenant, self.id, self.created_us, name, args, self.context(),
-                           principal, None, upstream=self.upstream)
+                           principal, evidence, upstream=self.upstream)
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision)

@@ -54,11 +54,17 @@ class Upstream:
     cache_salt: bool = False
     timeout_s: float = 120.0
     max_connections: int = 64
+    scores: bool = False  # a vLLM server that scores a continuation (``fak.kernel.gateway.score``)
 
     @classmethod
     def of(cls, name: str, spec: UpstreamSettings, key: str | None) -> Upstream:
         return cls(name=name, url=spec.url, model=spec.model or name, key=key, cache_salt=spec.cache_salt,
-                   timeout_s=spec.timeout_s, max_connections=spec.max_connections)
+                   timeout_s=spec.timeout_s, max_connections=spec.max_connections, scores=spec.scores)
+
+    @property
+    def root(self) -> str:
+        """The server's root: the URL without its API version (vLLM's ``/tokenize`` lives there)."""
+        return self.url.removesuffix("/v1")
 
     def salt(self, tenant_salt: bytes) -> str | None:
         """The tenant's ``cache_salt`` for this upstream (None where it takes none): a keyed digest
@@ -127,6 +133,21 @@ class Upstreams:
             raise UpstreamError(f"upstream {up.name}: the answer is not JSON") from None
         if not isinstance(out, dict) or not isinstance(out.get("choices"), list) or not out["choices"]:
             raise UpstreamError(f"upstream {up.name}: the answer is not a chat completion (no choices)")
+        return out
+
+    def post(self, up: Upstream, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON request to ``path`` under the server's root (the declared origin: no other host)."""
+        try:
+            r = self._client(up).post(up.root + path, json=body)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"upstream {up.name}: {type(exc).__name__}: {exc}") from None
+        _check(up, r.status_code, r.headers, lambda: r.content)
+        try:
+            out = r.json()
+        except ValueError:
+            raise UpstreamError(f"upstream {up.name}: the answer to {path} is not JSON") from None
+        if not isinstance(out, dict):
+            raise UpstreamError(f"upstream {up.name}: the answer to {path} is not an object")
         return out
 
     def stream(self, up: Upstream, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
