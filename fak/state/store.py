@@ -400,6 +400,21 @@ class StateStore:
                                                   ForgetRow.linked.is_not(None))
             return any(ref in _linked_of(linked) for linked in s.scalars(q))
 
+    def forget_standing(self, tenant: str, ref: str) -> tuple[bool, ForgetRow | None]:
+        """``forget_pending`` and ``forget_covering`` in one read (an admission asks both)."""
+        with self._session() as s:
+            own = s.scalars(sa.select(ForgetRow).where(ForgetRow.tenant == tenant, ForgetRow.ref == ref)
+                            .order_by(ForgetRow.started_us.desc()).limit(1)).first()
+            q = (sa.select(ForgetRow).where(ForgetRow.tenant == tenant,
+                                            ForgetRow.linked.like(f"%{json.dumps(ref)}%"))
+                 .order_by(ForgetRow.started_us.desc()))
+            linked = [r for r in s.scalars(q) if ref in _linked_of(r.linked)]
+        pending = (own is not None and own.state == "requested") or any(r.state == "requested" for r in linked)
+        latest = linked[0] if linked else None
+        if own is None or (latest is not None and latest.started_us > own.started_us):
+            return pending, latest
+        return pending, own
+
     def forget_covering(self, tenant: str, ref: str) -> ForgetRow | None:
         """The latest forget of ``ref`` or of a ref linked to it (that erased it too)."""
         own = self.forget_row(tenant, ref)

@@ -132,13 +132,13 @@ def forgotten(services: Services, tenant: str, ref: str) -> bool:
     it) is in progress, or the CAS holds its tombstone (the keyed digest, never the bytes), or
     a forget row names it and its bytes are not live. A tenant erase destroys the digest key:
     the same bytes then get another ref, which no tombstone names (the tenant starts anew)."""
-    state = services.state
-    if state.forget_pending(tenant, ref):
+    pending, covering = services.state.forget_standing(tenant, ref)  # one read
+    if pending:
         return True
     head = services.store.head(ref, tenant)
     if head is not None:
         return head.state != "live"
-    return state.forget_covering(tenant, ref) is not None
+    return covering is not None
 
 
 def _refused_forgotten(result: ToolResult, policy: Policy, ref: str, *, stored: bool) -> Decided:
