@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -306,9 +306,10 @@ class GatewaySession:
                 x.state = state
             return GatewayDrop(self.id, [x.id for x in victims], self.fingerprint()) if victims else None
 
-    def holds(self, refs: Sequence[str]) -> bool:
+    def holds_live(self, ref: str) -> bool:
+        """Whether a live segment carries ``ref`` (the tools block of an earlier request)."""
         with self._lock:
-            return any(x.live and any(x.derived_from(r) for r in refs) for x in self.segments)
+            return any(x.live and x.ref == ref for x in self.segments)
 
 
 def _with_index(decision: ToolCallDecision, index: int) -> ToolCallDecision:

@@ -195,6 +195,10 @@ def _add_tools(turn: ForwardTurn, tools: list[dict[str, Any]]) -> None:
     """The tools the upstream is sent, through the gate as content of their own (a poisoned
     description is a tool result like any other); kept out, no tools are forwarded."""
     data = json.dumps(tools, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    ref = turn.kernel.store.digest_of(data, turn.session.tenant)
+    if turn.session.holds_live(ref):  # a persistent session has them from an earlier request
+        turn.tools_ref, turn.tools_admitted = ref, True
+        return
     a = turn.session.admit(TOOL_DEFINITIONS, data, call_id=None, in_history=False)
     turn.admissions.append(w.AdmissionInfo(message_index=-1, tool=TOOL_DEFINITIONS, tool_call_id=None,
                                            verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,

@@ -366,3 +366,18 @@ def test_a_session_belongs_to_one_model(gateway_world):
         r = c.post("/v1/chat/completions", json={"model": own, "max_tokens": 2, "messages": msg,
                                                   "fak_session": "gw-1"})
         assert r.status_code == 404 and "gateway session" in r.json()["detail"]
+
+
+def test_a_persistent_session_admits_its_tools_once(gateway_world):
+    w = gateway_world
+    tools = [_tool("send_email", "to", "ops@example.com")]
+    base = {"model": "up", "max_tokens": 4, "temperature": 0, "fak_session": "gw-tools", "tools": tools,
+            "tool_choice": "none"}
+    with w.gateway.client(w.key("acme"), timeout=120) as c:
+        history = [{"role": "user", "content": "hello"}]
+        first = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
+        assert [a["tool"] for a in first["fak"]["admissions"]] == ["fak.tool_definitions"]
+        history += [first["choices"][0]["message"], {"role": "user", "content": "again"}]
+        second = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
+    assert second["fak"]["admissions"] == [] and second["fak"]["tools_ref"] == first["fak"]["tools_ref"]
+    assert w.proxy.bodies[-1]["tools"] == tools
