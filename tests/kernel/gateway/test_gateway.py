@@ -381,3 +381,15 @@ def test_a_persistent_session_admits_its_tools_once(gateway_world):
         second = c.post("/v1/chat/completions", json={**base, "messages": history}).json()
     assert second["fak"]["admissions"] == [] and second["fak"]["tools_ref"] == first["fak"]["tools_ref"]
     assert w.proxy.bodies[-1]["tools"] == tools
+
+
+def test_a_tenant_erase_takes_its_gateway_sessions(gateway_world):
+    w = gateway_world
+    k = w.gateway.kernel
+    with w.gateway.client(w.key("erased"), timeout=120) as c:
+        r = c.post("/v1/chat/completions", json={"model": "up", "max_tokens": 2, "fak_session": "gw-erase",
+                                                  "messages": _mail_history()})
+        assert r.status_code == 200
+    assert k.state.session("erased", "gw-erase") is not None
+    k.erase_tenant("erased", confirm="erased")
+    assert k.state.session("erased", "gw-erase") is None and k.sessions("erased") == []
