@@ -117,6 +117,9 @@ def load(services: Services, head: SessionRow, rows: list[SegmentRow]) -> Gatewa
             row.id, kind, message, ref=row.ref, state=state, verdict=verdict, rule=row.rule, tool=tool,
             source=source, media_type=media_type, content=content, attention=frozenset(json.loads(row.attention)),
             in_history=bool(record.get("in_history", True)), match_text=str(record.get("text") or "")))
+    if gs.fingerprint() != head.fingerprint:  # as a kernel session's replay is checked against its KV's
+        raise StateError(f"gateway session {head.id} rebuilt to fingerprint {gs.fingerprint()}, the ledger "
+                         f"recorded {head.fingerprint}: refusing to serve it")
     return gs
 
 

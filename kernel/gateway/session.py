@@ -230,7 +230,7 @@ class GatewaySession:
     def fingerprint(self) -> str:
         """A digest of the forwarded history (canonical JSON): what the upstream would be sent
         now. Equal histories, equal fingerprints (the audit log keys it per tenant)."""
-        return "fwd:" + blake3.blake3(rfc8785.dumps(self.forwarded())).hexdigest()
+        return _digest(self.forwarded())
 
     def provenance(self) -> frozenset[str]:
         """The refs whose bytes an answer to the forwarded history may carry."""
@@ -288,14 +288,17 @@ class GatewaySession:
                 or (x.kind is SegmentKind.ASSISTANT and x.content & wanted))]
             if not victims:
                 return Evicted([], self.fingerprint(), [])
+            # the history after, and every event validated, before anything changes; the segments
+            # leave only once each event is logged (a failed append leaves the session as it was)
+            after = _digest(self.forwarded(without=wanted))
+            fp = self.services.keys.audit_fingerprint(self.tenant, after)
+            events = [Eviction(tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="FORWARD",
+                               exact=True, tokens=0, reason=as_id(reason), fingerprint_after=fp) for x in victims]
+            indexes = [self.services.audit.append(ev) for ev in events]
             for x in victims:
                 x.state = SegmentState.EVICTED
-            fp = self.services.keys.audit_fingerprint(self.tenant, self.fingerprint())
-            indexes = [self.services.audit.append(Eviction(
-                tenant=self.tenant, session_id=self.id, segment_id=x.id, ref=x.ref, mode="FORWARD", exact=True,
-                tokens=0, reason=as_id(reason), fingerprint_after=fp)) for x in victims]
         self.services.events.publish(SpanEvicted(self.tenant, "forward"))
-        return Evicted([x.id for x in victims], self.fingerprint(), indexes)
+        return Evicted([x.id for x in victims], after, indexes)
 
     def drop(self, refs: Collection[str], state: SegmentState) -> GatewayDrop | None:
         """A withdrawal's drop (forget, quarantine, expiry): every live segment derived from
@@ -310,6 +313,10 @@ class GatewaySession:
         """Whether a live segment carries ``ref`` (the tools block of an earlier request)."""
         with self._lock:
             return any(x.live and x.ref == ref for x in self.segments)
+
+
+def _digest(history: list[dict[str, Any]]) -> str:
+    return "fwd:" + blake3.blake3(rfc8785.dumps(history)).hexdigest()
 
 
 def _with_index(decision: ToolCallDecision, index: int) -> ToolCallDecision:

@@ -25,9 +25,9 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fak import wire as w
 from fak.kernel.calls.authorize import parsed_args
@@ -44,7 +44,6 @@ from fak.types import TOOL_DEFINITIONS
 if TYPE_CHECKING:
     from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
-    from fak.kernel.openai.chat import ChatOp
 
 __all__ = ["ForwardPlan", "ForwardTurn", "open_forward"]
 
@@ -55,6 +54,25 @@ NOT_FORWARDED = frozenset({"model", "messages", "stream", "stream_options", "n",
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 FINISHES: dict[str, Finish] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
                                "function_call": "tool_calls"}
+
+
+class MessageOp(Protocol):
+    """A request message as the chat door planned it (``fak.kernel.openai.chat.ChatOp``)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def kind(self) -> Literal["system", "user", "assistant", "tool"]: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def call_id(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -155,7 +173,7 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def open_forward(k: Kernel, c: Caller, body: w.ChatCompletionRequest, up: Upstream, ops: list[ChatOp],
+def open_forward(k: Kernel, c: Caller, body: w.ChatCompletionRequest, up: Upstream, ops: Sequence[MessageOp],
                  principal: str) -> ForwardTurn:
     """The request's gateway session, its messages appended and its tool results admitted (the
     ops are the chat door's, validated and with held calls' results settled). Closed here on

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from fak import wire_responses as wr
 from fak.errors import Conflict, FakError, NotFound
+from fak.kernel.gateway.session import GatewaySession
 from fak.kernel.kv.ledger import SegmentState, SegmentView
 from fak.kernel.openai.responses_output import withheld
 from fak.kernel.openai.responses_request import Chain, Plan
@@ -22,31 +23,25 @@ from fak.state.store import now_us
 
 if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
+    from fak.kernel.session.kernel_session import KernelSession
 
 KEPT = ("completed", "incomplete", "failed")  # the states of a stored response (GET, follow-ups)
 
 
-def _fingerprint(k: Kernel, tenant: str, sid: str) -> str:
-    """The fingerprint of a chain's session: a kernel session's KV, or a gateway session's
-    forwarded history (a chain of an upstream model, docs/gateway.md)."""
+def _chain_session(k: Kernel, tenant: str, sid: str) -> KernelSession | GatewaySession:
+    """A chain's session: a kernel session, or a gateway session (a chain of an upstream model,
+    docs/gateway.md, read as its rows last recorded it)."""
     try:
-        return k.session(tenant, sid).fingerprint()
+        return k.session(tenant, sid)
     except NotFound:
         gs = k.gateway_sessions.snapshot(tenant, sid)
         if gs is None:
             raise
-        return gs.fingerprint()
+        return gs
 
 
-def _views(k: Kernel, tenant: str, sid: str) -> list[SegmentView]:
-    """The segments of a chain's session, kernel or gateway."""
-    try:
-        return k.session(tenant, sid).segments()
-    except NotFound:
-        gs = k.gateway_sessions.snapshot(tenant, sid)
-        if gs is None:
-            raise
-        return gs.views()
+def _views(s: KernelSession | GatewaySession) -> list[SegmentView]:
+    return s.views() if isinstance(s, GatewaySession) else s.segments()
 
 
 def resolve_chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: str, store: bool) -> Chain:
@@ -73,7 +68,7 @@ def resolve_chain(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, hexid: s
         raise Conflict(f"instructions differ from those of the chain of {prev}: its session already holds them; "
                        "send the same instructions or none, or start a new chain")
     try:
-        fingerprint = _fingerprint(k, c.tenant, row.session_id)
+        fingerprint = _chain_session(k, c.tenant, row.session_id).fingerprint()
     except NotFound:
         raise NotFound(f"the session {row.session_id} of response {prev}'s chain was deleted") from None
     return Chain(row.session_id, False, prev, instructions, fingerprint, _calls(k, c, row))
@@ -114,7 +109,7 @@ def finish(k: Kernel, c: Caller, p: Plan, response: wr.ResponseObject, provenanc
         k.state.update_response(c.tenant, p.response_id, "unstored")
         return
     body = response.model_dump_json()
-    views = _views(k, c.tenant, sid)
+    views = _views(_chain_session(k, c.tenant, sid))
     refs = sorted({r for v in views if v.state is SegmentState.LIVE for r in v.content_provenance} | provenance)
     keys = k.store.content_keys(c.tenant, refs) if refs else {}
     if needs_seal(keys):
@@ -137,7 +132,7 @@ def abandon(k: Kernel, c: Caller, p: Plan, exc: BaseException | None) -> None:
         k.state.drop_response(c.tenant, p.response_id)
         return
     try:
-        unchanged = _fingerprint(k, c.tenant, sid) == p.chain.fingerprint
+        unchanged = _chain_session(k, c.tenant, sid).fingerprint() == p.chain.fingerprint
     except NotFound:
         unchanged = True
     if unchanged:

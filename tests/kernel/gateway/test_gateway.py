@@ -393,3 +393,49 @@ def test_a_tenant_erase_takes_its_gateway_sessions(gateway_world):
     assert k.state.session("erased", "gw-erase") is not None
     k.erase_tenant("erased", confirm="erased")
     assert k.state.session("erased", "gw-erase") is None and k.sessions("erased") == []
+
+
+@pytest.mark.parametrize(("status", "headers", "want", "code"), [
+    (429, {"retry-after": "7"}, 429, "overloaded"),
+    (307, {"location": "http://127.0.0.1:9/elsewhere"}, 502, "upstream_error"),
+    (401, {}, 502, "upstream_error"),
+    (422, {}, 400, "upstream_refused"),
+])
+def test_an_upstream_s_refusals_are_mapped(tmp_path, tiny_dir, tiny_lm, status, headers, want, code):
+    """What an upstream answers besides a completion: its 429 (with Retry-After) is the client's,
+    a redirect is not followed, its credentials' failure is the gateway's 502, its 4xx a 400."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from fak import Kernel
+    from fak.api.server import serve
+
+    class Upstream(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.dumps({"error": {"message": f"answer {status}"}}).encode()
+            self.send_response(status)
+            for k, v in {**headers, "content-type": "application/json", "content-length": str(len(body))}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = Settings(data_dir=tmp_path / "gw", model_path=tiny_dir,
+                        upstreams={"odd": {"url": f"http://127.0.0.1:{server.server_address[1]}/v1"}})
+    try:
+        with Kernel.open(settings, model=tiny_lm, progress=None) as k, serve(k) as live, \
+                live.client(live.key("acme", "agent")) as c:
+            r = c.post("/v1/chat/completions", json={"model": "odd", "messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.status_code == want and r.json()["type"].endswith(code), r.text
+    if status == 429:
+        assert r.headers["retry-after"] == "7"
+    if status == 307:
+        assert "redirect" in r.json()["detail"] and "elsewhere" in r.json()["detail"]
