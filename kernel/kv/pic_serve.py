@@ -129,7 +129,7 @@ def layer1_deviation(model: Llama, cache: KVCache, start: int, end: int) -> torc
     cos, sin = rope.cos_sin(model.inv_freq, pos, dtype)
     w0, w1 = model.w.layers[0], model.w.layers[1]
     qkv0, o0, gate_up0, down0, qkv1 = _linears(model)
-    x = F.embedding(ids, model.w.embed)[None]
+    x = model.embed(ids)[None]
     h = F.rms_norm(x, (D,), w0.attn_norm, cfg.rms_norm_eps)
     q = _family(qkv0(h), w0)[..., : H * hd].reshape(1, T, H, hd)
     if w0.q_norm is not None:  # Qwen3: each query head normalised before RoPE

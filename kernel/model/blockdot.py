@@ -45,7 +45,9 @@ from fak.kernel.model.quant import LayerLinears, cpu_flags, fbgemm_supported
 from fak.settings import StorageSettings
 
 QK = 32
-Q4_1, Q8_0 = 0, 1
+Q4_1, Q8_0, RAW = 0, 1, 2
+# the GGUF block types the C kernel computes from the file's own blocks, by GGML type id
+COMPUTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 SOURCE = Path(__file__).with_name("csrc") / "blockdot.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 MAX_HEAD_DIM = 256
@@ -118,6 +120,11 @@ def library(cache_dir: Path | None = None) -> ctypes.CDLL:
         # fak_decode_batch(model, b, tokens, rows, cos, sin_signed, caches, scratch, logits, nthreads)
         lib.fak_decode_batch.argtypes = (ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_int)
         lib.fak_decode_batch.restype = None
+        # fak_dequant_rows(qmat, ids, count, out)
+        lib.fak_dequant_rows.argtypes = (ptr, ptr, i64, ptr)
+        lib.fak_dequant_rows.restype = None
+        lib.fak_block_bytes.argtypes = (ctypes.c_int,)
+        lib.fak_block_bytes.restype = i64
         _lib = lib
         return lib
 
@@ -154,6 +161,8 @@ class _QMat(ctypes.Structure):
         ("q", ctypes.c_void_p),
         ("d", ctypes.c_void_p),
         ("m", ctypes.c_void_p),
+        ("row", ctypes.c_void_p),  # RAW: each row's first block (uint64 addresses)
+        ("row_kind", ctypes.c_void_p),  # RAW: each row's GGML type (uint8)
     ]
 
 
@@ -186,6 +195,7 @@ class _Model(ctypes.Structure):
         ("norm", ctypes.c_void_p),
         ("head", _QMat),
         ("layer", ctypes.c_void_p),
+        ("embed_q", _QMat),  # read when embed is NULL: each token's row dequantised from its blocks
     )
 
 
@@ -280,8 +290,109 @@ class BlockMatrix:
 
     def struct(self) -> _QMat:
         return _QMat(
-            self.kind, self.rows, self.n, self.q.ctypes.data, self.d.ctypes.data, 0 if self.m is None else self.m.ctypes.data
+            self.kind, self.rows, self.n, self.q.ctypes.data, self.d.ctypes.data, 0 if self.m is None else self.m.ctypes.data,
+            None, None,
         )
+
+
+@dataclass(frozen=True)
+class FileTensor:
+    """A 2-D tensor of a GGUF file as it lies there: ``raw``, its bytes as ``(rows, row_bytes)``
+    (a view of the file's memory map, nothing read until used), its GGML type, and the order
+    in which the model reads its rows (``order[i]``: the file row of HF row ``i``; llama.cpp
+    stores the Q and K rows of its ``llama`` architecture rotary-permuted)."""
+
+    name: str
+    type_name: str
+    raw: np.ndarray
+    n: int
+    order: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.raw.shape[0])
+
+    @property
+    def computed(self) -> bool:
+        """Whether the C kernel computes this tensor's blocks as they are."""
+        return self.type_name in COMPUTED_TYPES
+
+
+class RawRows:
+    """A ``(rows, n)`` matrix read from a GGUF file's blocks where they lie: one address and
+    one GGML type per row (``csrc/blockdot.c``'s RAW kind), so tensors of several block types
+    fuse into one product and permuted rows are read in place, without a copy. The products
+    unpack each row's blocks and multiply them exactly (``raw_dot``)."""
+
+    kind = RAW
+
+    def __init__(self, parts: Sequence[FileTensor]) -> None:
+        widths = {p.n for p in parts}
+        if len(widths) != 1:
+            raise ValueError(f"cannot fuse tensors of widths {sorted(widths)}")
+        lib = library()
+        addresses, kinds = [], []
+        for p in parts:
+            if not p.computed:
+                raise ModelError(unsupported_message(p))
+            row_bytes = int(lib.fak_block_bytes(COMPUTED_TYPES[p.type_name])) * p.n // _block_values(p.type_name)
+            if p.raw.dtype != np.uint8 or p.raw.shape[1] != row_bytes or p.raw.strides != (row_bytes, 1):
+                raise ModelError(f"GGUF tensor {p.name}: {p.raw.shape[1]} bytes a row, {row_bytes} expected for "
+                                 f"{p.n} {p.type_name} values")
+            rows = np.arange(p.rows, dtype=np.uint64) if p.order is None else p.order.astype(np.uint64)
+            addresses.append(np.uint64(p.raw.ctypes.data) + rows * np.uint64(row_bytes))
+            kinds.append(np.full(p.rows, COMPUTED_TYPES[p.type_name], dtype=np.uint8))
+        self.parts = list(parts)  # the memory maps the addresses point into
+        self.address = np.ascontiguousarray(np.concatenate(addresses))
+        self.row_kind = np.ascontiguousarray(np.concatenate(kinds))
+        self.n = parts[0].n
+
+    @property
+    def rows(self) -> int:
+        return int(self.address.shape[0])
+
+    @property
+    def types(self) -> list[str]:
+        return sorted({p.type_name for p in self.parts})
+
+    def struct(self) -> _QMat:
+        return _QMat(RAW, self.rows, self.n, None, None, None, self.address.ctypes.data, self.row_kind.ctypes.data)
+
+    def dequantise(self) -> torch.Tensor:
+        """Every row as float32 ``(rows, n)``, as ``BlockEmbedding`` reads rows (tests, tools)."""
+        return BlockEmbedding(self)(torch.arange(self.rows))
+
+
+def _block_values(type_name: str) -> int:
+    return 256 if type_name.endswith("_K") else QK
+
+
+def unsupported_message(t: FileTensor) -> str:
+    """Why ``weights='gguf'`` refuses a tensor, and what runs it instead."""
+    return (f"GGUF tensor {t.name} is {t.type_name}: weights='gguf' computes only the file's own "
+            f"{', '.join(COMPUTED_TYPES)} blocks and never re-quantises another type; run this file with "
+            "FAK_WEIGHTS=float32 (its blocks dequantised to floats) or FAK_WEIGHTS=float16")
+
+
+class BlockEmbedding:
+    """Token embeddings read from the embedding tensor's blocks (each asked row dequantised
+    in C, ``w = sc * (u - off) + mn`` as ggml computes it): no float table in memory."""
+
+    def __init__(self, matrix: RawRows) -> None:
+        self.matrix = matrix
+        self._struct = matrix.struct()
+        self._lib = library()
+
+    @property
+    def struct(self) -> _QMat:
+        return self._struct
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ``ids`` (any shape of int64 ids in range), ``(*ids.shape, n)`` float32."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty((int(flat.shape[0]), self.matrix.n), dtype=torch.float32)
+        self._lib.fak_dequant_rows(ctypes.byref(self._struct), flat.data_ptr(), int(flat.shape[0]), out.data_ptr())
+        return out.reshape(*ids.shape, self.matrix.n)
 
 
 class BlockLinear:
@@ -293,7 +404,7 @@ class BlockLinear:
     inputs. Which path a call takes depends on its shape only, so the same calls still give
     the same bytes."""
 
-    def __init__(self, w: BlockMatrix, dense: torch.Tensor | None = None) -> None:
+    def __init__(self, w: BlockMatrix | RawRows, dense: torch.Tensor | None = None) -> None:
         if dense is not None and tuple(dense.shape) != (w.rows, w.n):
             raise ValueError(f"dense weights of shape {tuple(dense.shape)} for a {w.rows}x{w.n} block matrix")
         self.w = w
@@ -329,59 +440,85 @@ class BlockLinear:
 # --- loading blocks ---------------------------------------------------------------------------
 
 
-def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, BlockMatrix]:
-    """The blocks of every tensor the kernel can run as it is, HF-named, Q/K rows in HF order
-    (llama.cpp stores them rotary-permuted, as ``gguf_names.unpermute`` undoes for floats)."""
+def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, FileTensor]:
+    """Every 2-D tensor of the file that the model reads, HF-named, as it lies in the file's
+    memory map (no bytes read until used), with the Q/K row order the model reads."""
     from gguf import GGUFReader  # imported where a GGUF file is read (~0.2 s): other formats never need it
 
     reader = GGUFReader(str(path))
-    out: dict[str, BlockMatrix] = {}
+    out: dict[str, FileTensor] = {}
     for t in reader.tensors:
-        kind = t.tensor_type.name
-        if kind not in ("Q4_1", "Q8_0") or len(t.shape) != 2:
-            continue
         key = hf_name(t.name)
-        if key is None:
+        if key is None or len(t.shape) != 2:
             continue
         n, rows = int(t.shape[0]), int(t.shape[1])
-        bm = BlockMatrix.from_gguf(kind, t.data, rows, n)
+        raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
         heads = rotary_heads(t.name, cfg)
-        if heads is not None:
-            bm = bm.permute_rows(unpermute(np.arange(rows), heads))
-        out[key] = bm
+        order = None if heads is None else unpermute(np.arange(rows), heads)
+        out[key] = FileTensor(t.name, t.tensor_type.name, raw, n, order)
     return out
 
 
+def _split_blocks(t: FileTensor) -> BlockMatrix:
+    """A Q4_1 or Q8_0 tensor in the split layout of kinds 0 and 1 (codes and scales apart)."""
+    bm = BlockMatrix.from_gguf(t.type_name, t.raw, t.rows, t.n)
+    return bm if t.order is None else bm.permute_rows(t.order)
+
+
+def file_matrix(parts: Sequence[FileTensor]) -> BlockMatrix | RawRows:
+    """The product over ``parts`` stacked by rows, computed from the file's own blocks: SmolLM2's
+    all-Q4_1 or all-Q8_0 matrices in the split layout (its figures were measured there), any
+    other mix of computed types read in place (``RawRows``); a type the kernel does not
+    compute is refused by name (``ModelError``), never re-quantised."""
+    for p in parts:
+        if not p.computed:
+            raise ModelError(unsupported_message(p))
+    kinds = {p.type_name for p in parts}
+    if kinds in ({"Q4_1"}, {"Q8_0"}):
+        return BlockMatrix.cat([_split_blocks(p) for p in parts])
+    return RawRows(parts)
+
+
 def build_block_linears(
-    cfg: ModelConfig, weights: Weights, blocks: dict[str, BlockMatrix] | None
+    cfg: ModelConfig, weights: Weights, blocks: dict[str, FileTensor] | None
 ) -> tuple[list[LayerLinears[BlockLinear]], BlockLinear]:
-    """Every layer's four products and the LM head as block matrices: the file's own blocks
-    where ``blocks`` has them, Q8_0 of the float weights elsewhere. Prefill calls run on the
-    float weights (``BlockLinear``), which are the blocks' dequantisation for a GGUF model."""
-    blocks = blocks or {}
+    """Every layer's four products and the LM head from the file's own blocks (``blocks``), or,
+    for a model that is no GGUF file (``blocks`` None: HF folders, the tests' random models),
+    Q8_0 of its float weights with prefill on those floats. A file's prefill runs the block
+    kernel too: there is no float copy of its weights (``weights`` holds shapes only)."""
+    if not blocks:
+        def q8(w: torch.Tensor) -> BlockLinear:
+            return BlockLinear(BlockMatrix.quantise_q8_0(w), w)
 
-    def get(name: str, fallback: torch.Tensor) -> BlockMatrix:
-        return blocks.get(name) or BlockMatrix.quantise_q8_0(fallback)
+        return ([LayerLinears(q8(lw.wqkv), q8(lw.wo), q8(lw.w_gate_up), q8(lw.w_down)) for lw in weights.layers],
+                q8(weights.lm_head))
 
-    def fused(parts: list[tuple[str, torch.Tensor]]) -> BlockMatrix:
-        mats = [get(n, w) for n, w in parts]
-        if len({m.kind for m in mats}) > 1:
-            mats = [BlockMatrix.quantise_q8_0(w) for _, w in parts]
-        return BlockMatrix.cat(mats)
+    def tensor(name: str) -> FileTensor:
+        t = blocks.get(name)
+        if t is None:
+            raise ModelError(f"the GGUF file has no tensor for {name}")
+        return t
+
+    def linear(*names: str) -> BlockLinear:
+        return BlockLinear(file_matrix([tensor(n) for n in names]))
 
     layers: list[LayerLinears[BlockLinear]] = []
-    for i, lw in enumerate(weights.layers):
+    for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        qkv = fused([(p + "self_attn.q_proj.weight", lw.wq), (p + "self_attn.k_proj.weight", lw.wk),
-                     (p + "self_attn.v_proj.weight", lw.wv)])  # fmt: skip
-        gate_up = fused([(p + "mlp.gate_proj.weight", lw.w_gate), (p + "mlp.up_proj.weight", lw.w_up)])
-        o = get(p + "self_attn.o_proj.weight", lw.wo)
-        down = get(p + "mlp.down_proj.weight", lw.w_down)
-        layers.append(LayerLinears(*(BlockLinear(m, d) for m, d in
-                                     ((qkv, lw.wqkv), (o, lw.wo), (gate_up, lw.w_gate_up), (down, lw.w_down)))))  # fmt: skip
-    tied = weights.lm_head is weights.embed
-    head = blocks.get("lm_head.weight") or (blocks.get("model.embed_tokens.weight") if tied else None)
-    return layers, BlockLinear(head or BlockMatrix.quantise_q8_0(weights.lm_head), weights.lm_head)
+        layers.append(LayerLinears(
+            linear(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+            linear(p + "self_attn.o_proj.weight"),
+            linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+            linear(p + "mlp.down_proj.weight"),
+        ))  # fmt: skip
+    head = "lm_head.weight" if "lm_head.weight" in blocks else "model.embed_tokens.weight"
+    return layers, linear(head)
+
+
+def block_embedding(blocks: dict[str, FileTensor] | None) -> BlockEmbedding | None:
+    """The token embedding read from the file's blocks, where the kernel computes their type."""
+    t = (blocks or {}).get("model.embed_tokens.weight")
+    return BlockEmbedding(RawRows([t])) if t is not None and t.computed else None
 
 
 # --- one decode step in C -------------------------------------------------------------------------
@@ -398,13 +535,14 @@ class BlockDecoder:
     """One decode step over every layer in one C call (float32 KV cache only)."""
 
     def __init__(
-        self, cfg: ModelConfig, weights: Weights, linears: list[LayerLinears[BlockLinear]], head: BlockLinear
+        self, cfg: ModelConfig, weights: Weights, linears: list[LayerLinears[BlockLinear]], head: BlockLinear,
+        embedding: BlockEmbedding | None = None,
     ) -> None:
         if cfg.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"the block decoder takes head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}")
         self.cfg = cfg
         self._lib = library()
-        self._keep = (weights, linears, head)  # the arrays and tensors the structs point into
+        self._keep = (weights, linears, head, embedding)  # the arrays and tensors the structs point into
         layers = (_Layer * cfg.num_layers)()
         for i, (lw, ln) in enumerate(zip(weights.layers, linears, strict=True)):
             extra = [None if t is None else _float_ptr(t) for t in (lw.qkv_bias, lw.q_norm, lw.k_norm)]
@@ -415,8 +553,10 @@ class BlockDecoder:
         self._layers = layers
         self._model = _Model(
             cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            head.out_features, cfg.rms_norm_eps, cfg.head_dim**-0.5, weights.embed.data_ptr(),
+            head.out_features, cfg.rms_norm_eps, cfg.head_dim**-0.5,
+            None if embedding is not None else _float_ptr(weights.embed),
             weights.norm.data_ptr(), head.struct, ctypes.addressof(layers),
+            embedding.struct if embedding is not None else _QMat(),
         )  # fmt: skip
         self._local = threading.local()  # scratch per calling thread: sessions decode concurrently
         self.vocab = head.out_features

@@ -12,7 +12,7 @@ calls are bit-exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +27,13 @@ from fak.kernel.model.quant import LayerLinears, Linear
 class FastDecoder:
     """Runs one decode step with a model's linears (any format) over its cache."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, linears: Sequence[LayerLinears[Linear]], head: Linear) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Weights, linears: Sequence[LayerLinears[Linear]], head: Linear,
+                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """``embed``: token ids ``(T,)`` to rows ``(T, D)`` (``Llama.embed``: a GGUF file's blocks
+        in the ``gguf`` format); by default rows of the weights' float table."""
         self.cfg = cfg
         self.w = weights
+        self.embed = embed
         self.lin = linears
         self.head = head
         self.scale = cfg.head_dim**-0.5
@@ -45,7 +49,7 @@ class FastDecoder:
         row = cache.length
         end = row + 1
         same = cache.dtype == torch.float32
-        x = self.w.embed[token : token + 1]  # (1, D)
+        x = self.w.embed[token : token + 1] if self.embed is None else self.embed(torch.tensor([token]))  # (1, D)
         for i, (lw, ln) in enumerate(zip(self.w.layers, self.lin, strict=True)):
             qkv = ln.qkv(F.rms_norm(x, (D,), lw.attn_norm, eps))[0]
             if lw.qkv_bias is not None:  # Qwen2

@@ -13,7 +13,7 @@ from fak.kernel.model.config import ModelError
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.params import Weights
 from fak.kernel.model.tokenizer import ChatTokenizer
-from fak.kernel.model.weights import Progress, default_model_path, load_gguf, load_hf_folder
+from fak.kernel.model.weights import Progress, default_model_path, load_gguf, load_gguf_shapes, load_hf_folder
 from fak.settings import StorageSettings
 
 
@@ -47,7 +47,8 @@ def move_weights(w: Weights, device: torch.device, dtype: torch.dtype = torch.fl
     layers = [
         replace(layer, attn_norm=conv(layer.attn_norm), wqkv=conv(layer.wqkv), wo=conv(layer.wo),
                 mlp_norm=conv(layer.mlp_norm), w_gate_up=conv(layer.w_gate_up), w_down=conv(layer.w_down),
-                qkv_bias=opt(layer.qkv_bias), q_norm=opt(layer.q_norm), k_norm=opt(layer.k_norm))
+                qkv_bias=opt(layer.qkv_bias), q_norm=opt(layer.q_norm), k_norm=opt(layer.k_norm),
+                post_attn_norm=opt(layer.post_attn_norm), post_mlp_norm=opt(layer.post_mlp_norm))
         for layer in w.layers
     ]
     return Weights(embed=conv(w.embed), layers=layers, norm=conv(w.norm), lm_head=conv(w.lm_head))
@@ -62,8 +63,8 @@ def load_model(
     kv_dtype: torch.dtype | None = None,
     cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load the default SmolLM2 (``path=None``), a GGUF file or an HF checkpoint folder
-    (Llama, Mistral, Qwen2 or Qwen3: ``config.ModelConfig``).
+    """Load the default SmolLM2 (``path=None``), a GGUF file (Llama, Mistral, Qwen2, Qwen3 or
+    Gemma 3) or an HF checkpoint folder (the first four: ``config.ModelConfig``).
 
     ``weight_format`` is that of the linear layers and LM head (``float32``, the
     oracle-close reference; ``float16``, ``int8``, ``bfloat16`` or ``gguf`` (the file's own
@@ -82,13 +83,17 @@ def load_model(
         cfg, weights = load_hf_folder(src)
         tok_folder = src
         model_id = f"hf:{src.resolve()}"
+    elif weight_format == "gguf":  # the products read the file's blocks in place: no float copy
+        blockdot.library(cache_dir)  # built (or found) under the settings' cache dir before the layers load it
+        cfg, weights, tok_folder = load_gguf_shapes(src, lambda t: t in blockdot.COMPUTED_TYPES, cache_dir=cache_dir)
+        model_id = f"gguf:{tok_folder.name}"
     else:
         cfg, weights, tok_folder = load_gguf(src, progress, cache_dir=cache_dir)
         model_id = f"gguf:{tok_folder.name}"
-    weights = move_weights(weights, target, dtype)
     blocks = None
     if weight_format == "gguf" and src.is_file():
-        blockdot.library(cache_dir)  # built (or found) under the settings' cache dir before the layers load it
         blocks = blockdot.gguf_blocks(src, cfg)
+    else:
+        weights = move_weights(weights, target, dtype)
     model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype, blocks=blocks)
     return LoadedModel(model=model, tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

@@ -189,27 +189,263 @@ static inline float row_q8_0(const int8_t *wq, const uint16_t *wd, int64_t nb, c
     return sum;
 }
 
-/* A weight matrix in blocks: kind 0 Q4_1 (q: rows*nb*16 bytes, d and m: rows*nb halves),
- * kind 1 Q8_0 (q: rows*nb*32 int8, d: rows*nb halves). */
+/* A weight matrix in blocks. Kind 0 Q4_1 and kind 1 Q8_0 are split into arrays (q: the codes,
+ * rows*nb*16 bytes or rows*nb*32 int8; d and m: rows*nb halves). Kind 2 (RAW) reads the file's
+ * own blocks where they lie (a memory-mapped GGUF file): row r's blocks start at row[r] and
+ * are of GGML type row_kind[r], so one matrix may fuse tensors of several types (Q4_K_M files
+ * keep attn_q in Q4_K and attn_v in Q6_K) and take its rows in any order (llama.cpp's
+ * permuted Q/K rows) without a copy. */
 typedef struct {
     int64_t kind, rows, n;
     const void *q;
     const uint16_t *d, *m;
+    const uint8_t *const *row; /* RAW: each row's first block */
+    const uint8_t *row_kind;   /* RAW: each row's GGML type */
 } fak_qmat;
+
+#define KIND_RAW 2
+#define QK_K 256
+/* GGML type ids (ggml.h) of the block formats RAW reads */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+/* --- raw GGUF blocks, unpacked ------------------------------------------------------
+ *
+ * A row of any RAW type is first unpacked, per 32 values, to 32 codes (unsigned 0..63, or
+ * signed int8 for Q8_0), two float scales (values 0-15 and 16-31: Q6_K's sub-blocks are 16
+ * wide) and a float "min" that multiplies the block's input sum; `off`, one integer per row,
+ * is subtracted from every unsigned code (Q4_0: 8, Q5_0: 16, Q6_K: 32). So the weight is
+ * exactly w = sc * (u - off) + mn, as ggml dequantises it, and a product's block integers
+ * sum (u - off) * (256 q1 + q2) exactly. Every product of a RAW row, one input row or many,
+ * is this unpacking followed by raw_dot: a row's bytes do not depend on the call. */
+
+typedef struct {
+    uint8_t *u; /* n codes */
+    float *sc;  /* n / 16 scales */
+    float *mn;  /* n / 32 mins */
+} fak_unpacked;
+
+static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* bytes per block and values per block of a RAW type (0 for a type RAW does not read) */
+int64_t fak_block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static inline int64_t block_values(int type) { return type >= T_Q4_K ? QK_K : QK; }
+
+/* Unpack one row of n values; return the row's `off` (-1 for signed codes). */
+static int unpack_row(int type, const uint8_t *src, int64_t n, const fak_unpacked *o) {
+    const int64_t nblk = n / block_values(type), bytes = fak_block_bytes(type);
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *x = src + b * bytes;
+        switch (type) {
+        case T_Q4_0:
+        case T_Q4_1: {
+            const int one = type == T_Q4_1;
+            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
+            const uint8_t *qs = x + 2 + 2 * one;
+            uint8_t *u = o->u + b * QK;
+            for (int j = 0; j < 16; j++) {
+                u[j] = qs[j] & 0xF;
+                u[j + 16] = qs[j] >> 4;
+            }
+            o->sc[2 * b] = o->sc[2 * b + 1] = d;
+            o->mn[b] = one ? half_to_float((uint16_t)(x[2] | x[3] << 8)) : 0.0f;
+            break;
+        }
+        case T_Q5_0:
+        case T_Q5_1: {
+            const int one = type == T_Q5_1;
+            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
+            uint32_t qh;
+            memcpy(&qh, x + 2 + 2 * one, 4);
+            const uint8_t *qs = x + 6 + 2 * one;
+            uint8_t *u = o->u + b * QK;
+            for (int j = 0; j < 16; j++) {
+                u[j] = (uint8_t)((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+                u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            }
+            o->sc[2 * b] = o->sc[2 * b + 1] = d;
+            o->mn[b] = one ? half_to_float((uint16_t)(x[2] | x[3] << 8)) : 0.0f;
+            break;
+        }
+        case T_Q8_0: {
+            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
+            memcpy(o->u + b * QK, x + 2, QK);
+            o->sc[2 * b] = o->sc[2 * b + 1] = d;
+            o->mn[b] = 0.0f;
+            break;
+        }
+        case T_Q4_K:
+        case T_Q5_K: {
+            const int five = type == T_Q5_K;
+            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
+            const float dmin = half_to_float((uint16_t)(x[2] | x[3] << 8));
+            const uint8_t *scales = x + 4, *qh = x + 16, *ql = x + 16 + 32 * five;
+            for (int j = 0; j < 4; j++) { /* 64 values: sub-blocks 2j (low nibbles) and 2j+1 (high) */
+                for (int half = 0; half < 2; half++) {
+                    const int s = 2 * j + half;
+                    uint8_t sc, m;
+                    k4_scale_min(s, scales, &sc, &m);
+                    const int64_t blk = b * 8 + s;
+                    uint8_t *u = o->u + blk * QK;
+                    for (int l = 0; l < 32; l++) {
+                        uint8_t v = half ? ql[32 * j + l] >> 4 : ql[32 * j + l] & 0xF;
+                        if (five) v |= (uint8_t)(((qh[l] >> s) & 1) << 4);
+                        u[l] = v;
+                    }
+                    o->sc[2 * blk] = o->sc[2 * blk + 1] = d * (float)sc;
+                    o->mn[blk] = -(dmin * (float)m);
+                }
+            }
+            break;
+        }
+        case T_Q6_K: {
+            const float d = half_to_float((uint16_t)(x[208] | x[209] << 8));
+            const int8_t *scales = (const int8_t *)(x + 192);
+            for (int g = 0; g < 2; g++) { /* 128 values: sub-blocks of 32 k = 0..3 */
+                const uint8_t *ql = x + 64 * g, *qh = x + 128 + 32 * g;
+                for (int k = 0; k < 4; k++) {
+                    const int64_t blk = b * 8 + g * 4 + k;
+                    uint8_t *u = o->u + blk * QK;
+                    const uint8_t *lo = ql + 32 * (k & 1);
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t nib = k < 2 ? lo[l] & 0xF : lo[l] >> 4;
+                        u[l] = (uint8_t)(nib | (((qh[l] >> (2 * k)) & 3) << 4));
+                    }
+                    o->sc[2 * blk] = d * (float)scales[8 * g + 2 * k];
+                    o->sc[2 * blk + 1] = d * (float)scales[8 * g + 2 * k + 1];
+                    o->mn[blk] = 0.0f;
+                }
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+    switch (type) {
+    case T_Q4_0: return 8;
+    case T_Q5_0: return 16;
+    case T_Q6_K: return 32;
+    case T_Q8_0: return -1;
+    default: return 0;
+    }
+}
+
+/* w . x for an unpacked row against one quantised input row (blocks of 32, ~15-bit inputs):
+ * per block, 8 int32 lanes (lane k: values 4k..4k+3) of sum (u - off) * (256 q1 + q2), exact;
+ * lanes 0-3 scaled by sc[2b], 4-7 by sc[2b+1], times the input's scale; mins times its sum. */
+static inline float raw_dot(const fak_unpacked *w, int off, int64_t nb, const float *xd, const float *xs,
+                            const int8_t *xq) {
+    float msum = 0.0f;
+    int64_t b = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi8(1), voff = _mm256_set1_epi32(off > 0 ? off : 0);
+    for (; b < nb; b++) {
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(w->u + b * QK));
+        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK));
+        const __m256i q2 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK + QK));
+        __m256i lanes;
+        if (off < 0) { /* signed codes: |c| times the inputs with c's sign */
+            lanes = two_dots(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q1, c), _mm256_sign_epi8(q2, c));
+        } else {
+            lanes = two_dots(c, q1, q2);
+            if (off) lanes = _mm256_sub_epi32(lanes, _mm256_mullo_epi32(voff, two_dots(ones, q1, q2)));
+        }
+        const __m256 s = _mm256_set_m128(_mm_set1_ps(w->sc[2 * b + 1] * xd[b]), _mm_set1_ps(w->sc[2 * b] * xd[b]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), s, acc);
+        msum += w->mn[b] * xs[b];
+    }
+    return hsum256(acc) + msum;
+#else
+    float sum = 0.0f;
+    for (; b < nb; b++) {
+        const int8_t *x1 = xq + b * 2 * QK, *x2 = x1 + QK;
+        for (int h = 0; h < 2; h++) {
+            int dot = 0;
+            for (int i = 16 * h; i < 16 * h + 16; i++) {
+                const int c = off < 0 ? (int)(int8_t)w->u[b * QK + i] : (int)w->u[b * QK + i] - off;
+                dot += c * (256 * x1[i] + x2[i]);
+            }
+            sum += (float)dot * (w->sc[2 * b + h] * xd[b]);
+        }
+        msum += w->mn[b] * xs[b];
+    }
+    return sum + msum;
+#endif
+}
+
+/* The scratch of one unpacked row of n values, on the caller's stack. */
+#define RAW_ROW(name, n)                                                                                   \
+    uint8_t name##_u[(n)];                                                                                 \
+    float name##_sc[(n) / 16 + 1], name##_mn[(n) / QK + 1];                                                \
+    const fak_unpacked name = {name##_u, name##_sc, name##_mn}
+
+static inline int unpack_qmat_row(const fak_qmat *w, int64_t r, const fak_unpacked *o) {
+    return unpack_row(w->row_kind[r], w->row[r], w->n, o);
+}
+
+/* Row r of a RAW matrix dequantised to floats: w = sc * (u - off) + mn, ggml's formula. */
+void fak_dequant_rows(const fak_qmat *w, const int64_t *ids, int64_t count, float *out) {
+    const int64_t n = w->n;
+    for (int64_t t = 0; t < count; t++) {
+        RAW_ROW(row, n);
+        const int off = unpack_qmat_row(w, ids[t], &row);
+        float *y = out + t * n;
+        for (int64_t i = 0; i < n; i++) {
+            const int c = off < 0 ? (int)(int8_t)row.u[i] : (int)row.u[i] - off;
+            y[i] = row.sc[i / 16] * (float)c + row.mn[i / QK];
+        }
+    }
+}
 
 static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, const float *xs, const int8_t *xq) {
     const int64_t nb = w->n / QK;
+    if (w->kind == KIND_RAW) {
+        RAW_ROW(row, w->n);
+        const int off = unpack_qmat_row(w, r, &row);
+        return raw_dot(&row, off, nb, xd, xs, xq);
+    }
     if (w->kind == 0)
         return row_q4_1((const uint8_t *)w->q + r * nb * 16, w->d + r * nb, w->m + r * nb, nb, xd, xs, xq);
     return row_q8_0((const int8_t *)w->q + r * nb * QK, w->d + r * nb, nb, xd, xq);
 }
 
 /* y (m x rows, row stride ldy) = x (m x n) @ W^T, x quantised per row in blocks of 32.
- * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes of scratch. */
+ * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes of scratch. A RAW row is unpacked
+ * once and read against every input row (the same raw_dot a one-row call runs). */
 void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t ldy, float *xd, float *xs,
                 int8_t *xq, int nthreads) {
     const int64_t n = w->n, nb = n / QK;
     fak_quantize_rows(x, m, n, xd, xs, xq);
+    if (w->kind == KIND_RAW) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t r = 0; r < w->rows; r++) {
+            RAW_ROW(row, n);
+            const int off = unpack_qmat_row(w, r, &row);
+            for (int64_t t = 0; t < m; t++) y[t * ldy + r] = raw_dot(&row, off, nb, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < w->rows; r++)
         for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
@@ -227,10 +463,19 @@ typedef struct {
 typedef struct {
     int64_t layers, dim, heads, kv_heads, head_dim, ffn, vocab;
     float eps, scale;
-    const float *embed, *norm;
+    const float *embed, *norm; /* embed NULL: each token's row is dequantised from embed_q */
     fak_qmat head;
     const fak_layer *layer;
+    fak_qmat embed_q;
 } fak_model;
+
+/* token's embedding row into x: the float table's row, or its blocks dequantised */
+static void embed_row(const fak_model *m, int64_t token, float *x) {
+    if (m->embed)
+        memcpy(x, m->embed + token * m->dim, (size_t)m->dim * sizeof(float));
+    else
+        fak_dequant_rows(&m->embed_q, &token, 1, x);
+}
 
 /* The cache: three float32 tensors (layers, capacity, kv_heads, head_dim), token-major. */
 typedef struct {
@@ -352,7 +597,7 @@ void fak_decode_step(const fak_model *m, int64_t token, int64_t row, const float
                      const fak_cache *c, const fak_scratch *s, float *logits, int nthreads) {
     const int64_t D = m->dim, H = m->heads, KV = m->kv_heads, hd = m->head_dim, F = m->ffn;
     const int64_t groups = H / KV, L = row + 1, kv_row = KV * hd, layer_stride = c->capacity * kv_row;
-    memcpy(s->x, m->embed + token * D, (size_t)D * sizeof(float));
+    embed_row(m, token, s->x);
     team_bar bar = {0, 0};
 #pragma omp parallel num_threads(nthreads)
     {
@@ -520,6 +765,19 @@ static inline void unpack_row16(const fak_qmat *w, int64_t r, int16_t *w16) {
 static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
                           const int16_t *x16, int64_t xd_stride, int64_t xq_stride, int64_t x16_stride, float *y,
                           int64_t ldy) {
+    if (w->kind == KIND_RAW) { /* unpacked once per weight row; raw_dot per input row, as qmat_row */
+        const int64_t nb = w->n / QK;
+        (void)x16;
+        (void)x16_stride;
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < w->rows; r++) {
+            RAW_ROW(row, w->n);
+            const int off = unpack_qmat_row(w, r, &row);
+            for (int64_t t = 0; t < b; t++)
+                y[t * ldy + r] = raw_dot(&row, off, nb, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+        }
+        return;
+    }
 #if defined(__AVX2__) && defined(__F16C__)
     const int64_t nb = w->n / QK;
     int16_t w16[w->n];
@@ -560,7 +818,7 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
     const int64_t groups = H / KV, kv_row = KV * hd, qkv_n = (H + 2 * KV) * hd;
     const int64_t widest = D > F ? (D > H * hd ? D : H * hd) : (F > H * hd ? F : H * hd);
     const int64_t hn = widest, nbw = widest / QK + 1, xqn = 2 * widest;
-    for (int64_t t = 0; t < b; t++) memcpy(s->x + t * D, m->embed + tokens[t] * D, (size_t)D * sizeof(float));
+    for (int64_t t = 0; t < b; t++) embed_row(m, tokens[t], s->x + t * D);
     team_bar bar = {0, 0};
 #pragma omp parallel num_threads(nthreads)
     {

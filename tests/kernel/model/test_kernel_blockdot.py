@@ -13,7 +13,7 @@ import torch
 from support.kernel_helpers import tiny_config
 
 from fak.kernel.model import blockdot
-from fak.kernel.model.blockdot import Q4_1, QK, BlockLinear, BlockMatrix
+from fak.kernel.model.blockdot import Q4_1, Q8_0, QK, BlockLinear, BlockMatrix
 from fak.kernel.model.config import ModelError
 from fak.kernel.model.fast_decode import FastDecoder
 from fak.kernel.model.generate import SamplingParams, generate
@@ -206,15 +206,20 @@ def test_smollm2_s_blocks_are_exactly_the_reference_weights(smollm2) -> None:
 
     ref = smollm2.model
     blocks = blockdot.gguf_blocks(default_model_path(), ref.cfg)
-    assert blocks["model.layers.0.mlp.down_proj.weight"].kind == Q4_1
+    down = blockdot.file_matrix([blocks["model.layers.0.mlp.down_proj.weight"]])
+    assert isinstance(down, BlockMatrix) and down.kind == Q4_1
     for i in (0, len(ref.w.layers) - 1):
         lw, p = ref.w.layers[i], f"model.layers.{i}."
         for name, want in (("self_attn.q_proj", lw.wq), ("self_attn.k_proj", lw.wk), ("self_attn.v_proj", lw.wv),
                            ("self_attn.o_proj", lw.wo), ("mlp.gate_proj", lw.w_gate), ("mlp.down_proj", lw.w_down)):
-            assert torch.equal(dequantise(blocks[p + name + ".weight"]), want), name
-    assert torch.equal(dequantise(blocks["model.embed_tokens.weight"]), ref.w.lm_head)
+            t = blocks[p + name + ".weight"]
+            assert torch.equal(dequantise(blockdot.file_matrix([t])), want), name
+            assert torch.equal(blockdot.RawRows([t]).dequantise(), want), name  # the in-place reading, rows reordered
+    embed = blocks["model.embed_tokens.weight"]
+    assert torch.equal(dequantise(blockdot.file_matrix([embed])), ref.w.lm_head)
+    assert torch.equal(blockdot.RawRows([embed]).dequantise(), ref.w.lm_head)
     model = Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf", blocks=blocks)
-    assert model.head.w is blocks["model.embed_tokens.weight"]  # the tied head runs the Q8_0 blocks
+    assert model.head.w.kind == Q8_0  # the tied head runs the file's Q8_0 blocks
     assert model.model_id == ref.model_id + "+gguf"
     # without the file's blocks the products are Q8_0 of the floats: other rows, another model_id
     assert Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf").model_id == ref.model_id + "+gguf-q8_0"

@@ -321,9 +321,9 @@ def test_gguf_blocks_c_decode_equals_torch_ops_per_family(tmp_path, family: str)
     write_gguf(path, model, "Q8_0", GGUF_ARCH[family])
     c_model = load_model(path, weight_format="gguf", cache_dir=tmp_path / "cache").model
     assert isinstance(c_model._fast, blockdot.BlockDecoder)
-    torch_path = Llama(c_model.cfg, c_model.w, model_id="t", weight_format="gguf")
-    torch_path.lin, torch_path.head = c_model.lin, c_model.head  # the file's blocks, not Q8_0 of the floats
-    torch_path._fast = FastDecoder(c_model.cfg, c_model.w, c_model.lin, c_model.head)
+    torch_path = Llama(c_model.cfg, c_model.w, model_id="t", weight_format="gguf",
+                       blocks=blockdot.gguf_blocks(path, c_model.cfg))  # the file's blocks: no floats to fall back on
+    torch_path._fast = FastDecoder(c_model.cfg, c_model.w, c_model.lin, c_model.head, c_model.embed)
     prompt = _ids(30, seed=9)
     runs = []
     for m in (c_model, torch_path):
