@@ -1,11 +1,14 @@
-"""Model hyper-parameters of the decoder families fak runs (Llama, Mistral, Qwen2, Qwen3),
-read from GGUF metadata or an HF ``config.json``.
+"""Model hyper-parameters of the decoder families fak runs (Llama, Mistral, Qwen2, Qwen3,
+Gemma 3), read from GGUF metadata or an HF ``config.json``.
 
 The families share one forward (``llama.py``); ``arch`` (the HF ``model_type``) decides
 where they differ: ``attention_bias`` (biases on the q/k/v projections, none on the
 output: Qwen2), ``qk_norm`` (an RMSNorm over each query and key head before RoPE: Qwen3)
 and ``gguf_permuted`` (how a GGUF file orders the Q/K rows); Mistral's ``sliding_window``
-limits how far back a query attends, in every path. A config field whose computation fak
+limits how far back a query attends, in every path. Gemma 3 (``gemma3``) differs in more
+places: a scaled embedding, four RMSNorms per layer, GeGLU, q/k norms, an attention scale of
+its own (``query_pre_attn_scalar``) and local layers (a sliding window and a RoPE base of their
+own) interleaved with global ones (``layer_local``). A config field whose computation fak
 does not run exactly (Qwen's per-layer sliding windows, MLP or output biases, other RoPE
 scalings, MoE) is refused by name, never run approximately."""
 
@@ -40,9 +43,11 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "qwen3": "Qwen3ForCausalLM"}
+              "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+GEMMA3_LOCAL_ROPE_THETA = 10000.0  # Gemma 3's local layers (llama.cpp and transformers both fix it)
+GEMMA3_PATTERN = 6  # Gemma 3: five local layers, then one global (llama.cpp's set_swa_pattern(6))
 
 
 def refuse(arch: str, field_name: str, value: Any, why: str) -> ModelError:
@@ -94,13 +99,29 @@ class ModelConfig:
     name: str = "llama"
     arch: str = "llama"  # the HF model_type; it decides the two switches below
     sliding_window: int | None = None  # Mistral: a query attends to keys less than this many positions back
-
+    # Gemma 3 only: every ``sliding_window_pattern``-th layer is global, the others local (windowed,
+    # RoPE base ``rope_local_theta``); scores scaled by ``query_pre_attn_scalar ** -0.5``; logits
+    # soft-capped (``cap * tanh(logits / cap)``) where ``final_logit_softcapping`` is set
+    sliding_window_pattern: int | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: int | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ModelError(f"unsupported architecture {self.arch!r} (model_type; supported: {', '.join(ARCHS)})")
-        if self.sliding_window is not None and (self.arch != "mistral" or self.sliding_window < 1):
-            raise refuse(self.arch, "sliding_window", self.sliding_window, "fak computes a window for mistral only")
+        if self.sliding_window is not None and (self.arch not in ("mistral", "gemma3") or self.sliding_window < 1):
+            raise refuse(self.arch, "sliding_window", self.sliding_window,
+                         "fak computes a window for mistral and gemma3 only")
+        gemma_fields = {"sliding_window_pattern": self.sliding_window_pattern, "rope_local_theta": self.rope_local_theta,
+                        "query_pre_attn_scalar": self.query_pre_attn_scalar,
+                        "final_logit_softcapping": self.final_logit_softcapping}
+        for name, value in gemma_fields.items():
+            if value is not None and self.arch != "gemma3":
+                raise refuse(self.arch, name, value, "a Gemma 3 field")
+        if self.arch == "gemma3" and (self.sliding_window is None or self.sliding_window_pattern is None
+                                      or self.sliding_window_pattern < 1 or self.rope_local_theta is None):
+            raise ModelError("a gemma3 config needs sliding_window, sliding_window_pattern and rope_local_theta")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
@@ -113,8 +134,26 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        """An RMSNorm over each query and key head after the projection, before RoPE: Qwen3."""
-        return self.arch == "qwen3"
+        """An RMSNorm over each query and key head after the projection, before RoPE: Qwen3, Gemma 3."""
+        return self.arch in ("qwen3", "gemma3")
+
+    @property
+    def gemma(self) -> bool:
+        """Gemma 3's layer (``llama.py``'s ``_gemma_*`` paths): scaled embedding, pre- and
+        post-norms around attention and MLP, GeGLU, local and global layers."""
+        return self.arch == "gemma3"
+
+    def layer_local(self, layer: int) -> bool:
+        """Whether ``layer`` is one of Gemma 3's local (sliding-window) layers; False elsewhere
+        (Mistral's window is the model's, ``sliding_window``, on every layer)."""
+        p = self.sliding_window_pattern
+        return p is not None and (layer + 1) % p != 0
+
+    @property
+    def attention_scale(self) -> float:
+        """What attention scores are multiplied by: ``head_dim ** -0.5``, Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
+        scale: float = (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
+        return scale  # the power as transformers computes it (scaling = query_pre_attn_scalar**-0.5)
 
     @property
     def gguf_permuted(self) -> bool:
@@ -124,7 +163,7 @@ class ModelConfig:
 
     def window_start(self, position: int) -> int:
         """The first key position a query at ``position`` attends to (as transformers' sliding
-        window mask: key > query - window); 0 without a window."""
+        window mask: key > query - window); 0 without a window. (Gemma 3: a local layer's.)"""
         return 0 if self.sliding_window is None else max(0, position - self.sliding_window + 1)
 
     @property
@@ -189,7 +228,7 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """An HF config dict of this family (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config``,
-        ``Qwen3Config``) with the same hyper-parameters (for the oracle)."""
+        ``Qwen3Config``, ``Gemma3TextConfig``) with the same hyper-parameters (for the oracle)."""
         out: dict[str, Any] = {
             "model_type": self.arch,
             "architectures": [HF_CLASSES[self.arch]],
@@ -215,6 +254,22 @@ class ModelConfig:
         if self.arch in ("qwen2", "qwen3"):
             out |= {"use_sliding_window": False, "sliding_window": None,
                     "layer_types": ["full_attention"] * self.num_layers}
+        if self.arch == "gemma3":  # transformers' text-only Gemma 3 (Gemma3TextConfig)
+            pattern = self.sliding_window_pattern or GEMMA3_PATTERN
+            out |= {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
+                    "sliding_window": self.sliding_window,
+                    "layer_types": ["sliding_attention" if self.layer_local(i) else "full_attention"
+                                    for i in range(self.num_layers)],
+                    "rope_parameters": {
+                        "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_theta},
+                    },
+                    "sliding_window_pattern": pattern,
+                    "query_pre_attn_scalar": self.query_pre_attn_scalar or self.head_dim,
+                    "final_logit_softcapping": self.final_logit_softcapping, "attn_logit_softcapping": None,
+                    "use_bidirectional_attention": False}
+            del out["hidden_act"]
+            del out["rope_theta"]
         if self.rope_scaling.kind == "llama3":
             s = self.rope_scaling
             out["rope_scaling"] = {

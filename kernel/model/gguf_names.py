@@ -1,5 +1,5 @@
-"""How llama.cpp's GGUF files name and lay out the tensors of a Llama (Mistral), Qwen2 or
-Qwen3, in HF terms.
+"""How llama.cpp's GGUF files name and lay out the tensors of a Llama (Mistral), Qwen2,
+Qwen3 or Gemma 3, in HF terms.
 
 Read by both GGUF readers: ``weights.py`` (the dequantised floats) and ``blockdot.py``
 (the file's own blocks), so the two agree on every name and row order.
@@ -26,6 +26,14 @@ GGUF_TO_HF = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3's four norms per layer: ``ffn_norm`` is its pre-MLP norm, and two more follow the
+# attention and the MLP. (llama.cpp's converter stores every Gemma norm as 1 + HF's weight:
+# the factor RMSNorm multiplies by, which is what fak's weights hold too.)
+GEMMA3_TO_HF = GGUF_TO_HF | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 GLOBAL_TO_HF = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -33,15 +41,17 @@ GLOBAL_TO_HF = {
 }
 
 
-def hf_name(name: str) -> str | None:
-    """The HF parameter name of GGUF tensor ``name`` (``blk.N.attn_q.bias`` →
+def hf_name(name: str, arch: str = "llama") -> str | None:
+    """The HF parameter name of GGUF tensor ``name`` in a model of ``arch`` (``general.architecture``;
+    the layer norms' names differ in ``gemma3``) (``blk.N.attn_q.bias`` →
     ``model.layers.N.self_attn.q_proj.bias``; None: one fak does not read)."""
     if name in GLOBAL_TO_HF:
         return GLOBAL_TO_HF[name]
     if name.startswith("blk."):
         _, idx, part, kind = name.split(".", 3)
-        if part in GGUF_TO_HF:
-            return f"model.layers.{idx}.{GGUF_TO_HF[part]}.{kind}"
+        table = GEMMA3_TO_HF if arch == "gemma3" else GGUF_TO_HF
+        if part in table:
+            return f"model.layers.{idx}.{table[part]}.{kind}"
     return None
 
 

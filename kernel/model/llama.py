@@ -1,4 +1,5 @@
-"""A Llama-family transformer forward over an owned KV cache (Llama, Mistral, Qwen2, Qwen3).
+"""A Llama-family transformer forward over an owned KV cache (Llama, Mistral, Qwen2, Qwen3,
+Gemma 3).
 
 The families differ in two steps of attention, both here and in every decode path:
 Qwen2 adds biases to the q/k/v products, Qwen3 normalises each query and key head
@@ -16,11 +17,26 @@ CPU float32 it runs in numpy's BLAS (``blas_decode``, ~1.7x faster sgemv than
 torch's MKL here), elsewhere in torch (on a GPU: ``kernel/model/device.py``, which also
 sets CUDA's determinism switches). Every path is deterministic, so two runs
 that make the same calls are bit-exact.
+
+Gemma 3 (``ModelConfig.gemma``) runs loops of its own (``_gemma_*``), in the same three paths,
+where it differs from the Llama layer as transformers' ``Gemma3ForCausalLM`` computes it (and
+llama.cpp's ``gemma3`` graph): the embedding multiplied by ``sqrt(hidden_size)``; four RMSNorms
+per layer (before and after attention, before and after the MLP), each multiplying by the file's
+own factor (llama.cpp stores ``1 + weight``, what transformers multiplies by); q/k head norms;
+scores scaled by ``query_pre_attn_scalar ** -0.5``; GeGLU (``gelu_tanh(gate) * up``); local
+layers (five of every six) that attend to the keys less than ``sliding_window`` positions back and
+rotate with RoPE base 10000, global ones over every earlier key with ``rope_theta``; logits
+soft-capped where the config says so. The cache keeps every row: a local layer masks the rows out
+of its window (an additive mask in a prefill, ``keep`` rows in a decode step), so each row is
+computed once and RECOMPUTE and prefix reuse work as for the other families. Its decode step runs
+torch ops over the weight format's products (``gguf``: the block products as ``Linear``s): numpy's
+and C's steps compute the Llama layer only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -50,6 +66,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x32.pow(2).mean(-1, keepdim=True)
     x32 = x32 * torch.rsqrt(variance + eps)
     return weight * x32.to(dtype)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``gelu_pytorch_tanh`` (Gemma 3's MLP)."""
+    return F.gelu(x, approximate="tanh")
+
+
+_RopeTables = dict[bool, tuple[torch.Tensor, torch.Tensor]]  # Gemma 3: local layer? -> (cos, sin_signed)
 
 
 def _causal_mask(
@@ -160,7 +184,12 @@ class Llama:
         self.model_id = model_id + suffix
         # computed on the host and moved, as transformers' buffer is: the same bytes on every device
         self.inv_freq = rope.inv_freq(cfg).to(self.device)
-        self.scaling = cfg.head_dim**-0.5
+        self.scaling = cfg.attention_scale  # head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5)
+        # Gemma 3: its local layers' RoPE (another base) and its embedding scale, sqrt(hidden) as a
+        # float32 scalar (transformers' buffer) in the weights' dtype
+        self.inv_freq_local = (rope.inv_freq(replace(cfg, rope_theta=cfg.rope_local_theta)).to(self.device)
+                               if cfg.gemma and cfg.rope_local_theta is not None else None)
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5).to(device=self.device, dtype=self.dtype)
         # float32 linears are F.linear on the weights themselves: the reference ops, no copy
         self.lin: Sequence[LayerLinears[Linear]]
         self.head: Linear
@@ -172,7 +201,8 @@ class Llama:
             calibration = calibrate(cfg, weights) if weight_format == "int8" else None
             self.lin, self.head = build_linears(weights, weight_format, calibration)
         reference = weight_format == "float32" and self.kv_dtype == self.dtype
-        blas_ok = reference and blas_decode.supported(self.device, self.dtype)
+        # numpy's and C's decode steps compute the Llama layer: Gemma 3 decodes in _gemma_decode
+        blas_ok = reference and blas_decode.supported(self.device, self.dtype) and not cfg.gemma
         if decode == "blas" and not blas_ok:
             raise ValueError(
                 f"decode='blas' needs CPU float32 weights and KV, not {self.device} {weight_format} "
@@ -184,10 +214,10 @@ class Llama:
         # the torch path of the reference mode stays op for op what it was (oracle-close)
         self._fast: TokenStep | None
         self._batch: blockdot.BlockDecoder | None = None
-        if block_linears is not None and self.kv_dtype == torch.float32:
+        if block_linears is not None and self.kv_dtype == torch.float32 and not cfg.gemma:
             self._fast = self._batch = blockdot.BlockDecoder(cfg, weights, *block_linears)
         else:
-            self._fast = None if use_blas or reference else FastDecoder(cfg, weights, self.lin, self.head)
+            self._fast = None if use_blas or reference or cfg.gemma else FastDecoder(cfg, weights, self.lin, self.head)
         self.router: ForwardRouter | None = None  # set by a scheduler that runs this model's calls
 
     @property
@@ -230,6 +260,10 @@ class Llama:
             out.append(logits[i : i + 1].clone())
         return out
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings of ``ids`` ``(T,)`` as ``(T, D)``."""
+        return F.embedding(ids, self.w.embed)
+
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.cfg, capacity=capacity, device=self.device, dtype=self.kv_dtype)
 
@@ -262,6 +296,8 @@ class Llama:
         else:  # a caller's positions (RECOMPUTE, PIC) may be host tensors: RoPE and masks run on the model's device
             positions = positions.to(self.device)
         cache.reserve(start + T)
+        if self.cfg.gemma:
+            return self._gemma_forward(ids, cache, start, positions, all_logits, capture)
         cos, sin = rope.cos_sin(self.inv_freq, positions, self.dtype)
         window = self.cfg.sliding_window
         keep = self._window_keep(cache, start, positions) if T == 1 and self.cfg.sliding_window is not None else None
@@ -485,6 +521,162 @@ class Llama:
             x = x + torch.mv(lw.wo, attn.view(H * hd))
             gate, up = torch.mv(lw.w_gate_up, F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2)
             x = x + torch.mv(lw.w_down, F.silu(gate) * up)
+        return x.view(1, 1, D)
+
+    # --- Gemma 3 (ModelConfig.gemma) ---------------------------------------------------------------
+
+
+    def _gemma_forward(self, ids: torch.Tensor, cache: KVCache, start: int, positions: torch.Tensor,
+                       all_logits: bool, capture: AttentionCapture | None) -> torch.Tensor:
+        """``Llama.forward`` for a Gemma 3 model, after the cache has room for ``ids``: runs them at
+        ``positions``, commits their rows and returns the logits (all rows, or the last)."""
+        cfg, dtype = self.cfg, self.dtype
+        T = int(ids.shape[0])
+        tables: _RopeTables = {False: rope.cos_sin(self.inv_freq, positions, dtype)}
+        if self.inv_freq_local is not None:
+            tables[True] = rope.cos_sin(self.inv_freq_local, positions, dtype)
+        x = self.embed(ids)[None] * self.embed_scale  # (1, T, D), as Gemma3TextScaledWordEmbedding
+        if T == 1 and capture is None:
+            keeps = {False: None, True: self._window_keep(cache, start, positions)}
+            x = self._gemma_decode(x, cache, start, tables, keeps)
+        else:
+            keys = torch.cat([cache.positions[:start], positions])
+            span = int(positions.max() - positions.min())
+            masks: dict[bool, torch.Tensor | None] = {}
+            for local in (False, True):
+                window = cfg.sliding_window if local else None
+                # a first chunk needs no mask in sdpa (plain causal attention) unless a window leaves keys out
+                needed = capture is not None or self.attention == "eager" or start > 0 or (
+                    window is not None and span >= window)
+                masks[local] = _causal_mask(positions, keys, dtype, window) if needed else None
+            if capture is not None or self.attention == "eager":
+                x = self._gemma_prefill_eager(x, cache, start, tables, masks, capture)
+            else:
+                with devices.sdpa_backends(self.device):  # on CUDA, the deterministic kernels only
+                    x = self._gemma_prefill_sdpa(x, cache, start, tables, masks, last_row_only=not all_logits)
+        cache.commit(ids, positions)
+        x = rms_norm(x, self.w.norm, cfg.rms_norm_eps)
+        if not all_logits:
+            x = x[:, -1:]
+        logits = self.head(x)[0]
+        cap = cfg.final_logit_softcapping
+        if cap is not None:  # as transformers: divide, tanh, multiply
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _gemma_prefill_eager(self, x: torch.Tensor, cache: KVCache, start: int, tables: _RopeTables,
+                             masks: dict[bool, torch.Tensor | None], capture: AttentionCapture | None) -> torch.Tensor:
+        """The reference's operation order, step by step (oracle-exact in float32): the reference's
+        own products (separate q/k/v and gate/up) in float32, the format's fused ones otherwise."""
+        cfg = self.cfg
+        T = x.shape[1]
+        end = start + T
+        H, KV, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        reference = self.weight_format == "float32"
+        qkv = self._qkv_reference if reference else self._qkv_fused
+        for i, lw in enumerate(self.w.layers):
+            assert lw.post_attn_norm is not None and lw.post_mlp_norm is not None
+            local = cfg.layer_local(i)
+            cos, sin = tables[local]
+            mask = masks[local]
+            q, k, v = qkv(rms_norm(x, lw.attn_norm, eps), i)
+            q, k = self._qk_norm(q.reshape(1, T, H, hd), k.reshape(1, T, KV, hd), i)
+            q = rope.apply(q.transpose(1, 2), cos, sin)
+            k = k.transpose(1, 2)
+            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.reshape(1, T, KV, hd).transpose(1, 2))
+            k_rows, v_rows = self._rows(cache, i, end)
+            scores = torch.matmul(q, _repeat_kv(k_rows, cfg.kv_groups).transpose(2, 3)) * self.scaling
+            if mask is not None:
+                scores = scores + mask
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            if capture is not None:
+                capture.layer(i, probs)
+            attn = torch.matmul(probs, _repeat_kv(v_rows, cfg.kv_groups)).transpose(1, 2).contiguous()
+            x = x + rms_norm(self.lin[i].o(attn.reshape(1, T, -1).contiguous()), lw.post_attn_norm, eps)
+            h = rms_norm(x, lw.mlp_norm, eps)
+            if reference:
+                m = F.linear(_gelu_tanh(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
+            else:
+                gate, up = self.lin[i].gate_up(h).chunk(2, dim=-1)
+                m = self.lin[i].down(_gelu_tanh(gate) * up)
+            x = x + rms_norm(m, lw.post_mlp_norm, eps)
+        return x
+
+
+    def _gemma_prefill_sdpa(self, x: torch.Tensor, cache: KVCache, start: int, tables: _RopeTables,
+                            masks: dict[bool, torch.Tensor | None], last_row_only: bool) -> torch.Tensor:
+        """Fused products and torch's fused attention (oracle-close). A mask of None is plain causal
+        attention (a first chunk). With ``last_row_only`` the last layer runs attention and the
+        MLP for the last token alone (the cache needs only that layer's keys and values of the others)."""
+        cfg = self.cfg
+        H, KV, hd, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.rms_norm_eps
+        T = x.shape[1]
+        end = start + T
+        last_layer = len(self.w.layers) - 1
+        for i, lw in enumerate(self.w.layers):
+            assert lw.post_attn_norm is not None and lw.post_mlp_norm is not None
+            local = cfg.layer_local(i)
+            cos, sin = tables[local]
+            mask = masks[local]
+            q, k, v = self._qkv_fused(F.rms_norm(x, (D,), lw.attn_norm, eps), i)
+            q, k = self._qk_norm(q.view(1, T, H, hd), k.view(1, T, KV, hd), i)
+            k = k.transpose(1, 2)
+            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
+            q = q.transpose(1, 2)
+            if last_row_only and i == last_layer and T > 1:
+                x, q, cos, sin = x[:, -1:], q[:, :, -1:], cos[-1:], sin[-1:]
+                mask = mask[..., -1:, :] if mask is not None else None
+                rows, causal = 1, False
+            else:
+                rows, causal = T, mask is None
+            k_rows, v_rows = self._rows(cache, i, end)
+            attn = F.scaled_dot_product_attention(
+                rope.apply(q, cos, sin),
+                k_rows.transpose(0, 1)[None],
+                v_rows.transpose(0, 1)[None],
+                attn_mask=mask,
+                is_causal=causal,
+                scale=self.scaling,
+                enable_gqa=cfg.kv_groups > 1,
+            ).transpose(1, 2)
+            x = x + F.rms_norm(self.lin[i].o(attn.reshape(1, rows, -1)), (D,), lw.post_attn_norm, eps)
+            gate, up = self.lin[i].gate_up(F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2, dim=-1)
+            x = x + F.rms_norm(self.lin[i].down(_gelu_tanh(gate) * up), (D,), lw.post_mlp_norm, eps)
+        return x
+
+
+    def _gemma_decode(self, x: torch.Tensor, cache: KVCache, start: int, tables: _RopeTables,
+                      keeps: dict[bool, torch.Tensor | None]) -> torch.Tensor:
+        """One token through the model's weight-format products (``Llama.lin``), grouped-query
+        attention straight over the cache rows; a local layer's rows out of the window weigh 0."""
+        cfg = self.cfg
+        H, KV, hd, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.rms_norm_eps
+        end = start + 1
+        qk_rows = (H + KV) * hd
+        x = x.view(1, D)
+        for i, (lw, ln) in enumerate(zip(self.w.layers, self.lin, strict=True)):
+            assert lw.q_norm is not None and lw.k_norm is not None
+            assert lw.post_attn_norm is not None and lw.post_mlp_norm is not None
+            local = cfg.layer_local(i)
+            cos, sin = tables[local]
+            qkv = ln.qkv(F.rms_norm(x, (D,), lw.attn_norm, eps))[0]
+            qk = qkv[:qk_rows].view(H + KV, hd)
+            qk = torch.cat([F.rms_norm(qk[:H], (hd,), lw.q_norm, eps), F.rms_norm(qk[H:], (hd,), lw.k_norm, eps)])
+            qk_rot = rope.apply(qk, cos, sin)
+            cache.k[i, start] = qk_rot[H:]
+            cache.kraw[i, start] = qk[H:]
+            cache.v[i, start] = qkv[qk_rows:].view(KV, hd)
+            keys, values = self._rows(cache, i, end)
+            q = qk_rot[:H].view(KV, H // KV, hd)
+            scores = torch.matmul(q, keys.permute(1, 2, 0)) * self.scaling
+            keep = keeps[local]
+            if keep is not None:  # rows out of a local layer's window weigh exactly 0
+                scores = scores.masked_fill(~keep, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            attn = torch.matmul(probs, values.transpose(0, 1))
+            x = x + F.rms_norm(ln.o(attn.reshape(1, H * hd)), (D,), lw.post_attn_norm, eps)
+            gate, up = ln.gate_up(F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2, dim=-1)
+            x = x + F.rms_norm(ln.down(_gelu_tanh(gate) * up), (D,), lw.post_mlp_norm, eps)
         return x.view(1, 1, D)
 
 

