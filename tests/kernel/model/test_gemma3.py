@@ -22,11 +22,16 @@ import pytest
 import torch
 from support.kernel_helpers import assert_never_saw, assert_same_state, ids, poisoned_in_the_middle
 
+from fak.kernel.calls.formats import GemmaFormat, format_for
+from fak.kernel.kv.chunking import ChunkParams
+from fak.kernel.kv.pic import PicRegistry
+from fak.kernel.kv.pic_serve import PicBinding
 from fak.kernel.kv.prefix_cache import PrefixCache, namespace
 from fak.kernel.kv.session import EvictMode, PrefixBinding, Session
 from fak.kernel.model.config import ModelConfig, ModelError
 from fak.kernel.model.generate import SamplingParams, generate
 from fak.kernel.model.llama import Llama
+from fak.kernel.model.tokenizer import GEMMA3_TEMPLATE
 from fak.kernel.model.weights import gguf_config, random_weights, state_dict_from_weights
 from fak.keys import tenant_salt
 
@@ -175,6 +180,25 @@ def test_tiny_gemma3_recompute_prefix_and_decode_are_bit_exact_in_each_mode(fmt:
     assert torch.equal(second.last_logits, plain.last_logits)
 
 
+def test_pic_serves_no_gemma3_chunk_and_the_session_stays_exact() -> None:
+    """PIC's re-rotation (one RoPE base) and layer-1 deviation (the Llama layer) do not compute
+    Gemma 3: with PIC bound, a Gemma session computes every chunk, bit-exact to a plain one."""
+    model = gemma_model(attention="sdpa")
+    registry = PicRegistry(model.model_id, "tok")
+    ns = namespace(tenant_salt(bytes(range(32)), "acme"), model.model_id)
+    chunking = ChunkParams(bits=3, min_size=8, max_size=32)
+    doc = ids(120, 9)
+    for _ in range(2):
+        s = Session(model, pic=PicBinding(registry, ns, chunking=chunking, blend_fraction=0.5))
+        s.append("system", tokens=ids(70, 1))
+        s.append("tool", tokens=doc)
+        plain = Session(model)
+        plain.append("system", tokens=ids(70, 1), chunks=s.ledger.segments[0].chunks)
+        plain.append("tool", tokens=doc, chunks=s.ledger.segments[1].chunks)
+        assert s.pic_hit_tokens == 0 and not s.approximate
+        assert s.fingerprint() == plain.fingerprint()
+
+
 class _Field:
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -222,6 +246,14 @@ def test_gemma3_metadata_becomes_the_config_and_what_fak_does_not_run_is_refused
             gguf_config(_Reader(GEMMA_FIELDS | {key: value}))
     with pytest.raises(ModelError, match="sliding_window_pattern"):
         ModelConfig(**(TINY_GEMMA | {"arch": "qwen3", "sliding_window": None}))
+
+
+def test_the_chat_template_suite_runs_fak_s_gemma3_template() -> None:
+    """tests/kernel/model/test_chat_templates.py runs its family witnesses (rendering, spans, forged
+    special tokens, calls read back, message-by-message appends, the tools block) over
+    tests/data/chat_templates/fak-gemma3.jinja: that file is the template fak gives Gemma 3 files."""
+    path = Path(__file__).parents[2] / "data" / "chat_templates" / "fak-gemma3.jinja"
+    assert path.read_text() == GEMMA3_TEMPLATE
 
 
 # --- the real Gemma 3 270M file -------------------------------------------------------------------
@@ -300,3 +332,8 @@ def test_gemma3_270m_tokenizer_is_transformers_gguf_tokenizer(gemma3: Any) -> No
         assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids
         assert tok.decode(tok.encode(text)) == text
     assert tok.tk.token_to_id("<end_of_turn>") in tok.stop_token_ids
+    # the file has no chat template: Gemma 3's turns with fak's tool block, calls in ```tool_code blocks
+    assert tok.template_source == GEMMA3_TEMPLATE and isinstance(format_for(tok), GemmaFormat)
+    rendered = tok.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    assert rendered == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode(rendered)[:3] == [tok.bos_token_id, tok.tk.token_to_id("<start_of_turn>"), 2364]
