@@ -60,10 +60,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	@mkdir -p bench/out
-	# the llama.cpp peer of bench/decode.py (the bench extra; built from source once, ~10 min)
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"
-	# every benchmark; common.py is their shared helpers and train_*.py rebuild model files, not benchmarks
-	for b in bench/*.py; do case $$(basename $$b) in common.py|train_*) continue;; esac; \
+	# the llama.cpp peer of bench/decode.py and bench/sizes.py (the bench extra; built from source once,
+	# ~10 min): with the CMAKE_ARGS bench/peer_build.py gives for this CPU (where AMX is reported:
+	# non-native, explicit AVX/AVX2/AVX-512 flags, AMX off; issue 44), rebuilt when they change
+	$(BIN)/python bench/peer_build.py --install
+	# every benchmark; common.py is their shared helpers, train_*.py and make_*.py make model files,
+	# peer_build.py builds the peer: not benchmarks
+	for b in bench/*.py; do case $$(basename $$b) in common.py|train_*|make_*|peer_build.py) continue;; esac; \
 		$(BIN)/python $$b --json bench/out/$$(basename $$b .py).json || exit 1; done
 
 clean:
