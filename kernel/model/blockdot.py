@@ -49,7 +49,7 @@ Q4_1, Q8_0, RAW = 0, 1, 2
 # the GGUF block types the C kernel computes from the file's own blocks, by GGML type id
 COMPUTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 SOURCE = Path(__file__).with_name("csrc") / "blockdot.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 MAX_HEAD_DIM = 256
 
 # --- building and loading the C library ------------------------------------------------
@@ -457,6 +457,25 @@ def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, FileTensor]:
         order = None if heads is None else unpermute(np.arange(rows), heads)
         out[key] = FileTensor(t.name, t.tensor_type.name, raw, n, order)
     return out
+
+
+def tensors_by_type(tensors: dict[str, FileTensor]) -> dict[str, list[str]]:
+    """The GGUF names of a file's weight matrices, by block type."""
+    out: dict[str, list[str]] = {}
+    for t in tensors.values():
+        out.setdefault(t.type_name, []).append(t.name)
+    return out
+
+
+def computed_by(type_name: str, weight_format: str) -> str:
+    """What computes a tensor of ``type_name`` in ``weight_format`` (``fak info``)."""
+    if weight_format != "gguf":
+        return f"dequantised to float32, then the {weight_format} format's products"
+    if type_name in ("Q4_1", "Q8_0"):
+        return "C block kernel over the file's own blocks (a matrix of this type alone: split layout, a copy)"
+    if type_name in COMPUTED_TYPES:
+        return "C block kernel over the file's own blocks, read in place (memory-mapped)"
+    return "not computed by weights='gguf': the file is refused (run it with FAK_WEIGHTS=float32)"
 
 
 def _split_blocks(t: FileTensor) -> BlockMatrix:

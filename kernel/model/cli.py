@@ -28,19 +28,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--device", default="cpu", help=DEVICE_HELP)
     g.set_defaults(handler=_generate)
 
-    i = sub.add_parser("info", help="model, cache location and KV bytes per token")
+    i = sub.add_parser("info", help="model, weight format, each tensor type and what computes it, KV bytes per token")
     i.add_argument("--model", default=None)
     i.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    i.add_argument("--weights", default=None, choices=("gguf", "float16", "int8", "bfloat16", "float32"),
+                   help="weight format (default: FAK_WEIGHTS, else the serving default: gguf where a C compiler "
+                        "and AVX2 are)")
     i.set_defaults(handler=_info)
 
 
 DEVICE_HELP = "cpu (default), cuda or cuda:N (as FAK_DEVICE; float32 weights on a GPU)"
 
 
-def _load(path: str | None, device: str = "cpu") -> LoadedModel:
+def _load(path: str | None, device: str = "cpu", weights: str = "float32") -> LoadedModel:
     from fak.kernel.model.loader import load_model
 
-    return load_model(path, device=device, progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
+    return load_model(path, device=device, weight_format=weights,
+                      progress=lambda m: print(f"[fak] {m}", file=sys.stderr, flush=True))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -81,9 +85,11 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from fak.settings import StorageSettings
+    from fak.kernel.model import blockdot
+    from fak.settings import Settings, StorageSettings
 
-    lm = _load(args.model, args.device)
+    weights = args.weights or Settings().weights or (blockdot.default_weights() if args.device == "cpu" else "float32")
+    lm = _load(args.model, args.device, weights)
     cfg = lm.model.cfg
     rows = {
         "model": cfg.name,
@@ -96,12 +102,18 @@ def _info(args: argparse.Namespace) -> int:
         "context": cfg.max_position_embeddings,
         "rope": f"theta={cfg.rope_theta:g} scaling={cfg.rope_scaling.kind}",
         "dtype / device": f"{lm.model.dtype} / {lm.model.device}",
+        "weights": lm.model.weight_format,
         "attention": lm.model.attention,
-        "decode": {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
+        "decode": "C block step (csrc/blockdot.c: one call a step, every layer)" if lm.model.batches_decode else
+                  {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
         "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
         "weight cache": str(StorageSettings().cache_dir / "weights"),
         "tokenizer": lm.tokenizer.digest,
     }
+    if lm.source.is_file():  # a GGUF file: each tensor type, and what computes it in this format
+        tensors = blockdot.gguf_blocks(lm.source, cfg)
+        for type_name, names in sorted(blockdot.tensors_by_type(tensors).items()):
+            rows[f"{type_name} tensors ({len(names)})"] = blockdot.computed_by(type_name, lm.model.weight_format)
     width = max(len(k) for k in rows)
     for k, v in rows.items():
         print(f"{k:<{width}}  {v}")

@@ -139,7 +139,7 @@ class Llama:
         decode: str = "auto",
         weight_format: str = "float32",
         kv_dtype: torch.dtype | None = None,
-        blocks: dict[str, blockdot.BlockMatrix] | None = None,
+        blocks: dict[str, blockdot.FileTensor] | None = None,
     ) -> None:
         """``decode`` picks the one-token path: ``blas`` (numpy, CPU float32 only),
         ``torch``, or ``auto`` (``blas`` where supported). Keep one choice for a
@@ -160,10 +160,10 @@ class Llama:
         self.cfg = cfg
         self.attention = attention
         self.w = weights
-        self.device = weights.embed.device
+        self.device = weights.norm.device  # a GGUF file's gguf weights hold shapes only ("meta") but their norms
         if self.device.type == "cuda":  # also for a model built without load_model / Kernel.open
             devices.deterministic()
-        self.dtype = weights.embed.dtype
+        self.dtype = weights.norm.dtype
         self.kv_dtype = kv_dtype or self.dtype
         if weight_format != "float32" and self.dtype != torch.float32:
             raise ValueError(f"weight_format={weight_format!r} needs float32 embeddings and norms, not {self.dtype}")
@@ -177,6 +177,8 @@ class Llama:
         suffix = "" if weight_format == "float32" else f"+{weight_format}"
         if weight_format == "gguf" and not blocks:  # its own arithmetic: Q8_0 of the floats, not the file's blocks
             suffix += "-q8_0"
+        elif weight_format == "gguf":  # v2: prefill and every block type from the file's blocks (v1 prefilled
+            suffix += "-v2"  # on dequantised floats and re-quantised all but Q4_1/Q8_0): other bytes, another id
         if self.kv_dtype != self.dtype:
             suffix += "+kv-" + str(self.kv_dtype).removeprefix("torch.")
         if self.device.type != "cpu":  # another device's GEMMs: its rows are its own (CPU ids unchanged)
@@ -194,6 +196,10 @@ class Llama:
         self.lin: Sequence[LayerLinears[Linear]]
         self.head: Linear
         block_linears: tuple[list[LayerLinears[blockdot.BlockLinear]], blockdot.BlockLinear] | None = None
+        # a GGUF file's embedding read from its blocks (gguf: no float table), else the float table
+        self._embedding = blockdot.block_embedding(blocks) if weight_format == "gguf" else None
+        if self._embedding is None and weights.embed.is_meta:
+            raise ValueError("the weights hold no embedding table and no blocks to read it from")
         if weight_format == "gguf":
             block_linears = blockdot.build_block_linears(cfg, weights, blocks)
             self.lin, self.head = block_linears
@@ -215,9 +221,9 @@ class Llama:
         self._fast: TokenStep | None
         self._batch: blockdot.BlockDecoder | None = None
         if block_linears is not None and self.kv_dtype == torch.float32 and not cfg.gemma:
-            self._fast = self._batch = blockdot.BlockDecoder(cfg, weights, *block_linears)
+            self._fast = self._batch = blockdot.BlockDecoder(cfg, weights, *block_linears, embedding=self._embedding)
         else:
-            self._fast = None if use_blas or reference or cfg.gemma else FastDecoder(cfg, weights, self.lin, self.head)
+            self._fast = None if use_blas or reference or cfg.gemma else FastDecoder(cfg, weights, self.lin, self.head, self.embed)
         self.router: ForwardRouter | None = None  # set by a scheduler that runs this model's calls
 
     @property
@@ -261,7 +267,10 @@ class Llama:
         return out
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The token embeddings of ``ids`` ``(T,)`` as ``(T, D)``."""
+        """The token embeddings of ``ids`` ``(T,)`` as ``(T, D)``: rows of the float table, or
+        dequantised from the file's blocks (``gguf``)."""
+        if self._embedding is not None:
+            return self._embedding(ids)
         return F.embedding(ids, self.w.embed)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
@@ -302,7 +311,7 @@ class Llama:
         window = self.cfg.sliding_window
         keep = self._window_keep(cache, start, positions) if T == 1 and self.cfg.sliding_window is not None else None
         if capture is not None:
-            x = F.embedding(ids, self.w.embed)[None]
+            x = self.embed(ids)[None]
             full = _causal_mask(positions, torch.cat([cache.positions[:start], positions]), self.dtype, window)
             x = self._layers_prefill_eager(x, cache, start, cos, sin, full, capture)
             cache.commit(ids, positions)
@@ -316,7 +325,7 @@ class Llama:
             logits = self._fast.step(int(ids[0]), cache, cos, sin, keep)
             cache.commit(ids, positions)
             return logits
-        x = F.embedding(ids, self.w.embed)[None]  # (1, T, D)
+        x = self.embed(ids)[None]  # (1, T, D)
         if T == 1:
             x = self._layers_decode(x, cache, start, cos, sin, keep)
         elif self.attention == "eager":

@@ -385,3 +385,67 @@ def load_gguf(path: Path, progress: Progress | None = None, *,
     if progress:
         progress(f"dequantised {len(sd)} tensors in {time.perf_counter() - t0:.1f}s")
     return cfg, weights_from_state_dict(cfg, sd), folder
+
+
+def cached_file_digest(path: Path, cache_dir: Path) -> str:
+    """``file_digest(path)``, remembered under ``cache_dir`` by the file's path, size, inode and
+    modification time, so a start-up that reads a large file's metadata only does not hash
+    gigabytes each time (a changed file has another size or time and is hashed again)."""
+    st = path.stat()
+    index = cache_dir / "weights" / "digests.json"
+    key = f"{path.resolve()}|{st.st_size}|{st.st_ino}|{st.st_mtime_ns}"
+    try:
+        known: dict[str, str] = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    digest = file_digest(path)
+    known[key] = digest
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(f"digests.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, index)
+    return digest
+
+
+def load_gguf_shapes(
+    path: Path, computed: Callable[[str], bool], *, cache_dir: Path
+) -> tuple[ModelConfig, Weights, Path]:
+    """A GGUF file for the ``gguf`` format: its configuration, its small tensors (norms, biases)
+    as float32, and every weight matrix as a shape only (a ``meta`` tensor: no bytes), since
+    the products read the file's blocks in place (``blockdot.gguf_blocks``). The embedding is a
+    shape too where ``computed(type_name)`` says the kernel reads its blocks; else (an F16
+    table, say) its dequantised floats. Start-up reads metadata, the small tensors and the
+    tokenizer; the tokenizer files are written once into the cache folder of the file's digest."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # the gguf package raises bare ValueErrors on bad files
+        raise ModelError(f"{path}: not a readable GGUF file ({exc})") from exc
+    cfg = gguf_config(reader)
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        key = hf_name(t.name, cfg.arch)
+        if key is None:
+            continue
+        shape = [int(d) for d in reversed(t.shape)]
+        if len(shape) == 2 and (key != "model.embed_tokens.weight" or computed(t.tensor_type.name)):
+            sd[key] = torch.empty(shape, dtype=torch.float32, device="meta")
+            continue
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        sd[key] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
+    folder = cache_dir / "weights" / cached_file_digest(path, cache_dir)[:32]
+    if not (folder / "fak-tokenizer.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"tokenizer.tmp{os.getpid()}"
+        tmp.mkdir(exist_ok=True)
+        tokenizer_files_from_gguf(reader, tmp)
+        for name in ("tokenizer.json", "fak-tokenizer.json"):  # fak-tokenizer.json last: it marks them complete
+            os.replace(tmp / name, folder / name)
+        tmp.rmdir()
+    return cfg, weights_from_state_dict(cfg, sd), folder

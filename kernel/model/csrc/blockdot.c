@@ -216,12 +216,16 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, 
  * is subtracted from every unsigned code (Q4_0: 8, Q5_0: 16, Q6_K: 32). So the weight is
  * exactly w = sc * (u - off) + mn, as ggml dequantises it, and a product's block integers
  * sum (u - off) * (256 q1 + q2) exactly. Every product of a RAW row, one input row or many,
- * is this unpacking followed by raw_dot: a row's bytes do not depend on the call. */
+ * is this unpacking followed by the same float sequence (raw_group, raw_tail): a row's
+ * bytes do not depend on the call. */
 
 typedef struct {
-    uint8_t *u; /* n codes */
-    float *sc;  /* n / 16 scales */
-    float *mn;  /* n / 32 mins */
+    uint8_t *u;      /* n codes */
+    float *lo, *hi;  /* n / 32 scales: values 0-15 and 16-31 of each block of 32 */
+    float *mn;       /* n / 32 mins */
+    int off;         /* subtracted from every unsigned code; -1: signed codes (Q8_0) */
+    int halves;      /* lo and hi differ (Q6_K) */
+    int mins;        /* some mn is not zero (Q4_1, Q5_1, Q4_K, Q5_K) */
 } fak_unpacked;
 
 static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
@@ -234,7 +238,7 @@ static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m
     }
 }
 
-/* bytes per block and values per block of a RAW type (0 for a type RAW does not read) */
+/* bytes per block of a RAW type (0 for a type RAW does not read) */
 int64_t fak_block_bytes(int type) {
     switch (type) {
     case T_Q4_0: return 18;
@@ -250,143 +254,293 @@ int64_t fak_block_bytes(int type) {
 }
 
 static inline int64_t block_values(int type) { return type >= T_Q4_K ? QK_K : QK; }
+static inline float half_at(const uint8_t *p) { return half_to_float((uint16_t)(p[0] | p[1] << 8)); }
 
-/* Unpack one row of n values; return the row's `off` (-1 for signed codes). */
-static int unpack_row(int type, const uint8_t *src, int64_t n, const fak_unpacked *o) {
+/* 16 bytes of two 4-bit codes each -> 32 codes: low nibbles first, then high (ggml's order) */
+static inline void nibbles16(const uint8_t *qs, uint8_t *u) {
+#if defined(__AVX2__)
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0x0f);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(raw, low));
+    _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), low));
+#else
+    for (int j = 0; j < 16; j++) {
+        u[j] = qs[j] & 0xF;
+        u[j + 16] = qs[j] >> 4;
+    }
+#endif
+}
+
+/* 32 codes = the low (hi_nibble 0) or high nibbles of 32 bytes, with bits `shift`..`shift +
+ * bits - 1` of 32 more bytes (qh, NULL for none) as bits 4 and up */
+static inline void codes32(const uint8_t *ql, int hi_nibble, const uint8_t *qh, int shift, int bits, uint8_t *u) {
+#if defined(__AVX2__)
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)ql), low = _mm256_set1_epi8(0x0f);
+    __m256i c = _mm256_and_si256(hi_nibble ? _mm256_srli_epi16(raw, 4) : raw, low);
+    if (qh) {
+        const __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qh), shift),
+                                           _mm256_set1_epi8((char)((1 << bits) - 1)));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(h, 4)); /* h <= 3: its bits stay in their byte */
+    }
+    _mm256_storeu_si256((__m256i *)u, c);
+#else
+    for (int l = 0; l < 32; l++) {
+        uint8_t v = hi_nibble ? ql[l] >> 4 : ql[l] & 0xF;
+        if (qh) v |= (uint8_t)(((qh[l] >> shift) & ((1 << bits) - 1)) << 4);
+        u[l] = v;
+    }
+#endif
+}
+
+static inline __attribute__((always_inline)) void unpack_block(int type, const uint8_t *x, int64_t b, fak_unpacked *o);
+
+/* Unpack one row of n values into o (its arrays sized for n). */
+static void unpack_row(int type, const uint8_t *src, int64_t n, fak_unpacked *o) {
     const int64_t nblk = n / block_values(type), bytes = fak_block_bytes(type);
-    for (int64_t b = 0; b < nblk; b++) {
-        const uint8_t *x = src + b * bytes;
+    o->off = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : type == T_Q8_0 ? -1 : 0;
+    o->halves = type == T_Q6_K;
+    o->mins = type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K;
+    switch (type) { /* one loop per type: each compiles to straight code */
+    case T_Q4_0: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q4_0, src + b * bytes, b, o); break;
+    case T_Q4_1: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q4_1, src + b * bytes, b, o); break;
+    case T_Q5_0: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q5_0, src + b * bytes, b, o); break;
+    case T_Q5_1: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q5_1, src + b * bytes, b, o); break;
+    case T_Q8_0: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q8_0, src + b * bytes, b, o); break;
+    case T_Q4_K: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q4_K, src + b * bytes, b, o); break;
+    case T_Q5_K: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q5_K, src + b * bytes, b, o); break;
+    case T_Q6_K: for (int64_t b = 0; b < nblk; b++) unpack_block(T_Q6_K, src + b * bytes, b, o); break;
+    default: break;
+    }
+}
+
+/* Block b (at x) of a row of `type` into o. */
+static inline __attribute__((always_inline)) void unpack_block(int type, const uint8_t *x, int64_t b, fak_unpacked *o) {
         switch (type) {
         case T_Q4_0:
         case T_Q4_1: {
             const int one = type == T_Q4_1;
-            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
-            const uint8_t *qs = x + 2 + 2 * one;
-            uint8_t *u = o->u + b * QK;
-            for (int j = 0; j < 16; j++) {
-                u[j] = qs[j] & 0xF;
-                u[j + 16] = qs[j] >> 4;
-            }
-            o->sc[2 * b] = o->sc[2 * b + 1] = d;
-            o->mn[b] = one ? half_to_float((uint16_t)(x[2] | x[3] << 8)) : 0.0f;
+            nibbles16(x + 2 + 2 * one, o->u + b * QK);
+            o->lo[b] = o->hi[b] = half_at(x);
+            o->mn[b] = one ? half_at(x + 2) : 0.0f;
             break;
         }
         case T_Q5_0:
         case T_Q5_1: {
             const int one = type == T_Q5_1;
-            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
             uint32_t qh;
             memcpy(&qh, x + 2 + 2 * one, 4);
-            const uint8_t *qs = x + 6 + 2 * one;
             uint8_t *u = o->u + b * QK;
+            nibbles16(x + 6 + 2 * one, u);
             for (int j = 0; j < 16; j++) {
-                u[j] = (uint8_t)((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
-                u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+                u[j] |= (uint8_t)(((qh >> j) & 1) << 4);
+                u[j + 16] |= (uint8_t)(((qh >> (j + 16)) & 1) << 4);
             }
-            o->sc[2 * b] = o->sc[2 * b + 1] = d;
-            o->mn[b] = one ? half_to_float((uint16_t)(x[2] | x[3] << 8)) : 0.0f;
+            o->lo[b] = o->hi[b] = half_at(x);
+            o->mn[b] = one ? half_at(x + 2) : 0.0f;
             break;
         }
-        case T_Q8_0: {
-            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
+        case T_Q8_0:
             memcpy(o->u + b * QK, x + 2, QK);
-            o->sc[2 * b] = o->sc[2 * b + 1] = d;
+            o->lo[b] = o->hi[b] = half_at(x);
             o->mn[b] = 0.0f;
             break;
-        }
         case T_Q4_K:
         case T_Q5_K: {
             const int five = type == T_Q5_K;
-            const float d = half_to_float((uint16_t)(x[0] | x[1] << 8));
-            const float dmin = half_to_float((uint16_t)(x[2] | x[3] << 8));
-            const uint8_t *scales = x + 4, *qh = x + 16, *ql = x + 16 + 32 * five;
-            for (int j = 0; j < 4; j++) { /* 64 values: sub-blocks 2j (low nibbles) and 2j+1 (high) */
-                for (int half = 0; half < 2; half++) {
-                    const int s = 2 * j + half;
-                    uint8_t sc, m;
-                    k4_scale_min(s, scales, &sc, &m);
-                    const int64_t blk = b * 8 + s;
-                    uint8_t *u = o->u + blk * QK;
-                    for (int l = 0; l < 32; l++) {
-                        uint8_t v = half ? ql[32 * j + l] >> 4 : ql[32 * j + l] & 0xF;
-                        if (five) v |= (uint8_t)(((qh[l] >> s) & 1) << 4);
-                        u[l] = v;
-                    }
-                    o->sc[2 * blk] = o->sc[2 * blk + 1] = d * (float)sc;
-                    o->mn[blk] = -(dmin * (float)m);
-                }
+            const float d = half_at(x), dmin = half_at(x + 2);
+            const uint8_t *scales = x + 4, *qh = five ? x + 16 : NULL, *ql = x + 16 + 32 * five;
+            for (int s = 0; s < 8; s++) { /* sub-block s: low (even s) or high nibbles of ql[32 (s/2)..] */
+                uint8_t sc, m;
+                k4_scale_min(s, scales, &sc, &m);
+                const int64_t blk = b * 8 + s;
+                codes32(ql + 32 * (s / 2), s & 1, qh, s, 1, o->u + blk * QK);
+                o->lo[blk] = o->hi[blk] = d * (float)sc;
+                o->mn[blk] = -(dmin * (float)m);
             }
             break;
         }
         case T_Q6_K: {
-            const float d = half_to_float((uint16_t)(x[208] | x[209] << 8));
+            const float d = half_at(x + 208);
             const int8_t *scales = (const int8_t *)(x + 192);
-            for (int g = 0; g < 2; g++) { /* 128 values: sub-blocks of 32 k = 0..3 */
-                const uint8_t *ql = x + 64 * g, *qh = x + 128 + 32 * g;
+            for (int g = 0; g < 2; g++) /* 128 values: sub-blocks of 32 k = 0..3 */
                 for (int k = 0; k < 4; k++) {
                     const int64_t blk = b * 8 + g * 4 + k;
-                    uint8_t *u = o->u + blk * QK;
-                    const uint8_t *lo = ql + 32 * (k & 1);
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t nib = k < 2 ? lo[l] & 0xF : lo[l] >> 4;
-                        u[l] = (uint8_t)(nib | (((qh[l] >> (2 * k)) & 3) << 4));
-                    }
-                    o->sc[2 * blk] = d * (float)scales[8 * g + 2 * k];
-                    o->sc[2 * blk + 1] = d * (float)scales[8 * g + 2 * k + 1];
+                    codes32(x + 64 * g + 32 * (k & 1), k >= 2, x + 128 + 32 * g, 2 * k, 2, o->u + blk * QK);
+                    o->lo[blk] = d * (float)scales[8 * g + 2 * k];
+                    o->hi[blk] = d * (float)scales[8 * g + 2 * k + 1];
                     o->mn[blk] = 0.0f;
                 }
-            }
             break;
         }
         default: break;
         }
-    }
-    switch (type) {
-    case T_Q4_0: return 8;
-    case T_Q5_0: return 16;
-    case T_Q6_K: return 32;
-    case T_Q8_0: return -1;
-    default: return 0;
-    }
 }
 
-/* w . x for an unpacked row against one quantised input row (blocks of 32, ~15-bit inputs):
- * per block, 8 int32 lanes (lane k: values 4k..4k+3) of sum (u - off) * (256 q1 + q2), exact;
- * lanes 0-3 scaled by sc[2b], 4-7 by sc[2b+1], times the input's scale; mins times its sum. */
-static inline float raw_dot(const fak_unpacked *w, int off, int64_t nb, const float *xd, const float *xs,
-                            const int8_t *xq) {
-    float msum = 0.0f;
-    int64_t b = 0;
 #if defined(__AVX2__) && defined(__F16C__)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi8(1), voff = _mm256_set1_epi32(off > 0 ? off : 0);
-    for (; b < nb; b++) {
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(w->u + b * QK));
-        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK));
-        const __m256i q2 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK + QK));
-        __m256i lanes;
-        if (off < 0) { /* signed codes: |c| times the inputs with c's sign */
-            lanes = two_dots(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q1, c), _mm256_sign_epi8(q2, c));
-        } else {
-            lanes = two_dots(c, q1, q2);
-            if (off) lanes = _mm256_sub_epi32(lanes, _mm256_mullo_epi32(voff, two_dots(ones, q1, q2)));
-        }
-        const __m256 s = _mm256_set_m128(_mm_set1_ps(w->sc[2 * b + 1] * xd[b]), _mm_set1_ps(w->sc[2 * b] * xd[b]));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), s, acc);
-        msum += w->mn[b] * xs[b];
+/* block b's 8 int32 lanes (lane k: values 4k..4k+3) of sum (u - off) * (256 q1 + q2), exact */
+static inline __m256i block_lanes(const fak_unpacked *w, int64_t b, const int8_t *xq) {
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(w->u + b * QK));
+    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK));
+    const __m256i q2 = _mm256_loadu_si256((const __m256i *)(xq + b * 2 * QK + QK));
+    if (w->off < 0) /* signed codes: |c| times the inputs with c's sign */
+        return two_dots(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q1, c), _mm256_sign_epi8(q2, c));
+    const __m256i lanes = two_dots(c, q1, q2);
+    if (!w->off) return lanes;
+    return _mm256_sub_epi32(lanes, _mm256_mullo_epi32(_mm256_set1_epi32(w->off), two_dots(_mm256_set1_epi8(1), q1, q2)));
+}
+
+/* The float side of 8 blocks: each block's integers (L) summed per half (values 0-15, 16-31),
+ * one float multiply-add per 8 blocks (two where the halves' scales differ), the mins times
+ * the input sums in their own accumulator. Every RAW product runs this for every 8 blocks,
+ * whichever way it formed L and the scales (the same integers and floats), so a row's
+ * bytes are the same in every path. */
+static inline void group_reduce(const __m256i L[8], __m256 lo, __m256 hi, __m256 mn, int halves, int mins,
+                                const float *xd, const float *xs, __m256 *acc, __m256 *macc) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(L[0], L[1]), _mm256_hadd_epi32(L[2], L[3]));
+    const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(L[4], L[5]), _mm256_hadd_epi32(L[6], L[7]));
+    const __m256i l = _mm256_permute2x128_si256(a, c, 0x20), h = _mm256_permute2x128_si256(a, c, 0x31);
+    const __m256 xdv = _mm256_loadu_ps(xd);
+    if (halves) {
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(lo, xdv), *acc);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(hi, xdv), *acc);
+    } else {
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(l, h)), _mm256_mul_ps(lo, xdv), *acc);
     }
-    return hsum256(acc) + msum;
+    if (mins) *macc = _mm256_fmadd_ps(mn, _mm256_loadu_ps(xs), *macc);
+}
+
+/* Blocks b..b+7 of an unpacked row into the accumulators. */
+static inline void raw_group(const fak_unpacked *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
+                             __m256 *acc, __m256 *macc) {
+    __m256i L[8];
+    for (int j = 0; j < 8; j++) L[j] = block_lanes(w, b + j, xq);
+    group_reduce(L, _mm256_loadu_ps(w->lo + b), _mm256_loadu_ps(w->hi + b), _mm256_loadu_ps(w->mn + b), w->halves,
+                 w->mins, xd + b, xs + b, acc, macc);
+}
+
+/* the float16 at p, p + stride, ..., p + 7 stride as 8 floats */
+static inline __m256 halves8(const uint8_t *p, int64_t stride) {
+    uint16_t h[8];
+    for (int j = 0; j < 8; j++) memcpy(&h[j], p + j * stride, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
+/* Blocks 8g..8g+7 of a row read straight from the file's bytes (no unpacked copy), for the
+ * types most weights have; the same integers and scales as unpack_row + raw_group, so the
+ * same bytes. Returns 0 for a type it does not read (the caller unpacks). */
+static inline int direct_group(int type, const uint8_t *row, int64_t g, const float *xd, const float *xs,
+                               const int8_t *xq, __m256 *acc, __m256 *macc) {
+    __m256i L[8];
+    const int64_t b = 8 * g;
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+#define XQ1(j) _mm256_loadu_si256((const __m256i *)(xq + (b + (j)) * 2 * QK))
+#define XQ2(j) _mm256_loadu_si256((const __m256i *)(xq + (b + (j)) * 2 * QK + QK))
+    switch (type) {
+    case T_Q4_K: {
+        const uint8_t *x = row + g * 144, *scales = x + 4, *ql = x + 16;
+        /* the 8 6-bit scales and mins (k4_scale_min's, as llama.cpp unpacks them by words) */
+        uint32_t u[3];
+        memcpy(u, scales, 12);
+        const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+        const __m128i sm = _mm_set_epi32((int)(((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4)), (int)(u[1] & m1),
+                                         (int)((u[2] & m2) | (((u[0] >> 6) & m3) << 4)), (int)(u[0] & m1));
+        const __m256 lo = _mm256_mul_ps(_mm256_set1_ps(half_at(x)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+        const __m256 mn = _mm256_mul_ps(_mm256_set1_ps(-half_at(x + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+        for (int p = 0; p < 4; p++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(ql + 32 * p));
+            L[2 * p] = two_dots(_mm256_and_si256(raw, low), XQ1(2 * p), XQ2(2 * p));
+            L[2 * p + 1] = two_dots(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), XQ1(2 * p + 1), XQ2(2 * p + 1));
+        }
+        group_reduce(L, lo, lo, mn, 0, 1, xd + b, xs + b, acc, macc);
+        return 1;
+    }
+    case T_Q6_K: {
+        const uint8_t *x = row + g * 210;
+        const int8_t *scales = (const int8_t *)(x + 192);
+        const __m256 d = _mm256_set1_ps(half_at(x + 208));
+        const __m256i ones = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3), off = _mm256_set1_epi32(32);
+        const __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)scales),
+                                            _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+        const __m256 lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        const __m256 hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x + 128 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * h + k;
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(x + 64 * h + 32 * (k & 1)));
+                const __m256i nib = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), three);
+                const __m256i c = _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4));
+                const __m256i q1 = XQ1(j), q2 = XQ2(j);
+                L[j] = _mm256_sub_epi32(two_dots(c, q1, q2), _mm256_mullo_epi32(off, two_dots(ones, q1, q2)));
+            }
+        }
+        group_reduce(L, lo, hi, zero, 1, 0, xd + b, xs + b, acc, macc);
+        return 1;
+    }
+    case T_Q8_0: {
+        const uint8_t *x = row + b * 34;
+        for (int j = 0; j < 8; j++) {
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(x + j * 34 + 2));
+            L[j] = two_dots(_mm256_sign_epi8(c, c), _mm256_sign_epi8(XQ1(j), c), _mm256_sign_epi8(XQ2(j), c));
+        }
+        const __m256 lo = halves8(x, 34);
+        group_reduce(L, lo, lo, zero, 0, 0, xd + b, xs + b, acc, macc);
+        return 1;
+    }
+    case T_Q4_1: {
+        const uint8_t *x = row + b * 20;
+        for (int j = 0; j < 8; j++) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(x + j * 20 + 4));
+            const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            L[j] = two_dots(c, XQ1(j), XQ2(j));
+        }
+        const __m256 lo = halves8(x, 20), mn = halves8(x + 2, 20);
+        group_reduce(L, lo, lo, mn, 0, 1, xd + b, xs + b, acc, macc);
+        return 1;
+    }
+    default: return 0;
+    }
+#undef XQ1
+#undef XQ2
+}
+
+static inline int direct_type(int type) { return type == T_Q4_K || type == T_Q6_K || type == T_Q8_0 || type == T_Q4_1; }
+
+/* Blocks from..nb-1 (fewer than 8) one by one; returns their mins' sum. */
+static inline float raw_tail(const fak_unpacked *w, int64_t from, int64_t nb, const float *xd, const float *xs,
+                             const int8_t *xq, __m256 *acc) {
+    float tail = 0.0f;
+    for (int64_t b = from; b < nb; b++) {
+        const __m256 s = _mm256_set_m128(_mm_set1_ps(w->hi[b] * xd[b]), _mm_set1_ps(w->lo[b] * xd[b]));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_lanes(w, b, xq)), s, *acc);
+        tail += w->mn[b] * xs[b];
+    }
+    return tail;
+}
+#endif
+
+/* w . x for an unpacked row against one quantised input row (blocks of 32, ~15-bit inputs). */
+static inline float raw_dot(const fak_unpacked *w, int64_t nb, const float *xd, const float *xs, const int8_t *xq) {
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) raw_group(w, b, xd, xs, xq, &acc, &macc);
+    const float tail = raw_tail(w, b, nb, xd, xs, xq, &acc);
+    return hsum256(_mm256_add_ps(acc, macc)) + tail;
 #else
-    float sum = 0.0f;
-    for (; b < nb; b++) {
+    float sum = 0.0f, msum = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
         const int8_t *x1 = xq + b * 2 * QK, *x2 = x1 + QK;
         for (int h = 0; h < 2; h++) {
             int dot = 0;
             for (int i = 16 * h; i < 16 * h + 16; i++) {
-                const int c = off < 0 ? (int)(int8_t)w->u[b * QK + i] : (int)w->u[b * QK + i] - off;
+                const int c = w->off < 0 ? (int)(int8_t)w->u[b * QK + i] : (int)w->u[b * QK + i] - w->off;
                 dot += c * (256 * x1[i] + x2[i]);
             }
-            sum += (float)dot * (w->sc[2 * b + h] * xd[b]);
+            sum += (float)dot * ((h ? w->hi[b] : w->lo[b]) * xd[b]);
         }
         msum += w->mn[b] * xs[b];
     }
@@ -397,33 +551,83 @@ static inline float raw_dot(const fak_unpacked *w, int off, int64_t nb, const fl
 /* The scratch of one unpacked row of n values, on the caller's stack. */
 #define RAW_ROW(name, n)                                                                                   \
     uint8_t name##_u[(n)];                                                                                 \
-    float name##_sc[(n) / 16 + 1], name##_mn[(n) / QK + 1];                                                \
-    const fak_unpacked name = {name##_u, name##_sc, name##_mn}
+    float name##_lo[(n) / QK + 1], name##_hi[(n) / QK + 1], name##_mn[(n) / QK + 1];                       \
+    fak_unpacked name = {name##_u, name##_lo, name##_hi, name##_mn, 0, 0, 0}
 
-static inline int unpack_qmat_row(const fak_qmat *w, int64_t r, const fak_unpacked *o) {
-    return unpack_row(w->row_kind[r], w->row[r], w->n, o);
+static inline void unpack_qmat_row(const fak_qmat *w, int64_t r, fak_unpacked *o) {
+    unpack_row(w->row_kind[r], w->row[r], w->n, o);
 }
 
-/* Row r of a RAW matrix dequantised to floats: w = sc * (u - off) + mn, ggml's formula. */
+/* Rows ids[t] of a RAW matrix dequantised to floats: w = sc * (u - off) + mn, ggml's formula. */
 void fak_dequant_rows(const fak_qmat *w, const int64_t *ids, int64_t count, float *out) {
     const int64_t n = w->n;
     for (int64_t t = 0; t < count; t++) {
         RAW_ROW(row, n);
-        const int off = unpack_qmat_row(w, ids[t], &row);
+        unpack_qmat_row(w, ids[t], &row);
         float *y = out + t * n;
         for (int64_t i = 0; i < n; i++) {
-            const int c = off < 0 ? (int)(int8_t)row.u[i] : (int)row.u[i] - off;
-            y[i] = row.sc[i / 16] * (float)c + row.mn[i / QK];
+            const int c = row.off < 0 ? (int)(int8_t)row.u[i] : (int)row.u[i] - row.off;
+            y[i] = ((i % QK) < 16 ? row.lo[i / QK] : row.hi[i / QK]) * (float)c + row.mn[i / QK];
         }
     }
+}
+
+/* Rows r0..r0+nr-1 (nr <= RAW_TR) of a RAW matrix against m quantised input rows (row t's
+ * scales at t * xd_stride, its codes at t * xq_stride), into y (row stride ldy). Each row is
+ * unpacked once; a tile of RAW_TR weight rows by RAW_TT input rows runs group by group of 8
+ * blocks while their codes are in cache, each output keeping its own accumulators. Every
+ * output is raw_dot's float sequence over the same block integers (raw_group, raw_tail), so
+ * its bytes are those of a one-row call: batch-invariant by construction. */
+#define RAW_TR 4
+#define RAW_TT 4
+static void raw_rows_times(const fak_qmat *w, int64_t r0, int nr, int64_t m, const float *xd, const float *xs,
+                           const int8_t *xq, int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
+    const int64_t n = w->n, nb = n / QK;
+    uint8_t u[RAW_TR][n];
+    float lo[RAW_TR][nb + 1], hi[RAW_TR][nb + 1], mn[RAW_TR][nb + 1];
+    fak_unpacked rows[RAW_TR];
+    for (int i = 0; i < nr; i++) {
+        rows[i] = (fak_unpacked){u[i], lo[i], hi[i], mn[i], 0, 0, 0};
+        unpack_qmat_row(w, r0 + i, &rows[i]);
+    }
+    int64_t t0 = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; t0 + RAW_TT <= m; t0 += RAW_TT) {
+        __m256 acc[RAW_TR][RAW_TT], macc[RAW_TR][RAW_TT];
+        for (int i = 0; i < nr; i++)
+            for (int t = 0; t < RAW_TT; t++) acc[i][t] = macc[i][t] = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8)
+            for (int i = 0; i < nr; i++)
+                for (int t = 0; t < RAW_TT; t++)
+                    raw_group(&rows[i], b, xd + (t0 + t) * xd_stride, xs + (t0 + t) * xd_stride, xq + (t0 + t) * xq_stride,
+                              &acc[i][t], &macc[i][t]);
+        for (int i = 0; i < nr; i++)
+            for (int t = 0; t < RAW_TT; t++) {
+                const float tail = raw_tail(&rows[i], b, nb, xd + (t0 + t) * xd_stride, xs + (t0 + t) * xd_stride,
+                                            xq + (t0 + t) * xq_stride, &acc[i][t]);
+                y[(t0 + t) * ldy + r0 + i] = hsum256(_mm256_add_ps(acc[i][t], macc[i][t])) + tail;
+            }
+    }
+#endif
+    for (; t0 < m; t0++)
+        for (int i = 0; i < nr; i++)
+            y[t0 * ldy + r0 + i] = raw_dot(&rows[i], nb, xd + t0 * xd_stride, xs + t0 * xd_stride, xq + t0 * xq_stride);
 }
 
 static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, const float *xs, const int8_t *xq) {
     const int64_t nb = w->n / QK;
     if (w->kind == KIND_RAW) {
+#if defined(__AVX2__) && defined(__F16C__)
+        if (nb % 8 == 0 && direct_type(w->row_kind[r])) { /* the file's bytes read once, no copy */
+            __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+            for (int64_t g = 0; g < nb / 8; g++) direct_group(w->row_kind[r], w->row[r], g, xd, xs, xq, &acc, &macc);
+            return hsum256(_mm256_add_ps(acc, macc)) + 0.0f; /* raw_dot's sum and its empty tail */
+        }
+#endif
         RAW_ROW(row, w->n);
-        const int off = unpack_qmat_row(w, r, &row);
-        return raw_dot(&row, off, nb, xd, xs, xq);
+        unpack_qmat_row(w, r, &row);
+        return raw_dot(&row, nb, xd, xs, xq);
     }
     if (w->kind == 0)
         return row_q4_1((const uint8_t *)w->q + r * nb * 16, w->d + r * nb, w->m + r * nb, nb, xd, xs, xq);
@@ -438,11 +642,16 @@ void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t 
     const int64_t n = w->n, nb = n / QK;
     fak_quantize_rows(x, m, n, xd, xs, xq);
     if (w->kind == KIND_RAW) {
+        if (m < RAW_TT) { /* a decode row or two: each weight row read once from the file (qmat_row) */
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t r = 0; r < w->rows; r++) {
-            RAW_ROW(row, n);
-            const int off = unpack_qmat_row(w, r, &row);
-            for (int64_t t = 0; t < m; t++) y[t * ldy + r] = raw_dot(&row, off, nb, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+            for (int64_t r = 0; r < w->rows; r++)
+                for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+            return;
+        }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) {
+            const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
+            raw_rows_times(w, r0, nr, m, xd, xs, xq, nb, 2 * n, y, ldy);
         }
         return;
     }
@@ -765,16 +974,19 @@ static inline void unpack_row16(const fak_qmat *w, int64_t r, int16_t *w16) {
 static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
                           const int16_t *x16, int64_t xd_stride, int64_t xq_stride, int64_t x16_stride, float *y,
                           int64_t ldy) {
-    if (w->kind == KIND_RAW) { /* unpacked once per weight row; raw_dot per input row, as qmat_row */
-        const int64_t nb = w->n / QK;
+    if (w->kind == KIND_RAW) { /* raw_dot's sequence per output, as qmat_row */
         (void)x16;
         (void)x16_stride;
+        if (b < RAW_TT) {
 #pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < w->rows; r++) {
-            RAW_ROW(row, w->n);
-            const int off = unpack_qmat_row(w, r, &row);
-            for (int64_t t = 0; t < b; t++)
-                y[t * ldy + r] = raw_dot(&row, off, nb, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+            for (int64_t r = 0; r < w->rows; r++)
+                for (int64_t t = 0; t < b; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+            return;
+        }
+#pragma omp for schedule(static) nowait
+        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) {
+            const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
+            raw_rows_times(w, r0, nr, b, xd, xs, xq, xd_stride, xq_stride, y, ldy);
         }
         return;
     }

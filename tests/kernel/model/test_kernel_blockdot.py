@@ -220,6 +220,6 @@ def test_smollm2_s_blocks_are_exactly_the_reference_weights(smollm2) -> None:
     assert torch.equal(blockdot.RawRows([embed]).dequantise(), ref.w.lm_head)
     model = Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf", blocks=blocks)
     assert model.head.w.kind == Q8_0  # the tied head runs the file's Q8_0 blocks
-    assert model.model_id == ref.model_id + "+gguf"
+    assert model.model_id == ref.model_id + "+gguf-v2"
     # without the file's blocks the products are Q8_0 of the floats: other rows, another model_id
     assert Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf").model_id == ref.model_id + "+gguf-q8_0"

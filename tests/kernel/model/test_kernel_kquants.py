@@ -100,3 +100,20 @@ def test_a_row_of_the_wrong_size_is_refused() -> None:
     short = FileTensor(t.name, t.type_name, np.ascontiguousarray(t.raw[:, :-2]), 256)
     with pytest.raises(ModelError, match="bytes a row"):
         RawRows([short])
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n", [512, 288])
+def test_each_row_alone_is_the_bytes_of_its_row_in_a_prefill(type_name: str, n: int) -> None:
+    """A decode row (one input: the file's bytes read straight, for the common types) is the
+    bytes of the same row inside a multi-row call (rows unpacked once, tiles of 4 x 4 and the
+    rows past the last tile one by one), also where the row's blocks do not fill a group of
+    8 (n = 288: nine blocks)."""
+    if type_name.endswith("_K") and n % 256:
+        pytest.skip("K-quant rows are whole super-blocks of 256")
+    t = random_tensor(type_name, 10, n, seed=8)
+    lin = BlockLinear(RawRows([t]))
+    x = torch.randn(9, n)
+    together = lin(x)
+    for i in range(9):
+        assert torch.equal(lin(x[i : i + 1]), together[i : i + 1]), i
