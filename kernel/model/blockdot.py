@@ -32,7 +32,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.params import Weights
 from fak.kernel.model.quant import LayerLinears, cpu_flags, fbgemm_supported
 from fak.settings import StorageSettings
+
+if TYPE_CHECKING:
+    from fak.kernel.model.gguf_file import GGUFFile
 
 QK = 32
 Q4_1, Q8_0, RAW = 0, 1, 2
@@ -440,15 +443,15 @@ class BlockLinear:
 # --- loading blocks ---------------------------------------------------------------------------
 
 
-def gguf_blocks(path: Path, cfg: ModelConfig) -> dict[str, FileTensor]:
+def gguf_blocks(file: GGUFFile | Path, cfg: ModelConfig) -> dict[str, FileTensor]:
     """Every 2-D tensor of the file that the model reads, HF-named, as it lies in the file's
     memory map (no bytes read until used), with the Q/K row order the model reads."""
-    from gguf import GGUFReader  # imported where a GGUF file is read (~0.2 s): other formats never need it
+    from fak.kernel.model.gguf_file import GGUFFile  # a GGUF file's reader: other formats never need it
 
-    reader = GGUFReader(str(path))
+    reader = file if isinstance(file, GGUFFile) else GGUFFile(file)
     out: dict[str, FileTensor] = {}
     for t in reader.tensors:
-        key = hf_name(t.name)
+        key = hf_name(t.name, cfg.arch)
         if key is None or len(t.shape) != 2:
             continue
         n, rows = int(t.shape[0]), int(t.shape[1])

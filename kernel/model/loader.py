@@ -79,21 +79,23 @@ def load_model(
     cache_dir = cache_dir if cache_dir is not None else StorageSettings().cache_dir
     if not src.exists():
         raise ModelError(f"model not found: {src}")
+    blocks: dict[str, blockdot.FileTensor] | None = None
     if src.is_dir():
         cfg, weights = load_hf_folder(src)
         tok_folder = src
         model_id = f"hf:{src.resolve()}"
     elif weight_format == "gguf":  # the products read the file's blocks in place: no float copy
+        from fak.kernel.model.gguf_file import GGUFFile  # imports gguf: GGUF files only
+
         blockdot.library(cache_dir)  # built (or found) under the settings' cache dir before the layers load it
-        cfg, weights, tok_folder = load_gguf_shapes(src, lambda t: t in blockdot.COMPUTED_TYPES, cache_dir=cache_dir)
+        file = GGUFFile(src)
+        cfg, weights, tok_folder = load_gguf_shapes(file, lambda t: t in blockdot.COMPUTED_TYPES, cache_dir=cache_dir)
         model_id = f"gguf:{tok_folder.name}"
+        blocks = blockdot.gguf_blocks(file, cfg)
     else:
         cfg, weights, tok_folder = load_gguf(src, progress, cache_dir=cache_dir)
         model_id = f"gguf:{tok_folder.name}"
-    blocks = None
-    if weight_format == "gguf" and src.is_file():
-        blocks = blockdot.gguf_blocks(src, cfg)
-    else:
+    if blocks is None:
         weights = move_weights(weights, target, dtype)
     model = Llama(cfg, weights, model_id=model_id, weight_format=weight_format, kv_dtype=kv_dtype, blocks=blocks)
     return LoadedModel(model=model, tokenizer=ChatTokenizer.from_folder(tok_folder), source=src)

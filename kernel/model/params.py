@@ -126,8 +126,9 @@ class Weights:
         tensors = [self.embed, self.norm, self.lm_head]
         for layer in self.layers:
             tensors += layer.tensors()
-        for t in tensors:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
+        for t in tensors:  # a tied head is the embedding's tensor; a shape-only (meta) tensor has no address
+            key = id(t) if t.is_meta else t.data_ptr()
+            if key not in seen:
+                seen.add(key)
                 total += t.numel()
         return total

