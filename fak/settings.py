@@ -155,9 +155,11 @@ class Settings(StorageSettings):
                     "default; the BLAS and gguf C decode paths) or cuda / cuda:N (torch on that GPU, float32 weights "
                     "unless set otherwise, deterministic algorithms on); a CUDA device without CUDA is refused at "
                     "Kernel.open")
-    kv_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="dtype of the KV cache (docs/decode.md): bfloat16 halves its memory; float32 is the "
-                               "reference's")
+    kv_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="dtype of the KV cache (docs/decode.md): float16 and bfloat16 halve its memory "
+                               "(float16 keeps 3 more bits of each value, bfloat16 float32's range); float32 is the "
+                               "reference's and the only one the gguf C decode step reads (the others decode through "
+                               "torch ops, one session a call)")
     audit_origin: str = Field("fak.local/log", description="the log's name in its signed checkpoints")
     chunk_size: int = Field(512, ge=1, le=65536, description="prefill chunk of a segment (tokens)")
     prefix_cache: bool = Field(True, description="share exact prefix KV between a tenant's sessions")

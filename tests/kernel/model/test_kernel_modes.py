@@ -26,8 +26,9 @@ from fak.kernel.model.quant import WEIGHT_FORMATS
 from fak.kernel.model.weights import default_model_path, random_weights
 from fak.keys import tenant_salt
 
-# (weight format, KV dtype): every format, and a bfloat16 KV cache under two of them
-MODES = [(fmt, None) for fmt in WEIGHT_FORMATS] + [(fmt, torch.bfloat16) for fmt in ("float32", "int8", "gguf")]
+# (weight format, KV dtype): every format, a bfloat16 KV cache under three of them, a float16 one under gguf
+MODES = ([(fmt, None) for fmt in WEIGHT_FORMATS] + [(fmt, torch.bfloat16) for fmt in ("float32", "int8", "gguf")]
+         + [("gguf", torch.float16)])
 MODE_IDS = [f"{fmt}-kv_{str(kv).removeprefix('torch.') if kv else 'same'}" for fmt, kv in MODES]
 MASTER = bytes(range(32))
 
@@ -170,7 +171,8 @@ def test_quality_gap_to_float32_smollm2(smollm2) -> None:
     assert gaps["int8"][0] >= 0.75 and gaps["int8"][1] < 0.2, gaps
 
 
-@pytest.mark.parametrize(("fmt", "kv"), [("int8", "float32"), ("gguf", "float32"), ("gguf", "bfloat16")])
+@pytest.mark.parametrize(("fmt", "kv"), [("int8", "float32"), ("gguf", "float32"), ("gguf", "bfloat16"),
+                                         ("gguf", "float16")])
 def test_kernel_serves_the_settings_weights_and_forget_stays_exact(tiny_dir, tmp_path, monkeypatch, fmt: str,
                                                                    kv: str) -> None:
     """Through the façade: ``Settings.weights`` picks the mode (the suite pins float32 in
