@@ -72,7 +72,7 @@ SIDES = ("fak", "llama.cpp")
 CHUNK = 512  # prefill chunk of the context fill (llama.cpp's n_batch)
 ID_LOW, ID_HIGH = 1000, 32000  # token ids drawn from here: ordinary tokens of every tokenizer in the rows
 PEER_ARGS_FILE = ROOT / ".venv" / ".peer-cmake-args"
-FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni", "avx512_bf16",
             "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
