@@ -1,23 +1,25 @@
 """The ``gguf`` weight format: products over the model file's own quantised blocks.
 
-A GGUF file stores SmolLM2's layers as Q4_1 blocks and its embedding (the tied LM
-head) as Q8_0; the float32 reference computes with their dequantisation. This
-format keeps those blocks as they are (``Q4_1``: 4-bit codes, a float16 scale and
-minimum per 32 weights; ``Q8_0``: int8 codes and a float16 scale) and runs the
-decode products in C (``csrc/blockdot.c``): the input row is quantised in blocks
-of 32 to two int8 codes (~15 bits, where llama.cpp keeps 8) and each block's
-integer dot product is exact. So a decode step reads the reference's weights
-exactly, at 4.5 bits each, and only the inputs of its products are rounded.
-Prefill, bound by arithmetic rather than by reading weights, runs the float32
-reference's own products over the dequantised blocks (``BlockLinear``). Tensors of
-other block types, and models that are not GGUF files (HF folders, the tests'
-random models), are quantised to Q8_0.
+A GGUF file stores each weight matrix in blocks (Q4_0 … Q8_0: 32 weights with a float16 scale
+and maybe a minimum; Q4_K, Q5_K, Q6_K: 256 weights in sub-blocks with small integer scales under
+float16 ones); the float32 reference computes with their dequantisation. This format computes
+with the blocks as the memory-mapped file holds them (``FileTensor``, ``RawRows``: one address
+and one type per row, so tensors of several types fuse into one product and permuted rows are
+read in place) and runs every product in C (``csrc/blockdot.c``): each input row is quantised
+in blocks of 32 to two int8 codes (~15 bits, where llama.cpp keeps 8), each block's integer
+dot product is exact, and a row's float sequence is the same whether the row is decoded alone,
+batched or prefilled, so its bytes never depend on its call. Token embeddings are dequantised
+row by row from their blocks (``BlockEmbedding``): no float copy of any matrix. A tensor type
+the kernel does not compute is refused by name (``file_matrix``), never re-quantised. Models
+that are not GGUF files (HF folders, the tests' random models) are quantised to Q8_0 for decode
+and prefill on their floats. SmolLM2's all-Q4_1 and all-Q8_0 matrices keep a split layout
+(codes apart from scales, ``BlockMatrix``), the one its decode figures were measured on.
 
-The C file is compiled on first use with the system's C compiler (``cc -O3
--march=native -fopenmp``) into the cache directory, keyed by its source, the
-flags and the CPU, and loaded with ctypes; a machine without a compiler gets a clear error,
-and the other formats still work. One decode step is one C call (every layer,
-threads split rows and heads), so Python's per-op overhead is gone from decoding.
+The C file is compiled on first use with the system's C compiler (``cc -O3 -march=native
+-ffp-contract=off -fopenmp``) into the cache directory, keyed by its source, the flags and the
+CPU, and loaded with ctypes; a machine without a compiler gets a clear error, and the other
+formats still work. One decode step is one C call (every layer, threads split rows and heads),
+so Python's per-op overhead is gone from decoding.
 """
 
 from __future__ import annotations
@@ -338,6 +340,8 @@ class RawRows:
         for p in parts:
             if not p.computed:
                 raise ModelError(unsupported_message(p))
+            if p.n % _block_values(p.type_name):
+                raise ModelError(f"GGUF tensor {p.name}: rows of {p.n} values are not whole {p.type_name} blocks")
             row_bytes = int(lib.fak_block_bytes(COMPUTED_TYPES[p.type_name])) * p.n // _block_values(p.type_name)
             if p.raw.dtype != np.uint8 or p.raw.shape[1] != row_bytes or p.raw.strides != (row_bytes, 1):
                 raise ModelError(f"GGUF tensor {p.name}: {p.raw.shape[1]} bytes a row, {row_bytes} expected for "
@@ -393,6 +397,8 @@ class BlockEmbedding:
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of ``ids`` (any shape of int64 ids in range), ``(*ids.shape, n)`` float32."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < self.matrix.rows:
+            raise ValueError(f"token ids must lie in [0, {self.matrix.rows})")  # the C reads row addresses by id
         out = torch.empty((int(flat.shape[0]), self.matrix.n), dtype=torch.float32)
         self._lib.fak_dequant_rows(ctypes.byref(self._struct), flat.data_ptr(), int(flat.shape[0]), out.data_ptr())
         return out.reshape(*ids.shape, self.matrix.n)

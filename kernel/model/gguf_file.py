@@ -144,6 +144,8 @@ def _parse(buf: memoryview, whole: np.ndarray) -> tuple[dict[str, Field], list[T
     tensors = []
     for name, dims, qtype, offset in infos:
         values, size = GGML_QUANT_SIZES[qtype]
+        if not dims or dims[0] % values:
+            raise ValueError(f"tensor {name}: rows of {dims[:1]} values are not whole {qtype.name} blocks")
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // values * size
         raw = whole[start + offset : start + offset + rows * row_bytes]

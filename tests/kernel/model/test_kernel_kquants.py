@@ -117,3 +117,36 @@ def test_each_row_alone_is_the_bytes_of_its_row_in_a_prefill(type_name: str, n: 
     together = lin(x)
     for i in range(9):
         assert torch.equal(lin(x[i : i + 1]), together[i : i + 1]), i
+
+
+def test_rows_that_are_not_whole_blocks_and_ids_out_of_range_are_refused() -> None:
+    """A crafted file's K-quant rows of 288 values (not whole super-blocks) never reach the C
+    reader, and an embedding row past the table is an error, not a read of another address."""
+    t = random_tensor("Q4_K", 4, 512, seed=9)
+    partial = FileTensor(t.name, "Q4_K", t.raw, 288)
+    with pytest.raises(ModelError, match="not whole Q4_K blocks"):
+        RawRows([partial])
+    embed = blockdot.BlockEmbedding(RawRows([t]))
+    assert embed(torch.tensor([0, 3])).shape == (2, 512)
+    for bad in ([4], [-1]):
+        with pytest.raises(ValueError, match=r"token ids must lie in \[0, 4\)"):
+            embed(torch.tensor(bad))
+
+
+def test_a_truncated_or_malformed_gguf_file_is_a_model_error(tmp_path) -> None:
+    from support.gguf_files import write_gguf
+    from support.kernel_helpers import tiny_model
+
+    from fak.kernel.model.gguf_file import GGUFFile
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, tiny_model(seed=1), "Q8_0", "llama")
+    assert {t.tensor_type.name for t in GGUFFile(path).tensors} == {"F32", "Q8_0"}
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size - 100])
+    with pytest.raises(ModelError, match="runs past the end of the file"):
+        GGUFFile(cut)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\xff" * 60)
+    with pytest.raises(ModelError, match="not a readable GGUF file"):
+        GGUFFile(junk)
