@@ -144,6 +144,19 @@ def fast_path_possible() -> bool:
     return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
+def kernel_units() -> str:
+    """The vector units the C kernel's integer dots use on this CPU (it is built with
+    ``-march=native``): what ``fak info`` names. AMX is not used."""
+    flags = cpu_flags()
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "plain C loops (no AVX2)"
+    if {"avx512_vnni", "avx512vl"} <= flags:
+        return "AVX2 with AVX-512 VNNI dot products (vpdpbusd)"
+    if "avx_vnni" in flags:
+        return "AVX2 with AVX-VNNI dot products (vpdpbusd, VEX)"
+    return "AVX2 (vpmaddubsw + vpmaddwd)"
+
+
 def default_weights() -> Literal["gguf", "float16", "float32"]:
     """The serving default weight format, for ``Settings.weights`` unset (``Kernel.open``, ``fak
     serve``): gguf where its C kernel has its fast path (a C compiler and an AVX2 CPU), else

@@ -110,6 +110,8 @@ def _info(args: argparse.Namespace) -> int:
         "weight cache": str(StorageSettings().cache_dir / "weights"),
         "tokenizer": lm.tokenizer.digest,
     }
+    if lm.model.weight_format == "gguf":
+        rows["gguf kernel units"] = blockdot.kernel_units()
     if lm.source.is_file():  # a GGUF file: each tensor type, and what computes it in this format
         tensors = blockdot.gguf_blocks(lm.source, cfg)
         for type_name, names in sorted(blockdot.tensors_by_type(tensors).items()):

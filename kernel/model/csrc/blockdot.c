@@ -91,6 +91,8 @@ static inline float hsum256(__m256 v) {
 static inline __m256i dot_u8s8(__m256i a, __m256i b) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#elif defined(__AVXVNNI__) /* the VEX form: Alder Lake and later client cores without AVX-512 */
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b);
 #else
     const __m256i pairs = _mm256_maddubs_epi16(a, b); /* |u4 * s8| * 2 < 2^15: no saturation for Q4 */
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));

@@ -96,6 +96,7 @@ def test_fak_info_names_each_tensor_type_and_its_path(q4_k_m, monkeypatch) -> No
     text = out.getvalue()
     assert "Q4_K tensors (11)" in text and "Q6_K tensors (5)" in text  # 2 layers: 5 + 2 Q4_K, 2 + 2 Q6_K, + embd/output
     assert "read in place" in text and "C block step" in text
+    assert "gguf kernel units" in text and ("AVX" in text or "plain C loops" in text)
 
 
 def test_a_file_with_a_type_the_kernel_does_not_compute_is_refused_by_name(tmp_path) -> None:
