@@ -35,7 +35,7 @@ def server(kernel):
 
 
 def client(server, who: str = "acme") -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys[who], max_retries=0, timeout=60,
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys[who], max_retries=0, timeout=180,
                          http_client=openai.DefaultHttpxClient(trust_env=False))
 
 
