@@ -117,9 +117,9 @@ class FakSide:
             "compiler_flags": " ".join(blockdot.FLAGS) if weights == "gguf" else None,
             "cpu_features": sorted(f for f in FEATURES if f in flags),
         }
-        described = getattr(blockdot, "describe", None)  # the kernel's own account of its paths, where it has one
-        if callable(described):
-            self.info["kernel"] = described()
+        units = getattr(blockdot, "kernel_units", None)  # the kernel's own account of the units it uses
+        if weights == "gguf" and callable(units):
+            self.info["kernel_units"] = units()
 
     def _step(self, token: int, cache: Any) -> int:
         return int(self.model.forward([token], cache).argmax())
