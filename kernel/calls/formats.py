@@ -298,12 +298,7 @@ class GemmaFormat(ToolFormat):
         blocks = self._blocks(text, names)
         if not blocks:
             return tool_text.parse_calls(text, names)
-        kept, pos = [], 0
-        for b in blocks:
-            kept.append(text[pos:b.at])
-            pos = b.end
-        kept.append(text[pos:])
-        return "".join(kept).strip(), [b.call for b in blocks]
+        return tool_text.without_blocks(text, blocks)
 
     def call_blocks(self, text: str, names: Collection[str] | None) -> list[CallBlock]:
         return self._blocks(text, names) or tool_text.call_blocks(text, names)

@@ -225,6 +225,11 @@ def parse_calls(text: str, names: Collection[str] | None) -> tuple[str, list[Par
     blocks = call_blocks(text, names)
     if not blocks:
         return text, []
+    return without_blocks(text, blocks)
+
+
+def without_blocks(text: str, blocks: list[CallBlock]) -> tuple[str, list[ParsedCall]]:
+    """``text`` with the call ``blocks`` (in order, not overlapping) cut out, and their calls."""
     kept, pos = [], 0
     for b in blocks:
         kept.append(text[pos:b.at])

@@ -437,6 +437,39 @@ class Llama:
             x = mlp(x, i)
         return x
 
+    def _attention_sdpa(self, h: torch.Tensor, x: torch.Tensor, i: int, cache: KVCache, start: int,
+                        cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                        last_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s attention in a prefill over its normed input ``h`` ``(1, T, D)``, torch's fused
+        kernel: the chunk's K/V rows stored, then ``(x, attn)``: the residual stream and the output
+        projection's input ``(1, rows, H * hd)``, both cut to the last row where ``last_row`` (the
+        last token attends to every key up to its own position: no mask needed unless positions were
+        given out of order, and then only its own row of it)."""
+        cfg = self.cfg
+        H, KV, hd, T = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, h.shape[1]
+        q, k, v = self._qkv_fused(h, i)
+        q, k = self._qk_norm(q.view(1, T, H, hd), k.view(1, T, KV, hd), i)
+        k = k.transpose(1, 2)
+        self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
+        q = q.transpose(1, 2)
+        if last_row and T > 1:
+            x, q, cos, sin = x[:, -1:], q[:, :, -1:], cos[-1:], sin[-1:]
+            mask = mask[..., -1:, :] if mask is not None else None
+            rows, causal = 1, False
+        else:
+            rows, causal = T, mask is None
+        k_rows, v_rows = self._rows(cache, i, start + T)
+        attn = F.scaled_dot_product_attention(
+            rope.apply(q, cos, sin),
+            k_rows.transpose(0, 1)[None],
+            v_rows.transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scaling,
+            enable_gqa=cfg.kv_groups > 1,
+        ).transpose(1, 2)
+        return x, attn.reshape(1, rows, -1)
+
     def _layers_prefill_sdpa(
         self,
         x: torch.Tensor,
@@ -452,36 +485,12 @@ class Llama:
         last layer runs attention, output projection and MLP for the last token alone:
         the cache needs only that layer's keys and values from the other rows."""
         cfg = self.cfg
-        H, KV, hd, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-        T = x.shape[1]
-        end = start + T
+        D = cfg.hidden_size
         last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
             h = F.rms_norm(x, (D,), lw.attn_norm, cfg.rms_norm_eps)
-            q, k, v = self._qkv_fused(h, i)
-            q, k = self._qk_norm(q.view(1, T, H, hd), k.view(1, T, KV, hd), i)
-            k = k.transpose(1, 2)
-            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
-            q = q.transpose(1, 2)
-            if last_row_only and i == last_layer and T > 1:
-                # the last token attends to every key up to its own position: no mask needed
-                # unless positions were given out of order, and then only its own row of it
-                x, q, cos, sin = x[:, -1:], q[:, :, -1:], cos[-1:], sin[-1:]
-                mask = mask[..., -1:, :] if mask is not None else None
-                rows, causal = 1, False
-            else:
-                rows, causal = T, mask is None
-            k_rows, v_rows = self._rows(cache, i, end)
-            attn = F.scaled_dot_product_attention(
-                rope.apply(q, cos, sin),
-                k_rows.transpose(0, 1)[None],
-                v_rows.transpose(0, 1)[None],
-                attn_mask=mask,
-                is_causal=causal,
-                scale=self.scaling,
-                enable_gqa=cfg.kv_groups > 1,
-            ).transpose(1, 2)
-            x = x + self.lin[i].o(attn.reshape(1, rows, -1))
+            x, attn = self._attention_sdpa(h, x, i, cache, start, cos, sin, mask, last_row_only and i == last_layer)
+            x = x + self.lin[i].o(attn)
             x = self._mlp_fused(x, i)
         return x
 
@@ -618,37 +627,16 @@ class Llama:
         attention (a first chunk). With ``last_row_only`` the last layer runs attention and the
         MLP for the last token alone (the cache needs only that layer's keys and values of the others)."""
         cfg = self.cfg
-        H, KV, hd, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.rms_norm_eps
-        T = x.shape[1]
-        end = start + T
+        D, eps = cfg.hidden_size, cfg.rms_norm_eps
         last_layer = len(self.w.layers) - 1
         for i, lw in enumerate(self.w.layers):
             assert lw.post_attn_norm is not None and lw.post_mlp_norm is not None
             local = cfg.layer_local(i)
             cos, sin = tables[local]
             mask = masks[local]
-            q, k, v = self._qkv_fused(F.rms_norm(x, (D,), lw.attn_norm, eps), i)
-            q, k = self._qk_norm(q.view(1, T, H, hd), k.view(1, T, KV, hd), i)
-            k = k.transpose(1, 2)
-            self._store_kv(cache, i, start, rope.apply(k, cos, sin), k, v.view(1, T, KV, hd).transpose(1, 2))
-            q = q.transpose(1, 2)
-            if last_row_only and i == last_layer and T > 1:
-                x, q, cos, sin = x[:, -1:], q[:, :, -1:], cos[-1:], sin[-1:]
-                mask = mask[..., -1:, :] if mask is not None else None
-                rows, causal = 1, False
-            else:
-                rows, causal = T, mask is None
-            k_rows, v_rows = self._rows(cache, i, end)
-            attn = F.scaled_dot_product_attention(
-                rope.apply(q, cos, sin),
-                k_rows.transpose(0, 1)[None],
-                v_rows.transpose(0, 1)[None],
-                attn_mask=mask,
-                is_causal=causal,
-                scale=self.scaling,
-                enable_gqa=cfg.kv_groups > 1,
-            ).transpose(1, 2)
-            x = x + F.rms_norm(self.lin[i].o(attn.reshape(1, rows, -1)), (D,), lw.post_attn_norm, eps)
+            h = F.rms_norm(x, (D,), lw.attn_norm, eps)
+            x, attn = self._attention_sdpa(h, x, i, cache, start, cos, sin, mask, last_row_only and i == last_layer)
+            x = x + F.rms_norm(self.lin[i].o(attn), (D,), lw.post_attn_norm, eps)
             gate, up = self.lin[i].gate_up(F.rms_norm(x, (D,), lw.mlp_norm, eps)).chunk(2, dim=-1)
             x = x + F.rms_norm(self.lin[i].down(_gelu_tanh(gate) * up), (D,), lw.post_mlp_norm, eps)
         return x
