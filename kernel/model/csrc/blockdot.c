@@ -636,6 +636,21 @@ static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, cons
     return row_q8_0((const int8_t *)w->q + r * nb * QK, w->d + r * nb, nb, xd, xq);
 }
 
+/* Rows r0..r0+RAW_TR-1 (fewer at the end) of a RAW matrix against m quantised input rows: a
+ * decode row or a few (m < RAW_TT) read each weight row straight from the file (qmat_row), more
+ * run the tiles (raw_rows_times); both are raw_dot's float sequence, so the bytes are the same. */
+static void raw_tile(const fak_qmat *w, int64_t r0, int64_t m, const float *xd, const float *xs, const int8_t *xq,
+                     int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
+    const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
+    if (m >= RAW_TT) {
+        raw_rows_times(w, r0, nr, m, xd, xs, xq, xd_stride, xq_stride, y, ldy);
+        return;
+    }
+    for (int i = 0; i < nr; i++)
+        for (int64_t t = 0; t < m; t++)
+            y[t * ldy + r0 + i] = qmat_row(w, r0 + i, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
+}
+
 /* y (m x rows, row stride ldy) = x (m x n) @ W^T, x quantised per row in blocks of 32.
  * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes of scratch. A RAW row is unpacked
  * once and read against every input row (the same raw_dot a one-row call runs). */
@@ -644,17 +659,8 @@ void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t 
     const int64_t n = w->n, nb = n / QK;
     fak_quantize_rows(x, m, n, xd, xs, xq);
     if (w->kind == KIND_RAW) {
-        if (m < RAW_TT) { /* a decode row or two: each weight row read once from the file (qmat_row) */
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-            for (int64_t r = 0; r < w->rows; r++)
-                for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
-            return;
-        }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) {
-            const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
-            raw_rows_times(w, r0, nr, m, xd, xs, xq, nb, 2 * n, y, ldy);
-        }
+        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) raw_tile(w, r0, m, xd, xs, xq, nb, 2 * n, y, ldy);
         return;
     }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -979,17 +985,8 @@ static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const f
     if (w->kind == KIND_RAW) { /* raw_dot's sequence per output, as qmat_row */
         (void)x16;
         (void)x16_stride;
-        if (b < RAW_TT) {
 #pragma omp for schedule(static) nowait
-            for (int64_t r = 0; r < w->rows; r++)
-                for (int64_t t = 0; t < b; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
-            return;
-        }
-#pragma omp for schedule(static) nowait
-        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) {
-            const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
-            raw_rows_times(w, r0, nr, b, xd, xs, xq, xd_stride, xq_stride, y, ldy);
-        }
+        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) raw_tile(w, r0, b, xd, xs, xq, xd_stride, xq_stride, y, ldy);
         return;
     }
 #if defined(__AVX2__) && defined(__F16C__)
