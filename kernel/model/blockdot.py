@@ -116,8 +116,8 @@ def library(cache_dir: Path | None = None) -> ctypes.CDLL:
         check_owned(target)
         lib = ctypes.CDLL(str(target))
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        # fak_matmul(w, x, m, y, ldy, xd, xs, xq, nthreads)
-        lib.fak_matmul.argtypes = (ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, ctypes.c_int)
+        # fak_matmul(w, x, m, y, ldy, xd, xs, xq, x16, nthreads)
+        lib.fak_matmul.argtypes = (ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int)
         lib.fak_matmul.restype = None
         # fak_decode_step(model, token, row, cos, sin_signed, cache, scratch, logits, nthreads)
         lib.fak_decode_step.argtypes = (ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int)
@@ -452,9 +452,10 @@ class BlockLinear:
         nb = self.w.n // QK
         xd, xsum = torch.empty(m * nb), torch.empty(m * nb)
         xq = torch.empty(2 * m * self.w.n, dtype=torch.int8)
+        x16 = torch.empty(m * self.w.n, dtype=torch.int16)
         self._lib.fak_matmul(
             ctypes.byref(self._struct), xs.data_ptr(), m, y.data_ptr(), self.w.rows,
-            xd.data_ptr(), xsum.data_ptr(), xq.data_ptr(), torch.get_num_threads(),
+            xd.data_ptr(), xsum.data_ptr(), xq.data_ptr(), x16.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return y.reshape(*lead, self.w.rows)
 

@@ -395,11 +395,22 @@ static inline __m256i block_lanes(const fak_unpacked *w, int64_t b, const int8_t
  * the input sums in their own accumulator. Every RAW product runs this for every 8 blocks,
  * whichever way it formed L and the scales (the same integers and floats), so a row's
  * bytes are the same in every path. */
+static inline void group_float(__m256i l, __m256i h, __m256 lo, __m256 hi, __m256 mn, int halves, int mins,
+                               const float *xd, const float *xs, __m256 *acc, __m256 *macc);
+
 static inline void group_reduce(const __m256i L[8], __m256 lo, __m256 hi, __m256 mn, int halves, int mins,
                                 const float *xd, const float *xs, __m256 *acc, __m256 *macc) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(L[0], L[1]), _mm256_hadd_epi32(L[2], L[3]));
     const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(L[4], L[5]), _mm256_hadd_epi32(L[6], L[7]));
     const __m256i l = _mm256_permute2x128_si256(a, c, 0x20), h = _mm256_permute2x128_si256(a, c, 0x31);
+    group_float(l, h, lo, hi, mn, halves, mins, xd, xs, acc, macc);
+}
+
+/* group_reduce's float side, from the 8 blocks' integer sums per half: lane j of l (h) is
+ * block j's sum over values 0-15 (16-31). Where a caller forms l and h (the prefill's int16
+ * products), the floats are these same operations: the same bytes. */
+static inline void group_float(__m256i l, __m256i h, __m256 lo, __m256 hi, __m256 mn, int halves, int mins,
+                               const float *xd, const float *xs, __m256 *acc, __m256 *macc) {
     const __m256 xdv = _mm256_loadu_ps(xd);
     if (halves) {
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(lo, xdv), *acc);
@@ -574,48 +585,7 @@ void fak_dequant_rows(const fak_qmat *w, const int64_t *ids, int64_t count, floa
     }
 }
 
-/* Rows r0..r0+nr-1 (nr <= RAW_TR) of a RAW matrix against m quantised input rows (row t's
- * scales at t * xd_stride, its codes at t * xq_stride), into y (row stride ldy). Each row is
- * unpacked once; a tile of RAW_TR weight rows by RAW_TT input rows runs group by group of 8
- * blocks while their codes are in cache, each output keeping its own accumulators. Every
- * output is raw_dot's float sequence over the same block integers (raw_group, raw_tail), so
- * its bytes are those of a one-row call: batch-invariant by construction. */
 #define RAW_TR 4
-#define RAW_TT 4
-static void raw_rows_times(const fak_qmat *w, int64_t r0, int nr, int64_t m, const float *xd, const float *xs,
-                           const int8_t *xq, int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
-    const int64_t n = w->n, nb = n / QK;
-    uint8_t u[RAW_TR][n];
-    float lo[RAW_TR][nb + 1], hi[RAW_TR][nb + 1], mn[RAW_TR][nb + 1];
-    fak_unpacked rows[RAW_TR];
-    for (int i = 0; i < nr; i++) {
-        rows[i] = (fak_unpacked){u[i], lo[i], hi[i], mn[i], 0, 0, 0};
-        unpack_qmat_row(w, r0 + i, &rows[i]);
-    }
-    int64_t t0 = 0;
-#if defined(__AVX2__) && defined(__F16C__)
-    for (; t0 + RAW_TT <= m; t0 += RAW_TT) {
-        __m256 acc[RAW_TR][RAW_TT], macc[RAW_TR][RAW_TT];
-        for (int i = 0; i < nr; i++)
-            for (int t = 0; t < RAW_TT; t++) acc[i][t] = macc[i][t] = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= nb; b += 8)
-            for (int i = 0; i < nr; i++)
-                for (int t = 0; t < RAW_TT; t++)
-                    raw_group(&rows[i], b, xd + (t0 + t) * xd_stride, xs + (t0 + t) * xd_stride, xq + (t0 + t) * xq_stride,
-                              &acc[i][t], &macc[i][t]);
-        for (int i = 0; i < nr; i++)
-            for (int t = 0; t < RAW_TT; t++) {
-                const float tail = raw_tail(&rows[i], b, nb, xd + (t0 + t) * xd_stride, xs + (t0 + t) * xd_stride,
-                                            xq + (t0 + t) * xq_stride, &acc[i][t]);
-                y[(t0 + t) * ldy + r0 + i] = hsum256(_mm256_add_ps(acc[i][t], macc[i][t])) + tail;
-            }
-    }
-#endif
-    for (; t0 < m; t0++)
-        for (int i = 0; i < nr; i++)
-            y[t0 * ldy + r0 + i] = raw_dot(&rows[i], nb, xd + t0 * xd_stride, xs + t0 * xd_stride, xq + t0 * xq_stride);
-}
 
 static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, const float *xs, const int8_t *xq) {
     const int64_t nb = w->n / QK;
@@ -636,36 +606,16 @@ static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, cons
     return row_q8_0((const int8_t *)w->q + r * nb * QK, w->d + r * nb, nb, xd, xq);
 }
 
-/* Rows r0..r0+RAW_TR-1 (fewer at the end) of a RAW matrix against m quantised input rows: a
- * decode row or a few (m < RAW_TT) read each weight row straight from the file (qmat_row), more
- * run the tiles (raw_rows_times); both are raw_dot's float sequence, so the bytes are the same. */
+/* Rows r0..r0+RAW_TR-1 (fewer at the end) of a matrix against a few (m < PF_TOKENS)
+ * quantised input rows: each weight row read straight from the file (qmat_row), as a decode
+ * step reads it. More input rows run the prefill's tiles (prefill_tile), whose outputs are
+ * these same bytes. */
 static void raw_tile(const fak_qmat *w, int64_t r0, int64_t m, const float *xd, const float *xs, const int8_t *xq,
                      int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
     const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
-    if (m >= RAW_TT) {
-        raw_rows_times(w, r0, nr, m, xd, xs, xq, xd_stride, xq_stride, y, ldy);
-        return;
-    }
     for (int i = 0; i < nr; i++)
         for (int64_t t = 0; t < m; t++)
             y[t * ldy + r0 + i] = qmat_row(w, r0 + i, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
-}
-
-/* y (m x rows, row stride ldy) = x (m x n) @ W^T, x quantised per row in blocks of 32.
- * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes of scratch. A RAW row is unpacked
- * once and read against every input row (the same raw_dot a one-row call runs). */
-void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t ldy, float *xd, float *xs,
-                int8_t *xq, int nthreads) {
-    const int64_t n = w->n, nb = n / QK;
-    fak_quantize_rows(x, m, n, xd, xs, xq);
-    if (w->kind == KIND_RAW) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) raw_tile(w, r0, m, xd, xs, xq, nb, 2 * n, y, ldy);
-        return;
-    }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < w->rows; r++)
-        for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
 }
 
 /* --- one decode step --------------------------------------------------------------- */
@@ -899,118 +849,42 @@ static void quantize_row16(const float *x, int64_t n, float *xd, float *xs, int8
             x16[blk * QK + j] = (int16_t)(256 * xq[blk * 2 * QK + j] + xq[blk * 2 * QK + QK + j]);
 }
 
-#if defined(__AVX2__) && defined(__F16C__)
-/* The 8 int32 lanes q4_block / q8_block compute for a block, from int16 weights and inputs:
- * lane k = the sum over values 4k..4k+3 of w * (256 q1 + q2). Integer sums are exact, so the
- * lanes are the same integers however they are formed; every float op after them is the same. */
-static inline __m256i lanes16(const int16_t *w, const int16_t *x) {
-    const __m256i lo = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w), _mm256_loadu_si256((const __m256i *)x));
-    const __m256i hi =
-        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(w + 16)), _mm256_loadu_si256((const __m256i *)(x + 16)));
-    /* hadd gives 64-bit chunks (l0 l1)(l4 l5)(l2 l3)(l6 l7): put them in order */
-    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
-}
+/* Quantised input rows: row t's block scales and sums at t * d_stride, its int16 codes
+ * (256 q1 + q2) at t * x16_stride, its int8 codes at t * xq_stride. */
+typedef struct {
+    const float *xd, *xs;
+    const int8_t *xq;
+    const int16_t *x16;
+    int64_t d_stride, xq_stride, x16_stride;
+} fak_inputs;
 
-/* row_q4_1's float sequence, its block integers from lanes16 */
-static inline float row16_q4_1(const int16_t *w16, const uint16_t *wd, const uint16_t *wm, int64_t nb, const float *xd,
-                               const float *xs, const int16_t *x16) {
-    float sum = 0.0f;
-    int64_t b = 0;
-    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-        __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = lanes16(w16 + (b + j) * QK, x16 + (b + j) * QK);
-        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
-                                           _mm256_loadu_ps(xd + b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
-        macc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b))), _mm256_loadu_ps(xs + b),
-                               macc);
-    }
-    for (; b < nb; b++) {
-        const float scale = half_to_float(wd[b]) * xd[b];
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes16(w16 + b * QK, x16 + b * QK)), _mm256_set1_ps(scale), acc);
-        sum += half_to_float(wm[b]) * xs[b];
-    }
-    sum += hsum256(_mm256_add_ps(acc, macc));
-    return sum;
-}
+#define PF_ROWS 8     /* weight rows in a tile: one per lane of a vector */
+#define PF_TOKENS 4   /* input rows run together against a tile (their sums in registers) */
+#define PF_CHUNK 64   /* input rows whose codes stay in cache while a tile of rows runs over them */
 
-/* row_q8_0's float sequence, its block integers from lanes16 */
-static inline float row16_q8_0(const int16_t *w16, const uint16_t *wd, int64_t nb, const float *xd, const int16_t *x16) {
-    int64_t b = 0;
-    __m256 acc = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-        __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = lanes16(w16 + (b + j) * QK, x16 + (b + j) * QK);
-        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b))),
-                                           _mm256_loadu_ps(xd + b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(p)), scale, acc);
-    }
-    for (; b < nb; b++) {
-        const float scale = half_to_float(wd[b]) * xd[b];
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes16(w16 + b * QK, x16 + b * QK)), _mm256_set1_ps(scale), acc);
-    }
-    return hsum256(acc);
-}
-
-/* weight row r as int16 values, block by block in q4_block's / q8_block's value order */
-static inline void unpack_row16(const fak_qmat *w, int64_t r, int16_t *w16) {
-    const int64_t nb = w->n / QK;
-    for (int64_t blk = 0; blk < nb; blk++) {
-        if (w->kind == 0) {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)w->q + (r * nb + blk) * 16));
-            const __m128i low = _mm_set1_epi8(0x0f);
-            _mm256_storeu_si256((__m256i *)(w16 + blk * QK), _mm256_cvtepu8_epi16(_mm_and_si128(raw, low)));
-            _mm256_storeu_si256((__m256i *)(w16 + blk * QK + 16),
-                                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low)));
-        } else {
-            const int8_t *q = (const int8_t *)w->q + (r * nb + blk) * QK;
-            _mm256_storeu_si256((__m256i *)(w16 + blk * QK), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)));
-            _mm256_storeu_si256((__m256i *)(w16 + blk * QK + 16),
-                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16))));
-        }
-    }
-}
-#endif
+/* weight rows r0..r0+nr-1 (nr <= PF_ROWS) against input rows t0..t1-1 (the prefill tiles, below) */
+static void prefill_tile(const fak_qmat *w, int64_t r0, int nr, int64_t t0, int64_t t1, const fak_inputs *in,
+                         float *y, int64_t ldy);
 
 /* y[t] = W x[t] for t < b (row stride ldy), over inputs quantised per row (row t's scales at
  * t * xd_stride, its codes at t * xq_stride, its int16 codes at t * x16_stride); rows of W
  * split between the team's threads. Each output is the bytes qmat_row computes for its own
- * input row alone (team_matvec, fak_decode_step): the same float operations in the same
- * order over the same block integers. With AVX2 a weight row is unpacked to int16 once and
- * read against every input row while it is in cache. */
+ * input row alone (team_matvec, fak_decode_step): a few input rows run qmat_row itself (each
+ * weight row read straight from the file), more the prefill's tiles (a tile of weight rows
+ * unpacked once and read against every input row), which form the same block integers and
+ * run the same float operations in the same order. */
 static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
                           const int16_t *x16, int64_t xd_stride, int64_t xq_stride, int64_t x16_stride, float *y,
                           int64_t ldy) {
-    if (w->kind == KIND_RAW) { /* raw_dot's sequence per output, as qmat_row */
-        (void)x16;
-        (void)x16_stride;
+    if (b >= PF_TOKENS) {
+        const fak_inputs in = {xd, xs, xq, x16, xd_stride, xq_stride, x16_stride};
 #pragma omp for schedule(static) nowait
-        for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) raw_tile(w, r0, b, xd, xs, xq, xd_stride, xq_stride, y, ldy);
+        for (int64_t r0 = 0; r0 < w->rows; r0 += PF_ROWS)
+            prefill_tile(w, r0, w->rows - r0 < PF_ROWS ? (int)(w->rows - r0) : PF_ROWS, 0, b, &in, y, ldy);
         return;
     }
-#if defined(__AVX2__) && defined(__F16C__)
-    const int64_t nb = w->n / QK;
-    int16_t w16[w->n];
-    (void)xq;
-    (void)xq_stride;
 #pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < w->rows; r++) {
-        unpack_row16(w, r, w16);
-        for (int64_t t = 0; t < b; t++)
-            y[t * ldy + r] = w->kind == 0
-                                 ? row16_q4_1(w16, w->d + r * nb, w->m + r * nb, nb, xd + t * xd_stride,
-                                              xs + t * xd_stride, x16 + t * x16_stride)
-                                 : row16_q8_0(w16, w->d + r * nb, nb, xd + t * xd_stride, x16 + t * x16_stride);
-    }
-#else
-    (void)x16;
-    (void)x16_stride;
-#pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < w->rows; r++)
-        for (int64_t t = 0; t < b; t++)
-            y[t * ldy + r] = qmat_row(w, r, xd + t * xd_stride, xs + t * xd_stride, xq + t * xq_stride);
-#endif
+    for (int64_t r0 = 0; r0 < w->rows; r0 += RAW_TR) raw_tile(w, r0, b, xd, xs, xq, xd_stride, xq_stride, y, ldy);
 }
 
 /* Run `b` sessions' next tokens in one pass over the weights: row t runs tokens[t] at row
@@ -1111,5 +985,251 @@ void fak_decode_batch(const fak_model *m, int64_t b, const int64_t *tokens, cons
         }
         team_barrier(&bar, team, &sense);
         team_matmul16(&m->head, b, s->xd, s->xs, s->xq, s->x16, nbw, xqn, widest, logits, m->vocab);
+    }
+}
+
+/* --- prefill: many input rows against a matrix -------------------------------------------
+ *
+ * A prefill call multiplies T input rows by every weight row: bound by arithmetic, not by
+ * reading the weights. Each weight row is unpacked once per chunk of input rows to one int16
+ * code per value (u - off, or Q8_0's signed code) with its blocks' float scales and mins;
+ * each input row is quantised as a decode step quantises it (fak_quantize_rows) and its codes
+ * kept as int16 too (256 q1 + q2). A block's integers are then two vpmaddwd per (weight row,
+ * input row): the same integers block_lanes and q4_block/q8_block form (integer sums are
+ * exact however they are formed), and every float operation after them is the one-row
+ * product's (group_float, the tail's lanes, the final sums). So an output is the bytes the
+ * decode step's product computes for its input row alone, whatever else is in the call. */
+
+typedef struct {
+    int16_t *c;           /* n codes */
+    float *lo, *hi, *mn;  /* n / 32 each */
+    int halves, mins;
+    int q8_split;         /* kind 1 (split Q8_0): row_q8_0's final sum, without the mins' accumulator */
+} fak_row16;
+
+/* weight row r of w into o (arrays sized for w->n) */
+static void unpack_prefill_row(const fak_qmat *w, int64_t r, fak_row16 *o, uint8_t *u_scratch) {
+    const int64_t n = w->n, nb = n / QK;
+    o->q8_split = 0;
+    if (w->kind == KIND_RAW) {
+        fak_unpacked raw = {u_scratch, o->lo, o->hi, o->mn, 0, 0, 0};
+        unpack_qmat_row(w, r, &raw);
+        o->halves = raw.halves;
+        o->mins = raw.mins;
+        if (raw.off < 0)
+            for (int64_t i = 0; i < n; i++) o->c[i] = (int16_t)(int8_t)raw.u[i];
+        else
+            for (int64_t i = 0; i < n; i++) o->c[i] = (int16_t)((int)raw.u[i] - raw.off);
+        return;
+    }
+    o->halves = 0;
+    o->mins = w->kind == 0;
+    o->q8_split = w->kind == 1;
+    for (int64_t b = 0; b < nb; b++) {
+        o->lo[b] = o->hi[b] = half_to_float(w->d[r * nb + b]);
+        o->mn[b] = w->kind == 0 ? half_to_float(w->m[r * nb + b]) : 0.0f;
+        int16_t *c = o->c + b * QK;
+        if (w->kind == 0) {
+            const uint8_t *q = (const uint8_t *)w->q + (r * nb + b) * 16;
+            for (int i = 0; i < 16; i++) {
+                c[i] = (int16_t)(q[i] & 0x0f);
+                c[16 + i] = (int16_t)(q[i] >> 4);
+            }
+        } else {
+            const int8_t *q = (const int8_t *)w->q + (r * nb + b) * QK;
+            for (int i = 0; i < QK; i++) c[i] = q[i];
+        }
+    }
+}
+
+
+#if defined(__AVX2__) && defined(__F16C__)
+/* A tile of PF_ROWS weight rows laid out across vector lanes: lane r of a vector is row r.
+ * pairs[(b * 16 + p) * 8 + r] holds row r's codes 2p and 2p+1 of block b (two int16), so
+ * one vpmaddwd against an input's pair broadcast gives 8 rows' partial sums at once: no
+ * horizontal sums. The scales are transposed the same way (lo[b * 8 + r]). */
+typedef struct {
+    int32_t *pairs;
+    float *lo, *hi, *mn;
+    __m256i halves, mins; /* per lane: all ones where that row's type has them */
+    __m256i q8_split;     /* per lane: all ones for a split Q8_0 row (row_q8_0's sums) */
+    int any_halves;
+} fak_tile16;
+
+/* The float side of one block for 8 rows and one input row: group_float's operations for
+ * each row, in the lane of its row instead of the lane of its block (the same operations
+ * on the same values, so the same bytes); acc and macc are the accumulators of lane j of
+ * every row's group_float (j = the block's place in its group of 8). */
+static inline void tile_block_float(const fak_tile16 *w, int64_t b, __m256i l, __m256i h, float xd, float xs,
+                                    __m256 *acc, __m256 *macc) {
+    const __m256 xdv = _mm256_set1_ps(xd);
+    const __m256 lo = _mm256_loadu_ps(w->lo + b * 8);
+    const __m256 whole = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(l, h)), _mm256_mul_ps(lo, xdv), *acc);
+    if (w->any_halves) {
+        const __m256 first = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(lo, xdv), *acc);
+        const __m256 split = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(_mm256_loadu_ps(w->hi + b * 8), xdv), first);
+        *acc = _mm256_blendv_ps(whole, split, _mm256_castsi256_ps(w->halves));
+    } else {
+        *acc = whole;
+    }
+    const __m256 m = _mm256_fmadd_ps(_mm256_loadu_ps(w->mn + b * 8), _mm256_set1_ps(xs), *macc);
+    *macc = _mm256_blendv_ps(*macc, m, _mm256_castsi256_ps(w->mins));
+}
+
+/* A tile against input rows t..t+NT-1 (NT a constant where it is inlined: the sums stay in
+ * registers): every whole group's blocks (tile_block_float), then the tail blocks (fewer than
+ * 8, one by one as raw_tail, row_q4_1 and row_q8_0 run them: lane k of a block is its values
+ * 4k..4k+3, scaled by lo for k < 4 and hi above), then each row's final sum (hsum256 of
+ * acc + macc, plus the tail's mins; row_q8_0's hsum256 of acc alone for split Q8_0 rows),
+ * all in the lane of its row: the one-row product's operations in the same order. */
+static inline __attribute__((always_inline)) void tile_times(const fak_tile16 *w, int64_t n, const int NT,
+                                                               const fak_inputs *in, int64_t t, float *y, int64_t ldy,
+                                                               int64_t r0, int nr) {
+    const int64_t nb = n / QK, whole = nb / 8 * 8;
+    const int16_t *x16 = in->x16;
+    const float *xd = in->xd, *xs = in->xs;
+    const int64_t ds = in->d_stride, cs = in->x16_stride;
+    __m256 acc[PF_TOKENS][8], macc[PF_TOKENS][8];
+    for (int k = 0; k < NT; k++)
+        for (int j = 0; j < 8; j++) acc[k][j] = macc[k][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < whole; b++) {
+        __m256i l[PF_TOKENS], h[PF_TOKENS];
+        for (int k = 0; k < NT; k++) l[k] = h[k] = _mm256_setzero_si256();
+        const __m256i *wp = (const __m256i *)(w->pairs + b * 16 * 8);
+        for (int p = 0; p < 8; p++) {
+            const __m256i wl = _mm256_loadu_si256(wp + p), wh = _mm256_loadu_si256(wp + 8 + p);
+            for (int k = 0; k < NT; k++) {
+                const int32_t *xp = (const int32_t *)(x16 + (t + k) * cs + b * QK);
+                l[k] = _mm256_add_epi32(l[k], _mm256_madd_epi16(wl, _mm256_set1_epi32(xp[p])));
+                h[k] = _mm256_add_epi32(h[k], _mm256_madd_epi16(wh, _mm256_set1_epi32(xp[8 + p])));
+            }
+        }
+        for (int k = 0; k < NT; k++)
+            tile_block_float(w, b, l[k], h[k], xd[(t + k) * ds + b], xs[(t + k) * ds + b], &acc[k][b % 8], &macc[k][b % 8]);
+    }
+    __m256 tail[PF_TOKENS];
+    for (int k = 0; k < NT; k++) tail[k] = _mm256_setzero_ps();
+    for (int64_t b = whole; b < nb; b++) {
+        const __m256i *wp = (const __m256i *)(w->pairs + b * 16 * 8);
+        const __m256 lo = _mm256_loadu_ps(w->lo + b * 8), hi = _mm256_loadu_ps(w->hi + b * 8);
+        const __m256 mn = _mm256_loadu_ps(w->mn + b * 8);
+        for (int k = 0; k < NT; k++) {
+            const int32_t *xp = (const int32_t *)(x16 + (t + k) * cs + b * QK);
+            const __m256 xdv = _mm256_set1_ps(xd[(t + k) * ds + b]);
+            const __m256 slo = _mm256_mul_ps(lo, xdv), shi = _mm256_mul_ps(hi, xdv);
+            for (int j = 0; j < 8; j++) { /* lane j: values 4j..4j+3, the pairs 2j and 2j+1 */
+                const __m256i sum =
+                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(wp + 2 * j), _mm256_set1_epi32(xp[2 * j])),
+                                     _mm256_madd_epi16(_mm256_loadu_si256(wp + 2 * j + 1), _mm256_set1_epi32(xp[2 * j + 1])));
+                acc[k][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), j < 4 ? slo : shi, acc[k][j]);
+            }
+            const __m256 m = _mm256_add_ps(tail[k], _mm256_mul_ps(mn, _mm256_set1_ps(xs[(t + k) * ds + b])));
+            tail[k] = _mm256_blendv_ps(m, tail[k], _mm256_castsi256_ps(w->q8_split));
+        }
+    }
+    for (int k = 0; k < NT; k++) {
+        __m256 v[8];
+        for (int j = 0; j < 8; j++) v[j] = _mm256_add_ps(acc[k][j], macc[k][j]);
+        /* hsum256's order: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) */
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                                         _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
+        const __m256 *a = acc[k];
+        const __m256 q8 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                        _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+        const __m256 out = _mm256_blendv_ps(_mm256_add_ps(sum, tail[k]), q8, _mm256_castsi256_ps(w->q8_split));
+        float *dst = y + (t + k) * ldy + r0;
+        if (nr == PF_ROWS) {
+            _mm256_storeu_ps(dst, out);
+        } else {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, out);
+            memcpy(dst, lanes, (size_t)nr * sizeof(float));
+        }
+    }
+}
+#endif
+
+/* Weight rows r0..r0+nr-1 (nr <= PF_ROWS) against input rows t0..t1-1. */
+static void prefill_tile(const fak_qmat *w, int64_t r0, int nr, int64_t t0, int64_t t1, const fak_inputs *in,
+                         float *y, int64_t ldy) {
+    const int64_t n = w->n, nb = n / QK;
+#if defined(__AVX2__) && defined(__F16C__)
+    int16_t c[PF_ROWS][n];
+    float lo[PF_ROWS][nb + 1], hi[PF_ROWS][nb + 1], mn[PF_ROWS][nb + 1];
+    uint8_t u[n];
+    fak_row16 rows[PF_ROWS];
+    int32_t pairs[n / 2 * PF_ROWS];
+    float tlo[nb * 8 + 8], thi[nb * 8 + 8], tmn[nb * 8 + 8];
+    int32_t halves[8] = {0}, mins[8] = {0}, q8[8] = {0};
+    int any_halves = 0;
+    for (int i = 0; i < PF_ROWS; i++) {
+        rows[i] = (fak_row16){c[i], lo[i], hi[i], mn[i], 0, 0, 0};
+        if (i < nr) {
+            unpack_prefill_row(w, r0 + i, &rows[i], u);
+        } else { /* a missing row: zeros, never stored */
+            memset(c[i], 0, (size_t)n * sizeof(int16_t));
+            for (int64_t b = 0; b < nb; b++) lo[i][b] = hi[i][b] = mn[i][b] = 0.0f;
+        }
+        halves[i] = rows[i].halves ? -1 : 0;
+        mins[i] = rows[i].mins ? -1 : 0;
+        q8[i] = rows[i].q8_split ? -1 : 0;
+        any_halves |= rows[i].halves;
+        const int32_t *cp = (const int32_t *)c[i];
+        for (int64_t q = 0; q < n / 2; q++) pairs[q * 8 + i] = cp[q];
+        for (int64_t b = 0; b < nb; b++) {
+            tlo[b * 8 + i] = lo[i][b];
+            thi[b * 8 + i] = hi[i][b];
+            tmn[b * 8 + i] = mn[i][b];
+        }
+    }
+    const fak_tile16 tile = {pairs, tlo, thi, tmn, _mm256_loadu_si256((const __m256i *)halves),
+                             _mm256_loadu_si256((const __m256i *)mins), _mm256_loadu_si256((const __m256i *)q8),
+                             any_halves};
+    int64_t t = t0;
+    for (; t + PF_TOKENS <= t1; t += PF_TOKENS) tile_times(&tile, n, PF_TOKENS, in, t, y, ldy, r0, nr);
+    for (; t < t1; t++) tile_times(&tile, n, 1, in, t, y, ldy, r0, nr);
+#else
+    (void)nb;
+    for (int i = 0; i < nr; i++)
+        for (int64_t t = t0; t < t1; t++)
+            y[t * ldy + r0 + i] = qmat_row(w, r0 + i, in->xd + t * in->d_stride, in->xs + t * in->d_stride,
+                                           in->xq + t * in->xq_stride);
+#endif
+}
+
+/* y (m x rows, row stride ldy) = x (m x n) @ W^T, x quantised per row in blocks of 32.
+ * xd, xs: m * n/32 floats of scratch; xq: 2 * m * n bytes; x16: m * n int16. A few input
+ * rows (fewer than PF_TOKENS) run the decode step's own product (qmat_row: the file's bytes
+ * read straight, nothing unpacked); more run the prefill tiles. Every output is the bytes
+ * qmat_row computes for its input row alone, whichever way: batch-invariant. */
+void fak_matmul(const fak_qmat *w, const float *x, int64_t m, float *y, int64_t ldy, float *xd, float *xs,
+                int8_t *xq, int16_t *x16, int nthreads) {
+    const int64_t n = w->n, nb = n / QK;
+    if (m < PF_TOKENS) {
+        fak_quantize_rows(x, m, n, xd, xs, xq);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t r = 0; r < w->rows; r++)
+            for (int64_t t = 0; t < m; t++) y[t * ldy + r] = qmat_row(w, r, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; t++) {
+            fak_quantize_rows(x + t * n, 1, n, xd + t * nb, xs + t * nb, xq + t * 2 * n);
+            const int8_t *q = xq + t * 2 * n;
+            for (int64_t b = 0; b < nb; b++)
+                for (int j = 0; j < QK; j++)
+                    x16[t * n + b * QK + j] = (int16_t)(256 * q[b * 2 * QK + j] + q[b * 2 * QK + QK + j]);
+        }
+        const fak_inputs in = {xd, xs, xq, x16, nb, 2 * n, n};
+        for (int64_t t0 = 0; t0 < m; t0 += PF_CHUNK) {
+            const int64_t t1 = t0 + PF_CHUNK < m ? t0 + PF_CHUNK : m;
+#pragma omp for schedule(static)
+            for (int64_t r0 = 0; r0 < w->rows; r0 += PF_ROWS) {
+                const int nr = w->rows - r0 < PF_ROWS ? (int)(w->rows - r0) : PF_ROWS;
+                prefill_tile(w, r0, nr, t0, t1, &in, y, ldy);
+            }
+        }
     }
 }

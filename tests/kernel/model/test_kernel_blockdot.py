@@ -223,3 +223,24 @@ def test_smollm2_s_blocks_are_exactly_the_reference_weights(smollm2) -> None:
     assert model.model_id == ref.model_id + "+gguf-v2"
     # without the file's blocks the products are Q8_0 of the floats: other rows, another model_id
     assert Llama(ref.cfg, ref.w, model_id=ref.model_id, weight_format="gguf").model_id == ref.model_id + "+gguf-q8_0"
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_a_prefill_tile_is_the_bytes_of_each_input_row_alone(kind: str) -> None:
+    """A prefill call (weight rows unpacked in tiles of 8, input rows four at a time, then one
+    by one) is, row for row, the bytes of the decode step's product of each input row alone
+    (fewer than four input rows read the weights straight), with whole groups of 8 blocks
+    and a tail (n = 320: ten blocks) and a last tile of weight rows that is not full (13)."""
+    rng = np.random.default_rng(5)
+    if kind == "q4_1":
+        bm = random_q4_1(13, 320, seed=6)
+    else:
+        q = rng.integers(-128, 128, size=(13, 10, 32), dtype=np.int8)
+        d = rng.uniform(0.001, 0.02, size=(13, 10)).astype(np.float16).view(np.uint16)
+        bm = BlockMatrix(Q8_0, q, d, None)
+    lin = BlockLinear(bm)
+    x = torch.randn(11, 320)
+    together = lin(x)
+    for i in range(11):
+        assert torch.equal(lin(x[i : i + 1]), together[i : i + 1]), i
+    assert torch.equal(lin(x[:3]), together[:3])  # three rows: the straight reads, together

@@ -150,3 +150,17 @@ def test_a_truncated_or_malformed_gguf_file_is_a_model_error(tmp_path) -> None:
     junk.write_bytes(b"GGUF" + b"\xff" * 60)
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         GGUFFile(junk)
+
+
+def test_a_tile_mixing_block_types_gives_each_row_its_own_bytes() -> None:
+    """Prefill tiles hold 8 weight rows: here the first tile mixes Q4_K rows (one scale per 32
+    values, mins) with Q6_K rows (two scales per 32, no mins) and the second Q6_K with Q8_0;
+    each row is still the bytes of the decode step's product of each input row alone."""
+    parts = [random_tensor("Q4_K", 4, 512, seed=11), random_tensor("Q6_K", 7, 512, seed=12),
+             random_tensor("Q8_0", 6, 512, seed=13)]
+    fused = BlockLinear(RawRows(parts))
+    x = torch.randn(6, 512)
+    together = fused(x)
+    for i in range(6):
+        assert torch.equal(fused(x[i : i + 1]), together[i : i + 1]), i
+    assert torch.equal(torch.cat([BlockLinear(RawRows([p]))(x) for p in parts], dim=1), together)
