@@ -11,8 +11,15 @@ the engine takes
   robin over tenants when more wait) and runs them as one ``Llama.forward_batch`` call:
   one pass over the weights for all of them; then
 - other forward calls (prefill chunks of admissions and new turns, recomputations,
-  captured evidence passes) in round robin over tenants, until ``prefill_tokens`` of
-  them ran (at least one a step), each call as it would run alone.
+  captured evidence passes) in the order their requests came (``_PrefillOrder``: a
+  session's calls carry the time its first waiting call arrived): the oldest request's
+  next call alone. A request's prefill is several calls (its segments' chunks) made one
+  after the other by its thread, so the engine waits for the oldest request's next call as
+  it waits for the decode rows of the last step: the first request's prefill finishes
+  before the sixteenth's starts, instead of all of them finishing together. Only while the
+  oldest request is between calls past that wait do the next oldest requests' calls run,
+  one each, up to ``prefill_tokens`` tokens. Decode rows still run every step, so a long
+  prompt delays running sessions by at most one call a step.
 
 Sessions join and leave between steps: a session's next token joins the step after its
 last one returned; a generation that ends or a client that disconnects simply sends no
@@ -76,7 +83,8 @@ class Overloaded(FakError, code="overloaded", status=429):
 @dataclass(frozen=True)
 class SchedulerLimits:
     max_batch: int = 32  # decode rows in one step
-    prefill_tokens: int = 512  # tokens of other calls run in one step (at least one call)
+    prefill_tokens: int = 512  # tokens of other calls run in one step (at least the oldest request's call)
+    forget_s: float = 2.0  # a session with no call for this long loses its place (its request ended)
     gather_s: float = 0.004  # how long a step waits for the rows of the previous step to come back
 
 
@@ -143,7 +151,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._decode: deque[_Job] = deque()
         self._calls: deque[_Job] = deque()
-        self._expected: set[int] = set()  # caches decoded in the last step, expected back
+        self._expected: set[int] = set()  # caches run in the last step, expected back (next row or call)
+        self._order = _PrefillOrder(self.limits.forget_s)
         self._turn = 0  # rotates the tenant served first
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -185,7 +194,12 @@ class Scheduler:
             if self._closed:
                 return model.forward(tokens, cache, positions, all_logits, capture)
             batch = model.batchable(tokens, positions, all_logits, capture)
-            (self._decode if batch else self._calls).append(job)
+            if batch:
+                self._order.generating(id(cache))
+                self._decode.append(job)
+            else:
+                self._order.arrived(id(cache))
+                self._calls.append(job)
             self._cond.notify_all()
         job.done.wait()
         if job.error is not None:
@@ -251,13 +265,8 @@ class Scheduler:
             self._cond.wait(left)
         self._turn += 1
         decode = _fair(self._decode, self.limits.max_batch, self._turn)
-        calls: list[_Job] = []
-        budget = self.limits.prefill_tokens
-        while self._calls and (budget > 0 or not calls):
-            job = _fair(self._calls, 1, self._turn + len(calls))[0]
-            calls.append(job)
-            budget -= job.size
-        self._expected = {id(j.cache) for j in decode}
+        calls = self._order.take(self._calls, self.limits.prefill_tokens)
+        self._expected = {id(j.cache) for j in (*decode, *calls)}
         return decode, calls
 
     def _run_decode(self, jobs: list[_Job]) -> None:
@@ -296,6 +305,62 @@ class Scheduler:
                 self._rows.observe(tenant, n)
             for tenant, n in tokens.items():
                 self._tokens.observe(tenant, n)
+
+
+class _PrefillOrder:
+    """The order of other calls: by the time each session's first waiting call arrived.
+
+    A request's prefill is a run of calls from one thread, one at a time, on its session's
+    cache: the session keeps the time its run began until it generates (its next step is a
+    decode row) or makes no call for ``forget_s`` (its request ended otherwise). So the
+    oldest request's calls go first and its prefill finishes first."""
+
+    def __init__(self, forget_s: float) -> None:
+        self.forget_s = forget_s
+        self._since: dict[int, float] = {}  # cache id -> when its run of calls began
+        self._seen: dict[int, float] = {}  # cache id -> its last call's arrival
+
+    def arrived(self, cache: int) -> None:
+        now = time.monotonic()
+        self._since.setdefault(cache, now)
+        self._seen[cache] = now
+
+    def generating(self, cache: int) -> None:
+        """The session's prefill is over: its next calls (a new turn) queue anew."""
+        self._since.pop(cache, None)
+        self._seen.pop(cache, None)
+
+    def take(self, queue: deque[_Job], budget: int) -> list[_Job]:
+        """The calls of one step, off ``queue``: the oldest run's next call alone when it
+        waits; while the oldest run is between two of its calls (its thread has not sent the
+        next within the engine's wait), one call each of the next oldest runs, as many as fit
+        in ``budget`` tokens (at least one), so the engine does not idle."""
+        now = time.monotonic()
+        for cache in [c for c, t in self._seen.items() if now - t > self.forget_s]:
+            if not any(id(j.cache) == cache for j in queue):
+                self.generating(cache)
+        if not queue:
+            return []
+        ranked = sorted(queue, key=lambda j: self._since.get(id(j.cache), now))  # stable: oldest call first
+        oldest = min(self._since.values(), default=now)
+        taken: list[_Job] = []
+        if self._since.get(id(ranked[0].cache), now) <= oldest:
+            taken.append(ranked[0])
+        else:
+            runs: set[int] = set()
+            for job in ranked:
+                if id(job.cache) in runs:
+                    continue
+                if taken and job.size > budget:
+                    break
+                taken.append(job)
+                runs.add(id(job.cache))
+                budget -= job.size
+        chosen = set(map(id, taken))
+        kept = [j for j in queue if id(j) not in chosen]
+        queue.clear()
+        queue.extend(kept)
+        return taken
 
 
 def _fair(queue: deque[_Job], limit: int, turn: int) -> list[_Job]:

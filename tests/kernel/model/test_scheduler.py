@@ -143,6 +143,51 @@ def test_gguf_steps_of_many_sessions_do_run_batched() -> None:
         _same(a, b)
 
 
+def test_prefill_finishes_requests_in_the_order_they_came() -> None:
+    """Sessions that all start prefilling at once (several calls each, one at a time from
+    their threads) have their prefills run one request after the other, oldest first: the
+    engine's log of calls never interleaves two sessions' prefills, so the first request's
+    first token does not wait for the later requests' prompts. (Round robin over calls, as
+    before, ran every session's k-th chunk in one step: all prefills finished together.)
+    Every session's bytes still equal its solo run."""
+    model = _model("gguf")
+    plans = [(_prompt(48, 40 + i), 8, 3) for i in range(5)]
+    alone = [_run(model, *p) for p in plans]
+    engine = Scheduler(model, SchedulerLimits(gather_s=0.5)).start()
+    log: list[tuple[int, int]] = []  # (cache id, tokens) of each call the engine ran
+    forward = model.forward
+
+    def logged(tokens, cache, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == engine._thread.ident:  # type: ignore[union-attr]
+            log.append((id(cache), len(tokens)))
+        return forward(tokens, cache, *args, **kwargs)
+
+    model.forward = logged  # type: ignore[method-assign]
+    together: list[tuple[list[torch.Tensor], KVCache] | None] = [None] * len(plans)
+    start = threading.Barrier(len(plans))
+
+    def worker(i: int) -> None:
+        start.wait()
+        together[i] = _run(model, *plans[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(plans))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        engine.close()
+        del model.forward
+    prefill_runs = [cache for cache, n in log if n > 1]
+    order = list(dict.fromkeys(prefill_runs))  # sessions in the order their prefill began
+    assert len(order) == len(plans)
+    assert prefill_runs == [c for c in order for _ in range(6)], "two sessions' prefills interleaved"
+    for a, b in zip(alone, together, strict=True):
+        assert b is not None
+        _same(a, b)
+
+
 @settings(max_examples=10, deadline=None)
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12), data=st.data())
 def test_forward_batch_rows_are_their_own_steps(lengths: list[int], data: st.DataObject) -> None:
