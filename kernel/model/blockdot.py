@@ -146,15 +146,19 @@ def fast_path_possible() -> bool:
 
 def kernel_units() -> str:
     """The vector units the C kernel's integer dots use on this CPU (it is built with
-    ``-march=native``): what ``fak info`` names. AMX is not used."""
+    ``-march=native``): what ``fak info`` names. A decode step's products read the file's
+    blocks with int8 dots; a prefill's, and a batch of four or more decode rows, run tiles of
+    8 weight rows across the lanes with int16 pair dots (vpmaddwd), whose sums are the same
+    integers. AMX is not used."""
     flags = cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
         return "plain C loops (no AVX2)"
+    tiles = "prefill and batches: 8-row int16 tiles (vpmaddwd)"
     if {"avx512_vnni", "avx512vl"} <= flags:
-        return "AVX2 with AVX-512 VNNI dot products (vpdpbusd)"
+        return f"AVX2 with AVX-512 VNNI dot products (vpdpbusd); {tiles}"
     if "avx_vnni" in flags:
-        return "AVX2 with AVX-VNNI dot products (vpdpbusd, VEX)"
-    return "AVX2 (vpmaddubsw + vpmaddwd)"
+        return f"AVX2 with AVX-VNNI dot products (vpdpbusd, VEX); {tiles}"
+    return f"AVX2 (vpmaddubsw + vpmaddwd); {tiles}"
 
 
 def default_weights() -> Literal["gguf", "float16", "float32"]:

@@ -1076,6 +1076,18 @@ static inline void tile_block_float(const fak_tile16 *w, int64_t b, __m256i l, _
     *macc = _mm256_blendv_ps(*macc, m, _mm256_castsi256_ps(w->mins));
 }
 
+/* acc + the sums of adjacent int16 products of a and b, per int32 lane (exact: no lane can
+ * overflow for block codes); one instruction with VNNI (vpdpwssd), two without */
+static inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
 /* A tile against input rows t..t+NT-1 (NT a constant where it is inlined: the sums stay in
  * registers): every whole group's blocks (tile_block_float), then the tail blocks (fewer than
  * 8, one by one as raw_tail, row_q4_1 and row_q8_0 run them: lane k of a block is its values
@@ -1100,8 +1112,8 @@ static inline __attribute__((always_inline)) void tile_times(const fak_tile16 *w
             const __m256i wl = _mm256_loadu_si256(wp + p), wh = _mm256_loadu_si256(wp + 8 + p);
             for (int k = 0; k < NT; k++) {
                 const int32_t *xp = (const int32_t *)(x16 + (t + k) * cs + b * QK);
-                l[k] = _mm256_add_epi32(l[k], _mm256_madd_epi16(wl, _mm256_set1_epi32(xp[p])));
-                h[k] = _mm256_add_epi32(h[k], _mm256_madd_epi16(wh, _mm256_set1_epi32(xp[8 + p])));
+                l[k] = madd_acc(l[k], wl, _mm256_set1_epi32(xp[p]));
+                h[k] = madd_acc(h[k], wh, _mm256_set1_epi32(xp[8 + p]));
             }
         }
         for (int k = 0; k < NT; k++)
@@ -1118,9 +1130,8 @@ static inline __attribute__((always_inline)) void tile_times(const fak_tile16 *w
             const __m256 xdv = _mm256_set1_ps(xd[(t + k) * ds + b]);
             const __m256 slo = _mm256_mul_ps(lo, xdv), shi = _mm256_mul_ps(hi, xdv);
             for (int j = 0; j < 8; j++) { /* lane j: values 4j..4j+3, the pairs 2j and 2j+1 */
-                const __m256i sum =
-                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256(wp + 2 * j), _mm256_set1_epi32(xp[2 * j])),
-                                     _mm256_madd_epi16(_mm256_loadu_si256(wp + 2 * j + 1), _mm256_set1_epi32(xp[2 * j + 1])));
+                const __m256i sum = madd_acc(_mm256_madd_epi16(_mm256_loadu_si256(wp + 2 * j), _mm256_set1_epi32(xp[2 * j])),
+                                             _mm256_loadu_si256(wp + 2 * j + 1), _mm256_set1_epi32(xp[2 * j + 1]));
                 acc[k][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), j < 4 ? slo : shi, acc[k][j]);
             }
             const __m256 m = _mm256_add_ps(tail[k], _mm256_mul_ps(mn, _mm256_set1_ps(xs[(t + k) * ds + b])));
