@@ -169,10 +169,16 @@ class _TenantView:
 def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
     if k.prefix is not None:
         st = k.prefix.stats_for(k.namespace(tenant))
-        yield CounterMetricFamily("fak_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache",
-                                  value=st.hit_tokens)
-        yield CounterMetricFamily("fak_prefix_cache_miss_tokens", "prompt tokens the prefix cache could not serve",
+        yield CounterMetricFamily("fak_prefix_cache_hit_tokens", "prompt tokens matched by prefix-cache lookups "
+                                  "(a lookup matches the session's own earlier rows too)", value=st.hit_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_miss_tokens", "prompt tokens prefix-cache lookups did not match",
                                   value=st.miss_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_served_tokens", "prompt rows copied into sessions from the prefix "
+                                  "cache (whole prefill calls; not computed again)", value=st.served_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_computed_tokens", "prompt rows sessions bound to the prefix cache "
+                                  "prefilled themselves (the cache did not hold them)", value=st.computed_tokens)
+        yield CounterMetricFamily("fak_prefix_cache_waits", "lookups that waited for another of the tenant's sessions "
+                                  "computing the same prefill calls", value=st.waits)
         yield CounterMetricFamily("fak_prefix_cache_evictions", "prefix-cache nodes evicted by a byte budget",
                                   value=st.evictions)
         yield CounterMetricFamily("fak_prefix_cache_evicted_bytes", "bytes of KV those evictions freed",

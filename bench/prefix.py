@@ -1,7 +1,9 @@
 """Radix-tree prefix cache on SmolLM2: time to first token hit vs miss, memory
-vs a full-prefix-copy-per-node design, and hit rate on a multi-agent trace.
+vs a full-prefix-copy-per-node design, hit rate on a multi-agent trace, and the share of the
+agents' common prefix a real server serves from the prefix cache.
 
     python bench/prefix.py [--json PATH] [--prefix-tokens 2000] [--repeat 3] [--agents 5] [--turns 20]
+                           [--requests 8] [--sections ttft,memory,trace,common]
 
 * TTFT: a ~2,000-token shared prefix (system prompt + tool schemas) plus a
   short question. Miss = a fresh session prefills the prefix then the
@@ -14,15 +16,31 @@ vs a full-prefix-copy-per-node design, and hit rate on a multi-agent trace.
 * Trace: 5 agents × 20 turns, one tenant, shared system prompt and tools;
   each turn resends the whole history (stateless API), looks up the longest
   cached prefix, prefills the rest, appends a reply and inserts it back.
+* Common prefix (issue 45, item 3): ``--requests`` requests of bench/serve.py's shape
+  (streaming chat: a fixed system prompt, a question, an assistant tool call, its ~335-token
+  tool result, a question; ``tests/support/agent_prefix.py``) through a real HTTP server on
+  the serving default weights, with the request's ``tools`` (two function schemas, as agent
+  frameworks send on every request) and without, sent one after another and all at once (a
+  burst: no request has inserted anything when the others look up). A request's shared
+  tokens are its longest common token prefix with any other request's rendered prompt (read
+  from a reference server without a prefix cache); the rate is the tokens served from the
+  prefix cache over the shared tokens of every request but one. Every answer (text,
+  logprobs, KV fingerprint) is compared with the reference server's (bit-exact expected).
 """
 
 from __future__ import annotations
 
 import random
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-from common import best_of, log, parser, report, target
+from common import ROOT, best_of, log, parser, report, target
+
+sys.path.insert(0, str(ROOT / "tests"))
+from support import agent_prefix as wl  # noqa: E402 - tests/ is a fixture folder
 
 from fak.kernel.kv.prefix_cache import PrefixCache, namespace
 from fak.kernel.model.loader import load_model
@@ -166,39 +184,112 @@ def trace(model, tok, agents: int, turns: int) -> dict:  # noqa: ANN001
     }
 
 
+def common(requests: int) -> dict:
+    """The common-prefix workload through real servers (module docstring)."""
+    from fak.kernel.model.blockdot import default_weights
+
+    weights = default_weights()
+    log(f"common prefix: loading SmolLM2 ({weights} weights, the serving default) ...")
+    lm = load_model(weight_format=weights)
+    out: dict = {"weights": weights, "requests": requests}
+    with tempfile.TemporaryDirectory(prefix="fak-bench-prefix-") as tmp:
+        for tools in (True, False):
+            name = "tools" if tools else "no_tools"
+            log(f"common prefix, {name}: reference server without a prefix cache ...")
+            ref = wl.reference(Path(tmp) / f"ref-{name}", lm, tools, requests)
+            for burst in (False, True):
+                mode = "burst" if burst else "sequential"
+                log(f"common prefix, {name}, {mode} ...")
+                with wl.server(Path(tmp) / f"{name}-{mode}", lm, prefix_cache=True) as live:
+                    t0 = time.perf_counter()
+                    answers = wl.run(live, tools, requests, burst=burst)
+                    wall = time.perf_counter() - t0
+                    st = live.kernel.prefix.stats_for(live.kernel.namespace(wl.TENANT))
+                served = wl.served(answers)
+                out[f"{name}_{mode}"] = {
+                    "prompt_tokens": [len(p) for p in ref.prompts],
+                    "shared_tokens": ref.shared,
+                    "shared_whole_segment_tokens": ref.whole,
+                    "served_tokens": served,
+                    "served_over_shared": wl.rate(served, ref.shared),
+                    "served_over_shared_whole_segments": wl.rate(served, ref.whole) if sum(ref.whole) else 0.0,
+                    "computed_tokens": st.computed_tokens,
+                    "waits": st.waits,
+                    "bit_exact": wl.same_answers(answers, ref.answers),
+                    "wall_s": wall,
+                }
+    return out
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--prefix-tokens", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--agents", type=int, default=5)
     ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--requests", type=int, default=8, help="requests per run of the common-prefix workload")
+    ap.add_argument("--sections", default="ttft,memory,trace,common")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
     torch.manual_seed(0)
-    log("loading SmolLM2 ...")
-    lm = load_model()
-    model, tok = lm.model, lm.tokenizer
+    results: dict = {}
+    targets = []
+    if sections & {"ttft", "memory", "trace"}:
+        log("loading SmolLM2 ...")
+        lm = load_model()
+        model, tok = lm.model, lm.tokenizer
+    if "ttft" in sections:
+        results["ttft"] = r_ttft = ttft(model, tok, args.prefix_tokens, args.repeat)
+        targets.append(target("ttft_hit_over_miss", r_ttft["hit_over_miss"], 0.10, "<="))
+        print_ttft(r_ttft)
+    if "memory" in sections:
+        results["memory"] = r_mem = memory(model, tok)
+        targets.append(target("tree_bytes_over_full_prefix_copy", r_mem["tree_over_full_copy"], 0.35, "<="))
+        print_memory(r_mem)
+    if "trace" in sections:
+        results["trace"] = r_trace = trace(model, tok, args.agents, args.turns)
+        print_trace(r_trace, args)
+    if "common" in sections:
+        results["common_prefix"] = r_common = common(args.requests)
+        print_common(r_common)
+        for mode in ("sequential", "burst"):
+            r = r_common[f"tools_{mode}"]
+            targets.append(target(f"common_prefix_served_over_shared_tools_{mode}", r["served_over_shared"], 0.9, ">="))
+        targets.append(target("common_prefix_bit_exact", float(all(
+            r_common[f"{t}_{m}"]["bit_exact"] for t in ("tools", "no_tools") for m in ("sequential", "burst"))), 1.0,
+            ">="))
+    report("prefix", results, targets, args.json)
 
-    r_ttft = ttft(model, tok, args.prefix_tokens, args.repeat)
-    r_mem = memory(model, tok)
-    r_trace = trace(model, tok, args.agents, args.turns)
 
+def print_ttft(r_ttft: dict) -> None:
     print("\nTTFT (best of runs)")
     print(f"  miss  {r_ttft['ttft_miss_s'] * 1e3:9.1f} ms   ({r_ttft['prefix_tokens']} + {r_ttft['question_tokens']} tokens prefilled)")
     print(f"  hit   {r_ttft['ttft_hit_s'] * 1e3:9.1f} ms   ({r_ttft['matched_tokens']} tokens from the tree)")
     print(f"  same first token: {r_ttft['same_first_token']}, max|Δlogits| = {r_ttft['logits_max_abs_diff']:.3g}")
+
+
+def print_memory(r_mem: dict) -> None:
     print("\nMemory (8 sessions branching from a 1,000-token prefix, 200 unique tokens each)")
     print(f"  tree                    {r_mem['tree_bytes'] / 2**20:9.1f} MiB in {r_mem['tree_nodes']} nodes")
     print(f"  full prefix per node    {r_mem['full_copy_per_node_bytes'] / 2**20:9.1f} MiB")
     print(f"  full copy per session   {r_mem['copy_per_session_bytes'] / 2**20:9.1f} MiB")
+
+
+def print_trace(r_trace: dict, args) -> None:  # noqa: ANN001
     print(f"\nTrace ({args.agents} agents × {args.turns} turns)")
     print(f"  prompt tokens {r_trace['prompt_tokens']}, prefilled {r_trace['prefilled_tokens']}, "
           f"hit rate {r_trace['hit_rate']:.3f}, tree {r_trace['tree_bytes'] / 2**20:.1f} MiB, {r_trace['wall_s']:.1f} s")
 
-    targets = [
-        target("ttft_hit_over_miss", r_ttft["hit_over_miss"], 0.10, "<="),
-        target("tree_bytes_over_full_prefix_copy", r_mem["tree_over_full_copy"], 0.35, "<="),
-    ]
-    report("prefix", {"ttft": r_ttft, "memory": r_mem, "trace": r_trace}, targets, args.json)
+
+def print_common(r: dict) -> None:
+    print(f"\nCommon prefix ({r['requests']} requests of bench/serve.py's shape, {r['weights']} weights)")
+    print(f"  {'run':<22} {'shared/request':>14} {'served':>8} {'of shared':>10} {'of whole segments':>18} "
+          f"{'waits':>6} {'bit-exact':>9}")
+    for name in ("tools_sequential", "tools_burst", "no_tools_sequential", "no_tools_burst"):
+        x = r[name]
+        print(f"  {name:<22} {max(x['shared_tokens']):>14} {sum(x['served_tokens']):>8} "
+              f"{x['served_over_shared']:>10.3f} {x['served_over_shared_whole_segments']:>18.3f} {x['waits']:>6} "
+              f"{x['bit_exact']!s:>9}")
 
 
 if __name__ == "__main__":

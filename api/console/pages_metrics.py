@@ -66,6 +66,8 @@ def metrics_page(request: Request) -> Response:
         if k.prefix is not None:
             st = k.prefix.stats_for(k.namespace(c.tenant))
             rows.append(("prefix-cache hit rate", _rate(st.hit_tokens, st.hit_tokens + st.miss_tokens)))
+            rows.append(("prefill rows served from the prefix cache",
+                         _rate(st.served_tokens, st.served_tokens + st.computed_tokens)))
         pic = k.pic.stats_for(k.namespace(c.tenant))
         rows.append(("PIC chunk hit rate", _rate(pic.hits, pic.lookups)))
         rows += [(f"late detections {key.removeprefix('outcome=')}", str(int(n)))

@@ -1,7 +1,8 @@
 """Prefill a segment into a session's cache: plan its chunks, serve whole leading chunks from
-the prefix cache (exact: the rows the same calls compute), then chunks the PIC registry holds
-(approximate, only when bound), compute the rest one forward call per chunk, and insert the
-exact rows back into the prefix cache.
+the prefix cache (exact: the rows the same calls compute; when another session of the
+namespace is computing the next of those calls now, wait for it and be served:
+``prefix_flight``), then chunks the PIC registry holds (approximate, only when bound), compute
+the rest one forward call per chunk, and insert the exact rows back into the prefix cache.
 
 The chunk plan is the segment's record: a replay makes the same calls, so its KV is the same
 bytes (``kernel/kv/session.py``).
@@ -9,12 +10,16 @@ bytes (``kernel/kv/session.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from fak.kernel.kv.chunking import chunk_bounds
 from fak.kernel.kv.ledger import LedgerError, Segment
 from fak.kernel.kv.pic import PicEntry
 from fak.kernel.kv.pic_serve import FIRST_CHUNK_POSITIONS, PicBinding, PicServed, place, refresh
+from fak.kernel.kv.prefix_cache import PrefixMatch
+from fak.kernel.kv.prefix_flight import WAIT_S, Claim, Flight, flight_key
 from fak.kernel.kv.prefix_tree import call_keys, concat_rows
 from fak.kernel.kv.state import SessionState
 
@@ -48,35 +53,50 @@ def fixed_chunks(n: int, size: int) -> list[int]:
 def prefill(s: SessionState, seg: Segment, pic: bool = True) -> None:
     """Prefill a segment's chunks, serving leading chunks from the prefix
     cache when it holds them (only whole chunks, so the rows are the bytes
-    the same calls would compute), then later chunks from the PIC registry
+    the same calls would compute; waiting for them when another session of the
+    namespace is computing the same calls now), then later chunks from the PIC registry
     when bound (``pic=False``: an exact replay), then insert the segment back."""
-    offset = serve_from_prefix(s, seg)
+    offset, claim = serve_from_prefix(s, seg)
+    try:
+        _compute(s, seg, offset, pic)
+        insert_prefix(s)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _compute(s: SessionState, seg: Segment, offset: int, pic: bool) -> None:
+    """The chunks of ``seg`` from row ``offset`` on: placed from the PIC registry or computed."""
     if offset:
         s.last_logits = None
     s.last_pic = []
     binding = s.pic if pic else None
     run: _Run = []
-    boundary = 0
-    for n in seg.chunks:
-        a, boundary = boundary, boundary + n
-        if a < offset:
-            continue
-        tokens = seg.tokens[a:boundary]
-        entry = _pic_lookup(s, binding, tokens) if binding is not None else None
-        if entry is not None and binding is not None:
-            run.append((entry, s.cache.length, s.cache.next_position()))
-            place(s.model, s.cache, entry, naive=binding.naive)
-            continue
+    boundary = computed = 0
+    try:
+        for n in seg.chunks:
+            a, boundary = boundary, boundary + n
+            if a < offset:
+                continue
+            tokens = seg.tokens[a:boundary]
+            entry = _pic_lookup(s, binding, tokens) if binding is not None else None
+            if entry is not None and binding is not None:
+                run.append((entry, s.cache.length, s.cache.next_position()))
+                place(s.model, s.cache, entry, naive=binding.naive)
+                continue
+            _finish_run(s, seg, run)
+            run = []
+            position, row = s.cache.next_position(), s.cache.length
+            s.last_logits = s.model.forward(tokens, s.cache)
+            computed += n
+            if binding is not None and binding.insert and position >= FIRST_CHUNK_POSITIONS:
+                # a chunk computed near position 0 holds the attention sink: not reusable elsewhere
+                binding.registry.put(binding.namespace, tokens, s.cache.kraw[:, row : row + n],
+                                     s.cache.v[:, row : row + n], position, seg.provenance)
         _finish_run(s, seg, run)
-        run = []
-        position, row = s.cache.next_position(), s.cache.length
-        s.last_logits = s.model.forward(tokens, s.cache)
-        if binding is not None and binding.insert and position >= FIRST_CHUNK_POSITIONS:
-            # a chunk computed near position 0 holds the attention sink: not reusable elsewhere
-            binding.registry.put(binding.namespace, tokens, s.cache.kraw[:, row : row + n],
-                                 s.cache.v[:, row : row + n], position, seg.provenance)
-    _finish_run(s, seg, run)
-    insert_prefix(s)
+    finally:
+        if s.prefix is not None and computed:
+            s.prefix.cache.account(s.prefix.namespace, computed=computed)
 
 
 def _pic_lookup(s: SessionState, binding: PicBinding, tokens: list[int]) -> PicEntry | None:
@@ -128,29 +148,67 @@ def call_starts(s: SessionState, extra: Segment | None = None) -> list[int]:
     return starts
 
 
-def serve_from_prefix(s: SessionState, seg: Segment) -> int:
+def serve_from_prefix(s: SessionState, seg: Segment) -> tuple[int, Claim | None]:
     """Serve whole leading chunks of ``seg`` from the prefix cache, but only rows the
     same calls computed: the tree is keyed by tokens and call boundaries (a chunk end
-    inside the match is a call end of the producer too)."""
+    inside the match is a call end of the producer too). Returns the rows served and, when
+    the session inserts what it computes, its claim on the calls it is to compute
+    (``prefix_flight``: release it when the segment is in the cache or failed). When another
+    session of the namespace is computing the next call now, it waits for that one to
+    finish and looks up again (``WAIT_S`` at most)."""
     if s.prefix is None or s.approximate:
-        return 0
+        return 0, None
+    cache, ns = s.prefix.cache, s.prefix.namespace
     start = s.cache.length
     wanted = call_keys(s.cache.token_list() + seg.tokens, call_starts(s, extra=seg))
-    with s.prefix.cache.match(s.prefix.namespace, wanted) as m:
-        served = 0
-        boundary = 0
-        for n in seg.chunks:
-            end = start + boundary + n
-            if end > m.length:
-                break
-            boundary += n
-            served = boundary
-        if served == 0:
-            return 0
-        s.cache.extend(concat_rows(m.blocks(), start, start + served))
-    s.prefix_hit_tokens += served
-    s.emit("prefix_hit", seg, tokens=served)
-    return served
+    ends = list(accumulate(seg.chunks, initial=start))[1:]
+    deadline = time.monotonic() + WAIT_S
+    waits = 0
+    m = cache.match(ns, wanted)
+    while True:
+        todo = [e for e in ends if e > m.length]
+        got: Flight | Claim | None = None
+        if todo and time.monotonic() < deadline:
+            got = cache.flights.take(ns, [flight_key(wanted[:e]) for e in todo], claim=s.prefix.insert)
+        if isinstance(got, Claim):  # a claim released between the lookup and the take inserted its rows first
+            m = _longer(m, lambda: cache.match(ns, wanted, count=False), got)
+            todo = [e for e in ends if e > m.length]
+        if not isinstance(got, Flight):
+            break
+        m.release()  # another session computes the next call: wait for it, then look up again
+        waits += 1
+        got.wait(deadline - time.monotonic())
+        m = cache.match(ns, wanted, count=False)
+    claim = got if isinstance(got, Claim) else None
+    try:
+        with m:
+            served = ends[len(ends) - len(todo) - 1] - start if len(todo) < len(ends) else 0
+            if served:
+                s.cache.extend(concat_rows(m.blocks(), start, start + served))
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
+    if served or waits:
+        cache.account(ns, served=served, waits=waits)
+    if served:
+        s.prefix_hit_tokens += served
+        s.emit("prefix_hit", seg, tokens=served)
+    return served, claim
+
+
+def _longer(m: PrefixMatch, again: Callable[[], PrefixMatch], claim: Claim) -> PrefixMatch:
+    """The longer of ``m`` and a second lookup (the other released); ``claim`` is released if
+    the second lookup fails."""
+    try:
+        other = again()
+    except BaseException:
+        claim.release()
+        m.release()
+        raise
+    keep, drop = (other, m) if other.length > m.length else (m, other)
+    drop.release()
+    return keep
 
 
 def insert_prefix(s: SessionState) -> None:

@@ -37,6 +37,11 @@ decides who may see which tree and what stays in it:
   namespace that attended to a ref and keeps the prefix before it. It never
   looks at another namespace: a ref string (a public ``blake3:`` digest, say)
   may occur in several tenants' trees, and one tenant's forget is not another's.
+* **In flight.** ``flights`` (``prefix_flight.Flights``) names the calls a session of a
+  namespace is computing now; a session of the same namespace that needs the same calls waits
+  for them and is served (``kernel/kv/prefill.py``), so a burst of agents computes their common
+  prefix once. ``served_tokens`` / ``computed_tokens`` count the rows sessions were served
+  and prefilled themselves; ``hit_tokens`` / ``miss_tokens`` count what lookups matched.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from fak.errors import FakError
+from fak.kernel.kv.prefix_flight import Flights
 from fak.kernel.kv.prefix_tree import Node, RadixTree, concat_rows, same_layout, token_of
 from fak.kernel.model.kv_cache import KVBlock, KVCache
 
@@ -100,8 +106,11 @@ class PrefixStats:
     for the whole cache, ``PrefixCache.stats_for(ns)`` for one namespace)."""
 
     queries: int = 0
-    hit_tokens: int = 0
-    miss_tokens: int = 0
+    hit_tokens: int = 0  # matched by lookups (a lookup matches the session's own rows too)
+    miss_tokens: int = 0  # looked up and not matched
+    served_tokens: int = 0  # rows copied into sessions from the cache (whole calls; their own rows not counted)
+    computed_tokens: int = 0  # rows sessions bound to the cache prefilled themselves (the cache did not hold them)
+    waits: int = 0  # lookups that waited for another session of the namespace computing the same calls
     inserted_tokens: int = 0
     evictions: int = 0  # nodes removed by a byte budget or evict() (cached before the insert that pushed them out)
     evicted_bytes: int = 0
@@ -118,8 +127,14 @@ class PrefixStats:
         total = self.hit_tokens + self.miss_tokens
         return self.hit_tokens / total if total else 0.0
 
+    @property
+    def served_rate(self) -> float:
+        """Of the rows prefilled by sessions bound to the cache, the share copied from it."""
+        total = self.served_tokens + self.computed_tokens
+        return self.served_tokens / total if total else 0.0
+
     def as_dict(self) -> dict[str, float]:
-        return asdict(self) | {"hit_rate": self.hit_rate}
+        return asdict(self) | {"hit_rate": self.hit_rate, "served_rate": self.served_rate}
 
 
 class PrefixMatch:
@@ -200,10 +215,12 @@ class PrefixCache:
         self._ns_counters: dict[bytes, PrefixStats] = {}
         self._next_expiry: float | None = None
         self._seq = itertools.count()
+        self.flights = Flights()  # calls sessions are computing now (``prefix_flight``)
 
     # --- lookup -------------------------------------------------------------
-    def match(self, ns: bytes, tokens: Sequence[int] | torch.Tensor) -> PrefixMatch:
-        """Longest cached prefix of ``tokens`` in ``ns``, its path locked until released."""
+    def match(self, ns: bytes, tokens: Sequence[int] | torch.Tensor, *, count: bool = True) -> PrefixMatch:
+        """Longest cached prefix of ``tokens`` in ``ns``, its path locked until released.
+        ``count=False``: a second look at the same query (not counted as a lookup)."""
         ids = _token_list(tokens)
         with self._lock:
             now = self.clock()
@@ -214,7 +231,7 @@ class PrefixCache:
                 n.last_access = now
             if nodes and tree is not None:  # nodes come from a tree
                 tree.lock(nodes[-1])
-            for c in self._both(ns):
+            for c in self._both(ns) if count else ():
                 c.queries += 1
                 c.hit_tokens += length
                 c.miss_tokens += len(ids) - length
@@ -228,6 +245,15 @@ class PrefixCache:
             now = self.clock()
             tree = self._trees.get(_check_ns(ns))
             return tree.match(ids, self._stale(now))[0] if tree is not None else 0
+
+    def account(self, ns: bytes, *, served: int = 0, computed: int = 0, waits: int = 0) -> None:
+        """Count rows a session was served from the cache, rows it computed while bound to it,
+        and waits for another session's computation (``kernel/kv/prefill.py`` calls it)."""
+        with self._lock:
+            for c in self._both(_check_ns(ns)):
+                c.served_tokens += served
+                c.computed_tokens += computed
+                c.waits += waits
 
     def unpin(self, ns: bytes, node: Node) -> None:
         """Unlock a matched path (``PrefixMatch.release`` calls it) so the budget may evict it again."""
