@@ -182,9 +182,9 @@ class Settings(StorageSettings):
                                              "decode steps of all generating sessions into one call per step "
                                              "(docs/serving.md; bit-exact: a batched row is the bytes of its own step)")
     batch_max_rows: int = Field(32, ge=1, le=256, description="decode rows in one batched step")
-    batch_prefill_tokens: int = Field(512, ge=1, description="tokens of prefill (and other) calls of the next oldest "
-                                                             "requests run in one step while the oldest request is "
-                                                             "between its calls (else its call alone)")
+    batch_prefill_wait_s: float = Field(0.05, ge=0, le=5, description="how long the engine waits for the oldest "
+                                                                  "request's next prefill call before taking a "
+                                                                  "younger request's (docs/serving.md)")
     max_generating: int = Field(32, ge=1, description="generations running at once (more wait in the queue)")
     max_generating_per_tenant: int = Field(16, ge=1, description="generations of one tenant running at once")
     generation_queue: int = Field(64, ge=0, description="generations waiting for room; beyond it 429 with Retry-After")

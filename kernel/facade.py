@@ -139,7 +139,7 @@ def _engine(settings: Settings, lm: LoadedModel) -> Scheduler | None:
     sharing the model runs one already (it serves this kernel's calls too)."""
     if not settings.batching or lm.model.router is not None:
         return None
-    limits = SchedulerLimits(max_batch=settings.batch_max_rows, prefill_tokens=settings.batch_prefill_tokens)
+    limits = SchedulerLimits(max_batch=settings.batch_max_rows, prefill_wait_s=settings.batch_prefill_wait_s)
     return Scheduler(lm.model, limits).start()
 
 

@@ -12,14 +12,13 @@ the engine takes
   one pass over the weights for all of them; then
 - other forward calls (prefill chunks of admissions and new turns, recomputations,
   captured evidence passes) in the order their requests came (``_PrefillOrder``: a
-  session's calls carry the time its first waiting call arrived): the oldest request's
-  next call alone. A request's prefill is several calls (its segments' chunks) made one
-  after the other by its thread, so the engine waits for the oldest request's next call as
-  it waits for the decode rows of the last step: the first request's prefill finishes
-  before the sixteenth's starts, instead of all of them finishing together. Only while the
-  oldest request is between calls past that wait do the next oldest requests' calls run,
-  one each, up to ``prefill_tokens`` tokens. Decode rows still run every step, so a long
-  prompt delays running sessions by at most one call a step.
+  session's calls carry the time its first waiting call arrived): one call a step, the
+  oldest request's. A request's prefill is several calls (its segments' chunks) made one
+  after the other by its thread, so while the oldest request's thread prepares its next
+  call (up to ``prefill_wait_s``) the engine runs decode rows only, or waits: the first
+  request's prefill finishes before the sixteenth's starts, instead of all of them finishing
+  together. Decode rows still run every step, so a long prompt delays running sessions by
+  at most one call a step.
 
 Sessions join and leave between steps: a session's next token joins the step after its
 last one returned; a generation that ends or a client that disconnects simply sends no
@@ -83,7 +82,7 @@ class Overloaded(FakError, code="overloaded", status=429):
 @dataclass(frozen=True)
 class SchedulerLimits:
     max_batch: int = 32  # decode rows in one step
-    prefill_tokens: int = 512  # tokens of other calls run in one step (at least the oldest request's call)
+    prefill_wait_s: float = 0.05  # how long the oldest request's next call is waited for before the next request's
     forget_s: float = 2.0  # a session with no call for this long loses its place (its request ended)
     gather_s: float = 0.004  # how long a step waits for the rows of the previous step to come back
 
@@ -152,7 +151,7 @@ class Scheduler:
         self._decode: deque[_Job] = deque()
         self._calls: deque[_Job] = deque()
         self._expected: set[int] = set()  # caches run in the last step, expected back (next row or call)
-        self._order = _PrefillOrder(self.limits.forget_s)
+        self._order = _PrefillOrder(self.limits.prefill_wait_s, self.limits.forget_s)
         self._turn = 0  # rotates the tenant served first
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -247,27 +246,31 @@ class Scheduler:
 
     def _next_step(self) -> tuple[list[_Job] | None, list[_Job]]:
         """Wait for work (holding the condition) and take one step's: (None, []) once closed and drained."""
-        while not self._decode and not self._calls:
-            if self._closed:
-                return None, []
-            self._expected.clear()
-            self._cond.wait()
-        # the rows of the last step come back within a few ms (their threads sample the next
-        # token): wait for them, so one step serves them all instead of several small ones
-        deadline = time.monotonic() + self.limits.gather_s
-        while self._expected and not self._closed:
-            back = {id(j.cache) for j in (*self._decode, *self._calls)}
-            if self._expected <= back:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._cond.wait(left)
-        self._turn += 1
-        decode = _fair(self._decode, self.limits.max_batch, self._turn)
-        calls = self._order.take(self._calls, self.limits.prefill_tokens)
-        self._expected = {id(j.cache) for j in (*decode, *calls)}
-        return decode, calls
+        while True:
+            while not self._decode and not self._calls:
+                if self._closed:
+                    return None, []
+                self._expected.clear()
+                self._cond.wait()
+            # the rows of the last step come back within a few ms (their threads sample the next
+            # token): wait for them, so one step serves them all instead of several small ones
+            deadline = time.monotonic() + self.limits.gather_s
+            while self._expected and not self._closed:
+                back = {id(j.cache) for j in (*self._decode, *self._calls)}
+                if self._expected <= back:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._turn += 1
+            decode = _fair(self._decode, self.limits.max_batch, self._turn)
+            calls = self._order.take(self._calls, time.monotonic())
+            if decode or calls or self._closed:
+                self._expected = {id(j.cache) for j in (*decode, *calls)}
+                return decode, calls
+            # only younger requests' calls wait, while the oldest prepares its next: wait for it
+            self._cond.wait(self._order.patience(time.monotonic()))
 
     def _run_decode(self, jobs: list[_Job]) -> None:
         if len(jobs) == 1:
@@ -301,6 +304,8 @@ class Scheduler:
             tokens[job.tenant] = tokens.get(job.tenant, 0) + job.size
         with self._cond:
             self.steps += 1
+            for job in calls:
+                self._order.ran(id(job.cache), time.monotonic())
             for tenant, n in rows.items():
                 self._rows.observe(tenant, n)
             for tenant, n in tokens.items():
@@ -308,59 +313,55 @@ class Scheduler:
 
 
 class _PrefillOrder:
-    """The order of other calls: by the time each session's first waiting call arrived.
+    """The order of other calls: by the time each session's run of calls began.
 
     A request's prefill is a run of calls from one thread, one at a time, on its session's
     cache: the session keeps the time its run began until it generates (its next step is a
-    decode row) or makes no call for ``forget_s`` (its request ended otherwise). So the
-    oldest request's calls go first and its prefill finishes first."""
+    decode row) or makes no call for ``forget_s`` (its request ended otherwise). Each step
+    takes one call, the oldest run's; while that run's thread prepares its next call (within
+    ``wait_s`` of its last one) no other run's call is taken, so the oldest request's prefill
+    finishes first. A run whose thread takes longer yields its turn until it calls again."""
 
-    def __init__(self, forget_s: float) -> None:
-        self.forget_s = forget_s
+    def __init__(self, wait_s: float, forget_s: float) -> None:
+        self.wait_s, self.forget_s = wait_s, forget_s
         self._since: dict[int, float] = {}  # cache id -> when its run of calls began
-        self._seen: dict[int, float] = {}  # cache id -> its last call's arrival
+        self._seen: dict[int, float] = {}  # cache id -> when its last call arrived or ran
 
     def arrived(self, cache: int) -> None:
         now = time.monotonic()
         self._since.setdefault(cache, now)
         self._seen[cache] = now
 
+    def ran(self, cache: int, now: float) -> None:
+        if cache in self._since:
+            self._seen[cache] = now
+
     def generating(self, cache: int) -> None:
-        """The session's prefill is over: its next calls (a new turn) queue anew."""
+        """The session's prefill is over: its next calls (a new turn) start a new run."""
         self._since.pop(cache, None)
         self._seen.pop(cache, None)
 
-    def take(self, queue: deque[_Job], budget: int) -> list[_Job]:
-        """The calls of one step, off ``queue``: the oldest run's next call alone when it
-        waits; while the oldest run is between two of its calls (its thread has not sent the
-        next within the engine's wait), one call each of the next oldest runs, as many as fit
-        in ``budget`` tokens (at least one), so the engine does not idle."""
-        now = time.monotonic()
-        for cache in [c for c, t in self._seen.items() if now - t > self.forget_s]:
-            if not any(id(j.cache) == cache for j in queue):
-                self.generating(cache)
-        if not queue:
-            return []
-        ranked = sorted(queue, key=lambda j: self._since.get(id(j.cache), now))  # stable: oldest call first
-        oldest = min(self._since.values(), default=now)
-        taken: list[_Job] = []
-        if self._since.get(id(ranked[0].cache), now) <= oldest:
-            taken.append(ranked[0])
-        else:
-            runs: set[int] = set()
-            for job in ranked:
-                if id(job.cache) in runs:
-                    continue
-                if taken and job.size > budget:
-                    break
-                taken.append(job)
-                runs.add(id(job.cache))
-                budget -= job.size
-        chosen = set(map(id, taken))
-        kept = [j for j in queue if id(j) not in chosen]
-        queue.clear()
-        queue.extend(kept)
-        return taken
+    def _waited_for(self, queue: deque[_Job], now: float) -> int | None:
+        """The oldest run with a call queued, or between two calls within ``wait_s``."""
+        queued = {id(j.cache) for j in queue}
+        for cache in [c for c, t in self._seen.items() if now - t > self.forget_s and c not in queued]:
+            self.generating(cache)
+        live = [c for c in self._since if c in queued or now - self._seen[c] <= self.wait_s]
+        return min(live, key=lambda c: self._since[c], default=None)
+
+    def take(self, queue: deque[_Job], now: float) -> list[_Job]:
+        """The call of one step, off ``queue``: the oldest run's, or none while it is between calls."""
+        oldest = self._waited_for(queue, now)
+        for job in queue:
+            if id(job.cache) == oldest:
+                queue.remove(job)
+                return [job]
+        return []
+
+    def patience(self, now: float) -> float:
+        """How long until the run waited for now yields its turn (at least a millisecond)."""
+        waits = [self._seen[c] + self.wait_s - now for c in self._since if now - self._seen[c] <= self.wait_s]
+        return max(0.001, min(waits, default=0.001))
 
 
 def _fair(queue: deque[_Job], limit: int, turn: int) -> list[_Job]:
