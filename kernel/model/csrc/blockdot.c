@@ -606,10 +606,9 @@ static inline float qmat_row(const fak_qmat *w, int64_t r, const float *xd, cons
     return row_q8_0((const int8_t *)w->q + r * nb * QK, w->d + r * nb, nb, xd, xq);
 }
 
-/* Rows r0..r0+RAW_TR-1 (fewer at the end) of a matrix against a few (m < PF_TOKENS)
- * quantised input rows: each weight row read straight from the file (qmat_row), as a decode
- * step reads it. More input rows run the prefill's tiles (prefill_tile), whose outputs are
- * these same bytes. */
+/* Rows r0..r0+RAW_TR-1 (fewer at the end) of a matrix against a few quantised input rows
+ * (a batched decode step's): each weight row read straight from the file (qmat_row), as a
+ * decode step reads it. The prefill's tiles (prefill_tile) give these same bytes. */
 static void raw_tile(const fak_qmat *w, int64_t r0, int64_t m, const float *xd, const float *xs, const int8_t *xq,
                      int64_t xd_stride, int64_t xq_stride, float *y, int64_t ldy) {
     const int nr = w->rows - r0 < RAW_TR ? (int)(w->rows - r0) : RAW_TR;
@@ -876,7 +875,11 @@ static void prefill_tile(const fak_qmat *w, int64_t r0, int nr, int64_t t0, int6
 static void team_matmul16(const fak_qmat *w, int64_t b, const float *xd, const float *xs, const int8_t *xq,
                           const int16_t *x16, int64_t xd_stride, int64_t xq_stride, int64_t x16_stride, float *y,
                           int64_t ldy) {
-    if (b >= PF_TOKENS) {
+    /* A tile unpacks its rows before use: for SmolLM2's split Q4_1/Q8_0 that is cheap and a
+     * batch of 16 rows runs 1.15x faster in tiles; a RAW (K-quant) row's unpacking costs more
+     * than reading it straight for each of up to 32 rows (1.5B-shaped Q4_K_M, 16 rows: 1.86 s
+     * a step in tiles, 1.14 s straight), so RAW batches read straight, as a decode step does. */
+    if (b >= PF_TOKENS && w->kind != KIND_RAW) {
         const fak_inputs in = {xd, xs, xq, x16, xd_stride, xq_stride, x16_stride};
 #pragma omp for schedule(static) nowait
         for (int64_t r0 = 0; r0 < w->rows; r0 += PF_ROWS)
