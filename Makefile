@@ -65,8 +65,8 @@ bench: $(STAMP)
 	# non-native, explicit AVX/AVX2/AVX-512 flags, AMX off; issue 44), rebuilt when they change
 	$(BIN)/python bench/peer_build.py --install
 	# every benchmark; common.py is their shared helpers, train_*.py and make_*.py make model files,
-	# peer_build.py builds the peer: not benchmarks
-	for b in bench/*.py; do case $$(basename $$b) in common.py|train_*|make_*|peer_build.py) continue;; esac; \
+	# peer_build.py builds the peer, door_probe.py is bench/door.py's server: not benchmarks
+	for b in bench/*.py; do case $$(basename $$b) in common.py|train_*|make_*|peer_build.py|door_probe.py) continue;; esac; \
 		$(BIN)/python $$b --json bench/out/$$(basename $$b .py).json || exit 1; done
 
 clean:

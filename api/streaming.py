@@ -6,10 +6,16 @@ held until the turn is garbage-collected). Every streaming door uses it: ``POST
 (these two through ``open_sse``).
 
 Its events come from ``steps``: the stream's model steps run one after the other in a thread
-of the stream's own, at most one step ahead of what the response has taken, so the model
-computes the next token while the event loop sends this one. Handing each step to a worker
-thread from the loop (a thread hop there and back per token) left the model idle while the
-loop woke up, which costs most where the CPUs are busy."""
+of the stream's own, at most ``AHEAD`` steps ahead of what the response has taken, so the
+model computes the next token while the event loop sends this one. Handing each step to a
+worker thread from the loop (a thread hop there and back per token) left the model idle while
+the loop woke up, which costs most where the CPUs are busy.
+
+A slow reader: once the socket's buffers are full the response stops taking results, the
+thread stops after ``AHEAD`` of them (paused: no rows for the engine, which does not wait for
+them) and goes on when the reader drains. A client that disconnects: the response ends, the
+thread stops after the step it is in, and ``close`` rolls the turn back (docs/serving.md,
+"The door")."""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ import anyio
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
+
+from fak.kernel.model.scheduler import rows_paused
 
 
 class ClosingStream(StreamingResponse):
@@ -75,15 +83,18 @@ async def open_sse(opener: Callable[[], S], events: Callable[[S], AsyncIterator[
 
 
 R = TypeVar("R")
-AHEAD = 2  # steps computed and not yet taken by the response, the one being computed included
+AHEAD = 8  # steps computed and not yet taken by the response, the one being computed included
 
 
 class _Steps(Generic[R]):
     """``step`` called over and over in a thread of its own until it returns None (or raises),
     the results handed to the event loop without waiting for it; the thread starts a step only
-    while fewer than ``AHEAD`` results wait to be taken. ``stop`` (from the loop, idempotent,
-    never blocking) ends it before its next step. The thread runs in a copy of the caller's
-    context (contextvars), as a worker thread of ``run_in_threadpool`` would."""
+    while fewer than ``AHEAD`` results wait to be taken. When that many wait (the client reads
+    slower than the model writes, and the socket's buffers are full) the stream is paused: the
+    thread sends the engine no rows and tells it not to wait for them (``rows_paused``) until
+    the response takes a result. ``stop`` (from the loop, idempotent, never blocking) ends it
+    before its next step. The thread runs in a copy of the caller's context (contextvars), as a
+    worker thread of ``run_in_threadpool`` would."""
 
     def __init__(self, step: Callable[[], R | None]) -> None:
         self._step = step
@@ -98,7 +109,8 @@ class _Steps(Generic[R]):
     def _run(self) -> None:
         while True:
             with self._room:
-                self._room.wait_for(lambda: self._stopped or self._waiting < AHEAD)
+                if not self._stopped and self._waiting >= AHEAD:
+                    self._pause()
                 if self._stopped:
                     return
                 self._waiting += 1
@@ -113,6 +125,12 @@ class _Steps(Generic[R]):
                 return
             if item is None or not ok:
                 return
+
+    def _pause(self) -> None:
+        """Wait (holding ``_room``) until the response takes a result or stops the stream; the
+        engine does not wait for this stream's rows meanwhile."""
+        rows_paused()
+        self._room.wait_for(lambda: self._stopped or self._waiting < AHEAD)
 
     async def take(self) -> R | None:
         """The next result (None after the last); re-raises what a step raised."""

@@ -22,7 +22,8 @@ the engine takes
 
 Sessions join and leave between steps: a session's next token joins the step after its
 last one returned; a generation that ends or a client that disconnects simply sends no
-more rows (its turn is rolled back by its own thread, as without the engine).
+more rows (its turn is rolled back by its own thread, as without the engine); a stream paused
+for a slow reader says so (``rows_paused``), so no step waits for its row.
 
 Exactness: a call runs exactly as it would alone (prefill chunks are the segment's own
 recorded chunks), and a batched decode row is the bytes its own step computes
@@ -53,6 +54,7 @@ from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import AttentionCapture, Llama
 
 _tenant: contextvars.ContextVar[str] = contextvars.ContextVar("fak_scheduler_tenant", default="")
+_rows = threading.local()  # .last: (scheduler, cache id) of the calling thread's last decode row
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TOKEN_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048)
@@ -67,6 +69,16 @@ def tenant_scope(tenant: str) -> Iterator[None]:
     finally:
         with suppress(ValueError):  # a generator finalised in another context: that one keeps its value
             _tenant.reset(token)
+
+
+def rows_paused() -> None:
+    """The calling thread sends no decode row for a while (its stream's reader is slow and the
+    stream's buffer full): the engine's next step does not wait for the row of its session's
+    last step (a step waits up to ``gather_s`` for the rows of the last one). Its next row, when
+    it sends one, joins the step after it arrives, as any row does."""
+    last: tuple[Scheduler, int] | None = getattr(_rows, "last", None)
+    if last is not None:
+        last[0].not_expecting(last[1])
 
 
 class Overloaded(FakError, code="overloaded", status=429):
@@ -196,6 +208,7 @@ class Scheduler:
             if batch:
                 self._order.generating(id(cache))
                 self._decode.append(job)
+                _rows.last = (self, id(cache))
             else:
                 self._order.arrived(id(cache))
                 self._calls.append(job)
@@ -205,6 +218,12 @@ class Scheduler:
             raise job.error
         assert job.result is not None
         return job.result
+
+    def not_expecting(self, cache: int) -> None:
+        """``rows_paused`` for one session (by its cache's id)."""
+        with self._cond:
+            self._expected.discard(cache)
+            self._cond.notify_all()
 
     # --- figures -----------------------------------------------------------------
     def figures(self, tenant: str, slots: GenerationSlots) -> TenantFigures:

@@ -39,6 +39,7 @@ from fak.kernel.openai.constrain import (
 )
 from fak.kernel.openai.params import ChatParameters
 from fak.kernel.openai.sampling import LogitBias, LogprobRecorder, Penalties, StopStrings, token_bytes
+from fak.kernel.session.kernel_session import TurnReceipt
 from fak.kernel.session.tokens import TextDecoder, timed_tokens
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class Answer:
     context: int  # tokens in the session before the answer's last attempt
     streamed: str = ""  # content already sent by a stream
     decide_s: float = 0.0  # reading the calls and deciding them: what the verdicts add to the turn
+    fingerprint: str | None = None  # the session's KV fingerprint as the kept turn was committed (None: not kept)
     # refs whose bytes the answer's content and calls may carry: its last attempt's content provenance
     provenance: frozenset[str] = frozenset()
     # and those of the retried attempts whose text a stream was already given (it stays sent):
@@ -172,8 +174,9 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         decider = ks.call_decider(plan.principal) if names else None  # bound to the turn's attention by generate
         read: tuple[str, list[ParsedCall]] | None = None
         spent = 0.0  # deciding, while the turn is still open
-        tokens = timed_tokens(ks.generate(keep=keep, decider=decider, hooks=tuple(a.hooks), **sampling),
-                              services.events, ks.tenant)
+        receipt = TurnReceipt()
+        tokens = timed_tokens(ks.generate(keep=keep, decider=decider, receipt=receipt, hooks=tuple(a.hooks),
+                                          **sampling), services.events, ks.tenant)
         try:
             for token in tokens:
                 produced.append(token)
@@ -221,6 +224,7 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
                          context, stopped=a.stops is not None and a.stops.matched, refs=decider.refs if decider else ())
         answer.decide_s = spent + time.perf_counter() - t0
         answer.provenance, answer.sent_provenance = turn_refs, frozenset(shown_refs)
+        answer.fingerprint = receipt.fingerprint
         yield answer
         return
 

@@ -34,7 +34,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Container, Generator, Iterator
+from collections.abc import Container, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -271,6 +271,14 @@ class ChatTurn:
                          tools_ref=self.tools_ref, metadata=self.parameters.metadata)
 
 
+def _fingerprint(turn: Turn, answers: Sequence[Answer]) -> str:
+    """The session's fingerprint after the answer: the one the kept choice's turn was committed
+    with (``Answer.fingerprint``; hashing the whole KV again costs as much as the commit's
+    hash, and grows with the context), else the session's now."""
+    kept = next((a.fingerprint for a in answers if a.index == 0 and a.fingerprint), None)
+    return kept or turn.fingerprint()
+
+
 def verdict_header(info: w.FakInfo) -> str:
     """The ``fak-tool-calls`` header: each call's id, verdict and whether it is held, for
     frameworks that drop unknown body fields (``call_…=ALLOW, call_held_…=CONFIRM;held``)."""
@@ -474,7 +482,7 @@ def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
                 if isinstance(step, Answer):
                     answers.append(step)
         usage = turn.usage(answers)
-        fingerprint = turn.fingerprint()
+        fingerprint = _fingerprint(turn, answers)
     finally:
         turn.close()
     completion = w.ChatCompletion(id=turn.completion_id, created=int(time.time()), model=turn.model,
@@ -555,7 +563,7 @@ class ChatStream:
                 ToolCallDelta(j, call.id, call.function.name, call.function.arguments)
                 for j, call in enumerate(a.tool_calls)))))
         # the kept choice comes last: its fak field carries every choice's verdicts
-        info = self.turn.info(self.turn.fingerprint(), self._answers) if a.index == 0 else None
+        info = self.turn.info(_fingerprint(self.turn, self._answers), self._answers) if a.index == 0 else None
         out.append(self._chunk((ChoiceDelta(a.index, Delta(), a.finish, a.logprobs),), fak=info))
         return out
 

@@ -56,7 +56,8 @@ from fak.state.store import ForgetProgress
 from fak.types import as_id
 
 __all__ = ["GENERATION_OVERHEAD", "MAX_SOURCE", "MAX_TEXT_BYTES", "QUARANTINED_RULE", "Admission", "ContextFull",
-           "CallDecider", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy", "decide_call"]
+           "CallDecider", "KernelSession", "RefBeingForgotten", "RefsEvicted", "SessionBusy", "TurnReceipt",
+           "decide_call"]
 
 MAX_TEXT_BYTES = 1 << 20
 GENERATION_OVERHEAD = 16  # tokens an answer needs besides its own: the turn's opener and closing
@@ -77,6 +78,15 @@ class RefsEvicted:
     exactness: str
     fingerprint: str
     audit_indexes: list[int]
+
+
+@dataclass
+class TurnReceipt:
+    """What a kept turn's commit computed, for its caller (``generate(receipt=...)``): the KV
+    fingerprint the ledger was written with, so an answer that reports it does not hash the
+    whole KV again. None until the turn is kept."""
+
+    fingerprint: str | None = None
 
 
 class CallDecider:
@@ -603,15 +613,16 @@ class KernelSession:
 
     # --- generation -----------------------------------------------------------
     def generate(self, params: SamplingParams | None = None, *, keep: bool = True, decider: CallDecider | None = None,
-                 **sampling: Any) -> Iterator[int]:
+                 receipt: TurnReceipt | None = None, **sampling: Any) -> Iterator[int]:
         """Generate an assistant turn, yielding token ids. Stop tokens come from the model
         unless ``params`` names its own; ``sampling`` overrides fields (max_tokens,
         temperature, top_p, seed, min_tokens, hooks). The turn is kept once the iterator is
         exhausted (with ``keep=False`` it is undone then: a sibling answer); the session
         stays locked until then (close the iterator to give up). ``decider``: bound to the
-        turn's attention once the lock is held (``call_decider``)."""
+        turn's attention once the lock is held (``call_decider``); ``receipt``: filled in
+        when the turn is kept (the fingerprint it was committed with)."""
         params = self._params(params, sampling)
-        return self._generate(params, keep, decider)
+        return self._generate(params, keep, decider, receipt)
 
     def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
         params = params or SamplingParams()
@@ -623,7 +634,8 @@ class KernelSession:
             params = replace(params, stop_token_ids=frozenset(self.services.tokenizer.stop_token_ids))
         return params
 
-    def _generate(self, params: SamplingParams, keep: bool = True, decider: CallDecider | None = None) -> Iterator[int]:
+    def _generate(self, params: SamplingParams, keep: bool = True, decider: CallDecider | None = None,
+                  receipt: TurnReceipt | None = None) -> Iterator[int]:
         self._before_use()
         # a place among the generations running at once (or the fair queue, or Overloaded: 429),
         # taken before the session's lock so a queued request holds nothing
@@ -642,7 +654,13 @@ class KernelSession:
             inner = s.generate(params, keep=keep)
             try:
                 t0, count = time.perf_counter(), 0
-                for token in inner:
+                while True:
+                    # a stream resumes the turn on a thread of its own, in another context: each
+                    # step's forward calls are the tenant's there too (the engine's fairness, figures)
+                    with tenant_scope(self.tenant):
+                        token = next(inner, None)
+                    if token is None:
+                        break
                     count += 1
                     yield token
             finally:
@@ -654,7 +672,10 @@ class KernelSession:
                     tx.change()  # the turn is in the cache, unlogged: discard it (rebuilt from the ledger)
                     raise
             if keep:
-                tx.commit()
+                fingerprint = tx.session.fingerprint()  # hashed once: for the ledger and for the caller
+                tx.commit(fingerprint=fingerprint)
+                if receipt is not None:
+                    receipt.fingerprint = fingerprint
             self.services.events.publish(TokensDecoded(self.tenant, count, time.perf_counter() - t0))
 
     def chat(self, text: str, **sampling: Any) -> str:
