@@ -96,7 +96,8 @@ class SchedulerLimits:
     max_batch: int = 32  # decode rows in one step
     prefill_wait_s: float = 0.05  # how long the oldest request's next call is waited for before the next request's
     forget_s: float = 2.0  # a session with no call for this long loses its place (its request ended)
-    gather_s: float = 0.004  # how long a step waits for the rows of the previous step to come back
+    gather_s: float = 0.004  # how long a step waits for the rows of the previous step to come back (at least)
+    gather_share: float = 0.1  # ... or this share of the last step's time, if longer (at most 10 x gather_s)
 
 
 class _Job:
@@ -170,6 +171,7 @@ class Scheduler:
         self._ident: int | None = None
         self._rows = _Histogram(BATCH_BUCKETS)
         self._tokens = _Histogram(TOKEN_BUCKETS)
+        self._last_step_s = 0.0
         self.steps = 0
         self.batched_rows = 0  # decode rows run in steps of two or more
 
@@ -252,10 +254,12 @@ class Scheduler:
                 if decode is None:
                     return
             try:
+                began = time.monotonic()
                 if decode:
                     self._run_decode(decode)
                 for job in calls:
                     self._run_call(job)
+                self._last_step_s = time.monotonic() - began
                 self._account(decode, calls)
             except BaseException as exc:  # noqa: BLE001 - a waiter must never wait forever
                 for job in (*decode, *calls):
@@ -273,7 +277,7 @@ class Scheduler:
                 self._cond.wait()
             # the rows of the last step come back within a few ms (their threads sample the next
             # token): wait for them, so one step serves them all instead of several small ones
-            deadline = time.monotonic() + self.limits.gather_s
+            deadline = time.monotonic() + self._gather()
             while self._expected and not self._closed:
                 back = {id(j.cache) for j in (*self._decode, *self._calls)}
                 if self._expected <= back:
@@ -290,6 +294,13 @@ class Scheduler:
                 return decode, calls
             # only younger requests' calls wait, while the oldest prepares its next: wait for it
             self._cond.wait(self._order.patience(time.monotonic()))
+
+    def _gather(self) -> float:
+        """How long a step waits for the last step's rows: their threads take a few ms to come
+        back (sampling, the door's work for the token), longer under load; a row that misses a
+        step waits a whole step, so the wait grows with the step (a share of it, bounded)."""
+        lim = self.limits
+        return min(max(lim.gather_s, lim.gather_share * self._last_step_s), 10 * lim.gather_s)
 
     def _run_decode(self, jobs: list[_Job]) -> None:
         if len(jobs) == 1:
