@@ -453,7 +453,9 @@ def requests_at(args: Any, c: int) -> int:
     return int(args.requests) or min(max(4, 2 * c), args.max_requests or 1 << 30)
 
 
-def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dict[str, Any]:
+def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path,
+            progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """One server at every level; ``progress`` gets what is measured so far after each level."""
     peers = Path(args.peers).expanduser()
     if args.install and name in INSTALL and not venv_python(peers, name).exists():
         t0 = time.monotonic()
@@ -483,6 +485,7 @@ def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path) -> dic
             n = requests_at(args, c)
             r = asyncio.run(level(server.base, server.headers, work, extra, c, n))
             out["levels"][str(c)] = r
+            progress(out)
             log(f"{name} c={c}: {r['requests']} req, {r['errors']} errors, {r['output_tok_s']:.1f} out tok/s, "
                 f"TTFT p50 {r['ttft_p50_ms']:.0f} ms p99 {r['ttft_p99_ms']:.0f} ms, "
                 f"TPOT p50 {r['tpot_p50_ms']:.1f} ms, not exactly {args.tokens} tokens: {r['not_exact_tokens']}")
@@ -612,9 +615,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fak-bench-serve-") as tmp:
             for name in servers:
                 log(f"--- {size} {name}")
-                t0 = time.time()
-                row["servers"][name] = measure(name, args, model, work, Path(tmp)) | {
-                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+                started = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+                def progress(out: dict[str, Any], into: dict[str, Any] = row["servers"], name: str = name,
+                             started: dict[str, str] = started) -> None:
+                    into[name] = out | started
+                    save(True)
+
+                row["servers"][name] = measure(name, args, model, work, Path(tmp), progress) | started | {
                     "load_average_after": os.getloadavg()}
                 save(True)
         targets += comparisons(size, row["servers"])
