@@ -484,6 +484,8 @@ def measure(name: str, args: Any, model: Path, work: Workload, tmp: Path,
         for c in args.concurrency:
             n = requests_at(args, c)
             r = asyncio.run(level(server.base, server.headers, work, extra, c, n))
+            if r["errors"]:  # the server's own account (its log goes with the run's temporary folder)
+                r["server_log_tail"] = tail(tmp / f"{name}.log", 30)
             out["levels"][str(c)] = r
             progress(out)
             log(f"{name} c={c}: {r['requests']} req, {r['errors']} errors, {r['output_tok_s']:.1f} out tok/s, "
