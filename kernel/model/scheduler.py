@@ -95,7 +95,6 @@ class Overloaded(FakError, code="overloaded", status=429):
 class SchedulerLimits:
     max_batch: int = 32  # decode rows in one step
     prefill_wait_s: float = 0.05  # how long the oldest request's next call is waited for before the next request's
-    forget_s: float = 2.0  # a session with no call for this long loses its place (its request ended)
     gather_s: float = 0.004  # how long a step waits for the rows of the previous step to come back (at least)
     gather_share: float = 0.1  # ... or this share of the last step's time, if longer (at most 10 x gather_s)
 
@@ -164,7 +163,7 @@ class Scheduler:
         self._decode: deque[_Job] = deque()
         self._calls: deque[_Job] = deque()
         self._expected: set[int] = set()  # caches run in the last step, expected back (next row or call)
-        self._order = _PrefillOrder(self.limits.prefill_wait_s, self.limits.forget_s)
+        self._order = _PrefillOrder(self.limits.prefill_wait_s)
         self._turn = 0  # rotates the tenant served first
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -346,20 +345,24 @@ class _PrefillOrder:
     """The order of other calls: by the time each session's run of calls began.
 
     A request's prefill is a run of calls from one thread, one at a time, on its session's
-    cache: the session keeps the time its run began until it generates (its next step is a
-    decode row) or makes no call for ``forget_s`` (its request ended otherwise). Each step
+    cache: the session keeps the time its run began while each call follows the last within
+    ``wait_s``, until it generates (its next step is a decode row). Each step
     takes one call, the oldest run's; while that run's thread prepares its next call (within
     ``wait_s`` of its last one) no other run's call is taken, so the oldest request's prefill
     finishes first. A run whose thread takes longer yields its turn until it calls again."""
 
-    def __init__(self, wait_s: float, forget_s: float) -> None:
-        self.wait_s, self.forget_s = wait_s, forget_s
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
         self._since: dict[int, float] = {}  # cache id -> when its run of calls began
         self._seen: dict[int, float] = {}  # cache id -> when its last call arrived or ran
 
     def arrived(self, cache: int) -> None:
+        """A call of the session's arrived: it continues the session's run if its last call ran
+        within ``wait_s``, else it begins a new run, at the back. So a session that keeps
+        appending (one request after another) is not one endless run ahead of everyone."""
         now = time.monotonic()
-        self._since.setdefault(cache, now)
+        if cache not in self._since or now - self._seen[cache] > self.wait_s:
+            self._since[cache] = now
         self._seen[cache] = now
 
     def ran(self, cache: int, now: float) -> None:
@@ -374,8 +377,8 @@ class _PrefillOrder:
     def _waited_for(self, queue: deque[_Job], now: float) -> int | None:
         """The oldest run with a call queued, or between two calls within ``wait_s``."""
         queued = {id(j.cache) for j in queue}
-        for cache in [c for c, t in self._seen.items() if now - t > self.forget_s and c not in queued]:
-            self.generating(cache)
+        for cache in [c for c, t in self._seen.items() if now - t > self.wait_s and c not in queued]:
+            self.generating(cache)  # between calls too long: its next call begins a new run
         live = [c for c in self._since if c in queued or now - self._seen[c] <= self.wait_s]
         return min(live, key=lambda c: self._since[c], default=None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import deque
 
 import pytest
 import torch
@@ -17,7 +18,15 @@ from support.kernel_helpers import random_weights, tiny_config
 from fak.kernel.model.kv_cache import KVCache
 from fak.kernel.model.llama import Llama
 from fak.kernel.model.quant import fbgemm_supported, int8_supported
-from fak.kernel.model.scheduler import GenerationSlots, Overloaded, Scheduler, SchedulerLimits, tenant_scope
+from fak.kernel.model.scheduler import (
+    GenerationSlots,
+    Overloaded,
+    Scheduler,
+    SchedulerLimits,
+    _Job,
+    _PrefillOrder,
+    tenant_scope,
+)
 
 VOCAB = 257
 
@@ -56,6 +65,24 @@ def _run(model: Llama, prompt: list[int], chunk: int, steps: int, delay: float =
     for _ in range(steps):
         out.append(model.forward([int(out[-1][-1].argmax())], cache))
     return out, cache
+
+
+def _at_once(model: Llama, plans: list[tuple[list[int], int, int]]) -> list[tuple[list[torch.Tensor], KVCache]]:
+    """``_run`` of every plan, each on its own thread, all started at the same moment."""
+    together: list[tuple[list[torch.Tensor], KVCache] | None] = [None] * len(plans)
+    start = threading.Barrier(len(plans))
+
+    def worker(i: int) -> None:
+        start.wait()
+        together[i] = _run(model, *plans[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(plans))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is not None for r in together), "a session's thread failed"
+    return [r for r in together if r is not None]
 
 
 def _same(a: tuple[list[torch.Tensor], KVCache], b: tuple[list[torch.Tensor], KVCache]) -> None:
@@ -124,22 +151,12 @@ def test_gguf_steps_of_many_sessions_do_run_batched() -> None:
     plans = [(_prompt(5 + 3 * i, i), 8, 30) for i in range(8)]
     alone = [_run(model, *p) for p in plans]
     engine = Scheduler(model).start()
-    together: list[tuple[list[torch.Tensor], KVCache] | None] = [None] * len(plans)
-    start = threading.Barrier(len(plans))
-
-    def worker(i: int) -> None:
-        start.wait()
-        together[i] = _run(model, *plans[i])
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(plans))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    engine.close()
+    try:
+        together = _at_once(model, plans)
+    finally:
+        engine.close()
     assert engine.batched_rows >= 8 * 10, engine.batched_rows  # most steps ran with others
     for a, b in zip(alone, together, strict=True):
-        assert b is not None
         _same(a, b)
 
 
@@ -163,19 +180,8 @@ def test_prefill_finishes_requests_in_the_order_they_came() -> None:
         return forward(tokens, cache, *args, **kwargs)
 
     model.forward = logged  # type: ignore[method-assign]
-    together: list[tuple[list[torch.Tensor], KVCache] | None] = [None] * len(plans)
-    start = threading.Barrier(len(plans))
-
-    def worker(i: int) -> None:
-        start.wait()
-        together[i] = _run(model, *plans[i])
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(plans))]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = _at_once(model, plans)
     finally:
         engine.close()
         del model.forward
@@ -184,8 +190,33 @@ def test_prefill_finishes_requests_in_the_order_they_came() -> None:
     assert len(order) == len(plans)
     assert prefill_runs == [c for c in order for _ in range(6)], "two sessions' prefills interleaved"
     for a, b in zip(alone, together, strict=True):
-        assert b is not None
         _same(a, b)
+
+
+def test_a_session_slow_between_calls_goes_behind_the_waiting_ones() -> None:
+    """A run keeps its place only while each call follows the last within ``wait_s``: a
+    session whose next call comes later (another request on the same session, say) queues
+    behind the runs that waited meanwhile, so it cannot stay ahead of everyone by appending."""
+    model = model_of("gguf")
+    a, b = model.new_cache(), model.new_cache()
+    order = _PrefillOrder(wait_s=0.05)
+    jobs = {c: _Job([1, 2], c, None, False, None, "") for c in (a, b)}
+    order.arrived(id(a))
+    queue = deque([jobs[a]])
+    assert order.take(queue, time.monotonic()) == [jobs[a]]
+    order.ran(id(a), time.monotonic())
+    order.arrived(id(b))  # b waits while a's thread prepares its next call
+    queue.append(jobs[b])
+    assert order.take(queue, time.monotonic()) == []
+    order.arrived(id(a))  # within wait_s: a keeps its place
+    queue.append(jobs[a])
+    assert order.take(queue, time.monotonic()) == [jobs[a]]
+    order.ran(id(a), time.monotonic())
+    time.sleep(0.1)
+    order.arrived(id(a))  # too late: a new run, behind b
+    queue.append(jobs[a])
+    assert order.take(queue, time.monotonic()) == [jobs[b]]
+    assert order.take(queue, time.monotonic()) == [jobs[a]]
 
 
 @settings(max_examples=10, deadline=None)
