@@ -85,6 +85,8 @@ class ToolSettings:
     media_type_mismatch: VerdictKind = VerdictKind.DENY
     expires: Expiry | None = None  # the chosen tool entry's ``expires`` (the Kernel's ref lifetime)
     output: ToolOutput | None = None  # the structure the entry declares its results have
+    fields: tuple[tuple[str, str], ...] = ()  # (field-path glob, trust) of the entry, in order
+    free_text: str | None = None  # the entry's trust for prose inside an internal result
 
 
 def _pick_tool(tools: list[ToolRule], tool: str, host: str | None) -> ToolRule | None:
@@ -115,6 +117,8 @@ def _tool_settings(policy: Policy, tool: str, host: str | None) -> ToolSettings:
         chosen.media_type_mismatch or d.media_type_mismatch,
         chosen.expires,
         chosen.output,
+        tuple((chosen.fields or {}).items()),
+        chosen.free_text,
     )
 
 

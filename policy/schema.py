@@ -146,6 +146,13 @@ class ToolRule(_Strict):
     verdict: VerdictKind | None = None
     expires: Expiry | None = None  # lifetime of every ref this tool produces
     output: ToolOutput | None = None
+    # Trust per field of a result of declared structure: field-path globs (``*.description``,
+    # ``emails.*.body``) to a trust level, first match wins; a field none names has the tool's.
+    fields: dict[str, Trust] | None = None
+    # The trust of prose (a string field of PROSE_WORDS words or more) inside a result of this
+    # tool whose trust is ``internal``: by default ``untrusted`` (a record's note, description
+    # or subject line is written by whoever wrote it); ``fields`` overrides it per field.
+    free_text: Trust | None = None
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
@@ -246,8 +253,31 @@ class ArgsMatch(_Strict):
     args: Annotated[list[str], BeforeValidator(_args_any)] = Field(default=["*"], min_length=1)
     trust: list[ArgOrigin] = Field(default=["untrusted"], min_length=1)
     entities: bool = True
+    # Only the routing entities (e-mail, URL, IBAN, phone) count: inside a longer string, or a
+    # value that is one such entity; the provenance of a string as a whole (a reply that keeps
+    # the subject it answers) does not.
+    entities_only: bool = False
     except_fields: list[str] = []
     except_tools: list[str] = Field(default=["*"], min_length=1)
+    # except_fields excuses a value that *is* a field (the whole value of a leaf); true also
+    # excuses one found inside a field's text (a free-text field: rarely what you want).
+    except_inside_fields: bool = False
+
+    @model_validator(mode="after")
+    def _entities_only_needs_entities(self) -> ArgsMatch:
+        if self.entities_only and not self.entities:
+            raise ValueError("'entities_only' counts only entities: it cannot be set with entities: false")
+        return self
+
+
+class Endorsement(_Strict):
+    """Fire when a value of ``args`` is also named by text of one of ``by`` in an
+    instruction-like context ("book Casa do Rio", "create an event titled ..."): the value
+    may come from a catalog the agent read (a hotel's name field), but untrusted text told the
+    agent to pick it. The naming refs are the offending refs."""
+
+    args: Annotated[list[str], BeforeValidator(_args_any)] = Field(default=["*"], min_length=1)
+    by: list[Trust] = Field(default=["untrusted"], min_length=1)
 
 
 class AttentionEvidence(_Strict):
@@ -276,6 +306,8 @@ class ToolCallRule(_Strict):
     tools: list[str] = Field(min_length=1)
     when_in_attention: AttentionMatch | None = None
     when_args_from: list[ArgsMatch] | None = None
+    when_args_absent: list[str] | None = Field(default=None, min_length=1)  # none of these paths has a value
+    when_endorsed: Endorsement | None = None
     when_attention: AttentionEvidence | None = None
     verdict: ToolCallVerdict
     action: Literal["enforce", "audit"] = "enforce"
@@ -290,11 +322,30 @@ class ToolCallRule(_Strict):
 
     @model_validator(mode="after")
     def _evidence_needs_refs(self) -> ToolCallRule:
-        if self.counterfactual and self.when_in_attention is None and self.when_args_from is None:
-            raise ValueError("'counterfactual' needs offending refs to evict: add when_in_attention or when_args_from")
+        if self.counterfactual and self.when_in_attention is None and self.when_args_from is None \
+                and self.when_endorsed is None:
+            raise ValueError("'counterfactual' needs offending refs to evict: add when_in_attention, when_args_from "
+                             "or when_endorsed")
         if self.verdict == "ALLOW" and self.counterfactual:
             raise ValueError("'counterfactual' acquits a call: it has no use on an ALLOW rule")
         return self
+
+
+ToolEffect = Literal["read", "side_effect"]
+RoutingKind = Literal["recipient", "channel", "phone", "url", "account", "amount", "path", "command"]
+
+
+class ToolClassEntry(_Strict):
+    """The operator's word on tools the schema-inferred rules classify (``from_schemas``):
+    ``effect`` (``read`` or ``side_effect``), ``routing`` (argument path or glob to what it
+    routes: ``recipient``, ``channel``, ``phone``, ``url``, ``account``, ``amount``, ``path``,
+    ``command``; replaces the inferred map) and ``content`` (the free-text arguments that carry
+    data out: ``body``, ``text``). A field left out keeps the inferred one."""
+
+    tools: list[str] = Field(min_length=1)
+    effect: ToolEffect | None = None
+    routing: dict[str, RoutingKind] | None = None
+    content: list[str] | None = None
 
 
 class ToolCalls(_Strict):
@@ -311,6 +362,14 @@ class ToolCalls(_Strict):
     on_deny: Literal["evict_and_retry", "refuse"] = "evict_and_retry"
     max_retries: int = Field(default=2, ge=0, le=8)
     remember_approvals: bool = True
+    # A number with fewer digits than this carries no provenance (an id of 7 is in every
+    # timestamp), unless its argument is an amount or an account (schema or name).
+    min_number_digits: int = Field(default=4, ge=1, le=32)
+    # A tool no rule names is classified from its JSON schema and description (read or side
+    # effect, routing arguments) and the rules of examples/policies/agent.yaml are applied to
+    # its arguments (kernel/calls/tool_classes.py); ``classes`` overrides the classification.
+    from_schemas: bool = False
+    classes: list[ToolClassEntry] = []
 
 
 def _check_tenants(value: object) -> object:
