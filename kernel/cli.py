@@ -1,7 +1,8 @@
 """``fak chat``, ``fak sessions``, ``fak forget``, ``fak quarantine``, ``fak erase-tenant`` and ``fak demo``: the
 Kernel from a terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
 pid, while ``fak serve`` (or another Kernel) runs on that data directory (``fak.owner``); ``fak sessions``
-only reads the database and works beside it."""
+only reads the database and works beside it. ``fak policy explain-tools`` (added to the policy layer's commands, which
+may not import the kernel) shows how the tool classes read an agent's tool schemas."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fak.kernel.calls.tool_classes import ToolClass
     from fak.kernel.facade import Kernel
+    from fak.policy.schema import ToolCallRule, ToolCalls
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +52,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser("demo", help="the main job on embedded defaults")
     d.add_argument("--model", default=None)
     d.set_defaults(handler=_demo)
+    _register_explain_tools(sub)
+
+
+def _register_explain_tools(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    try:
+        from fak.policy.cli import policy_commands
+    except ModuleNotFoundError:  # a client-only install: no policy commands to add to (fak.cli names the extra)
+        return
+    commands = policy_commands(sub)
+    if commands is None:
+        return
+    x = commands.add_parser("explain-tools", help="how an agent's tools are classified and which rules apply to them")
+    x.add_argument("tools", metavar="TOOLS.json",
+                   help='a JSON list of tools (OpenAI, function or MCP shape), or {"tools": [...]} (MCP tools/list)')
+    x.add_argument("--policy", metavar="FILE", help="policy file or directory (default: no rules, from_schemas on)")
+    x.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    x.set_defaults(handler=_explain_tools)
 
 
 _BY = "who asked (recorded in the log)"
@@ -153,3 +174,91 @@ def _demo(args: argparse.Namespace) -> int:
     from fak.kernel.demo import run_demo  # the whole stack (API, SDK, witness): only for ``fak demo``
 
     return run_demo(args.model)
+
+
+def _tool_list(path: str) -> list[Any]:
+    """The tools of a JSON file: a list, ``{"tools": [...]}`` or a JSON-RPC ``{"result": {"tools": [...]}}``."""
+    from fak.errors import FakError
+
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FakError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise FakError(f"{path}: not JSON: {exc}") from None
+    if isinstance(body, dict) and isinstance(body.get("result"), dict):
+        body = body["result"]
+    if isinstance(body, dict):
+        body = body.get("tools")
+    if not isinstance(body, list):
+        raise FakError(f'{path}: want a JSON list of tools, or an object with a "tools" list')
+    return body
+
+
+def _explain_tools(args: argparse.Namespace) -> int:
+    from fnmatch import fnmatchcase
+
+    from fak.errors import FakError, InvalidInput
+    from fak.kernel.calls.tool_classes import classify, inferred_rules, spec_of
+
+    calls: ToolCalls | None = None
+    if args.policy:
+        from fak.policy.cli import deployment_egress
+        from fak.policy.policy import load_policy
+
+        calls = load_policy(args.policy, deployment_egress()).spec.tool_calls
+    report: list[dict[str, Any]] = []
+    for i, tool in enumerate(_tool_list(args.tools)):
+        try:
+            spec = spec_of(tool)
+        except InvalidInput as exc:
+            print(f"{args.tools}: tools[{i}]: skipped: {exc}", file=sys.stderr)
+            continue
+        cls = classify(spec.name, spec, overrides=calls.classes if calls is not None else ())
+        own = [r for r in calls.rules if any(fnmatchcase(spec.name, g) for g in r.tools)] if calls is not None else []
+        source = "policy" if own else "inferred" if calls is None or calls.from_schemas else "none"
+        rules = own if own else inferred_rules(cls) if source == "inferred" else []
+        entry = {**cls.as_dict(), "rules_from": source,
+                 "rules": [r.model_dump(mode="json", exclude_defaults=True) for r in rules]}
+        if calls is not None:
+            entry["unlisted"] = calls.unlisted  # the verdict when none of these rules fires
+        report.append(entry)
+        if not args.json:
+            print(("\n" if len(report) > 1 else "") + _explained(cls, source, rules, calls))
+    if args.json:
+        print(json.dumps({"tools": report}, indent=2, ensure_ascii=False))
+    if not report:
+        raise FakError(f"{args.tools}: no function tool")
+    return 0
+
+
+def _explained(cls: ToolClass, source: str, rules: list[ToolCallRule], calls: ToolCalls | None) -> str:
+    """One tool as text: its class, why, and its rules with their conditions in a line each."""
+    lines = [f"{cls.tool}: {cls.effect} (from the {cls.basis})"]
+    lines.append("  routing: " + (", ".join(f"{p}={k}" for p, k in cls.routing) or "none"))
+    lines.append("  content: " + (", ".join(cls.content) or "none"))
+    lines += [f"  - {reason}" for reason in cls.reasons]
+    if source == "none":
+        assert calls is not None
+        lines.append(f"  rules: none names it and from_schemas is off: unlisted decides ({calls.unlisted})")
+        return "\n".join(lines)
+    lines.append(f"  rules ({'the policy' if source == 'policy' else 'inferred'}):")
+    for rule in rules:
+        conditions = []
+        if rule.when_in_attention is not None:
+            conditions.append(f"untrusted in attention ({'/'.join(rule.when_in_attention.trust)})")
+        for m in rule.when_args_from or ():
+            extra = " entities only" if m.entities_only else ""
+            extra += f" (except {len(m.except_fields)} field globs)" if m.except_fields else ""
+            conditions.append(f"{','.join(m.args)} from {'/'.join(m.trust)}{extra}")
+        if rule.when_args_absent:
+            conditions.append(f"no {','.join(rule.when_args_absent)}")
+        if rule.when_endorsed is not None:
+            conditions.append(f"{','.join(rule.when_endorsed.args)} endorsed by {'/'.join(rule.when_endorsed.by)}")
+        if rule.when_attention is not None:
+            conditions.append(f"attention on {'/'.join(rule.when_attention.trust)} > {rule.when_attention.above}")
+        audit = " (audit)" if rule.action == "audit" else ""
+        lines.append(f"    {rule.id} {rule.verdict}{audit}" + (f" when {' and '.join(conditions)}" if conditions else ""))
+    if calls is not None:
+        lines.append(f"  none fires: {calls.unlisted}")
+    return "\n".join(lines)

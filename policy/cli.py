@@ -1,4 +1,7 @@
-"""``fak policy check FILE…`` and ``fak gate --policy FILE``."""
+"""``fak policy check FILE…`` (also ``fak policy validate``) and ``fak gate --policy FILE``.
+
+``fak policy explain-tools`` reads tool schemas with the kernel's tool classes, which this layer
+must not import: ``fak.kernel.cli`` adds it to the subcommands ``policy_commands`` returns."""
 
 from __future__ import annotations
 
@@ -15,12 +18,25 @@ from fak.policy.policy import Policy, load_policy
 from fak.policy.verdict import GateContext, Verdict
 
 NOT_ALLOWED = 3  # `fak gate --exit-code`: some verdict was not ALLOW
+_COMMANDS = "policy_commands"  # the ``fak policy`` parser's default that holds its subcommands
+
+
+def policy_commands(
+        subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse._SubParsersAction[argparse.ArgumentParser] | None:
+    """The ``fak policy`` subcommands, for a layer above this one that adds a command (None
+    before ``register`` ran, or where this layer's commands are not installed)."""
+    policy = subparsers.choices.get("policy")
+    commands: argparse._SubParsersAction[argparse.ArgumentParser] | None = (
+        policy.get_default(_COMMANDS) if policy is not None else None)
+    return commands
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy = subparsers.add_parser("policy", help="policy files")
     psub = policy.add_subparsers(dest="policy_command", metavar="COMMAND")
-    check = psub.add_parser("check", help="validate policy files (exit 1 with file:line:col errors)")
+    check = psub.add_parser("check", aliases=["validate"],
+                            help="validate policy files (exit 1 with file:line:col errors)")
     check.add_argument("files", nargs="+", metavar="FILE", help="policy file or directory")
     check.set_defaults(handler=_check)
 
@@ -28,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         policy.print_help()
         return 2
 
-    policy.set_defaults(handler=policy_help)
+    policy.set_defaults(handler=policy_help, **{_COMMANDS: psub})
 
     command = subparsers.add_parser("gate", help="run the admission gate on a tool result (stdin) or a JSONL corpus")
     command.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
@@ -43,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.set_defaults(handler=_gate)
 
 
-def _egress() -> JudgeEgress:
+def deployment_egress() -> JudgeEgress:
     """The deployment's judge allow-lists from its settings (``FAK_CONFIG``, ``FAK_*``), so a
     policy checks here as the server would load it."""
     from fak.settings import Settings  # ~0.3 s that ``fak`` pays only when a policy command runs
@@ -53,7 +69,7 @@ def _egress() -> JudgeEgress:
 
 
 def _check(args: argparse.Namespace) -> int:
-    egress = _egress()
+    egress = deployment_egress()
     failed = 0
     for name in args.files:
         try:
@@ -76,7 +92,7 @@ def _verdict_json(verdict: Verdict, extra: dict[str, object] | None = None) -> s
 
 
 def _gate(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy, _egress())
+    policy = load_policy(args.policy, deployment_egress())
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
         context = GateContext(media_type=args.media_type, source=args.source) \
