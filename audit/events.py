@@ -227,6 +227,21 @@ class ArgumentSourceRecord(_Strict):
     ref: Digest | None = None
     start: Count
     end: Count
+    # the value lies inside a field's text of a structured result (not the field's whole value)
+    inside: bool = Field(False, exclude_if=lambda v: not v)
+
+
+class ToolClassRecord(_Strict):
+    """How a tool no rule named was classified from its declared schema (``from_schemas``):
+    its effect, its routing arguments (path: kind) and free-text arguments, what it was read
+    from, and why (short lines of fak's own words, never argument values)."""
+
+    effect: Literal["read", "side_effect"]
+    routing: dict[Id, Literal["recipient", "channel", "phone", "url", "account", "amount", "path", "command"]] = \
+        Field(default_factory=dict, max_length=256)
+    content: list[Id] = Field(default_factory=list, max_length=256)
+    basis: Literal["schema", "arguments", "name", "policy"]
+    reasons: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
 
 
 class ArgumentRecord(_Strict):
@@ -284,6 +299,8 @@ class ToolCallDecision(_Event):
     # the upstream model that wrote the call (a gateway session, docs/gateway.md): fak saw no
     # attention of it, so no rule was acquitted by evidence; absent for fak's own model and the SDK
     upstream: Id | None = Field(None, exclude_if=lambda v: v is None)
+    # the schema-inferred class of a tool no rule named, when inferred rules decided the call
+    tool_class: ToolClassRecord | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ToolCallApproval(_Event):

@@ -130,6 +130,9 @@ class ToolCallIn(Strict):
     arguments: dict[str, Any] | str | None = Field(
         None, description="the call's arguments (an object, or a JSON string as OpenAI sends it); logged as a "
                           "keyed digest only")
+    tool: dict[str, Any] | None = Field(
+        None, description="the tool's definition (an OpenAI tool, a bare function or an MCP tool): with the "
+                          "policy's from_schemas, a tool no rule names is classified from its schema")
 
 
 class ValueSourceOut(BaseModel):
@@ -142,6 +145,7 @@ class ValueSourceOut(BaseModel):
     end: int
     field: str | None
     trust: str
+    inside: bool = False  # the value lies inside the field's text, not the field's whole value
 
 
 class ArgumentFindingOut(BaseModel):
@@ -179,6 +183,9 @@ class ToolCallDecisionOut(BaseModel):
     would_be: Literal["ALLOW", "CONFIRM", "DENY"] | None
     audited: list[str]
     audit_index: int
+    tool_class: dict[str, Any] | None = Field(
+        None, description="how the tool was classified from its schema when the policy's from_schemas decided "
+                          "it: effect, routing arguments, content arguments, basis, reasons")
 
 
 class EvictRefsIn(Strict):

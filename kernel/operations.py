@@ -106,7 +106,8 @@ def evict(k: Kernel, c: Caller, sid: str, body: w.EvictIn) -> w.EvictionOut:
 
 
 def authorize_tool_call(k: Kernel, c: Caller, sid: str, body: w.ToolCallIn) -> w.ToolCallDecisionOut:
-    return decision_out(session(k, c, sid).authorize_tool_call(body.name, body.arguments, principal=c.principal))
+    return decision_out(session(k, c, sid).authorize_tool_call(body.name, body.arguments, principal=c.principal,
+                                                               tool=body.tool))
 
 
 def decision_out(d: ToolCallDecision) -> w.ToolCallDecisionOut:
@@ -114,7 +115,8 @@ def decision_out(d: ToolCallDecision) -> w.ToolCallDecisionOut:
                                  attention_refs=d.attention_refs, policy_digest=d.policy_digest, enforced=d.enforced,
                                  would_be=d.would_be, audited=list(d.audited), audit_index=d.audit_index,
                                  findings=findings_out(d), counterfactual=counterfactual_out(d),
-                                 approved_by=d.approved_by)
+                                 approved_by=d.approved_by,
+                                 tool_class=d.tool_class.as_dict() if d.tool_class is not None else None)
 
 
 def evict_refs(k: Kernel, c: Caller, sid: str, body: w.EvictRefsIn) -> w.RefsEvictedOut:

@@ -34,16 +34,21 @@ from fak.kernel.calls.provenance import (
     ContextText,
     Shape,
     ValueSource,
+    field_matches,
+    leaves,
     shape_of_media,
     trace_arguments,
 )
+from fak.kernel.calls.tool_classes import ToolClass, amount_paths, classify, inferred_rules
+from fak.kernel.calls.tool_text import ToolSpec
+from fak.kernel.calls.value_forms import ENTITY_KINDS, canonical_tokens, needle_of
 from fak.kernel.kv.ledger import SegmentKind
 from fak.policy import tool_settings
 
 if TYPE_CHECKING:
     from fak.kernel.kv.session import Session
     from fak.policy import Policy
-    from fak.policy.schema import ArgsMatch, ToolCallRule
+    from fak.policy.schema import ArgsMatch, Endorsement, ToolCallRule
     from fak.state.store import StateStore
 
 CallVerdict = Literal["ALLOW", "CONFIRM", "DENY"]
@@ -92,6 +97,7 @@ class ToolCallDecision:
     attention: Mapping[str, Mapping[str, RefMass]] = field(default_factory=dict)
     counterfactual: Counterfactual | None = None
     approved_by: int | None = None  # the audit index of a remembered approval that allowed it
+    tool_class: ToolClass | None = None  # the schema-inferred class, when inferred rules decided
 
     @property
     def allowed(self) -> bool:
@@ -196,6 +202,7 @@ class Authorizer:
         self._trust: dict[Producer, str] = {}
         self._match: dict[tuple[str, Producer], bool] = {}
         self._indexes: dict[int, tuple[CallContext, ContextIndex]] = {}
+        self._classes: dict[tuple[str, str], tuple[ToolClass, list[ToolCallRule]]] = {}
         self._lock = threading.Lock()
 
     def rules_for(self, tool: str) -> list[ToolCallRule]:
@@ -244,7 +251,8 @@ class Authorizer:
         return shape
 
     def texts(self, context: CallContext) -> list[ContextText]:
-        """The context's texts with the trust this policy gives each (turns: trusted), the
+        """The context's texts with the trust this policy gives each (turns: trusted) and its
+        fields (the least trusted producer's tool entry: ``fields``, ``free_text``), the
         structure each declares and the tools that produced it."""
         out = []
         for e in context.entries:
@@ -252,9 +260,31 @@ class Authorizer:
                 out.append(ContextText(e.segment, None, "trusted", e.text))
                 continue
             producers = context.producers.get(e.ref, ())
-            out.append(ContextText(e.segment, e.ref, self.least_trust(producers), e.text, self.shape_of(e),
-                                   tuple(dict.fromkeys(p[0] for p in producers))))
+            trust = self.least_trust(producers)
+            weakest = next((p for p in producers if self.trust_of(p) == trust), None)
+            settings = tool_settings(self.policy, weakest[0], weakest[1]) \
+                if weakest is not None and weakest[0] != UNKNOWN_TOOL else None
+            out.append(ContextText(e.segment, e.ref, trust, e.text, self.shape_of(e),
+                                   tuple(dict.fromkeys(p[0] for p in producers)),
+                                   settings.fields if settings else (), settings.free_text if settings else None))
         return out
+
+    def tool_class(self, tool: str, spec: ToolSpec | None, args: Any) -> tuple[ToolClass, list[ToolCallRule]]:
+        """The class of ``tool`` read from its declared schema (or, without one, from the
+        call's argument names and the tool's name), with the policy's ``classes`` applied, and
+        the rules inferred for it; cached per tool and schema."""
+        key = (tool, spec.line() if spec is not None else
+               "args:" + ",".join(sorted(args)) if isinstance(args, dict) else "")
+        with self._lock:
+            found = self._classes.get(key)
+        if found is None:
+            cls = classify(tool, spec, args, self.policy.spec.tool_calls.classes)
+            found = (cls, inferred_rules(cls))
+            with self._lock:
+                if len(self._classes) >= 4096:
+                    self._classes.clear()
+                self._classes[key] = found
+        return found
 
     def index(self, context: CallContext) -> ContextIndex:
         """The context's texts with this policy's trust, indexed once per context (a session's
@@ -271,20 +301,36 @@ class Authorizer:
         return index
 
     def decide(self, tool: str, context: CallContext | Mapping[str, Producer], args: Any = None,
-               evidence: EvidenceSource | None = None) -> ToolCallDecision:
+               evidence: EvidenceSource | None = None, spec: ToolSpec | None = None) -> ToolCallDecision:
         """The decision on calling ``tool`` with ``args`` in ``context`` (a ``CallContext``, or
-        a plain ref → producer map). ``evidence``: the model's, for a call fak generated."""
+        a plain ref → producer map). ``evidence``: the model's, for a call fak generated.
+        ``spec``: the tool as the agent declared it (description, JSON schema of its arguments);
+        with the policy's ``from_schemas``, a tool no rule names is classified from it (or from
+        the call's argument names) and decided by the rules inferred for it."""
         if not isinstance(context, CallContext):
             context = CallContext.of_refs(context)
+        calls = self.policy.spec.tool_calls
         rules = self.rules_for(tool)
         parsed = parsed_args(args)
+        inferred: ToolClass | None = None
+        if not rules and calls.from_schemas:
+            inferred, rules = self.tool_class(tool, spec, parsed)
+        amounts: tuple[str, ...] | None = None
+
+        def counts_number(path: str) -> bool:  # an amount or an account: its digits are traced however few
+            nonlocal amounts
+            if amounts is None:
+                amounts = amount_paths(inferred or self.tool_class(tool, spec, parsed)[0])
+            return _path_matches(path, amounts)
+
         traces: list[ArgumentTrace] | None = None
         if parsed and (context.entries or any(r.when_args_from for r in rules)):  # recorded for every call
-            traces = trace_arguments(parsed, self.index(context))
+            traces = trace_arguments(parsed, self.index(context), min_number_digits=calls.min_number_digits,
+                                     counts_number=counts_number)
         firing: list[_Firing] = []
         audited: list[str] = []
         for rule in rules:
-            fired = self._fires(rule, context, traces or [])
+            fired = self._fires(rule, context, traces or [], parsed)
             if fired is None:
                 continue
             if rule.action == "audit":
@@ -311,12 +357,16 @@ class Authorizer:
         return self._finish(ToolCallDecision(
             tool, best, best_rule, tuple(offending), len(context.producers), self.policy.digest,
             audited=tuple(audited), arguments=tuple(traces or ()), triggers=tuple(triggers.values()),
-            attention=attention, counterfactual=counterfactual))
+            attention=attention, counterfactual=counterfactual, tool_class=inferred))
 
-    def _fires(self, rule: ToolCallRule, context: CallContext, traces: list[ArgumentTrace]) -> _Firing | None:
+    def _fires(self, rule: ToolCallRule, context: CallContext, traces: list[ArgumentTrace],
+               args: Any) -> _Firing | None:
         """The rule's offending refs and triggering arguments if all its conditions hold."""
         offending: list[str] = []
         triggers: list[ArgumentTrace] = []
+        if rule.when_args_absent is not None and any(
+                _path_matches(path, rule.when_args_absent) for path, value in leaves(args) if _present(value)):
+            return None
         if rule.when_in_attention is not None:
             hits = [ref for ref, producers in context.producers.items()
                     if any(self._matches(rule, p) for p in producers)]
@@ -329,7 +379,32 @@ class Authorizer:
                 return None
             triggers += found
             offending += [src.ref for t in found for src in t.sources if src.ref and src.trust == t.origin]
+        if rule.when_endorsed is not None:
+            endorsed = self._endorsed(rule.when_endorsed, context, traces, args)
+            if not endorsed:
+                return None
+            for trace, naming in endorsed:
+                triggers.append(replace(trace, sources=naming))
+                offending += [src.ref for src in naming if src.ref]
         return _Firing(rule, list(dict.fromkeys(offending)), triggers)
+
+    def _endorsed(self, cond: Endorsement, context: CallContext, traces: list[ArgumentTrace], args: Any
+                  ) -> list[tuple[ArgumentTrace, tuple[ValueSource, ...]]]:
+        """The arguments at ``cond.args`` that text of ``cond.by`` names in an instruction, with
+        the places that name them."""
+        out: list[tuple[ArgumentTrace, tuple[ValueSource, ...]]] = []
+        index = self.index(context)
+        values = dict(leaves(args))
+        for t in traces:
+            if t.entity is not None or t.origin == "generated" or not _path_matches(t.path, cond.args):
+                continue
+            tokens = canonical_tokens(str(values.get(t.path, "")))
+            if not tokens:
+                continue
+            naming = index.endorsers(needle_of(tokens), cond.by)
+            if naming:
+                out.append((t, tuple(naming)))
+        return out
 
     def _weigh(self, firing: list[_Firing], context: CallContext, evidence: EvidenceSource
                ) -> tuple[list[_Firing], Mapping[str, Mapping[str, RefMass]], Counterfactual | None]:
@@ -376,9 +451,16 @@ def _path_matches(path: str, globs: Sequence[str]) -> bool:
     return any(fnmatchcase(p, g) for g in globs for p in prefixes)
 
 
+def _present(value: Any) -> bool:
+    """A leaf that gives an argument a value (not null, not an empty string)."""
+    return value is not None and value != ""
+
+
 def _about(cond: ArgsMatch, trace: ArgumentTrace) -> bool:
     """Does an argument's trace satisfy an ``ArgsMatch``?"""
     if trace.entity is not None and not cond.entities:
+        return False
+    if cond.entities_only and trace.entity is None and trace.kind not in ENTITY_KINDS:
         return False
     if trace.origin not in cond.trust or not _path_matches(trace.path, cond.args):
         return False
@@ -390,15 +472,12 @@ def _about(cond: ArgsMatch, trace: ArgumentTrace) -> bool:
 
 
 def _excused(source: ValueSource, cond: ArgsMatch) -> bool:
-    """A value found in a field ``except_fields`` names, of a result of declared structure that
-    only tools ``except_tools`` names produced."""
-    return (source.field is not None and _field_matches(source.field, cond.except_fields)
+    """A value that is a field ``except_fields`` names (or, with ``except_inside_fields``, lies
+    inside one), of a result of declared structure that only tools ``except_tools`` names
+    produced."""
+    return (source.field is not None and (not source.inside or cond.except_inside_fields)
+            and any(field_matches(source.field, g) for g in cond.except_fields)
             and bool(source.tools) and all(any(fnmatchcase(t, g) for g in cond.except_tools) for t in source.tools))
-
-
-def _field_matches(path: str, globs: Sequence[str]) -> bool:
-    last = path.rsplit(".", 1)[-1]
-    return any(fnmatchcase(path, g) or fnmatchcase(last, g) for g in globs)
 
 
 class Authorizers:

@@ -32,13 +32,14 @@ import functools
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 import yaml
 
-from fak.kernel.calls.value_forms import ENTITY_KINDS, IndexedText, canonical_tokens, needle_of
+from fak.kernel.calls.value_forms import ENTITY_KINDS, IndexedText, Match, canonical_tokens, needle_of
 
 Origin = Literal["trusted", "internal", "untrusted", "generated"]
 Shape = Literal["text", "json", "yaml", "mail"]  # a result's declared structure
@@ -46,6 +47,7 @@ _RANK: dict[str, int] = {"untrusted": 0, "internal": 1, "trusted": 2}
 MAX_LEAVES = 256  # a call with more leaf values is traced on its first ones; the rest count as generated
 MAX_STRUCTURED = 1 << 18  # larger results are searched as text only (no field paths)
 MIN_WORD = 3  # a lone word shorter than this is in every text: not traced
+PROSE_TOKENS = 8  # a string field of this many canonical tokens or more is prose (a note, a body)
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,17 @@ class ContextText:
     text: str
     shape: Shape = "text"  # its declared structure: only a declared one has field paths
     tools: tuple[str, ...] = ()  # the tools that produced it (a turn: none)
+    fields: tuple[tuple[str, str], ...] = ()  # (field-path glob, trust): the policy's trust per field
+    free_text: str | None = None  # trust of prose inside an internal result (None: untrusted)
 
 
 @dataclass(frozen=True)
 class ValueSource:
     """Where a value occurs: a context text, the characters ``[start, end)`` there, the tools
     that produced the text and, in a result of declared structure, the field path of the value
-    that holds it."""
+    that holds it, and whether the value is that field's whole value or lies ``inside`` its
+    text. ``trust`` is the source's: the text's, or the policy's for that field, or for prose
+    in an internal record (``PROSE_TOKENS``) untrusted unless the policy says otherwise."""
 
     segment: str
     ref: str | None
@@ -74,6 +80,7 @@ class ValueSource:
     end: int
     field: str | None = None
     tools: tuple[str, ...] = ()
+    inside: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class ArgumentTrace:
     origin: Origin
     sources: tuple[ValueSource, ...]
     entity: str | None = None
+    kind: str | None = None  # the canonical kind of a value that is one token (``email``, ``number``)
 
 
 def leaves(args: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -132,11 +140,16 @@ class Structure:
 
     def field_at(self, start: int, end: int) -> str | None:
         """The path of the scalar holding characters ``[start, end)``, if one does."""
+        span = self.span_at(start, end)
+        return span[2] if span is not None else None
+
+    def span_at(self, start: int, end: int) -> tuple[int, int, str] | None:
+        """The characters and path of the scalar holding characters ``[start, end)``."""
         i = bisect_right(self._starts, start) - 1
         if i >= 0:
             s, e, path = self._spans[i]
             if s <= start and end <= e:
-                return path
+                return s, e, path
         return None
 
 
@@ -294,21 +307,85 @@ class ContextIndex:
     def find(self, needle: str, per_text: int = 2, limit: int = 16) -> list[ValueSource]:
         """Where the canonical token string ``needle`` occurs: at most ``per_text`` places in
         each text and ``limit`` in all."""
+        return [source for _, source in self._occurrences(needle, per_text, limit)]
+
+    def _occurrences(self, needle: str, per_text: int, limit: int) -> Iterator[tuple[int, ValueSource]]:
+        """Each place ``needle`` occurs, with the index of its text."""
         probe = " " + needle + " "
         count = needle.count(" ") + 1
-        found: list[ValueSource] = []
+        found = 0
         seen: dict[int, int] = {}
         at = self._all.find(probe)
-        while at >= 0 and len(found) < limit:
+        while at >= 0 and found < limit:
             i = bisect_right(self._bases, at) - 1
             if seen.get(i, 0) < per_text:
                 seen[i] = seen.get(i, 0) + 1
-                ctx, ix = self.texts[i], self._indexed[i]
-                m = ix.tokens.match_at(at - self._bases[i], count)
-                found.append(ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end,
-                                         ix.structure.field_at(m.start, m.end), ctx.tools))
+                found += 1
+                yield i, self._source(i, self._indexed[i].tokens.match_at(at - self._bases[i], count))
             at = self._all.find(probe, at + 1)
-        return found
+
+    def _source(self, i: int, m: Match) -> ValueSource:
+        """The source of a match in text ``i``: its field, whether the value is the field's whole
+        value, and the trust of that place (the policy's for the field; prose in an internal
+        record is untrusted unless the policy says otherwise)."""
+        ctx, ix = self.texts[i], self._indexed[i]
+        span = ix.structure.span_at(m.start, m.end)
+        if span is None:
+            return ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end, None, ctx.tools)
+        first, last = ix.tokens.tokens_within(span[0], span[1])
+        inside = (first, last) != (m.first, m.first + m.count)
+        trust = next((t for glob, t in ctx.fields if field_matches(span[2], glob)), None)
+        if trust is None:
+            prose = last - first >= PROSE_TOKENS
+            trust = (ctx.free_text or "untrusted") if prose and ctx.trust == "internal" else ctx.trust
+        return ValueSource(ctx.segment, ctx.ref, trust, m.start, m.end, span[2], ctx.tools, inside)
+
+    def endorsers(self, needle: str, by: Sequence[str]) -> list[ValueSource]:
+        """The places where text of one of ``by`` names the value ``needle`` in an instruction
+        ("book Casa do Rio instead", "create an event titled ..."): inside a text or a field's
+        prose, never as a field's whole value (a catalog's own entry names without telling)."""
+        out: list[ValueSource] = []
+        for i, source in self._occurrences(needle, 8, 64):
+            if source.trust in by and (source.field is None or source.inside) \
+                    and instruction_near(self.texts[i].text, source.start, source.end):
+                out.append(source)
+        return out
+
+
+def field_matches(path: str, glob: str) -> bool:
+    """A field path matches a glob over the whole path (``emails.2.sender``) or its last key
+    (``sender``)."""
+    return fnmatchcase(path, glob) or fnmatchcase(path.rsplit(".", 1)[-1], glob)
+
+
+# Words that make a sentence an instruction to whoever reads it: a verb of choosing or acting,
+# an obligation, or the reader named. Read around a value an untrusted text names
+# (``endorsers``); a review that praises an entry in its own words ("lovely staff at Casa do
+# Rio") names it without telling anyone to pick it.
+_INSTRUCTION = re.compile(
+    r"\b(?:book|reserve|choose|pick|select|buy|order|purchase|go\s+with|switch\s+to|opt\s+for|"
+    r"create|schedule|title[ds]?|set|send|pay|transfer|post|write|put|add|"
+    r"must|should|need\s+to|have\s+to|make\s+sure|instead|only|always|"
+    r"assistant|agent|ai|bot|model)\b", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?\n]")
+INSTRUCTION_WINDOW = 160  # characters either side of the value, within its sentence
+
+
+def instruction_near(text: str, start: int, end: int) -> bool:
+    """Does the sentence around ``text[start:end]`` (at most ``INSTRUCTION_WINDOW`` characters
+    either side) read as an instruction (``_INSTRUCTION``)?"""
+    lo = max(0, start - INSTRUCTION_WINDOW)
+    before = text[lo:start]
+    cut = [m.end() for m in _SENTENCE_END.finditer(before)]
+    before = before[cut[-1]:] if cut else before
+    after = text[end:end + INSTRUCTION_WINDOW]
+    stop = _SENTENCE_END.search(after)
+    after = after[:stop.start()] if stop else after
+    return bool(_INSTRUCTION.search(before) or _INSTRUCTION.search(after))
+
+
+def _digits(number: str) -> int:
+    return sum(c.isdigit() for c in number)
 
 
 def _origin(sources: Sequence[ValueSource]) -> Origin:
@@ -322,8 +399,12 @@ def _ordered(sources: list[ValueSource]) -> tuple[ValueSource, ...]:
     return tuple(sorted(sources, key=lambda s: -_RANK.get(s.trust, 0)))
 
 
-def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex) -> list[ArgumentTrace]:
-    """The provenance of every leaf value of ``args`` (booleans and nulls carry none)."""
+def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex, *, min_number_digits: int = 1,
+                    counts_number: Callable[[str], bool] | None = None) -> list[ArgumentTrace]:
+    """The provenance of every leaf value of ``args`` (booleans and nulls carry none). A value
+    that is one number of fewer than ``min_number_digits`` digits carries none either (an id of
+    7 is in every timestamp), unless ``counts_number(path)`` says the argument is an amount or
+    an account."""
     index = texts if isinstance(texts, ContextIndex) else ContextIndex(texts)
     out: list[ArgumentTrace] = []
     for n, (path, value) in enumerate(leaves(args)):
@@ -336,12 +417,16 @@ def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex) -> l
         tokens = canonical_tokens(text)
         if not tokens:
             continue
-        if len(tokens) == 1 and tokens[0].kind == "word" and len(tokens[0].form) < MIN_WORD:
-            out.append(ArgumentTrace(path, "generated", ()))
+        kind = tokens[0].kind if len(tokens) == 1 else None
+        if kind == "word" and len(tokens[0].form) < MIN_WORD:
+            out.append(ArgumentTrace(path, "generated", (), kind=kind))
+            continue
+        if kind == "number" and _digits(tokens[0].form) < min_number_digits \
+                and not (counts_number is not None and counts_number(path)):
             continue
         sources = index.find(needle_of(tokens))
         origin = _origin(sources)
-        out.append(ArgumentTrace(path, origin, _ordered(sources)))
+        out.append(ArgumentTrace(path, origin, _ordered(sources), kind=kind))
         if origin == "trusted" or len(tokens) == 1:
             continue
         seen: set[str] = set()

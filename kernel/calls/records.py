@@ -17,8 +17,15 @@ import blake3
 
 from fak import wire as w
 from fak.audit import ToolCallDecision as DecisionEvent
-from fak.audit.events import ArgumentRecord, ArgumentSourceRecord, AttentionRecord, CounterfactualRecord
+from fak.audit.events import (
+    ArgumentRecord,
+    ArgumentSourceRecord,
+    AttentionRecord,
+    CounterfactualRecord,
+    ToolClassRecord,
+)
 from fak.kernel.calls.authorize import ToolCallDecision
+from fak.kernel.calls.tool_classes import ToolClass
 from fak.types import as_id
 
 MAX_SOURCES_LOGGED = 8  # per argument: the most trusted first; the decision itself reads them all
@@ -37,7 +44,8 @@ def argument_records(decision: ToolCallDecision) -> list[ArgumentRecord]:
     return [
         ArgumentRecord(
             path=safe_path(t.path, i), origin=t.origin, entity=t.entity,  # type: ignore[arg-type]
-            sources=[ArgumentSourceRecord(segment=as_id(s.segment), ref=s.ref, start=s.start, end=s.end)
+            sources=[ArgumentSourceRecord(segment=as_id(s.segment), ref=s.ref, start=s.start, end=s.end,
+                                          inside=s.inside)
                      for s in t.sources[:MAX_SOURCES_LOGGED]],
             trigger=(t.path, t.entity) in triggers,
         )
@@ -65,7 +73,17 @@ def decision_event(tenant: str, session_id: str, tool: str, digest: str, decisio
             acquitted=cf.acquitted,
             seconds=cf.seconds) if cf is not None else None,
         approved_by=decision.approved_by,
+        tool_class=tool_class_record(decision.tool_class) if decision.tool_class is not None else None,
     )  # fmt: skip
+
+
+def tool_class_record(cls: ToolClass) -> ToolClassRecord:
+    """A tool's inferred class as the log records it (argument paths that are not plain
+    identifiers by their position, as for arguments)."""
+    return ToolClassRecord(
+        effect=cls.effect, routing={safe_path(path, i): kind for i, (path, kind) in enumerate(cls.routing)},
+        content=[safe_path(path, i) for i, path in enumerate(cls.content)], basis=cls.basis,
+        reasons=[r[:256] for r in cls.reasons[:32]])
 
 
 def _unit(x: float) -> float:
@@ -93,7 +111,8 @@ def findings_out(decision: ToolCallDecision) -> list[w.ArgumentFindingOut]:
     return [
         w.ArgumentFindingOut(argument=t.path, entity=t.entity, origin=t.origin,
                              sources=[w.ValueSourceOut(segment=s.segment, ref=s.ref, start=s.start, end=s.end,
-                                                       field=s.field, trust=s.trust) for s in t.sources[:8]])
+                                                       field=s.field, trust=s.trust, inside=s.inside)
+                                      for s in t.sources[:8]])
         for t in decision.triggers
     ]
 

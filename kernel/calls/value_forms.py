@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
@@ -132,10 +132,13 @@ def _tokens(source: str, offset: int, same_length: bool, pattern: re.Pattern[str
 
 @dataclass(frozen=True)
 class Match:
-    """Where a value's tokens occur in an indexed text: characters ``[start, end)``."""
+    """Where a value's tokens occur in an indexed text: characters ``[start, end)``, tokens
+    ``[first, first + count)``."""
 
     start: int
     end: int
+    first: int = 0
+    count: int = 0
 
 
 class IndexedText:
@@ -144,6 +147,8 @@ class IndexedText:
 
     def __init__(self, text: str) -> None:
         self.tokens = canonical_tokens(text)
+        self._starts = [t.start for t in self.tokens]
+        self._ends = [t.end for t in self.tokens]  # tokens do not overlap: both lists ascend
         self._joined = " " + " ".join(t.form for t in self.tokens) + " "
         self._offsets: list[int] = []
         at = 1
@@ -160,7 +165,12 @@ class IndexedText:
         """The characters of the ``count`` tokens whose search string starts at ``at``
         (the space before the first one) of ``joined``."""
         first = bisect_right(self._offsets, at + 1) - 1
-        return Match(self.tokens[first].start, self.tokens[first + count - 1].end)
+        return Match(self.tokens[first].start, self.tokens[first + count - 1].end, first, count)
+
+    def tokens_within(self, start: int, end: int) -> tuple[int, int]:
+        """The tokens lying in characters ``[start, end)``: ``[first, last)`` indexes."""
+        first = bisect_left(self._starts, start)
+        return first, max(first, bisect_right(self._ends, end))
 
 
 def needle_of(tokens: list[Token]) -> str:

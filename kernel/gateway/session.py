@@ -35,6 +35,7 @@ from fak.audit import Eviction
 from fak.audit import ToolCallDecision as DecisionEvent
 from fak.kernel.calls.authorize import CallContext, ContextEntry, Producer, ToolCallDecision, args_digest
 from fak.kernel.calls.records import approval_key
+from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.events import AdmissionDecided, SpanEvicted, ToolCallDecided
 from fak.kernel.gateway.score import UpstreamEvidence
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
@@ -259,19 +260,20 @@ class GatewaySession:
                     entries.append(ContextEntry(seg.id, None, seg.text))
             return CallContext({r: tuple(dict.fromkeys(p)) for r, p in producers.items()}, tuple(entries), self.tenant)
 
-    def decide(self, name: str, args: Any, principal: str | None) -> ToolCallDecision:
-        """The verdict on a call the upstream wrote, logged before it acts."""
-        decision, event = self.decide_unlogged(name, args, principal)
+    def decide(self, name: str, args: Any, principal: str | None, spec: ToolSpec | None = None) -> ToolCallDecision:
+        """The verdict on a call the upstream wrote, logged before it acts; ``spec``: the tool as
+        the request declared it (its schema classifies a tool no rule names)."""
+        decision, event = self.decide_unlogged(name, args, principal, spec)
         index = self.services.audit.append(event)
         self.services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return _with_index(decision, index)
 
-    def decide_unlogged(self, name: str, args: Any, principal: str | None
+    def decide_unlogged(self, name: str, args: Any, principal: str | None, spec: ToolSpec | None = None
                         ) -> tuple[ToolCallDecision, DecisionEvent]:
         up = self.services.upstreams.find(self.upstream)
         evidence = UpstreamEvidence(self.services.upstreams, up, self, name, args) if up and up.scores else None
         return decide_call(self.services, self.tenant, self.id, self.created_us, name, args, self.context(),
-                           principal, evidence, upstream=self.upstream)
+                           principal, evidence, upstream=self.upstream, spec=spec)
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         return approval_key(name, args_digest(self.services.keys.tool_args_key(), args), decision)

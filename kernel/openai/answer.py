@@ -171,7 +171,7 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
         produced: list[int] = []
         sent: list[str] = []  # this attempt's content a stream was given (a retried attempt's stays sent)
         sampling = p.sampling() | {"seed": seed} | ({"min_tokens": 0} if g is not None else {})  # a grammar ends turns
-        decider = ks.call_decider(plan.principal) if names else None  # bound to the turn's attention by generate
+        decider = ks.call_decider(plan.principal, plan.parameters.tools) if names else None  # bound to the turn's attention by generate
         read: tuple[str, list[ParsedCall]] | None = None
         spent = 0.0  # deciding, while the turn is still open
         receipt = TurnReceipt()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fak import wire as w
 from fak.kernel.calls.authorize import parsed_args
-from fak.kernel.calls.tool_text import ParsedCall, render_call, tool_choice, tool_specs
+from fak.kernel.calls.tool_text import ParsedCall, ToolSpec, render_call, tool_choice, tool_specs
 from fak.kernel.gateway.session import GatewaySession
 from fak.kernel.gateway.upstream import Upstream, UpstreamError
 from fak.kernel.kv.ledger import SegmentKind
@@ -87,6 +87,7 @@ class ForwardPlan:
     metadata: dict[str, str] | None
     ignored: tuple[str, ...] = ()
     include_usage: bool = False  # a stream's usage chunk, asked by the client (and then of the upstream)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)  # the request's tools: their schemas classify them
 
 
 def forward_plan(body: w.ChatCompletionRequest, principal: str) -> ForwardPlan:
@@ -100,7 +101,8 @@ def forward_plan(body: w.ChatCompletionRequest, principal: str) -> ForwardPlan:
     ignored = tuple(k for k in ("store", "metadata") if k in body.model_fields_set)
     return ForwardPlan(principal=principal, calls=bool(specs) and choice.mode != "none",
                        held_calls=body.fak_held_calls or "withhold", fields=fields, metadata=body.metadata,
-                       ignored=ignored, include_usage=bool(body.stream_options and body.stream_options.include_usage))
+                       ignored=ignored, include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                       tools={t.name: t for t in specs})
 
 
 @dataclass
@@ -334,7 +336,8 @@ def forward_answer(turn: ForwardTurn) -> Generator[None | str | Answer, None, No
             yield None
         t0 = time.perf_counter()
         calls = reply.parsed()
-        judged: list[tuple[ParsedCall, ToolCallDecision]] = [(c, gs.decide(c.name, c.arguments, plan.principal))
+        judged: list[tuple[ParsedCall, ToolCallDecision]] = [(c, gs.decide(c.name, c.arguments, plan.principal,
+                                                                                plan.tools.get(c.name)))
                                                              for c in calls]
         denied = [d for _, d in judged if d.verdict == "DENY"]
         policy = services.policy.spec.tool_calls

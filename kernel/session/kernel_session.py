@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -38,6 +38,8 @@ from fak.kernel.calls.authorize import (
 )
 from fak.kernel.calls.generated import GeneratedCall, TurnEvidence
 from fak.kernel.calls.records import approval_key, decision_event
+from fak.kernel.calls.tool_classes import spec_of
+from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.events import AdmissionDecided, SpanEvicted, TokensDecoded, ToolCallDecided
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import EvictionReport, EvictMode, Session
@@ -99,8 +101,9 @@ class CallDecider:
     decisions with their audit indexes: call it before anything is answered (the decisions
     are logged before they act: write-ahead)."""
 
-    def __init__(self, ks: KernelSession, principal: str | None) -> None:
+    def __init__(self, ks: KernelSession, principal: str | None, tools: Sequence[ToolSpec] = ()) -> None:
         self._ks = ks
+        self._tools = {t.name: t for t in tools}  # the request's tools: their schemas classify them
         self._context: CallContext | None = None
         self._session: Session | None = None
         self._base = 0
@@ -128,7 +131,8 @@ class CallDecider:
         if self._context is None:
             raise TransactionError("a call decider is bound by the generation it decides for (generate(decider=...))")
         evidence = TurnEvidence(self._session, self._base, turn) if turn is not None and self._session else None
-        decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence)
+        decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence,
+                                               self._tools.get(name))
         self._pending.append((decision, self._ks.services.audit.submit(event)))
         self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
         return decision
@@ -157,7 +161,7 @@ def remember_approval(services: Services, tenant: str, session_id: str, key: str
 
 def decide_call(services: Services, tenant: str, session_id: str, created_us: int, name: str, args: Any,
                 context: CallContext, principal: str | None, evidence: EvidenceSource | None = None,
-                upstream: str | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
+                upstream: str | None = None, spec: ToolSpec | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
     """The decision on a call in ``context`` and its audit event, not logged: what
     ``KernelSession.decide_call`` and a gateway session (``fak.kernel.gateway``, ``upstream``: the
     model that wrote the call, whose attention fak cannot see) both decide with. A CONFIRM a person
@@ -167,7 +171,7 @@ def decide_call(services: Services, tenant: str, session_id: str, created_us: in
         raise InvalidInput("a tool name is a non-empty string of at most 128 characters")
     args = parsed_args(args)  # once, for the digest and the decision
     digest = args_digest(services.keys.tool_args_key(), args)
-    decision = services.authorizers.current(services.policy).decide(name, context, args, evidence)
+    decision = services.authorizers.current(services.policy).decide(name, context, args, evidence, spec)
     if decision.verdict == "CONFIRM" and services.policy.spec.tool_calls.remember_approvals:
         approved = services.holds.approved(tenant, session_id, created_us, approval_key(name, digest, decision))
         if approved is not None:
@@ -196,6 +200,7 @@ class KernelSession:
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
         self._ledger = DurableLedger(services, tenant, session_id, created_us)
         self._in_attention = AttentionView(services.producers, tenant)
+        self._tools: dict[str, ToolSpec] = {}  # declared by the agent (declare_tools)
         self.last_used = time.monotonic()
         if fresh:
             self._mech = new_session(services, tenant, session_id)
@@ -539,14 +544,25 @@ class KernelSession:
             return report
 
     # --- tool-call authorization ---------------------------------------------------
-    def authorize_tool_call(self, name: str, args: Any = None, *, principal: str | None = None) -> ToolCallDecision:
+    def declare_tools(self, tools: Sequence[Mapping[str, Any] | ToolSpec]) -> None:
+        """The tools the agent may call (OpenAI tool definitions, bare functions, MCP tools):
+        with the policy's ``from_schemas``, a tool no rule names is classified from its schema
+        (``fak.kernel.calls.tool_classes``). Replaces what was declared before; kept in this
+        process's memory of the session (declare them again after a restart)."""
+        specs = [t if isinstance(t, ToolSpec) else spec_of(t) for t in tools]
+        self._tools = {t.name: t for t in specs}
+
+    def authorize_tool_call(self, name: str, args: Any = None, *, principal: str | None = None,
+                            tool: Mapping[str, Any] | ToolSpec | None = None) -> ToolCallDecision:
         """May the agent call tool ``name`` now? ``ALLOW | CONFIRM | DENY`` from the policy's
         ``tool_calls`` rules over the refs in the attention provenance of the live context,
         with the offending refs and the rule; logged (the arguments as a keyed digest only).
-        Whoever generated the call: this session's model, or a framework's model reporting it."""
+        Whoever generated the call: this session's model, or a framework's model reporting it.
+        ``tool``: the tool's definition for this call (else the one declared, if any)."""
+        spec = (tool if isinstance(tool, ToolSpec) else spec_of(tool)) if tool is not None else self._tools.get(name)
         self._before_use()
         with self._locked() as s:
-            decision, event = self.decide_call(name, args, self._in_attention.of(s), principal)
+            decision, event = self.decide_call(name, args, self._in_attention.of(s), principal, spec=spec)
             index = self.services.audit.append(event)
         self.services.events.publish(ToolCallDecided(self.tenant, decision.verdict))
         return replace(decision, audit_index=index)
@@ -559,14 +575,15 @@ class KernelSession:
             return self._in_attention.of(s)
 
     def decide_call(self, name: str, args: Any, context: CallContext, principal: str | None,
-                    evidence: EvidenceSource | None = None) -> tuple[ToolCallDecision, DecisionEvent]:
+                    evidence: EvidenceSource | None = None, spec: ToolSpec | None = None
+                    ) -> tuple[ToolCallDecision, DecisionEvent]:
         """The decision on a call in ``context`` (the refs in attention with the producers of their
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
         and ``CallDecider`` log it. A CONFIRM a person already approved in this session for the
         same call under the same rule, offending refs and argument sources is allowed, naming the
         approval (remembered in the state database: ``fak.kernel.calls.held``)."""
         return decide_call(self.services, self.tenant, self.id, self.created_us, name, args, context, principal,
-                           evidence)
+                           evidence, spec=spec if spec is not None else self._tools.get(name))
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         """What names a held call for a remembered approval (tool, arguments, rule, offending
@@ -579,11 +596,12 @@ class KernelSession:
         replica and after a restart (``tool_calls.remember_approvals``); whether it was kept."""
         return remember_approval(self.services, self.tenant, self.id, key, approval_index, call_id)
 
-    def call_decider(self, principal: str | None = None) -> CallDecider:
+    def call_decider(self, principal: str | None = None, tools: Sequence[ToolSpec] = ()) -> CallDecider:
         """A decider for the calls of a turn: hand it to ``generate(decider=...)``, which binds it to
         the attention the turn is generated with (read under the turn's lock: generation adds no
-        ref to it), so each call the model writes is decided the moment it is written."""
-        return CallDecider(self, principal)
+        ref to it), so each call the model writes is decided the moment it is written.
+        ``tools``: the request's tools (their schemas classify tools no rule names)."""
+        return CallDecider(self, principal, tools)
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"
