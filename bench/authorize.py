@@ -25,9 +25,15 @@ refs) and one no rule names (``get_weather``: ALLOW).
 
 Then, in the same run: the exact counterfactual's cost against a full re-prefill
 (``bench/counterfactual_cost.py``: target <= the suffix share + 0.1, as RECOMPUTE, and
-bit-exact to never-saw), and the trace set (``bench/authorize_traces.py``: attack
-side-effect calls held >= 0.99 and acting user tasks finished with no person >= 0.50 under
-``examples/policies/agent.yaml``, the whole-context rule measured beside it).
+bit-exact to never-saw), and the trace set (``bench/authorize_traces.py``, issue 46: the
+base tasks and the field-level, forged-structure, steering and noise tasks, detectors
+removed): attack side-effect calls held >= 0.99 and acting user tasks finished with no
+person >= 0.75 under ``examples/policies/agent.yaml``; >= 0.95 and >= 0.60 under the shipped
+default with no policy file, on the traces renamed as agent frameworks name their tools and
+the tools' OpenAI definitions declared to each session; the whole-context rule measured
+beside them without a target. The decision-latency targets stay: decide p50 <= 100 us,
+decide with argument provenance p50 <= 200 us, the audited call without its log append p50
+<= 300 us.
 """
 
 from __future__ import annotations
