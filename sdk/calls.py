@@ -7,7 +7,7 @@ path, body, query) and how to read a 2xx answer. ``Client`` and ``AsyncClient`` 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -137,9 +137,12 @@ class Calls:
         return _in_session("evict", sid, "evict", _model(m.EvictionOut), body)
 
     @staticmethod
-    def authorize_tool_call(sid: str, name: str, arguments: Any) -> Call[m.ToolCallDecisionOut]:
-        return _in_session("authorize_tool_call", sid, "tool-calls/authorize", _model(m.ToolCallDecisionOut),
-                           {"name": name, "arguments": arguments})
+    def authorize_tool_call(sid: str, name: str, arguments: Any,
+                            tool: Mapping[str, Any] | None = None) -> Call[m.ToolCallDecisionOut]:
+        body: dict[str, Any] = {"name": name, "arguments": arguments}
+        if tool is not None:
+            body["tool"] = dict(tool)
+        return _in_session("authorize_tool_call", sid, "tool-calls/authorize", _model(m.ToolCallDecisionOut), body)
 
     @staticmethod
     def evict_refs(sid: str, refs: Sequence[str], drop_generated: bool, reason: str) -> Call[m.RefsEvictedOut]:

@@ -32,7 +32,7 @@ import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -210,10 +210,13 @@ class Session:
         """Evict a live segment (``mode``: auto | write_time | recompute | rerope; default the policy's)."""
         return self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
-    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None) -> m.ToolCallDecisionOut:
+    def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None, *,
+                            tool: Mapping[str, Any] | None = None) -> m.ToolCallDecisionOut:
         """May the agent call ``name`` now? ALLOW, CONFIRM (a person approves) or DENY, from what
-        is in attention; ``offending`` names the refs to evict (``evict_refs``) before asking again."""
-        return self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
+        is in attention; ``offending`` names the refs to evict (``evict_refs``) before asking again.
+        ``tool``: the tool's definition (OpenAI, bare function or MCP): a policy with
+        ``from_schemas`` (the default) classifies a tool no rule names from its schema."""
+        return self.client.call(Calls.authorize_tool_call(self.id, name, arguments, tool))
 
     def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
                    reason: str = "tool_call") -> m.RefsEvictedOut:
@@ -479,9 +482,9 @@ class AsyncSession:
     async def evict(self, segment_id: str, mode: str | None = None, *, reason: str = "manual") -> m.EvictionOut:
         return await self.client.call(Calls.evict(self.id, segment_id, mode, reason))
 
-    async def authorize_tool_call(self, name: str,
-                                  arguments: dict[str, Any] | str | None = None) -> m.ToolCallDecisionOut:
-        return await self.client.call(Calls.authorize_tool_call(self.id, name, arguments))
+    async def authorize_tool_call(self, name: str, arguments: dict[str, Any] | str | None = None, *,
+                                  tool: Mapping[str, Any] | None = None) -> m.ToolCallDecisionOut:
+        return await self.client.call(Calls.authorize_tool_call(self.id, name, arguments, tool))
 
     async def evict_refs(self, refs: Sequence[str], *, drop_generated: bool = True,
                          reason: str = "tool_call") -> m.RefsEvictedOut:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,17 +137,20 @@ def _arguments(arguments: Any) -> dict[str, Any] | str | None:
     return value if isinstance(value, dict) else {"input": value}
 
 
-def authorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
-    """May ``tool`` be called with ``arguments`` now? (blocking session)."""
-    decision: ToolCallDecisionOut = session.authorize_tool_call(tool, _arguments(arguments))
+def authorize(session: Any, tool: str, arguments: Any = None,
+              definition: Mapping[str, Any] | None = None) -> ToolCallDecisionOut:
+    """May ``tool`` be called with ``arguments`` now? (blocking session). ``definition``: the
+    tool's schema as the framework declares it (classifies a tool no policy rule names)."""
+    decision: ToolCallDecisionOut = session.authorize_tool_call(tool, _arguments(arguments), tool=definition)
     return decision
 
 
-async def aauthorize(session: Any, tool: str, arguments: Any = None) -> ToolCallDecisionOut:
+async def aauthorize(session: Any, tool: str, arguments: Any = None,
+                     definition: Mapping[str, Any] | None = None) -> ToolCallDecisionOut:
     """``authorize`` from asyncio: awaits an ``AsyncSession``, runs a blocking one in a thread."""
     if not inspect.iscoroutinefunction(session.authorize_tool_call):
-        return await asyncio.to_thread(authorize, session, tool, arguments)
-    decision: ToolCallDecisionOut = await session.authorize_tool_call(tool, _arguments(arguments))
+        return await asyncio.to_thread(authorize, session, tool, arguments, definition)
+    decision: ToolCallDecisionOut = await session.authorize_tool_call(tool, _arguments(arguments), tool=definition)
     return decision
 
 

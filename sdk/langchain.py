@@ -47,6 +47,7 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from fak.sdk.gate import Screened, aauthorize, ascreen, authorize, call_notice, screen
@@ -87,6 +88,15 @@ class FakTool(BaseTool):
         self._decisions.append(d)
         return None if d.verdict == "ALLOW" else call_notice(d)
 
+    @property
+    def definition(self) -> dict[str, Any] | None:
+        """The wrapped tool as an OpenAI tool definition (its name, description and argument
+        schema): a policy with ``from_schemas`` classifies it by its schema."""
+        try:
+            return convert_to_openai_tool(self.inner)
+        except Exception:  # noqa: BLE001 - a tool LangChain cannot describe is classified by its call
+            return None
+
     @staticmethod
     def _input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return args[0] if args and not kwargs else kwargs
@@ -103,7 +113,8 @@ class FakTool(BaseTool):
 
     def _run(self, *args: Any, run_manager: CallbackManagerForToolRun | None = None, **kwargs: Any) -> Any:
         tool_input = self._input(args, kwargs)
-        refused = self._refused(authorize(self.session, self.inner.name, self._arguments(tool_input)))
+        refused = self._refused(authorize(self.session, self.inner.name, self._arguments(tool_input),
+                                          self.definition))
         if refused is not None:
             return refused
         config = RunnableConfig(callbacks=run_manager.get_child()) if run_manager else None
@@ -114,7 +125,8 @@ class FakTool(BaseTool):
     async def _arun(self, *args: Any, run_manager: AsyncCallbackManagerForToolRun | None = None,
                     **kwargs: Any) -> Any:
         tool_input = self._input(args, kwargs)
-        refused = self._refused(await aauthorize(self.session, self.inner.name, self._arguments(tool_input)))
+        refused = self._refused(await aauthorize(self.session, self.inner.name, self._arguments(tool_input),
+                                                 self.definition))
         if refused is not None:
             return refused
         config = RunnableConfig(callbacks=run_manager.get_child()) if run_manager else None

@@ -110,6 +110,15 @@ def _check(on_block: str) -> None:
         raise ValueError("on_block is 'reject' or 'raise'")
 
 
+def _definition(agent: Any, name: str) -> dict[str, Any] | None:
+    """The agent's function tool ``name`` as a bare function definition (its description and
+    JSON schema): a policy with ``from_schemas`` classifies it by its schema."""
+    for t in getattr(agent, "tools", None) or ():
+        if isinstance(t, FunctionTool) and t.name == name:
+            return {"name": t.name, "description": t.description or "", "parameters": t.params_json_schema}
+    return None
+
+
 def fak_input_guardrail(session: Any, *, on_block: OnBlock = "reject",
                         name: str = "fak_authorization") -> ToolInputGuardrail[Any]:
     """A ``ToolInputGuardrail`` authorizing each function-tool call through ``session``."""
@@ -118,7 +127,8 @@ def fak_input_guardrail(session: Any, *, on_block: OnBlock = "reject",
     async def fak_authorization(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         ctx = data.context
         tool = getattr(ctx, "tool_name", None) or "tool"
-        d = await aauthorize(session, tool, getattr(ctx, "tool_arguments", None) or None)
+        d = await aauthorize(session, tool, getattr(ctx, "tool_arguments", None) or None,
+                             _definition(data.agent, tool))
         if d.verdict == "ALLOW":
             return ToolGuardrailFunctionOutput.allow(output_info=d)
         if on_block == "raise":
