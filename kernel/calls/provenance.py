@@ -138,6 +138,11 @@ class Structure:
         self._spans = spans
         self._starts = [s for s, _, _ in spans]
 
+    @property
+    def spans(self) -> list[tuple[int, int, str]]:
+        """Every scalar's characters and path, in order."""
+        return self._spans
+
     def field_at(self, start: int, end: int) -> str | None:
         """The path of the scalar holding characters ``[start, end)``, if one does."""
         span = self.span_at(start, end)
@@ -303,6 +308,7 @@ class ContextIndex:
             self._bases.append(at)
             at += len(ix.tokens.joined)
         self._all = "".join(ix.tokens.joined for ix in self._indexed)
+        self._field_trusts: dict[str, frozenset[str]] | None = None
 
     def find(self, needle: str, per_text: int = 2, limit: int = 16) -> list[ValueSource]:
         """Where the canonical token string ``needle`` occurs: at most ``per_text`` places in
@@ -334,11 +340,34 @@ class ContextIndex:
             return ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end, None, ctx.tools)
         first, last = ix.tokens.tokens_within(span[0], span[1])
         inside = (first, last) != (m.first, m.first + m.count)
+        return ValueSource(ctx.segment, ctx.ref, self._trust_of(ctx, ix, span), m.start, m.end, span[2], ctx.tools,
+                           inside)
+
+    def field_trusts(self) -> dict[str, frozenset[str]]:
+        """Per ref, the trust levels its fields have other than its text's: the policy's for a
+        field, or untrusted prose in an internal record. A record the organisation keeps can
+        carry text anyone wrote; what is in attention is then that text too."""
+        if self._field_trusts is None:
+            out: dict[str, frozenset[str]] = {}
+            for ctx, ix in zip(self.texts, self._indexed, strict=True):
+                if ctx.ref is None or not ix.structure.spans:
+                    continue
+                found = {self._trust_of(ctx, ix, span) for span in ix.structure.spans} - {ctx.trust}
+                if found:
+                    out[ctx.ref] = out.get(ctx.ref, frozenset()) | found
+            self._field_trusts = out
+        return self._field_trusts
+
+    @staticmethod
+    def _trust_of(ctx: ContextText, ix: Indexed, span: tuple[int, int, str]) -> str:
+        """The trust of a field: the policy's for it, else prose in an internal record is
+        ``free_text`` (untrusted unless the policy says otherwise), else the text's."""
         trust = next((t for glob, t in ctx.fields if field_matches(span[2], glob)), None)
-        if trust is None:
-            prose = last - first >= PROSE_TOKENS
-            trust = (ctx.free_text or "untrusted") if prose and ctx.trust == "internal" else ctx.trust
-        return ValueSource(ctx.segment, ctx.ref, trust, m.start, m.end, span[2], ctx.tools, inside)
+        if trust is not None:
+            return trust
+        first, last = ix.tokens.tokens_within(span[0], span[1])
+        return (ctx.free_text or "untrusted") if ctx.trust == "internal" and last - first >= PROSE_TOKENS \
+            else ctx.trust
 
     def endorsers(self, needle: str, by: Sequence[str]) -> list[ValueSource]:
         """The places where text of one of ``by`` names the value ``needle`` in an instruction
@@ -363,7 +392,7 @@ def field_matches(path: str, glob: str) -> bool:
 # (``endorsers``); a review that praises an entry in its own words ("lovely staff at Casa do
 # Rio") names it without telling anyone to pick it.
 _INSTRUCTION = re.compile(
-    r"\b(?:book|reserve|choose|pick|select|buy|order|purchase|go\s+with|switch\s+to|opt\s+for|"
+    r"\b(?:book|reserve|choose|pick|select|buy|purchase|go\s+with|switch\s+to|opt\s+for|"
     r"create|schedule|title[ds]?|set|send|pay|transfer|post|write|put|add|"
     r"must|should|need\s+to|have\s+to|make\s+sure|instead|only|always|"
     r"assistant|agent|ai|bot|model)\b", re.IGNORECASE)
@@ -382,6 +411,10 @@ def instruction_near(text: str, start: int, end: int) -> bool:
     stop = _SENTENCE_END.search(after)
     after = after[:stop.start()] if stop else after
     return bool(_INSTRUCTION.search(before) or _INSTRUCTION.search(after))
+
+
+def _within(inner: ValueSource, outer: ValueSource) -> bool:
+    return inner.segment == outer.segment and outer.start <= inner.start and inner.end <= outer.end
 
 
 def _digits(number: str) -> int:
@@ -434,6 +467,11 @@ def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex, *, m
             if token.kind not in ENTITY_KINDS or token.form in seen:
                 continue
             seen.add(token.form)
-            inner = index.find(token.form)
+            found = index.find(token.form)
+            # where the whole value occurs, the entity inside it is that same occurrence (a file
+            # name inside the path a listing gave): not a second source of its own
+            inner = [src for src in found if not any(_within(src, whole) for whole in sources)]
+            if found and not inner:
+                continue
             out.append(ArgumentTrace(path, _origin(inner), _ordered(inner), entity=token.kind))
     return out

@@ -29,7 +29,15 @@ from typing import Any, Literal
 from fak.errors import InvalidInput
 from fak.kernel.calls import tool_text
 from fak.kernel.calls.tool_text import ToolSpec
-from fak.policy.schema import ArgOrigin, ArgsMatch, AttentionMatch, ToolCallRule, ToolClassEntry, ToolEffect
+from fak.policy.schema import (
+    ArgOrigin,
+    ArgsMatch,
+    AttentionMatch,
+    Endorsement,
+    ToolCallRule,
+    ToolClassEntry,
+    ToolEffect,
+)
 from fak.policy.schema import RoutingKind as Kind
 
 __all__ = ["Effect", "Kind", "ToolClass", "amount_paths", "classify", "inferred_rules", "spec_of", "words"]
@@ -167,7 +175,12 @@ PARTY_READ_VERBS = ("get", "list", "search", "read", "fetch", "find", "query", "
 NAMING_FIELDS = ["*email", "*emails.*", "*phone*", "*recipient", "*iban", "*account", "*path", "*name", "*user",
                  "*username", "*users.*", "*members.*", "*channels.*", "*sender", "*from", "*reply_to", "to", "*.to",
                  "to.*", "*.to.*", "cc.*", "*.cc.*", "*participants.*", "*attendees.*"]
-PAYEE_FIELDS = ["*recipient", "*iban", "*account", "*payee", "*beneficiary"]
+PAYEE_FIELDS = ["*recipient", "*iban", "*account", "*payee", "*beneficiary", "*sender"]
+# Steering (agent.yaml's *-endorsed-by-untrusted rules): the arguments of a side effect that pick
+# or say something rather than route it: the content arguments, and these (a catalog choice, a
+# title). A value untrusted text names in an instruction ("book Hotel X instead") needs a person.
+CHOICE_ARGS = ["*name", "title", "summary", "subject", "hotel*", "restaurant*", "company", "flight*", "car*",
+               "product*", "item*", "option", "sku", "*_id", "location"]
 
 MAX_DEPTH = 8  # nesting of a schema or of arguments read for routing (deeper: not read)
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -177,7 +190,8 @@ _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 class ToolClass:
     """One tool as the inferred rules see it: its ``effect``, the arguments that route (path
     glob and kind), the free-text ``content`` arguments, what it was read from (``basis``;
-    ``policy``: an operator's class applied) and why (``reasons``, one line per decision)."""
+    ``policy``: an operator's class applied) and why (``reasons``, one line per decision);
+    ``choices``: the other string arguments (a hotel, a provider, a title: what steering picks)."""
 
     tool: str
     effect: Effect
@@ -185,11 +199,13 @@ class ToolClass:
     content: tuple[str, ...]
     basis: Basis
     reasons: tuple[str, ...]
+    choices: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able, for the decision event and ``fak policy explain-tools --json``."""
         return {"tool": self.tool, "effect": self.effect, "routing": dict(self.routing),
-                "content": list(self.content), "basis": self.basis, "reasons": list(self.reasons)}
+                "content": list(self.content), "choices": list(self.choices), "basis": self.basis,
+                "reasons": list(self.reasons)}
 
 
 def words(name: str) -> list[str]:
@@ -263,7 +279,7 @@ def _effect(name_words: Sequence[str], description: str) -> tuple[Effect, str]:
 
 def _credential(name_words: Sequence[str]) -> bool:
     pairs = set(zip(name_words, name_words[1:], strict=False))
-    return any(w in CREDENTIAL_WORDS for w in name_words) or bool(pairs & CREDENTIAL_PAIRS)
+    return any(_singular(w, CREDENTIAL_WORDS) for w in name_words) or bool(pairs & CREDENTIAL_PAIRS)
 
 
 def _kind_of_name(name: str, about: _About) -> tuple[Kind, str] | None:
@@ -362,6 +378,7 @@ class _Routes:
     def __init__(self) -> None:
         self.routing: dict[str, Kind] = {}
         self.content: list[str] = []
+        self.choices: list[str] = []
         self.reasons: list[str] = []
 
     def route(self, path: str, kind: Kind, why: str) -> None:
@@ -372,6 +389,10 @@ class _Routes:
     def text(self, path: str) -> None:
         if path not in self.content:
             self.content.append(path)
+
+    def choice(self, path: str) -> None:
+        if path not in self.choices:
+            self.choices.append(path)
 
 
 def _from_schema(parameters: Mapping[str, Any], about: _About) -> _Routes | None:
@@ -420,6 +441,8 @@ def _from_schema(parameters: Mapping[str, Any], about: _About) -> _Routes | None
                 routes.route(path, kind[0], kind[1])
             elif kind is None and not inner and _is_content(name) and _types(sub) <= {"string", "array", "object"}:
                 routes.text(path)
+            elif kind is None and not inner and "string" in _types(sub):
+                routes.choice(path)
             added = added or inner or kind is not None
         return added
 
@@ -448,6 +471,8 @@ def _from_arguments(args: Mapping[str, Any], about: _About) -> _Routes:
                 routes.route(path, kind[0], f"argument {kind[1]}")
             elif isinstance(sub, str) and _is_content(str(key)):
                 routes.text(path)
+            elif isinstance(sub, str):
+                routes.choice(path)
 
     walk(args, "", 0)
     return routes
@@ -501,7 +526,7 @@ def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
         content = tuple(entry.content) if entry.content is not None else content
         basis = "policy"
         reasons.append(f"policy class {entry.tools}: sets {', '.join(set_here) or 'nothing'}")
-    return ToolClass(tool, effect, routing, content, basis, tuple(reasons))
+    return ToolClass(tool, effect, routing, content, basis, tuple(reasons), tuple(routes.choices))
 
 
 def amount_paths(cls: ToolClass) -> tuple[str, ...]:
@@ -563,6 +588,12 @@ def _rules(cls: ToolClass) -> tuple[ToolCallRule, ...]:
 
     def of(*kinds: Kind) -> list[str]:
         return [p for p, k in cls.routing if k in kinds]
+
+    rules.append(ToolCallRule(
+        id="inferred:endorsed-by-untrusted", tools=[tool], verdict="CONFIRM",
+        when_endorsed=Endorsement(args=list(dict.fromkeys([*cls.content, *cls.choices, *CHOICE_ARGS])),
+                                  by=["untrusted"]),
+        description="a choice or a text that untrusted content told the agent to make"))
 
     parties, accounts, paths, urls, commands = (of("recipient", "channel", "phone"), of("account"), of("path"),
                                                 of("url"), of("command"))

@@ -200,8 +200,10 @@ def _rule(cls: ToolClass, rule_id: str) -> ToolCallRule:
 
 def test_inferred_rules_mirror_agent_yaml_for_the_tool() -> None:
     send = of(tool("send_message", to=S, text=S))
-    assert ids(send) == ["inferred:side-effect", "inferred:recipient-not-from-user",
+    assert ids(send) == ["inferred:side-effect", "inferred:endorsed-by-untrusted", "inferred:recipient-not-from-user",
                          "inferred:recipient-from-internal-free-text", "inferred:untrusted-routing-in-body"]
+    steer = _rule(send, "inferred:endorsed-by-untrusted").when_endorsed
+    assert steer is not None and "text" in steer.args and "to" not in steer.args and steer.by == ["untrusted"]
     for rule in inferred_rules(send):
         assert rule.tools == ["send_message"]
         assert ToolCallRule.model_validate(rule.model_dump()) == rule  # plain policy rules
@@ -222,7 +224,8 @@ def test_inferred_rules_mirror_agent_yaml_for_the_tool() -> None:
     assert body[1].trust == ["untrusted"] and body[1].entities_only
     # a payment: the payee, never the amount
     pay = of(tool("pay_invoice", iban=S, amount={"type": "number"}))
-    assert ids(pay) == ["inferred:side-effect", "inferred:payee-not-from-user", "inferred:payee-from-record-text"]
+    assert ids(pay) == ["inferred:side-effect", "inferred:endorsed-by-untrusted", "inferred:payee-not-from-user",
+                        "inferred:payee-from-record-text"]
     assert all(m.args == ["iban"] for r in inferred_rules(pay) for m in r.when_args_from or ())
     # a URL read: only a composed one needs a person; posted to: any the user did not give
     (_, composed) = inferred_rules(of(tool("fetch", url=S)))
@@ -232,15 +235,17 @@ def test_inferred_rules_mirror_agent_yaml_for_the_tool() -> None:
     # shell: copied from untrusted text is refused, composed after it needs a person
     shell = inferred_rules(of(tool("run", command=S)))
     assert [(r.id, r.verdict) for r in shell] == [
-        ("inferred:side-effect", "ALLOW"), ("inferred:command-from-untrusted", "DENY"),
+        ("inferred:side-effect", "ALLOW"), ("inferred:endorsed-by-untrusted", "CONFIRM"),
+        ("inferred:command-from-untrusted", "DENY"),
         ("inferred:command-value-from-tool-output", "CONFIRM"), ("inferred:command-composed-after-untrusted", "CONFIRM")]
-    assert shell[3].when_in_attention is not None and shell[3].when_in_attention.trust == ["untrusted"]
+    assert shell[4].when_in_attention is not None and shell[4].when_in_attention.trust == ["untrusted"]
     # nothing to trace: allowed; a credential: always a person
     assert [(r.id, r.verdict) for r in inferred_rules(of(tool("frobnicate", x=S)))] == [
-        ("inferred:side-effect", "ALLOW")]
+        ("inferred:side-effect", "ALLOW"), ("inferred:endorsed-by-untrusted", "CONFIRM")]
     assert [(r.id, r.verdict) for r in inferred_rules(of(tool("get_weather", city=S)))] == [("inferred:read", "ALLOW")]
     assert [(r.id, r.verdict) for r in inferred_rules(of(tool("update_password", password=S)))] == [
-        ("inferred:side-effect", "ALLOW"), ("inferred:credential-change", "CONFIRM")]
+        ("inferred:side-effect", "ALLOW"), ("inferred:credential-change", "CONFIRM"),
+        ("inferred:endorsed-by-untrusted", "CONFIRM")]
     assert "inferred:credential-change" not in ids(of(tool("get_api_key", service=S)))  # reading is no change
 
 
@@ -288,7 +293,7 @@ def test_explain_tools_prints_classes_and_rules(tmp_path: Path, capsys: pytest.C
     report = json.loads(capsys.readouterr().out)["tools"]
     assert [(t["tool"], t["effect"], t["rules_from"]) for t in report] == [
         ("send_message", "side_effect", "inferred"), ("get_weather", "read", "inferred")]
-    assert report[0]["routing"] == {"to": "recipient"} and report[0]["rules"][1]["id"] == "inferred:recipient-not-from-user"
+    assert report[0]["routing"] == {"to": "recipient"} and report[0]["rules"][2]["id"] == "inferred:recipient-not-from-user"
     # with a policy: its own rules for a tool they name; the others by from_schemas (off here)
     policy = tmp_path / "p.yaml"
     policy.write_text("apiVersion: fak.dev/v1\nkind: Policy\nmetadata: {name: p}\nspec:\n  tool_calls:\n"
