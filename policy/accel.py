@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from re import _constants as C  # type: ignore[attr-defined]  # typeshed has no stubs for re's private modules
@@ -253,6 +253,8 @@ class _Native:
         self.ids = [s.id for s in sigs for _ in s.loose]
         self.count = len(self.ids)
         self.widths = [width(s.regex) for s in sigs for _ in s.loose]
+        # pattern id -> the first pattern id of its signature (its patterns' hits are counted once)
+        self.first = [self.ids.index(sid) for sid in self.ids]
         # a trigger's region: its line and as many lines either side as a folded match can span
         self.margin = max(lines(s.regex) for s in sigs if s.on == "folded")
         patterns = [superset(rx, s.on == "folded") for s in sigs for rx in s.loose] + _TRIGGERS
@@ -286,6 +288,22 @@ class _Native:
             return None
         return out
 
+    def clean(self, data: bytes) -> bool:
+        """Whether no pattern matches ``data``: ``hits(data) == {}``, the scan stopped at
+        the first match (decoded payloads are scanned one by one: this is most of their cost)."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self.db)
+        try:
+            self.db.scan(data, match_event_handler=_stop, scratch=scratch)
+        except hyperscan.ScanTerminated:
+            return False
+        return True
+
+
+def _stop(_pid: int, _start: int, _to: int, _flags: int, _ctx: object) -> bool:
+    return True  # a match: stop the scan
+
 
 _DB: list[_Native] = []
 _LOCK = threading.Lock()
@@ -314,6 +332,36 @@ def _changes(run: bytes) -> bool:
             _FOLDS.clear()
         _FOLDS[run] = found
     return found
+
+
+class _NonAscii:
+    """The non-ASCII runs of an input (from the native trigger on their first bytes), to
+    size a signature's look-back in bytes: ``chars`` characters before a hit span
+    ``chars`` bytes plus at most the non-ASCII bytes among the ``4 * chars`` bytes before
+    it. Counting them, not taking four bytes a character wherever the input has one
+    non-ASCII byte, keeps the lines searched around a hit in mostly-ASCII text short."""
+
+    def __init__(self, data: bytes, spans: list[tuple[int, int]]) -> None:
+        self.runs: list[tuple[int, int]] = []  # (first byte, end) of each run, in order
+        for e in sorted({e for _, e in spans}):
+            m = _NON_ASCII.match(data, e - 1)
+            assert m is not None  # the trigger matched the non-ASCII byte at e - 1
+            self.runs.append(m.span())
+        self.starts = [a for a, _ in self.runs]
+        self.ends = [b for _, b in self.runs]
+        self.before = [0]  # non-ASCII bytes in the runs before each one
+        for a, b in self.runs:
+            self.before.append(self.before[-1] + b - a)
+
+    def back(self, end: int, chars: int) -> int:
+        """Bytes that hold at least the ``chars`` characters before byte ``end``
+        (at most ``4 * chars - 6``, the bound before this count: ``4 * width + 2``)."""
+        lo = end - 4 * chars
+        i, j = bisect_right(self.ends, lo), bisect_left(self.starts, end)
+        if i >= j:  # no non-ASCII byte in data[lo:end]
+            return chars
+        inside = self.before[j] - self.before[i] - max(0, lo - self.starts[i]) - max(0, self.ends[j - 1] - end)
+        return min(4 * chars - 6, chars + inside)
 
 
 def _line_start(data: bytes, pos: int, before: int = 0) -> int:
@@ -359,20 +407,15 @@ def regions(data: bytes) -> list[Region] | None:
     hits = db.hits(data)
     if hits is None:
         return None
-    wide = not data.isascii()
     points: list[tuple[int, int, str | None]] = []  # (first byte, last byte, signature id or None for a trigger)
     run_starts: tuple[list[int], list[int]] = ([], [])  # where base64 and hex runs may begin
+    non_ascii = _NonAscii(data, hits.get(db.count + _NON_ASCII_TRIGGER, []))
+    ends: dict[int, set[int]] = {}  # a signature's first pattern id -> where any of its patterns hit (once each)
     for pid, spans in hits.items():
         if pid < db.count:
-            back = db.widths[pid] * (4 if wide else 1) + 2
-            name = db.ids[pid]
-            points.extend((max(0, e - back), e, name) for _, e in spans)
+            ends.setdefault(db.first[pid], set()).update(e for _, e in spans)
         elif pid - db.count == _NON_ASCII_TRIGGER:  # folding changes only non-ASCII runs: those it changes
-            for _, e in spans:
-                m = _NON_ASCII.match(data, e - 1)
-                assert m is not None  # the trigger matched the non-ASCII byte at e - 1
-                if _changes(m.group()):
-                    points.append((m.start(), m.end() - 1, None))
+            points.extend((a, b - 1, None) for a, b in non_ascii.runs if _changes(data[a:b]))
         elif pid - db.count in _PAYLOAD_TRIGGERS:  # a run decoded into a text of its own: its line is enough
             kind = pid - db.count - min(_PAYLOAD_TRIGGERS)
             for s, e in spans:
@@ -380,6 +423,12 @@ def regions(data: bytes) -> list[Region] | None:
                 run_starts[kind].extend((s, s + 1))  # the match may begin with the byte before the run
         else:
             points.extend((e - 1, e - 1, None) for _, e in spans)
+    for pid, found in ends.items():
+        name, chars = db.ids[pid], db.widths[pid] + 2
+        if non_ascii.runs:
+            points.extend((max(0, e - non_ascii.back(e, chars)), e, name) for e in found)
+        else:
+            points.extend((max(0, e - chars), e, name) for e in found)
     if not points:
         return []
     points.sort(key=lambda p: p[0])
@@ -491,7 +540,7 @@ def _char_offsets(text: bytes, positions: list[int]) -> list[int]:
 def _clean(data: bytes) -> bool:
     """Whether no signature and no trigger matches anywhere in ``data`` (a decoded text:
     then it holds no finding and nothing more to decode)."""
-    return native().hits(data) == {}
+    return native().clean(data)
 
 
 def findings(data: bytes, detectors: Set[str], max_depth: int = 2, max_decoded: int = 65536

@@ -265,7 +265,11 @@ def _printable(text: str, share: float = 0.9) -> bool:
         return False
     if "\ufffd" not in text and text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable():
         return True
-    good = sum(c.isprintable() or c in "\n\r\t" for c in text) - text.count("\ufffd")
+    bad = text.count("\ufffd")
+    if len(text) - bad < share * len(text):  # decoded binary, mostly U+FFFD: no count can reach the share
+        return False
+    # printable characters, and line breaks and tabs (not printable): counted in C, not a generator
+    good = sum(map(str.isprintable, text)) + text.count("\n") + text.count("\r") + text.count("\t") - bad
     return good >= share * len(text)
 
 
