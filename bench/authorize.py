@@ -94,6 +94,12 @@ def result_text(i: int) -> bytes:
                            "body": " ".join(rng.choices(WORDS, k=16)) + f" order {1000 + i} total ${i * 13}.50"}).encode()
     return (f"Record {i}: order {1000 + i} shipped on day {i % 28 + 1}. " + " ".join(rng.choices(WORDS, k=16))
             + f" Tracking: https://shop{i}.example.com/o/{i}").encode()
+def media_type(i: int) -> str:
+    """The JSON mails are admitted as JSON (their fields are field paths: a reply to a sender is
+    excused), the records as text."""
+    return "application/json" if i % 3 == 0 else "text/plain"
+
+
 TOOLS = [f"web_fetch_{i}" for i in range(5)] + [f"crm_lookup_{i}" for i in range(5)]
 
 
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"admitting {args.refs} tool results ...")
             for i in range(args.refs):
                 tool = TOOLS[i % len(TOOLS)]
-                adm = ks.admit(tool, result_text(i))
+                adm = ks.admit(tool, result_text(i), media_type=media_type(i))
                 if not adm.admitted:
                     raise SystemExit(f"result {i} was not admitted ({adm.verdict.rule_id})")
             refs = ks.refs()

@@ -368,12 +368,12 @@ class Authorizer:
                 _path_matches(path, rule.when_args_absent) for path, value in leaves(args) if _present(value)):
             return None
         if rule.when_in_attention is not None:
-            cond = rule.when_in_attention
+            seen = rule.when_in_attention
             fields = self.index(context).field_trusts() if context.entries else {}
             hits = [ref for ref, producers in context.producers.items()
                     if any(self._matches(rule, p) for p in producers)
-                    or (not fields.get(ref, frozenset()).isdisjoint(cond.trust)
-                        and any(fnmatchcase(p[0], g) for p in producers for g in cond.tools))]
+                    or (not fields.get(ref, frozenset()).isdisjoint(seen.trust)
+                        and any(fnmatchcase(p[0], g) for p in producers for g in seen.tools))]
             if not hits:
                 return None
             offending += hits

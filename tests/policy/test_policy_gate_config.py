@@ -407,11 +407,25 @@ WHOLE_CONTEXT_POLICIES = [ROOT / "policy/default.yaml", ROOT / "examples/policie
 
 @pytest.mark.parametrize("path", WHOLE_CONTEXT_POLICIES)
 def test_shipped_policies_show_tool_call_rules(path):
+    """The shipped default names no tool: it reads each tool's schema (from_schemas), and the
+    rules it infers hold a mail's recipient, a payment's account and a command that came from
+    untrusted content; strict.yaml holds those tools whenever untrusted text is in attention."""
+    from fak.kernel.calls.tool_classes import classify, inferred_rules
+
     p = load_policy(path)
-    for tool in ("send_email", "transfer_money", "shell_*"):
-        rules = [r for r in p.spec.tool_calls.rules if tool in r.tools and r.when_in_attention is not None]
-        assert rules and all(r.verdict in ("DENY", "CONFIRM") for r in rules), (path, tool)
-        assert all("untrusted" in r.when_in_attention.trust for r in rules)
+    if not p.spec.tool_calls.from_schemas:  # strict.yaml: its own whole-context rules
+        for tool in ("send_email", "transfer_money", "shell_*"):
+            rules = [r for r in p.spec.tool_calls.rules if tool in r.tools and r.when_in_attention is not None]
+            assert rules and all(r.verdict in ("DENY", "CONFIRM") for r in rules), (path, tool)
+            assert all("untrusted" in r.when_in_attention.trust for r in rules)
+        return
+    assert not p.spec.tool_calls.rules
+    for tool, args, trust in (("send_email", {"to": "x", "body": "y"}, "untrusted"),
+                              ("transfer_money", {"iban": "x", "amount": 1}, "untrusted"),
+                              ("shell_exec", {"command": "x"}, "untrusted")):
+        rules = [r for r in inferred_rules(classify(tool, None, args, p.spec.tool_calls.classes))
+                 if r.verdict in ("DENY", "CONFIRM") and r.when_args_from]
+        assert any(trust in m.trust for r in rules for m in r.when_args_from or ()), (path, tool)
     text = path.read_text()
     for example in ("# late_detectors:", "# exceptions:", "expires:"):
         assert example in text, (path, example)
