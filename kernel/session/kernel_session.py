@@ -182,6 +182,9 @@ def decide_call(services: Services, tenant: str, session_id: str, created_us: in
     return decision, event
 
 
+MAX_DECLARED_TOOLS = 1024  # an agent's toolset; each kept in the session's memory
+
+
 def _turns(s: Session) -> int:
     """Model turns the session has had: assistant segments in its ledger, whatever their state."""
     return sum(1 for x in s.ledger.segments if x.kind is SegmentKind.ASSISTANT)
@@ -549,6 +552,8 @@ class KernelSession:
         with the policy's ``from_schemas``, a tool no rule names is classified from its schema
         (``fak.kernel.calls.tool_classes``). Replaces what was declared before; kept in this
         process's memory of the session (declare them again after a restart)."""
+        if len(tools) > MAX_DECLARED_TOOLS:
+            raise InvalidInput(f"{len(tools)} tools declared: at most {MAX_DECLARED_TOOLS}")
         specs = [t if isinstance(t, ToolSpec) else spec_of(t) for t in tools]
         self._tools = {t.name: t for t in specs}
 
@@ -560,6 +565,8 @@ class KernelSession:
         Whoever generated the call: this session's model, or a framework's model reporting it.
         ``tool``: the tool's definition for this call (else the one declared, if any)."""
         spec = (tool if isinstance(tool, ToolSpec) else spec_of(tool)) if tool is not None else self._tools.get(name)
+        if spec is not None and spec.name != name:
+            raise InvalidInput(f"the tool given is {spec.name!r:.80}, the call is of {name!r:.80}")
         self._before_use()
         with self._locked() as s:
             decision, event = self.decide_call(name, args, self._in_attention.of(s), principal, spec=spec)

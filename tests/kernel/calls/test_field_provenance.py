@@ -269,3 +269,15 @@ def test_the_shipped_default_classifies_a_tool_declared_by_no_schema_from_its_ca
     s.admit("get_webpage", PAGE)
     d = s.authorize_tool_call("wire_funds", {"iban": "FR7630006000011234567890189", "amount": 1840})
     assert d.verdict == "CONFIRM" and d.tool_class is not None and d.tool_class.basis == "arguments", d
+
+
+def test_a_tool_definition_must_name_the_tool_called(shipped: Kernel) -> None:
+    """The definition sent with a call is that tool's: another tool's schema (a read's, to get
+    the read's rules) is refused, not used."""
+    from fak.errors import InvalidInput
+
+    s = shipped.session("acme")
+    with pytest.raises(InvalidInput, match="the tool given is 'fetch'"):
+        s.authorize_tool_call("send_message", {"to": "a@b.example"}, tool=AGENT_TOOLS[2])
+    with pytest.raises(InvalidInput, match="at most"):
+        s.declare_tools(AGENT_TOOLS * 300)
