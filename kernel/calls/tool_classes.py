@@ -530,9 +530,10 @@ def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
 
 
 def amount_paths(cls: ToolClass) -> tuple[str, ...]:
-    """Argument path globs whose numbers are amounts or accounts: traced however few their
-    digits (``tool_calls.min_number_digits`` spares other small numbers)."""
-    return tuple(path for path, kind in cls.routing if kind in ("amount", "account"))
+    """Argument path globs whose numbers are traced however few their digits: amounts and every
+    routing argument (an account, a file id of 13, a channel number); ``tool_calls.min_number_digits``
+    spares only the other small numbers (an event id, a party size)."""
+    return tuple(path for path, _ in cls.routing)
 
 
 def inferred_rules(cls: ToolClass) -> list[ToolCallRule]:
