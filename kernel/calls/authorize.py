@@ -39,7 +39,7 @@ from fak.kernel.calls.provenance import (
     shape_of_media,
     trace_arguments,
 )
-from fak.kernel.calls.tool_classes import ToolClass, amount_paths, classify, inferred_rules
+from fak.kernel.calls.tool_classes import ToolClass, classify, inferred_rules, number_paths
 from fak.kernel.calls.tool_text import ToolSpec
 from fak.kernel.calls.value_forms import ENTITY_KINDS, canonical_tokens, needle_of
 from fak.kernel.kv.ledger import SegmentKind
@@ -273,8 +273,11 @@ class Authorizer:
         """The class of ``tool`` read from its declared schema (or, without one, from the
         call's argument names and the tool's name), with the policy's ``classes`` applied, and
         the rules inferred for it; cached per tool and schema."""
-        key = (tool, spec.line() if spec is not None else
-               "args:" + ",".join(sorted(args)) if isinstance(args, dict) else "")
+        if spec is not None:
+            shape = spec.line()
+        else:  # classified from the call's argument names: they are the key
+            shape = "args:" + ",".join(sorted(args)) if isinstance(args, dict) else ""
+        key = (tool, shape)
         with self._lock:
             found = self._classes.get(key)
         if found is None:
@@ -315,13 +318,13 @@ class Authorizer:
         inferred: ToolClass | None = None
         if not rules and calls.from_schemas:
             inferred, rules = self.tool_class(tool, spec, parsed)
-        amounts: tuple[str, ...] | None = None
+        routed: tuple[str, ...] | None = None
 
-        def counts_number(path: str) -> bool:  # an amount or an account: its digits are traced however few
-            nonlocal amounts
-            if amounts is None:
-                amounts = amount_paths(inferred or self.tool_class(tool, spec, parsed)[0])
-            return _path_matches(path, amounts)
+        def counts_number(path: str) -> bool:  # an amount or a routing argument: traced however few its digits
+            nonlocal routed
+            if routed is None:
+                routed = number_paths(inferred or self.tool_class(tool, spec, parsed)[0])
+            return _path_matches(path, routed)
 
         traces: list[ArgumentTrace] | None = None
         if parsed and (context.entries or any(r.when_args_from for r in rules)):  # recorded for every call

@@ -40,7 +40,7 @@ from fak.policy.schema import (
 )
 from fak.policy.schema import RoutingKind as Kind
 
-__all__ = ["Effect", "Kind", "ToolClass", "amount_paths", "classify", "inferred_rules", "spec_of", "words"]
+__all__ = ["Effect", "Kind", "ToolClass", "classify", "inferred_rules", "number_paths", "spec_of", "words"]
 
 Effect = ToolEffect
 Basis = Literal["schema", "arguments", "name", "policy"]
@@ -529,7 +529,7 @@ def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
     return ToolClass(tool, effect, routing, content, basis, tuple(reasons), tuple(routes.choices))
 
 
-def amount_paths(cls: ToolClass) -> tuple[str, ...]:
+def number_paths(cls: ToolClass) -> tuple[str, ...]:
     """Argument path globs whose numbers are traced however few their digits: amounts and every
     routing argument (an account, a file id of 13, a channel number); ``tool_calls.min_number_digits``
     spares only the other small numbers (an event id, a party size)."""

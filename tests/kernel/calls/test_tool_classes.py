@@ -20,9 +20,9 @@ from fak.errors import InvalidInput
 from fak.kernel.calls.tool_classes import (
     PARTY_FIELDS,
     ToolClass,
-    amount_paths,
     classify,
     inferred_rules,
+    number_paths,
     spec_of,
     words,
 )
@@ -118,7 +118,7 @@ def test_nested_objects_and_lists_of_objects_give_paths() -> None:
     cls = of(tool("send_money", recipient=S, payment={"type": "object", "properties": {
         "iban": S, "amount": {"type": "number"}, "reference": S}}))
     assert dict(cls.routing) == {"recipient": "account", "payment.iban": "account", "payment.amount": "amount"}
-    assert amount_paths(cls) == ("recipient", "payment.iban", "payment.amount")
+    assert number_paths(cls) == ("recipient", "payment.iban", "payment.amount")
     cls = of(tool("create_event", title=S, description=S, attendees={"type": "array", "items": {
         "type": "object", "properties": {"email": S, "display_name": S, "optional": {"type": "boolean"}}}}))
     assert dict(cls.routing) == {"attendees.*.email": "recipient"}
