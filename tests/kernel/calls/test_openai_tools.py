@@ -468,3 +468,25 @@ def test_one_tenants_calls_never_evict_anothers(tmp_path, tiny_dir, tiny_lm):
     assert holds.get("acme", held("acme", 0).call_id) is not None and holds.tool_of("acme", "call_a") == "get_weather"
     assert holds.get("globex", held("globex", 0).call_id) is None and holds.get("globex", held("globex", 9).call_id)
     k.close()
+
+
+NOTIFY = {"type": "function", "function": {
+    "name": "notify_person", "description": "Send a notification to a person.", "strict": True,
+    "parameters": {"type": "object", "properties": {"recipient": {"type": "string", "minLength": 6, "maxLength": 16}},
+                   "required": ["recipient"], "additionalProperties": False}}}
+
+
+def test_the_default_decides_the_door_s_calls_by_the_request_s_tool_schemas(tmp_path, tiny_dir, tiny_lm):
+    """The shipped default names no tool: the door hands the request's tools to the decision, so
+    a call of ``notify_person`` whose recipient the model made up (found in no text) is held by
+    the rule inferred from its schema, and the decision's audit event records the class."""
+    from fak.kernel.facade import default_policy_path
+
+    with served(tmp_path, tiny_dir, tiny_lm, default_policy_path().read_text()) as live:
+        r = client(live).chat.completions.create(model="m", messages=USER, tools=[NOTIFY], tool_choice="required",
+                                                 **FEW)
+        [v] = fak(r)["tool_calls"]
+        assert (v["verdict"], v["rule_id"]) == ("CONFIRM", "inferred:recipient-not-from-user"), v
+        [event] = [e.event for e in live.kernel.audit.entries("acme") if e.event.type == "tool_call_decision"]
+        assert event.tool_class is not None and event.tool_class.basis == "schema"
+        assert event.tool_class.routing == {"recipient": "recipient"}
