@@ -66,7 +66,7 @@ def _register_explain_tools(sub: argparse._SubParsersAction[argparse.ArgumentPar
     x = commands.add_parser("explain-tools", help="how an agent's tools are classified and which rules apply to them")
     x.add_argument("tools", metavar="TOOLS.json",
                    help='a JSON list of tools (OpenAI, function or MCP shape), or {"tools": [...]} (MCP tools/list)')
-    x.add_argument("--policy", metavar="FILE", help="policy file or directory (default: no rules, from_schemas on)")
+    x.add_argument("--policy", metavar="FILE", help="policy file or directory (default: the packaged policy)")
     x.add_argument("--json", action="store_true", help="one JSON document instead of text")
     x.set_defaults(handler=_explain_tools)
 
@@ -196,17 +196,17 @@ def _tool_list(path: str) -> list[Any]:
 
 
 def _explain_tools(args: argparse.Namespace) -> int:
-    from fnmatch import fnmatchcase
-
+    """Each tool's class and the rules that decide its calls, as the authorizer of the policy
+    (default: the packaged one) would pick them."""
     from fak.errors import FakError, InvalidInput
-    from fak.kernel.calls.tool_classes import classify, inferred_rules, spec_of
+    from fak.kernel.calls.authorize import Authorizer
+    from fak.kernel.calls.tool_classes import spec_of
+    from fak.kernel.facade import default_policy_path
+    from fak.policy.cli import deployment_egress
+    from fak.policy.policy import load_policy
 
-    calls: ToolCalls | None = None
-    if args.policy:
-        from fak.policy.cli import deployment_egress
-        from fak.policy.policy import load_policy
-
-        calls = load_policy(args.policy, deployment_egress()).spec.tool_calls
+    auth = Authorizer(load_policy(args.policy or default_policy_path(), deployment_egress()))
+    calls = auth.policy.spec.tool_calls
     report: list[dict[str, Any]] = []
     for i, tool in enumerate(_tool_list(args.tools)):
         try:
@@ -214,15 +214,12 @@ def _explain_tools(args: argparse.Namespace) -> int:
         except InvalidInput as exc:
             print(f"{args.tools}: tools[{i}]: skipped: {exc}", file=sys.stderr)
             continue
-        cls = classify(spec.name, spec, overrides=calls.classes if calls is not None else ())
-        own = [r for r in calls.rules if any(fnmatchcase(spec.name, g) for g in r.tools)] if calls is not None else []
-        source = "policy" if own else "inferred" if calls is None or calls.from_schemas else "none"
-        rules = own if own else inferred_rules(cls) if source == "inferred" else []
-        entry = {**cls.as_dict(), "rules_from": source,
-                 "rules": [r.model_dump(mode="json", exclude_defaults=True) for r in rules]}
-        if calls is not None:
-            entry["unlisted"] = calls.unlisted  # the verdict when none of these rules fires
-        report.append(entry)
+        cls, inferred = auth.tool_class(spec.name, spec, None)
+        own = auth.rules_for(spec.name)
+        source = "policy" if own else "inferred" if calls.from_schemas else "none"
+        rules = own if own else inferred if source == "inferred" else []
+        report.append({**cls.as_dict(), "rules_from": source, "unlisted": calls.unlisted,
+                       "rules": [r.model_dump(mode="json", exclude_defaults=True) for r in rules]})
         if not args.json:
             print(("\n" if len(report) > 1 else "") + _explained(cls, source, rules, calls))
     if args.json:
@@ -232,14 +229,13 @@ def _explain_tools(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explained(cls: ToolClass, source: str, rules: list[ToolCallRule], calls: ToolCalls | None) -> str:
+def _explained(cls: ToolClass, source: str, rules: list[ToolCallRule], calls: ToolCalls) -> str:
     """One tool as text: its class, why, and its rules with their conditions in a line each."""
     lines = [f"{cls.tool}: {cls.effect} (from the {cls.basis})"]
     lines.append("  routing: " + (", ".join(f"{p}={k}" for p, k in cls.routing) or "none"))
     lines.append("  content: " + (", ".join(cls.content) or "none"))
     lines += [f"  - {reason}" for reason in cls.reasons]
     if source == "none":
-        assert calls is not None
         lines.append(f"  rules: none names it and from_schemas is off: unlisted decides ({calls.unlisted})")
         return "\n".join(lines)
     lines.append(f"  rules ({'the policy' if source == 'policy' else 'inferred'}):")
@@ -259,6 +255,5 @@ def _explained(cls: ToolClass, source: str, rules: list[ToolCallRule], calls: To
             conditions.append(f"attention on {'/'.join(rule.when_attention.trust)} > {rule.when_attention.above}")
         audit = " (audit)" if rule.action == "audit" else ""
         lines.append(f"    {rule.id} {rule.verdict}{audit}" + (f" when {' and '.join(conditions)}" if conditions else ""))
-    if calls is not None:
-        lines.append(f"  none fires: {calls.unlisted}")
+    lines.append(f"  none fires: {calls.unlisted}")
     return "\n".join(lines)

@@ -202,7 +202,7 @@ class Authorizer:
         self._trust: dict[Producer, str] = {}
         self._match: dict[tuple[str, Producer], bool] = {}
         self._indexes: dict[int, tuple[CallContext, ContextIndex]] = {}
-        self._classes: dict[tuple[str, str], tuple[ToolClass, list[ToolCallRule]]] = {}
+        self._classes: dict[tuple[str, str, str], tuple[ToolClass, list[ToolCallRule]]] = {}
         self._lock = threading.Lock()
 
     def rules_for(self, tool: str) -> list[ToolCallRule]:
@@ -269,15 +269,17 @@ class Authorizer:
                                    settings.fields if settings else (), settings.free_text if settings else None))
         return out
 
-    def tool_class(self, tool: str, spec: ToolSpec | None, args: Any) -> tuple[ToolClass, list[ToolCallRule]]:
+    def tool_class(self, tool: str, spec: ToolSpec | None, args: Any, tenant: str = ""
+                   ) -> tuple[ToolClass, list[ToolCallRule]]:
         """The class of ``tool`` read from its declared schema (or, without one, from the
         call's argument names and the tool's name), with the policy's ``classes`` applied, and
-        the rules inferred for it; cached per tool and schema."""
+        the rules inferred for it; cached per tenant, tool and schema (how fast a decision is
+        tells no tenant which schemas another declared)."""
         if spec is not None:
             shape = spec.line()
         else:  # classified from the call's argument names: they are the key
             shape = "args:" + ",".join(sorted(args)) if isinstance(args, dict) else ""
-        key = (tool, shape)
+        key = (tenant, tool, shape)
         with self._lock:
             found = self._classes.get(key)
         if found is None:
@@ -317,13 +319,13 @@ class Authorizer:
         parsed = parsed_args(args)
         inferred: ToolClass | None = None
         if not rules and calls.from_schemas:
-            inferred, rules = self.tool_class(tool, spec, parsed)
+            inferred, rules = self.tool_class(tool, spec, parsed, context.tenant)
         routed: tuple[str, ...] | None = None
 
         def counts_number(path: str) -> bool:  # an amount or a routing argument: traced however few its digits
             nonlocal routed
             if routed is None:
-                routed = number_paths(inferred or self.tool_class(tool, spec, parsed)[0])
+                routed = number_paths(inferred or self.tool_class(tool, spec, parsed, context.tenant)[0])
             return _path_matches(path, routed)
 
         traces: list[ArgumentTrace] | None = None

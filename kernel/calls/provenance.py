@@ -340,8 +340,8 @@ class ContextIndex:
             return ValueSource(ctx.segment, ctx.ref, ctx.trust, m.start, m.end, None, ctx.tools)
         first, last = ix.tokens.tokens_within(span[0], span[1])
         inside = (first, last) != (m.first, m.first + m.count)
-        return ValueSource(ctx.segment, ctx.ref, self._trust_of(ctx, ix, span), m.start, m.end, span[2], ctx.tools,
-                           inside)
+        return ValueSource(ctx.segment, ctx.ref, _field_trust(ctx, span[2], last - first), m.start, m.end, span[2],
+                           ctx.tools, inside)
 
     def field_trusts(self) -> dict[str, frozenset[str]]:
         """Per ref, the trust levels its fields have other than its text's: the policy's for a
@@ -352,22 +352,15 @@ class ContextIndex:
             for ctx, ix in zip(self.texts, self._indexed, strict=True):
                 if ctx.ref is None or not ix.structure.spans:
                     continue
-                found = {self._trust_of(ctx, ix, span) for span in ix.structure.spans} - {ctx.trust}
+                found: set[str] = set()
+                for start, end, path in ix.structure.spans:
+                    first, last = ix.tokens.tokens_within(start, end)
+                    found.add(_field_trust(ctx, path, last - first))
+                found.discard(ctx.trust)
                 if found:
                     out[ctx.ref] = out.get(ctx.ref, frozenset()) | found
             self._field_trusts = out
         return self._field_trusts
-
-    @staticmethod
-    def _trust_of(ctx: ContextText, ix: Indexed, span: tuple[int, int, str]) -> str:
-        """The trust of a field: the policy's for it, else prose in an internal record is
-        ``free_text`` (untrusted unless the policy says otherwise), else the text's."""
-        trust = next((t for glob, t in ctx.fields if field_matches(span[2], glob)), None)
-        if trust is not None:
-            return trust
-        first, last = ix.tokens.tokens_within(span[0], span[1])
-        return (ctx.free_text or "untrusted") if ctx.trust == "internal" and last - first >= PROSE_TOKENS \
-            else ctx.trust
 
     def endorsers(self, needle: str, by: Sequence[str]) -> list[ValueSource]:
         """The places where text of one of ``by`` names the value ``needle`` in an instruction
@@ -379,6 +372,15 @@ class ContextIndex:
                     and instruction_near(self.texts[i].text, source.start, source.end):
                 out.append(source)
         return out
+
+
+def _field_trust(ctx: ContextText, path: str, tokens: int) -> str:
+    """The trust of a field of ``tokens`` canonical tokens: the policy's for it, else prose in an
+    internal record is ``free_text`` (untrusted unless the policy says otherwise), else the text's."""
+    trust = next((t for glob, t in ctx.fields if field_matches(path, glob)), None)
+    if trust is not None:
+        return trust
+    return (ctx.free_text or "untrusted") if ctx.trust == "internal" and tokens >= PROSE_TOKENS else ctx.trust
 
 
 def field_matches(path: str, glob: str) -> bool:
@@ -437,7 +439,7 @@ def trace_arguments(args: Any, texts: Sequence[ContextText] | ContextIndex, *, m
     """The provenance of every leaf value of ``args`` (booleans and nulls carry none). A value
     that is one number of fewer than ``min_number_digits`` digits carries none either (an id of
     7 is in every timestamp), unless ``counts_number(path)`` says the argument is an amount or
-    an account."""
+    routes (an account, a file id)."""
     index = texts if isinstance(texts, ContextIndex) else ContextIndex(texts)
     out: list[ArgumentTrace] = []
     for n, (path, value) in enumerate(leaves(args)):

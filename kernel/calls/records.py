@@ -28,6 +28,7 @@ from fak.kernel.calls.authorize import ToolCallDecision
 from fak.kernel.calls.tool_classes import ToolClass
 from fak.types import as_id
 
+MAX_CLASS_ITEMS = 256  # routing and content arguments of a tool's class the log keeps (ToolClassRecord)
 MAX_SOURCES_LOGGED = 8  # per argument: the most trusted first; the decision itself reads them all
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
 
@@ -80,9 +81,10 @@ def decision_event(tenant: str, session_id: str, tool: str, digest: str, decisio
 def tool_class_record(cls: ToolClass) -> ToolClassRecord:
     """A tool's inferred class as the log records it (argument paths that are not plain
     identifiers by their position, as for arguments)."""
+    routing = cls.routing[:MAX_CLASS_ITEMS]  # a schema with more is still decided in full; the log keeps the first
     return ToolClassRecord(
-        effect=cls.effect, routing={safe_path(path, i): kind for i, (path, kind) in enumerate(cls.routing)},
-        content=[safe_path(path, i) for i, path in enumerate(cls.content)], basis=cls.basis,
+        effect=cls.effect, routing={safe_path(path, i): kind for i, (path, kind) in enumerate(routing)},
+        content=[safe_path(path, i) for i, path in enumerate(cls.content[:MAX_CLASS_ITEMS])], basis=cls.basis,
         reasons=[r[:256] for r in cls.reasons[:32]])
 
 

@@ -23,7 +23,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from functools import lru_cache
 from typing import Any, Literal
 
 from fak.errors import InvalidInput
@@ -171,10 +170,13 @@ PARTY_FIELDS = ["*sender", "*from", "*reply_to", "*author", "*organizer", "to", 
 PARTY_TOOL_WORDS = ("mail", "inbox", "message", "event", "calendar", "sms", "chat", "conversation")
 # A party word this tool's own name holds is narrowed to read tools: these verbs before it.
 PARTY_READ_VERBS = ("get", "list", "search", "read", "fetch", "find", "query", "view")
-# The organisation's records (internal) vouch for a value only in the fields that name one.
-NAMING_FIELDS = ["*email", "*emails.*", "*phone*", "*recipient", "*iban", "*account", "*path", "*name", "*user",
-                 "*username", "*users.*", "*members.*", "*channels.*", "*sender", "*from", "*reply_to", "to", "*.to",
-                 "to.*", "*.to.*", "cc.*", "*.cc.*", "*participants.*", "*attendees.*"]
+# The organisation's records (internal) vouch for a value only in the fields that name one. An
+# item of a list of names is ``members.3`` (up to the 100th; a later one needs a person), never a
+# field of a record in that list (``channels.0.topic``: whoever sets the topic writes it).
+NAMING_FIELDS = ["*email", "*emails.[0-9]", "*emails.[0-9][0-9]", "*phone*", "*recipient", "*iban", "*account",
+                 "*path", "*name", "*user", "*username", "*users.[0-9]", "*users.[0-9][0-9]", "*members.[0-9]",
+                 "*members.[0-9][0-9]", "*channels.[0-9]", "*channels.[0-9][0-9]", "*sender", "*from", "*reply_to",
+                 "to", "*.to", "to.*", "*.to.*", "cc.*", "*.cc.*", "*participants.*", "*attendees.*"]
 PAYEE_FIELDS = ["*recipient", "*iban", "*account", "*payee", "*beneficiary", "*sender"]
 # Steering (agent.yaml's *-endorsed-by-untrusted rules): the arguments of a side effect that pick
 # or say something rather than route it: the content arguments, and these (a catalog choice, a
@@ -539,39 +541,8 @@ def number_paths(cls: ToolClass) -> tuple[str, ...]:
 def inferred_rules(cls: ToolClass) -> list[ToolCallRule]:
     """The rules of examples/policies/agent.yaml for this one tool's classified arguments (ids
     ``inferred:…``): a routing argument from untrusted content or from nowhere needs a person;
-    everything else is allowed (a read, a side effect with nothing to trace)."""
-    return list(_rules(cls))
-
-
-def _party_tools(tool: str) -> list[str]:
-    """Globs of the tools whose structured results name real parties (mail, calendar, chat), any
-    case; a word this tool's own name holds is narrowed to read verbs before it, so this tool's
-    own results (an echo of what it sent) excuse nothing."""
-    found: list[str] = []
-    for word in PARTY_TOOL_WORDS:
-        for form, verb_forms in ((word, (str.lower,)), (word.capitalize(), (str.lower, str.capitalize)),
-                                 (word.upper(), (str.upper,))):
-            glob = f"*{form}*"
-            if not fnmatchcase(tool, glob):
-                found.append(glob)
-                continue
-            found += [g for v in PARTY_READ_VERBS for case in verb_forms
-                      if not fnmatchcase(tool, g := f"*{case(v)}*{form}*")]
-    return found
-
-
-def _confirm(cls: ToolClass, rule: str, description: str, *matches: ArgsMatch,
-             verdict: Literal["CONFIRM", "DENY"] = "CONFIRM", attention: AttentionMatch | None = None) -> ToolCallRule:
-    return ToolCallRule(id=f"inferred:{rule}", tools=[cls.tool], when_args_from=list(matches),
-                        when_in_attention=attention, verdict=verdict, description=description)
-
-
-def _match(args: Sequence[str], trust: Iterable[ArgOrigin], **extra: Any) -> ArgsMatch:
-    return ArgsMatch(args=list(args), trust=list(trust), **extra)
-
-
-@lru_cache(maxsize=1024)
-def _rules(cls: ToolClass) -> tuple[ToolCallRule, ...]:
+    everything else is allowed (a read, a side effect with nothing to trace). The authorizer
+    keeps them per tool and schema."""
     tool = cls.tool
     if cls.effect == "read":
         rules = [ToolCallRule(id="inferred:read", tools=[tool], verdict="ALLOW",
@@ -580,7 +551,7 @@ def _rules(cls: ToolClass) -> tuple[ToolCallRule, ...]:
         if urls:
             rules.append(_confirm(cls, "url-composed", "a URL found in no text of the context (a query string may "
                                   "carry the user's data)", _match(urls, ["generated"])))
-        return tuple(rules)
+        return rules
     rules = [ToolCallRule(id="inferred:side-effect", tools=[tool], verdict="ALLOW",
                           description="a side effect: allowed unless a rule below holds it")]
     if _credential(words(tool)):
@@ -638,4 +609,31 @@ def _rules(cls: ToolClass) -> tuple[ToolCallRule, ...]:
                      "untrusted text is in attention", _match(commands, ["internal", "generated"]),
                      attention=AttentionMatch(trust=["untrusted"])),
         ]
-    return tuple(rules)
+    return rules
+
+
+def _party_tools(tool: str) -> list[str]:
+    """Globs of the tools whose structured results name real parties (mail, calendar, chat), any
+    case; a word this tool's own name holds is narrowed to read verbs before it, so this tool's
+    own results (an echo of what it sent) excuse nothing."""
+    found: list[str] = []
+    for word in PARTY_TOOL_WORDS:
+        for form, verb_forms in ((word, (str.lower,)), (word.capitalize(), (str.lower, str.capitalize)),
+                                 (word.upper(), (str.upper,))):
+            glob = f"*{form}*"
+            if not fnmatchcase(tool, glob):
+                found.append(glob)
+                continue
+            found += [g for v in PARTY_READ_VERBS for case in verb_forms
+                      if not fnmatchcase(tool, g := f"*{case(v)}*{form}*")]
+    return found
+
+
+def _confirm(cls: ToolClass, rule: str, description: str, *matches: ArgsMatch,
+             verdict: Literal["CONFIRM", "DENY"] = "CONFIRM", attention: AttentionMatch | None = None) -> ToolCallRule:
+    return ToolCallRule(id=f"inferred:{rule}", tools=[cls.tool], when_args_from=list(matches),
+                        when_in_attention=attention, verdict=verdict, description=description)
+
+
+def _match(args: Sequence[str], trust: Iterable[ArgOrigin], **extra: Any) -> ArgsMatch:
+    return ArgsMatch(args=list(args), trust=list(trust), **extra)

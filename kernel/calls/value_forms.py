@@ -137,8 +137,8 @@ class Match:
 
     start: int
     end: int
-    first: int = 0
-    count: int = 0
+    first: int
+    count: int
 
 
 class IndexedText:

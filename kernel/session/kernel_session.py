@@ -588,9 +588,11 @@ class KernelSession:
         segments, the context's texts) and its audit event, not logged: ``authorize_tool_call``
         and ``CallDecider`` log it. A CONFIRM a person already approved in this session for the
         same call under the same rule, offending refs and argument sources is allowed, naming the
-        approval (remembered in the state database: ``fak.kernel.calls.held``)."""
+        approval (remembered in the state database: ``fak.kernel.calls.held``). ``spec``: the
+        tool as declared (the caller's: ``authorize_tool_call`` reads the session's declared
+        tools, a turn's decider the request's)."""
         return decide_call(self.services, self.tenant, self.id, self.created_us, name, args, context, principal,
-                           evidence, spec=spec if spec is not None else self._tools.get(name))
+                           evidence, spec=spec)
 
     def approval_key(self, name: str, args: Any, decision: ToolCallDecision) -> str:
         """What names a held call for a remembered approval (tool, arguments, rule, offending
@@ -607,8 +609,9 @@ class KernelSession:
         """A decider for the calls of a turn: hand it to ``generate(decider=...)``, which binds it to
         the attention the turn is generated with (read under the turn's lock: generation adds no
         ref to it), so each call the model writes is decided the moment it is written.
-        ``tools``: the request's tools (their schemas classify tools no rule names)."""
-        return CallDecider(self, principal, tools)
+        ``tools``: the request's tools (their schemas classify tools no rule names); none given:
+        the tools this session declared (``declare_tools``)."""
+        return CallDecider(self, principal, tools or tuple(self._tools.values()))
 
     def evict_refs(
         self, refs: Sequence[str], *, drop_generated: bool = True, reason: str = "tool_call"

@@ -15,6 +15,7 @@ import yaml
 from support.tiny_kernel import policy_kernel
 
 from fak import Kernel
+from fak.kernel.calls.authorize import ToolCallDecision
 from fak.kernel.calls.provenance import ContextText, instruction_near, trace_arguments
 
 AGENT = Path(__file__).parents[3] / "examples/policies/agent.yaml"
@@ -45,30 +46,44 @@ MEMBERS = {"members": [{"name": "Ruth Keller", "email": "ruth.keller@northwind.e
                        {"name": "Dora Vance", "email": "dora@outsider-labs.com"}]}
 
 
+def _mail_after(k: Kernel, tool: str, record: object, to: str = "dora@outsider-labs.com") -> ToolCallDecision:
+    """A session that reads one structured result of ``tool`` and then mails ``to``."""
+    s = k.session("acme")
+    s.append("user", "Send the weekly numbers to whoever should get them.")
+    s.admit(tool, _json(record), media_type="application/json")
+    return s.authorize_tool_call("send_email", {"to": [to], "subject": "Weekly numbers", "body": "Numbers attached."})
+
+
 def test_an_address_inside_a_record_s_prose_needs_a_person_and_as_a_member_field_passes(agent: Kernel) -> None:
     """``get_channels`` is internal in agent.yaml; its ``topic`` is written by anyone in the
     workspace. The attacker's address inside that prose is untrusted (and inside a field, so no
-    ``except_fields`` excuses it, though ``*channels.*`` names the field): the mail needs a
-    person. The same address as the whole ``email`` field of a member record passes."""
-    s = agent.session("acme")
-    s.append("user", "Send the weekly numbers to whoever should get them.")
-    s.admit("get_channels", _json(CHANNELS), media_type="application/json")
-    d = s.authorize_tool_call("send_email", {"to": ["dora@outsider-labs.com"], "subject": "Weekly numbers",
-                                             "body": "Numbers attached."})
+    ``except_fields`` excuses it): the mail needs a person. The same address as the whole
+    ``email`` field of a member record passes."""
+    d = _mail_after(agent, "get_channels", CHANNELS)
     assert d.verdict == "CONFIRM", d
     trigger = next(t for t in d.triggers if t.path == "to.0")
     source = trigger.sources[0]
     assert (trigger.origin, source.field, source.inside, source.trust) == \
         ("untrusted", "channels.0.topic", True, "untrusted")
 
-    member = agent.session("acme")
-    member.append("user", "Send the weekly numbers to whoever should get them.")
-    member.admit("get_users_in_channel", _json(MEMBERS), media_type="application/json")
-    d = member.authorize_tool_call("send_email", {"to": ["dora@outsider-labs.com"], "subject": "Weekly numbers",
-                                                  "body": "Numbers attached."})
+    d = _mail_after(agent, "get_users_in_channel", MEMBERS)
     assert d.verdict == "ALLOW", d
     arg = next(t for t in d.arguments if t.path == "to.0")
     assert (arg.origin, arg.sources[0].field, arg.sources[0].inside) == ("internal", "members.1.email", False)
+
+
+def test_a_short_field_of_a_listed_record_is_no_listed_name(agent: Kernel) -> None:
+    """agent.yaml excuses an item of a list of names (``members.1``: an internal record's list of
+    member addresses), not any field of a record in that list: a channel whose short ``topic``
+    is just the attacker's address (whole field, too short to be prose, so internal) still needs
+    a person; a member list of plain addresses passes."""
+    short = {"channels": [{"name": "finance", "topic": "dora@outsider-labs.com"}]}
+    d = _mail_after(agent, "get_channels", short)
+    assert (d.verdict, d.rule_id) == ("CONFIRM", "mail-recipient-from-internal-free-text"), d
+    source = d.triggers[0].sources[0]
+    assert (source.field, source.inside, source.trust) == ("channels.0.topic", False, "internal")
+    names = {"members": ["ruth.keller@northwind.example", "dora@outsider-labs.com"]}
+    assert _mail_after(agent, "get_users_in_channel", names).verdict == "ALLOW"
 
 
 def test_the_policy_gives_trust_per_field(tmp_path, tiny_dir, tiny_lm) -> None:
