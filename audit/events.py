@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from fak.audit.errors import AuditError
-from fak.types import TENANT_PATTERN, Digest, Id, Tenant
+from fak.types import TENANT_PATTERN, ClassBasis, Digest, Id, RoutingKind, Tenant, ToolEffect
 
 MAX_INT = 2**53 - 1  # canonical JSON numbers are IEEE doubles: stay exact
 MAX_ITEMS = 100_000  # longest list one event may carry
@@ -236,11 +236,10 @@ class ToolClassRecord(_Strict):
     its effect, its routing arguments (path: kind) and free-text arguments, what it was read
     from, and why (short lines of fak's own words, never argument values)."""
 
-    effect: Literal["read", "side_effect"]
-    routing: dict[Id, Literal["recipient", "channel", "phone", "url", "account", "amount", "path", "command"]] = \
-        Field(default_factory=dict, max_length=256)
+    effect: ToolEffect
+    routing: dict[Id, RoutingKind] = Field(default_factory=dict, max_length=256)
     content: list[Id] = Field(default_factory=list, max_length=256)
-    basis: Literal["schema", "arguments", "name", "policy"]
+    basis: ClassBasis
     reasons: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=32)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import StringConstraints
 
@@ -40,6 +40,14 @@ Id = Annotated[str, StringConstraints(strict=True, pattern=ID_PATTERN)]
 _TENANT = re.compile(TENANT_PATTERN)
 _DIGEST = re.compile(DIGEST_PATTERN)
 _ID = re.compile(ID_PATTERN)
+
+
+# How a tool is classified from its schema (kernel/calls/tool_classes.py): what its call does,
+# and what each routing argument routes. The policy's ``classes`` and the audit log's
+# ``ToolClassRecord`` both speak these words.
+ToolEffect = Literal["read", "side_effect"]
+RoutingKind = Literal["recipient", "channel", "phone", "url", "account", "amount", "path", "command"]
+ClassBasis = Literal["schema", "arguments", "name", "policy"]
 
 
 class VerdictKind(StrEnum):

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from fak.types import TENANT_PATTERN
+from fak.types import TENANT_PATTERN, RoutingKind, ToolEffect
 from fak.types import VerdictKind as VerdictKind  # defined in the shared ground, re-exported here
 
 Trust = Literal["untrusted", "internal", "trusted"]
@@ -149,7 +149,7 @@ class ToolRule(_Strict):
     # Trust per field of a result of declared structure: field-path globs (``*.description``,
     # ``emails.*.body``) to a trust level, first match wins; a field none names has the tool's.
     fields: dict[str, Trust] | None = None
-    # The trust of prose (a string field of PROSE_WORDS words or more) inside a result of this
+    # The trust of prose (a string field of PROSE_TOKENS canonical tokens or more) inside a result of this
     # tool whose trust is ``internal``: by default ``untrusted`` (a record's note, description
     # or subject line is written by whoever wrote it); ``fields`` overrides it per field.
     free_text: Trust | None = None
@@ -331,10 +331,6 @@ class ToolCallRule(_Strict):
         return self
 
 
-ToolEffect = Literal["read", "side_effect"]
-RoutingKind = Literal["recipient", "channel", "phone", "url", "account", "amount", "path", "command"]
-
-
 class ToolClassEntry(_Strict):
     """The operator's word on tools the schema-inferred rules classify (``from_schemas``):
     ``effect`` (``read`` or ``side_effect``), ``routing`` (argument path or glob to what it
@@ -363,7 +359,7 @@ class ToolCalls(_Strict):
     max_retries: int = Field(default=2, ge=0, le=8)
     remember_approvals: bool = True
     # A number with fewer digits than this carries no provenance (an id of 7 is in every
-    # timestamp), unless its argument is an amount or an account (schema or name).
+    # timestamp), unless its argument is an amount or routes (an account, a file id; schema or name).
     min_number_digits: int = Field(default=4, ge=1, le=32)
     # A tool no rule names is classified from its JSON schema and description (read or side
     # effect, routing arguments) and the rules of examples/policies/agent.yaml are applied to

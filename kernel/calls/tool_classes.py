@@ -35,14 +35,13 @@ from fak.policy.schema import (
     Endorsement,
     ToolCallRule,
     ToolClassEntry,
-    ToolEffect,
 )
-from fak.policy.schema import RoutingKind as Kind
+from fak.types import ClassBasis as Basis
+from fak.types import RoutingKind as Kind
+from fak.types import ToolEffect as Effect
 
 __all__ = ["Effect", "Kind", "ToolClass", "classify", "inferred_rules", "number_paths", "spec_of", "words"]
 
-Effect = ToolEffect
-Basis = Literal["schema", "arguments", "name", "policy"]
 
 # --- the tool's effect: the verb of its name (the first verb word), else of its description ---
 # A name that reads the world: the call itself changes nothing (a URL it fetches may still carry

@@ -313,3 +313,21 @@ def test_a_tool_with_more_routing_arguments_than_the_log_keeps_is_still_decided(
     d = s.authorize_tool_call("broadcast", {"to_299": "mallory@evil.example"}, tool=tool)
     assert d.verdict == "CONFIRM" and d.tool_class is not None and len(d.tool_class.routing) == 300
     assert len(shipped.audit.entry(d.audit_index).event.tool_class.routing) == 256
+
+
+@pytest.mark.parametrize("widen", [False, True])
+def test_except_inside_fields_widens_the_excuse_to_a_field_s_text(tmp_path, tiny_dir, tiny_lm, widen: bool) -> None:
+    """``except_fields`` excuses a value that is the field; ``except_inside_fields: true`` also
+    one inside the field's text (here a topic the operator vouches for)."""
+    doc = yaml.safe_load(AGENT.read_text())
+    doc["spec"]["tools"] = [{"name": "get_channels", "trust": "internal", "fields": {"*.topic": "internal"}}]
+    doc["spec"]["tool_calls"] = {"unlisted": "ALLOW", "rules": [{
+        "id": "internal-text", "tools": ["send_email"], "verdict": "CONFIRM",
+        "when_args_from": {"args": ["to"], "trust": ["internal"], "except_fields": ["*topic"],
+                           "except_inside_fields": widen}}]}
+    k = policy_kernel(tmp_path, tiny_dir, tiny_lm, yaml.safe_dump(doc, sort_keys=False))
+    try:
+        d = _mail_after(k, "get_channels", CHANNELS)
+        assert d.verdict == ("ALLOW" if widen else "CONFIRM"), d
+    finally:
+        k.close()
