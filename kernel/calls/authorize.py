@@ -271,14 +271,12 @@ class Authorizer:
 
     def tool_class(self, tool: str, spec: ToolSpec | None, args: Any, tenant: str = ""
                    ) -> tuple[ToolClass, list[ToolCallRule]]:
-        """The class of ``tool`` read from its declared schema (or, without one, from the
-        call's argument names and the tool's name), with the policy's ``classes`` applied, and
+        """The class of ``tool`` read from its declared schema and the call's argument names (or,
+        without a schema, from those names and the tool's name), with the policy's ``classes`` applied, and
         the rules inferred for it; cached per tenant, tool and schema (how fast a decision is
         tells no tenant which schemas another declared)."""
-        if spec is not None:
-            shape = spec.line()
-        else:  # classified from the call's argument names: they are the key
-            shape = "args:" + ",".join(sorted(args)) if isinstance(args, dict) else ""
+        names = ",".join(sorted(map(str, args))) if isinstance(args, dict) else ""
+        shape = (spec.line() if spec is not None else "") + "|" + names  # names beyond a schema count too
         key = (tenant, tool, shape)
         with self._lock:
             found = self._classes.get(key)

@@ -381,6 +381,7 @@ class _Routes:
         self.content: list[str] = []
         self.choices: list[str] = []
         self.reasons: list[str] = []
+        self.declared: set[str] = set()  # a schema's top-level properties
 
     def route(self, path: str, kind: Kind, why: str) -> None:
         if path not in self.routing:
@@ -429,6 +430,8 @@ def _from_schema(parameters: Mapping[str, Any], about: _About) -> _Routes | None
         added = False
         for name, sub in properties(schema, depth).items():
             declared = declared or not prefix
+            if not prefix:
+                routes.declared.add(name)
             path = f"{prefix}.{name}" if prefix else name
             before = len(routes.routing)
             if depth < MAX_DEPTH:
@@ -490,9 +493,10 @@ def _parsed(args: Any) -> Any:
 
 def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
              overrides: Sequence[ToolClassEntry] = ()) -> ToolClass:
-    """Read a tool's class from its schema (``spec``), else from a call's arguments (``args``: a
-    mapping or its JSON text), else from its name alone; then the first of ``overrides`` whose
-    ``tools`` globs match the name replaces what it sets."""
+    """Read a tool's class from its schema (``spec``; arguments the call writes beyond it by their
+    names), else from a call's arguments (``args``: a mapping or its JSON text), else from its
+    name alone; then the first of ``overrides`` whose ``tools`` globs match the name replaces
+    what it sets."""
     name_words = words(tool)
     description = spec.description if spec is not None else ""
     about = _About.of(name_words, description)
@@ -500,10 +504,12 @@ def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
     reasons = [why]
     basis: Basis = "name"
     routes: _Routes | None = _from_schema(spec.parameters, about) if spec is not None else None
+    parsed = _parsed(args)
     if routes is not None:
         basis = "schema"
+        if isinstance(parsed, Mapping):
+            _add_undeclared(routes, {k: v for k, v in parsed.items() if str(k) not in routes.declared}, about)
     else:
-        parsed = _parsed(args)
         if isinstance(parsed, Mapping) and parsed:
             routes, basis = _from_arguments(parsed, about), "arguments"
         elif spec is not None:
@@ -528,6 +534,20 @@ def classify(tool: str, spec: ToolSpec | None = None, args: Any = None,
         basis = "policy"
         reasons.append(f"policy class {entry.tools}: sets {', '.join(set_here) or 'nothing'}")
     return ToolClass(tool, effect, routing, content, basis, tuple(reasons), tuple(routes.choices))
+
+
+def _add_undeclared(routes: _Routes, extra: Mapping[str, Any], about: _About) -> None:
+    """Arguments a call writes beyond its schema's properties are classified by their names: a
+    model steered into adding ``bcc`` to a tool whose schema has none must not pass unread."""
+    if not extra:
+        return
+    more = _from_arguments(extra, about)
+    for path, kind in more.routing.items():
+        routes.route(path, kind, "an argument the schema does not declare")
+    for path in more.content:
+        routes.text(path)
+    for path in more.choices:
+        routes.choice(path)
 
 
 def number_paths(cls: ToolClass) -> tuple[str, ...]:

