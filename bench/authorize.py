@@ -14,6 +14,9 @@ over ``--calls`` calls:
   its arguments came from (``when_args_from``): every leaf value traced through the 100
   refs' texts and the trusted turns (the texts are indexed once per ref; the first
   decision after an admission pays that, reported separately as ``index_ms_100_refs``);
+* ``decide_shipped_default_by_schema``: the same context under the packaged default, for a
+  tool it knows only by its declared schema (classified once per schema, then the rules
+  inferred for it: the cost of the default's floor);
 * ``authorize_tool_call``: the whole audited call (session lock, the attention set of
   the live ledger, the producers, the decision, the arguments' keyed digest, the
   ``ToolCallDecision`` audit event appended to the signed log);
@@ -50,8 +53,12 @@ import counterfactual_cost
 from common import log, parser, report, target
 
 from fak import Kernel, Settings
+from fak.kernel.calls.authorize import Authorizer
 from fak.kernel.calls.records import decision_event
+from fak.kernel.calls.tool_classes import spec_of
+from fak.kernel.facade import default_policy_path
 from fak.kernel.model.loader import load_model
+from fak.policy.policy import load_policy
 
 POLICY = """\
 apiVersion: fak.dev/v1
@@ -83,6 +90,11 @@ spec:
         when_args_from: {args: [body], trust: [untrusted]}
         verdict: CONFIRM
 """
+SEND_MESSAGE = {"type": "function", "function": {
+    "name": "send_message", "description": "Send a message to a person.",
+    "parameters": {"type": "object", "properties": {
+        "to": {"type": "string", "format": "email"}, "cc": {"type": "array", "items": {"type": "string"}},
+        "subject": {"type": "string"}, "body": {"type": "string"}}, "required": ["to", "body"]}}}
 WORDS = ["the", "order", "shipped", "arrived", "customer", "invoice", "meeting", "project", "report", "quarterly", "update", "team", "review"]
 
 
@@ -156,6 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 auth.decide("send_mail", context, mail[i % 2])
                 with_args.append(time.perf_counter() - t0)
+            # the shipped default on the same context: a tool it knows only by its schema, classified
+            # (cached per schema) and decided by the rules inferred for it
+            shipped = Authorizer(load_policy(default_policy_path()))
+            spec = spec_of(SEND_MESSAGE)
+            if shipped.decide("send_message", context, mail[1], spec=spec).verdict != "CONFIRM":
+                raise SystemExit("unexpected decision of the shipped default")
+            by_schema = []
+            for i in range(args.calls):
+                t0 = time.perf_counter()
+                shipped.decide("send_message", context, mail[i % 2], spec=spec)
+                by_schema.append(time.perf_counter() - t0)
             decide, call, peer = [], [], []
             names = ["send_email", "get_weather"]
             for i in range(args.calls):
@@ -192,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "decide_us": {"p50": statistics.median(decide) * us, "p99": pct(decide, 0.99) * us},
         "decide_with_argument_provenance_us": {"p50": statistics.median(with_args) * us,
                                                "p99": pct(with_args, 0.99) * us},
+        "decide_shipped_default_by_schema_us": {"p50": statistics.median(by_schema) * us,
+                                                "p99": pct(by_schema, 0.99) * us},
         "index_ms_100_refs": index_s * 1e3,
         "authorize_tool_call_us": {"p50": statistics.median(call) * us, "p99": pct(call, 0.99) * us},
         "audit_append_alone_us": {"p50": statistics.median(peer) * us, "p99": pct(peer, 0.99) * us},
@@ -204,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         target("decide p50 with 100 refs (us)", results["decide_us"]["p50"], 100, "<="),
         target("decide with argument provenance p50, 100 refs (us)",
                results["decide_with_argument_provenance_us"]["p50"], 200, "<="),
+        target("decide under the shipped default, a tool known by its schema, p50 (us)",
+               results["decide_shipped_default_by_schema_us"]["p50"], 200, "<="),
         # the decision (argument provenance included, <= 200 us) plus the session lock, the
         # arguments' keyed digest and the event, measured directly (the difference of two
         # medians, reported too, is as noisy as the append): what a call costs besides its
@@ -226,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         targets += authorize_traces.targets(tr)
     for name, value in (("decide", results["decide_us"]),
                         ("decide, argument provenance", results["decide_with_argument_provenance_us"]),
+                        ("decide, shipped default by schema", results["decide_shipped_default_by_schema_us"]),
                         ("authorize_tool_call", results["authorize_tool_call_us"]),
                         ("the same, unlogged", results["authorize_without_audit_append_us"]),
                         ("audit.append alone", results["audit_append_alone_us"])):

@@ -28,6 +28,7 @@ wrote is silently lost.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Collection
@@ -66,6 +67,12 @@ class ToolSpec:
 
     def line(self) -> str:
         """The tool as the model sees it: one canonical JSON line."""
+        return self.canonical
+
+    @functools.cached_property
+    def canonical(self) -> str:
+        """``line()``, computed once per spec: the authorizer keys a tool's class on it for
+        every call of the tool."""
         return json.dumps(self.definition(), ensure_ascii=False, sort_keys=True)
 
     def definition(self) -> dict[str, Any]:
