@@ -439,3 +439,20 @@ def test_an_upstream_s_refusals_are_mapped(tmp_path, tiny_dir, tiny_lm, status, 
         assert r.headers["retry-after"] == "7"
     if status == 307:
         assert "redirect" in r.json()["detail"] and "elsewhere" in r.json()["detail"]
+
+
+def test_the_request_s_tool_schemas_classify_an_upstream_call(gateway_world):
+    """A tool no rule names, called by the upstream: the gateway hands the request's tool
+    definition to the decision, so the default's inferred rules decide it from its schema (the
+    enum that forces the call puts the value in the tools block, trusted: allowed) and the
+    decision event records the class."""
+    w = gateway_world
+    with w.gateway.client(w.key("acme"), timeout=120) as c:
+        r = c.post("/v1/chat/completions", json=_forced("notify_person", "recipient", "ruth@northwind.example",
+                                                         _mail_history()))
+        assert r.status_code == 200, r.text
+        [verdict] = r.json()["fak"]["tool_calls"]
+    assert (verdict["verdict"], verdict["rule_id"]) == ("ALLOW", "inferred:side-effect"), verdict
+    events = [e.event for e in w.gateway.kernel.audit.entries("acme") if e.event.type == "tool_call_decision"]
+    assert events[-1].tool_class is not None and events[-1].tool_class.basis == "schema"
+    assert events[-1].tool_class.routing == {"recipient": "recipient"}
