@@ -475,6 +475,61 @@ class TenantErased(_Event):
     shred_status: Literal["destroyed", "pending_wal_checkpoint", "pending_vacuum"]
 
 
+class McpToolPin(_Strict):
+    """One tool of an MCP server as pinned or as seen: its name and the digest of its name,
+    description and input schema (``fak.kernel.mcp.client.McpTool.digest``)."""
+
+    name: Id
+    digest: Digest
+
+
+class McpToolsApproved(_Event):
+    """An operator approved an MCP server's tools as listed now (docs/mcp.md): these digests
+    are pinned, and a tool whose definition differs later is withheld until approved again."""
+
+    type: Literal["mcp_tools_approved"] = "mcp_tools_approved"
+    server: Id  # the deployment's label of the server
+    tools: list[McpToolPin] = Field(max_length=1000)
+    principal: Id
+
+
+class McpToolChange(_Strict):
+    """What differs between a pinned tool and the tool listed now."""
+
+    name: Id
+    change: Literal["description", "input_schema", "description_and_input_schema", "not_pinned", "invalid_name"]
+    pinned: Digest | None = None
+    seen: Digest | None = None
+
+
+class McpToolsChanged(_Event):
+    """An MCP server lists tools that differ from what an operator pinned (a changed
+    description or schema: a rug pull, or an update nobody approved; a tool never approved):
+    they are withheld from the model until an operator approves them. Logged once per
+    distinct listing."""
+
+    type: Literal["mcp_tools_changed"] = "mcp_tools_changed"
+    server: Id
+    changes: list[McpToolChange] = Field(max_length=1000)
+
+
+class McpToolCalled(_Event):
+    """fak ran an MCP tool after its decision allowed it (or a person approved it): which
+    server and tool, the call and its decision, and how it ended (``ok``, ``tool_error``: the
+    tool reported an error, ``failed``: the server failed, timed out or answered over the
+    size limit). The result, when there is one, is admitted and logged as an admission."""
+
+    type: Literal["mcp_tool_called"] = "mcp_tool_called"
+    session_id: Id
+    server: Id
+    tool: Id
+    call_id: Id
+    args_digest: Digest
+    decision_index: Count | None = None
+    outcome: Literal["ok", "tool_error", "failed"]
+    via: Literal["responses", "gateway"]
+
+
 class AuditAlarm(_Event):
     """The log's signer found the database disagreeing with what it remembers signing
     (outside the database), so it refuses to sign until an operator resolves it; or the
@@ -517,7 +572,10 @@ Event = Annotated[
     | KeyAlarm
     | AuditAlarm
     | TenantEraseRequested
-    | TenantErased,
+    | TenantErased
+    | McpToolsApproved
+    | McpToolsChanged
+    | McpToolCalled,
     Field(discriminator="type"),
 ]
 EVENT_TYPES = (
@@ -544,6 +602,9 @@ EVENT_TYPES = (
     AuditAlarm,
     TenantEraseRequested,
     TenantErased,
+    McpToolsApproved,
+    McpToolsChanged,
+    McpToolCalled,
 )
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

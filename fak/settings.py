@@ -137,6 +137,57 @@ class UpstreamSettings(BaseModel):
         return check_key_env(v) if v is not None else None
 
 
+MCP_LABEL = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+class McpServerSettings(BaseModel):
+    """One MCP server fak connects to (docs/mcp.md): the deployment declares it, no request can.
+    ``url`` (streamable HTTP; no redirect off its origin is followed) or ``command`` (a local
+    process spoken to over stdio, started by fak); credentials only by the name of the
+    environment variable holding them (``headers_env``: header -> variable; ``env``: variables
+    passed to a stdio process), never ``FAK_*``. ``allowed_tools``: the tools a request may offer
+    the model (empty: all the server lists)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = Field(None, description="the server's streamable HTTP endpoint, e.g. http://mail-mcp:8000/mcp")
+    command: list[str] | None = Field(None, min_length=1, description="argv of a local server spoken to over stdio")
+    headers_env: dict[str, str] = Field(default_factory=dict, description="HTTP header -> environment variable "
+                                        "holding its value (e.g. {Authorization: MAIL_MCP_AUTH})")
+    env: list[str] = Field(default_factory=list, description="environment variables passed to a stdio server")
+    allowed_tools: list[str] = Field(default_factory=list, description="the tools requests may use (empty: all)")
+    timeout_s: float = Field(30.0, gt=0, le=600, description="longest wait for one answer of the server")
+    max_result_bytes: int = Field(1 * MiB, ge=1024, le=64 * MiB, description="largest tool result fak reads; a "
+                                  "larger one fails the call (an mcp_call error), nothing of it is admitted")
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_destination(v)  # ValueError: the settings error names the field
+        return v
+
+    @field_validator("headers_env", mode="after")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        for header, env in v.items():
+            if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
+                raise ValueError(f"{header!r:.80} is not an HTTP header name")
+            check_key_env(env)
+        return v
+
+    @field_validator("env", mode="after")
+    @classmethod
+    def _env(cls, v: list[str]) -> list[str]:
+        for name in v:
+            check_key_env(name)
+        return v
+
+    def model_post_init(self, __context: Any) -> None:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("an MCP server has exactly one of url (streamable HTTP) and command (stdio)")
+
+
 class Settings(StorageSettings):
     """Everything ``Kernel.open`` and the server take (``StorageSettings`` and the rest)."""
 
@@ -214,6 +265,10 @@ class Settings(StorageSettings):
         "llama.cpp, hosted APIs), by the name clients use: {name: {url, model, api_key_env, cache_salt, timeout_s}} "
         "(docs/gateway.md); the gate, argument provenance, verdicts, audit and forget apply to them; a request can "
         "name no other upstream")
+    mcp_servers: dict[str, McpServerSettings] = Field(
+        default_factory=dict, description="MCP servers whose tools fak runs itself, by label: {label: {url | command, "
+        "headers_env, env, allowed_tools, timeout_s, max_result_bytes}} (docs/mcp.md); a Responses request's mcp tool "
+        "and the /mcp gateway name only these, and a server's tools are offered once an operator pinned them")
     audit_checkpoint_every: int = Field(1000, ge=1)
     audit_checkpoint_ms: int = Field(1000, ge=1)
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
@@ -269,6 +324,31 @@ class Settings(StorageSettings):
         if not value:
             raise SettingsError(f"upstream {name}: api_key_env {env} is not set in the environment")
         return value
+
+    @field_validator("mcp_servers", mode="after")
+    @classmethod
+    def _mcp_labels(cls, v: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        for label in v:
+            if not re.fullmatch(MCP_LABEL, label):
+                raise ValueError(f"{label!r:.80} is not an MCP server label (letters, digits, _ and -, at most 64)")
+        return v
+
+    def mcp_secrets(self, label: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The headers and the stdio environment of MCP server ``label``, read from the variables
+        its settings name (here because this module is the one reader of the environment)."""
+        spec = self.mcp_servers[label]
+        headers, env = {}, {}
+        for header, name in spec.headers_env.items():
+            value = os.environ.get(name)
+            if not value:
+                raise SettingsError(f"MCP server {label}: headers_env {header}: {name} is not set in the environment")
+            headers[header] = value
+        for name in spec.env:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        if spec.command is not None and "PATH" in os.environ:
+            env.setdefault("PATH", os.environ["PATH"])
+        return headers, env
 
     @field_validator("model_path", "policy_path", mode="after")
     @classmethod

@@ -46,6 +46,7 @@ from fak.kernel.kv.pic import PicRegistry
 from fak.kernel.kv.prefill import default_chunks
 from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_tree import call_keys
+from fak.kernel.mcp.servers import McpServers
 from fak.kernel.model import device as devices
 from fak.kernel.model.blockdot import default_weights
 from fak.kernel.model.llama import Llama
@@ -111,6 +112,7 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
                                          queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
         upstreams=upstreams, gateways=gateways,
+        mcp=McpServers.from_settings(settings, state, audit, keys.derive("fak/mcp/pins")),
     )  # fmt: skip
     registry.bind(svc)
     gateways.bind(svc)
@@ -258,6 +260,8 @@ class Kernel:
             self.services.replication.close()
         self.registry.clear()
         self.services.upstreams.close()
+        if self.services.mcp is not None:
+            self.services.mcp.close()
         self.audit.close()
         self.store.close()
         release(self.state.engine)

@@ -33,6 +33,7 @@ from fak.kernel.kv.prefix_cache import PrefixCache
 from fak.kernel.kv.prefix_cache import namespace as prefix_namespace
 from fak.kernel.kv.session import EvictMode, Session
 from fak.kernel.kv.shared import SharedKV
+from fak.kernel.mcp.servers import McpServers
 from fak.kernel.model.scheduler import GenerationSlots, Scheduler
 from fak.kernel.session.transaction import Transaction
 from fak.kernel.withdrawal.replicas import Replication
@@ -347,6 +348,7 @@ class Services:
     replication: Replication | None = None  # this kernel's place among replicas (None: a single process)
     upstreams: Upstreams = field(default_factory=lambda: Upstreams({}))  # models served by forwarding (gateway)
     gateways: GatewayDirectory = field(default_factory=_NoGateways)  # the gateway sessions alive now
+    mcp: McpServers | None = None  # the deployment's MCP servers (fak.kernel.mcp), None where none was built
 
     @property
     def shared(self) -> SharedKV:

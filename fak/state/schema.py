@@ -259,3 +259,22 @@ class ToolApprovalRow(Base):
     created_us: Mapped[int] = mapped_column(BigInteger)
     expires_us: Mapped[int] = mapped_column(BigInteger)
     mac: Mapped[str] = mapped_column(String(80))
+
+
+class McpPinRow(Base):
+    """A tool of an MCP server the deployment declares, as an operator approved it
+    (``fak.kernel.mcp.pins``): the digest of its name, description and input schema (and of the
+    description and the schema apart, so a change can be named), and the audit entry of the
+    approval. ``mac`` binds every column under a key derived from the master secret: a row that
+    fails it is read as unpinned (the tool is withheld), so writing the database pins nothing."""
+
+    __tablename__ = "fak_mcp_pins"
+    label: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80))
+    description_digest: Mapped[str] = mapped_column(String(80))
+    schema_digest: Mapped[str] = mapped_column(String(80))
+    approved_by: Mapped[str] = mapped_column(String(256))
+    audit_index: Mapped[int] = mapped_column(BigInteger)
+    approved_us: Mapped[int] = mapped_column(BigInteger)
+    mac: Mapped[str] = mapped_column(String(80))

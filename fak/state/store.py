@@ -29,6 +29,7 @@ from fak.state.schema import (
     ConsoleLogoutRow,
     ForgetRow,
     HeldCallRow,
+    McpPinRow,
     RefLinkRow,
     RefRow,
     ResponseRow,
@@ -513,6 +514,21 @@ class StateStore:
             q = sa.select(sa.func.count()).select_from(ResponseRow).where(
                 ResponseRow.tenant == tenant, ResponseRow.session_id == session_id, ResponseRow.state != "deleted")
             return s.scalar(q) or 0
+
+    # --- pinned MCP tool descriptions (fak.kernel.mcp.pins) -------------------------------------
+    def mcp_pins(self, label: str | None = None) -> list[McpPinRow]:
+        """The pinned tools of server ``label`` (every server's when None)."""
+        with self._session() as s:
+            q = sa.select(McpPinRow)
+            if label is not None:
+                q = q.where(McpPinRow.label == label)
+            return list(s.scalars(q.order_by(McpPinRow.label, McpPinRow.tool)))
+
+    def replace_mcp_pins(self, label: str, rows: list[McpPinRow]) -> None:
+        """Server ``label``'s pins become ``rows``, in one transaction."""
+        with self.tx() as s:
+            s.execute(sa.delete(McpPinRow).where(McpPinRow.label == label))
+            s.add_all(rows)
 
     # --- held tool calls and remembered approvals (fak.kernel.calls.held) ----------------------
     def add_held_call(self, row: HeldCallRow, *, limit: int, since_us: int) -> None:

@@ -18,21 +18,23 @@ MECHANISMS = ("fak.kernel.model", "fak.kernel.kv")
 AGENT_KERNEL = tuple(sorted(
     ".".join(["fak.kernel", *p.relative_to(ROOT / "kernel").with_suffix("").parts]).removesuffix(".__init__")
     for p in (ROOT / "kernel").rglob("*.py") if p.relative_to(ROOT / "kernel").parts[0] not in ("model", "kv")
-    and p.name != "__init__.py" or p.parent.name in ("openai", "calls", "withdrawal", "session", "gateway")))
+    and p.name != "__init__.py" or p.parent.name in ("openai", "calls", "withdrawal", "session", "gateway", "mcp")))
 # the agent kernel's parts (issue 42) and what each may import of the kernel besides the mechanisms:
 # tool calls sit on the KV structures; withdrawal on the services; the agent session on both; the
 # gateway (issue 43: upstream models, sessions without KV) on the session's admission and decisions;
 # the OpenAI door on top, beside the REST operations layer (``operations``), not on it: the caller
 # and its rights (``session.caller``) and the token helpers (``session.tokens``) that both use
 # are the session part's. The root modules (``facade``, ``services``, ``events``, ``operations``,
-# ``cli``, ``demo``) wire the parts together.
+# ``cli``, ``demo``) wire the parts together. MCP (issue 47: servers the deployment declares, their
+# connections and pinned tool descriptions) is a mechanism with its records: it imports no other part.
 PARTS: dict[str, tuple[str, ...]] = {
     "fak.kernel.calls": (),
+    "fak.kernel.mcp": (),
     "fak.kernel.withdrawal": ("fak.kernel.events", "fak.kernel.services"),
     "fak.kernel.session": ("fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.events", "fak.kernel.services"),
     "fak.kernel.gateway": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services"),
     "fak.kernel.openai": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.gateway", "fak.kernel.events",
-                          "fak.kernel.services"),
+                          "fak.kernel.services", "fak.kernel.mcp"),
 }
 # the packages whose modules must not import each other in a cycle: everything but the adapters
 CORE = ("fak", "fak.kernel", "fak.policy", "fak.cas", "fak.audit", "fak.state")
@@ -154,7 +156,7 @@ def test_the_tree_shows_the_architecture() -> None:
     assert not [m for m in AGENT_KERNEL if any(_within(m, mech) for mech in MECHANISMS)]
     # nothing but the five parts and the wiring modules sits in ``kernel/``
     assert {p.name for p in (ROOT / "kernel").iterdir() if not p.name.startswith("__")} == {
-        "model", "kv", "openai", "calls", "withdrawal", "session", "gateway",
+        "model", "kv", "openai", "calls", "withdrawal", "session", "gateway", "mcp",
         "facade.py", "services.py", "events.py", "operations.py", "cli.py", "demo.py"}
     ground = {"db", "egress", "errors", "faults", "keys", "owner", "protocols", "scrub", "settings", "types", "wire",
               "wire_responses"}
@@ -171,7 +173,7 @@ def test_kernel_parts_import_only_below_them() -> None:
     parts ``PARTS`` names for it, at any level (inside a function included); nothing but the
     adapters (``fak.api``, ``fak.sdk``) imports the OpenAI door, which sits on top."""
     kernel_parts = ("fak.kernel.openai", "fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.session",
-                    "fak.kernel.gateway",
+                    "fak.kernel.gateway", "fak.kernel.mcp",
                     "fak.kernel.facade", "fak.kernel.services", "fak.kernel.events", "fak.kernel.operations",
                     "fak.kernel.cli", "fak.kernel.demo")
     bad = []
