@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak import __version__
@@ -15,6 +16,7 @@ from fak.api.authlog import AuthFailureWindow
 from fak.api.console.history import MetricsHistory, tenant_totals
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
+from fak.api.mcp_gateway import McpEndpoint
 from fak.api.routes import audit, forget, openai, policy, refs, responses, sessions, tiles
 from fak.kernel.facade import Kernel
 
@@ -77,6 +79,11 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
 
     for module in (sessions, forget, audit, tiles, policy, refs, openai, responses):
         app.include_router(module.router)
+
+    # the MCP gateway (docs/mcp.md): the declared MCP servers, each call authorized first; same keys
+    mcp = app.state.mcp_gateway = McpEndpoint(kernel)
+    app.router.routes.append(Route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False))
+    app.router.on_shutdown.append(mcp.aclose)
 
     @app.get("/openapi.json", tags=["health"], include_in_schema=False)
     def openapi_schema(_who: Principal = Depends(READER)) -> JSONResponse:  # noqa: B008

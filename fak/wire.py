@@ -455,6 +455,9 @@ class AdmissionInfo(BaseModel):
     admitted: bool
     segment_id: str | None
     audit_index: int | None
+    matched: str | None = Field(None, description="the MCP tool (mcp:<label>/<tool>) whose result this session holds "
+                                "first-hand with these very bytes (the MCP gateway admitted it): matched by digest, "
+                                "not admitted again")
 
 
 class CallVerdictInfo(BaseModel):

@@ -444,8 +444,21 @@ def _add_tools(turn: ChatTurn, text: str) -> None:
 
 
 def _admit(ks: KernelSession, op: ChatOp) -> w.AdmissionInfo:
-    """A tool message through the gate (a quarantined or denied one never enters attention)."""
-    a = ks.admit(op.tool, op.text.encode("utf-8", "surrogatepass"))
+    """A tool message through the gate (a quarantined or denied one never enters attention).
+    Bytes this session holds live as an MCP tool's result admitted first-hand (the MCP gateway,
+    producer ``mcp:<label>/<tool>``: docs/mcp.md) are matched by their keyed digest, not
+    admitted again under the client's word for them."""
+    data = op.text.encode("utf-8", "surrogatepass")
+    ref = ks.services.store.digest_of(data, ks.tenant)
+    held = next((x for x in ks.segments() if x.ref == ref and x.state is SegmentState.LIVE), None)
+    first = next((p[0] for p in ks.call_context().producers.get(ref, ()) if p[0].startswith("mcp:") and "/" in p[0]),
+                 None) if held is not None else None
+    if held is not None and first is not None:
+        return w.AdmissionInfo(message_index=op.index, tool=op.tool, tool_call_id=op.call_id,
+                               verdict=held.verdict.value if held.verdict is not None else "ALLOW",
+                               rule_id=held.rule or "", ref=ref, admitted_ref=ref, admitted=True,
+                               segment_id=held.id, audit_index=None, matched=first)
+    a = ks.admit(op.tool, data)
     return w.AdmissionInfo(message_index=op.index, tool=op.tool, tool_call_id=op.call_id,
                            verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,
                            admitted_ref=a.admitted_ref, admitted=a.admitted, segment_id=a.segment.id,

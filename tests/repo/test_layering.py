@@ -27,12 +27,16 @@ AGENT_KERNEL = tuple(sorted(
 # are the session part's. The root modules (``facade``, ``services``, ``events``, ``operations``,
 # ``cli``, ``demo``) wire the parts together. MCP (issue 47: servers the deployment declares, their
 # connections and pinned tool descriptions) is a mechanism with its records: it imports no other part.
+# The MCP gateway (issue 47 item 4, ``fak.kernel.gateway.mcp_gateway``: ``/mcp`` for clients that run
+# tools themselves) is the gateway's: it decides a client's calls in a kernel session and forwards the
+# allowed ones to those servers, so the gateway may import ``fak.kernel.mcp``.
 PARTS: dict[str, tuple[str, ...]] = {
     "fak.kernel.calls": (),
     "fak.kernel.mcp": (),
     "fak.kernel.withdrawal": ("fak.kernel.events", "fak.kernel.services"),
     "fak.kernel.session": ("fak.kernel.calls", "fak.kernel.withdrawal", "fak.kernel.events", "fak.kernel.services"),
-    "fak.kernel.gateway": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services"),
+    "fak.kernel.gateway": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.events", "fak.kernel.services",
+                           "fak.kernel.mcp"),
     "fak.kernel.openai": ("fak.kernel.calls", "fak.kernel.session", "fak.kernel.gateway", "fak.kernel.events",
                           "fak.kernel.services", "fak.kernel.mcp"),
 }
