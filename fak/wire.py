@@ -479,6 +479,8 @@ class CallVerdictInfo(BaseModel):
     upstream: str | None = Field(None, description="the upstream model that wrote the call (docs/gateway.md): fak "
                                  "saw none of its attention, so no rule was acquitted by evidence and no "
                                  "counterfactual ran")
+    closed_to_fit: bool = Field(False, description="fak's grammar narrowed the call's last tokens to close it "
+                                "within max_tokens (or the context left): an argument may be cut short")
 
 
 class RemedyInfo(BaseModel):

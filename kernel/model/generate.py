@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -33,6 +33,18 @@ class TokenHook(Protocol):
 
     def chosen(self, step: int, token: int) -> None:
         """Token ``step`` was drawn (after every hook's ``adjust``)."""
+        ...
+
+
+@runtime_checkable
+class BudgetedHook(Protocol):
+    """A hook that wants to know the turn's token budget before its first step: ``max_tokens``
+    as the loop runs it (after the session capped it to the room left in the context), so that
+    at step ``i`` it knows ``max_tokens - i`` tokens can still be drawn (a grammar that must
+    close what it opened before the budget ends: ``fak.kernel.openai.constrain``)."""
+
+    def budget(self, max_tokens: int) -> None:
+        """The turn will draw at most ``max_tokens`` tokens, this hook's steps 0 to ``max_tokens - 1``."""
         ...
 
 
@@ -126,6 +138,9 @@ def generate(
     if logits is None:
         raise ValueError("generate needs a prompt or the logits of a previous forward")
     stops = np.array(sorted(params.stop_token_ids), dtype=np.int64)
+    for hook in params.hooks:
+        if isinstance(hook, BudgetedHook):
+            hook.budget(params.max_tokens)
     for i in range(params.max_tokens):
         row = logits[-1].detach().to("cpu", torch.float32).numpy()
         if (i < params.min_tokens and len(stops)) or params.hooks:

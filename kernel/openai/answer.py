@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fak import wire as w
+from fak.errors import InvalidInput
 from fak.kernel.calls.formats import HERMES_SYNTAX, CallSyntax, ToolFormat, format_for
 from fak.kernel.calls.generated import GeneratedCall, generated_calls
 from fak.kernel.calls.held import HeldCall
@@ -32,6 +33,7 @@ from fak.kernel.openai.constrain import (
     CompiledGrammar,
     Constrainer,
     Grammar,
+    GrammarHook,
     auto_grammar,
     json_grammar,
     json_or_calls_grammar,
@@ -70,10 +72,17 @@ def plan_answer(tokenizer: ChatTokenizer, parameters: ChatParameters, principal:
     bias = LogitBias.from_openai(parameters.logit_bias, tokenizer.vocab_size) if parameters.logit_bias else None
     fmt = format_for(tokenizer)
     g = grammar(parameters, calls=calls, syntax=fmt.call_syntax(tokenizer))
+    compiled = Constrainer.for_tokenizer(tokenizer).compile(g) if g is not None else None
+    if compiled is not None and calls and parameters.choice.mode in ("required", "function"):
+        least = Constrainer.for_tokenizer(tokenizer).shortest_call(compiled)
+        if least is not None and parameters.max_tokens < least:
+            raise InvalidInput(f"max_tokens: {parameters.max_tokens} tokens cannot hold the tool call tool_choice "
+                               f"asks for: the shortest such call takes {least} tokens with this model's tokenizer "
+                               "(its markup and the end of the turn included); raise max_tokens (or "
+                               "max_completion_tokens) to at least that", param="max_tokens")
     return AnswerPlan(parameters=parameters, principal=principal,
                       names=frozenset(t.name for t in parameters.tools) if calls else frozenset(),
-                      grammar=Constrainer.for_tokenizer(tokenizer).compile(g) if g is not None else None,
-                      logit_bias=bias)
+                      grammar=compiled, logit_bias=bias)
 
 
 @dataclass
@@ -161,7 +170,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
     shown_refs: set[str] = set()  # content provenance of the retried attempts a stream sent text of
     sampled, attempt = 0, 0
     while True:
-        a = _hooks(plan, tok, Constrainer.for_tokenizer(tok).hook(g) if g is not None else None)
+        gh: GrammarHook | None = Constrainer.for_tokenizer(tok).hook(g) if g is not None else None
+        a = _hooks(plan, tok, gh)
         seed = None if p.seed is None else (p.seed + 7919 * index + 104729 * attempt) % 2**64
         context = ks.tokens
         known = {v.id for v in ks.segments()}  # the turn's segment is the one added after these
@@ -221,7 +231,8 @@ def run_answer(services: Services, ks: KernelSession, plan: AnswerPlan, index: i
             attempt += 1
             continue
         answer = _finish(services, ks, plan, index, content, judged, remedies, produced, sampled, a.recorder, "".join(sent),
-                         context, stopped=a.stops is not None and a.stops.matched, refs=decider.refs if decider else ())
+                         context, stopped=a.stops is not None and a.stops.matched, refs=decider.refs if decider else (),
+                         closed=gh is not None and gh.closed_to_fit and (gh.accepting or gh.finished))
         answer.decide_s = spent + time.perf_counter() - t0
         answer.provenance, answer.sent_provenance = turn_refs, frozenset(shown_refs)
         answer.fingerprint = receipt.fingerprint
@@ -259,11 +270,27 @@ def _locator(tok: ChatTokenizer, produced: list[int], i: int, call: ParsedCall, 
 
 def _read(tok: ChatTokenizer, produced: list[int], stops: StopStrings | None,
           names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
-    """(content, calls) of the tokens of a turn: its text, cut at a stop string, calls read back."""
+    """(content, calls) of the tokens of a turn: its text, cut at a stop string, calls read back.
+    A turn the model did not end itself (``max_tokens``, the context, a stop string) may end
+    inside a call it could not complete: the content ends where that call began (what a stream
+    holds back: ``ToolFormat.safe_text_len``), so a call's markup never reaches the content."""
     text = tok.decode_turn(produced)
+    cut = stops is not None and stops.matched
     if stops is not None:
         text = stops.cut(text)
-    return format_for(tok).parse_calls(text, names) if names else (text, [])
+    if not names:
+        return text, []
+    fmt = format_for(tok)
+    content, calls = fmt.parse_calls(text, names)
+    if cut or not (produced and produced[-1] in tok.stop_token_ids):
+        content = without_unfinished_call(fmt, content)
+    return content, calls
+
+
+def without_unfinished_call(fmt: ToolFormat, content: str) -> str:
+    """``content`` (what ``parse_calls`` left of a turn cut short) up to where a call it could
+    not complete begins, in the family's syntax ``fmt``: what a stream would have sent of it."""
+    return content[: fmt.safe_text_len(content)]
 
 
 class Shown:
@@ -373,9 +400,11 @@ def refusal_remedy(issued: Issued, index: int) -> w.RemedyInfo:
 def _finish(services: Services, ks: KernelSession, plan: AnswerPlan, index: int, content: str,
             judged: list[tuple[ParsedCall, ToolCallDecision]], remedies: list[w.RemedyInfo], produced: list[int],
             sampled: int, recorder: LogprobRecorder | None, streamed: str, context: int, *, stopped: bool,
-            refs: tuple[str, ...] = ()) -> Answer:
+            refs: tuple[str, ...] = (), closed: bool = False) -> Answer:
     p, tok = plan.parameters, services.tokenizer
     issued = issue_calls(services, ks, plan.principal, p.held_calls, index, judged, refs)
+    if closed and issued.verdicts:  # the grammar closed the turn's last call to fit its budget
+        issued.verdicts[-1] = issued.verdicts[-1].model_copy(update={"closed_to_fit": True})
     returned, verdicts, notes, refusal = issued.returned, issued.verdicts, issued.notes, issued.refusal
     if refusal is not None:
         remedies.append(refusal_remedy(issued, index))

@@ -50,6 +50,41 @@ most ~0.6 items per symbol (measured: optional properties, unions of objects, ``
 expansions), so a grammar that compiles never overflows a row. The first mask is computed
 at the check too. Each turn's hook is a copy of the compiled matcher: nothing is compiled twice.
 
+**Calls always complete.** A call grammar (``tool_calls_grammar``: ``required`` and a named
+function; ``auto_grammar``: strict tools) closes a call it opened within the turn's budget: the
+generate loop tells the hook ``max_tokens`` as it runs it (the request's, capped to the room the
+context leaves: ``fak.kernel.model.generate.BudgetedHook``), so at each step it knows how many
+tokens may still be drawn. While a call is open (the matcher does not accept) the hook finds,
+each step, the *closing*: the tokens that complete what is open, then a stop token
+(``GrammarHook.closing``). It is found on the turn's own matcher and rolled back (llguidance's
+``rollback``; microseconds a step: no mask but in the rare fallback), each step taking the
+first that applies: the tokens the grammar forces (``compute_ff_tokens``: the rest of a
+literal, ``"}\n</tool_call>``); the longest single token of the bytes it forces; the longest
+token of what closes the open JSON (``JsonScan``, a byte scanner of the call's JSON: the open
+string, then the open objects and arrays innermost first, ``"}]}``) that the grammar takes;
+a short value (``0``, ``""``, ``null``, ...: a required property still to write); the longest
+token the grammar allows (a tool's name among several, an id's letters). Every token is one
+the grammar takes, so the closing is a valid end whatever the schema; it is the fewest tokens
+fak finds, not proven the fewest. Then, with ``left`` tokens to draw and a closing of ``L``:
+
+- ``left > L + CLOSING_SLACK``: the draw is the grammar's alone;
+- otherwise the draw is narrowed to the closing's next token, and, inside a string (not in an
+  escape or a character) while ``left > L``, to the *neutral* tokens too (whole UTF-8 text with
+  no quote, backslash or control character: they leave the closing as it is). So a string
+  argument is written until exactly the closing's tokens are left, then closed (cut to fit);
+  outside strings the closing begins at once (at most ``CLOSING_SLACK`` tokens unused). The
+  slack is the window in which no draw can make the closing longer than what is left: a token
+  drawn before it would have to open more than ``CLOSING_SLACK`` tokens of closing at once (it
+  is tokens, not bytes: ``"``, ``}`` and the call's closing markup);
+- once the calls are complete and another would not fit (the shortest call from the start,
+  plus the slack), only the stop tokens.
+
+A turn whose budget the hook narrowed says so (``GrammarHook.closed_to_fit``: the call's verdict
+``closed_to_fit`` in the answer). The shortest call a ``required``/named grammar can write is
+the closing from its first state (``Constrainer.shortest_call``): a ``max_tokens`` below it is
+a 400 naming it, before anything runs. ``response_format`` grammars are not closed: a JSON answer
+cut by ``max_tokens`` still ends with ``finish_reason: "length"``.
+
 Hooks change only which token is drawn: the KV of a constrained turn is the KV of its
 tokens, and a replay or an eviction of it is as exact as of any turn.
 """
@@ -62,7 +97,7 @@ import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -114,6 +149,8 @@ class Grammar:
 
     spec: str
     what: str
+    closes: bool = False  # a call grammar: a call it opens is closed within the turn's token budget
+    call_open: str = ""  # where a call begins after free text (auto mode): the closing's JSON scan starts there
 
 
 # --- grammars ---------------------------------------------------------------------------------
@@ -136,7 +173,7 @@ def tool_calls_grammar(tools: Sequence[ToolSpec], *, parallel: bool, syntax: Cal
     cannot read leaves any JSON object."""
     body = _bodies(tools, forced=True, syntax=syntax)
     lark = f"%llguidance {{}}\nstart: {_calls(syntax, parallel)}\n{_call_rule(syntax)}{body}"
-    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools")
+    return replace(_checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools"), closes=True)
 
 
 def auto_grammar(tools: Sequence[ToolSpec], *, parallel: bool, syntax: CallSyntax = HERMES_SYNTAX) -> Grammar:
@@ -159,7 +196,8 @@ def auto_grammar(tools: Sequence[ToolSpec], *, parallel: bool, syntax: CallSynta
         )
     else:
         lark = f"%llguidance {{}}\nstart: FREE | {_calls(syntax, parallel)}\n{free}\n{_call_rule(syntax)}{body}"
-    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools")
+    return replace(_checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools"), closes=True,
+                   call_open=syntax.call_open if syntax.text_first else "")
 
 
 def _calls(syntax: CallSyntax, parallel: bool) -> str:
@@ -509,6 +547,104 @@ def _cut(message: str) -> str:
 
 # --- the tokenizer side ------------------------------------------------------------------------
 
+# the closing (module notes, "Calls always complete")
+CLOSING_SLACK = 8  # tokens before the closing must begin from which the draw is kept on a closable path
+MAX_CLOSING = 256  # tokens a closing may take; a grammar state fak finds no closing for within it is left alone
+STOP = -1  # a closing's last step: one of the stop tokens
+_VALUES = (b"0", b'""', b'"', b"null", b"false", b"{}", b"{", b"[]", b"[")  # short values, tried in order
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """Each token's bytes as llguidance reads them, the ordinary token of each byte string
+    (the lowest id), and ``neutral``: the tokens that leave a JSON string open and ready to be
+    closed by the same closing (whole UTF-8 text without a quote, a backslash or a control
+    character; no special token)."""
+
+    pieces: tuple[bytes, ...]
+    ids: dict[bytes, int]
+    neutral: np.ndarray
+
+    @classmethod
+    def of(cls, ll: llguidance.LLTokenizer) -> TokenTable:
+        pieces = tuple(ll.decode_bytes([i]) for i in range(ll.vocab_size))
+        special = [ll.is_special_token(i) for i in range(ll.vocab_size)]
+        ids: dict[bytes, int] = {}
+        neutral = np.zeros(ll.vocab_size, dtype=np.bool_)
+        for i, (piece, sp) in enumerate(zip(pieces, special, strict=True)):
+            if sp or not piece:
+                continue
+            ids.setdefault(piece, i)
+            if _QUOTE not in piece and _BACKSLASH not in piece and min(piece) >= 0x20 and _utf8(piece):
+                neutral[i] = True
+        return cls(pieces, ids, neutral)
+
+    def prefix_token(self, data: bytes, ok: Any) -> int | None:
+        """The token of the longest prefix of ``data`` that is one token and that ``ok`` takes."""
+        for k in range(min(len(data), 64), 0, -1):
+            t = self.ids.get(data[:k])
+            if t is not None and ok(t):
+                return t
+        return None
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@dataclass
+class JsonScan:
+    """Where a call's JSON stands, byte by byte: the closers of the open objects and arrays
+    (innermost last), whether a string is open and whether it is in the middle of an escape or
+    of a UTF-8 character. A quote outside any object or array is not JSON (a call's JSON
+    begins with ``{`` or ``[``): it is text around the calls."""
+
+    stack: list[int] = field(default_factory=list)
+    string: bool = False
+    escape: int = 0  # -1: after a backslash; n > 0: hex digits of a \\u escape to go
+    utf8: int = 0  # continuation bytes to go
+
+    def copy(self) -> JsonScan:
+        return JsonScan(list(self.stack), self.string, self.escape, self.utf8)
+
+    def feed(self, data: bytes) -> None:
+        for b in data:
+            if not self.string:
+                if b == _QUOTE and self.stack:
+                    self.string = True
+                elif b in (0x7B, 0x5B):  # { [
+                    self.stack.append(b + 2)  # } ]
+                elif b in (0x7D, 0x5D) and self.stack:
+                    self.stack.pop()
+            elif self.utf8:
+                self.utf8 = self.utf8 - 1 if 0x80 <= b < 0xC0 else 0
+            elif self.escape == -1:
+                self.escape = 4 if b == ord("u") else 0
+            elif self.escape > 0:
+                self.escape -= 1
+            elif b == _BACKSLASH:
+                self.escape = -1
+            elif b == _QUOTE:
+                self.string = False
+            elif b >= 0xC0:
+                self.utf8 = 1 if b < 0xE0 else 2 if b < 0xF0 else 3
+
+    @property
+    def settled(self) -> bool:
+        """In a string, not in an escape nor a character: a neutral token keeps the closing as it is."""
+        return self.string and not self.escape and not self.utf8
+
+    def closer(self) -> bytes:
+        """What closes the open string, objects and arrays, innermost first."""
+        return (b'"' if self.string else b"") + bytes(reversed(self.stack))
+
+
+
 
 @dataclass(frozen=True)
 class CompiledGrammar:
@@ -548,6 +684,24 @@ class Constrainer:
             raise ModelError(f"constrained decoding cannot read this tokenizer: {exc}") from exc
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._compiling = threading.Lock()
+        self._table: TokenTable | None = None
+
+    @property
+    def table(self) -> TokenTable:
+        """The token table the closing reads (built on first use: ~15 ms for a 49k vocabulary)."""
+        if self._table is None:
+            self._table = TokenTable.of(self.ll)
+        return self._table
+
+    def shortest_call(self, grammar: CompiledGrammar) -> int | None:
+        """The tokens of the shortest turn the closing writes under a call grammar that must
+        call (``tool_calls_grammar``), its stop token included: the least ``max_tokens`` such a
+        turn can complete in (fak's closing; module notes). None: not a closing grammar, or
+        it may end at once (free text)."""
+        if not grammar.grammar.closes:
+            return None
+        plan = self.hook(grammar).closing()
+        return len(plan) if plan is not None else None
 
     @classmethod
     def for_tokenizer(cls, tokenizer: ChatTokenizer) -> Constrainer:
@@ -598,7 +752,11 @@ class GrammarHook:
 
     The end of the turn is the tokenizer's stop tokens (``Constrainer.stop_token_ids``, the
     session's default ``stop_token_ids``); a turn's ``min_tokens`` must be 0, since a grammar
-    that is complete allows nothing else (the generate loop then finds no token to draw)."""
+    that is complete allows nothing else (the generate loop then finds no token to draw).
+
+    A call grammar's hook is told the turn's budget (``budget``, by the generate loop) and
+    closes an open call within it (module notes, "Calls always complete"); ``closed_to_fit``
+    then says the budget narrowed the draw."""
 
     def __init__(self, constrainer: Constrainer, grammar: CompiledGrammar) -> None:
         self.constrainer = constrainer
@@ -607,6 +765,20 @@ class GrammarHook:
         self._words = np.zeros((constrainer.ll.vocab_size + 31) // 32, dtype=np.uint32)
         self._stops = np.array(sorted(constrainer.stop_token_ids), dtype=np.int64)
         self._steps = 0
+        self._budget: int | None = None
+        self._scan = JsonScan()
+        self._recent = b""  # the turn's last bytes: where a call after free text begins
+        self._opened = False  # a call was opened (the grammar stopped accepting)
+        self._fresh: int | None = None  # the shortest call from the start (not-yet-accepting grammars)
+        self.closed_to_fit = False
+
+    def budget(self, max_tokens: int) -> None:
+        """The turn draws at most ``max_tokens`` tokens (``fak.kernel.model.generate.BudgetedHook``)."""
+        if self.grammar.closes:
+            self._budget = max_tokens
+            if self._fresh is None and not self._matcher.is_accepting():
+                plan = self.closing()
+                self._fresh = len(plan) if plan is not None else None
 
     @property
     def accepting(self) -> bool:
@@ -636,16 +808,107 @@ class GrammarHook:
         if self._matcher.is_stopped():
             return only(row, self._stops)
         mask = self.allowed()
+        if self._budget is not None:
+            mask = self._fit(self._budget - step, mask)
         n = min(len(row), len(mask))
         np.putmask(row[:n], ~mask[:n], -np.inf)
         row[n:] = -np.inf  # ids past the tokenizer's vocabulary (a padded LM head) are never text
         return row
 
     def chosen(self, step: int, token: int) -> None:
+        was = self._matcher.is_accepting()
         if not self._matcher.consume_token(token):
             raise ConstraintViolation(f"{self.grammar.what}: token {token} at step {step} breaks the grammar "
                                       f"({_cut(self._matcher.get_error())})")
         self._steps += 1
+        if not self.grammar.closes:
+            return
+        piece = self.constrainer.table.pieces[token] if token < len(self.constrainer.table.pieces) else b""
+        self._recent = (self._recent + piece)[-1024:]
+        if self._matcher.is_accepting():
+            return
+        self._opened = True
+        opening = self.grammar.call_open.encode()
+        if was and opening and (at := self._recent.rfind(opening)) >= 0:
+            self._scan = JsonScan()  # a call begins after free text: its JSON is read from its opening
+            self._scan.feed(self._recent[at + len(opening):])
+        else:
+            self._scan.feed(piece)
+
+    # --- the closing -------------------------------------------------------------------------
+
+    def _fit(self, left: int, mask: np.ndarray) -> np.ndarray:
+        """``mask`` narrowed so that what is open closes within the ``left`` tokens the turn may
+        still draw: unchanged while the closing needs fewer than ``left - CLOSING_SLACK``; then
+        its next token, or a neutral token inside a string while one more fits; once the calls
+        are complete and another would not fit, the end of the turn."""
+        keep = np.zeros_like(mask)
+        if self._matcher.is_accepting():
+            if self._opened and self._fresh is not None and left <= self._fresh + CLOSING_SLACK:
+                keep[self._stops[self._stops < len(keep)]] = True
+                return keep
+            return mask
+        plan = self.closing()
+        if plan is None or left > len(plan) + CLOSING_SLACK:
+            return mask
+        self.closed_to_fit = True
+        keep[plan[0]] = True  # a closing's first step is a token: the grammar is not complete yet
+        if left > len(plan) and self._scan.settled:
+            n = min(len(keep), len(self.constrainer.table.neutral))
+            keep[:n] |= mask[:n] & self.constrainer.table.neutral[:n]
+        return keep
+
+    def closing(self) -> list[int] | None:
+        """The tokens that close what the turn has open, fewest first found, then ``STOP``; None
+        when nothing is open (the grammar accepts) or no closing within ``MAX_CLOSING`` tokens is
+        found. Each step: the tokens the grammar forces; else the longest token of the bytes it
+        forces; else the longest token of the closer the JSON scan reads (``"}}`` ...); else a
+        short value (``0``, ``""``, ``null``, ...); else the longest token the grammar allows.
+        Found on the turn's own matcher, rolled back after."""
+        m, table = self._matcher, self.constrainer.table
+        if m.is_accepting():
+            return None
+        scan = self._scan.copy()
+        plan: list[int] = []
+        try:
+            while len(plan) < MAX_CLOSING:
+                if m.is_accepting():
+                    return [*plan, STOP]
+                tokens = m.compute_ff_tokens()
+                if not tokens:
+                    step = self._step(scan)
+                    if step is None:
+                        return None
+                    tokens = [step]
+                for t in tokens:
+                    if not m.consume_token(t):  # a forced or validated token: never refused
+                        return None
+                    plan.append(t)
+                    scan.feed(table.pieces[t])
+            return None
+        finally:
+            if plan:
+                m.rollback(len(plan))
+
+    def _step(self, scan: JsonScan) -> int | None:
+        m, table = self._matcher, self.constrainer.table
+
+        def ok(t: int) -> bool:
+            return bool(m.validate_tokens([t]) == 1)
+
+        for data in (m.compute_ff_bytes(), scan.closer()):
+            if data and (t := table.prefix_token(data, ok)) is not None:
+                return t
+        for value in _VALUES:
+            t = table.ids.get(value)
+            if t is not None and ok(t):
+                return t
+        allowed = np.flatnonzero(self.allowed())
+        allowed = allowed[~np.isin(allowed, self._stops)]
+        if not len(allowed):
+            return None
+        sizes = np.array([len(table.pieces[t]) for t in allowed])
+        return int(allowed[int(sizes.argmax())])
 
 
 
