@@ -26,12 +26,14 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from fak import __version__
 from fak.api import deps
 from fak.api.keys import Principal
+from fak.errors import FakError
 from fak.kernel.facade import Kernel
 from fak.kernel.gateway.mcp_gateway import GatewayTool, McpGateway
 from fak.kernel.session.caller import Caller
@@ -40,7 +42,7 @@ from fak.kernel.session.kernel_session import KernelSession
 __all__ = ["BIND_HEADER", "BIND_META", "McpEndpoint"]
 
 BIND_HEADER = "fak-session"  # the fak session an MCP client binds its calls to
-BIND_META = "fak/session"  # the same, in a request's (or the initialize request's) ``_meta``
+BIND_META = "fak.dev/session"  # the same, in a request's (or the initialize request's) ``_meta``
 SWEEP_S = 60.0  # how often idle unbound connections' sessions are looked for
 _STATE = "fak_mcp"
 
@@ -137,19 +139,36 @@ class McpEndpoint:
             _, ks = self._session(ctx)
             return self.gateway.list_tools(ks)
 
-        tools = await anyio.to_thread.run_sync(listing)
+        try:
+            tools = await anyio.to_thread.run_sync(listing)
+        except FakError as exc:  # an unknown session, a busy one, a full context: said, not an internal error
+            raise MCPError(types.INVALID_REQUEST, _said(exc)) from None
         return types.ListToolsResult(tools=[_tool(t) for t in tools])
 
     async def _call_tool(self, ctx: ServerRequestContext[Any, Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult:
         def calling() -> types.CallToolResult:
             asked, ks = self._session(ctx)
-            result = self.gateway.call(ks, params.name, params.arguments, asked.caller.principal)
+            try:
+                result = self.gateway.call(ks, params.name, params.arguments, asked.caller.principal)
+            except FakError as exc:  # a busy session, a result over the context: nothing of it was admitted
+                return types.CallToolResult(content=[types.TextContent(type="text", text=_said(exc))], is_error=True,
+                                            meta={"fak.dev/outcome": "refused", "fak.dev/error": exc.code, BIND_META: ks.id})
             meta = result.meta() | {BIND_META: ks.id}
             return types.CallToolResult(content=[types.TextContent(type="text", text=result.text)],
                                         is_error=result.is_error, meta=meta)
 
-        return await anyio.to_thread.run_sync(calling)
+        try:
+            return await anyio.to_thread.run_sync(calling)
+        except FakError as exc:  # the session named in _meta is unknown here, or another tenant's
+            raise MCPError(types.INVALID_REQUEST, _said(exc)) from None
+
+
+def _said(exc: FakError) -> str:
+    """What a client is told of a refusal (an internal error says nothing of the internals)."""
+    if exc.status >= 500 and not getattr(exc, "public", False):
+        return f"fak: {exc.code} (logged on the server)"
+    return f"fak: {exc.code}: {(str(exc).splitlines() or [exc.code])[0]}"
 
 
 def _init_meta(ctx: ServerRequestContext[Any, Any]) -> Mapping[str, Any] | None:

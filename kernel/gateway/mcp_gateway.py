@@ -108,7 +108,7 @@ class GatewayResult:
         out = {"verdict": self.verdict, "rule_id": self.rule_id, "call_id": self.call_id, "outcome": self.outcome,
                "decision_index": self.decision_index, "ref": self.ref, "admission": self.admission,
                "admission_rule": self.admission_rule, "tool": self.tool}
-        return {"fak/" + k: v for k, v in out.items() if v is not None}
+        return {"fak.dev/" + k: v for k, v in out.items() if v is not None}
 
 
 @dataclass

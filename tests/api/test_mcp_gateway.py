@@ -125,8 +125,8 @@ def test_a_bound_session_reads_holds_the_exfiltration_and_forwards_it_once_appro
     assert set(out["listed"]) == {"read_inbox", "send_email", "slow_search", "export_mailbox"}
     read = out["read"]
     assert not read.is_error and ATTACKER in text(read)
-    assert meta(read)["fak/verdict"] == "ALLOW" and meta(read)["fak/session"] == sid
-    read_ref = meta(read)["fak/ref"]
+    assert meta(read)["fak.dev/verdict"] == "ALLOW" and meta(read)["fak.dev/session"] == sid
+    read_ref = meta(read)["fak.dev/ref"]
     # admitted first-hand under the server's tool, the server's URL as its source
     live = {s["ref"]: s for s in segments(gw, agent, sid) if s["state"] == "live"}
     assert read_ref in live and live[read_ref]["kind"] == "tool"
@@ -139,9 +139,9 @@ def test_a_bound_session_reads_holds_the_exfiltration_and_forwards_it_once_appro
     assert any(e.tool == "mcp:mail" for e in admitted.values())
 
     held = out["held"]
-    assert held.is_error and meta(held)["fak/verdict"] == "CONFIRM"
-    assert meta(held)["fak/rule_id"] == "recipient-from-untrusted"
-    call_id = meta(held)["fak/call_id"]
+    assert held.is_error and meta(held)["fak.dev/verdict"] == "CONFIRM"
+    assert meta(held)["fak.dev/rule_id"] == "recipient-from-untrusted"
+    call_id = meta(held)["fak.dev/call_id"]
     assert call_id.startswith("call_held_") and call_id in text(held)
     assert mail.sent == []  # never forwarded
 
@@ -155,7 +155,7 @@ def test_a_bound_session_reads_holds_the_exfiltration_and_forwards_it_once_appro
             return await c.call_tool("send_email", SEND)
 
     sent = run(again())
-    assert not sent.is_error and meta(sent)["fak/verdict"] == "ALLOW", text(sent)
+    assert not sent.is_error and meta(sent)["fak.dev/verdict"] == "ALLOW", text(sent)
     assert mail.sent == [SEND]  # forwarded exactly once, as approved
     called = [e for e in events(kernel, "mcp_tool_called") if e.session_id == sid]
     assert [(e.tool, e.outcome, e.via) for e in called] == [("read_inbox", "ok", "gateway"),
@@ -197,11 +197,24 @@ def test_a_denied_call_never_reaches_the_server(gw: LiveServer, mail) -> None:
                     await c.call_tool("export_mailbox", {}), await c.call_tool("no_such_tool", {})]
 
     made_up, export, unknown = run(go())
-    assert made_up.is_error and meta(made_up)["fak/verdict"] == "DENY"
-    assert meta(made_up)["fak/rule_id"] == "recipient-from-nowhere" and "recipient-from-nowhere" in text(made_up)
-    assert export.is_error and meta(export)["fak/rule_id"] == "no-export"
-    assert unknown.is_error and meta(unknown)["fak/outcome"] == "unknown_tool"
+    assert made_up.is_error and meta(made_up)["fak.dev/verdict"] == "DENY"
+    assert meta(made_up)["fak.dev/rule_id"] == "recipient-from-nowhere" and "recipient-from-nowhere" in text(made_up)
+    assert export.is_error and meta(export)["fak.dev/rule_id"] == "no-export"
+    assert unknown.is_error and meta(unknown)["fak.dev/outcome"] == "unknown_tool"
     assert mail.sent == []
+
+
+def test_a_request_may_bind_itself_in_its_meta(gw: LiveServer) -> None:
+    agent = gw.key(TENANT, "agent")
+    sid = new_session(gw, agent)
+
+    async def go() -> types.CallToolResult:
+        async with client(gw, agent) as c:
+            return await c.call_tool("read_inbox", {}, meta={"fak.dev/session": sid})
+
+    r = run(go())
+    assert not r.is_error and meta(r)["fak.dev/session"] == sid
+    assert meta(r)["fak.dev/ref"] in {s["ref"] for s in segments(gw, agent, sid) if s["state"] == "live"}
 
 
 def test_an_upstream_failure_is_an_error_result_logged_failed_and_nothing_is_admitted(gw: LiveServer,
@@ -214,7 +227,7 @@ def test_an_upstream_failure_is_an_error_result_logged_failed_and_nothing_is_adm
             return await c.call_tool("slow_search", {"query": "q"})
 
     r = run(go())
-    assert r.is_error and meta(r)["fak/outcome"] == "failed" and "timed out" in text(r)
+    assert r.is_error and meta(r)["fak.dev/outcome"] == "failed" and "timed out" in text(r)
     called = [e for e in events(kernel, "mcp_tool_called") if e.session_id == sid]
     assert [(e.tool, e.outcome) for e in called] == [("slow_search", "failed")]
     assert not [e for e in events(kernel, "admission_verdict") if e.session_id == sid and e.tool.startswith("mcp:mail/")]
@@ -232,9 +245,9 @@ def test_unbound_calls_run_in_a_session_of_their_connection(gw: LiveServer, mail
             return await c.call_tool("read_inbox", {}), await c.call_tool("send_email", SEND)
 
     read, held = run(go())
-    assert not read.is_error and meta(read)["fak/verdict"] == "ALLOW"
-    sid = meta(read)["fak/session"]
-    assert meta(held)["fak/session"] == sid and meta(held)["fak/verdict"] == "CONFIRM"
+    assert not read.is_error and meta(read)["fak.dev/verdict"] == "ALLOW"
+    sid = meta(read)["fak.dev/session"]
+    assert meta(held)["fak.dev/session"] == sid and meta(held)["fak.dev/verdict"] == "CONFIRM"
     assert mail.sent == []
     endpoint = gw.app.state.mcp_gateway
     if mode == "legacy":  # the client's DELETE ended the MCP session, and with it the fak session
