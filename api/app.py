@@ -17,7 +17,7 @@ from fak.api.console.history import MetricsHistory, tenant_totals
 from fak.api.deps import READER
 from fak.api.keys import KeyStore, Principal
 from fak.api.mcp_gateway import McpEndpoint
-from fak.api.routes import audit, forget, openai, policy, refs, responses, sessions, tiles
+from fak.api.routes import audit, forget, mcp_servers, openai, policy, refs, responses, sessions, tiles
 from fak.kernel.facade import Kernel
 
 MAX_BODY = 16 << 20  # bytes of one request body
@@ -77,7 +77,7 @@ def create_app(kernel: Kernel, keys: KeyStore | None = None, *, max_body: int = 
         """Liveness: the only route without an API key."""
         return {"status": "ok"}
 
-    for module in (sessions, forget, audit, tiles, policy, refs, openai, responses):
+    for module in (sessions, forget, audit, tiles, policy, refs, openai, responses, mcp_servers):
         app.include_router(module.router)
 
     # the MCP gateway (docs/mcp.md): the declared MCP servers, each call authorized first; same keys

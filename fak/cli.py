@@ -15,7 +15,7 @@ from fak.errors import FakError
 # Modules that may contribute subcommands; a layer that does not exist yet is skipped. The policy
 # layer's come before the kernel's, which adds ``fak policy explain-tools`` to them.
 LAYER_CLIS = ("fak.kernel.model.cli", "fak.policy.cli", "fak.kernel.cli", "fak.cas.cli", "fak.audit.cli",
-              "fak.audit.witness_cli", "fak.api.cli")
+              "fak.audit.witness_cli", "fak.api.cli", "fak.api.mcp_cli")
 
 # What the `server` extra installs (pyproject.toml), by import name: a command that misses one
 # of these runs in a client-only install (`pip install fak`) and says how to get them.

@@ -369,6 +369,65 @@ class ReceiptCheckOut(BaseModel):
     ok: bool
     reason: str
 
+# --- the deployment's MCP servers and their pinned tools (operator): /v1/mcp/servers ------------
+McpToolStatus = Literal["pinned", "changed", "not_pinned", "not_allowed", "invalid_name"]
+
+
+class McpToolOut(BaseModel):
+    """A tool as the server lists it now, and how it stands against the pins: ``pinned`` (offered
+    to models), ``changed`` (pinned, but its description or schema differs now: withheld until
+    approved again; ``change`` says what), ``not_pinned`` (never approved: withheld),
+    ``not_allowed`` (outside the server's ``allowed_tools``: never offered), ``invalid_name``."""
+
+    name: str
+    digest: str  # sha256 over the canonical JSON of name, description and input schema: what a pin holds
+    status: McpToolStatus
+    change: Literal["description", "input_schema", "description_and_input_schema"] | None = None
+    pinned_digest: str | None = None  # the digest approved, when it differs from ``digest``
+    description: str
+    input_schema: dict[str, Any]
+
+
+class McpPinOut(BaseModel):
+    """A pinned tool: its approved digest, who approved it and the approval's audit entry."""
+
+    name: str
+    digest: str
+    approved_by: str
+    audit_index: int
+    approved_us: int  # microseconds since the epoch
+
+
+class McpServerOut(BaseModel):
+    label: str
+    source: str  # its URL, or stdio:<program>
+    allowed_tools: list[str]  # empty: every tool it lists
+    tools: list[McpToolOut] | None  # None: the server could not be listed now (``error`` says why)
+    error: str | None = None
+    pins: list[McpPinOut]
+
+
+class McpServerList(BaseModel):
+    servers: list[McpServerOut]
+
+
+class McpApproveIn(Strict):
+    expected: list[Digest] | None = Field(None, max_length=1000, description=(
+        "the digests of the tools the operator reviewed (GET /v1/mcp/servers): the approval pins the listing only "
+        "when it is exactly these (409 otherwise: the server changed since); omitted, the listing as it is now"))
+
+
+class McpPinnedTool(BaseModel):
+    name: str
+    digest: str
+
+
+class McpApproveOut(BaseModel):
+    label: str
+    audit_index: int  # the mcp_tools_approved entry
+    tools: list[McpPinnedTool]
+
+
 
 # --- the OpenAI-compatible chat: POST /v1/chat/completions, GET /v1/models --------------------
 # OpenAI's wire format, not fak's: a request allows fields fak does not know (clients send them;

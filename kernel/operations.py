@@ -26,8 +26,9 @@ from fak.audit.signer_state import SignerRefused
 from fak.audit.tenant_export import tenant_export_lines
 from fak.cas.digest import parse_digest
 from fak.cas.errors import Forgotten
-from fak.errors import InvalidInput, NotFound
+from fak.errors import Forbidden, InvalidInput, NotFound
 from fak.kernel.calls.records import counterfactual_out, findings_out
+from fak.kernel.mcp.client import McpError
 from fak.kernel.session.caller import Caller, Right, require_content
 from fak.kernel.session.tokens import Stepper, TextDecoder, check_context, timed_tokens
 from fak.policy import GateContext, VerdictKind, gate
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from fak.cas.models import Ref
     from fak.kernel.calls.authorize import ToolCallDecision
     from fak.kernel.facade import Kernel
+    from fak.kernel.mcp.servers import McpServers
     from fak.kernel.session.kernel_session import Admission, KernelSession
 
 MAX_INDEX = 2**53 - 1  # audit indexes are exact in JSON numbers (and far below BIGINT and SQLite INTEGER)
@@ -357,3 +359,76 @@ def verify_receipt(k: Kernel, c: Caller, receipt: dict[str, Any]) -> w.ReceiptCh
     c.require(Right.READ)
     result = check_receipt(receipt, k.audit.public_key())
     return w.ReceiptCheckOut(ok=result.ok, reason=result.reason)
+
+
+# --- the deployment's MCP servers and their pinned tools (operator) ------------------------
+def _mcp_operator(k: Kernel, c: Caller) -> McpServers | None:
+    """The servers, for an admin of the operator tenant only: which servers a deployment runs
+    tools of, and which tool descriptions models may be shown, are the deployment's, not a
+    tenant's (``Forbidden`` for every other caller; nobody without ``operator_tenant``)."""
+    c.require(Right.ADMIN)
+    if k.settings.operator_tenant is None or c.tenant != k.settings.operator_tenant:
+        raise Forbidden("the MCP servers and their pinned tools are the deployment's: only admin keys of the operator "
+                        "tenant (setting operator_tenant, FAK_OPERATOR_TENANT) may read or approve them")
+    return k.services.mcp
+
+
+def _mcp_declared(mcp: McpServers | None, label: str) -> McpServers:
+    if mcp is None or label not in mcp.labels():
+        declared = ", ".join(mcp.labels()) if mcp is not None else ""
+        raise NotFound(f"no MCP server {label[:64]!r} is declared by this deployment (mcp_servers: "
+                       f"{declared or 'none'})")
+    return mcp
+
+
+def mcp_server_out(mcp: McpServers, label: str) -> w.McpServerOut:
+    """One server as an operator reviews it: every tool it lists now (description and schema) with
+    its status against the pins, and the pins. Reading logs nothing (``ToolPins.compare``); an
+    unreachable server is shown with its error."""
+    server = mcp.get(label)
+    pins = [w.McpPinOut(name=r.tool, digest=r.digest, approved_by=r.approved_by, audit_index=r.audit_index,
+                        approved_us=r.approved_us) for r in mcp.pins.approved(label)]
+    out = w.McpServerOut(label=label, source=server.source, allowed_tools=sorted(server.allowed), tools=None,
+                         pins=pins)
+    try:
+        listed = mcp.tools(label)
+    except McpError as exc:
+        out.error = str(exc)
+        return out
+    allowed = [t for t in listed if not server.allowed or t.name in server.allowed]
+    withheld = {x.name: x for x in mcp.pins.compare(label, allowed).withheld}
+    tools = []
+    for t in listed:
+        x = withheld.get(t.name[:128])
+        change: Literal["description", "input_schema", "description_and_input_schema"] | None = None
+        status: w.McpToolStatus
+        if server.allowed and t.name not in server.allowed:
+            status = "not_allowed"
+        elif x is None:
+            status = "pinned"
+        elif x.change == "not_pinned" or x.change == "invalid_name":
+            status = x.change
+        else:
+            status, change = "changed", x.change
+        tools.append(w.McpToolOut(name=t.name, digest=t.digest, status=status, change=change,
+                                  pinned_digest=x.pinned if x is not None else None, description=t.description,
+                                  input_schema=t.input_schema))
+    out.tools = tools
+    return out
+
+
+def mcp_servers(k: Kernel, c: Caller) -> w.McpServerList:
+    """``GET /v1/mcp/servers``: every declared server, its tools as listed now and its pins."""
+    mcp = _mcp_operator(k, c)
+    return w.McpServerList(servers=[mcp_server_out(mcp, label) for label in mcp.labels()] if mcp else [])
+
+
+def mcp_approve(k: Kernel, c: Caller, label: str, body: w.McpApproveIn | None) -> w.McpApproveOut:
+    """``POST /v1/mcp/servers/{label}/approve``: pin the server's tools as listed now (logged as
+    ``mcp_tools_approved`` under the caller's principal before the pins are written); with
+    ``expected``, only a listing of exactly those digests (409 otherwise)."""
+    mcp = _mcp_declared(_mcp_operator(k, c), label)
+    expected = body.expected if body is not None else None
+    index, tools = mcp.approve(label, c.principal, expected)
+    return w.McpApproveOut(label=label, audit_index=index,
+                           tools=[w.McpPinnedTool(name=t.name, digest=t.digest) for t in tools])

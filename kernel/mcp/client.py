@@ -192,7 +192,11 @@ class McpConnection:
             self._client = await ready
             return self._client
 
-    async def _drop(self) -> None:
+    async def _drop(self, client: Client | None = None) -> None:
+        """Close the open connection; with ``client``, only while it is still that one (a
+        request that failed late must not close the connection opened again since)."""
+        if client is not None and client is not self._client:
+            return
         if self._stop is not None:
             self._stop.set()
         self._client, self._stop = None, None
@@ -201,18 +205,25 @@ class McpConnection:
         """Run ``coro_of(client)`` against the open connection; a failure drops the connection
         and becomes an ``McpError`` naming the server and what failed."""
         label, timeout = self.address.label, self.address.timeout_s
+        used: list[Client] = []
 
         async def attempt() -> Any:
             client = await self._open()
+            used.append(client)
             try:
                 return await coro_of(client)
             except BaseException:
-                await self._drop()
+                await self._drop(client)
                 raise
 
         try:
             return self._loop.run(attempt(), timeout)
         except TimeoutError:
+            # the cancelled request drops its connection on the loop later, maybe after the next
+            # request took it: drop it now, before answering, so the next request opens a new one
+            if used:
+                with contextlib.suppress(Exception):
+                    self._loop.run(self._drop(used[0]), 5)
             raise McpError(f"MCP server {label}: {what} timed out after {timeout:g} s") from None
         except McpError:
             raise

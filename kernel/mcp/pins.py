@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import blake3
 import rfc8785
@@ -36,7 +36,7 @@ _ID = re.compile(ID_PATTERN)
 Change = Literal["description", "input_schema", "description_and_input_schema", "not_pinned", "invalid_name"]
 
 
-def _sha(value: object) -> str:
+def _sha(value: Any) -> str:
     return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
 
 
@@ -92,8 +92,19 @@ class ToolPins:
             self._cache[label] = (now, pins)
         return pins
 
+    def approved(self, label: str) -> list[McpPinRow]:
+        """Server ``label``'s pin rows whose MAC holds, read now (what an operator is shown)."""
+        return [r for r in self._state.mcp_pins(label) if r.mac == self._mac(r)]
+
     def check(self, label: str, tools: Sequence[McpTool]) -> PinCheck:
         """Which of ``tools`` match their pins; a listing with withheld tools is logged once."""
+        check = self.compare(label, tools)
+        if check.withheld:
+            self._log_change(label, list(check.withheld))
+        return check
+
+    def compare(self, label: str, tools: Sequence[McpTool]) -> PinCheck:
+        """Which of ``tools`` match their pins, logging nothing (an operator's read)."""
         pins = self.pins(label)
         offered: list[McpTool] = []
         withheld: list[Withheld] = []
@@ -111,8 +122,6 @@ class ToolPins:
                 withheld.append(Withheld(t.name, change, pin.digest, t.digest))
             else:
                 offered.append(t)
-        if withheld:
-            self._log_change(label, withheld)
         return PinCheck(tuple(offered), tuple(withheld))
 
     def _log_change(self, label: str, withheld: list[Withheld]) -> None:

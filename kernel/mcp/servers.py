@@ -9,11 +9,11 @@ by the caller under ``provenance(tool)`` (``mcp:<label>/<tool>``) with the serve
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fak.errors import InvalidInput
+from fak.errors import Conflict, InvalidInput
 from fak.kernel.mcp.client import McpConnection, McpLoop, McpResult, McpTool, ServerAddress
 from fak.kernel.mcp.pins import PinCheck, ToolPins, Withheld
 from fak.protocols import AuditSink
@@ -124,10 +124,24 @@ class McpServers:
         check: PinCheck = self.pins.check(label, listed)
         return McpOffer(label, server.source, check.offered, check.withheld)
 
-    def approve(self, label: str, principal: str) -> tuple[int, list[McpTool]]:
-        """Pin the server's tools as listed now (audited); its audit index and the tools."""
+    def approve(self, label: str, principal: str,
+                expected: Collection[str] | None = None) -> tuple[int, list[McpTool]]:
+        """Pin the server's tools as listed now (audited); its audit index and the tools. With
+        ``expected`` (the digests an operator reviewed), only a listing of exactly those digests
+        is pinned: ``Conflict`` (409) when the server changed since, and nothing is pinned."""
         tools = self.tools(label)
-        return self.pins.approve(label, tools, principal), tools
+        if expected is not None and sorted(set(expected)) != sorted({t.digest for t in tools}):
+            now = {t.digest: t.name for t in tools}
+            new = sorted(f"{name} ({digest})" for digest, name in now.items() if digest not in set(expected))
+            gone = sorted(set(expected) - set(now))
+            raise Conflict(f"MCP server {label} lists other tools than the ones reviewed, nothing was pinned: "
+                           f"{len(new)} not reviewed{': ' + ', '.join(new[:10]) if new else ''}; {len(gone)} "
+                           f"reviewed but not listed now{': ' + ', '.join(gone[:10]) if gone else ''}; list it "
+                           f"again and review what changed")
+        try:
+            return self.pins.approve(label, tools, principal), tools
+        except ValueError as exc:  # a tool name the log cannot carry
+            raise Conflict(str(exc)) from None
 
     def call(self, label: str, tool: str, arguments: dict[str, Any]) -> McpResult:
         return self.get(label).connection.call_tool(tool, arguments)

@@ -138,6 +138,8 @@ def _matrix(w: World) -> list[tuple[str, str, set[str], object]]:
         ("HEAD", f"/v1/refs/{w.ref}", READER, None),
         ("GET", f"/v1/refs/{w.ref}", AGENT, None),  # tool-result bytes: not for auditors
         ("GET", "/metrics", AUDITOR, None),
+        ("GET", "/v1/mcp/servers", ADMIN, None),  # the operator tenant's (tests/api/test_api_mcp_servers.py)
+        ("POST", ("/v1/mcp/servers/{label}/approve", lambda role: "/v1/mcp/servers/mail/approve"), ADMIN, {}),
     ]
 
 

@@ -30,7 +30,8 @@ from fak.wire import HELD_PREFIX
 # path-parameter names that name something a tenant owns, and how to make an unknown one
 TENANT_IDS = {"sid", "digest", "index", "request_id", "call_id", "response_id"}
 # path-parameter names that name nothing a tenant owns (the same answer for everyone)
-GLOBAL_IDS = {"model_id", "path"}  # path: a C2SP tile of the whole log (docs/audit.md says who may read which)
+GLOBAL_IDS = {"model_id", "path",  # path: a C2SP tile of the whole log (docs/audit.md says who may read which)
+              "label"}  # an MCP server the deployment declares: the operator tenant's admins only, 403 for others
 # request bodies of the routes that take a path id (a route missing here fails the test)
 BODIES: dict[tuple[str, str], list[object]] = {
     ("POST", "/v1/sessions/{sid}/messages"): [{"role": "user", "content": "hi"}],
