@@ -120,7 +120,9 @@ def as_id(value: str) -> str:
 
 
 __all__ = [
+    "MCP_PREFIX",
     "TOOL_DEFINITIONS",
+    "is_tools_block",
     "DIGEST_PATTERN",
     "ID_PATTERN",
     "TENANT_MAX",
@@ -139,3 +141,13 @@ __all__ = [
 # trusted unless a policy ``tools`` entry names it (the client wrote them, like its system
 # prompt; an operator who passes third-party tool descriptions through lists it as untrusted).
 TOOL_DEFINITIONS = "fak.tool_definitions"
+# The producer of an MCP server's tool definitions (``mcp:<label>``, no tool after it): content
+# with the server's trust (docs/mcp.md); like the request's block, rendered in the tools role.
+MCP_PREFIX = "mcp:"
+
+
+def is_tools_block(tool: str | None) -> bool:
+    """The producer of a tools block: the request's (``TOOL_DEFINITIONS``) or an MCP server's
+    (``mcp:<label>``), which the door admits in the template's tools role and a rebuild renders
+    the same way."""
+    return tool == TOOL_DEFINITIONS or (tool is not None and tool.startswith(MCP_PREFIX) and "/" not in tool)

@@ -369,6 +369,7 @@ class ReceiptCheckOut(BaseModel):
     ok: bool
     reason: str
 
+
 # --- the deployment's MCP servers and their pinned tools (operator): /v1/mcp/servers ------------
 McpToolStatus = Literal["pinned", "changed", "not_pinned", "not_allowed", "invalid_name"]
 
@@ -426,7 +427,6 @@ class McpApproveOut(BaseModel):
     label: str
     audit_index: int  # the mcp_tools_approved entry
     tools: list[McpPinnedTool]
-
 
 
 # --- the OpenAI-compatible chat: POST /v1/chat/completions, GET /v1/models --------------------
@@ -556,6 +556,12 @@ class RemedyInfo(BaseModel):
     choice: int = 0
 
 
+class McpWithheldInfo(BaseModel):
+    server_label: str
+    name: str
+    change: str
+
+
 class FakInfo(BaseModel):
     session_id: str
     ephemeral: bool
@@ -570,6 +576,9 @@ class FakInfo(BaseModel):
                                                       "the caller's role reads decisions, not content (an auditor)")
     upstream: str | None = Field(None, description="the upstream this answer was forwarded to (a gateway session, "
                                                    "docs/gateway.md); None: fak's own model")
+    mcp_withheld: list[McpWithheldInfo] = Field(default_factory=list, description="MCP tools listed by a server and "
+                                                "kept from the model: changed since an operator pinned them, never "
+                                                "pinned, or named so the log cannot carry it (docs/mcp.md)")
 
 
 class PromptTokensDetails(BaseModel):

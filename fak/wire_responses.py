@@ -6,7 +6,7 @@ Agents SDK parse them. Import-light like ``fak.wire``: pydantic and ``fak.wire``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -28,7 +28,8 @@ class ResponseCreateRequest(Lenient):
     max_output_tokens: int | None = Field(None, ge=1, le=CHAT_MAX_TOKENS)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    tools: list[dict[str, Any]] | None = Field(None, max_length=256, description="function tools only")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=256, description="function tools, and mcp tools of "
+                                               "servers the deployment declares (docs/mcp.md)")
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = Field(None, description="text.format: text, json_object or json_schema")
@@ -76,6 +77,51 @@ class FunctionCallItem(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class McpListedTool(BaseModel):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any] | None = None
+
+
+class McpListToolsItem(BaseModel):
+    """The tools an MCP server offers the model in this response (pinned and allowed only)."""
+
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    id: str
+    server_label: str
+    tools: list[McpListedTool]
+    error: str | None = None
+
+
+class McpCallItem(BaseModel):
+    """An MCP tool call fak ran (``output``) or that failed (``error``: OpenAI's
+    ``mcp_protocol_error`` / ``mcp_tool_execution_error`` shapes)."""
+
+    type: Literal["mcp_call"] = "mcp_call"
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: dict[str, Any] | None = None
+    status: Literal["in_progress", "completed", "incomplete", "calling", "failed"] = "completed"
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestItem(BaseModel):
+    """An MCP call that runs only once approved (``mcp_approval_response`` in a follow-up)."""
+
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+OutputItem = OutputMessage | FunctionCallItem | McpListToolsItem | McpCallItem | McpApprovalRequestItem
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int = 0
@@ -109,7 +155,7 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["completed", "incomplete", "in_progress", "failed"]
     model: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[Annotated[OutputItem, Field(discriminator="type")]]
     usage: ResponseUsage | None
     previous_response_id: str | None
     instructions: str | None

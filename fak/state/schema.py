@@ -239,6 +239,8 @@ class HeldCallRow(Base):
     deciding: Mapped[str | None] = mapped_column(String(16), nullable=True)  # a decision claimed, not yet logged
     decided_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
     approval_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # when fak ran the approved call itself (an MCP tool, docs/mcp.md): it runs once (state_0013)
+    executed_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
     mac: Mapped[str] = mapped_column(String(80))
 
     __table_args__ = (Index("ix_fak_held_calls_form", "tenant", "form"),

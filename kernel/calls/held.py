@@ -269,6 +269,22 @@ class HeldCalls:
             return None
         return self._read(row)
 
+    def claim_execution(self, tenant: str, call_id: str) -> HeldCall:
+        """Mark an approved call as run by fak itself (an MCP tool): once only, on every replica;
+        ``Conflict`` when it is not approved or was run already."""
+        call = self.get(tenant, call_id)
+        if call is None:
+            raise NotFound(f"no held tool call {call_id[:80]!r} (unknown, expired, or its record fails its check)")
+        if call.state != "approved":
+            raise Conflict(f"tool call {call_id} is {call.state}: only an approved call runs")
+        row = self._state.held_call(tenant, call_id)
+        if row is None or row.executed_us is not None:
+            raise Conflict(f"tool call {call_id} was run already: an approval runs its call once")
+        claimed = self._change(call, {"executed_us": now_us()})
+        if claimed is None:
+            raise Conflict(f"tool call {call_id} was run already: an approval runs its call once")
+        return claimed
+
     def result_text(self, tenant: str, call_id: str, text: str) -> str:
         """What the model reads as the result of call ``call_id``: ``text`` for a call that was
         never held or was approved; for a rejected call, a notice instead of whatever the client
@@ -397,6 +413,8 @@ class HeldCalls:
             "held-call/1", row.tenant, row.call_id, row.session_id, row.tool, row.form, row.args_digest, row.plain,
             sealed, row.content, row.rule_id, row.offending, row.decision_index, row.producer, row.approval_key,
             row.created_us, row.state, row.deciding, row.decided_by, row.approval_index]
+        if row.executed_us is not None:  # written after state_0013 only: older rows keep their MAC
+            fields = [*fields, "executed", row.executed_us]
         return "blake3k:" + blake3.blake3(json.dumps(fields).encode(), key=self._mac_key).hexdigest()
 
     def _approval_mac(self, row: ToolApprovalRow, session_created_us: int) -> str:

@@ -64,6 +64,14 @@ class ToolSpec:
     parameters: dict[str, Any]
     strict: bool
     where: str = ""
+    # the tool name its calls are decided and logged under, when it is not ``name``: an MCP
+    # server's tool, shown to the model by its own name, is governed as ``mcp:<label>/<tool>``
+    governed: str | None = None
+
+    @property
+    def decided_as(self) -> str:
+        """The tool name the policy decides this tool's calls under."""
+        return self.governed or self.name
 
     def line(self) -> str:
         """The tool as the model sees it: one canonical JSON line."""

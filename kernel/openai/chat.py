@@ -34,7 +34,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Container, Generator, Iterator, Sequence
+from collections.abc import Container, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,7 +43,7 @@ from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.calls.formats import CallOut, HermesFormat, ToolFormat, format_for
 from fak.kernel.calls.held import MAX_LISTED, HeldCall, HeldCalls, HoldState
-from fak.kernel.calls.tool_text import ToolSpec, json_text, render_call, render_tools
+from fak.kernel.calls.tool_text import POSTAMBLE, PREAMBLE, ToolSpec, json_text, render_call, render_tools
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai.chunks import ChatChunk, ChoiceDelta, Delta, ToolCallDelta
@@ -105,6 +105,29 @@ class ChatOp:
     text: str = ""
     tool: str = ""  # a tool result's tool, as the gate sees it
     call_id: str | None = None
+    source: str | None = None  # where a tool result came from, when fak fetched it itself (an MCP server)
+
+
+@dataclass(frozen=True)
+class ToolGroup:
+    """Tools a server offers that fak runs itself (MCP, ``fak.kernel.openai.responses_mcp``): their
+    definitions enter attention as a ref of their own under ``producer`` (``mcp:<label>``, trust per
+    server) from ``source``, not in the request's tools block."""
+
+    producer: str
+    source: str | None
+    names: frozenset[str]  # the group's tools by the names the model is shown
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """What a door that runs tools itself adds to a chat request: the servers' tool groups, the
+    name each of their tools is governed under (``ToolSpec.governed``), and for the results it
+    fetched, by call id, the tool they are admitted under and their source (first-hand)."""
+
+    groups: tuple[ToolGroup, ...] = ()
+    governed: Mapping[str, str] = field(default_factory=dict)
+    results: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
 
 
 def _text(msg: w.ChatMessage, where: str, *, required: bool) -> str:
@@ -307,13 +330,17 @@ def _principal(c: Caller, user: str | None) -> str:
 Turn = ChatTurn | ForwardTurn  # fak's own model, or an upstream it forwards to (``fak.kernel.openai.forward``)
 
 
-def open_turn(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Turn:
+def open_turn(k: Kernel, c: Caller, body: w.ChatCompletionRequest, hosted: Hosted | None = None) -> Turn:
     """The request's turn: forwarded when ``model`` names one of the deployment's upstreams
-    (docs/gateway.md), else on fak's own model (which answers to any other name)."""
+    (docs/gateway.md), else on fak's own model (which answers to any other name). ``hosted``: the
+    tools fak runs itself (MCP), on fak's own model only."""
     up = k.services.upstreams.find(body.model)
     if up is None:
-        return open_chat(k, c, body)
+        return open_chat(k, c, body, hosted)
     c.require(Right.AGENT)
+    if hosted is not None:
+        raise UnsupportedParameter(f"tools: MCP tools run on fak's own model, not yet on the upstream {body.model!r}",
+                                   param="tools")
     ops = _settled(k, c, body, plan_messages(body.messages))
     return open_forward(k, c, body, up, ops, _principal(c, body.user))
 
@@ -328,17 +355,26 @@ def _settled(k: Kernel, c: Caller, body: w.ChatCompletionRequest, ops: list[Chat
             for op in ops]
 
 
-def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
+def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest, hosted: Hosted | None = None) -> ChatTurn:
     """Validate, get the session, replay the messages into it (the tools block after the
     leading system messages). Nothing is created when validation fails; an ephemeral session
-    is deleted when a later step fails."""
+    is deleted when a later step fails. ``hosted``: tools fak runs itself (``Hosted``)."""
     c.require(Right.AGENT)
     parameters = chat_parameters(body)
+    hosted = hosted or Hosted()
+    if hosted.governed:
+        parameters = replace(parameters, tools=tuple(replace(t, governed=hosted.governed.get(t.name))
+                                                     for t in parameters.tools))
     principal = _principal(c, parameters.user)
     calls = parameters.choice.mode != "none"
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
     ops = _settled(k, c, body, plan_messages(body.messages, format_for(k.tokenizer)))
-    tools_text = _tools_text(k, list(parameters.tools)) if parameters.tools else None
+    ops = [replace(op, tool=hosted.results[op.call_id][0], source=hosted.results[op.call_id][1])
+           if op.kind == "tool" and op.call_id in hosted.results else op for op in ops]
+    grouped = frozenset(n for g in hosted.groups for n in g.names)
+    own = [t for t in parameters.tools if t.name not in grouped]
+    blocks = _blocks(k, own, [(g, [t for t in parameters.tools if t.name in g.names]) for g in hosted.groups])
+    tools_text = "".join(text for _, text, _ in blocks) if blocks else None
     # the leading system messages are rendered knowing the tools (a template whose system header
     # depends on them: Llama 3's "Environment: ipython"); the tools block follows them
     definitions = [spec.definition() for spec in parameters.tools] if tools_text is not None else None
@@ -352,17 +388,19 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> ChatTurn:
         check_context(k, [op.text for op in ops] + [tools_text or ""], "these messages")
         mech0, hits0 = _hits(ks)
         lead = next((i for i, op in enumerate(ops) if op.kind != "system"), len(ops))
+        refused: set[str] = set()  # tools whose definitions the gate kept out: the model may not call them
         for i, op in enumerate(ops):
-            if i == lead and tools_text is not None:
-                _add_tools(turn, tools_text)
+            if i == lead:
+                refused |= _add_blocks(turn, blocks, hosted.groups, own)
             if op.kind == "tool":
                 turn.admissions.append(_admit(ks, op))
             else:
                 ks.append(op.kind, op.text, tools=definitions if i < lead else None)
-        if lead == len(ops) and tools_text is not None:
-            _add_tools(turn, tools_text)
-        if calls and turn.tools_ref is None:  # the gate kept the tools block out: no calls to read
-            turn.plan = plan_answer(k.tokenizer, parameters, principal, calls=False)
+        if lead == len(ops):
+            refused |= _add_blocks(turn, blocks, hosted.groups, own)
+        if calls and refused:
+            kept = tuple(t for t in parameters.tools if t.name not in refused)
+            turn.plan = plan_answer(k.tokenizer, replace(parameters, tools=kept), principal, calls=bool(kept))
         mech1, hits1 = _hits(ks)
         turn.cached = before + (hits1 - hits0 if mech1 is mech0 else hits1)
     except BaseException:
@@ -427,20 +465,50 @@ def _tools_text(k: Kernel, specs: list[ToolSpec]) -> str:
     return own if own is not None else render_tools(specs)
 
 
-def _add_tools(turn: ChatTurn, text: str) -> None:
-    """The tools block into attention, through the gate as content of its own (producer
-    ``fak.tool_definitions``), unless the session already holds it live."""
+def _blocks(k: Kernel, own: list[ToolSpec], groups: list[tuple[ToolGroup, list[ToolSpec]]]
+            ) -> list[tuple[str, str, str | None]]:
+    """The tools blocks as (producer, text, source). Without servers' tools, one block: the
+    model's own template's, else fak's Hermes block. With them, fak's Hermes block for every
+    model, cut so that each server's definitions are a ref of their own (its tool lines) between
+    the request's head (the preamble and the request's tools) and the closing instructions, both
+    ``TOOL_DEFINITIONS``: a description is then the server's content, never the request's."""
+    if not any(specs for _, specs in groups):
+        return [(TOOL_DEFINITIONS, _tools_text(k, own), None)] if own else []
+    out = [(TOOL_DEFINITIONS, PREAMBLE + "\n".join(t.line() for t in own), None)]
+    out += [(g.producer, ("\n" if own or i else "") + "\n".join(t.line() for t in specs), g.source)
+            for i, (g, specs) in enumerate((g, s) for g, s in groups if s)]
+    return [*out, (TOOL_DEFINITIONS, POSTAMBLE, None)]
+
+
+def _add_blocks(turn: ChatTurn, blocks: list[tuple[str, str, str | None]], groups: tuple[ToolGroup, ...],
+                own: list[ToolSpec]) -> set[str]:
+    """Each tools block into attention (the request's, then each server's); the names of the
+    tools whose block the gate kept out."""
+    refused: set[str] = set()
+    by_producer = {g.producer: g.names for g in groups}
+    for producer, text, source in blocks:
+        if not _add_tools(turn, text, producer, source):  # the request's block kept out: no call at all
+            refused |= by_producer.get(producer, {t.name for t in own} | {n for g in groups for n in g.names})
+    return refused
+
+
+def _add_tools(turn: ChatTurn, text: str, producer: str = TOOL_DEFINITIONS, source: str | None = None) -> bool:
+    """A tools block into attention, through the gate as content of its own (producer
+    ``fak.tool_definitions``, or a server's ``mcp:<label>``: its descriptions are content with
+    the server's trust), unless the session already holds it live; whether it is in attention."""
     ks, data = turn.session, text.encode("utf-8")
     ref = turn.kernel.store.digest_of(data, ks.tenant)
     if any(x.ref == ref and x.state is SegmentState.LIVE for x in ks.segments()):
-        turn.tools_ref = ref
-        return
-    a = ks.admit(TOOL_DEFINITIONS, data, role=turn.kernel.tokenizer.tools_role)
-    turn.admissions.append(w.AdmissionInfo(message_index=-1, tool=TOOL_DEFINITIONS, tool_call_id=None,
+        turn.tools_ref = turn.tools_ref or ref
+        return True
+    a = ks.admit(producer, data, role=turn.kernel.tokenizer.tools_role, source=source)
+    turn.admissions.append(w.AdmissionInfo(message_index=-1, tool=producer, tool_call_id=None,
                                            verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,
                                            admitted_ref=a.admitted_ref, admitted=a.admitted,
                                            segment_id=a.segment.id, audit_index=a.audit_index))
-    turn.tools_ref = a.admitted_ref if a.admitted else None
+    if a.admitted:
+        turn.tools_ref = turn.tools_ref or a.admitted_ref
+    return bool(a.admitted)
 
 
 def _admit(ks: KernelSession, op: ChatOp) -> w.AdmissionInfo:
@@ -458,7 +526,7 @@ def _admit(ks: KernelSession, op: ChatOp) -> w.AdmissionInfo:
                                verdict=held.verdict.value if held.verdict is not None else "ALLOW",
                                rule_id=held.rule or "", ref=ref, admitted_ref=ref, admitted=True,
                                segment_id=held.id, audit_index=None, matched=first)
-    a = ks.admit(op.tool, data)
+    a = ks.admit(op.tool, data, source=op.source)
     return w.AdmissionInfo(message_index=op.index, tool=op.tool, tool_call_id=op.call_id,
                            verdict=a.verdict.kind.value, rule_id=a.verdict.rule_id, ref=a.ref,
                            admitted_ref=a.admitted_ref, admitted=a.admitted, segment_id=a.segment.id,
@@ -485,9 +553,9 @@ def complete(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> w.ChatCompl
     return completed(k, c, body).completion
 
 
-def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest) -> Completed:
-    """``complete``, with the content provenance of what it returns."""
-    turn = open_turn(k, c, body)
+def completed(k: Kernel, c: Caller, body: w.ChatCompletionRequest, hosted: Hosted | None = None) -> Completed:
+    """``complete``, with the content provenance of what it returns (``hosted``: ``open_chat``'s)."""
+    turn = open_turn(k, c, body, hosted)
     answers: list[Answer] = []
     try:
         for _, run in turn.answers():
@@ -621,7 +689,18 @@ def decide_held_call(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.
     the ``approve`` right (an approver or admin key, a person in the console, never an agent
     key), and the principal whose request produced the call may not approve it."""
     c.require(Right.APPROVE)
+    return _decide_held(k, c, call_id, approve=approve)
 
+
+def decline_held_call(k: Kernel, c: Caller, call_id: str) -> w.ToolCallApprovalOut:
+    """The agent declines a call held for it (a Responses ``mcp_approval_response`` with
+    ``approve: false``): declining runs nothing, so the ``agent`` right suffices; it is logged
+    as a rejection naming the agent's key, like a person's."""
+    c.require(Right.AGENT)
+    return _decide_held(k, c, call_id, approve=False)
+
+
+def _decide_held(k: Kernel, c: Caller, call_id: str, *, approve: bool) -> w.ToolCallApprovalOut:
     def log(held: HeldCall) -> int:
         return k.audit.append(ToolCallApproval(
             tenant=c.tenant, session_id=held.session_id, call_id=as_id(call_id), tool=as_id(held.tool),

@@ -57,7 +57,7 @@ from fak.kernel.calls.tool_text import canonical_turn
 from fak.kernel.kv.ledger import SegmentKind, SegmentState, SegmentView
 from fak.kernel.model.tokenizer import ChatTokenizer
 from fak.kernel.services import Services
-from fak.types import TOOL_DEFINITIONS, VerdictKind
+from fak.types import VerdictKind, is_tools_block
 
 __all__ = ["HistoryItem", "HistoryKind", "new_suffix"]
 
@@ -115,7 +115,7 @@ def _kernel_added(ks: HistorySource, view: SegmentView) -> bool:
     if view.kind is not SegmentKind.TOOL:
         return True
     tool, _ = ks.services.producers.of(ks.tenant, view.ref)
-    return tool == TOOL_DEFINITIONS
+    return is_tools_block(tool)
 
 
 class _Matcher:

@@ -92,14 +92,16 @@ the chain's records in ``fak_responses`` ``responses_store``, and the event stre
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fak import wire_responses as wr
-from fak.errors import InvalidInput
-from fak.kernel.openai import chat
+from fak.errors import InvalidInput, NotFound
+from fak.kernel.openai import chat, responses_mcp
 from fak.kernel.openai.responses_output import output_items, status_of, usage_of
 from fak.kernel.openai.responses_request import (
     Plan,
@@ -125,10 +127,14 @@ def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool =
     hexid = uuid.uuid4().hex
     store = body.store is not False
     chain = resolve_chain(k, c, body, hexid, store)
-    chat_body = chat_request(body, items, chain, stream=stream)
+    mcp = responses_mcp.prepare(k, body.tools or [])  # the servers listed now: a 400 or 502 before any effect
+    if mcp is not None and chain.session_id is None:  # the loop's turns share a session, deleted after it
+        chain = replace(chain, session_id="resp-" + hexid)
+    chat_body = chat_request(body, items, chain, stream=False if mcp is not None else stream,
+                             hosted_tools=mcp.definitions() if mcp is not None else None)
     # an upstream's responses name it (docs/gateway.md); any other name runs on fak's own model
     model = body.model if k.services.upstreams.find(body.model) is not None else k.model_id
-    return Plan("resp_" + hexid, int(time.time()), model, chain, store, body, chat_body, ignored_fields(body))
+    return Plan("resp_" + hexid, int(time.time()), model, chain, store, body, chat_body, ignored_fields(body), mcp)
 
 
 def _run(p: Plan, k: Kernel, c: Caller, start: Callable[[], Any]) -> Any:
@@ -144,9 +150,28 @@ def _run(p: Plan, k: Kernel, c: Caller, start: Callable[[], Any]) -> Any:
         raise
 
 
+def _with_mcp(k: Kernel, c: Caller, p: Plan) -> wr.ResponseObject:
+    """A response with MCP tools: the loop of ``responses_mcp`` (claimed, kept or abandoned as
+    any other); a ``store: false`` chain's own session is deleted after it."""
+    try:
+        response, provenance = _run(p, k, c, lambda: responses_mcp.run(k, c, p, p.mcp))
+        try:
+            finish(k, c, p, response, provenance)
+        except BaseException as exc:
+            abandon(k, c, p, exc)
+            raise
+        return response
+    finally:
+        if not p.store and p.chain.new and p.chain.session_id is not None:
+            with contextlib.suppress(NotFound):
+                k.delete_session(c.tenant, p.chain.session_id)
+
+
 def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseObject:
     """One response, not streamed."""
     p = plan(k, c, body)
+    if p.mcp is not None:
+        return _with_mcp(k, c, p)
     done: chat.Completed = _run(p, k, c, lambda: chat.completed(k, c, p.chat_body))
     choice = done.completion.choices[0]
     response = p.response(status_of(choice.finish_reason), output_items(p, choice),
@@ -159,8 +184,27 @@ def create(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> wr.ResponseO
     return response
 
 
-def open_stream(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> ResponseStream:
+class McpEvents:
+    """A streamed response with MCP tools: the loop ran before the first event, whose events
+    then go out item by item (``responses_mcp.events``); ``ResponseStream``'s interface."""
+
+    def __init__(self, response: wr.ResponseObject, skeleton: dict[str, Any]) -> None:
+        self.response: wr.ResponseObject | None = response
+        self._events = list(responses_mcp.events(response, skeleton))
+
+    def next_events(self) -> list[dict[str, Any]] | None:
+        out, self._events = self._events, []
+        return out or None
+
+    def close(self) -> None:
+        self._events = []
+
+
+def open_stream(k: Kernel, c: Caller, body: wr.ResponseCreateRequest) -> ResponseStream | McpEvents:
     """Validate, claim and open the chat stream (its first token sampled): errors come before any event."""
     p = plan(k, c, body, stream=True)
+    if p.mcp is not None:
+        skeleton = p.response("in_progress", []).model_dump(mode="json")
+        return McpEvents(_with_mcp(k, c, p), skeleton)
     stream: chat.ChatStream = _run(p, k, c, lambda: chat.open_stream(k, c, p.chat_body))
     return ResponseStream(k, c, p, stream)

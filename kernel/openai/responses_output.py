@@ -34,8 +34,9 @@ def _logprobs(choice: w.Choice) -> list[dict[str, Any]] | None:
     return [t.model_dump() for t in lp.content or []] if lp is not None else None
 
 
-def output_items(p: Plan, choice: w.Choice) -> list[wr.OutputMessage | wr.FunctionCallItem]:
-    """A chat completion's choice as Responses output items."""
+def output_items(p: Plan, choice: w.Choice, index: int = 0) -> list[wr.OutputMessage | wr.FunctionCallItem]:
+    """A chat completion's choice as Responses output items (``index``: the items before them,
+    in a response of several turns: their ids stay unique)."""
     msg = choice.message
     text, refusal, calls = msg.content or "", msg.refusal, msg.tool_calls or []
     status = status_of(choice.finish_reason)
@@ -46,8 +47,8 @@ def output_items(p: Plan, choice: w.Choice) -> list[wr.OutputMessage | wr.Functi
     if refusal:
         parts.append(wr.OutputRefusal(refusal=refusal))
     if parts:
-        items.append(wr.OutputMessage(id=item_id(p, "msg", 0), status=status, content=parts))
-    for j, call in enumerate(calls):
+        items.append(wr.OutputMessage(id=item_id(p, "msg", index), status=status, content=parts))
+    for j, call in enumerate(calls, start=index):
         items.append(wr.FunctionCallItem(id=item_id(p, "fc", j), call_id=call.id or item_id(p, "call", j),
                                          name=call.function.name, arguments=call.function.arguments,
                                          status="completed"))
@@ -64,9 +65,13 @@ def withheld(r: wr.ResponseObject) -> wr.ResponseObject:
     statuses, usage, fak's own refusals and ``fak`` (verdicts, findings, refs, audit indexes:
     what the log holds) kept, and ``fak.content_withheld`` set. The call's keyed arguments
     digest is in its ``tool_call_decision`` entry (``fak.tool_calls[].audit_index``)."""
-    def item(o: wr.OutputMessage | wr.FunctionCallItem) -> wr.OutputMessage | wr.FunctionCallItem:
-        if isinstance(o, wr.FunctionCallItem):
+    def item(o: wr.OutputItem) -> wr.OutputItem:
+        if isinstance(o, wr.FunctionCallItem | wr.McpApprovalRequestItem):
             return o.model_copy(update={"arguments": ""})
+        if isinstance(o, wr.McpCallItem):
+            return o.model_copy(update={"arguments": "", "output": None, "error": o.error and {"type": o.error["type"]}})
+        if isinstance(o, wr.McpListToolsItem):
+            return o
         return o.model_copy(update={"content": [p.model_copy(update={"text": "", "logprobs": None})
                                                 if isinstance(p, wr.OutputText) else p for p in o.content]})
 

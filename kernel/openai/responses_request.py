@@ -98,14 +98,35 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             calls_open = False
         elif kind == "reasoning":
             continue  # the model emits no reasoning; a client resending one loses nothing
+        elif kind in ("mcp_list_tools", "mcp_approval_request", "mcp_approval_response"):
+            continue  # listed again, and approvals answered, by fak.kernel.openai.responses_mcp
+        elif kind == "mcp_call":  # a resent MCP call: the call, and its output as the result it answers
+            call = w.ToolCall(id=_string(item, "id", where), type="function",
+                              function=w.FunctionCall(name=_string(item, "name", where),
+                                                      arguments=_string(item, "arguments", where)))
+            out.append(w.ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            out.append(w.ChatMessage(role="tool", tool_call_id=call.id, content=_mcp_output(item, where)))
+            calls_open = False
         else:
             raise UnsupportedContent(f"{where}.type: {str(kind)[:40]!r} items are not supported (messages, "
                                      "function_call and function_call_output are)")
     return out
 
 
+def _mcp_output(item: dict[str, Any], where: str) -> str:
+    """What a resent ``mcp_call`` item's result was: its output, or its error as text."""
+    if isinstance(item.get("output"), str):
+        return str(item["output"])
+    error = item.get("error")
+    if error is not None:
+        return f"[the MCP call failed: {str(error)[:2000]}]"
+    raise InvalidInput(f"{where}: an mcp_call item has an output or an error")
+
+
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses function tools in their chat form; any other tool type is refused."""
+    """Responses function tools in their chat form (``mcp`` tools are
+    ``fak.kernel.openai.responses_mcp``'s); any other tool type is refused."""
+    tools = [t for t in tools if t.get("type") != "mcp"]
     others = sorted({str(t.get("type"))[:40] for t in tools if t.get("type") != "function"})
     if others:
         raise UnsupportedParameter(f"tools: only function tools are supported, not {', '.join(others)}",
@@ -125,8 +146,10 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
             raise InvalidInput("tool_choice: auto, none, required or {'type': 'function', 'name': ...}",
                                param="tool_choice")
         return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+    if choice.get("type") in ("function", "mcp") and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
+    if choice.get("type") == "mcp":  # any tool of the server
+        return "required"
     raise UnsupportedParameter(f"tool_choice: {str(choice.get('type'))[:40]!r} is not supported "
                                "(auto, none, required or a function by name)", param="tool_choice")
 
@@ -172,13 +195,14 @@ class Plan:
     body: wr.ResponseCreateRequest
     chat_body: w.ChatCompletionRequest
     ignored: list[str] = field(default_factory=list)
+    mcp: Any = None  # the request's MCP servers (``fak.kernel.openai.responses_mcp.McpPlan``), None: none
 
     @property
     def claimed(self) -> bool:
         """A row in ``fak_responses`` marks this response (any response of a kept session)."""
         return self.chain.session_id is not None
 
-    def response(self, status: str, output: list[wr.OutputMessage | wr.FunctionCallItem],
+    def response(self, status: str, output: list[wr.OutputItem],
                  usage: wr.ResponseUsage | None = None, fak: dict[str, Any] | None = None,
                  error: wr.ResponseError | None = None) -> wr.ResponseObject:
         b = self.body
@@ -230,9 +254,11 @@ def input_items(body: wr.ResponseCreateRequest) -> list[dict[str, Any]]:
 
 
 def chat_request(body: wr.ResponseCreateRequest, items: list[dict[str, Any]], chain: Chain, *,
-                 stream: bool) -> w.ChatCompletionRequest:
+                 stream: bool, hosted_tools: list[dict[str, Any]] | None = None) -> w.ChatCompletionRequest:
     """The chat request the response runs as, in ``chain``'s session (``instructions`` first
-    on a new chain only; a call output admitted under the name of the call it answers)."""
+    on a new chain only; a call output admitted under the name of the call it answers).
+    ``hosted_tools``: the MCP servers' tools, as chat function tools (their calls come back
+    held or allowed for ``fak.kernel.openai.responses_mcp`` to run or ask about)."""
     messages = chat_messages(items, body.instructions if chain.new else None, chain.called)
     fields: dict[str, Any] = {
         "model": body.model, "messages": messages, "max_completion_tokens": body.max_output_tokens,
@@ -241,20 +267,27 @@ def chat_request(body: wr.ResponseCreateRequest, items: list[dict[str, Any]], ch
         "user": body.user, "metadata": body.metadata,
     }
     if body.tools:
-        fields["tools"] = chat_tools(body.tools)
+        fields["tools"] = chat_tools(body.tools) + (hosted_tools or [])
+        if hosted_tools:
+            fields[HELD_CALLS] = "return"  # a held MCP call becomes an mcp_approval_request
     if body.tool_choice is not None:
         fields["tool_choice"] = chat_tool_choice(body.tool_choice)
     if body.parallel_tool_calls is not None:
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     if body.text is not None and (fmt := chat_response_format(body.text)) is not None:
         fields["response_format"] = fmt
-    if (held := (body.model_extra or {}).get(HELD_CALLS)) is not None:
+    if (held := (body.model_extra or {}).get(HELD_CALLS)) is not None and not hosted_tools:
         fields[HELD_CALLS] = held  # the chat door's extension: CONFIRM calls withheld or returned held
     if body.include and LOGPROBS in body.include:
         fields["logprobs"] = True
         fields["top_logprobs"] = body.top_logprobs or 0
+    answers_only = bool(hosted_tools) and not messages  # only approvals answered: their results come at run time
+    if answers_only:
+        fields["messages"] = [w.ChatMessage(role="user", content="")]
     try:
         chat_body = w.ChatCompletionRequest.model_validate({k_: v for k_, v in fields.items() if v is not None})
+        if answers_only:
+            chat_body = chat_body.model_copy(update={"messages": []})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ())) or "input"

@@ -27,7 +27,7 @@ from fak.policy import VerdictKind
 from fak.state.schema import SegmentRow, SessionRow
 from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import ForgetProgress, StateError, now_us, pack_tokens, unpack_tokens
-from fak.types import TOOL_DEFINITIONS
+from fak.types import is_tools_block
 
 __all__ = ["CommittedSession", "DurableLedger", "Loaded"]
 
@@ -259,7 +259,7 @@ class DurableLedger:
             if kind is SegmentKind.TOOL:
                 if not row.ref:
                     raise StateError(f"session {self._id}: tool segment {row.id} has no ref")
-                role = services.tokenizer.tools_role if tool == TOOL_DEFINITIONS else None
+                role = services.tokenizer.tools_role if is_tools_block(tool) else None
                 message = {"role": role or "tool", "content": services.tool_text(self._tenant, row.ref)}
                 tokens = services.tokenizer.encode_message(list(messages.values()), message)
             elif row.id in opened:

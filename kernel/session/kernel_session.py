@@ -131,8 +131,9 @@ class CallDecider:
         if self._context is None:
             raise TransactionError("a call decider is bound by the generation it decides for (generate(decider=...))")
         evidence = TurnEvidence(self._session, self._base, turn) if turn is not None and self._session else None
-        decision, event = self._ks.decide_call(name, args, self._context, self._principal, evidence,
-                                               self._tools.get(name))
+        spec = self._tools.get(name)  # an MCP tool is decided under its governed name (mcp:<label>/<tool>)
+        decision, event = self._ks.decide_call(spec.decided_as if spec is not None else name, args, self._context,
+                                               self._principal, evidence, spec)
         self._pending.append((decision, self._ks.services.audit.submit(event)))
         self._ks.services.events.publish(ToolCallDecided(self._ks.tenant, decision.verdict))
         return decision
@@ -565,7 +566,7 @@ class KernelSession:
         Whoever generated the call: this session's model, or a framework's model reporting it.
         ``tool``: the tool's definition for this call (else the one declared, if any)."""
         spec = (tool if isinstance(tool, ToolSpec) else spec_of(tool)) if tool is not None else self._tools.get(name)
-        if spec is not None and spec.name != name:
+        if spec is not None and name not in (spec.name, spec.decided_as):
             raise InvalidInput(f"the tool given is {spec.name!r:.80}, the call is of {name!r:.80}")
         self._before_use()
         with self._locked() as s:

@@ -47,7 +47,7 @@ class MailServer:
     server: MCPServer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.server = MCPServer("mail")
+        self.server = MCPServer("mail", log_level="WARNING")
         self.server.add_tool(self._read_inbox, name="read_inbox", description="Read the messages in the inbox.")
         self.server.add_tool(self._send_email, name="send_email", description=SEND_DESCRIPTION)
         self.server.add_tool(self._slow, name="slow_search", description="Search the archive (slow).")
@@ -69,7 +69,7 @@ class MailServer:
         await anyio.sleep(self.slow_s)
         return "nothing found"
 
-    def _huge(self) -> str:
+    def _huge(self, format: str) -> str:  # noqa: A002 - the tool's argument name
         return "x" * self.huge_bytes
 
     def change_description(self, tool: str, description: str) -> None:

@@ -1,6 +1,8 @@
 """``fak_mcp_pins``: the tools of the deployment's MCP servers as an operator approved them
 (docs/mcp.md, "Pinned descriptions"): one row per (server label, tool) with the digests of its
-definition, who approved it and the audit entry of the approval, under a MAC.
+definition, who approved it and the audit entry of the approval, under a MAC. And
+``fak_held_calls.executed_us``: when fak ran an approved call itself (an MCP tool), so that an
+approval runs its call once, however often it is sent again.
 
 Revision ID: state_0013
 Revises: state_0012
@@ -30,5 +32,11 @@ def upgrade() -> None:
     )
 
 
+    with op.batch_alter_table("fak_held_calls") as batch:
+        batch.add_column(sa.Column("executed_us", sa.BigInteger, nullable=True))
+
+
 def downgrade() -> None:
+    with op.batch_alter_table("fak_held_calls") as batch:
+        batch.drop_column("executed_us")
     op.drop_table("fak_mcp_pins")
