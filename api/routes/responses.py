@@ -59,7 +59,7 @@ def delete_response(response_id: str, who: Principal = Depends(AGENT),  # noqa: 
     return responses.delete(k, caller(who), response_id)
 
 
-async def server_sent_events(stream: responses.ResponseStream) -> AsyncIterator[str]:
+async def server_sent_events(stream: responses.ResponseStream | responses.McpEvents) -> AsyncIterator[str]:
     """The stream's events (chat steps in the stream's thread)."""
     async with aclosing(steps(stream.next_events)) as steps_:
         async for events in steps_:

@@ -370,7 +370,7 @@ def open_chat(k: Kernel, c: Caller, body: w.ChatCompletionRequest, hosted: Hoste
     plan = plan_answer(k.tokenizer, parameters, principal, calls=calls)  # grammar and bias: a 400 before any effect
     ops = _settled(k, c, body, plan_messages(body.messages, format_for(k.tokenizer)))
     ops = [replace(op, tool=hosted.results[op.call_id][0], source=hosted.results[op.call_id][1])
-           if op.kind == "tool" and op.call_id in hosted.results else op for op in ops]
+           if op.kind == "tool" and op.call_id is not None and op.call_id in hosted.results else op for op in ops]
     grouped = frozenset(n for g in hosted.groups for n in g.names)
     own = [t for t in parameters.tools if t.name not in grouped]
     blocks = _blocks(k, own, [(g, [t for t in parameters.tools if t.name in g.names]) for g in hosted.groups])
@@ -474,7 +474,7 @@ def _blocks(k: Kernel, own: list[ToolSpec], groups: list[tuple[ToolGroup, list[T
     ``TOOL_DEFINITIONS``: a description is then the server's content, never the request's."""
     if not any(specs for _, specs in groups):
         return [(TOOL_DEFINITIONS, _tools_text(k, own), None)] if own else []
-    out = [(TOOL_DEFINITIONS, PREAMBLE + "\n".join(t.line() for t in own), None)]
+    out: list[tuple[str, str, str | None]] = [(TOOL_DEFINITIONS, PREAMBLE + "\n".join(t.line() for t in own), None)]
     out += [(g.producer, ("\n" if own or i else "") + "\n".join(t.line() for t in specs), g.source)
             for i, (g, specs) in enumerate((g, s) for g, s in groups if s)]
     return [*out, (TOOL_DEFINITIONS, POSTAMBLE, None)]

@@ -117,7 +117,7 @@ from fak.kernel.session.caller import Caller, Right
 if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
 
-__all__ = ["Plan", "ResponseStream", "create", "delete", "get", "open_stream", "plan"]
+__all__ = ["McpEvents", "Plan", "ResponseStream", "create", "delete", "get", "open_stream", "plan"]
 
 
 def plan(k: Kernel, c: Caller, body: wr.ResponseCreateRequest, *, stream: bool = False) -> Plan:
@@ -154,7 +154,8 @@ def _with_mcp(k: Kernel, c: Caller, p: Plan) -> wr.ResponseObject:
     """A response with MCP tools: the loop of ``responses_mcp`` (claimed, kept or abandoned as
     any other); a ``store: false`` chain's own session is deleted after it."""
     try:
-        response, provenance = _run(p, k, c, lambda: responses_mcp.run(k, c, p, p.mcp))
+        ran: tuple[wr.ResponseObject, frozenset[str]] = _run(p, k, c, lambda: responses_mcp.run(k, c, p, p.mcp))
+        response, provenance = ran
         try:
             finish(k, c, p, response, provenance)
         except BaseException as exc:

@@ -46,7 +46,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fak import wire as w
 from fak import wire_responses as wr
@@ -220,7 +220,8 @@ class _Run:
                 error = {"type": "mcp_protocol_error", "code": -32603, "message": str(exc)}
         if result is not None and result.is_error:
             error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result.text}]}
-        outcome = "failed" if result is None else "tool_error" if result.is_error else "ok"
+        outcome: Literal["ok", "tool_error", "failed"] = (
+            "failed" if result is None else "tool_error" if result.is_error else "ok")
         k.audit.append(McpToolCalled(
             tenant=self.c.tenant, session_id=as_id(self.session_id), server=as_id(label),
             tool=as_id(provenance(label, tool.name)), call_id=as_id(call_id),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,7 +203,7 @@ class Plan:
         """A row in ``fak_responses`` marks this response (any response of a kept session)."""
         return self.chain.session_id is not None
 
-    def response(self, status: str, output: list[wr.OutputItem],
+    def response(self, status: str, output: Sequence[wr.OutputItem],
                  usage: wr.ResponseUsage | None = None, fak: dict[str, Any] | None = None,
                  error: wr.ResponseError | None = None) -> wr.ResponseObject:
         b = self.body
@@ -211,7 +212,7 @@ class Plan:
         return wr.ResponseObject(
             id=self.response_id, created_at=self.created_at,
             completed_at=int(time.time()) if status in ("completed", "incomplete") else None,
-            status=status, model=self.model, output=output, usage=usage,
+            status=status, model=self.model, output=list(output), usage=usage,
             previous_response_id=self.chain.previous, instructions=self.chain.instructions,
             tools=b.tools or [], tool_choice=b.tool_choice or "auto",
             parallel_tool_calls=True if b.parallel_tool_calls is None else b.parallel_tool_calls,

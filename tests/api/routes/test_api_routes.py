@@ -49,10 +49,12 @@ def assert_problem(r: httpx.Response, status: int, code: str | None = None) -> d
 # --- authentication: /healthz is the only route that answers without a key ------------------
 def _routes(app) -> list[tuple[str, str, object]]:  # noqa: ANN001
     """The API's routes. The console's pages (/console, a cookie session rather than a key)
-    have their own role matrix and table: tests/api/console/test_console.py, docs/api.md "Console routes"."""
+    have their own role matrix and table: tests/api/console/test_console.py, docs/api.md "Console routes".
+    The MCP gateway (/mcp) speaks MCP, not REST: its keys and roles (401, an auditor's 403, another
+    tenant's session 404) are witnessed in tests/api/test_mcp_gateway.py."""
     out = []
     for rc in iter_route_contexts(app.routes):
-        if (rc.path_format or rc.path).startswith("/console"):
+        if (rc.path_format or rc.path).startswith("/console") or (rc.path_format or rc.path) == "/mcp":
             continue
         for method in sorted(rc.methods or ()):
             out.append((method, rc.path_format or rc.path, rc.endpoint))
