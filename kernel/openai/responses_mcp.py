@@ -313,6 +313,11 @@ def _answer_held(r: _Run, name: str, rid: str, approve: bool, decision_index: in
     an approval sent again, or by a resent history without its ``mcp_call``, runs nothing)."""
     k, c = r.k, r.c
     use, tool = _tool(r, name, where)
+    if _decided_as(k, c, decision_index) != provenance(use.label, tool.name):
+        # a call held at the chat door (a function the client runs) or for another server's tool
+        # of the same name: its approval is not one to run on this server
+        raise InvalidInput(f"{where}: held call {rid} was not a call of MCP server {use.label!r}'s {tool.name!r}",
+                           param="input")
     if not approve:
         if state == "pending":
             chat.decline_held_call(k, c, rid)
@@ -325,6 +330,19 @@ def _answer_held(r: _Run, name: str, rid: str, approve: bool, decision_index: in
         raise Conflict(f"{where}: held call {rid}'s arguments can no longer be read (forgotten content)")
     r.execute(use, tool, rid, json.dumps(held.arguments, ensure_ascii=False), decision_index,
               approval_request_id=rid)
+
+
+def _decided_as(k: Kernel, c: Caller, index: int | None) -> str | None:
+    """The tool a held call's decision was made under, as the signed log records it."""
+    if index is None:
+        return None
+    try:
+        event = k.audit.entry(index).event
+    except FakError:
+        return None
+    if event.type != "tool_call_decision" or event.tenant != c.tenant:
+        return None
+    return str(event.tool)
 
 
 def _answer_asked(r: _Run, asked: dict[str, Any], rid: str, approve: bool, where: str) -> None:

@@ -248,3 +248,36 @@ def test_a_streamed_response_tells_the_mcp_items_as_openai_streams_them(server, 
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
     assert any(o.type == "mcp_call" and o.name == "read_inbox" and o.output for o in final.output)
+
+
+def test_an_approval_of_a_function_call_of_the_same_name_runs_nothing_on_the_server(server, mail):
+    """A call held at the chat door for a function the client runs (``send_email``), approved by a
+    person, is not an approval to run the MCP server's ``send_email``: the signed log says what
+    the decision was made under."""
+    import time
+
+    from fak.kernel.calls.held import HeldCall
+    from fak.kernel.openai import chat
+    from fak.kernel.session.caller import Caller
+
+    k = server.kernel
+    agent = _client(server)
+    r0 = agent.responses.create(model="fak", input="Read my inbox.", max_output_tokens=160, temperature=0,
+                                tools=[_tool(mail, require_approval="never")],
+                                tool_choice={"type": "mcp", "server_label": "mail", "name": "read_inbox"})
+    ks = k.session("acme", r0.model_extra["fak"]["session_id"])
+    args = {"to": ATTACKER, "subject": "inbox", "body": "all of it"}
+    d = ks.authorize_tool_call("send_email", args)  # a function tool of that name, decided as such
+    assert d.verdict == "CONFIRM"
+    call_id = k.services.holds.new_id("acme", "send_email", args, held=True)
+    k.services.holds.hold(HeldCall(tenant="acme", session_id=ks.id, call_id=call_id, tool="send_email",
+                                   arguments=args, rule_id=d.rule_id, offending=d.offending,
+                                   decision_index=d.audit_index, created=time.time(), producer="key:agent"))
+    chat.decide_held_call(k, Caller("acme", "key:person"), call_id, approve=True)
+    with pytest.raises(openai.BadRequestError) as err:
+        agent.responses.create(model="fak", previous_response_id=r0.id, max_output_tokens=8,
+                               tools=[_tool(mail, require_approval="never")],
+                               input=[{"type": "mcp_approval_response", "approval_request_id": call_id,
+                                       "approve": True}])
+    assert "was not a call of MCP server" in str(err.value)
+    assert mail.sent == []
