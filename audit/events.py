@@ -522,7 +522,7 @@ class McpToolCalled(_Event):
     type: Literal["mcp_tool_called"] = "mcp_tool_called"
     session_id: Id
     server: Id
-    tool: Id
+    tool: Id  # its governed name, mcp:<label>/<tool>, as the decision names it
     call_id: Id
     args_digest: Digest
     decision_index: Count | None = None

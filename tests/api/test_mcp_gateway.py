@@ -158,8 +158,8 @@ def test_a_bound_session_reads_holds_the_exfiltration_and_forwards_it_once_appro
     assert not sent.is_error and meta(sent)["fak.dev/verdict"] == "ALLOW", text(sent)
     assert mail.sent == [SEND]  # forwarded exactly once, as approved
     called = [e for e in events(kernel, "mcp_tool_called") if e.session_id == sid]
-    assert [(e.tool, e.outcome, e.via) for e in called] == [("read_inbox", "ok", "gateway"),
-                                                            ("send_email", "ok", "gateway")]
+    assert [(e.tool, e.outcome, e.via) for e in called] == [("mcp:mail/read_inbox", "ok", "gateway"),
+                                                            ("mcp:mail/send_email", "ok", "gateway")]
     decisions = [e for e in events(kernel, "tool_call_decision") if e.session_id == sid]
     assert called[1].decision_index is not None and decisions
 
@@ -229,7 +229,7 @@ def test_an_upstream_failure_is_an_error_result_logged_failed_and_nothing_is_adm
     r = run(go())
     assert r.is_error and meta(r)["fak.dev/outcome"] == "failed" and "timed out" in text(r)
     called = [e for e in events(kernel, "mcp_tool_called") if e.session_id == sid]
-    assert [(e.tool, e.outcome) for e in called] == [("slow_search", "failed")]
+    assert [(e.tool, e.outcome) for e in called] == [("mcp:mail/slow_search", "failed")]
     assert not [e for e in events(kernel, "admission_verdict") if e.session_id == sid and e.tool.startswith("mcp:mail/")]
 
 
