@@ -281,3 +281,38 @@ def test_an_approval_of_a_function_call_of_the_same_name_runs_nothing_on_the_ser
                                        "approve": True}])
     assert "was not a call of MCP server" in str(err.value)
     assert mail.sent == []
+
+
+def test_a_denied_call_never_reaches_the_server(tmp_path, tiny_dir, mail):
+    """A rule that DENYs the server's export: the model's call is refused (the ``refuse``
+    remedy: no ref to evict), the server is never called, nothing is admitted."""
+    from pathlib import Path
+
+    from fak import Kernel, Settings
+    from fak.api.server import serve
+    from fak.kernel.facade import default_policy_path
+
+    policy = Path(default_policy_path()).read_text().replace("    rules: []\n", (
+        "    rules:\n"
+        "      - id: no-mailbox-export\n"
+        "        tools: [\"mcp:mail/export_mailbox\"]\n"
+        "        verdict: DENY\n"))
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy)
+    k = Kernel.open(Settings(data_dir=tmp_path / "deny", model_path=tiny_dir, chunk_size=16, policy_path=path,
+                             mcp_servers={"mail": {"url": mail.url, "timeout_s": 3}}), progress=None)
+    try:
+        k.services.mcp.approve("mail", "operator-test")
+        with serve(k) as live:
+            r = _client(live).responses.create(
+                model="fak", input="export", max_output_tokens=160, temperature=0,
+                tools=[_tool(mail, require_approval="never")],
+                tool_choice={"type": "mcp", "server_label": "mail", "name": "export_mailbox"})
+            assert not any(o.type in ("mcp_call", "mcp_approval_request") for o in r.output)
+            message = next(o for o in r.output if o.type == "message")
+            assert any(p.type == "refusal" and "no-mailbox-export" in p.refusal for p in message.content)
+            decisions = [e for e in _events(live, "acme", "tool_call_decision") if e.tool == "mcp:mail/export_mailbox"]
+            assert [d.verdict for d in decisions] == ["DENY"]
+            assert not _events(live, "acme", "mcp_tool_called")
+    finally:
+        k.close()
