@@ -44,6 +44,7 @@ __all__ = ["BIND_HEADER", "BIND_META", "McpEndpoint"]
 BIND_HEADER = "fak-session"  # the fak session an MCP client binds its calls to
 BIND_META = "fak.dev/session"  # the same, in a request's (or the initialize request's) ``_meta``
 SWEEP_S = 60.0  # how often idle unbound connections' sessions are looked for
+JSON_RESPONSE = False  # answer a request with one JSON body instead of an SSE stream (bench/mcp.py measures both)
 _STATE = "fak_mcp"
 
 
@@ -106,7 +107,8 @@ class McpEndpoint:
         return self.manager
 
     async def _run(self, ready: asyncio.Event) -> None:
-        manager = StreamableHTTPSessionManager(self.server, session_idle_timeout=self.gateway.idle_s)
+        manager = StreamableHTTPSessionManager(self.server, json_response=JSON_RESPONSE,
+                                              session_idle_timeout=self.gateway.idle_s)
         async with manager.run():
             self.manager = manager
             ready.set()

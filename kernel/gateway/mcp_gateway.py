@@ -12,7 +12,9 @@ deleted when the connection ends or after ``idle_s`` without a request). In that
   same one, else ``<label>__<tool>``. Each server's definitions, as listed, are admitted into the
   session as content under ``mcp:<label>`` (through the gate; skipped while a live segment holds
   the same ref): a server whose definitions the gate does not admit offers nothing.
-- ``call``: the call is decided by ``KernelSession.authorize_tool_call`` under its governed name
+- ``call``: the name is resolved against each server's listing kept from the last ``tools/list``
+  (or listed now when it does not resolve there), checked against the pins at use (``resolve``);
+  the call is decided by ``KernelSession.authorize_tool_call`` under its governed name
   ``mcp:<label>/<tool>`` (argument provenance over the session's attention; the tool's schema
   classifies it where no rule names it). ALLOW: forwarded, ``McpToolCalled(via="gateway")``
   logged, the result admitted first-hand under ``mcp:<label>/<tool>`` with the server's URL as
@@ -125,6 +127,7 @@ class McpGateway:
         self._sessions = sessions
         self.idle_s = idle_s
         self._connections: dict[tuple[str, str], _Connection] = {}
+        self._listings: dict[str, tuple[McpTool, ...]] = {}  # label -> its last listing (before any filter)
         self._lock = threading.Lock()
 
     @property
@@ -188,17 +191,27 @@ class McpGateway:
             return
 
     # --- tools/list -------------------------------------------------------------------------
-    def tools(self) -> list[GatewayTool]:
+    def tools(self, *, fresh: bool = True) -> list[GatewayTool]:
         """Every declared server's offered tools, named for the client (a server that cannot be
-        listed now offers nothing)."""
+        listed now offers nothing). ``fresh``: each server listed now (and its listing kept);
+        otherwise the listing kept from the last one (a server never listed, or whose last
+        listing failed, is listed now). Either way checked against the pins as they are now."""
         servers = self.servers
         if servers is None:
             return []
         offered: list[tuple[str, str, McpTool]] = []
         for label in servers.labels():
+            with self._lock:
+                listing = None if fresh else self._listings.get(label)
             try:
-                offer = servers.offer(label)
+                if listing is None:
+                    listing = tuple(servers.tools(label))
+                    with self._lock:
+                        self._listings[label] = listing
+                offer = servers.offer(label, listing=listing)
             except McpError:
+                with self._lock:
+                    self._listings.pop(label, None)
                 continue
             offered += [(label, offer.source, t) for t in offer.offered]
         counts = Counter(t.name for _, _, t in offered)
@@ -207,8 +220,9 @@ class McpGateway:
 
     def list_tools(self, ks: KernelSession) -> list[GatewayTool]:
         """The tools the client is shown, each server's definitions admitted into ``ks`` first;
-        a server whose definitions the gate does not admit offers none."""
-        tools = self.tools()
+        a server whose definitions the gate does not admit offers none. Every server is listed
+        now: the listing the calls resolve against is this one."""
+        tools = self.tools(fresh=True)
         shown: list[GatewayTool] = []
         for label in sorted({t.label for t in tools}):
             mine = [t for t in tools if t.label == label]
@@ -225,8 +239,17 @@ class McpGateway:
         return a.admitted
 
     def resolve(self, name: str) -> GatewayTool | None:
-        """The offered tool a client's ``name`` calls (None: no offered tool has that name)."""
-        return next((t for t in self.tools() if t.name == name), None)
+        """The offered tool a client's ``name`` calls (None: no offered tool has that name).
+
+        Resolved against the servers' kept listings (the last ``tools/list``'s), each checked
+        against the pins as they are now; a name that does not resolve there (a tool the kept
+        listing lacks, or whose kept definition no longer matches its pin) is resolved once more
+        against a listing made now. So a call runs only a tool whose definition, as last listed
+        to a client, is the one an operator pinned: a description changed on the server is
+        withheld by the next ``tools/list`` and its calls refused from then on, and a pin
+        changed or removed by an operator refuses calls at once."""
+        found = next((t for t in self.tools(fresh=False) if t.name == name), None)
+        return found if found is not None else next((t for t in self.tools(fresh=True) if t.name == name), None)
 
     # --- tools/call -------------------------------------------------------------------------
     def call(self, ks: KernelSession, name: str, arguments: Mapping[str, Any] | None, principal: str) -> GatewayResult:
@@ -269,7 +292,7 @@ class McpGateway:
 
         def called(outcome: Literal["ok", "tool_error", "failed"]) -> None:
             self.services.audit.append(McpToolCalled(
-                tenant=ks.tenant, session_id=as_id(ks.id), server=as_id(tool.label), tool=as_id(tool.tool.name),
+                tenant=ks.tenant, session_id=as_id(ks.id), server=as_id(tool.label), tool=as_id(tool.governed),
                 call_id=as_id(call_id), args_digest=digest, decision_index=decision.audit_index, outcome=outcome,
                 via="gateway"))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import threading
@@ -47,18 +48,19 @@ class McpError(FakError, code="mcp_error", status=502):
 @dataclass(frozen=True)
 class McpTool:
     """One tool as the server lists it. ``digest``: sha256 over the RFC 8785 canonical JSON of
-    its name, description and input schema, what an operator pins."""
+    its name, description and input schema, what an operator pins. Both are computed once per
+    object (a listing makes new objects; its ``input_schema`` is not changed after)."""
 
     name: str
     description: str
     input_schema: dict[str, Any]
     annotations: dict[str, Any] | None = None
 
-    @property
+    @functools.cached_property
     def canonical(self) -> bytes:
         return rfc8785.dumps({"name": self.name, "description": self.description, "inputSchema": self.input_schema})
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(self.canonical).hexdigest()
 

@@ -9,7 +9,7 @@ by the caller under ``provenance(tool)`` (``mcp:<label>/<tool>``) with the serve
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,12 +114,14 @@ class McpServers:
         """Every tool the server lists now, before any filter (what an operator approves)."""
         return self.get(label).connection.list_tools()
 
-    def offer(self, label: str, allowed: frozenset[str] | None = None) -> McpOffer:
-        """The server's tools as a model may be shown them now: listed, kept to the
-        deployment's ``allowed_tools`` (and ``allowed``, a request's narrower list), checked
-        against the pins."""
+    def offer(self, label: str, allowed: frozenset[str] | None = None,
+              listing: Sequence[McpTool] | None = None) -> McpOffer:
+        """The server's tools as a model may be shown them now: listed (or ``listing``, a
+        listing of the server the caller holds), kept to the deployment's ``allowed_tools`` (and
+        ``allowed``, a request's narrower list), checked against the pins as they are now."""
         server = self.get(label)
-        listed = [t for t in server.connection.list_tools()
+        tools = server.connection.list_tools() if listing is None else listing
+        listed = [t for t in tools
                   if (not server.allowed or t.name in server.allowed) and (allowed is None or t.name in allowed)]
         check: PinCheck = self.pins.check(label, listed)
         return McpOffer(label, server.source, check.offered, check.withheld)
