@@ -43,7 +43,7 @@ from fak.audit.events import ToolCallApproval
 from fak.errors import Conflict, InvalidInput, NotFound
 from fak.kernel.calls.formats import CallOut, HermesFormat, ToolFormat, format_for
 from fak.kernel.calls.held import MAX_LISTED, HeldCall, HeldCalls, HoldState
-from fak.kernel.calls.tool_text import POSTAMBLE, PREAMBLE, ToolSpec, json_text, render_call, render_tools
+from fak.kernel.calls.tool_text import ToolSpec, json_text, render_call, render_tools
 from fak.kernel.kv.ledger import SegmentKind, SegmentState
 from fak.kernel.openai.answer import Answer, AnswerPlan, plan_answer, run_answer
 from fak.kernel.openai.chunks import ChatChunk, ChoiceDelta, Delta, ToolCallDelta
@@ -469,15 +469,15 @@ def _blocks(k: Kernel, own: list[ToolSpec], groups: list[tuple[ToolGroup, list[T
             ) -> list[tuple[str, str, str | None]]:
     """The tools blocks as (producer, text, source). Without servers' tools, one block: the
     model's own template's, else fak's Hermes block. With them, fak's Hermes block for every
-    model, cut so that each server's definitions are a ref of their own (its tool lines) between
-    the request's head (the preamble and the request's tools) and the closing instructions, both
-    ``TOOL_DEFINITIONS``: a description is then the server's content, never the request's."""
+    model (the request's tools, however few, and the instructions: ``TOOL_DEFINITIONS``), then
+    each server's tools in ``<tools>`` tags as a ref of their own: a description is the server's
+    content, never the request's, and holds nothing of fak's instructions (which a detector
+    would read as an injection)."""
     if not any(specs for _, specs in groups):
         return [(TOOL_DEFINITIONS, _tools_text(k, own), None)] if own else []
-    out: list[tuple[str, str, str | None]] = [(TOOL_DEFINITIONS, PREAMBLE + "\n".join(t.line() for t in own), None)]
-    out += [(g.producer, ("\n" if own or i else "") + "\n".join(t.line() for t in specs), g.source)
-            for i, (g, specs) in enumerate((g, s) for g, s in groups if s)]
-    return [*out, (TOOL_DEFINITIONS, POSTAMBLE, None)]
+    out: list[tuple[str, str, str | None]] = [(TOOL_DEFINITIONS, render_tools(own), None)]
+    return out + [(g.producer, "\n<tools>\n" + "\n".join(t.line() for t in specs) + "\n</tools>", g.source)
+                  for g, specs in groups if specs]
 
 
 def _add_blocks(turn: ChatTurn, blocks: list[tuple[str, str, str | None]], groups: tuple[ToolGroup, ...],

@@ -268,6 +268,10 @@ def _approval_requests(k: Kernel, c: Caller, p: Plan) -> dict[str, dict[str, Any
     return found
 
 
+def _answers(p: Plan) -> bool:
+    return any(isinstance(i, dict) and i.get("type") == "mcp_approval_response" for i in p.body.items())
+
+
 def _answer_approvals(r: _Run) -> None:
     """The request's ``mcp_approval_response`` items, each decided and run (or declined) before
     the first turn (see the module notes)."""
@@ -421,9 +425,22 @@ def run(k: Kernel, c: Caller, p: Plan, m: McpPlan) -> tuple[wr.ResponseObject, f
     assert p.chain.session_id is not None  # responses.create gives a store: false chain a session of its own
     r = _Run(k, c, p, m, p.chain.session_id)
     r.output += [s.item for s in m.servers]
+    # a resent history's mcp_call outputs are admitted under the governed name of a tool this
+    # request offers (second-hand: no source; the client's word, as any resent result is)
+    offered = {(use.label, name) for name, (use, _) in m.tools.items()}
+    r.results = {i["id"]: (provenance(i["server_label"], i["name"]), None)
+                 for i in p.body.items() if isinstance(i, dict) and i.get("type") == "mcp_call"
+                 and isinstance(i.get("id"), str) and (i.get("server_label"), i.get("name")) in offered}
+    history = list(p.chat_body.messages)
+    if history and _answers(p):
+        # approvals in a request that also carries messages (a resent history: the Agents SDK's
+        # default): the messages enter the session first, so that a call approved is decided
+        # again against what the session now holds (the resent inbox included), not before it
+        chat.open_turn(k, c, p.chat_body, m.hosted(r.results)).close()
+        history = []
     _answer_approvals(r)
     budget = p.chat_body.max_completion_tokens
-    body = p.chat_body.model_copy(update={"messages": [*p.chat_body.messages, *r.messages]})
+    body = p.chat_body.model_copy(update={"messages": [*history, *r.messages]})
     r.messages = []
     for n in range(MAX_ROUNDS):
         go_on, _ = _turn(r, body)

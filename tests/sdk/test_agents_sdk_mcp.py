@@ -10,8 +10,8 @@ closed here, ``additionalProperties: false``, so that the tiny model's forced ca
   sends an ``mcp_approval_response`` (``auto_previous_response_id``: only the new items, after
   the previous response); fak decides the call again and runs it once, and the SDK reads fak's
   ``mcp_list_tools``, ``mcp_call`` and message items as its own. Declined, nothing runs.
-  The SDK's default (no ``previous_response_id``, the whole history resent) is a 404 today: an
-  approval answered in a new chain is decided before the chain's session exists (xfail, strict).
+  The SDK's default (no ``previous_response_id``, the whole history resent) works too: the resent
+  history enters the new chain's session before the approved call is decided again.
 - ``MCPServerStreamableHttp``: the SDK's own MCP client on fak's gateway (``/mcp``), bound to a
   fak session (``fak-session``): the read is forwarded and admitted in that session, the
   exfiltration it asks for is held (an error result naming the held call) and never reaches the
@@ -166,9 +166,6 @@ def test_a_declined_approval_runs_nothing_upstream(live: LiveServer, mail: Runni
     assert not events(kernel, "mcp_tool_called")
 
 
-@pytest.mark.xfail(strict=True, raises=openai.NotFoundError, reason=(
-    "fak bug: an mcp_approval_response in a new chain (the SDK's default: the whole history resent, no "
-    "previous_response_id) is decided before the chain's session exists (responses_mcp._answer_asked: 404)"))
 def test_the_sdk_s_default_resend_of_the_whole_history_answers_the_approval(live: LiveServer,
                                                                            mail: RunningServer) -> None:
     approval_run(live, mail, approve=True, chained=False)
