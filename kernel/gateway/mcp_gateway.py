@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -290,8 +291,9 @@ class McpGateway:
         call_id = self.services.holds.new_id(ks.tenant, tool.governed, args, held=False)
         digest = args_digest(self.services.keys.tool_args_key(), args)
 
-        def called(outcome: Literal["ok", "tool_error", "failed"]) -> None:
-            self.services.audit.append(McpToolCalled(
+        def called(outcome: Literal["ok", "tool_error", "failed"]) -> Future[int]:
+            # submitted, not awaited: its commit overlaps the admission, and the reply waits for it
+            return self.services.audit.submit(McpToolCalled(
                 tenant=ks.tenant, session_id=as_id(ks.id), server=as_id(tool.label), tool=as_id(tool.governed),
                 call_id=as_id(call_id), args_digest=digest, decision_index=decision.audit_index, outcome=outcome,
                 via="gateway"))
@@ -301,10 +303,13 @@ class McpGateway:
         try:
             result = servers.call(tool.label, tool.tool.name, args if isinstance(args, dict) else {})
         except McpError as exc:
-            called("failed")
+            called("failed").result()
             return replace(base, text=f"fak: the call to {tool.name} failed upstream: {exc}")
-        called("tool_error" if result.is_error else "ok")
-        a = ks.admit(tool.governed, result.data, media_type=result.media_type, source=tool.source)
+        logged = called("tool_error" if result.is_error else "ok")
+        try:
+            a = ks.admit(tool.governed, result.data, media_type=result.media_type, source=tool.source)
+        finally:
+            logged.result()  # the call is in the log before anything of it is answered
         if not a.admitted or a.admitted_ref is None:
             return replace(base, outcome="withheld", admission=a.verdict.kind.value, admission_rule=a.verdict.rule_id,
                            text=f"fak: the result of {tool.name} was withheld by policy (verdict "

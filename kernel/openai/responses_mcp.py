@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -200,6 +201,7 @@ class _Run:
     usages: list[w.Usage] = field(default_factory=list)
     provenance: set[str] = field(default_factory=set)
     finish: str | None = None
+    logged: list[Future[int]] = field(default_factory=list)  # the calls' McpToolCalled, committing
 
     def execute(self, use: ServerUse, tool: McpTool, call_id: str, arguments: str, decision_index: int | None,
                 approval_request_id: str | None = None) -> None:
@@ -222,11 +224,11 @@ class _Run:
             error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result.text}]}
         outcome: Literal["ok", "tool_error", "failed"] = (
             "failed" if result is None else "tool_error" if result.is_error else "ok")
-        k.audit.append(McpToolCalled(
+        self.logged.append(k.audit.submit(McpToolCalled(
             tenant=self.c.tenant, session_id=as_id(self.session_id), server=as_id(label),
             tool=as_id(provenance(label, tool.name)), call_id=as_id(call_id),
             args_digest=args_digest(k.services.keys.tool_args_key(), args if isinstance(args, dict) else arguments),
-            decision_index=decision_index, outcome=outcome, via="responses"))
+            decision_index=decision_index, outcome=outcome, via="responses")))  # awaited before the response
         text = result.text if result is not None else f"[fak] the call failed: {error['message'] if error else ''}"
         item = wr.McpCallItem(id="mcp_" + _hex(), server_label=label, name=tool.name, arguments=arguments,
                               output=result.text if result is not None and not result.is_error else None,
@@ -465,6 +467,8 @@ def run(k: Kernel, c: Caller, p: Plan, m: McpPlan) -> tuple[wr.ResponseObject, f
     if not any(isinstance(i, wr.OutputMessage) for i in r.output) and not any(
             isinstance(i, wr.McpApprovalRequestItem | wr.FunctionCallItem | wr.McpCallItem) for i in r.output):
         r.output.append(wr.OutputMessage(id="msg_" + _hex(), status="completed", content=[wr.OutputText(text="")]))
+    for f in r.logged:  # every call run is in the log before the response says so
+        f.result()
     usage = _usage(r.usages)
     info = _info(r.infos, m)
     response = p.response(status_of(r.finish), r.output, usage_of(usage), info)
