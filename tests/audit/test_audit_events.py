@@ -57,6 +57,13 @@ def _samples() -> list:
         ev.AuditAlarm(kind="history_rewritten", remembered_size=5, remembered_root=P, found_size=9, found_root=P),
         ev.ReplayVerified(request_id="f-1", ref=D, completed_index=4, verified=True,
                           sessions=[ev.SessionReplay(session_id="s-1", fingerprint_replay=D)]),
+        ev.McpToolsApproved(server="mail", principal="key:0123456789abcdef",
+                            tools=[ev.McpToolPin(name="send_email", digest=P)]),
+        ev.McpToolsChanged(server="mail", changes=[ev.McpToolChange(name="send_email", change="description",
+                                                                    pinned=P, seen=P),
+                                                   ev.McpToolChange(name="export", change="not_pinned", seen=P)]),
+        ev.McpToolCalled(tenant="acme", session_id="s-1", server="mail", tool="mcp:mail/read_inbox",
+                         call_id="call_issued_0a1b", args_digest=D, decision_index=12, outcome="ok", via="gateway"),
     ]
 
 
