@@ -13,11 +13,14 @@ right after an assistant message, become one assistant message with ``tool_calls
 ``function_call_output`` items (``call_id``, ``output``: a ``tool`` message, admitted through
 the gate as the chat door does, under the name of the call it answers: a ``function_call``
 item of the same input, or a call of the previous response). ``reasoning`` items are
-skipped (the model emits none); any other item type is a 400. ``instructions`` become a
+skipped (the model emits none); the MCP items are ``responses_mcp``'s (``mcp_approval_response``
+answered, ``mcp_call`` resent as the call and its output, ``mcp_list_tools`` and
+``mcp_approval_request`` skipped); any other item type is a 400. ``instructions`` become a
 system message first, on a new chain only (see below).
 
-**Parameters.** ``tools`` (function tools only: a hosted tool such as ``web_search`` is a
-400 ``unsupported_parameter`` naming it), ``tool_choice``, ``parallel_tool_calls``,
+**Parameters.** ``tools`` (function tools, and ``mcp`` tools of the servers the deployment
+declares, which fak runs itself: ``responses_mcp``, docs/mcp.md; another hosted tool such as
+``web_search`` is a 400 ``unsupported_parameter`` naming it), ``tool_choice``, ``parallel_tool_calls``,
 ``temperature``, ``top_p``, ``max_output_tokens``, ``text.format`` and ``seed`` (extension)
 are mapped to their chat forms, and the chat core decides what it honours (a refusal there
 is reported with the Responses name, e.g. ``text.format``). ``include`` with
@@ -154,7 +157,9 @@ def _with_mcp(k: Kernel, c: Caller, p: Plan) -> wr.ResponseObject:
     """A response with MCP tools: the loop of ``responses_mcp`` (claimed, kept or abandoned as
     any other); a ``store: false`` chain's own session is deleted after it."""
     try:
-        ran: tuple[wr.ResponseObject, frozenset[str]] = _run(p, k, c, lambda: responses_mcp.run(k, c, p, p.mcp))
+        m = p.mcp
+        assert m is not None  # create and open_stream come here with MCP tools only
+        ran: tuple[wr.ResponseObject, frozenset[str]] = _run(p, k, c, lambda: responses_mcp.run(k, c, p, m))
         response, provenance = ran
         try:
             finish(k, c, p, response, provenance)

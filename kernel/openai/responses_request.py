@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -18,6 +18,9 @@ from fak import wire as w
 from fak import wire_responses as wr
 from fak.errors import InvalidInput
 from fak.kernel.openai.chat import UnsupportedContent, UnsupportedParameter
+
+if TYPE_CHECKING:
+    from fak.kernel.openai.responses_mcp import McpPlan
 
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 LOGPROBS = "message.output_text.logprobs"
@@ -196,7 +199,7 @@ class Plan:
     body: wr.ResponseCreateRequest
     chat_body: w.ChatCompletionRequest
     ignored: list[str] = field(default_factory=list)
-    mcp: Any = None  # the request's MCP servers (``fak.kernel.openai.responses_mcp.McpPlan``), None: none
+    mcp: McpPlan | None = None  # the request's MCP servers and their tools listed now (None: no mcp tool)
 
     @property
     def claimed(self) -> bool:
