@@ -2,7 +2,8 @@
 Kernel from a terminal (in process, on the data directory the settings name). Those that open a Kernel refuse, naming the
 pid, while ``fak serve`` (or another Kernel) runs on that data directory (``fak.owner``); ``fak sessions``
 only reads the database and works beside it. ``fak policy explain-tools`` (added to the policy layer's commands, which
-may not import the kernel) shows how the tool classes read an agent's tool schemas."""
+may not import the kernel) shows how the tool classes read an agent's tool schemas; ``fak policy authorize`` judges a
+tool call offline against a policy and a context file, as ``fak gate`` judges admissions."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from fak.kernel.calls.authorize import Authorizer, ToolCallDecision
+    from fak.kernel.calls.provenance import ArgumentTrace, ValueSource
     from fak.kernel.calls.tool_classes import ToolClass
+    from fak.kernel.calls.tool_text import ToolSpec
+    from fak.kernel.calls.transcript import Transcript
     from fak.kernel.facade import Kernel
     from fak.policy.schema import ToolCallRule, ToolCalls
 
@@ -69,6 +74,7 @@ def _register_explain_tools(sub: argparse._SubParsersAction[argparse.ArgumentPar
     x.add_argument("--policy", metavar="FILE", help="policy file or directory (default: the packaged policy)")
     x.add_argument("--json", action="store_true", help="one JSON document instead of text")
     x.set_defaults(handler=_explain_tools)
+    _register_authorize(commands)
 
 
 _BY = "who asked (recorded in the log)"
@@ -240,20 +246,263 @@ def _explained(cls: ToolClass, source: str, rules: list[ToolCallRule], calls: To
         return "\n".join(lines)
     lines.append(f"  rules ({'the policy' if source == 'policy' else 'inferred'}):")
     for rule in rules:
-        conditions = []
-        if rule.when_in_attention is not None:
-            conditions.append(f"untrusted in attention ({'/'.join(rule.when_in_attention.trust)})")
-        for m in rule.when_args_from or ():
-            extra = " entities only" if m.entities_only else ""
-            extra += f" (except {len(m.except_fields)} field globs)" if m.except_fields else ""
-            conditions.append(f"{','.join(m.args)} from {'/'.join(m.trust)}{extra}")
-        if rule.when_args_absent:
-            conditions.append(f"no {','.join(rule.when_args_absent)}")
-        if rule.when_endorsed is not None:
-            conditions.append(f"{','.join(rule.when_endorsed.args)} endorsed by {'/'.join(rule.when_endorsed.by)}")
-        if rule.when_attention is not None:
-            conditions.append(f"attention on {'/'.join(rule.when_attention.trust)} > {rule.when_attention.above}")
+        conditions = _conditions(rule)
         audit = " (audit)" if rule.action == "audit" else ""
         lines.append(f"    {rule.id} {rule.verdict}{audit}" + (f" when {' and '.join(conditions)}" if conditions else ""))
     lines.append(f"  none fires: {calls.unlisted}")
     return "\n".join(lines)
+
+
+def _conditions(rule: ToolCallRule) -> list[str]:
+    """A tool-call rule's conditions, one phrase each."""
+    conditions = []
+    if rule.when_in_attention is not None:
+        conditions.append(f"untrusted in attention ({'/'.join(rule.when_in_attention.trust)})")
+    for m in rule.when_args_from or ():
+        extra = " entities only" if m.entities_only else ""
+        extra += f" (except {len(m.except_fields)} field globs)" if m.except_fields else ""
+        conditions.append(f"{','.join(m.args)} from {'/'.join(m.trust)}{extra}")
+    if rule.when_args_absent:
+        conditions.append(f"no {','.join(rule.when_args_absent)}")
+    if rule.when_endorsed is not None:
+        conditions.append(f"{','.join(rule.when_endorsed.args)} endorsed by {'/'.join(rule.when_endorsed.by)}")
+    if rule.when_attention is not None:
+        conditions.append(f"attention on {'/'.join(rule.when_attention.trust)} > {rule.when_attention.above}")
+    return conditions
+
+
+BAD_INPUT = 3  # `fak policy authorize`: the exit status of an input it cannot judge (0 ALLOW, 1 CONFIRM, 2 DENY)
+_EXIT = {"ALLOW": 0, "CONFIRM": 1, "DENY": 2}
+
+
+def _register_authorize(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    a = commands.add_parser(
+        "authorize", help="judge a tool call offline against a policy and a context file (exit 0 ALLOW, "
+                          "1 CONFIRM, 2 DENY, 3 bad input)")
+    a.add_argument("--context", required=True, metavar="FILE.jsonl",
+                   help='the messages and tool results, one JSON object a line: {"role": "system"|"user"|'
+                        '"assistant", "content": ...} or {"role": "tool", "tool": NAME, "content": ..., '
+                        '"source": URL, "media_type": TYPE}')
+    a.add_argument("--tool", required=True, metavar="NAME", help="the tool the agent calls")
+    a.add_argument("--args", default="{}", metavar="JSON", help="the call's arguments, a JSON object (default {})")
+    a.add_argument("--policy", metavar="FILE", help="policy file or directory (default: the packaged policy)")
+    a.add_argument("--schema", metavar="TOOLS.json",
+                   help="the agent's tools (as for explain-tools): the called tool's schema classifies it "
+                        "when no rule names it (from_schemas)")
+    a.add_argument("--tool-def", metavar="JSON", help="the called tool's definition (OpenAI, function or MCP "
+                                                      "shape), instead of --schema")
+    a.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    a.set_defaults(handler=_authorize)
+
+    def usage_error(message: str) -> NoReturn:  # exit 2 is DENY here: a usage error is bad input
+        a.print_usage(sys.stderr)
+        a.exit(BAD_INPUT, f"{a.prog}: error: {message}\n")
+
+    a.error = usage_error  # type: ignore[method-assign]
+
+
+def _authorize(args: argparse.Namespace) -> int:
+    """The decision of the policy (default: the packaged one) on calling ``--tool`` with
+    ``--args`` in the context of ``--context``, with no model and no data directory. Exit 0
+    ALLOW, 1 CONFIRM, 2 DENY, 3 for input it cannot judge (named by file and line)."""
+    from fak.errors import FakError
+
+    try:
+        return _authorize_call(args)
+    except FakError as exc:
+        print(f"fak: error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+def _default_policy() -> str:
+    # ``fak.kernel.facade.default_policy_path``, whose module loads torch, which nothing here needs
+    import importlib.resources
+
+    return str(importlib.resources.files("fak.policy").joinpath("default.yaml"))
+
+
+def _authorize_call(args: argparse.Namespace) -> int:
+    from fak.errors import InvalidInput
+    from fak.kernel.calls.authorize import Authorizer, args_bytes
+    from fak.kernel.calls.tool_classes import spec_of
+    from fak.kernel.calls.transcript import read_transcript
+    from fak.policy.cli import deployment_egress
+    from fak.policy.policy import load_policy
+
+    try:
+        call_args = json.loads(args.args)
+    except ValueError as exc:
+        raise InvalidInput(f"--args: not JSON: {exc}") from None
+    if not isinstance(call_args, dict):
+        raise InvalidInput("--args: want a JSON object of the call's arguments")
+    args_bytes(call_args)  # as the kernel checks a call's arguments (size, JSON values)
+    spec: ToolSpec | None = None
+    if args.tool_def is not None:
+        if args.schema is not None:
+            raise InvalidInput("give --schema or --tool-def, not both")
+        try:
+            definition = json.loads(args.tool_def)
+        except ValueError as exc:
+            raise InvalidInput(f"--tool-def: not JSON: {exc}") from None
+        try:
+            spec = spec_of(definition)
+        except InvalidInput as exc:
+            raise InvalidInput(f"--tool-def: {exc}") from None
+        if args.tool not in (spec.name, spec.decided_as):
+            raise InvalidInput(f"--tool-def defines {spec.name!r:.80}, the call is of {args.tool!r:.80}")
+    elif args.schema is not None:
+        specs = []
+        for i, tool in enumerate(_tool_list(args.schema)):
+            try:
+                specs.append(spec_of(tool))
+            except InvalidInput as exc:
+                print(f"{args.schema}: tools[{i}]: skipped: {exc}", file=sys.stderr)
+        spec = next((s for s in specs if args.tool in (s.name, s.decided_as)), None)
+        if spec is None:  # as a session whose declared tools do not name it: classified from the call
+            print(f"{args.schema}: no tool {args.tool!r:.80}: classified from the call's argument names",
+                  file=sys.stderr)
+    auth = Authorizer(load_policy(args.policy or _default_policy(), deployment_egress()))
+    transcript = read_transcript(args.context, auth.policy)
+    decision = auth.decide(args.tool, transcript.context, call_args, spec=spec)
+    report = _authorize_report(auth, transcript, decision, call_args)
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print(_authorize_text(report))
+    return _EXIT[decision.verdict]
+
+
+def _authorize_report(auth: Authorizer, transcript: Transcript, decision: ToolCallDecision,
+                      call_args: dict[str, Any]) -> dict[str, Any]:
+    """The decision as JSON values: the verdict, the rule and why, the offending refs with
+    their lines, every argument's provenance, and what the gate made of each tool line."""
+    from fak.kernel.calls.provenance import leaves
+    from fak.kernel.calls.tool_classes import inferred_rules
+
+    rule = None
+    if decision.rule_id not in (None, "unlisted"):
+        # the rules that decided: the policy's for the tool, else those inferred from its class
+        rules = auth.rules_for(decision.tool) or (
+            inferred_rules(decision.tool_class) if decision.tool_class is not None else [])
+        found = next((r for r in rules if r.id == decision.rule_id), None)
+        if found is not None:
+            rule = {"id": found.id, "verdict": found.verdict, "description": found.description,
+                    "conditions": _conditions(found)}
+    values = {path: value for path, value in leaves(call_args)}
+    triggers = {(t.path, t.entity) for t in decision.triggers}
+    policy = auth.policy
+    return {
+        "verdict": decision.verdict,
+        "rule_id": decision.rule_id,
+        "enforced": decision.enforced,
+        "would_be": decision.would_be,
+        "tool": decision.tool,
+        "policy": {"name": policy.name, "digest": policy.digest},
+        "context": transcript.path,
+        "rule": rule,
+        "unlisted": policy.spec.tool_calls.unlisted,
+        "named_by_rules": bool(auth.rules_for(decision.tool)),
+        "tool_class": decision.tool_class.as_dict() if decision.tool_class is not None else None,
+        "audited": list(decision.audited),
+        "offending": [{"ref": ref, "lines": transcript.lines_of_ref(ref)} for ref in decision.offending],
+        "triggers": [_trace_json(transcript, t, values, True) for t in decision.triggers],
+        "arguments": [_trace_json(transcript, t, values, (t.path, t.entity) in triggers)
+                      for t in decision.arguments],
+        "lines": [{"line": x.number, "role": x.role, "tool": x.tool, "source": x.source,
+                   "media_type": x.media_type, "verdict": x.verdict.kind.value if x.verdict else None,
+                   "would_be": x.verdict.would_be.value if x.verdict and x.verdict.would_be else None,
+                   "rule_id": x.verdict.rule_id if x.verdict else None,
+                   "trust": x.verdict.trust if x.verdict else None,
+                   "admitted": x.role in ("system", "user") or x.admitted_ref is not None,
+                   "ref": x.admitted_ref or x.ref} for x in transcript.lines],
+    }
+
+
+def _trace_json(transcript: Transcript, t: ArgumentTrace, values: dict[str, Any], trigger: bool) -> dict[str, Any]:
+    """One argument's provenance, its sources named by context line."""
+    return {"path": t.path, "entity": t.entity, "kind": t.kind, "origin": t.origin, "trigger": trigger,
+            "value": values.get(t.path) if t.entity is None else None,
+            "sources": [_source_json(transcript, s) for s in t.sources]}
+
+
+def _source_json(transcript: Transcript, s: ValueSource) -> dict[str, Any]:
+    number = transcript.line_of_segment(s.segment)
+    line = next((x for x in transcript.lines if x.number == number), None)
+    return {"line": number, "role": line.role if line else None, "tool": line.tool if line else None,
+            "source": line.source if line else None, "ref": s.ref, "trust": s.trust, "field": s.field,
+            "inside": s.inside, "start": s.start, "end": s.end,
+            "text": line.text[s.start:s.end] if line else None}
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = json.dumps(text[:width] + ("…" if len(text) > width else ""), ensure_ascii=False)
+    return text
+
+
+def _where(source: dict[str, Any]) -> str:
+    """``line 3 (web_fetch https://…) field emails.0.from, untrusted``."""
+    who = source["role"] if source["role"] != "tool" else " ".join(
+        x for x in (source["tool"], source["source"]) if x)
+    field = f" field {source['field']}{' (inside)' if source['inside'] else ''}" if source["field"] else ""
+    return f"line {source['line']} ({who}){field}, {source['trust']}"
+
+
+def _authorize_text(report: dict[str, Any]) -> str:
+    """The report as text, for a person."""
+    verdict = report["verdict"]
+    if not report["enforced"]:
+        verdict += f" (audit mode: would be {report['would_be']})"
+    rule = report["rule"]
+    out = [f"{report['tool']}: {verdict}", f"  policy: {report['policy']['name']} {report['policy']['digest']}"]
+    if rule is not None:
+        out.append(f"  rule: {rule['id']} ({rule['verdict']})" + (f": {rule['description']}" if rule["description"]
+                                                                   else ""))
+        if rule["conditions"]:
+            out.append(f"    fires when {' and '.join(rule['conditions'])}")
+    elif report["rule_id"] == "unlisted":
+        out.append(f"  rule: unlisted: no rule fired{'' if report['named_by_rules'] else ' (none names the tool)'}"
+                   f"; tool_calls.unlisted is {report['unlisted']}")
+    else:
+        out.append("  rule: none fired" + ("" if report["named_by_rules"] or report["tool_class"]
+                                            else f" (none names the tool; unlisted is {report['unlisted']})"))
+    if report["tool_class"] is not None:
+        cls = report["tool_class"]
+        routing = ", ".join(f"{p}={k}" for p, k in cls["routing"].items()) or "none"
+        out.append(f"  class: {cls['effect']} (from the {cls['basis']}), routing: {routing}")
+    if report["audited"]:
+        out.append(f"  audited (changed nothing): {', '.join(report['audited'])}")
+    for off in report["offending"]:
+        lines = ", ".join(map(str, off["lines"])) or "?"
+        out.append(f"  offending: {off['ref']} (line {lines})")
+    if report["triggers"]:
+        out.append("  because:")
+        for t in report["triggers"]:
+            out.append(f"    {_argument(t)}")
+            out += [f"      from {_where(s)}: {_short(s['text'])}" for s in t["sources"]]
+    out.append("  arguments:")
+    for t in report["arguments"] or []:
+        mark = " *" if t["trigger"] else ""
+        out.append(f"    {_argument(t)}{mark}")
+        out += [f"      in {_where(s)}" for s in t["sources"]]
+    if not report["arguments"]:
+        out.append("    (none traced)")
+    out.append("  context:")
+    for x in report["lines"]:
+        if x["role"] != "tool":
+            note = "" if x["role"] != "assistant" else " (not searched: the model's own words)"
+            out.append(f"    line {x['line']}: {x['role']}{note}")
+            continue
+        src = f" {x['source']}" if x["source"] else ""
+        would = f", would be {x['would_be']}" if x["would_be"] else ""
+        kept = f"admitted as {x['ref']}" if x["admitted"] else "left out of the context"
+        out.append(f"    line {x['line']}: tool {x['tool']}{src}: {x['verdict']} ({x['rule_id']}{would}), "
+                   f"trust {x['trust']}: {kept}")
+    return "\n".join(out)
+
+
+def _argument(t: dict[str, Any]) -> str:
+    """``to = "a@b.example": untrusted`` or ``body: an email inside it: untrusted``."""
+    if t["entity"] is not None:
+        return f"{t['path']}: {'an' if t['entity'][0] in 'aeiou' else 'a'} {t['entity']} inside it: {t['origin']}"
+    return f"{t['path']} = {_short(t['value'])}: {t['origin']}"

@@ -132,6 +132,22 @@ class CallContext:
         then traces to nothing, ``generated``)."""
         return cls({ref: (p,) for ref, p in attention.items()})
 
+    @classmethod
+    def of_entries(cls, entries: Sequence[ContextEntry], tenant: str = "") -> CallContext:
+        """A context from its segments alone, as ``AttentionView`` reads a session's: every ref a
+        tool segment carries is in attention, with the producers of the segments that carry it
+        (a ref admitted twice, by two tools or from two sources, has both); system and user
+        turns are texts with no ref. For a context built outside a session (``fak policy
+        authorize``: a transcript judged offline), where no segment's provenance says more."""
+        producers: dict[str, list[Producer]] = {}
+        for e in entries:
+            if e.ref is not None:
+                found = producers.setdefault(e.ref, [])
+                if e.producer is not None and e.producer not in found:
+                    found.append(e.producer)
+        return cls({ref: tuple(found) if found else ((UNKNOWN_TOOL, None),) for ref, found in producers.items()},
+                   tuple(entries), tenant)
+
 
 class RefMass(Protocol):
     """The attention mass an argument's tokens put on one ref's rows."""
