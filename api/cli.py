@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the handlers import the server only when they run
     from fak.api.keys import KeyStore
+    from fak.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,6 +17,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8077)
     serve.add_argument("--config", help="settings file (TOML or YAML); FAK_* variables override it")
+    serve.add_argument("--model", metavar="PATH",
+                       help="GGUF file or HF folder (overrides model_path / FAK_MODEL_PATH; default SmolLM2-135M)")
+    serve.add_argument("--policy", metavar="PATH",
+                       help="policy file or folder (overrides policy_path / FAK_POLICY_PATH; default the packaged one)")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--replicas", type=_replicas, default=1, metavar="N",
                        help="run N kernels behind one port on Ray Serve (default 1: this process alone; "
@@ -110,18 +115,39 @@ def _revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    """The settings ``fak serve`` runs on: its ``--model`` and ``--policy`` flags override the
+    settings (``--config`` / ``$FAK_CONFIG`` file, ``FAK_*`` variables), which override the
+    defaults; a flag naming no file or folder is refused by name, before anything loads."""
+    from pathlib import Path
+
+    from fak.errors import FakError
+    from fak.settings import Settings
+
+    overrides: dict[str, Path] = {}
+    for flag, field in (("model", "model_path"), ("policy", "policy_path")):
+        value: str | None = getattr(args, flag)
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise FakError(f"--{flag} {value}: no such file or folder")
+        overrides[field] = path
+    return Settings.load(args.config, **overrides)
+
+
 def _serve(args: argparse.Namespace) -> int:
     if args.replicas > 1:
         return _serve_cluster(args)
+    settings = _serve_settings(args)
     import uvicorn
 
     from fak.api.app import create_app
     from fak.api.malloc import limit_arenas
     from fak.kernel.facade import Kernel
-    from fak.settings import Settings
 
     limit_arenas()  # before any worker thread allocates (api/malloc.py says why)
-    kernel = Kernel.open(Settings.load(args.config))
+    kernel = Kernel.open(settings)
     try:
         uvicorn.run(create_app(kernel), host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=10)
@@ -140,9 +166,8 @@ def _serve_cluster(args: argparse.Namespace) -> int:
     from fak.api.cluster.lifecycle import RAY_MISSING, run_cluster, shutdown_cluster, wait_ready
     from fak.api.cluster.rules import Placement
     from fak.kernel.facade import check_replicated
-    from fak.settings import Settings
 
-    settings = Settings.load(args.config)
+    settings = _serve_settings(args)
     check_replicated(settings, args.replicas)  # before Ray starts: a clear error, not N failing actors
     if importlib.util.find_spec("ray") is None:
         print(f"fak: {RAY_MISSING}", file=sys.stderr)

@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--system", help="system message for a new session")
     c.add_argument("--max-tokens", type=int, default=256)
 
-    s = _kernel_command(sub, "sessions", _sessions, "a tenant's sessions")
-    s.add_argument("--tenant", default="local")
+    s = _kernel_command(sub, "sessions", _sessions, "session ids by tenant: every tenant's in the data directory")
+    s.add_argument("--tenant", help="this tenant's session ids only, one a line (default: every tenant's, grouped)")
     s.add_argument("--json", action="store_true")
 
     f = _kernel_command(sub, "forget", _forget, "erase a ref from every session, cache and store; prints the receipt")
@@ -135,10 +135,22 @@ def _sessions(args: argparse.Namespace) -> int:
     engine = make_engine(settings.resolved_database_url)
     try:
         mac = derive_key(load_master_secret(settings.data_dir, settings.master_secret_hex()), MAC_LABEL)
-        ids = StateStore(engine, api_key_mac=mac).session_ids(check_tenant(args.tenant))
+        store = StateStore(engine, api_key_mac=mac)
+        if args.tenant is None:
+            grouped = store.session_ids_by_tenant()
+        else:
+            grouped = {args.tenant: store.session_ids(check_tenant(args.tenant))}
     finally:
         release(engine)
-    print(json.dumps(ids) if args.json else "\n".join(ids))
+    if args.tenant is not None:  # one tenant's ids, one a line, as before: for scripts
+        ids = grouped[args.tenant]
+        print(json.dumps(ids) if args.json else "\n".join(ids))
+    elif args.json:
+        print(json.dumps(grouped))
+    elif not grouped:
+        print("no sessions", file=sys.stderr)
+    else:
+        print("\n".join(f"{tenant}\n" + "\n".join(f"  {i}" for i in ids) for tenant, ids in grouped.items()))
     return 0
 
 

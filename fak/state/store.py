@@ -215,6 +215,16 @@ class StateStore:
             q = sa.select(SessionRow.id).where(SessionRow.tenant == tenant).order_by(SessionRow.created_us, SessionRow.id)
             return list(s.scalars(q))
 
+    def session_ids_by_tenant(self) -> dict[str, list[str]]:
+        """Every tenant that has sessions, in name order, with its session ids (as ``session_ids``)."""
+        with self._session() as s:
+            q = sa.select(SessionRow.tenant, SessionRow.id).order_by(SessionRow.tenant, SessionRow.created_us,
+                                                                     SessionRow.id)
+            out: dict[str, list[str]] = {}
+            for tenant, session_id in s.execute(q):
+                out.setdefault(tenant, []).append(session_id)
+            return out
+
     def sessions_holding(self, tenant: str, ref: str, on: Placed = ANYWHERE) -> list[str]:
         """Sessions with a live segment whose own ref, content or attention provenance holds
         ``ref``; ``on``: only those placed on these replicas (None in it: unplaced ones)."""

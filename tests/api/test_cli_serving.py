@@ -110,6 +110,7 @@ def test_cli_while_serving_loses_nothing(tmp_path, tiny_dir) -> None:
         other = json.loads(_ok(["keys", "create", "--tenant", "other", "--role", "agent", "--json"], env).stdout)
         _ok(["keys", "revoke", other["key_id"]], env)
         assert set(json.loads(_ok(["sessions", "--tenant", "acme", "--json"], env).stdout)) == set(acked.sessions)
+        assert set(json.loads(_ok(["sessions", "--json"], env).stdout)["acme"]) == set(acked.sessions)  # every tenant's
         _ok(["audit", "pubkey"], env)
         _ok(["audit", "checkpoint"], env)
         _ok(["audit", "proof", "0"], env)

@@ -41,6 +41,11 @@ def test_chat_sessions_forget_quarantine(settings, tiny_lm, tmp_path) -> None:
     assert "assistant> " in chat.stdout
     listed = _run(["sessions", "--tenant", "acme", "--json"], env)
     (sid,) = json.loads(listed.stdout)
+    assert _run(["chat", "--tenant", "globex", "--max-tokens", "2"], env, "hi\n\n").returncode == 0
+    (gid,) = json.loads(_run(["sessions", "--tenant", "globex", "--json"], env).stdout)
+    # without --tenant: every tenant in the data directory, grouped, in name order
+    assert json.loads(_run(["sessions", "--json"], env).stdout) == {"acme": [sid], "globex": [gid]}
+    assert _run(["sessions"], env).stdout == f"acme\n  {sid}\nglobex\n  {gid}\n"
     with Kernel.open(settings, model=tiny_lm, progress=None) as k:
         s = k.session("acme", sid)
         assert [x["kind"] for x in s.ledger()] == ["system", "user", "assistant"]
@@ -63,3 +68,4 @@ def test_chat_sessions_forget_quarantine(settings, tiny_lm, tmp_path) -> None:
     assert erased.returncode == 0, erased.stderr
     assert json.loads(erased.stdout)["sessions"] == 1
     assert json.loads(_run(["sessions", "--tenant", "acme", "--json"], env).stdout) == []
+    assert json.loads(_run(["sessions", "--json"], env).stdout) == {"globex": [gid]}
