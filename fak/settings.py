@@ -16,10 +16,10 @@ import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.egress import JudgeEgress, check_key_env, parse_destination
@@ -137,6 +137,8 @@ class UpstreamSettings(BaseModel):
         return check_key_env(v) if v is not None else None
 
 
+# an environment variable a setting may name for a secret it sends out (never FAK_*)
+KeyEnv = Annotated[str, AfterValidator(check_key_env)]
 MCP_LABEL = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
@@ -154,7 +156,7 @@ class McpServerSettings(BaseModel):
     command: list[str] | None = Field(None, min_length=1, description="argv of a local server spoken to over stdio")
     headers_env: dict[str, str] = Field(default_factory=dict, description="HTTP header -> environment variable "
                                         "holding its value (e.g. {Authorization: MAIL_MCP_AUTH})")
-    env: list[str] = Field(default_factory=list, description="environment variables passed to a stdio server")
+    env: list[KeyEnv] = Field(default_factory=list, description="environment variables passed to a stdio server")
     allowed_tools: list[str] = Field(default_factory=list, description="the tools requests may use (empty: all)")
     timeout_s: float = Field(30.0, gt=0, le=600, description="longest wait for one answer of the server")
     max_result_bytes: int = Field(1 * MiB, ge=1024, le=64 * MiB, description="largest tool result fak reads; a "
@@ -174,13 +176,6 @@ class McpServerSettings(BaseModel):
             if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
                 raise ValueError(f"{header!r:.80} is not an HTTP header name")
             check_key_env(env)
-        return v
-
-    @field_validator("env", mode="after")
-    @classmethod
-    def _env(cls, v: list[str]) -> list[str]:
-        for name in v:
-            check_key_env(name)
         return v
 
     def model_post_init(self, __context: Any) -> None:
@@ -257,7 +252,7 @@ class Settings(StorageSettings):
         default_factory=list, description="where the policy's late-detector judges may send tool results: origins "
         "('https://judge.example.com') or URL prefixes ('http://127.0.0.1:8000/v1'); empty: no judge (a policy naming "
         "another URL is refused at its line)")
-    judge_key_envs: list[str] = Field(
+    judge_key_envs: list[KeyEnv] = Field(
         default_factory=list, description="environment variables a judge's api_key_env may name (their value is sent "
                                           "as its bearer key); FAK_* variables are never allowed")
     upstreams: dict[str, UpstreamSettings] = Field(
@@ -297,13 +292,6 @@ class Settings(StorageSettings):
     def _egress(cls, v: list[str]) -> list[str]:
         for entry in v:
             parse_destination(entry)  # ValueError: the settings error names the field
-        return v
-
-    @field_validator("judge_key_envs", mode="after")
-    @classmethod
-    def _key_envs(cls, v: list[str]) -> list[str]:
-        for name in v:
-            check_key_env(name)
         return v
 
     @field_validator("upstreams", mode="after")

@@ -52,13 +52,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from fak import wire as w
 from fak import wire_responses as wr
 from fak.audit.events import McpToolCalled
-from fak.errors import Conflict, FakError, InvalidInput
+from fak.errors import Conflict, FakError, InvalidInput, NotFound
 from fak.kernel.calls.authorize import args_digest
 from fak.kernel.calls.tool_text import spec_of
 from fak.kernel.mcp.client import McpError, McpResult, McpTool
-from fak.kernel.mcp.servers import McpOffer, McpServers, UnknownMcpServer, definitions_producer, provenance
+from fak.kernel.mcp.servers import McpServers, UnknownMcpServer, provenance
 from fak.kernel.openai import chat
 from fak.kernel.openai.chat import UnsupportedParameter
+from fak.kernel.openai.responses_mcp_plan import McpPlan, ServerUse, source_url
 from fak.kernel.openai.responses_output import output_items, status_of, usage_of
 from fak.kernel.openai.responses_store import opened
 from fak.kernel.session.caller import Caller
@@ -68,42 +69,9 @@ if TYPE_CHECKING:
     from fak.kernel.facade import Kernel
     from fak.kernel.openai.responses_request import Plan
 
-__all__ = ["MAX_ROUNDS", "McpPlan", "prepare", "run"]
+__all__ = ["MAX_ROUNDS", "McpPlan", "ServerUse", "prepare", "run"]
 
 MAX_ROUNDS = 8  # chat turns of one response: calls run, results admitted, the model asked again
-
-
-@dataclass(frozen=True)
-class ServerUse:
-    """One ``mcp`` entry of the request: the server's offer now and which calls the request asks about."""
-
-    label: str
-    offer: McpOffer
-    ask: Callable[[str], bool]  # tool name -> the request wants an approval before it runs
-    item: wr.McpListToolsItem
-
-
-@dataclass(frozen=True)
-class McpPlan:
-    """The request's MCP servers and their tools by the names the model is shown."""
-
-    servers: tuple[ServerUse, ...]
-    tools: dict[str, tuple[ServerUse, McpTool]]
-    ignored: tuple[str, ...] = ()
-
-    def definitions(self) -> list[dict[str, Any]]:
-        return [t.definition() for _, t in self.tools.values()]
-
-    def hosted(self, results: dict[str, tuple[str, str | None]]) -> chat.Hosted:
-        groups = tuple(chat.ToolGroup(definitions_producer(s.label), _url(s.offer.source),
-                                      frozenset(t.name for t in s.offer.offered)) for s in self.servers)
-        governed = {name: provenance(use.label, name) for name, (use, _) in self.tools.items()}
-        return chat.Hosted(groups, governed, dict(results))
-
-
-def _url(source: str) -> str | None:
-    """A result's source as the gate reads it: the server's URL (a stdio server has none)."""
-    return source if source.startswith(("http://", "https://")) else None
 
 
 def _hex() -> str:
@@ -237,7 +205,7 @@ class _Run:
         self.output.append(item)
         self.calls[call_id] = item
         self.messages.append(w.ChatMessage(role="tool", tool_call_id=call_id, content=text))
-        self.results[call_id] = (provenance(label, tool.name), _url(use.offer.source))
+        self.results[call_id] = (provenance(label, tool.name), source_url(use.offer.source))
 
     def withheld(self, admissions: list[w.AdmissionInfo]) -> None:
         """A result the gate kept out of attention is not shown in its ``mcp_call`` item either."""
@@ -364,7 +332,10 @@ def _answer_asked(r: _Run, asked: dict[str, Any], rid: str, approve: bool, where
         args = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
         raise InvalidInput(f"{where}: the approved call's arguments are not JSON", param="input") from None
-    ks = k.session(c.tenant, r.session_id)
+    try:
+        ks = k.session(c.tenant, r.session_id)
+    except NotFound:  # a new chain whose input is only approvals: nothing in attention yet
+        ks = k.create_session(c.tenant, r.session_id)
     spec = replace(spec_of(tool.definition()["function"], "tools"), governed=provenance(use.label, tool.name))
     decision = ks.authorize_tool_call(provenance(use.label, tool.name), args, principal=c.principal, tool=spec)
     if decision.verdict != "ALLOW":

@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,9 +18,7 @@ from fak import wire as w
 from fak import wire_responses as wr
 from fak.errors import InvalidInput
 from fak.kernel.openai.chat import UnsupportedContent, UnsupportedParameter
-
-if TYPE_CHECKING:
-    from fak.kernel.openai.responses_mcp import McpPlan
+from fak.kernel.openai.responses_mcp_plan import McpPlan
 
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 LOGPROBS = "message.output_text.logprobs"
