@@ -280,8 +280,9 @@ def _merge(base: PolicyDocument, over: PolicyDocument) -> PolicyDocument:
             spec[name] = _by_key(getattr(b, name), getattr(o, name), lambda item: item.id)
         elif name == "tool_calls":
             calls = b.tool_calls.model_dump()
-            if "unlisted" in o.tool_calls.model_fields_set:
-                calls["unlisted"] = o.tool_calls.unlisted
+            over_calls = o.tool_calls.model_dump()
+            for field in o.tool_calls.model_fields_set:  # what the overlay sets (on_deny, classes, ...) replaces
+                calls[field] = over_calls[field]
             calls["rules"] = _by_key(b.tool_calls.rules, o.tool_calls.rules, lambda r: r.id)
             spec["tool_calls"] = calls
         else:
