@@ -4,8 +4,12 @@ middleware and ``GET /metrics`` (role auditor).
 Tenants never see each other's activity, so every series is recorded with the tenant
 of the API key that made it and ``/metrics`` shows the caller's tenant only (the label
 is dropped from the output). Requests without a valid key belong to no tenant and
-appear in no scrape (they are audited as ``auth_failure`` events). The one global
+appear in no tenant's scrape (they are audited as ``auth_failure`` events). The one global
 figure is the audit log size, which every signed checkpoint publishes anyway.
+
+The deployment's operator (an auditor or admin key of ``operator_tenant``) may ask for
+``/metrics?scope=deployment``: every tenant's series, each labelled with its tenant (``""``:
+requests without a valid key), for the dashboards and alerts of whoever runs the server.
 
 Routes are labelled by their template (``/v1/sessions/{sid}``), never the raw path, so
 ids do not multiply series. Counters the middleware cannot see are fed by hooks the
@@ -20,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -29,8 +33,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fak.api.engine_metrics import engine_series
 from fak.api.keys import Principal
+from fak.errors import Forbidden
 from fak.kernel.events import (
     AdmissionDecided,
+    ApprovalNotified,
     EventBus,
     ForgetDone,
     LateOutcome,
@@ -51,6 +57,7 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTI
 EVICT_MODES = frozenset({"write_time", "recompute", "rerope", "truncate"})
 CALL_VERDICTS = frozenset({"ALLOW", "CONFIRM", "DENY"})
 LATE_OUTCOMES = frozenset({"fired", "error", "dropped"})
+WEBHOOK_OUTCOMES = frozenset({"delivered", "refused", "failed", "dropped"})
 
 
 class Metrics:
@@ -83,6 +90,9 @@ class Metrics:
         self.late = Counter("fak_late_detections", "late-detector outcomes: fired (the ref was quarantined), "
                             "error (a detector failed on it), dropped (the queue was full)",
                             ["tenant", "outcome"], registry=r)
+        self.approval_webhooks = Counter("fak_approval_webhooks", "the approvals webhook's notices of held calls by "
+                                         "outcome: delivered, refused (a 4xx), failed (every try), dropped (queue full)",
+                                         ["tenant", "outcome"], registry=r)
 
     def observe(self, tenant: str, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(tenant, method, route, str(status)).inc()
@@ -166,6 +176,35 @@ class _TenantView:
                                 value=tokens / seconds if seconds > 0 else 0.0)
 
 
+class _DeploymentView:
+    """What the operator's scrape shows: every series with its ``tenant`` label, and the Kernel
+    figures of every tenant that made a request since the server started."""
+
+    def __init__(self, metrics: Metrics, kernel: Kernel) -> None:
+        self.metrics, self.kernel = metrics, kernel
+
+    def collect(self) -> Iterator[Metric]:
+        tenants: set[str] = set()
+        for family in self.metrics.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for s in family.samples:
+                if not s.name.endswith("_created"):
+                    out.add_sample(s.name, s.labels, s.value, s.timestamp, s.exemplar)
+                    tenants.add(s.labels.get("tenant", ""))
+            yield out
+        merged: dict[str, Metric] = {}
+        for tenant in sorted(tenants - {""}):
+            for family in _kernel_families(self.kernel, tenant):
+                if family.name == "fak_audit_log_size":  # one log for all: no tenant's figure
+                    merged.setdefault(family.name, family)
+                    continue
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                for s in family.samples:
+                    into.add_sample(s.name, {"tenant": tenant, **s.labels}, s.value, s.timestamp, s.exemplar)
+        yield from merged.values()
+
+
 def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
     if k.prefix is not None:
         st = k.prefix.stats_for(k.namespace(tenant))
@@ -214,9 +253,19 @@ def install(app: FastAPI) -> None:
 
     @app.get("/metrics", tags=["health"], response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}})
-    def scrape(request: Request, who: Principal = Depends(AUDITOR)) -> Response:  # noqa: B008
-        """Prometheus text exposition of the caller tenant's series (role auditor)."""
-        view = _TenantView(metrics, request.app.state.kernel, who.tenant)
+    def scrape(request: Request, who: Principal = Depends(AUDITOR),  # noqa: B008
+               scope: Literal["tenant", "deployment"] = "tenant") -> Response:
+        """Prometheus text exposition of the caller tenant's series (role auditor); with
+        ``scope=deployment``, every tenant's, labelled (the operator tenant's auditors and admins only)."""
+        kernel = request.app.state.kernel
+        view: _TenantView | _DeploymentView
+        if scope == "deployment":
+            if kernel.settings.operator_tenant is None or who.tenant != kernel.settings.operator_tenant:
+                raise Forbidden("a deployment-wide scrape is the operator's: only auditor or admin keys of the "
+                                "operator tenant (setting operator_tenant, FAK_OPERATOR_TENANT) may ask for it")
+            view = _DeploymentView(metrics, kernel)
+        else:
+            view = _TenantView(metrics, kernel, who.tenant)
         return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -230,6 +279,7 @@ def _subscribe(app: object, bus: EventBus) -> None:
     bus.subscribe(TokensTimed, lambda e: record_token_times(app, e.tokens, e.first_at, e.last_at, tenant=e.tenant))
     bus.subscribe(ToolCallDecided, lambda e: record_tool_call(app, e.verdict, tenant=e.tenant))
     bus.subscribe(LateOutcome, lambda e: record_late(app, e.outcome, tenant=e.tenant))
+    bus.subscribe(ApprovalNotified, lambda e: record_approval_webhook(app, e.outcome, tenant=e.tenant))
 
 
 # --- recorders ----------------------------------------------------------------------------
@@ -301,3 +351,10 @@ def record_late(app: object, outcome: str, *, tenant: str) -> None:
     m = _metrics(app)
     if m is not None:
         m.late.labels(tenant, outcome if outcome in LATE_OUTCOMES else "other").inc()
+
+
+def record_approval_webhook(app: object, outcome: str, *, tenant: str) -> None:
+    """One approvals-webhook notice's end (``delivered | refused | failed | dropped``)."""
+    m = _metrics(app)
+    if m is not None:
+        m.approval_webhooks.labels(tenant, outcome if outcome in WEBHOOK_OUTCOMES else "other").inc()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -49,11 +51,13 @@ class StorageSettings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir,
                             description="rebuildable state: dequantised weights, the compiled gguf kernel")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite fak.db in data_dir")
-    cas_key_url: str | None = Field(None, description="database of the tenants' keys (default: <data_dir>/keys/"
-                                    "cas-keys.db); keep it out of the backups of the main database")
+    cas_key_url: str | None = Field(None, description="database of the tenants' random KEKs and digest keys (default: "
+                                    "<data_dir>/keys/cas-keys.db); keep it out of the main database's backups: that "
+                                    "is what makes a forget survive them (docs/deploy.md)")
     master_secret: SecretStr | None = Field(
-        None, description="hex, at least 64 digits (fak.keys checks it); default: <data_dir>/master.key, created "
-                          "on first use (mode 0600)")
+        None, description="hex, at least 64 digits: wraps the tenants' keys and derives the server's others; "
+                          "default: <data_dir>/master.key, created on first use (mode 0600; a group- or "
+                          "world-readable file is refused); environment or key file only, never the config file")
     audit_signing_key: SecretStr | None = Field(
         None, description="the audit log's signer: a PRIVATE+KEY+... string or a path to one; default: "
                           "<data_dir>/audit_signing.key, created on first use (mode 0600)")
@@ -222,7 +226,8 @@ class Settings(StorageSettings):
     )
     max_context_tokens: int | None = Field(
         None, ge=64, description="tokens one session may hold (default: the model's context length)")
-    max_sessions_per_tenant: int = Field(10_000, ge=1)
+    max_sessions_per_tenant: int = Field(10_000, ge=1, description="sessions one tenant may hold at once (more: "
+                                         "409 until some are deleted)")
     lock_timeout_s: float = Field(30.0, gt=0, description="wait for a busy session before SessionBusy")
     batching: bool = Field(True, description="run the model's forward calls on one engine thread that batches the "
                                              "decode steps of all generating sessions into one call per step "
@@ -236,8 +241,10 @@ class Settings(StorageSettings):
     generation_queue: int = Field(64, ge=0, description="generations waiting for room; beyond it 429 with Retry-After")
     generation_queue_wait_s: float = Field(30.0, ge=0, description="longest wait in the queue before 429")
     operator_tenant: str | None = Field(
-        None, description="the tenant whose admin keys may replace the deployment-wide policy over the API "
-                          "(unset: nobody may; the policy file is then the operator's alone)")
+        None, description="the deployment's operator: the tenant whose admin keys may replace the deployment-wide "
+                          "policy over the API and pin MCP servers' tools, and whose auditor or admin keys read the "
+                          "log's tiles and the deployment-wide /metrics?scope=deployment (unset: nobody may; the "
+                          "policy file is then the operator's alone)")
     expiry_sweep_s: float = Field(1.0, gt=0, description="how often refs past their lifetime are evicted")
     approval_ttl_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400, description=(
         "how long a tool call held for a person waits for a decision, and how long a remembered approval "
@@ -264,8 +271,9 @@ class Settings(StorageSettings):
         default_factory=dict, description="MCP servers whose tools fak runs itself, by label: {label: {url | command, "
         "headers_env, env, allowed_tools, timeout_s, max_result_bytes}} (docs/mcp.md); a Responses request's mcp tool "
         "and the /mcp gateway name only these, and a server's tools are offered once an operator pinned them")
-    audit_checkpoint_every: int = Field(1000, ge=1)
-    audit_checkpoint_ms: int = Field(1000, ge=1)
+    audit_checkpoint_every: int = Field(1000, ge=1, description="entries after which the log signs a checkpoint")
+    audit_checkpoint_ms: int = Field(1000, ge=1, description="milliseconds after which the log signs a checkpoint of "
+                                                             "what it holds (whichever comes first)")
     audit_witnesses: list[str] = Field(default_factory=list, description="witnesses cosigning checkpoints: '<url> <vkey>'")
     audit_tiles_public: bool = Field(False, description=(
         "serve the audit log's C2SP tiles (/v1/audit/log/checkpoint, /v1/audit/log/tile/...) to anyone, entry "
@@ -387,7 +395,7 @@ class _FileSource(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        path = _CONFIG_FILE.get()
+        path = config_path()
         if path is None:
             return {}
         data = read_config_file(path)
@@ -396,4 +404,39 @@ class _FileSource(PydanticBaseSettingsSource):
             raise SettingsError(f"{path}: {', '.join(secrets)} may not be set in a config file: set "
                                 f"FAK_{secrets[0].upper()} in the environment or keep the key file in the data "
                                 "directory (mode 0600)")
+        if issubclass(Settings, self.settings_cls) and self.settings_cls is not Settings:
+            # a part of the settings (``StorageSettings``: ``fak cas``, ``fak audit``) reads the
+            # deployment's one file: its own keys, after checking that every key is a setting
+            unknown = sorted(set(data) - set(Settings.model_fields))
+            if unknown:
+                raise SettingsError(f"{path}: {', '.join(unknown)}: not a setting (fak/settings.py names them)")
+            data = {k: v for k, v in data.items() if k in self.settings_cls.model_fields}
         return data
+
+
+def config_path() -> Path | None:
+    """The config file in force: the one ``Settings.load`` was given, else ``$FAK_CONFIG``
+    (which a command's ``--config`` sets for its run, ``config_file_in_force``)."""
+    path = _CONFIG_FILE.get()
+    if path is None and os.environ.get("FAK_CONFIG"):
+        path = Path(os.environ["FAK_CONFIG"])
+    return path
+
+
+@contextmanager
+def config_file_in_force(path: str | None) -> Iterator[None]:
+    """A command's ``--config FILE``: ``$FAK_CONFIG`` for as long as the command runs, so that
+    every settings read in it (``StorageSettings()`` deep in the store or the log, the threads and
+    processes it starts) reads the same file; the variable as it was afterwards."""
+    if path is None:
+        yield
+        return
+    before = os.environ.get("FAK_CONFIG")
+    os.environ["FAK_CONFIG"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FAK_CONFIG", None)
+        else:
+            os.environ["FAK_CONFIG"] = before

@@ -74,6 +74,14 @@ class LateOutcome(KernelEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalNotified(KernelEvent):
+    """The approvals webhook's notice of one of the tenant's held calls ended: ``delivered``
+    (a 2xx), ``refused`` (another 4xx), ``failed`` (every try failed) or ``dropped`` (queue full)."""
+
+    outcome: Literal["delivered", "refused", "failed", "dropped"]
+
+
+@dataclass(frozen=True, slots=True)
 class TokensDecoded(KernelEvent):
     """One generate call produced ``tokens`` in ``seconds`` (JSON or stream)."""
 

@@ -39,7 +39,8 @@ from fak.cas.models import DestroyResult, RotationResult
 from fak.db import make_engine, release
 from fak.kernel.calls.authorize import Authorizer, Authorizers, Producer, Producers
 from fak.kernel.calls.held import HeldCalls
-from fak.kernel.events import EventBus
+from fak.kernel.calls.webhook import HeldCallWebhook, WebhookConfig
+from fak.kernel.events import ApprovalNotified, EventBus
 from fak.kernel.gateway.registry import GatewaySessions
 from fak.kernel.gateway.upstream import Upstreams
 from fak.kernel.kv.pic import PicRegistry
@@ -93,7 +94,10 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
     """The services of one Kernel, wired: the session registry and the replay queue are part
     of the bundle and use it, so both are bound to it once it exists."""
     upstreams = Upstreams.from_settings(settings)  # first: an unset key variable fails before any thread starts
+    hook = WebhookConfig.from_settings(settings)  # and a webhook outside the egress allow-list, or unsigned
     events = EventBus()
+    webhook = HeldCallWebhook(hook, lambda tenant, outcome: events.publish(ApprovalNotified(tenant, outcome))) \
+        if hook is not None else None
     registry = SessionRegistry()
     gateways = GatewaySessions()
     replays = ReplayChecker()  # forgets' independent replays, after each forget returns
@@ -107,12 +111,14 @@ def build_services(settings: Settings, lm: LoadedModel, policies: PolicyHolder, 
         keys=keys, events=events, withdrawals=Withdrawals(),
         producers=Producers(state), authorizers=Authorizers(), late=LateDetection(events, _stderr),
         sessions=registry, replays=replays, gate=gate,
-        holds=HeldCalls(state, store, keys, ttl_s=settings.approval_ttl_s),
+        holds=HeldCalls(state, store, keys, ttl_s=settings.approval_ttl_s,
+                        on_hold=webhook.notify if webhook is not None else None),
         generation_slots=GenerationSlots(total=settings.max_generating, per_tenant=settings.max_generating_per_tenant,
                                          queue=settings.generation_queue, wait_s=settings.generation_queue_wait_s),
         engine=_engine(settings, lm), replication=replication,
         upstreams=upstreams, gateways=gateways,
         mcp=McpServers.from_settings(settings, state, audit, keys.derive("fak/mcp/pins")),
+        webhook=webhook,
     )  # fmt: skip
     registry.bind(svc)
     gateways.bind(svc)
@@ -236,6 +242,8 @@ class Kernel:
         except BaseException:
             if kernel is not None and kernel.services.engine is not None:
                 kernel.services.engine.close()
+            if kernel is not None and kernel.services.webhook is not None:
+                kernel.services.webhook.close()
             if replication is not None:
                 replication.close()
             if audit is not None:
@@ -262,6 +270,8 @@ class Kernel:
         self.services.upstreams.close()
         if self.services.mcp is not None:
             self.services.mcp.close()
+        if self.services.webhook is not None:
+            self.services.webhook.close()
         self.audit.close()
         self.store.close()
         release(self.state.engine)

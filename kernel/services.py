@@ -25,6 +25,7 @@ import blake3
 from fak.errors import Conflict
 from fak.kernel.calls.authorize import Authorizers, Producers
 from fak.kernel.calls.held import HeldCalls
+from fak.kernel.calls.webhook import HeldCallWebhook
 from fak.kernel.events import EventBus, LateOutcome
 from fak.kernel.gateway.upstream import Upstreams
 from fak.kernel.kv.ledger import Segment, SegmentState
@@ -349,6 +350,7 @@ class Services:
     upstreams: Upstreams = field(default_factory=lambda: Upstreams({}))  # models served by forwarding (gateway)
     gateways: GatewayDirectory = field(default_factory=_NoGateways)  # the gateway sessions alive now
     mcp: McpServers | None = None  # the deployment's MCP servers (fak.kernel.mcp), None where none was built
+    webhook: HeldCallWebhook | None = None  # the approvals webhook (settings approvals_webhook_url), if named
 
     @property
     def shared(self) -> SharedKV:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 import threading
 from collections import OrderedDict
@@ -49,6 +50,7 @@ from fak.state.seal import ContentKeys, Plain, needs_seal, seal, unseal
 from fak.state.store import StateStore, now_us
 from fak.wire import HELD_PREFIX
 
+log = logging.getLogger("fak.approvals")
 REJECTED_NOTICE = "[fak] A person rejected this call to {tool}; it did not run."
 TTL_S = 24 * 3600
 MAX_HELD = 100_000
@@ -109,8 +111,9 @@ class HeldCalls:
     """The held calls and remembered approvals of a deployment, in its state database."""
 
     def __init__(self, state: StateStore, content: ContentKeys, keys: HoldKeys, *, ttl_s: float = TTL_S,
-                 limit: int = MAX_HELD) -> None:
+                 limit: int = MAX_HELD, on_hold: Callable[[HeldCall], None] | None = None) -> None:
         self._state, self._content = state, content
+        self._on_hold = on_hold  # told of each call held (the approvals webhook): it must not block
         self._ttl_us, self._limit = int(ttl_s * 1_000_000), limit  # the limit is per tenant
         self._mac_key = keys.derive("fak/state/held-call")
         self._form_key = keys.derive("fak/tool-call/form")
@@ -197,7 +200,13 @@ class HeldCalls:
             decided_by=None, approval_index=None, mac="")
         row.mac = self._row_mac(row)
         self._state.add_held_call(row, limit=self._limit, since_us=now_us() - self._ttl_us)
-        return replace(held, row_mac=row.mac)
+        held = replace(held, row_mac=row.mac)
+        if self._on_hold is not None:
+            try:
+                self._on_hold(held)
+            except Exception:  # the call is held and recorded: a notice that fails never fails the request
+                log.exception("the hook told of held call %s failed", held.call_id)
+        return held
 
     def get(self, tenant: str, call_id: str) -> HeldCall | None:
         """The held call, None if unknown, expired, or its row fails its MAC."""
