@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs in this process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint bench clean install
+.PHONY: demo test test-fast lint bench clean install docs
 
 install: $(STAMP)
 
@@ -71,3 +71,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# the README's command and settings tables, from the parsers and Settings (tests/repo/test_cli_reference.py)
+docs: $(STAMP)
+	$(BIN)/python -m fak.cli_reference --write README.md

@@ -7,6 +7,8 @@ import json
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
+from fak.cli_options import MODEL_HELP, POLICY_HELP, add_config
+
 if TYPE_CHECKING:  # the handlers import the server only when they run
     from fak.api.keys import KeyStore
     from fak.settings import Settings
@@ -16,12 +18,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = subparsers.add_parser("serve", help="serve the REST and OpenAI-compatible API")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8077)
-    serve.add_argument("--config", help="settings file (TOML or YAML); FAK_* variables override it")
-    serve.add_argument("--model", metavar="PATH",
-                       help="GGUF file or HF folder (overrides model_path / FAK_MODEL_PATH; default SmolLM2-135M)")
-    serve.add_argument("--policy", metavar="PATH",
-                       help="policy file or folder (overrides policy_path / FAK_POLICY_PATH; default the packaged one)")
-    serve.add_argument("--log-level", default="info")
+    add_config(serve)
+    serve.add_argument("--model", metavar="PATH", help=MODEL_HELP)
+    serve.add_argument("--policy", metavar="FILE", help=POLICY_HELP)
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug",
+                                                                "trace"), help="uvicorn's log level (default info)")
     serve.add_argument("--replicas", type=_replicas, default=1, metavar="N",
                        help="run N kernels behind one port on Ray Serve (default 1: this process alone; "
                             "N > 1 needs PostgreSQL and pip install 'fak[scale]')")
@@ -40,17 +41,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--name", help="a label for the key")
     c.add_argument("--expires", type=_duration, metavar="DURATION",
                    help="refuse the key after this long: 90s, 15m, 12h, 30d (default: never)")
-    c.add_argument("--config")
-    c.add_argument("--json", action="store_true")
+    add_config(c)
+    c.add_argument("--json", action="store_true", help="print the key and its id as JSON")
     c.set_defaults(handler=_create)
     ls = ksub.add_parser("list", help="key ids, tenants, roles, state and expiry (never the keys); a row "
                                       "edited in the database shows as tampered")
-    ls.add_argument("--tenant")
-    ls.add_argument("--config")
+    ls.add_argument("--tenant", help="this tenant's keys only")
+    add_config(ls)
     ls.set_defaults(handler=_list)
     rv = ksub.add_parser("revoke", help="revoke a key by id")
     rv.add_argument("key_id")
-    rv.add_argument("--config")
+    add_config(rv)
     rv.set_defaults(handler=_revoke)
 
     def usage(_args: argparse.Namespace) -> int:  # `fak keys` alone: its subcommands

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fak.cli_options import add_config, add_database_url
+
 if TYPE_CHECKING:
     from fak.audit.log import AuditLog
     from fak.audit.verify import WitnessPolicy
@@ -55,22 +57,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     e = sub.add_parser("export", help="write all entries and checkpoints to a file")
     e.add_argument("path")
-    e.add_argument("--url", help="database URL (default: FAK_DATABASE_URL or the data dir's fak.db)")
     e.set_defaults(handler=_export)
 
     c = sub.add_parser("checkpoint", help="sign and print a checkpoint of the current tree")
-    c.add_argument("--url")
     c.set_defaults(handler=_checkpoint)
 
     k = sub.add_parser("pubkey", help="print the log's verifier key")
-    k.add_argument("--url")
     k.set_defaults(handler=_pubkey)
 
     pr = sub.add_parser("proof", help="print an inclusion proof for an entry")
     pr.add_argument("index", type=int)
     pr.add_argument("--format", choices=("json", "tlog"), default="json")
-    pr.add_argument("--url")
     pr.set_defaults(handler=_proof)
+    for on_the_database in (e, c, k, pr):
+        add_config(on_the_database)
+        add_database_url(on_the_database)
 
     p.set_defaults(handler=prints_help(p))
 
@@ -88,26 +89,27 @@ def prints_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 def _trust_args(p: argparse.ArgumentParser, pubkey_unless: str) -> None:
     """What an offline verification trusts (read by ``_policy``): the pinned log key and the
     witness policy."""
-    p.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a --policy "
-                   + pubkey_unless)
+    p.add_argument("--pubkey", help="pinned verifier key of the log (string or file); required unless a "
+                   "--witness-policy " + pubkey_unless)
     p.add_argument("--witness", action="append", default=[], metavar="VKEY",
                    help="a witness's cosignature/v1 verifier key (string or file); repeatable")
     p.add_argument("--quorum", type=int, help="valid cosignatures needed (default: every --witness)")
-    p.add_argument("--policy", metavar="FILE", help="witness policy file: 'log <vkey>', 'witness <name> <vkey>', "
-                   "'quorum <N|all|any|none>' lines (see docs/audit.md)")
+    p.add_argument("--witness-policy", metavar="FILE", help="witness policy file: 'log <vkey>', 'witness <name> "
+                   "<vkey>', 'quorum <N|all|any|none>' lines (see docs/audit.md)")
+    p.add_argument("--policy", dest="witness_policy", help=argparse.SUPPRESS)  # the former spelling
 
 
 def _policy(args: argparse.Namespace) -> tuple[WitnessPolicy | None, str | None]:
-    """The witness policy from --policy or --witness/--quorum (None when neither), and the
+    """The witness policy from --witness-policy or --witness/--quorum (None when neither), and the
     pinned log key (--pubkey, else the policy's log line)."""
     from fak.audit.errors import AuditError
     from fak.audit.verify import WitnessPolicy
 
-    if args.policy and (args.witness or args.quorum is not None):
-        raise AuditError("give either --policy or --witness/--quorum, not both")
+    if args.witness_policy and (args.witness or args.quorum is not None):
+        raise AuditError("give either --witness-policy or --witness/--quorum, not both")
     policy = None
-    if args.policy:
-        policy = WitnessPolicy.load(args.policy)
+    if args.witness_policy:
+        policy = WitnessPolicy.load(args.witness_policy)
     elif args.witness or args.quorum is not None:
         policy = WitnessPolicy.from_keys(args.witness, args.quorum)
     pubkey = args.pubkey
@@ -115,7 +117,7 @@ def _policy(args: argparse.Namespace) -> tuple[WitnessPolicy | None, str | None]
         if pubkey is None:
             pubkey = policy.log_key
         elif _key(pubkey) != policy.log_key:
-            raise AuditError("--pubkey differs from the log key the --policy names")
+            raise AuditError("--pubkey differs from the log key the --witness-policy names")
     return policy, pubkey
 
 
@@ -174,7 +176,7 @@ def _verify_tiles(args: argparse.Namespace, policy: WitnessPolicy | None, pubkey
         raise AuditError("--tiles verifies a served log: give no export file, --since, --allow-unsigned-tail "
                          "or --trust-embedded-key with it")
     if pubkey is None:
-        raise AuditError("a pinned log key is required (--pubkey, or a --policy with a 'log' line): "
+        raise AuditError("a pinned log key is required (--pubkey, or a --witness-policy with a 'log' line): "
                          "there is no trust on first use")
     since_file = Path(args.since_checkpoint) if args.since_checkpoint else None
     try:
@@ -232,7 +234,7 @@ def _verify_receipt(args: argparse.Namespace) -> int:
         raise AuditError(f"receipt {args.receipt} is not a JSON object")
     policy, pubkey = _policy(args)
     if pubkey is None:
-        raise AuditError("a pinned log key is required (--pubkey, or a --policy with a 'log' line): "
+        raise AuditError("a pinned log key is required (--pubkey, or a --witness-policy with a 'log' line): "
                          "there is no trust on first use")
     last = _load_text(args.last_checkpoint, "checkpoint") if args.last_checkpoint else None
     proof = None

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from fak.audit.cli import prints_help
+from fak.cli_options import add_config, add_database_url
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,10 +21,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="a log's verifier key (as 'fak audit pubkey' prints it); repeatable")
     s.add_argument("--listen", default="127.0.0.1:7380", help="host:port (default loopback 127.0.0.1:7380)")
     s.add_argument("--name", help="the witness's key name on first start (default fak.local/witness)")
+    add_config(s)
     s.set_defaults(handler=_serve)
     k = sub.add_parser("pubkey", help="print the witness's cosignature verifier key (creating the key)")
-    k.add_argument("--dir")
-    k.add_argument("--name")
+    k.add_argument("--dir", help="the witness's key (default: <data dir>/witness)")
+    k.add_argument("--name", help="the key name on first use (default fak.local/witness)")
+    add_config(k)
     k.set_defaults(handler=_pubkey)
 
     w.set_defaults(handler=prints_help(w))
@@ -36,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                   "a signer alarm (logged as an AuditAlarm of kind signer_reset)")
         r.add_argument("--accept-size", type=int, required=True, metavar="N",
                        help="the entries [0, N) become what the signer remembers (checked by you first)")
-        r.add_argument("--url", help="database URL (default: FAK_DATABASE_URL or the data dir's fak.db)")
         r.add_argument("--principal", help="who resolves it (recorded in the log)")
+        add_config(r)
+        add_database_url(r)
         r.set_defaults(handler=_signer_reset)
 
 

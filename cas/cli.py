@@ -1,5 +1,5 @@
 """``fak cas ...``: put, get, head, forget, rotate, destroy-retired, erase-tenant,
-scrub, keks, fsck against the store of the data directory (or ``--url``)."""
+scrub, keks, fsck against the store of the data directory (or ``--database-url``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
+from fak.cli_options import add_config, add_database_url
+
 if TYPE_CHECKING:
     from fak.audit import AuditLog
     from fak.cas.store import CasStore
@@ -23,7 +25,13 @@ Handler = Callable[[argparse.Namespace], int]
 def _store(args: argparse.Namespace) -> CasStore:
     from fak.cas.store import CasStore
 
-    return CasStore.open(url=args.url)
+    return CasStore.open(url=_url(args))
+
+
+def _url(args: argparse.Namespace) -> str | None:
+    """``--database-url`` after the action, else ``--url`` before it (the former spelling)."""
+    url: str | None = args.url or args.group_url
+    return url
 
 
 def _put(args: argparse.Namespace) -> int:
@@ -110,7 +118,7 @@ def _logged(args: argparse.Namespace) -> Iterator[tuple[CasStore, AuditLog]]:
     from fak.settings import Settings
 
     settings = Settings.load()
-    with _store(args) as store, AuditLog.open(args.url or settings.resolved_database_url, settings.data_dir,
+    with _store(args) as store, AuditLog.open(_url(args) or settings.resolved_database_url, settings.data_dir,
                                               origin=settings.audit_origin,
                                               witnesses=settings.audit_witnesses, settings=settings) as audit:
         yield store, audit
@@ -169,16 +177,22 @@ def _fsck(args: argparse.Namespace) -> int:
     with _store(args) as store:
         report = store.fsck(remove_orphans=args.remove_orphans)
     print(report.model_dump_json())
-    return 1 if report.missing or report.wrong_size else 0
+    return 1 if report.missing or report.wrong_size or report.keyless else 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cas = subparsers.add_parser("cas", help="content-addressed store of tool results")
-    cas.add_argument("--url", help="SQLAlchemy database URL (default: FAK_DATABASE_URL or the data dir)")
+    cas.add_argument("--url", dest="group_url", help=argparse.SUPPRESS)  # before the action: the former spelling
     sub = cas.add_subparsers(dest="cas_command", metavar="ACTION", required=True)
 
-    def cmd(name: str, fn: Handler, help: str, digest: bool = True) -> argparse.ArgumentParser:
+    def action(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
+        add_config(p)
+        add_database_url(p)
+        return p
+
+    def cmd(name: str, fn: Handler, help: str, digest: bool = True) -> argparse.ArgumentParser:
+        p = action(name, help)
         if digest:
             p.add_argument("digest")
         p.add_argument("--tenant", default="default")
@@ -194,23 +208,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd("head", _head, "print a ref as JSON")
     cmd("forget", _forget, "erase a blob (destroy its key and ciphertext); prints the shred record")
     for name in ("rotate", "rotate-kek"):
-        p = sub.add_parser(name, help="give every tenant (or --tenant) a new KEK version and re-wrap its data keys"
-                           if name == "rotate" else "the format-1 name of 'rotate'")  # fmt: skip
+        p = action(name, "give every tenant (or --tenant) a new KEK version and re-wrap its data keys"
+                   if name == "rotate" else "the format-1 name of 'rotate'")  # fmt: skip
         p.add_argument("--tenant", default=None, help="rotate this tenant only (default: every tenant)")
         p.add_argument("--destroy-after", type=duration, metavar="DURATION",
                        help="then destroy KEKs retired at least this long ago (0: the ones just retired)")  # fmt: skip
         p.set_defaults(handler=_rotate)
-    p = sub.add_parser("destroy-retired", help="destroy KEKs retired at least --older-than ago (backups older "
-                       "than their retirement stop opening what was forgotten since)")  # fmt: skip
+    p = action("destroy-retired", "destroy KEKs retired at least --older-than ago (backups older "
+               "than their retirement stop opening what was forgotten since)")  # fmt: skip
     p.add_argument("--older-than", type=duration, required=True, metavar="DURATION", help="e.g. 7d, 12h, 0")
     p.set_defaults(handler=_destroy)
-    p = sub.add_parser("erase-tenant", help="crypto-erase a whole tenant: destroy all its keys, tombstone its refs")
+    p = action("erase-tenant", "crypto-erase a whole tenant: destroy all its keys, tombstone its refs")
     p.add_argument("tenant")
     p.add_argument("--confirm", required=True, metavar="TENANT", help="the tenant again")
     p.set_defaults(handler=_erase)
-    sub.add_parser("scrub", help="complete pending scrubs of deleted keys (WAL checkpoint / VACUUM); "
-                   "exit 3 if still pending").set_defaults(handler=_scrub)  # fmt: skip
-    p = sub.add_parser("keks", help="list KEK versions (JSON lines)")
+    action("scrub", "complete pending scrubs of deleted keys (WAL checkpoint / VACUUM); "
+           "exit 3 if still pending").set_defaults(handler=_scrub)  # fmt: skip
+    p = action("keks", "list KEK versions (JSON lines)")
     p.add_argument("--tenant", default=None)
     p.set_defaults(handler=_keks)
     p = cmd("fsck", _fsck, "check blob files against the database", digest=False)

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+from contextlib import AbstractContextManager, nullcontext
 
 from fak.errors import FakError
 
@@ -58,6 +59,16 @@ def build_parser() -> Parser:
     return parser
 
 
+def _config_file(path: str | None) -> AbstractContextManager[object]:
+    """The command's ``--config`` in force while it runs (the settings module only when one is
+    given: a client-only install has none)."""
+    if path is None:
+        return nullcontext()
+    from fak.settings import config_file_in_force
+
+    return config_file_in_force(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -71,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(handler(args) or 0)
+        with _config_file(getattr(args, "config", None)):
+            return int(handler(args) or 0)
     except FakError as exc:
         print(f"fak: error: {exc}", file=sys.stderr)
         return 1

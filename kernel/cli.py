@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from fak.cli_options import POLICY_HELP, add_config
+
 if TYPE_CHECKING:
     from fak.kernel.calls.authorize import Authorizer, ToolCallDecision
     from fak.kernel.calls.provenance import ArgumentTrace, ValueSource
@@ -55,7 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--by", help=_BY)
 
     d = sub.add_parser("demo", help="the main job on embedded defaults")
-    d.add_argument("--model", default=None)
+    d.add_argument("--model", default=None, metavar="PATH", help="GGUF file or HF folder (default: SmolLM2-135M)")
     d.set_defaults(handler=_demo)
     _register_explain_tools(sub)
 
@@ -71,7 +73,8 @@ def _register_explain_tools(sub: argparse._SubParsersAction[argparse.ArgumentPar
     x = commands.add_parser("explain-tools", help="how an agent's tools are classified and which rules apply to them")
     x.add_argument("tools", metavar="TOOLS.json",
                    help='a JSON list of tools (OpenAI, function or MCP shape), or {"tools": [...]} (MCP tools/list)')
-    x.add_argument("--policy", metavar="FILE", help="policy file or directory (default: the packaged policy)")
+    x.add_argument("--policy", metavar="FILE", help=POLICY_HELP)
+    add_config(x)
     x.add_argument("--json", action="store_true", help="one JSON document instead of text")
     x.set_defaults(handler=_explain_tools)
     _register_authorize(commands)
@@ -84,7 +87,7 @@ def _kernel_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], na
                     handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
     """A command on the Kernel (or its database) of the settings ``--config`` names."""
     p = sub.add_parser(name, help=help)
-    p.add_argument("--config", help="settings file; FAK_* variables override it")
+    add_config(p)
     p.set_defaults(handler=handler)
     return p
 
@@ -219,11 +222,10 @@ def _explain_tools(args: argparse.Namespace) -> int:
     from fak.errors import FakError, InvalidInput
     from fak.kernel.calls.authorize import Authorizer
     from fak.kernel.calls.tool_classes import spec_of
-    from fak.kernel.facade import default_policy_path
-    from fak.policy.cli import deployment_egress
+    from fak.policy.cli import deployment_egress, deployment_policy
     from fak.policy.policy import load_policy
 
-    auth = Authorizer(load_policy(args.policy or default_policy_path(), deployment_egress()))
+    auth = Authorizer(load_policy(deployment_policy(args.policy), deployment_egress()))
     calls = auth.policy.spec.tool_calls
     report: list[dict[str, Any]] = []
     for i, tool in enumerate(_tool_list(args.tools)):
@@ -297,7 +299,8 @@ def _register_authorize(commands: argparse._SubParsersAction[argparse.ArgumentPa
                         '"source": URL, "media_type": TYPE}')
     a.add_argument("--tool", required=True, metavar="NAME", help="the tool the agent calls")
     a.add_argument("--args", default="{}", metavar="JSON", help="the call's arguments, a JSON object (default {})")
-    a.add_argument("--policy", metavar="FILE", help="policy file or directory (default: the packaged policy)")
+    a.add_argument("--policy", metavar="FILE", help=POLICY_HELP)
+    add_config(a)
     a.add_argument("--schema", metavar="TOOLS.json",
                    help="the agent's tools (as for explain-tools): the called tool's schema classifies it "
                         "when no rule names it (from_schemas)")
@@ -326,19 +329,12 @@ def _authorize(args: argparse.Namespace) -> int:
         return BAD_INPUT
 
 
-def _default_policy() -> str:
-    # ``fak.kernel.facade.default_policy_path``, whose module loads torch, which nothing here needs
-    import importlib.resources
-
-    return str(importlib.resources.files("fak.policy").joinpath("default.yaml"))
-
-
 def _authorize_call(args: argparse.Namespace) -> int:
     from fak.errors import InvalidInput
     from fak.kernel.calls.authorize import Authorizer, args_bytes
     from fak.kernel.calls.tool_classes import spec_of
     from fak.kernel.calls.transcript import read_transcript
-    from fak.policy.cli import deployment_egress
+    from fak.policy.cli import deployment_egress, deployment_policy
     from fak.policy.policy import load_policy
 
     try:
@@ -373,7 +369,7 @@ def _authorize_call(args: argparse.Namespace) -> int:
         if spec is None:  # as a session whose declared tools do not name it: classified from the call
             print(f"{args.schema}: no tool {args.tool!r:.80}: classified from the call's argument names",
                   file=sys.stderr)
-    auth = Authorizer(load_policy(args.policy or _default_policy(), deployment_egress()))
+    auth = Authorizer(load_policy(deployment_policy(args.policy), deployment_egress()))
     transcript = read_transcript(args.context, auth.policy)
     decision = auth.decide(args.tool, transcript.context, call_args, spec=spec)
     report = _authorize_report(auth, transcript, decision, call_args)

@@ -8,14 +8,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
+from fak.cli_options import POLICY_HELP, add_config
 from fak.errors import FakError
 from fak.policy.egress import JudgeEgress
 from fak.policy.errors import PolicyError
 from fak.policy.gate import gate
 from fak.policy.policy import Policy, load_policy
 from fak.policy.verdict import GateContext, Verdict
+
+if TYPE_CHECKING:
+    from fak.settings import Settings
 
 NOT_ALLOWED = 3  # `fak gate --exit-code`: some verdict was not ALLOW
 _COMMANDS = "policy_commands"  # the ``fak policy`` parser's default that holds its subcommands
@@ -38,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = psub.add_parser("check", aliases=["validate"],
                             help="validate policy files (exit 1 with file:line:col errors)")
     check.add_argument("files", nargs="+", metavar="FILE", help="policy file or directory")
+    add_config(check)
     check.set_defaults(handler=_check)
 
     def policy_help(_args: argparse.Namespace) -> int:
@@ -47,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     policy.set_defaults(handler=policy_help, **{_COMMANDS: psub})
 
     command = subparsers.add_parser("gate", help="run the admission gate on a tool result (stdin) or a JSONL corpus")
-    command.add_argument("--policy", required=True, metavar="FILE", help="policy file or directory")
+    command.add_argument("--policy", metavar="FILE", help=POLICY_HELP)
     command.add_argument("--tool", default="tool", help="tool name for stdin input (default: tool)")
     command.add_argument("--media-type", default=None, help="media type of the stdin input")
     command.add_argument("--source", default=None, metavar="URL", help="the URL the stdin input came from")
@@ -56,16 +61,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     command.add_argument("--out", metavar="OUT", default="-", help="where verdict lines go (default stdout)")
     command.add_argument("--exit-code", action="store_true",
                          help=f"exit {NOT_ALLOWED} when a verdict is not ALLOW (errors exit 1, usage 2)")
+    add_config(command)
     command.set_defaults(handler=_gate)
 
 
-def deployment_egress() -> JudgeEgress:
-    """The deployment's judge allow-lists from its settings (``FAK_CONFIG``, ``FAK_*``), so a
-    policy checks here as the server would load it."""
+def _settings() -> Settings:
     from fak.settings import Settings  # ~0.3 s that ``fak`` pays only when a policy command runs
 
     # weights named: nothing here needs them, and their default probes the CPU (imports torch)
-    return Settings.load(weights="float32").judge_allow_lists()
+    return Settings.load(weights="float32")
+
+
+def deployment_egress() -> JudgeEgress:
+    """The deployment's judge allow-lists from its settings (``--config``, ``FAK_*``), so a
+    policy checks here as the server would load it."""
+    return _settings().judge_allow_lists()
+
+
+def deployment_policy(given: str | None) -> str:
+    """The policy a command judges with, picked as ``fak serve`` picks it: ``--policy``, else the
+    settings' ``policy_path``, else the packaged policy."""
+    if given is not None:
+        return given
+    configured = _settings().policy_path
+    if configured is not None:
+        return str(configured)
+    import importlib.resources
+
+    return str(importlib.resources.files("fak.policy").joinpath("default.yaml"))
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -92,7 +115,7 @@ def _verdict_json(verdict: Verdict, extra: dict[str, object] | None = None) -> s
 
 
 def _gate(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy, deployment_egress())
+    policy = load_policy(deployment_policy(args.policy), deployment_egress())
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
         context = GateContext(media_type=args.media_type, source=args.source) \

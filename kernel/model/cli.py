@@ -9,35 +9,52 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from fak.cli_options import MODEL_HELP, add_config
+
 # the handlers import the model (torch) and the settings when a command runs: every ``fak``
 # invocation imports this module to register its subcommands, and most never load a model
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from fak.kernel.model.loader import LoadedModel
+    from fak.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="chat with the model (streams to the terminal)")
     g.add_argument("--prompt", required=True, help="user message")
     g.add_argument("--system", default=None, help="system message (default: the model's own)")
-    g.add_argument("--model", default=None, help="GGUF file or HF Llama folder (default: SmolLM2-135M)")
+    g.add_argument("--model", default=None, metavar="PATH", help=MODEL_HELP)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
-    g.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    g.add_argument("--device", default=None, help=DEVICE_HELP)
+    add_config(g)
     g.set_defaults(handler=_generate)
 
     i = sub.add_parser("info", help="model, weight format, each tensor type and what computes it, KV bytes per token")
-    i.add_argument("--model", default=None)
-    i.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    i.add_argument("--model", default=None, metavar="PATH", help=MODEL_HELP)
+    i.add_argument("--device", default=None, help=DEVICE_HELP)
     i.add_argument("--weights", default=None, choices=("gguf", "float16", "int8", "bfloat16", "float32"),
                    help="weight format (default: FAK_WEIGHTS, else the serving default: gguf where a C compiler "
                         "and AVX2 are)")
+    add_config(i)
     i.set_defaults(handler=_info)
 
 
-DEVICE_HELP = "cpu (default), cuda or cuda:N (as FAK_DEVICE; float32 weights on a GPU)"
+DEVICE_HELP = "cpu, cuda or cuda:N (default: the settings' device, FAK_DEVICE, else cpu; float32 weights on a GPU)"
+
+
+def _settings() -> Settings:
+    from fak.settings import Settings
+
+    return Settings.load()
+
+
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def _load(path: str | None, device: str = "cpu", weights: str = "float32") -> LoadedModel:
@@ -50,7 +67,8 @@ def _load(path: str | None, device: str = "cpu", weights: str = "float32") -> Lo
 def _generate(args: argparse.Namespace) -> int:
     from fak.kernel.model.generate import SamplingParams, generate
 
-    lm = _load(args.model, args.device)
+    settings = _settings()
+    lm = _load(args.model or _path(settings.model_path), args.device or settings.device)
     tok = lm.tokenizer
     if args.raw:
         ids = tok.encode(args.prompt)
@@ -86,10 +104,11 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from fak.kernel.model import blockdot
-    from fak.settings import Settings, StorageSettings
 
-    weights = args.weights or Settings().weights or (blockdot.default_weights() if args.device == "cpu" else "float32")
-    lm = _load(args.model, args.device, weights)
+    settings = _settings()
+    device = args.device or settings.device
+    weights = args.weights or settings.weights or (blockdot.default_weights() if device == "cpu" else "float32")
+    lm = _load(args.model or _path(settings.model_path), device, weights)
     cfg = lm.model.cfg
     rows = {
         "model": cfg.name,
@@ -107,7 +126,7 @@ def _info(args: argparse.Namespace) -> int:
         "decode": "C block step (csrc/blockdot.c: one call a step, every layer)" if lm.model.batches_decode else
                   {"blas": "blas (numpy's OpenBLAS; threads: OPENBLAS_NUM_THREADS)", "torch": "torch"}[lm.model.decode],
         "KV bytes per token (K, Kraw, V + ids, positions)": lm.model.new_cache(1).bytes_per_token,
-        "weight cache": str(StorageSettings().cache_dir / "weights"),
+        "weight cache": str(settings.cache_dir / "weights"),
         "tokenizer": lm.tokenizer.digest,
     }
     if lm.model.weight_format == "gguf":

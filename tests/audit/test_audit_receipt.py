@@ -380,10 +380,10 @@ def test_receipt_witness_quorum(log, tmp_path, capsys):
     assert "quorum" in capsys.readouterr().err
     pol = tmp_path / "policy"
     pol.write_text(f"log {key}\nwitness one {v1}\nwitness two {v2}\nquorum any\n")
-    assert main(["audit", "verify-receipt", str(path), "--policy", str(pol)]) == 0
+    assert main(["audit", "verify-receipt", str(path), "--witness-policy", str(pol)]) == 0
     last = tmp_path / "last.cp"
     last.write_text(r.checkpoint)
-    assert main(["audit", "verify-receipt", str(path), "--policy", str(pol), "--last-checkpoint", str(last)]) == 0
+    assert main(["audit", "verify-receipt", str(path), "--witness-policy", str(pol), "--last-checkpoint", str(last)]) == 0
     assert "same tree" in capsys.readouterr().out
 
 

@@ -266,15 +266,15 @@ def test_witness_quorum_met_and_unmet(exported, tmp_path, capsys):
     pol = tmp_path / "policy.txt"
     pol.write_text(f"# the auditor's policy\nlog {vkey}\nwitness A {w1.vkey}\nwitness B {w2.vkey}\n"
                    f"witness C {w3.vkey}\nquorum 2\n")  # fmt: skip
-    assert main(["audit", "verify", str(both), "--policy", str(pol)]) == 0  # the policy pins the log key
+    assert main(["audit", "verify", str(both), "--policy", str(pol)]) == 0  # --policy: the former spelling; the policy pins the log key
     assert "A, B" in capsys.readouterr().out
-    assert main(["audit", "verify", str(one), "--policy", str(pol)]) == 0  # w1 and w3 are listed too: 2 of 3
+    assert main(["audit", "verify", str(one), "--witness-policy", str(pol)]) == 0  # w1 and w3 are listed too: 2 of 3
     assert "A, C" in capsys.readouterr().out
     pol.write_text(pol.read_text().replace("quorum 2", "quorum all"))
-    assert main(["audit", "verify", str(one), "--policy", str(pol)]) == 1
+    assert main(["audit", "verify", str(one), "--witness-policy", str(pol)]) == 1
     assert "2 of 3 listed witnesses cosigned (quorum 3)" in capsys.readouterr().err
     pol.write_text(pol.read_text().replace("quorum all", "quorum 2"))
-    assert main(["audit", "verify", str(early), "--policy", str(pol), "--json"]) == 1
+    assert main(["audit", "verify", str(early), "--witness-policy", str(pol), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["first_bad_index"] == 10 and not report["ok"]
     # freshness: --max-age against the newest time known for the trusted checkpoint

@@ -468,6 +468,32 @@ def test_metrics_by_route_template_and_tenant_only(world) -> None:
     assert "fak_forgets_total" not in evil.replace("# HELP fak_forgets_total", "").replace("# TYPE fak_forgets_total", "")
 
 
+def test_metrics_deployment_scope_is_the_operators_alone(world) -> None:
+    """``/metrics?scope=deployment``: every tenant's series labelled with its tenant, for the
+    operator tenant's auditor or admin keys; anyone else's key (another tenant's admin
+    included) gets a 403, and a plain scrape stays the caller's own."""
+    from fak.api import metrics
+
+    w = world
+    metrics.record_verdict(w.live.app, "DENY", tenant="evil")
+    ok(w("acme", "agent").get(f"/v1/sessions/{w.sid}"))
+    for role in ("auditor", "admin"):
+        r = w("acme", role).get("/metrics", params={"scope": "deployment"})
+        assert r.status_code == 200, r.text
+        text = r.text
+        assert re.search(r'^fak_admission_verdicts_total\{kind="DENY",tenant="evil"\} [1-9]', text, re.M)
+        assert re.search(r'^fak_http_requests_total\{method="GET",route="/v1/sessions/\{sid\}",status="200",'
+                         r'tenant="acme"\}', text, re.M)
+        assert re.search(r'^fak_sessions_loaded\{tenant="acme"\} \d', text, re.M)
+        assert re.search(r"^fak_audit_log_size [1-9]", text, re.M)  # one log: no tenant label
+        assert w.sid not in text
+    for tenant, role in (("evil", "admin"), ("evil", "auditor"), ("acme", "agent")):
+        r = w(tenant, role).get("/metrics", params={"scope": "deployment"})
+        assert r.status_code == 403, (tenant, role, r.status_code)
+    assert "tenant=" not in w("acme", "auditor").get("/metrics").text
+    assert w("acme", "auditor").get("/metrics", params={"scope": "everyone"}).status_code == 400
+
+
 def test_metrics_time_to_first_token_and_per_output_token(world) -> None:
     """Served generations, JSON and streamed, are timed at the door: one time-to-first-token
     observation per request (from its start), one time-per-output-token per generation of
