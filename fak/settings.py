@@ -11,6 +11,7 @@ when their caller passes nothing."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tomllib
@@ -21,7 +22,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fak.egress import JudgeEgress, check_key_env, parse_destination
@@ -256,12 +266,28 @@ class Settings(StorageSettings):
     late_workers: int = Field(1, ge=1, le=64, description="threads running the policy's late detectors")
     late_queue: int = Field(1024, ge=1, description="admitted results waiting for late detectors (more: dropped, audited)")
     judge_egress: list[str] = Field(
-        default_factory=list, description="where the policy's late-detector judges may send tool results: origins "
+        default_factory=list, description="where the policy's late-detector judges may send tool results, and the "
+        "approvals webhook its notices (approvals_webhook_url): origins "
         "('https://judge.example.com') or URL prefixes ('http://127.0.0.1:8000/v1'); empty: no judge (a policy naming "
         "another URL is refused at its line)")
     judge_key_envs: list[KeyEnv] = Field(
         default_factory=list, description="environment variables a judge's api_key_env may name (their value is sent "
                                           "as its bearer key); FAK_* variables are never allowed")
+    approvals_webhook_url: str | None = Field(
+        None, description="where fak posts a signed notice of each new tool call held for a person (docs/approvals.md): "
+        "an http(s) URL inside judge_egress, the deployment's egress allow-list (a URL outside it stops the server "
+        "at start); unset (the default): no webhook, applications poll GET /v1/tool-calls?state=pending")
+    approvals_webhook_secret_env: KeyEnv | None = Field(
+        None, description="environment variable holding the webhook's signing secret (Standard Webhooks: whsec_ then "
+        "the base64 of 24 to 64 random bytes); required with approvals_webhook_url; FAK_* variables are never allowed")
+    approvals_link_base: str | None = Field(
+        None, description="the address people reach this server at (https://fak.example.com): the webhook's links to a "
+        "held call start with it; unset, they are paths (/v1/tool-calls/call_held_…/approve)")
+    approvals_webhook_timeout_s: float = Field(5.0, gt=0, le=60, description="longest wait for the webhook's answer, "
+                                               "per try")
+    approvals_webhook_attempts: int = Field(5, ge=1, le=10, description=(
+        "tries per notice: the first, then retries after 0.5, 1, 2, 4, … s; a 2xx answer ends them, and so does a "
+        "4xx other than 408 and 429 (the receiver refuses the notice)"))
     upstreams: dict[str, UpstreamSettings] = Field(
         default_factory=dict, description="models served by forwarding to OpenAI-compatible servers (vLLM, SGLang, "
         "llama.cpp, hosted APIs), by the name clients use: {name: {url, model, api_key_env, cache_salt, timeout_s}} "
@@ -301,6 +327,51 @@ class Settings(StorageSettings):
         for entry in v:
             parse_destination(entry)  # ValueError: the settings error names the field
         return v
+
+    @field_validator("approvals_webhook_url", mode="after")
+    @classmethod
+    def _webhook_url(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        parse_destination(v)  # ValueError: the settings error names the field
+        egress = info.data.get("judge_egress")
+        if egress is not None and not JudgeEgress.of(egress).allows_url(v):
+            raise ValueError(f"{v!r:.120} is outside judge_egress, the deployment's egress allow-list: add its origin "
+                             "or a URL prefix of it there")
+        return v
+
+    @field_validator("approvals_webhook_secret_env", mode="after")
+    @classmethod
+    def _webhook_secret(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None and info.data.get("approvals_webhook_url") is not None:
+            raise ValueError("approvals_webhook_url is set: name the environment variable holding its signing secret "
+                             "(a webhook fak does not sign could be forged by anyone who finds its URL)")
+        return v
+
+    @field_validator("approvals_link_base", mode="after")
+    @classmethod
+    def _link_base(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_destination(v)
+        return v.rstrip("/") if v is not None else None
+
+    def approvals_webhook_secret(self) -> str:
+        """The webhook's signing secret, read from ``approvals_webhook_secret_env`` (here because
+        this module is the one reader of the environment): ``whsec_`` then the base64 of 24 to 64
+        bytes, as Standard Webhooks gives it; SettingsError naming the setting otherwise."""
+        env = self.approvals_webhook_secret_env
+        value = os.environ.get(env) if env is not None else None
+        if env is None or not value:
+            raise SettingsError(f"setting approvals_webhook_secret_env: {env or 'unset'} is not set in the environment")
+        try:
+            key = base64.b64decode(value.strip().removeprefix("whsec_"), validate=True)
+        except ValueError:
+            key = b""
+        if not 24 <= len(key) <= 64:
+            raise SettingsError(f"setting approvals_webhook_secret_env: {env} is not whsec_ and the base64 of 24 to 64 "
+                                "bytes (python -c 'import base64,os; print(\"whsec_\" + base64.b64encode(os.urandom(32))"
+                                ".decode())')")
+        return value.strip()
 
     @field_validator("upstreams", mode="after")
     @classmethod
