@@ -276,7 +276,8 @@ class SignerMemory:
             raise SignerRefused("signer_state_ahead",
                                 f"refusing to sign: the signer signed size {state.size} (root {_hex_root(state.root)}) "
                                 f"but the log has only {n} entries (root {_hex_root(found)}): entries were lost "
-                                f"or the database was restored from a backup", state, n, found)
+                                f"or the database was restored from a backup; check the log, then run 'fak audit signer-reset "
+                                f"--accept-size {n}' (docs/deploy.md, 'Restore')", state, n, found)
         v, tails = self._verified, state.tails
         if v is not None and state == self._state:
             f, tails = v, self._tails

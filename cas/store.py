@@ -123,6 +123,10 @@ class FsckReport(BaseModel):
     temp_removed: int
     orphan_keys: list[str] = []  # data keys (key database) no row names: a put killed before its row
     orphan_keys_removed: int = 0
+    # "tenant digest" of live refs whose data key is not in the key database: forgotten after the
+    # restored backup of this database was taken (or a forget killed half way); they read nothing,
+    # and `fak cas forget` makes them tombstones (docs/deploy.md, "Restore")
+    keyless: list[str] = []
 
 
 class CasStore:
@@ -942,14 +946,17 @@ class CasStore:
             temp = self.backend.sweep_temp(older_than)
         # a put commits its data key before its row: a key no row names and older than
         # ``older_than`` belongs to a put that died (the key database serves one CAS database)
-        unnamed = [k for k in self.keys.data.ids_older_than(_now_us() + 1) if k not in named]
+        stored = self.keys.data.ids_older_than(_now_us() + 1)
+        unnamed = [k for k in stored if k not in named]
+        present = set(stored)  # read after the rows: a ref forgotten meanwhile shows too (forget is idempotent)
+        keyless = [f"{tenant} {digest}" for tenant, digest, _, _, key_id, _ in rows if key_id and key_id not in present]
         keys_removed = 0
         if remove_orphans and unnamed:
             old = set(self.keys.data.ids_older_than(_now_us() - int(older_than * 1e6)))
             keys_removed = self.keys.data.delete([k for k in unnamed if k in old])[0]
         return FsckReport(
             live_refs=len(rows), missing=missing, wrong_size=wrong, orphans=orphans,
-            orphans_removed=removed, temp_removed=temp, orphan_keys=unnamed, orphan_keys_removed=keys_removed,
+            orphans_removed=removed, temp_removed=temp, orphan_keys=unnamed, orphan_keys_removed=keys_removed, keyless=keyless,
         )  # fmt: skip
 
 
