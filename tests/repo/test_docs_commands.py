@@ -8,10 +8,10 @@ Extraction rules:
   (a backtick fence whose info string holds a backtick is not a fence: CommonMark). In them, a
   ``$ `` prompt is dropped, a line ending in ``\\`` continues on the next, ``#`` comments are
   dropped (shell rules, ``shlex``), and the line is cut into commands at ``|``, ``||``, ``&&``,
-  ``;`` and ``&``; redirections (``>``, ``>>``, ``<``, ``2>``) and their targets are dropped. A
-  command is one whose first word, after ``NAME=value`` assignments, is ``fak``; a ``$(fak …)``
-  inside another command's word is a command too. These are full command lines: they must parse
-  as they stand, required arguments included.
+  ``;`` and ``&``; redirections (``>``, ``>>``, ``<``, ``2>``, ``&>``) and their targets, and
+  descriptor copies (``2>&1``), are dropped. A command is one whose first word, after ``NAME=value``
+  assignments, is ``fak``; a ``$(fak …)`` inside another command's word is a command too. These are
+  full command lines: they must parse as they stand, required arguments included.
 - Inline code spans outside fenced blocks that start with ``fak `` (or are ``fak``). A span names
   a command and its flags in prose (``fak keys create --expires 30d``), so it may leave out
   required arguments and positionals (the parser it meets has none required); it may not name a
@@ -48,7 +48,11 @@ SPAN = re.compile(r"(?<!`)`(fak(?: [^`]*)?)`(?!`)")
 PLACEHOLDER = re.compile(r"^(<[^<>]+>|[A-Z][A-Z0-9_]*(?:[.:][A-Za-z0-9_]+)*)$")
 ALTERNATIVES = re.compile(r"^[a-z][a-z-]*(?:/[a-z][a-z-]*)+$")
 SEPARATORS = {"|", "||", "&&", ";", "&"}
-REDIRECTS = re.compile(r"^\d?(>>?|<)$")
+REDIRECTS = re.compile(r"^(\d?(>>?|<)|&>>?)$")
+# a redirection the lexer would cut into words: a descriptor copy (``2>&1``, ``>&2``: no target word) and
+# the descriptor number written against its operator (the ``2`` of ``2> err.log``)
+FD_COPY = re.compile(r"(?<![\w-])\d*[<>]&\d+")
+FD_NUMBER = re.compile(r"(?<![\w-])\d+(?=>>?|<)")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 DROPPED = {"…", "...", "[flags]", "[options]", "[...]", "[…]"}
 # the first line of the audit log's signed tenant statement (docs/audit.md, docs/api.md): a string, not a command
@@ -95,6 +99,7 @@ def _commands_in_shell(line: str) -> Iterator[list[str]]:
         stripped = stripped[2:]
     if not re.search(r"(^|[\s;|&(])fak\b", stripped):
         return
+    stripped = FD_NUMBER.sub("", FD_COPY.sub("", stripped))
     lexer = shlex.shlex(stripped, posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split = True
     lexer.commenters = "#"
@@ -223,6 +228,10 @@ def test_extraction_finds_the_commands() -> None:
     found = {(name, cmd) for name, _, cmd, _, _ in _doc_commands()}
     assert ("README.md", "fak serve --port 8077") in found  # a fenced line, comment and `&` dropped
     assert ("docs/audit.md", "fak audit pubkey") in found  # from "$(fak audit pubkey)"
+    shell = [words for line in ("fak serve --port 8077 > log 2>&1 &", "fak info 2> err.log", "fak info &> log",
+                                "fak info >&2")
+             for words in _commands_in_shell(line)]
+    assert shell == [["serve", "--port", "8077"], ["info"], ["info"], ["info"]]  # redirections dropped
     assert any(name == "docs/console.md" and cmd.startswith("fak keys create") for name, cmd in found)
     assert len(found) > 100
 
