@@ -78,8 +78,13 @@ class HeldSession(Protocol):
 
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]: ...
 
-    def transaction(self, wait: bool = True) -> AbstractContextManager[Transaction]:
-        """One audited change under the lock (``fak.kernel.session.transaction``)."""
+    def transaction(self, wait: bool = True, dropping: Collection[str] = ()) -> AbstractContextManager[Transaction]:
+        """One audited change under the lock (``fak.kernel.session.transaction``); ``dropping``:
+        a forget's refs, never read if the session is rebuilt for it."""
+        ...
+
+    def holds_any(self, refs: Collection[str]) -> bool:
+        """Whether a forget of ``refs`` has something to drop here (the lock held)."""
         ...
 
     def held_transaction(self) -> Transaction:

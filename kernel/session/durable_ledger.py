@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from fak.cas.errors import CasError
-from fak.errors import NotFound
+from fak.cas.errors import CasError, Forgotten, KeyDestroyed
+from fak.errors import Conflict, NotFound
 from fak.kernel.calls.authorize import UNKNOWN_TOOL
 from fak.kernel.kv.ledger import Segment, SegmentKind, SegmentState, SegmentView
 from fak.kernel.kv.session import Session, SessionOptions, replay
@@ -29,7 +30,32 @@ from fak.state.seal import Plain, needs_seal, seal, unseal
 from fak.state.store import ForgetProgress, StateError, now_us, pack_tokens, unpack_tokens
 from fak.types import is_tools_block
 
-__all__ = ["CommittedSession", "DurableLedger", "Loaded"]
+__all__ = ["CommittedSession", "DurableLedger", "Loaded", "RefsErased"]
+
+log = logging.getLogger(__name__)
+
+ERASED = (KeyDestroyed, Forgotten)  # a ref whose bytes no key opens any more: crypto-erased
+
+
+class RefsErased(Conflict):
+    """A session's live segments derive from refs whose bytes are erased (their data key is
+    gone: forgotten since a restored backup, or outside the kernel), so it cannot be replayed
+    (409: its state forbids it until the kernel's forget of each ref drops them; ``refs``:
+    the refs, sorted)."""
+
+    def __init__(self, session_id: str, tenant: str, refs: Collection[str]) -> None:
+        self.refs = sorted(refs)
+        fix = "; ".join(f"fak forget {r} --tenant {tenant}" for r in self.refs)
+        super().__init__(f"session {session_id} cannot be rebuilt: it holds segments derived from "
+                         f"{', '.join(self.refs)}, whose data key is gone (forgotten since a restored backup: "
+                         f"fak cas fsck lists them as keyless). Forget each through the kernel to drop them from "
+                         f"the session: {fix} (a ref fak cas forget made a tombstone already cannot be: delete "
+                         f"the session)")
+
+
+def _derived(row: SegmentRow, refs: frozenset[str]) -> bool:
+    """Whether forgetting one of ``refs`` drops this row (``Segment.derived_from``, on the row)."""
+    return bool(refs) and (row.ref in refs or not refs.isdisjoint(json.loads(row.content)))
 
 
 def _seal_mark(refs: frozenset[str], plain: Plain) -> bytes:
@@ -45,6 +71,9 @@ class Loaded:
     fingerprint: str  # the replay's
     model_changed: bool  # recorded under another model or weight format (FAK_WEIGHTS changed)
     approximate: bool  # REROPE or PIC left KV no replay reproduces
+    # live segments of the ledger a forget's load did not read (derived from its refs, or from
+    # a ref already erased), rebuilt without their bytes: the forget's eviction reports them
+    left_out: tuple[Segment, ...] = ()
 
     @property
     def replaces_record(self) -> bool:
@@ -210,17 +239,23 @@ class DurableLedger:
             raise NotFound(f"no session {self._id!r}")
         return committed_of(*found)
 
-    def load(self, options: SessionOptions) -> Loaded:
+    def load(self, options: SessionOptions, dropping: Collection[str] = ()) -> Loaded:
         """Replay the durable ledger's live segments (tool bytes FAULT in from the CAS) into a
         ``Session`` built with ``options`` (the recorded chunk size wins), and check that the KV
         reaches the recorded fingerprint; a ledger recorded under another model or with
-        approximate KV is not checked (the caller records the replay in its place)."""
+        approximate KV is not checked (the caller records the replay in its place).
+
+        ``dropping``: the refs a forget erases. What derives from them is never read (its bytes
+        may be erased already: a backup restored after the forget's shred); the survivors are
+        replayed, which is exactly a run that never saw them, and no recorded fingerprint can
+        be checked. A ref erased already is left out with them (its bytes are gone for good,
+        the forget's eviction reports it too); outside a forget it is ``RefsErased``."""
         services = self._services
         found = services.state.session(self._tenant, self._id)
         if found is None:
             raise NotFound(f"no session {self._id!r}")  # deleted meanwhile
         head, rows = found
-        segments, messages = self._segments(rows)
+        segments, messages, left_out = self._segments(rows, frozenset(dropping))
         options = options.copy()
         options["chunk_size"] = head.chunk_size
         # exact (the fingerprint check needs it); later appends may use PIC
@@ -228,39 +263,39 @@ class DurableLedger:
         s.ledger.continue_from(head.next_segment)
         fingerprint = s.fingerprint()
         loaded = Loaded(s, fingerprint, model_changed=head.model_id != services.model_id,
-                        approximate=head.approximate)
-        if not loaded.replaces_record and fingerprint != head.fingerprint:
+                        approximate=head.approximate, left_out=tuple(left_out))
+        if not loaded.replaces_record and not left_out and fingerprint != head.fingerprint:
             raise StateError(f"session {self._id} rebuilt to fingerprint {fingerprint}, "
                              f"the ledger recorded {head.fingerprint}: refusing to serve it")
         return loaded
 
-    def _segments(self, rows: list[SegmentRow]) -> tuple[list[Segment], dict[str, dict[str, str]]]:
-        """The ledger's segments (live ones with their tokens) and the messages of the live ones,
-        in ledger order."""
+    def _segments(self, rows: list[SegmentRow], dropping: frozenset[str]
+                  ) -> tuple[list[Segment], dict[str, dict[str, str]], list[Segment]]:
+        """The ledger's segments (live ones with their tokens), the messages of the live ones,
+        in ledger order, and the live ones left out unread (derived from ``dropping`` or from
+        a ref found erased: ``load``)."""
         services = self._services
-        opened = self._open_sealed(rows)
+        live = [r for r in rows if r.state == SegmentState.LIVE.value]
+        texts, erased = self._tool_texts(live, dropping)
+        opened, erased_sealed = self._open_sealed(live, dropping | erased)
+        gone = self._erased(dropping, erased | erased_sealed)
         segments: list[Segment] = []
         messages: dict[str, dict[str, str]] = {}
+        left_out: list[Segment] = []
         for row in rows:
             kind, state = SegmentKind(row.kind), SegmentState(row.state)
-            tool, source, media_type = self._producer(row)
-            chunks = json.loads(row.chunks)
-            content = frozenset(json.loads(row.content))
-            verdict = VerdictKind(row.verdict) if row.verdict is not None else None  # persisted as its string
-            if state is not SegmentState.LIVE:
-                segments.append(Segment(id=row.id, kind=kind, tokens=[], chunks=[], ref=row.ref, state=state,
-                                        verdict=verdict, rule=row.rule, policy_digest=row.policy_digest,
-                                        content=content, protected=row.protected,
-                                        provenance=frozenset(json.loads(row.attention)), removed_tokens=row.ntokens,
-                                        expires_turn=row.expires_turn, tool=tool, source=source,
-                                        media_type=media_type))
+            if state is not SegmentState.LIVE or _derived(row, gone):
+                segments.append(self._absent(row, state))
+                if state is SegmentState.LIVE:
+                    left_out.append(segments[-1])
                 continue
+            tool, source, media_type = self._producer(row)
             message: dict[str, str] | None
             if kind is SegmentKind.TOOL:
                 if not row.ref:
                     raise StateError(f"session {self._id}: tool segment {row.id} has no ref")
                 role = services.tokenizer.tools_role if is_tools_block(tool) else None
-                message = {"role": role or "tool", "content": services.tool_text(self._tenant, row.ref)}
+                message = {"role": role or "tool", "content": texts[row.id]}
                 tokens = services.tokenizer.encode_message(list(messages.values()), message)
             elif row.id in opened:
                 plain = opened[row.id]
@@ -274,24 +309,87 @@ class DurableLedger:
                                  f"the ledger says {row.ntokens}")
             if message is not None:
                 messages[row.id] = message
-            segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=chunks, ref=row.ref,
-                                    verdict=verdict, rule=row.rule, content=content,
-                                    policy_digest=row.policy_digest, protected=row.protected,
-                                    expires_turn=row.expires_turn, tool=tool, source=source,
-                                    media_type=media_type))
-        return segments, messages
+            segments.append(Segment(id=row.id, kind=kind, tokens=tokens, chunks=json.loads(row.chunks),
+                                    ref=row.ref, verdict=_verdict(row), rule=row.rule,
+                                    content=frozenset(json.loads(row.content)), policy_digest=row.policy_digest,
+                                    protected=row.protected, expires_turn=row.expires_turn, tool=tool,
+                                    source=source, media_type=media_type))
+        return segments, messages, left_out
 
-    def _open_sealed(self, rows: list[SegmentRow]) -> dict[str, Plain]:
-        """Open the live sealed rows of a ledger (their refs' data keys read once) and
-        remember their ciphertext, so the next write does not seal them again."""
-        sealed = [(r, r.sealed) for r in rows if r.sealed is not None and r.state == SegmentState.LIVE.value]
+    def _erased(self, dropping: frozenset[str], erased: frozenset[str]) -> frozenset[str]:
+        """The refs whose segments a load leaves out: a forget's, and any found erased (outside
+        a forget, an erased ref refuses the rebuild: ``RefsErased``)."""
+        if not erased:
+            return dropping
+        if not dropping:
+            raise RefsErased(self._id, self._tenant, erased)
+        log.warning("session %s: %s erased already (data key gone): the forget of %s drops their segments too; "
+                    "fak forget each for its own receipt", self._id, ", ".join(sorted(erased)),
+                    ", ".join(sorted(dropping)))
+        return dropping | erased
+
+    def _absent(self, row: SegmentRow, state: SegmentState) -> Segment:
+        """A segment without its tokens: out of the KV (evicted, quarantined, forgotten), or a
+        live one left out unread (marked forgotten: the forget that left it out drops it)."""
+        tool, source, media_type = self._producer(row)
+        live = state is SegmentState.LIVE
+        return Segment(id=row.id, kind=SegmentKind(row.kind), tokens=[], chunks=[], ref=row.ref,
+                       state=SegmentState.FORGOTTEN if live else state, verdict=_verdict(row), rule=row.rule,
+                       policy_digest=row.policy_digest, content=frozenset(json.loads(row.content)),
+                       protected=row.protected, provenance=frozenset(json.loads(row.attention)),
+                       removed_tokens=row.ntokens, expires_turn=row.expires_turn, tool=tool, source=source,
+                       media_type=media_type)
+
+    def _tool_texts(self, live: list[SegmentRow], skip: frozenset[str]) -> tuple[dict[str, str], frozenset[str]]:
+        """The text of each live tool row not derived from ``skip`` (bytes from the CAS, by
+        segment id), and the refs whose bytes are erased."""
+        texts: dict[str, str] = {}
+        erased: set[str] = set()
+        for row in live:
+            if row.kind != SegmentKind.TOOL.value or not row.ref or _derived(row, skip):
+                continue
+            try:
+                texts[row.id] = self._services.tool_text(self._tenant, row.ref)
+            except ERASED:
+                erased.add(row.ref)
+        return texts, frozenset(erased)
+
+    def _open_sealed(self, live: list[SegmentRow], skip: frozenset[str]) -> tuple[dict[str, Plain], frozenset[str]]:
+        """Open the live sealed rows not derived from ``skip`` (their refs' data keys read
+        once) and remember their ciphertext, so the next write does not seal them again;
+        with the refs whose data key is gone (their rows stay closed)."""
+        sealed = [(r, r.sealed) for r in live if r.sealed is not None and not _derived(r, skip)]
         if not sealed:
-            return {}
+            return {}, frozenset()
         contents = {r.id: frozenset(json.loads(r.content)) for r, _ in sealed}
-        keys = self._content_keys(frozenset().union(*contents.values()))
+        keys, erased = self._keys_left(frozenset().union(*contents.values()))
         out: dict[str, Plain] = {}
         for r, ciphertext in sealed:
+            if not erased.isdisjoint(contents[r.id]):
+                continue
             plain = unseal({x: keys[x] for x in contents[r.id]}, self._tenant, self._id, r.id, ciphertext)
             out[r.id] = plain
             self._sealed[r.id] = (_seal_mark(contents[r.id], plain), ciphertext)
-        return out
+        return out, erased
+
+    def _keys_left(self, refs: frozenset[str]) -> tuple[dict[str, bytes], frozenset[str]]:
+        """The data keys of ``refs`` that are still there, and the refs whose key is gone (one
+        key-database read; one per ref only when one is gone)."""
+        try:
+            return self._content_keys(refs), frozenset()
+        except StateError as exc:
+            if not isinstance(exc.__cause__, ERASED):
+                raise
+        keys: dict[str, bytes] = {}
+        erased: set[str] = set()
+        for r in sorted(refs):
+            try:
+                keys.update(self._services.store.content_keys(self._tenant, [r]))
+            except ERASED:
+                erased.add(r)
+        return keys, frozenset(erased)
+
+
+def _verdict(row: SegmentRow) -> VerdictKind | None:
+    """A row's verdict (persisted as its string)."""
+    return VerdictKind(row.verdict) if row.verdict is not None else None

@@ -201,6 +201,9 @@ class KernelSession:
         self.created_us = created_us
         self._lock = threading.Lock()
         self._mech: Session | None = None
+        # live segments the load for a forget left out unread (``DurableLedger.load``): that
+        # forget's eviction reports them; a session loaded so lives only under that lock
+        self._left_out: list[Segment] = []
         self._cause = "restart"  # why the next rebuild happens (for the SessionRebuilt event)
         self._ledger = DurableLedger(services, tenant, session_id, created_us)
         self._in_attention = AttentionView(services.producers, tenant)
@@ -212,11 +215,11 @@ class KernelSession:
 
     # --- locking and loading --------------------------------------------------
     @contextmanager
-    def _locked(self, wait: bool = True) -> Iterator[Session]:
+    def _locked(self, wait: bool = True, dropping: Collection[str] = ()) -> Iterator[Session]:
         self._acquire(wait)
         try:
             with tenant_scope(self.tenant):  # the engine's fairness and figures are per tenant
-                s = self._loaded()
+                s = self._loaded(dropping)
                 self._settle(s)
                 s = self._loaded()
                 s.pic = pic_binding(self.services, self.tenant)  # the active policy decides, also after a reload
@@ -254,13 +257,15 @@ class KernelSession:
             expire_due(self.services, tenant=self.tenant)
 
     def _release(self) -> None:
+        if self._left_out:  # a forget's load its eviction did not commit: not a state to serve
+            self._mech, self._left_out = None, []
         self.last_used = time.monotonic()
         self._lock.release()
         self.services.sessions.enforce_kv_budget(keep=self)
 
-    def _loaded(self) -> Session:
+    def _loaded(self, dropping: Collection[str] = ()) -> Session:
         if self._mech is None:
-            self._mech = self._rebuild()
+            self._mech = self._rebuild(dropping)
         return self._mech
 
     def offload(self) -> bool:
@@ -280,10 +285,12 @@ class KernelSession:
 
     # --- transactions -----------------------------------------------------------
     @contextmanager
-    def transaction(self, wait: bool = True) -> Iterator[Transaction]:
+    def transaction(self, wait: bool = True, dropping: Collection[str] = ()) -> Iterator[Transaction]:
         """One audited change: the lock taken, the session loaded, pending withdrawals settled;
-        a failure once ``tx.change()`` was called rolls back (``fak.kernel.session.transaction``)."""
-        with self._locked(wait), Transaction(self, self.services.audit.append) as tx:
+        a failure once ``tx.change()`` was called rolls back (``fak.kernel.session.transaction``).
+        ``dropping``: the refs a forget erases; an offloaded session is rebuilt without reading
+        what derives from them (their bytes may be erased already), for ``evict_derived``."""
+        with self._locked(wait, dropping), Transaction(self, self.services.audit.append) as tx:
             yield tx
 
     def held_transaction(self) -> Transaction:
@@ -292,9 +299,20 @@ class KernelSession:
 
     # --- for the withdrawal paths (fak.kernel.withdrawal.forget, fak.kernel.withdrawal.quarantine) and the façade ------
     def locked(self, wait: bool = True) -> AbstractContextManager[Session]:
-        """The session under its lock, loaded and with pending withdrawals settled: what a
-        delete holds while it removes the session (a change goes through ``transaction``)."""
+        """The session under its lock, loaded and with pending withdrawals settled (a change
+        goes through ``transaction``)."""
         return self._locked(wait)
+
+    @contextmanager
+    def held(self, wait: bool = True) -> Iterator[None]:
+        """The lock alone, nothing loaded: what a delete holds while it removes the session
+        (its KV is not needed, and a ledger that cannot be replayed, one holding a ref erased
+        since a restored backup, is deleted too)."""
+        self._acquire(wait)
+        try:
+            yield
+        finally:
+            self._release()
 
     def acquire(self, wait: bool = True) -> None:
         """Take the lock without settling (a withdrawal applies its own ref); ``release()`` after."""
@@ -331,7 +349,7 @@ class KernelSession:
     def discard(self) -> None:
         """Drop the in-memory session after a failed change; the durable ledger rebuilds it.
         The rollback primitive: only ``fak.kernel.session.transaction`` calls it."""
-        self._mech = None
+        self._mech, self._left_out = None, []
         self._cause = "rollback"
 
     def unload(self) -> None:
@@ -367,11 +385,15 @@ class KernelSession:
         just computed it (hashing the whole KV again is the costliest part of a write)."""
         self._ledger.write(self._loaded(), forget, fingerprint)
 
-    def _rebuild(self) -> Session:
+    def _rebuild(self, dropping: Collection[str] = ()) -> Session:
         """The session replayed from the durable ledger (checked against its fingerprint), and
-        logged (``SessionRebuilt``) with why it was rebuilt."""
-        loaded = self._ledger.load(session_options(self.services, self.tenant, self.id))
+        logged (``SessionRebuilt``) with why it was rebuilt. ``dropping``: a forget's refs,
+        left out unread (the forget's commit records and logs the state it leaves)."""
+        loaded = self._ledger.load(session_options(self.services, self.tenant, self.id), dropping)
         s = loaded.session
+        if loaded.left_out:
+            self._left_out = list(loaded.left_out)
+            return s
         if loaded.replaces_record:
             # recorded under another model or weight format (FAK_WEIGHTS changed: the same ledger
             # computes other bytes here), or with approximate KV (REROPE, PIC) no replay
@@ -740,6 +762,7 @@ class KernelSession:
         drop, one replay. The caller holds the lock."""
         s = self._loaded()
         wanted = set(refs)
+        left_out, self._left_out = self._left_out, []  # the load left them out: this eviction drops them
         victims = [x for x in s.ledger.live() if any(x.derived_from(r) for r in wanted)]
         nodes: list[str] = []
         chunks: list[str] = []
@@ -752,7 +775,14 @@ class KernelSession:
         if any(wanted & x.provenance for x in s.ledger.live()) or s.approximate:
             self._mech = s = replayed(self.services, self.tenant, self.id, s)
         survivors = [replace(x, tokens=list(x.tokens), chunks=list(x.chunks)) for x in s.ledger.live()]
-        return DerivedEviction(victims, nodes, chunks, s.fingerprint(), survivors)
+        return DerivedEviction(left_out + victims, nodes, chunks, s.fingerprint(), survivors)
+
+    def holds_any(self, refs: Collection[str]) -> bool:
+        """Whether a forget of ``refs`` has something to drop here (the lock held): a live
+        segment derived from or attending to one, or one its load left out unread."""
+        wanted = set(refs)
+        return bool(self._left_out) or any(x.derived_from(r) or r in x.provenance
+                                           for x in self._loaded().ledger.live() for r in wanted)
 
     def replay_of(self, segment_ids: Sequence[str]) -> str | None:
         """Fingerprint of an independent replay of the segments ``segment_ids`` (the survivors

@@ -115,7 +115,7 @@ class SessionRegistry:
             svc.gateways.delete(tenant, id)
             return
         ks = self.session(tenant, id)  # NotFound for unknown or another tenant's
-        with self._lock, ks.locked():
+        with self._lock, ks.held():  # not rebuilt: a session whose refs were erased since is deleted too
             found = svc.state.session(tenant, id)
             for row in found[1] if found else []:
                 if row.ref and row.kind == "tool":  # the CAS's record of where the ref is used

@@ -55,7 +55,8 @@ def apply_policy(svc: Services, task: WithdrawalTaskRow, acting_for: str,
 def resume_forgets(svc: Services, progress: Callable[[str], None] | None) -> None:
     """Finish the forgets a crash interrupted, then queue again the replays it cut (in the
     background). On a replica a forget whose lock a peer holds, or whose part a peer has not
-    applied yet, stays pending: resumed by the next to ask or to open."""
+    applied yet, stays pending: resumed by the next to ask or to open. A forget that fails
+    for another reason stays pending too, said loudly: one forget must not stop every start."""
     for row in svc.state.pending_forgets():
         if progress:
             progress(f"resuming the forget of {row.ref[:24]}… (request {row.request_id})")
@@ -67,4 +68,18 @@ def resume_forgets(svc: Services, progress: Callable[[str], None] | None) -> Non
             # a peer holds the deployment's forget lock (its forget, maybe this one) or has not
             # applied its part yet: the forget stays pending, resumed by the next to ask or open
             log.warning("replica %s: the forget %s stays pending: %s", svc.settings.replica, row.request_id, exc)
+        except FakError as exc:
+            _stays_pending(row.tenant, row.ref, row.request_id, exc, progress)
     replay_check.resume(svc)  # replays a crash interrupted: run again, in the background
+
+
+def _stays_pending(tenant: str, ref: str, request_id: str, exc: FakError,
+                   progress: Callable[[str], None] | None) -> None:
+    """Report a forget the open could not finish: it stays pending (its ref refused at
+    admission), retried at the next open or by the command this names."""
+    message = (f"the forget of {ref} (tenant {tenant}, request {request_id}) could not be resumed and stays "
+               f"pending: {exc}. The kernel starts without it; it is retried at the next start, or now with: "
+               f"fak forget {ref} --tenant {tenant}")
+    log.error("%s", message)
+    if progress:
+        progress(message)

@@ -7,8 +7,9 @@ up, the ref is forgotten, the main database and blobs are lost and restored from
 then the page's steps run as written: the backup's export verifies with the pinned key, the
 signer refuses (``signer_state_ahead``) until ``fak audit signer-reset``, the restored log
 extends the backup's export byte for byte, ``fak cas fsck`` lists the forgotten ref as keyless
-and ``fak cas forget`` makes it a tombstone. Nothing of the forgotten ref reads again, at any
-step; the ref that was live at the backup reads back."""
+and ``fak forget`` makes it a tombstone again, dropping it from the restored session that held
+it (never reading it). Nothing of the forgotten ref reads again, at any step; the ref that was
+live at the backup reads back."""
 
 from __future__ import annotations
 
@@ -197,10 +198,10 @@ def test_backup_forget_restore_as_the_page_says(env: Path, tmp_path: Path, tiny_
     assert [e["kind"] for e in events if e["type"] == "audit_alarm"][-1] == "signer_reset"
     assert not any(e["type"] == "forget_completed" for e in events)  # lost with the entries after the backup
 
-    # step 6: fsck names the ref forgotten since the backup; cas forget makes it a tombstone again
+    # step 6: fsck names the ref forgotten since the backup; the kernel's forget makes it a tombstone again
     out, _ = fak("cas", "fsck", rc=1)
     assert json.loads(out)["keyless"] == [f"acme {gone}"]
-    fak("cas", "forget", gone, "--tenant", "acme")
+    fak("forget", gone, "--tenant", "acme")
     out, _ = fak("cas", "fsck")
     assert json.loads(out)["keyless"] == []
     assert json.loads(fak("cas", "head", gone, "--tenant", "acme")[0])["state"] == "forgotten"
@@ -219,11 +220,14 @@ def test_backup_forget_restore_as_the_page_says(env: Path, tmp_path: Path, tiny_
     assert missing == [], f"the page's restore commands this test did not run as written: {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (docs/deploy.md, 'Restore'): a session that held a ref "
-                   "forgotten after the backup cannot be rebuilt after the restore, so the kernel's forget fails")
 def test_the_kernel_forgets_a_ref_forgotten_since_the_backup(env: Path, tmp_path: Path, tiny_lm: object) -> None:
+    """The restored session that held the ref is refused (naming the fix) until the kernel's
+    forget, which drops the ref unread; then it serves the survivors, and every start opens."""
+    from fak import Kernel, Settings
+    from fak.kernel.session.durable_ledger import RefsErased
+
     data, backup, fak, table = env, tmp_path / "backup", Fak(), backup_table()
-    gone, _ = _admit(data, tiny_lm)
+    gone, kept = _admit(data, tiny_lm)
     _back_up(data, backup, table, fak)
     fak("forget", gone, "--tenant", "acme")
     _lose_the_main_database(data)
@@ -231,4 +235,13 @@ def test_the_kernel_forgets_a_ref_forgotten_since_the_backup(env: Path, tmp_path
     n = int(re.search(r"OK: (\d+) entries", fak("audit", "verify", str(backup / "data" / "audit.export"),
                                                    "--trust-embedded-key")[0]).group(1))
     fak("audit", "signer-reset", "--accept-size", str(n))
-    fak("forget", gone, "--tenant", "acme")
+    settings = Settings(data_dir=data, model_path=None, chunk_size=16)
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k, pytest.raises(RefsErased, match=re.escape(
+            f"fak forget {gone} --tenant acme")):
+        k.session("acme", "trip").refs()
+    receipt = json.loads(fak("forget", gone, "--tenant", "acme")[0])
+    assert [x["session_id"] for x in receipt["sessions"]] == ["trip"] and receipt["replay_event"] is not None
+    with Kernel.open(settings, model=tiny_lm, progress=None) as k:
+        trip = k.session("acme", "trip")
+        assert trip.refs() == {kept} and trip.fingerprint() == trip.replay_fingerprint()
+    assert json.loads(fak("cas", "fsck")[0])["keyless"] == []
