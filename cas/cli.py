@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -53,22 +54,32 @@ def _put(args: argparse.Namespace) -> int:
 
 def _get(args: argparse.Namespace) -> int:
     with _store(args) as store:
-        out = _private_output(args.output) if args.output else sys.stdout.buffer
-        try:
+        if not args.output:
+            for piece in store.get_stream(args.digest, args.tenant):
+                sys.stdout.buffer.write(piece)
+            return 0
+        with _private_output(args.output) as out:
             for piece in store.get_stream(args.digest, args.tenant):
                 out.write(piece)
-        finally:
-            if args.output:
-                out.close()
     return 0
 
 
-def _private_output(path: str) -> BinaryIO:
-    """Open ``path`` for writing with mode 0600 (an existing file is truncated and
-    tightened): a tool result written out is as private as it was in the store."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "wb")
+@contextlib.contextmanager
+def _private_output(path: str) -> Iterator[BinaryIO]:
+    """A file at ``path`` with mode 0600 (a tool result written out is as private as it was in
+    the store), there only once every byte was written and verified: the bytes go to a
+    temporary file beside it, renamed over ``path`` at the end and removed if the read fails
+    (a forgotten ref or a tampered blob leaves no file, and an existing one untouched)."""
+    target = os.path.abspath(path)
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.")
+    try:
+        with os.fdopen(fd, "wb") as out:  # mkstemp's file is 0600
+            yield out
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")

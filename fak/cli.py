@@ -53,6 +53,7 @@ def build_parser() -> Parser:
             parser.missing = parser.missing or exc.name
             continue
         module.register(sub)
+    _capital_placeholders(parser)
     parser.commands = frozenset(sub.choices)
     if parser.missing:
         parser.epilog = f"The kernel and server commands need their dependencies; {INSTALL_SERVER}."
@@ -67,6 +68,17 @@ def _config_file(path: str | None) -> AbstractContextManager[object]:
     from fak.settings import config_file_in_force
 
     return config_file_in_force(path)
+
+
+def _capital_placeholders(parser: argparse.ArgumentParser) -> None:
+    """Every command's positionals shown as the docs write them, ``fak forget REF`` (argparse
+    would print the destination's lower-case name), across every layer's subcommands."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its actions there, no accessor
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for child in set(action.choices.values()):
+                _capital_placeholders(child)
+        elif not action.option_strings and action.metavar is None:
+            action.metavar = action.dest.upper()
 
 
 def main(argv: list[str] | None = None) -> int:

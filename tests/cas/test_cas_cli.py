@@ -50,6 +50,23 @@ def test_cli_get_output_is_private(tmp_path, capsys):
     assert out.read_bytes() == b"private result" and (out.stat().st_mode & 0o777) == 0o600
 
 
+def test_cli_get_that_fails_leaves_no_file_and_keeps_an_old_one(tmp_path, capsys):
+    """A read that fails (a forgotten ref) writes nothing to ``-o FILE``: no empty file appears,
+    and a file already there keeps its bytes."""
+    src = tmp_path / "r.txt"
+    src.write_bytes(b"soon forgotten")
+    assert main(["cas", "put", str(src), "--tenant", "acme"]) == 0
+    digest = json.loads(capsys.readouterr().out)["digest"]
+    assert main(["cas", "forget", digest, "--tenant", "acme"]) == 0
+    fresh, old = tmp_path / "fresh.bin", tmp_path / "old.bin"
+    old.write_bytes(b"kept")
+    for out in (fresh, old):
+        assert main(["cas", "get", digest, "--tenant", "acme", "-o", str(out)]) == 1
+        assert "forgotten" in capsys.readouterr().err
+    assert not fresh.exists() and old.read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file left
+
+
 def test_cli_rotate_destroy_and_erase(tmp_path, capsys):
     src = tmp_path / "r.txt"
     src.write_bytes(b"rotate me")
