@@ -4,7 +4,8 @@ Always, without a Docker daemon: the ``Dockerfile`` parses (``dockerfile-parse``
 source exists, the torch and model pins are the Makefile's with the CPU index and ``--no-deps``,
 the image runs as a user other than root and bakes in no secret, its ``CMD`` parses with the real
 ``fak`` parser and binds 0.0.0.0, the exposed port is ``compose.yaml``'s and ``fak serve``'s;
-``compose.yaml`` has fak and PostgreSQL, the volumes and healthchecks the page names, and no
+``compose.yaml`` is valid under the Compose Specification's JSON schema (``check-jsonschema``'s
+vendored copy), has fak and PostgreSQL, the volumes and healthchecks the page names, and no
 secret value. Where ``docker info`` answers (and the compose plugin is there), the stack is built
 and started and ``/healthz`` answers through the published port."""
 
@@ -15,6 +16,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -146,6 +148,23 @@ def test_compose_has_fak_and_postgres_with_volumes_and_healthchecks() -> None:
     assert env["FAK_CAS_KEY_URL"] == "sqlite:////var/lib/fak-keys/cas-keys.db", "the key database on its own volume"
     assert set(compose["volumes"]) == {"fak-data", "fak-keys", "pg-data"}
     assert db["volumes"] == ["pg-data:/var/lib/postgresql/data"]
+
+
+def _compose_spec_check(path: Path) -> subprocess.CompletedProcess[str]:
+    """``compose.yaml`` against the Compose Specification's own JSON schema, as
+    ``check-jsonschema`` vendors it (``vendor.compose-spec``): the syntax check that needs no
+    Docker and no compose plugin."""
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                           str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_compose_file_is_valid_under_the_compose_specification(tmp_path: Path) -> None:
+    checked = _compose_spec_check(ROOT / "compose.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    misspelt = tmp_path / "compose.yaml"  # the same check refuses a key the specification lacks
+    misspelt.write_text((ROOT / "compose.yaml").read_text().replace("healthcheck:", "healthchek:", 1))
+    refused = _compose_spec_check(misspelt)
+    assert refused.returncode != 0 and "healthchek" in refused.stdout, refused.stdout
 
 
 def test_compose_names_secrets_only_by_required_variables() -> None:
