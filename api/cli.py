@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
@@ -97,7 +98,7 @@ def _create(args: argparse.Namespace) -> int:
     else:
         print(key)
         print(f"(key id {who.key_id}, tenant {who.tenant}, role {who.role.value}, expires {_when(who.expires_us)}; "
-              "shown once, store it now)", file=__import__("sys").stderr)
+              "shown once, store it now)", file=sys.stderr)
     return 0
 
 
@@ -145,13 +146,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from fak.api.app import create_app
     from fak.api.malloc import limit_arenas
+    from fak.api.startup import summary
     from fak.kernel.facade import Kernel
 
     limit_arenas()  # before any worker thread allocates (api/malloc.py says why)
     kernel = Kernel.open(settings)
     try:
-        uvicorn.run(create_app(kernel), host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=10)
+        app = create_app(kernel)
+        print("\n".join(summary(kernel, app.state.keys, args.host, args.port)), file=sys.stderr, flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     finally:
         kernel.close()
     return 0

@@ -98,6 +98,8 @@ def test_cli_while_serving_loses_nothing(tmp_path, tiny_dir) -> None:
     server = Server(env, tmp_path / "server.log")
     try:
         server.wait_up()
+        started = (tmp_path / "server.log").read_text()  # what it says it loaded (api/startup.py)
+        assert f"fak serve on {server.base}" in started and "1 active API key" in started, started
         with server.client(key) as c:
             acked.work(c, "before")
             ref = next(iter(acked.admissions.values()))
