@@ -70,8 +70,10 @@ def run_demo(model_path: str | None = None) -> int:
             log_key = probe.public_key()  # the log's key exists before its witness is told to trust it
         with WitnessServer(Witness(data / "witness", [log_key])) as witness:
             wkey = witness.witness.vkey()
-            settings = Settings(data_dir=data, model_path=model_path, audit_origin=ORIGIN,
-                                audit_witnesses=[f"{witness.url} {wkey}"])
+            # both databases pinned to the temporary directory: a deployment's FAK_DATABASE_URL or
+            # config file must never receive the demo's tenants
+            settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'fak.db'}", cas_key_url=None,
+                                model_path=model_path, audit_origin=ORIGIN, audit_witnesses=[f"{witness.url} {wkey}"])
             with Kernel.open(settings) as kernel, serve(kernel) as live:
                 return _story(console, kernel, live, tmp, wkey, t0)
 

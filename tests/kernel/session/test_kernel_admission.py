@@ -4,6 +4,7 @@ and ``fak demo`` end to end (a real server on loopback, driven through the SDK).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,14 @@ def test_admission_verdicts_reach_ledger_cache_and_log(real_kernel, tmp_path) ->
 
 
 def test_demo_runs(tmp_path) -> None:
+    """``fak demo`` on its embedded defaults, in a temporary directory: a deployment's database
+    URLs (from its environment or config file; unreachable ones here) never receive its tenants."""
     fak = str(Path(sys.executable).with_name("fak"))
-    run = subprocess.run([fak, "demo"], capture_output=True, text=True, timeout=600)
+    elsewhere = "postgresql+psycopg://nobody@127.0.0.1:1/production"
+    config = tmp_path / "deployment.yaml"
+    config.write_text(f"database_url: {elsewhere}\ncas_key_url: {elsewhere}\n")
+    env = {**os.environ, "FAK_CONFIG": str(config), "FAK_DATABASE_URL": elsewhere, "FAK_CAS_KEY_URL": elsewhere}
+    run = subprocess.run([fak, "demo"], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     out = " ".join(run.stdout.split())  # rich wraps long lines
     assert "token-identical to the never-saw session: True" in out
