@@ -169,6 +169,7 @@ class _TenantView:
                 totals[s.name] = totals.get(s.name, 0.0) + s.value
             yield out
         yield from _kernel_families(self.kernel, self.tenant)
+        yield _audit_log_size(self.kernel)
         tokens, seconds = totals.get("fak_decode_tokens_total", 0.0), totals.get("fak_decode_seconds_total", 0.0)
         yield GaugeMetricFamily("fak_decode_tokens_per_second",
                                 "mean decode speed since start (rate(fak_decode_tokens_total) / "
@@ -195,14 +196,18 @@ class _DeploymentView:
         merged: dict[str, Metric] = {}
         for tenant in sorted(tenants - {""}):
             for family in _kernel_families(self.kernel, tenant):
-                if family.name == "fak_audit_log_size":  # one log for all: no tenant's figure
-                    merged.setdefault(family.name, family)
-                    continue
                 into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
                                                              family.unit))
                 for s in family.samples:
                     into.add_sample(s.name, {"tenant": tenant, **s.labels}, s.value, s.timestamp, s.exemplar)
         yield from merged.values()
+        yield _audit_log_size(self.kernel)
+
+
+def _audit_log_size(k: Kernel) -> Metric:
+    """The one figure of every tenant's: the log is shared, and its size is public in every checkpoint."""
+    return GaugeMetricFamily("fak_audit_log_size", "entries in the audit log shared by every tenant "
+                                                   "(the tree size signed checkpoints publish)", value=k.audit.size())
 
 
 def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
@@ -239,8 +244,6 @@ def _kernel_families(k: Kernel, tenant: str) -> Iterator[Metric]:
     yield GaugeMetricFamily("fak_sessions_loaded", "sessions whose KV is in memory", value=len(loaded))
     yield GaugeMetricFamily("fak_kv_bytes", "KV bytes allocated by loaded sessions",
                             value=sum(ks.kv_bytes for ks in loaded))
-    yield GaugeMetricFamily("fak_audit_log_size", "entries in the audit log shared by every tenant "
-                                                  "(the tree size signed checkpoints publish)", value=k.audit.size())
     yield from engine_series(k, tenant)  # the engine loop and the generation queue (api/engine_metrics.py)
 
 

@@ -171,18 +171,16 @@ def rewrite(text: str, generated: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argparse.ArgumentParser(description=__doc__).parse_known_args(argv)[1] or ["--write", "README.md"]
-    if len(args) != 2 or args[0] != "--write":
-        print("usage: python -m fak.cli_reference --write README.md", file=sys.stderr)
-        return 2
-    path = Path(args[1])
+    parser = argparse.ArgumentParser(prog="python -m fak.cli_reference", description=__doc__)
+    parser.add_argument("--write", metavar="FILE", default="README.md", help="the file whose tables to write "
+                        "(default README.md)")
+    path = Path(parser.parse_args(argv).write)
     before = path.read_text(encoding="utf-8")
     after = rewrite(before, tables())
     if after != before:
         path.write_text(after, encoding="utf-8")
     print(f"{path}: {'written' if after != before else 'already current'}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
