@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 if TYPE_CHECKING:
+    from fak.kernel.calls.webhook import Outcome as ApprovalOutcome
     from fak.policy import VerdictKind
     from fak.policy.schema import ToolCallVerdict
 
@@ -78,7 +79,7 @@ class ApprovalNotified(KernelEvent):
     """The approvals webhook's notice of one of the tenant's held calls ended: ``delivered``
     (a 2xx), ``refused`` (another 4xx), ``failed`` (every try failed) or ``dropped`` (queue full)."""
 
-    outcome: Literal["delivered", "refused", "failed", "dropped"]
+    outcome: ApprovalOutcome
 
 
 @dataclass(frozen=True, slots=True)

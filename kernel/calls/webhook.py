@@ -128,8 +128,9 @@ class HeldCallWebhook:
             self._report(call.tenant, "dropped")
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Stop: the try in flight may end within ``timeout_s``; notices still queued are not sent
-        (the queue of pending calls, ``GET /v1/tool-calls``, still lists them)."""
+        """Stop: the try in flight may end within ``timeout_s`` (else it ends by its own timeout,
+        and the thread closes the client then); notices still queued are not sent (the queue of
+        pending calls, ``GET /v1/tool-calls``, still lists them)."""
         self._stop.set()
         with contextlib.suppress(queue.Full):  # full: the thread sees the stop after its current notice
             self._queue.put_nowait(None)
@@ -137,16 +138,17 @@ class HeldCallWebhook:
         left = self._queue.qsize()
         if left:
             log.warning("approvals webhook closed with %d notice(s) not sent", left)
-        if not self._thread.is_alive():  # else a try still runs on it: it ends by its timeout, then the thread
-            self._client.close()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            item = self._queue.get()
-            if item is None:
-                return
-            tenant, call_id, body = item
-            self._report(tenant, self.deliver(call_id, body))
+        try:
+            while not self._stop.is_set():
+                item = self._queue.get()
+                if item is None:
+                    return
+                tenant, call_id, body = item
+                self._report(tenant, self.deliver(call_id, body))
+        finally:  # the thread owns the client: closed once no try can use it any more
+            self._client.close()
 
     def deliver(self, msg_id: str, body: bytes) -> Outcome:
         """Post one notice, trying again after a failure (a network error, a timeout, a 3xx, a

@@ -154,10 +154,10 @@ def held_call(call_id: str = "call_held_0123456789abcdef01234567") -> HeldCall:
                     producer="key:abc")
 
 
-def deliveries(receiver: Receiver, **config) -> tuple[HeldCallWebhook, list[tuple[str, str]]]:
+def deliveries(receiver: Receiver, queue_size: int = 1000, **config) -> tuple[HeldCallWebhook, list[tuple[str, str]]]:
     outcomes: list[tuple[str, str]] = []
     hook = HeldCallWebhook(WebhookConfig(url=receiver.url, secret=SECRET, backoff_s=0.05, timeout_s=5, **config),
-                           lambda tenant, outcome: outcomes.append((tenant, outcome)))
+                           lambda tenant, outcome: outcomes.append((tenant, outcome)), queue_size=queue_size)
     return hook, outcomes
 
 
@@ -180,35 +180,51 @@ def test_a_5xx_is_retried_with_the_same_id_each_try_signed_anew() -> None:
     assert len({r.body for r in receiver.received}) == 1  # the same notice, each try
 
 
+def fate(statuses: list[int], attempts: int) -> tuple[list[tuple[str, str]], int]:
+    """The outcome of one notice to a receiver answering ``statuses`` in turn, and its tries."""
+    with receiving(Receiver(statuses=statuses)) as receiver:
+        hook, outcomes = deliveries(receiver, attempts=attempts)
+        hook.notify(held_call())
+        _settled(outcomes)
+        hook.close()
+    return outcomes, len(receiver.received)
+
+
 def test_tries_are_bounded_and_a_4xx_refusal_is_not_retried() -> None:
-    with receiving(Receiver(statuses=[500] * 10)) as receiver:
-        hook, outcomes = deliveries(receiver, attempts=3)
-        hook.notify(held_call())
-        _settled(outcomes)
-        hook.close()
-    assert outcomes == [("acme", "failed")] and len(receiver.received) == 3
-    with receiving(Receiver(statuses=[401, 200])) as receiver:
-        hook, outcomes = deliveries(receiver, attempts=3)
-        hook.notify(held_call())
-        _settled(outcomes)
-        hook.close()
-    assert outcomes == [("acme", "refused")] and len(receiver.received) == 1
-    with receiving(Receiver(statuses=[429])) as receiver:  # too many requests: worth another try
-        hook, outcomes = deliveries(receiver, attempts=3)
-        hook.notify(held_call())
-        _settled(outcomes)
-        hook.close()
-    assert outcomes == [("acme", "delivered")] and len(receiver.received) == 2
+    assert fate([500] * 10, attempts=3) == ([("acme", "failed")], 3)
+    assert fate([401, 200], attempts=3) == ([("acme", "refused")], 1)
+    assert fate([429], attempts=3) == ([("acme", "delivered")], 2)  # too many requests: worth another try
 
 
 def test_a_redirect_is_not_followed() -> None:
     """The receiver's answer cannot send a notice outside the egress allow-list."""
-    with receiving(Receiver(statuses=[307, 307])) as receiver:
-        hook, outcomes = deliveries(receiver, attempts=2)
+    assert fate([307, 307], attempts=2) == ([("acme", "failed")], 2)
+
+
+def test_a_full_queue_drops_the_notice_and_never_blocks() -> None:
+    with receiving(Receiver(hang=threading.Event())) as receiver:
+        hook, outcomes = deliveries(receiver, queue_size=1)
+        hook.notify(held_call("call_held_a"))
+        receiver.wait_for(1)  # in flight, hanging: the next one waits in the queue, the one after has no room
+        hook.notify(held_call("call_held_b"))
+        started = time.monotonic()
+        hook.notify(held_call("call_held_c"))
+        assert time.monotonic() - started < 1 and outcomes == [("acme", "dropped")]
+        hook.close(timeout_s=0.1)
+
+
+def test_close_does_not_wait_for_a_try_in_flight_and_the_thread_closes_its_client() -> None:
+    hang = threading.Event()
+    with receiving(Receiver(hang=hang)) as receiver:
+        hook, outcomes = deliveries(receiver)
         hook.notify(held_call())
-        _settled(outcomes)
-        hook.close()
-    assert outcomes == [("acme", "failed")] and len(receiver.received) == 2
+        receiver.wait_for(1)
+        started = time.monotonic()
+        hook.close(timeout_s=0.2)
+        assert time.monotonic() - started < 2 and not hook._client.is_closed  # the try still uses it
+        hang.set()
+        hook._thread.join(10)
+    assert outcomes == [("acme", "delivered")] and hook._client.is_closed
 
 
 def test_the_notice_names_the_call_and_where_to_decide_it() -> None:
