@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ BIND_META = "fak.dev/session"  # the same, in a request's (or the initialize req
 SWEEP_S = 60.0  # how often idle unbound connections' sessions are looked for
 JSON_RESPONSE = False  # answer a request with one JSON body instead of an SSE stream (bench/mcp.py measures both)
 _STATE = "fak_mcp"
+log = logging.getLogger("fak.api")
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ class McpEndpoint:
 def _said(exc: FakError) -> str:
     """What a client is told of a refusal (an internal error says nothing of the internals)."""
     if exc.status >= 500 and not getattr(exc, "public", False):
+        log.error("mcp gateway: %s: %s", exc.code, exc)  # as the REST API's problem handler does
         return f"fak: {exc.code} (logged on the server)"
     return f"fak: {exc.code}: {(str(exc).splitlines() or [exc.code])[0]}"
 

@@ -127,12 +127,22 @@ class ToolPins:
     def _log_change(self, label: str, withheld: list[Withheld]) -> None:
         key = _sha([[w.name, w.change, w.seen] for w in withheld])
         with self._lock:
-            if self._logged.get(label) == key:
+            before = self._logged.get(label)
+            if before == key:
                 return
             self._logged[label] = key
         names = [w for w in withheld if w.change != "invalid_name"]
-        self._audit.append(McpToolsChanged(server=as_id(label), changes=[
-            McpToolChange(name=w.name, change=w.change, pinned=w.pinned, seen=w.seen) for w in names[:1000]]))
+        try:
+            self._audit.append(McpToolsChanged(server=as_id(label), changes=[
+                McpToolChange(name=w.name, change=w.change, pinned=w.pinned, seen=w.seen) for w in names[:1000]]))
+        except BaseException:  # not in the log: the next listing logs it (and fails again until it is)
+            with self._lock:
+                if self._logged.get(label) == key:
+                    if before is None:
+                        self._logged.pop(label, None)
+                    else:
+                        self._logged[label] = before
+            raise
 
     def approve(self, label: str, tools: Sequence[McpTool], principal: str) -> int:
         """Pin ``tools`` as server ``label``'s (its earlier pins go): logged first, then written.

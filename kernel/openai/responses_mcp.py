@@ -374,12 +374,14 @@ def _turn(r: _Run, body: w.ChatCompletionRequest) -> tuple[bool, w.ChatCompletio
             continue
         use, tool = found
         v = verdicts.get(call.id)
-        if (v is not None and v.held) or use.ask(tool.name):  # the policy holds it, or the request asks
+        if v is None or (v.verdict != "ALLOW" and not v.held):  # no ALLOW of fak's for it: never run
+            continue
+        if v.held or use.ask(tool.name):  # the policy holds it, or the request asks
             r.output.append(wr.McpApprovalRequestItem(id=call.id, server_label=use.label, name=tool.name,
                                                       arguments=call.function.arguments))
             stop = True
         else:
-            r.execute(use, tool, call.id, call.function.arguments, v.audit_index if v is not None else None)
+            r.execute(use, tool, call.id, call.function.arguments, v.audit_index)
             go_on = True
     return go_on and not stop, completion
 

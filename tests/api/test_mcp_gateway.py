@@ -331,3 +331,17 @@ def test_calls_resolve_against_the_kept_listing_checked_against_the_pins_at_use(
     servers.pins.approve("mail", forged, "operator")
     (refused,) = run(go("read_inbox"))
     assert refused.is_error and meta(refused)["fak.dev/outcome"] == "unknown_tool" and mail.mail.reads == 4
+
+
+def test_an_internal_error_is_logged_on_the_server_and_not_told_to_the_client(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from fak.api.mcp_gateway import _said
+    from fak.errors import FakError, InvalidInput
+
+    with caplog.at_level("ERROR", logger="fak.api"):
+        said = _said(FakError("postgres at 10.0.0.5: password authentication failed"))
+    assert said == "fak: internal (logged on the server)" and "10.0.0.5" not in said
+    assert any("10.0.0.5" in r.getMessage() for r in caplog.records)  # what it says it did
+    caplog.clear()
+    assert _said(InvalidInput("session abc: not found\nmore")) == "fak: invalid_input: session abc: not found"
+    assert not caplog.records

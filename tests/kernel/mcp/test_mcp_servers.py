@@ -107,6 +107,27 @@ def test_a_changed_description_withholds_that_tool_until_approved_again(kernel: 
     assert len(events(kernel, "mcp_tools_changed")) == 1
 
 
+def test_a_change_whose_entry_failed_to_append_is_logged_by_the_next_listing(
+        kernel: Kernel, mail: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    mcp = mcp_of(kernel)
+    mcp.approve("mail", "key:ops-admin")
+    mail.mail.change_description("send_email", RUG_PULL)
+    real = mcp.pins._audit.append  # noqa: SLF001
+
+    def failing(event):  # noqa: ANN001, ANN202
+        raise OSError("the log is unavailable")
+
+    monkeypatch.setattr(mcp.pins, "_audit", type("Sink", (), {"append": staticmethod(failing)})())
+    with pytest.raises(OSError):
+        mcp.offer("mail")  # the listing that saw the rug pull fails with its entry
+    assert events(kernel, "mcp_tools_changed") == []
+    monkeypatch.setattr(mcp.pins, "_audit", type("Sink", (), {"append": staticmethod(real)})())
+    offer = mcp.offer("mail")  # not taken for logged: this listing logs it
+    assert [w.name for w in offer.withheld] == ["send_email"]
+    [logged] = events(kernel, "mcp_tools_changed")
+    assert [c.name for c in logged.changes] == ["send_email"]
+
+
 def test_a_pin_row_written_without_the_key_pins_nothing(kernel: Kernel, mail: RunningServer,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pin_module, "REFRESH_S", 0.0)  # read the rows again on every listing
