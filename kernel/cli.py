@@ -202,11 +202,12 @@ def _tool_list(path: str) -> list[Any]:
     from fak.errors import FakError
 
     try:
-        body = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise FakError(f"{path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise FakError(f"{path}: not JSON: {exc}") from None
+    except ValueError:
+        raise FakError(f"{path}: not UTF-8") from None
+    body = _json_value(text, path)
     if isinstance(body, dict) and isinstance(body.get("result"), dict):
         body = body["result"]
     if isinstance(body, dict):
@@ -214,6 +215,19 @@ def _tool_list(path: str) -> list[Any]:
     if not isinstance(body, list):
         raise FakError(f'{path}: want a JSON list of tools, or an object with a "tools" list')
     return body
+
+
+def _json_value(text: str, what: str) -> Any:
+    """``text`` parsed as JSON, or an ``InvalidInput`` naming ``what`` (nesting too deep included:
+    the parser's RecursionError is no crash)."""
+    from fak.errors import InvalidInput
+
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(f"{what}: not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"{what}: not JSON: nested too deeply") from None
 
 
 def _explain_tools(args: argparse.Namespace) -> int:
@@ -337,10 +351,7 @@ def _authorize_call(args: argparse.Namespace) -> int:
     from fak.policy.cli import deployment_egress, deployment_policy
     from fak.policy.policy import load_policy
 
-    try:
-        call_args = json.loads(args.args)
-    except ValueError as exc:
-        raise InvalidInput(f"--args: not JSON: {exc}") from None
+    call_args = _json_value(args.args, "--args")
     if not isinstance(call_args, dict):
         raise InvalidInput("--args: want a JSON object of the call's arguments")
     args_bytes(call_args)  # as the kernel checks a call's arguments (size, JSON values)
@@ -348,10 +359,7 @@ def _authorize_call(args: argparse.Namespace) -> int:
     if args.tool_def is not None:
         if args.schema is not None:
             raise InvalidInput("give --schema or --tool-def, not both")
-        try:
-            definition = json.loads(args.tool_def)
-        except ValueError as exc:
-            raise InvalidInput(f"--tool-def: not JSON: {exc}") from None
+        definition = _json_value(args.tool_def, "--tool-def")
         try:
             spec = spec_of(definition)
         except InvalidInput as exc:

@@ -280,9 +280,8 @@ def _merge(base: PolicyDocument, over: PolicyDocument) -> PolicyDocument:
             spec[name] = _by_key(getattr(b, name), getattr(o, name), lambda item: item.id)
         elif name == "tool_calls":
             calls = b.tool_calls.model_dump()
-            over_calls = o.tool_calls.model_dump()
-            for field in o.tool_calls.model_fields_set:  # what the overlay sets (on_deny, classes, ...) replaces
-                calls[field] = over_calls[field]
+            # what the overlay sets (on_deny, classes, ...) replaces the base's
+            calls.update(o.tool_calls.model_dump(include=o.tool_calls.model_fields_set))
             calls["rules"] = _by_key(b.tool_calls.rules, o.tool_calls.rules, lambda r: r.id)
             spec["tool_calls"] = calls
         else:

@@ -88,7 +88,8 @@ def read_transcript(path: str, policy: Policy) -> Transcript:
     """The transcript at ``path`` with its tool results admitted by ``policy``'s gate; a clear
     ``InvalidInput`` naming the file and line for a line that is not a message."""
     try:
-        raw = Path(path).read_bytes()
+        with Path(path).open("rb") as file:  # never more than the limit read (a FIFO, /dev/zero, a huge file)
+            raw = file.read(MAX_TRANSCRIPT_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"{path}: {exc.strerror or exc}") from None
     if len(raw) > MAX_TRANSCRIPT_BYTES:
@@ -99,13 +100,20 @@ def read_transcript(path: str, policy: Policy) -> Transcript:
         number = raw[:exc.start].count(b"\n") + 1
         raise InvalidInput(f"{path}:{number}: not UTF-8") from None
     lines: list[TranscriptLine] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # lines end at "\n" only: str.splitlines would also split a JSON string at a U+2028 or U+0085
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
+            # a \ud800 escape decodes to a lone surrogate: no text (nothing could print it)
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{path}:{number}: a string holds a lone surrogate (\\ud800): not text") from None
         except ValueError as exc:
             raise InvalidInput(f"{path}:{number}: not JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidInput(f"{path}:{number}: not JSON: nested too deeply") from None
         lines.append(_line(path, number, record, policy))
     if not lines:
         raise InvalidInput(f"{path}: no message")
@@ -156,7 +164,7 @@ def _line(path: str, number: int, record: Any, policy: Policy) -> TranscriptLine
         body, media_type = content, media_type or "text/plain"
     else:
         body, media_type = json.dumps(content, ensure_ascii=False), media_type or "application/json"
-    data = body.encode("utf-8", "surrogatepass")
+    data = body.encode("utf-8")
     verdict = gate(policy, tool, data, GateContext(media_type=media_type, source=source))
     kind = verdict.kind if verdict.enforced else VerdictKind.ALLOW  # audit mode admits, as the kernel does
     ref = _ref(data)

@@ -175,6 +175,8 @@ def test_compose_names_secrets_only_by_required_variables() -> None:
                 assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", value), f"{name} must come from a required variable"
     url = compose["services"]["fak"]["environment"]["FAK_DATABASE_URL"]
     assert "${FAK_PG_PASSWORD:?" in url
+    # the .env the page allows beside compose.yaml (the build context's root) is never sent to the builder
+    assert {".env", ".env.*"} <= set((ROOT / ".dockerignore").read_text().split())
 
 
 def test_deploy_page_names_the_files_and_ports() -> None:

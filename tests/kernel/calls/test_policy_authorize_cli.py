@@ -111,6 +111,9 @@ def test_schema_classifies_the_called_tool(tmp_path: Path, capsys: pytest.Captur
     ('{"role": "robot", "content": "hi"}', "unknown role 'robot'"),
     ('{"role": "tool", "content": "hi"}', "the tool's name"),
     ('["user", "hi"]', "want an object"),
+    ('{"role": "tool", "tool": "web", "content": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"role": "tool", "tool": "\\ud800", "content": "x"}', "lone surrogate"),  # nothing could print it
+    ('{"role": "user", "content": "a \\udfff b"}', "lone surrogate"),
 ])
 def test_bad_context_lines_name_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
                                               message: str) -> None:
@@ -121,9 +124,22 @@ def test_bad_context_lines_name_file_and_line(tmp_path: Path, capsys: pytest.Cap
     assert f"fak: error: {context}:3: " in err and message in err
 
 
+def test_a_line_ends_at_a_newline_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # U+2028 and U+0085 may stand unescaped in a JSON string: the line is not cut there
+    context = tmp_path / "ctx.jsonl"
+    context.write_text('{"role": "user", "content": "write to a@b.example\u2028please"}\n'
+                       '{"role": "tool", "tool": "web", "content": "x\u0085y"}\n', encoding="utf-8")
+    code, body = report(capsys, "--context", str(context), "--tool", "send_email", "--args", '{"to": "a@b.example"}')
+    assert (code, [x["line"] for x in body["lines"]]) == (0, [1, 2])
+
+
 def test_bad_arguments_and_usage_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = authorize(capsys, "--context", INBOX, "--tool", "send_email", "--args", "{to: x}")
     assert code == 3 and "--args: not JSON" in err
+    code, _, err = authorize(capsys, "--context", INBOX, "--tool", "send_email", "--args", "[" * 100_000)
+    assert code == 3 and "--args: not JSON: nested too deeply" in err
+    code, _, err = authorize(capsys, "--context", INBOX, "--tool", "notify", "--tool-def", "[" * 100_000)
+    assert code == 3 and "--tool-def: not JSON: nested too deeply" in err
     code, _, err = authorize(capsys, "--context", INBOX, "--tool", "send_email", "--args", "[1]")
     assert code == 3 and "JSON object" in err
     code, _, err = authorize(capsys, "--context", str(tmp_path / "none.jsonl"), "--tool", "x")
