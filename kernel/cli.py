@@ -236,10 +236,9 @@ def _explain_tools(args: argparse.Namespace) -> int:
     from fak.errors import FakError, InvalidInput
     from fak.kernel.calls.authorize import Authorizer
     from fak.kernel.calls.tool_classes import spec_of
-    from fak.policy.cli import deployment_egress, deployment_policy
-    from fak.policy.policy import load_policy
+    from fak.policy.cli import deployment_policy
 
-    auth = Authorizer(load_policy(deployment_policy(args.policy), deployment_egress()))
+    auth = Authorizer(deployment_policy(args.policy))
     calls = auth.policy.spec.tool_calls
     report: list[dict[str, Any]] = []
     for i, tool in enumerate(_tool_list(args.tools)):
@@ -348,8 +347,7 @@ def _authorize_call(args: argparse.Namespace) -> int:
     from fak.kernel.calls.authorize import Authorizer, args_bytes
     from fak.kernel.calls.tool_classes import spec_of
     from fak.kernel.calls.transcript import read_transcript
-    from fak.policy.cli import deployment_egress, deployment_policy
-    from fak.policy.policy import load_policy
+    from fak.policy.cli import deployment_policy
 
     call_args = _json_value(args.args, "--args")
     if not isinstance(call_args, dict):
@@ -377,7 +375,7 @@ def _authorize_call(args: argparse.Namespace) -> int:
         if spec is None:  # as a session whose declared tools do not name it: classified from the call
             print(f"{args.schema}: no tool {args.tool!r:.80}: classified from the call's argument names",
                   file=sys.stderr)
-    auth = Authorizer(load_policy(deployment_policy(args.policy), deployment_egress()))
+    auth = Authorizer(deployment_policy(args.policy))
     transcript = read_transcript(args.context, auth.policy)
     decision = auth.decide(args.tool, transcript.context, call_args, spec=spec)
     report = _authorize_report(auth, transcript, decision, call_args)

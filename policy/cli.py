@@ -78,17 +78,17 @@ def deployment_egress() -> JudgeEgress:
     return _settings().judge_allow_lists()
 
 
-def deployment_policy(given: str | None) -> str:
-    """The policy a command judges with, picked as ``fak serve`` picks it: ``--policy``, else the
-    settings' ``policy_path``, else the packaged policy."""
-    if given is not None:
-        return given
-    configured = _settings().policy_path
-    if configured is not None:
-        return str(configured)
-    import importlib.resources
+def deployment_policy(given: str | None) -> Policy:
+    """The policy a command judges with, picked as ``fak serve`` picks it (``--policy``, else the
+    settings' ``policy_path``, else the packaged policy) and loaded against the deployment's judge
+    allow-lists: the settings read once."""
+    settings = _settings()
+    path = given or settings.policy_path
+    if path is None:
+        import importlib.resources
 
-    return str(importlib.resources.files("fak.policy").joinpath("default.yaml"))
+        path = str(importlib.resources.files("fak.policy").joinpath("default.yaml"))
+    return load_policy(path, settings.judge_allow_lists())
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -115,7 +115,7 @@ def _verdict_json(verdict: Verdict, extra: dict[str, object] | None = None) -> s
 
 
 def _gate(args: argparse.Namespace) -> int:
-    policy = load_policy(deployment_policy(args.policy), deployment_egress())
+    policy = deployment_policy(args.policy)
     if args.jsonl is None:
         data = sys.stdin.buffer.read()
         context = GateContext(media_type=args.media_type, source=args.source) \

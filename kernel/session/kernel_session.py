@@ -220,7 +220,11 @@ class KernelSession:
         try:
             with tenant_scope(self.tenant):  # the engine's fairness and figures are per tenant
                 s = self._loaded(dropping)
-                self._settle(s)
+                if not self._left_out:
+                    # a forget's load (segments left out unread) is settled by nothing but that
+                    # forget's eviction: a quarantine or expiry committed here would write the
+                    # ledger without them under its own entry before the forget logs them
+                    self._settle(s)
                 s = self._loaded()
                 s.pic = pic_binding(self.services, self.tenant)  # the active policy decides, also after a reload
                 yield s
